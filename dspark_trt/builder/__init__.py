@@ -1,0 +1,1 @@
+"""Builder: checkpoint loading and name remaps, export, backends, engine directory format."""

@@ -1,0 +1,1 @@
+"""Sub-commands of ``dspark-trt``; see ``dspark_trt.cli.COMMANDS``."""

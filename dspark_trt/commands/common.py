@@ -1,0 +1,53 @@
+"""Options shared by several sub-commands: which model, dtype, device."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
+DEFAULT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "default"
+FALLBACK_PRESET = "qwen3-tiny-dspark"
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="preset name (random weights unless checkpoints are given)")
+    g.add_argument("--checkpoint", help="target HF checkpoint directory")
+    g.add_argument("--draft-checkpoint", help="draft HF checkpoint directory")
+    g.add_argument("--engine", help="engine directory built by `dspark-trt build`")
+    g.add_argument("--dtype", choices=sorted(DTYPES), default=None)
+    g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    g.add_argument("--num-spec-tokens", type=int, default=None, help="N drafts per round")
+    g.add_argument("--max-batch-size", type=int, default=8)
+    g.add_argument("--max-seq-len", type=int, default=2048)
+
+
+def default_pair_dirs() -> tuple[Path, Path] | None:
+    t, d = DEFAULT_ASSETS / "target", DEFAULT_ASSETS / "draft"
+    return (t, d) if (t / "config.json").exists() and (d / "config.json").exists() else None
+
+
+def load_llm(args):
+    """Build an LLM from --engine, --checkpoint/--draft-checkpoint, --model, or the default."""
+    from ..runtime.llm import LLM, default_device
+    device = args.device or default_device()
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
+    kw = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
+    if getattr(args, "engine", None):
+        return LLM.from_engine(args.engine, device=device, **kw)
+    if args.checkpoint or args.draft_checkpoint:
+        if not (args.checkpoint and args.draft_checkpoint):
+            raise SystemExit("error: --checkpoint and --draft-checkpoint go together")
+        return LLM.from_checkpoints(args.checkpoint, args.draft_checkpoint, dtype=dtype, device=device,
+                                    num_spec_tokens=args.num_spec_tokens, **kw)
+    if args.model is None and default_pair_dirs() is not None:
+        t, d = default_pair_dirs()
+        print(f"[dspark-trt] using the built-in default pair ({DEFAULT_ASSETS})")
+        return LLM.from_checkpoints(t, d, dtype=dtype, device=device,
+                                    num_spec_tokens=args.num_spec_tokens, **kw)
+    name = args.model or FALLBACK_PRESET
+    print(f"[dspark-trt] no checkpoint given: preset '{name}' with RANDOM weights on {device} "
+          "(acceptance will be near 1, text is noise)")
+    return LLM.from_preset(name, dtype=dtype, device=device, num_spec_tokens=args.num_spec_tokens, **kw)

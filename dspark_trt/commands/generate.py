@@ -1,0 +1,56 @@
+"""``dspark-trt generate``: prompt in, text and acceptance statistics out."""
+from __future__ import annotations
+
+import json
+import time
+
+from .common import add_model_args, load_llm
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate text with speculative decoding")
+    add_model_args(p)
+    p.add_argument("--prompt", default="def fibonacci(n):", help="prompt text (needs a tokenizer)")
+    p.add_argument("--prompt-ids", help="comma-separated prompt token ids (instead of --prompt)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-speculative", action="store_true", help="plain autoregressive decoding")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..runtime.sampling_params import SamplingParams
+    llm = load_llm(args)
+    if args.prompt_ids:
+        prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    elif llm.tokenizer is None:
+        prompt = [1, 2, 3, 4]
+        print("[dspark-trt] model has no tokenizer: using prompt ids [1, 2, 3, 4]")
+    else:
+        prompt = args.prompt
+    sp = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                        max_new_tokens=args.max_new_tokens, seed=args.seed)
+    t0 = time.perf_counter()
+    out = llm.generate(prompt, sp, speculative=not args.no_speculative)[0]
+    dt = time.perf_counter() - t0
+    stats = out.stats.to_dict()
+    if args.json:
+        print(json.dumps({"output_ids": out.output_ids, "text": out.text, "stats": stats,
+                          "seconds": dt, "finish_reason": out.finish_reason}))
+        return 0
+    if isinstance(prompt, str):
+        print(prompt + (out.text or ""))
+    else:
+        print(f"output ids: {out.output_ids}")
+        if out.text is not None:
+            print(out.text)
+    print(f"--- {len(out.output_ids)} tokens in {dt:.2f} s ({len(out.output_ids) / dt:.1f} tok/s), "
+          f"finish: {out.finish_reason}")
+    if stats["rounds"]:
+        acc = ", ".join(f"{a:.2f}" for a in stats["acceptance_per_position"])
+        print(f"--- speculative: {stats['rounds']} rounds, mean accepted length tau = {stats['tau']:.2f} "
+              f"(bonus included), acceptance per position: [{acc}]")
+    return 0

@@ -1,0 +1,48 @@
+"""The networks as plain torch modules, built from configs by architecture name."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..config import ModelPair
+
+_TARGETS: dict[str, Callable] = {}
+_DRAFTS: dict[str, Callable] = {}
+
+
+def register_arch(target_arch: str, target_factory: Callable, draft_arch: str,
+                  draft_factory: Callable) -> None:
+    _TARGETS[target_arch] = target_factory
+    _DRAFTS[draft_arch] = draft_factory
+
+
+def _qwen3_target(cfg, tap_ids):
+    from .qwen3 import Qwen3ForCausalLM
+    return Qwen3ForCausalLM(cfg, tap_ids)
+
+
+def _qwen3_draft(cfg, target, num_spec_tokens):
+    from .dspark_qwen3 import DSparkQwen3Draft
+    return DSparkQwen3Draft(cfg, target.model.embed_tokens, target.lm_head, num_spec_tokens)
+
+
+register_arch("qwen3", _qwen3_target, "qwen3_dspark", _qwen3_draft)
+
+
+def build_models(pair: ModelPair, dtype: torch.dtype = torch.float32, device="cpu",
+                 num_spec_tokens: int | None = None, seed: int | None = 0) -> tuple[nn.Module, nn.Module]:
+    """Instantiate target and draft (random init from ``seed``; loaders overwrite the weights)."""
+    if pair.target.arch not in _TARGETS:
+        raise ValueError(f"unknown target architecture '{pair.target.arch}'")
+    if pair.draft.arch not in _DRAFTS:
+        raise ValueError(f"unknown draft architecture '{pair.draft.arch}'")
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.device(device):
+        target = _TARGETS[pair.target.arch](pair.target, pair.draft.target_layer_ids)
+        draft = _DRAFTS[pair.draft.arch](pair.draft, target, num_spec_tokens)
+    target.to(dtype).eval().requires_grad_(False)
+    draft.to(dtype).eval().requires_grad_(False)
+    return target, draft

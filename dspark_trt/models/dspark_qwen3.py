@@ -1,0 +1,96 @@
+"""DSpark draft for a Qwen3 target (DFlash backbone + Markov head), algorithm doc §2-3.
+
+* ``context``: ``ctx = hidden_norm(fc(cat(taps)))``; each draft layer writes K/V of the context rows
+  from ``ctx`` with its own k_proj/k_norm/RoPE and v_proj (no query, no MLP, no input norm).
+* ``block``: N tokens ``[anchor, mask × (N-1)]`` at positions ``P .. P+N-1`` run through the draft
+  layers; every query sees the whole context and the whole block (non-causal), then
+  ``U = lm_head(norm(h))`` with the target's frozen head.
+* ``forward`` (the draft_block network): block + Markov sampler -> drafts [B, N], logits z [B, N, V].
+
+Parameter names equal the published DSpark checkpoint names (``fc.weight``, ``layers.0...``,
+``markov_head.markov_w1.weight``); ``embed_tokens``/``lm_head`` are the target's modules.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .. import plugins
+from ..config import DSparkConfig
+from .layers import RMSNorm, make_slot_kv_cache, rope_cos_sin
+from .qwen3 import Qwen3DecoderLayer
+
+
+class MarkovHead(nn.Module):
+    """First-order low-rank bias ``B_k = W2 · W1[x_{k-1}]`` (paper eq. 4-5)."""
+
+    def __init__(self, vocab_size: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)            # W1 [V, r]
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)    # W2 stored [V, r]
+
+    def bias(self, prev: Tensor) -> Tensor:
+        """prev [...] token ids -> [..., V]."""
+        return self.markov_w2(self.markov_w1(prev))
+
+
+class DSparkQwen3Draft(nn.Module):
+    def __init__(self, cfg: DSparkConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,
+                 num_spec_tokens: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.num_spec_tokens = num_spec_tokens or cfg.block_size
+        lc = cfg.layer_config()
+        d = lc.hidden_size
+        self.embed_tokens = embed_tokens            # shared with the target (frozen)
+        self.lm_head = lm_head
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, lc.rms_norm_eps)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(lc) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(d, lc.rms_norm_eps)
+        self.markov_head = MarkovHead(lc.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
+
+    def make_cache(self, num_slots: int, max_len: int, dtype: torch.dtype, device) -> dict:
+        c = self.config.layer_config()
+        return make_slot_kv_cache(c.num_hidden_layers, num_slots, max_len, c.num_key_value_heads,
+                                  c.head_dim, dtype, device)
+
+    def markov_weights(self) -> tuple[Tensor, Tensor]:
+        """(W1 [V, r], W2 [V, r]); rank 0 gives empty matrices (DFlash)."""
+        if self.markov_head is None:
+            w = self.lm_head.weight.new_zeros(self.config.backbone.vocab_size, 0)
+            return w, w
+        return self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
+
+    def context(self, taps: Tensor, positions: Tensor, slots: Tensor, cache: dict) -> None:
+        """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
+        ctx = self.hidden_norm(self.fc(taps))
+        lc = self.config.backbone
+        cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.kv(ctx, cos, sin)
+            plugins.kv_cache_write(cache["k"][i], cache["v"][i], k, v, slots, positions)
+
+    def block(self, anchor: Tensor, start: Tensor, slots: Tensor, cache: dict) -> Tensor:
+        """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1)."""
+        B, N = anchor.shape[0], self.num_spec_tokens
+        offs = torch.arange(N, device=anchor.device)
+        mask = torch.full((B, N - 1), self.config.mask_token_id, dtype=anchor.dtype,
+                          device=anchor.device)
+        tokens = torch.cat([anchor[:, None], mask], 1)                          # [B, N]
+        live = (anchor >= 0) & (start >= 0)
+        positions = torch.where(live[:, None], start[:, None] + offs, -1)       # [B, N]
+        kv_limit = positions.amax(1, keepdim=True).expand(B, N)                # P + N - 1: non-causal
+        x = self.embed_tokens(tokens.clamp(min=0))
+        lc = self.config.backbone
+        cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, cache["k"][i], cache["v"][i], slots, positions, kv_limit)
+        return self.lm_head(self.norm(x))
+
+    def forward(self, anchor: Tensor, start: Tensor, slots: Tensor, temperature: Tensor,
+                seed: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
+        """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]."""
+        U = self.block(anchor, start, slots, cache)
+        w1, w2 = self.markov_weights()
+        return plugins.markov_sample(U, anchor, w1, w2, temperature, seed, start)

@@ -1,0 +1,52 @@
+"""Building blocks shared by the networks: RMSNorm, neox RoPE, SwiGLU MLP, a slot KV cache."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (xf * self.weight.to(xf.dtype)).to(x.dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """positions [B, T] (negative = inert, treated as 0) -> cos, sin [B, T, 1, head_dim]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                             dtype=torch.float64) / head_dim))
+    ang = positions.clamp(min=0).to(torch.float64)[..., None] * inv_freq      # [B, T, D/2]
+    ang = torch.cat([ang, ang], -1)[:, :, None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Neox (rotate-half) RoPE on x [B, T, H, D]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def make_slot_kv_cache(num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
+                       head_dim: int, dtype: torch.dtype, device) -> dict[str, list[Tensor]]:
+    """Per-layer K and V caches [num_slots + 1, max_len, Hkv, D]; the last row is the pad row."""
+    shape = (num_slots + 1, max_len, num_kv_heads, head_dim)
+    return {"k": [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+            "v": [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]}

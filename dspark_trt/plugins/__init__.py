@@ -1,0 +1,20 @@
+"""Custom ops of namespace ``dspark``: one file per op (schema, reference, kernels, exporters).
+
+Importing this package registers the ops with torch. Call them through these names so torch.export
+keeps each as one node.
+"""
+from . import block_attention as _block_attention  # noqa: F401  (registers dspark::block_attention)
+from . import kv_cache as _kv_cache  # noqa: F401
+from . import markov_sample as _markov_sample  # noqa: F401
+from . import rejection_sample as _rejection_sample  # noqa: F401
+from .rejection_sample import apply_top_p, sample_tokens
+
+import torch
+
+kv_cache_write = torch.ops.dspark.kv_cache_write
+block_attention = torch.ops.dspark.block_attention
+markov_sample = torch.ops.dspark.markov_sample
+rejection_sample = torch.ops.dspark.rejection_sample
+
+__all__ = ["kv_cache_write", "block_attention", "markov_sample", "rejection_sample",
+           "apply_top_p", "sample_tokens"]

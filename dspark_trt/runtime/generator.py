@@ -1,0 +1,189 @@
+"""The draft-verify loop with continuous batching (algorithm doc §1, steps 1-7).
+
+Per round, for every running sequence with anchor at position P:
+  draft_block(anchor, P)           -> drafts x [B, N], proposal logits z [B, N, V]
+  target([anchor, x], P .. P+N)    -> logits [B, N+1, V], taps [B, N+1, m*d]
+  verify                           -> accepted a [B], next token [B]   (one host sync)
+  draft_context(taps rows 0..a)    -> draft KV at P .. P+a
+  commit x[:a] + next; P += a + 1; anchor = next
+Rejected KV positions need no copy: the next round overwrites them before anything reads them.
+Requests join (prefill) and leave (finish) between rounds; each sequence owns one cache slot.
+"""
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+import torch
+
+from .. import plugins
+from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
+
+
+@dataclass
+class Sequence:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int
+    slot: int = -1
+    output_ids: list[int] = field(default_factory=list)
+    anchor: int = -1                    # last committed token; its target KV is not written yet
+    position: int = 0                   # P: the anchor's position
+    finish_reason: str | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    on_tokens: Callable[[list[int]], None] | None = None
+
+    def stop_ids(self, eos: Iterable[int]) -> set[int]:
+        return set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
+
+    def commit(self, tokens: list[int], stop_ids: set[int]) -> list[int]:
+        """Append tokens up to the first stop token (inclusive) or the length limit."""
+        room = self.params.max_new_tokens - len(self.output_ids)
+        new = []
+        for t in tokens[:room]:
+            new.append(t)
+            if t in stop_ids:
+                self.finish_reason = "stop"
+                break
+        self.output_ids += new
+        if self.finish_reason is None and len(self.output_ids) >= self.params.max_new_tokens:
+            self.finish_reason = "length"
+        if new and self.on_tokens is not None:
+            self.on_tokens(new)
+        return new
+
+
+class Generator:
+    """Schedules requests over a fixed number of cache slots and runs rounds on ``networks``."""
+
+    def __init__(self, networks, max_batch_size: int, max_seq_len: int, vocab_size: int,
+                 eos_token_ids: Iterable[int] = (), speculative: bool = True):
+        self.nets = networks
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.vocab_size = vocab_size
+        self.eos = list(eos_token_ids)
+        self.speculative = speculative and networks.num_spec_tokens > 0
+        self.device = networks.device
+        self.free_slots = list(range(max_batch_size))
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._next_id = 0
+
+    # ---- requests --------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    on_tokens: Callable[[list[int]], None] | None = None) -> Sequence:
+        """Validate and queue a request; raises ``RequestError`` (nothing queued) if invalid."""
+        params.validate()
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise RequestError("prompt is empty")
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        need = len(prompt_ids) + params.max_new_tokens
+        if need > self.max_seq_len:
+            raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
+                               f"({params.max_new_tokens}) = {need} exceeds max_seq_len {self.max_seq_len}")
+        seed = params.seed if params.seed is not None else random.getrandbits(62)
+        seq = Sequence(self._next_id, prompt_ids, params, int(seed), on_tokens=on_tokens)
+        seq.stats.num_spec_tokens = self.nets.num_spec_tokens if self.speculative else 0
+        self._next_id += 1
+        self.waiting.append(seq)
+        return seq
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one scheduler step ------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Admit waiting requests, run one round for the running ones; return finished sequences."""
+        admitted = []
+        while self.waiting and self.free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.free_slots.pop(0)
+            admitted.append(seq)
+        if admitted:
+            self._prefill(admitted)
+        decoding = [s for s in self.running if s not in admitted and s.finish_reason is None]
+        if decoding:
+            (self._spec_round if self.speculative else self._ar_round)(decoding)
+        done = [s for s in self.running if s.finish_reason is not None]
+        for s in done:
+            self.running.remove(s)
+            self.free_slots.append(s.slot)
+        return done
+
+    def _tensor(self, values, dtype=torch.int64):
+        return torch.tensor(values, dtype=dtype, device=self.device)
+
+    def _row_params(self, seqs: list[Sequence]):
+        temp = self._tensor([s.params.temperature for s in seqs], torch.float32)
+        top_p = self._tensor([s.params.top_p for s in seqs], torch.float32)
+        seed = self._tensor([s.seed for s in seqs])
+        return temp, top_p, seed
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        """Target over the prompts (right-padded, pad position -1), first token, draft context."""
+        L = max(len(s.prompt_ids) for s in seqs)
+        tokens = self._tensor([s.prompt_ids + [0] * (L - len(s.prompt_ids)) for s in seqs])
+        positions = self._tensor([list(range(len(s.prompt_ids))) + [-1] * (L - len(s.prompt_ids))
+                                  for s in seqs])
+        slots = self._tensor([s.slot for s in seqs])
+        logits, taps = self.nets.target(tokens, positions, slots)
+        lens = self._tensor([len(s.prompt_ids) for s in seqs])
+        last = logits[torch.arange(len(seqs), device=self.device), lens - 1]        # [B, V]
+        temp, top_p, seed = self._row_params(seqs)
+        first = plugins.sample_tokens(plugins.apply_top_p(last, temp, top_p), temp, seed, lens)
+        if self.speculative:
+            self.nets.draft_context(taps, positions, slots)
+        for s, t in zip(seqs, first.tolist()):
+            s.anchor, s.position = t, len(s.prompt_ids)
+            s.commit([t], s.stop_ids(self.eos))
+            self.running.append(s)
+
+    def _ar_round(self, seqs: list[Sequence]) -> None:
+        """Plain autoregressive step on the target (the comparison mode)."""
+        tokens = self._tensor([[s.anchor] for s in seqs])
+        pos = self._tensor([s.position for s in seqs])
+        logits, _ = self.nets.target(tokens, pos[:, None], self._tensor([s.slot for s in seqs]))
+        temp, top_p, seed = self._row_params(seqs)
+        nxt = plugins.sample_tokens(plugins.apply_top_p(logits[:, 0], temp, top_p), temp, seed, pos + 1)
+        for s, t in zip(seqs, nxt.tolist()):
+            s.anchor, s.position = t, s.position + 1
+            s.commit([t], s.stop_ids(self.eos))
+
+    def _spec_round(self, seqs: list[Sequence]) -> None:
+        N = self.nets.num_spec_tokens
+        anchor = self._tensor([s.anchor for s in seqs])
+        start = self._tensor([s.position for s in seqs])
+        slots = self._tensor([s.slot for s in seqs])
+        temp, top_p, seed = self._row_params(seqs)
+        drafts, draft_logits = self.nets.draft_block(anchor, start, slots, temp, seed)
+        offs = torch.arange(N + 1, device=self.device)
+        verify_pos = start[:, None] + offs                                          # [B, N+1]
+        logits, taps = self.nets.target(torch.cat([anchor[:, None], drafts], 1), verify_pos, slots)
+        logits = plugins.apply_top_p(logits, temp, top_p)
+        accepted, nxt = self.nets.verify(logits, drafts, draft_logits, temp, seed, start)
+        ctx_pos = torch.where(offs[None, :] <= accepted[:, None], verify_pos, -1)
+        self.nets.draft_context(taps, ctx_pos, slots)
+        host = torch.cat([accepted[:, None], nxt[:, None], drafts], 1).tolist()    # one sync
+        for s, (a, t, *x) in zip(seqs, host):
+            s.stats.accepted.append(a)
+            s.commit(x[:a] + [t], s.stop_ids(self.eos))
+            s.anchor, s.position = t, s.position + a + 1
+
+    # ---- convenience ---------------------------------------------------------------------------
+    def run(self, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:
+        """Run a list of requests to completion; outputs in request order."""
+        seqs = [self.add_request(p, sp) for p, sp in requests]
+        while self.has_work():
+            self.step()
+        return [to_output(s) for s in seqs]
+
+
+def to_output(s: Sequence) -> RequestOutput:
+    return RequestOutput(s.request_id, s.prompt_ids, list(s.output_ids), s.finish_reason or "",
+                         s.stats)

@@ -1,0 +1,73 @@
+"""Per-request sampling settings and the statistics returned with each output."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class RequestError(ValueError):
+    """A request is invalid (the message names the field); other requests are unaffected."""
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0            # 0 = greedy
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int | None = None             # None: drawn at admission
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    def validate(self) -> "SamplingParams":
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+            raise RequestError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        if not (self.temperature >= 0):
+            raise RequestError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not (0 < self.top_p <= 1):
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and not (0 <= int(self.seed) < 2**63):
+            raise RequestError(f"seed must be in [0, 2**63), got {self.seed!r}")
+        return self
+
+
+@dataclass
+class SpecStats:
+    """Speculative statistics (DeepSpec definitions, algorithm doc §4.2).
+
+    ``accepted[i]`` is the number of drafts the verifier accepted in round i; tau counts the bonus /
+    corrected token, so tau = mean(accepted + 1) and 1 <= tau <= N + 1.
+    """
+
+    num_spec_tokens: int = 0
+    accepted: list[int] = field(default_factory=list)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else 0.0
+
+    def acceptance_per_position(self) -> list[float]:
+        """Position k: rounds with >= k+1 accepted drafts / rounds (every round proposes N)."""
+        if not self.rounds:
+            return [0.0] * self.num_spec_tokens
+        return [sum(a > k for a in self.accepted) / self.rounds for k in range(self.num_spec_tokens)]
+
+    def merge(self, other: "SpecStats") -> "SpecStats":
+        return SpecStats(max(self.num_spec_tokens, other.num_spec_tokens),
+                         self.accepted + other.accepted)
+
+    def to_dict(self) -> dict:
+        return {"rounds": self.rounds, "tau": self.tau, "num_spec_tokens": self.num_spec_tokens,
+                "acceptance_per_position": self.acceptance_per_position()}
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str                  # "stop" | "length"
+    stats: SpecStats
+    text: str | None = None
