@@ -6,7 +6,9 @@ keeps each as one node.
 from . import block_attention as _block_attention  # noqa: F401  (registers dspark::block_attention)
 from . import kv_cache as _kv_cache  # noqa: F401
 from . import markov_sample as _markov_sample  # noqa: F401
+from . import noncausal_swa_indices as _noncausal_swa_indices  # noqa: F401
 from . import rejection_sample as _rejection_sample  # noqa: F401
+from . import sparse_mla_attention as _sparse_mla_attention  # noqa: F401
 from .rejection_sample import apply_top_p, sample_tokens
 
 import torch
@@ -15,6 +17,9 @@ kv_cache_write = torch.ops.dspark.kv_cache_write
 block_attention = torch.ops.dspark.block_attention
 markov_sample = torch.ops.dspark.markov_sample
 rejection_sample = torch.ops.dspark.rejection_sample
+noncausal_swa_indices = torch.ops.dspark.noncausal_swa_indices
+sparse_mla_attention = torch.ops.dspark.sparse_mla_attention
 
 __all__ = ["kv_cache_write", "block_attention", "markov_sample", "rejection_sample",
+           "noncausal_swa_indices", "sparse_mla_attention",
            "apply_top_p", "sample_tokens"]

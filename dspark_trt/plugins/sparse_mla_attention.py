@@ -1,0 +1,39 @@
+"""dspark::sparse_mla_attention — MQA over a shared latent KV gathered through index lists.
+
+For query token t and head h: ``s_j = scale · q[t, h] · kv[idx[t, j]]`` over the entries
+``idx[t, j] >= 0``; ``o = Σ_j e^{s_j - m} kv[idx_j, :dv] / (Σ_j e^{s_j - m} + e^{sink[h] - m})``
+(the per-head sink only enlarges the denominator). DeepSeek-V4: D = dv = 512 (last 64 dims roped),
+scale 512^-0.5. Inputs may be bf16; accumulation is fp32. A token with no valid entry returns 0.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def sparse_mla_attention_ref(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tensor,
+                             scale: float, dv: int) -> Tensor:
+    """q [T, H, D]; kv [S, D] (flat latent cache); indices [T, W] int (-1 skip); attn_sink [H]
+    -> o [T, H, dv]."""
+    acc = torch.promote_types(q.dtype, torch.float32)
+    valid = indices >= 0                                                        # [T, W]
+    g = kv[indices.clamp(min=0).long()].to(acc)                                 # [T, W, D]
+    s = torch.einsum("thd,twd->thw", q.to(acc), g) * scale                      # [T, H, W]
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    sink = attn_sink.to(acc)[None, :, None]                                     # [1, H, 1]
+    m = torch.maximum(s.amax(-1, keepdim=True), sink)
+    e = torch.exp(s - m)                                                        # 0 where invalid
+    denom = e.sum(-1, keepdim=True) + torch.exp(sink - m)
+    o = torch.einsum("thw,twd->thd", e / denom, g[..., :dv])
+    return o.to(q.dtype)
+
+
+@torch.library.custom_op("dspark::sparse_mla_attention", mutates_args=())
+def sparse_mla_attention(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tensor, scale: float,
+                         dv: int) -> Tensor:
+    return sparse_mla_attention_ref(q, kv, indices, attn_sink, scale, dv)
+
+
+@sparse_mla_attention.register_fake
+def _(q, kv, indices, attn_sink, scale, dv):
+    return q.new_empty((q.shape[0], q.shape[1], dv))
