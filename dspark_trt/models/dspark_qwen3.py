@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DSparkConfig
-from .layers import RMSNorm, make_slot_kv_cache, rope_cos_sin
+from .layers import RMSNorm, make_paged_kv_cache, rope_cos_sin
 from .qwen3 import Qwen3DecoderLayer
 
 
@@ -50,9 +50,9 @@ class DSparkQwen3Draft(nn.Module):
         self.norm = RMSNorm(d, lc.rms_norm_eps)
         self.markov_head = MarkovHead(lc.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
 
-    def make_cache(self, num_slots: int, max_len: int, dtype: torch.dtype, device) -> dict:
+    def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
         c = self.config.layer_config()
-        return make_slot_kv_cache(c.num_hidden_layers, num_slots, max_len, c.num_key_value_heads,
+        return make_paged_kv_cache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads,
                                   c.head_dim, dtype, device)
 
     def markov_weights(self) -> tuple[Tensor, Tensor]:
@@ -62,16 +62,16 @@ class DSparkQwen3Draft(nn.Module):
             return w, w
         return self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
 
-    def context(self, taps: Tensor, positions: Tensor, slots: Tensor, cache: dict) -> None:
+    def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
         ctx = self.hidden_norm(self.fc(taps))
         lc = self.config.backbone
         cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, ctx.dtype)
         for i, layer in enumerate(self.layers):
             k, v = layer.self_attn.kv(ctx, cos, sin)
-            plugins.kv_cache_write(cache["k"][i], cache["v"][i], k, v, slots, positions)
+            plugins.kv_cache_write(cache["k"][i], cache["v"][i], k, v, block_table, positions)
 
-    def block(self, anchor: Tensor, start: Tensor, slots: Tensor, cache: dict) -> Tensor:
+    def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
         """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1)."""
         B, N = anchor.shape[0], self.num_spec_tokens
         offs = torch.arange(N, device=anchor.device)
@@ -85,12 +85,12 @@ class DSparkQwen3Draft(nn.Module):
         lc = self.config.backbone
         cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache["k"][i], cache["v"][i], slots, positions, kv_limit)
+            x = layer(x, cos, sin, cache["k"][i], cache["v"][i], block_table, positions, kv_limit)
         return self.lm_head(self.norm(x))
 
-    def forward(self, anchor: Tensor, start: Tensor, slots: Tensor, temperature: Tensor,
+    def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]."""
-        U = self.block(anchor, start, slots, cache)
+        U = self.block(anchor, start, block_table, cache)
         w1, w2 = self.markov_weights()
         return plugins.markov_sample(U, anchor, w1, w2, temperature, seed, start)

@@ -1,4 +1,4 @@
-"""Building blocks shared by the networks: RMSNorm, neox RoPE, SwiGLU MLP, a slot KV cache."""
+"""Building blocks shared by the networks: RMSNorm, neox RoPE, SwiGLU MLP, a paged KV cache."""
 from __future__ import annotations
 
 import torch
@@ -44,9 +44,9 @@ class SwiGLU(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def make_slot_kv_cache(num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
-                       head_dim: int, dtype: torch.dtype, device) -> dict[str, list[Tensor]]:
-    """Per-layer K and V caches [num_slots + 1, max_len, Hkv, D]; the last row is the pad row."""
-    shape = (num_slots + 1, max_len, num_kv_heads, head_dim)
+def make_paged_kv_cache(num_layers: int, num_pages: int, page_size: int, num_kv_heads: int,
+                        head_dim: int, dtype: torch.dtype, device) -> dict[str, list[Tensor]]:
+    """Per-layer K and V caches [num_pages + 1, page_size, Hkv, D]; the last page is the pad page."""
+    shape = (num_pages + 1, page_size, num_kv_heads, head_dim)
     return {"k": [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
             "v": [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]}

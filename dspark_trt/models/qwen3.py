@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import Qwen3Config
-from .layers import RMSNorm, SwiGLU, apply_rope_neox, make_slot_kv_cache, rope_cos_sin
+from .layers import RMSNorm, SwiGLU, apply_rope_neox, make_paged_kv_cache, rope_cos_sin
 
 
 class Qwen3Attention(nn.Module):
@@ -33,12 +33,12 @@ class Qwen3Attention(nn.Module):
         return apply_rope_neox(k, cos, sin), self.v_proj(x).view(B, T, self.hkv, self.d)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                slots: Tensor, positions: Tensor, kv_limit: Tensor) -> Tensor:
+                block_table: Tensor, positions: Tensor, kv_limit: Tensor) -> Tensor:
         B, T, _ = x.shape
         q = apply_rope_neox(self.q_norm(self.q_proj(x).view(B, T, self.h, self.d)), cos, sin)
         k, v = self.kv(x, cos, sin)
-        plugins.kv_cache_write(k_cache, v_cache, k, v, slots, positions)
-        o = plugins.block_attention(q, k_cache, v_cache, slots, positions, kv_limit, self.d ** -0.5)
+        plugins.kv_cache_write(k_cache, v_cache, k, v, block_table, positions)
+        o = plugins.block_attention(q, k_cache, v_cache, block_table, positions, kv_limit, self.d ** -0.5)
         return self.o_proj(o.reshape(B, T, self.h * self.d))
 
 
@@ -50,8 +50,8 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, slots, positions, kv_limit) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, slots,
+    def forward(self, x, cos, sin, k_cache, v_cache, block_table, positions, kv_limit) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, block_table,
                                positions, kv_limit)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -76,20 +76,20 @@ class Qwen3ForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
-    def make_cache(self, num_slots: int, max_len: int, dtype: torch.dtype, device) -> dict:
+    def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
         c = self.config
-        return make_slot_kv_cache(c.num_hidden_layers, num_slots, max_len, c.num_key_value_heads,
+        return make_paged_kv_cache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads,
                                   c.head_dim, dtype, device)
 
-    def forward(self, tokens: Tensor, positions: Tensor, slots: Tensor,
+    def forward(self, tokens: Tensor, positions: Tensor, block_table: Tensor,
                 cache: dict[str, list[Tensor]]) -> tuple[Tensor, Tensor]:
-        """tokens, positions [B, T] (position < 0: padding); slots [B] ->
+        """tokens, positions [B, T] (position < 0: padding); block_table [B, pages] ->
         logits [B, T, V], taps [B, T, len(tap_layer_ids) * d]."""
         x = self.model.embed_tokens(tokens.clamp(min=0))
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         taps = []
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache["k"][i], cache["v"][i], slots, positions, positions)
+            x = layer(x, cos, sin, cache["k"][i], cache["v"][i], block_table, positions, positions)
             if i in self.tap_layer_ids:
                 taps.append(x)
         logits = self.lm_head(self.model.norm(x))

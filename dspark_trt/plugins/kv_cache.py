@@ -1,8 +1,9 @@
-"""dspark::kv_cache_write — write K/V rows into a persistent cache, in place.
+"""dspark::kv_cache_write — write K/V rows into a paged KV cache, in place.
 
-Cache layout: ``[num_slots + 1, max_len, Hkv, D]``; a sequence owns one slot (row). The last row is
-the *pad row*: inert rows (slot < 0 or position < 0) are routed there by the reference (so the
-write needs no data-dependent shape) and skipped by kernels; nothing ever reads it.
+Cache layout ``[num_pages + 1, page_size, Hkv, D]``. Row b's token at position p lives in page
+``block_table[b, p // page_size]`` at offset ``p % page_size``. The last page is the *pad page*:
+inert rows (position < 0 or a negative page id) are routed there by the reference (so the write
+needs no data-dependent shape) and skipped by kernels; nothing ever reads it.
 """
 from __future__ import annotations
 
@@ -10,32 +11,37 @@ import torch
 from torch import Tensor
 
 
-def write_indices(cache: Tensor, slots: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-    """[B] slots, [B, T] positions -> ([B, T] slot index, [B, T] position index), inert -> pad row."""
-    pad = cache.shape[0] - 1
-    valid = (slots[:, None] >= 0) & (positions >= 0)
-    if positions.numel() and bool((positions >= cache.shape[1]).any()):
-        raise IndexError(f"KV position {int(positions.max())} does not fit a cache of length "
-                         f"{cache.shape[1]}")
-    row = torch.where(valid, slots[:, None].expand_as(positions), pad)
-    col = torch.where(valid, positions, 0)
-    return row, col
+def page_coords(cache: Tensor, block_table: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """[B, P] table, [B, T] positions -> (page [B, T], offset [B, T], valid [B, T])."""
+    page_size = cache.shape[1]
+    col = (positions.clamp(min=0) // page_size).clamp(max=block_table.shape[1] - 1)
+    page = block_table.gather(1, col)
+    valid = (positions >= 0) & (page >= 0) & (positions < block_table.shape[1] * page_size)
+    return page, positions.clamp(min=0) % page_size, valid
 
 
-def kv_cache_write_ref(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor,
+def kv_cache_write_ref(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
                        positions: Tensor) -> None:
-    """k, v: [B, T, Hkv, D] -> k_cache[slot, pos] = k (inert rows write the pad row only)."""
-    row, col = write_indices(k_cache, slots, positions)
-    k_cache.index_put_((row, col), k.to(k_cache.dtype))
-    v_cache.index_put_((row, col), v.to(v_cache.dtype))
+    """k, v [B, T, Hkv, D] -> cache[page(b, p), p % page_size] (inert rows hit the pad page only)."""
+    page, off, valid = page_coords(k_cache, block_table, positions)
+    page = torch.where(valid, page, k_cache.shape[0] - 1)
+    k_cache.index_put_((page, off), k.to(k_cache.dtype))
+    v_cache.index_put_((page, off), v.to(v_cache.dtype))
+
+
+def gather_pages(cache: Tensor, block_table: Tensor) -> Tensor:
+    """[num_pages + 1, page, ...] cache, [B, P] table -> [B, P * page, ...] (negative ids read the pad page)."""
+    pages = torch.where(block_table >= 0, block_table, cache.shape[0] - 1)
+    g = cache[pages]                                                            # [B, P, page, ...]
+    return g.reshape(g.shape[0], -1, *g.shape[3:])
 
 
 @torch.library.custom_op("dspark::kv_cache_write", mutates_args=("k_cache", "v_cache"))
-def kv_cache_write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slots: Tensor,
+def kv_cache_write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
                    positions: Tensor) -> None:
-    kv_cache_write_ref(k_cache, v_cache, k, v, slots, positions)
+    kv_cache_write_ref(k_cache, v_cache, k, v, block_table, positions)
 
 
 @kv_cache_write.register_fake
-def _(k_cache, v_cache, k, v, slots, positions) -> None:
+def _(k_cache, v_cache, k, v, block_table, positions) -> None:
     return None

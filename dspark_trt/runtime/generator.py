@@ -7,7 +7,8 @@ Per round, for every running sequence with anchor at position P:
   draft_context(taps rows 0..a)    -> draft KV at P .. P+a
   commit x[:a] + next; P += a + 1; anchor = next
 Rejected KV positions need no copy: the next round overwrites them before anything reads them.
-Requests join (prefill) and leave (finish) between rounds; each sequence owns one cache slot.
+Requests join (prefill) and leave (finish) between rounds; each sequence owns the cache pages it
+reserved at admission (``PagedKVManager``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Callable, Iterable
 import torch
 
 from .. import plugins
+from .kv_manager import PagedKVManager
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
 
 
@@ -28,7 +30,6 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     seed: int
-    slot: int = -1
     output_ids: list[int] = field(default_factory=list)
     anchor: int = -1                    # last committed token; its target KV is not written yet
     position: int = 0                   # P: the anchor's position
@@ -57,7 +58,7 @@ class Sequence:
 
 
 class Generator:
-    """Schedules requests over a fixed number of cache slots and runs rounds on ``networks``."""
+    """Schedules requests over the paged caches of ``networks`` and runs rounds on them."""
 
     def __init__(self, networks, max_batch_size: int, max_seq_len: int, vocab_size: int,
                  eos_token_ids: Iterable[int] = (), speculative: bool = True):
@@ -67,7 +68,9 @@ class Generator:
         self.eos = list(eos_token_ids)
         self.speculative = speculative and networks.num_spec_tokens > 0
         self.device = networks.device
-        self.free_slots = list(range(max_batch_size))
+        self.headroom = networks.num_spec_tokens + 1           # verify writes up to P + N
+        self.kv = PagedKVManager(networks.num_pages, networks.page_size,
+                                 -(-(max_seq_len + self.headroom) // networks.page_size))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._next_id = 0
@@ -87,6 +90,9 @@ class Generator:
         if need > self.max_seq_len:
             raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens "
                                f"({params.max_new_tokens}) = {need} exceeds max_seq_len {self.max_seq_len}")
+        if not self.kv.fits_ever(need + self.headroom):
+            raise RequestError(f"request needs {self.kv.pages_for(need + self.headroom)} KV pages, the "
+                               f"cache has {self.kv.num_pages}: it can never be scheduled")
         seed = params.seed if params.seed is not None else random.getrandbits(62)
         seq = Sequence(self._next_id, prompt_ids, params, int(seed), on_tokens=on_tokens)
         seq.stats.num_spec_tokens = self.nets.num_spec_tokens if self.speculative else 0
@@ -101,9 +107,10 @@ class Generator:
     def step(self) -> list[Sequence]:
         """Admit waiting requests, run one round for the running ones; return finished sequences."""
         admitted = []
-        while self.waiting and self.free_slots:
+        while (self.waiting and len(self.running) + len(admitted) < self.max_batch_size
+               and self.kv.can_allocate(self._budget(self.waiting[0]))):
             seq = self.waiting.popleft()
-            seq.slot = self.free_slots.pop(0)
+            self.kv.allocate(seq.request_id, self._budget(seq))
             admitted.append(seq)
         if admitted:
             self._prefill(admitted)
@@ -113,8 +120,14 @@ class Generator:
         done = [s for s in self.running if s.finish_reason is not None]
         for s in done:
             self.running.remove(s)
-            self.free_slots.append(s.slot)
+            self.kv.release(s.request_id)
         return done
+
+    def _budget(self, s: Sequence) -> int:
+        return len(s.prompt_ids) + s.params.max_new_tokens + self.headroom
+
+    def _table(self, seqs: list[Sequence]):
+        return self.kv.table([s.request_id for s in seqs], self.device)
 
     def _tensor(self, values, dtype=torch.int64):
         return torch.tensor(values, dtype=dtype, device=self.device)
@@ -131,14 +144,14 @@ class Generator:
         tokens = self._tensor([s.prompt_ids + [0] * (L - len(s.prompt_ids)) for s in seqs])
         positions = self._tensor([list(range(len(s.prompt_ids))) + [-1] * (L - len(s.prompt_ids))
                                   for s in seqs])
-        slots = self._tensor([s.slot for s in seqs])
-        logits, taps = self.nets.target(tokens, positions, slots)
+        table = self._table(seqs)
+        logits, taps = self.nets.target(tokens, positions, table)
         lens = self._tensor([len(s.prompt_ids) for s in seqs])
         last = logits[torch.arange(len(seqs), device=self.device), lens - 1]        # [B, V]
         temp, top_p, seed = self._row_params(seqs)
         first = plugins.sample_tokens(plugins.apply_top_p(last, temp, top_p), temp, seed, lens)
         if self.speculative:
-            self.nets.draft_context(taps, positions, slots)
+            self.nets.draft_context(taps, positions, table)
         for s, t in zip(seqs, first.tolist()):
             s.anchor, s.position = t, len(s.prompt_ids)
             s.commit([t], s.stop_ids(self.eos))
@@ -148,7 +161,7 @@ class Generator:
         """Plain autoregressive step on the target (the comparison mode)."""
         tokens = self._tensor([[s.anchor] for s in seqs])
         pos = self._tensor([s.position for s in seqs])
-        logits, _ = self.nets.target(tokens, pos[:, None], self._tensor([s.slot for s in seqs]))
+        logits, _ = self.nets.target(tokens, pos[:, None], self._table(seqs))
         temp, top_p, seed = self._row_params(seqs)
         nxt = plugins.sample_tokens(plugins.apply_top_p(logits[:, 0], temp, top_p), temp, seed, pos + 1)
         for s, t in zip(seqs, nxt.tolist()):
@@ -159,16 +172,16 @@ class Generator:
         N = self.nets.num_spec_tokens
         anchor = self._tensor([s.anchor for s in seqs])
         start = self._tensor([s.position for s in seqs])
-        slots = self._tensor([s.slot for s in seqs])
+        table = self._table(seqs)
         temp, top_p, seed = self._row_params(seqs)
-        drafts, draft_logits = self.nets.draft_block(anchor, start, slots, temp, seed)
+        drafts, draft_logits = self.nets.draft_block(anchor, start, table, temp, seed)
         offs = torch.arange(N + 1, device=self.device)
         verify_pos = start[:, None] + offs                                          # [B, N+1]
-        logits, taps = self.nets.target(torch.cat([anchor[:, None], drafts], 1), verify_pos, slots)
+        logits, taps = self.nets.target(torch.cat([anchor[:, None], drafts], 1), verify_pos, table)
         logits = plugins.apply_top_p(logits, temp, top_p)
         accepted, nxt = self.nets.verify(logits, drafts, draft_logits, temp, seed, start)
         ctx_pos = torch.where(offs[None, :] <= accepted[:, None], verify_pos, -1)
-        self.nets.draft_context(taps, ctx_pos, slots)
+        self.nets.draft_context(taps, ctx_pos, table)
         host = torch.cat([accepted[:, None], nxt[:, None], drafts], 1).tolist()    # one sync
         for s, (a, t, *x) in zip(seqs, host):
             s.stats.accepted.append(a)

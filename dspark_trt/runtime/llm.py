@@ -27,7 +27,8 @@ class LLM:
     """
 
     def __init__(self, pair: ModelPair, target, draft, *, networks=None, tokenizer=None,
-                 max_batch_size: int = 8, max_seq_len: int = 2048, device=None, dtype=None):
+                 max_batch_size: int = 8, max_seq_len: int = 2048, page_size: int = 64,
+                 num_pages: int | None = None, device=None, dtype=None):
         self.pair, self.target, self.draft = pair, target, draft
         self.tokenizer = tokenizer
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
@@ -35,8 +36,10 @@ class LLM:
         self.device = torch.device(device or (p.device if p is not None else "cpu"))
         self.dtype = dtype or (p.dtype if p is not None else torch.float32)
         n = draft.num_spec_tokens if draft is not None else 0
-        self.networks = networks or EagerNetworks(target, draft, max_batch_size,
-                                                  max_seq_len + n + 1, self.device, self.dtype)
+        if num_pages is None:     # enough for every sequence of a full batch at max_seq_len
+            num_pages = max_batch_size * -(-(max_seq_len + n + 1) // page_size)
+        self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
+                                                  self.device, self.dtype)
 
     # ---- constructors ----------------------------------------------------------------------
     @classmethod
