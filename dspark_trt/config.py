@@ -145,12 +145,14 @@ class DSparkConfig:
             raise ConfigError("config field 'mask_token_id': missing from draft config.json")
         if "block_size" not in d:
             raise ConfigError("config field 'block_size': missing from draft config.json")
+        num_target_layers = d.get("num_target_layers", max(ids) + 2)
+        backbone["num_hidden_layers"] = num_target_layers   # backbone dims describe the target
         return cls(
             backbone=Qwen3Config.from_hf(backbone),
             num_hidden_layers=d["num_hidden_layers"], block_size=d["block_size"],
             mask_token_id=mask, target_layer_ids=list(ids),
             markov_rank=int(d.get("markov_rank", 0) or 0),
-            num_target_layers=d.get("num_target_layers", max(ids) + 2),
+            num_target_layers=num_target_layers,
             enable_confidence_head=bool(d.get("enable_confidence_head", False)),
         )
 
