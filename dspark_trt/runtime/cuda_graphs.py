@@ -74,12 +74,15 @@ class CapturedGraph:
     ``outputs`` are the tensors ``fn`` returned during capture: the replay rewrites them in place.
     """
 
-    def __init__(self, fn: Callable[[], object], pool: torch.cuda.MemPool, backend: str,
-                 warmup: int = 1):
+    def __init__(self, fn: Callable[[], object], pool, backend: str,
+                 stream: torch.cuda.Stream | None = None, warmup: int = 1):
+        """``pool``: a ``torch.cuda.MemPool`` (cuda-python) or a ``graph_pool_handle()`` (torch);
+        ``stream``: the non-default capture stream (graphs sharing a pool should share it, since
+        the allocator reuses a freed block only on the stream it was allocated on)."""
         if backend not in BACKENDS:
             raise ValueError(f"unknown CUDA graph backend '{backend}' (choose from {BACKENDS})")
         self.backend = backend
-        stream = torch.cuda.Stream()
+        stream = stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(warmup):
@@ -87,7 +90,7 @@ class CapturedGraph:
         stream.synchronize()
         if backend == "torch":
             self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph, pool=pool.id, stream=stream,
+            with torch.cuda.graph(self._graph, pool=pool, stream=stream,
                                   capture_error_mode="thread_local"):
                 self.outputs = fn()
             return
@@ -98,8 +101,11 @@ class CapturedGraph:
                 handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")
             try:
                 self.outputs = fn()
-            finally:                  # always end the capture, or the stream stays unusable
-                graph = _check(rt.cudaStreamEndCapture(handle), "cudaStreamEndCapture (capture failed)")
+            except BaseException:     # end the capture (or the stream stays unusable), clear, re-raise
+                rt.cudaStreamEndCapture(handle)
+                rt.cudaGetLastError()
+                raise
+            graph = _check(rt.cudaStreamEndCapture(handle), "cudaStreamEndCapture")
         self._graph = graph
         self._exec = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
         self._rt = rt
@@ -191,7 +197,8 @@ class GraphedSteps:
         self.buckets = batch_buckets(max_batch_size)
         self.max_pages = max_pages
         self.backend = backend or default_backend()
-        self.pool = torch.cuda.MemPool()
+        self.pool = torch.cuda.MemPool() if self.backend == "cuda-python" else torch.cuda.graph_pool_handle()
+        self.capture_stream = torch.cuda.Stream()
         self._buffers: dict[int, BucketBuffers] = {}
         self._graphs: dict[tuple, CapturedGraph] = {}
 
@@ -224,7 +231,7 @@ class GraphedSteps:
         log.debug("capturing %s graph for batch bucket %d (top_p=%s)", kind, Bb, use_top_p)
         self.buffers(Bb).fill(None)           # capture on inert rows: the warm-up writes nothing
         self.buffers(Bb).upload()
-        self._graphs[key] = CapturedGraph(fn, self.pool, self.backend)
+        self._graphs[key] = CapturedGraph(fn, self.pool, self.backend, self.capture_stream)
         return self._graphs[key]
 
     def capture(self, speculative: bool = True, buckets: list[int] | None = None) -> None:
