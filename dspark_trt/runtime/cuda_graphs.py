@@ -178,7 +178,7 @@ class BucketBuffers:
         host = self._host_out[w][:B]
         host.copy_(out[:B], non_blocking=True)
         torch.cuda.current_stream().synchronize()
-        return host.numpy()
+        return host.numpy().copy()              # the pinned buffer is rewritten next round
 
 
 # ---- the graphed steps -----------------------------------------------------------------------------
