@@ -167,7 +167,7 @@ def roofline(llm, B: int, context: int, tbps: float) -> dict:
         dc = llm.pair.draft.layer_config()
         dw = qwen3_weight_bytes(dc, dc.num_hidden_layers, el)   # + the shared (target's) head
         dw += el * (len(llm.pair.draft.target_layer_ids) * dc.hidden_size * dc.hidden_size
-                    + 2 * dc.vocab_size * llm.pair.draft.markov_rank)
+                    + dc.hidden_size + 2 * dc.vocab_size * llm.pair.draft.markov_rank)  # fc, hidden_norm, W1/W2
         dkv = B * context * 2 * dc.num_hidden_layers * dc.num_key_value_heads * dc.head_dim * el
         out.update(draft_weight_bytes=dw, draft_roofline_ms=(dw + dkv) / (tbps * 1e12) * 1e3)
     return out

@@ -46,7 +46,8 @@ class LLM:
         p = next(target.parameters()) if target is not None else None
         self.device = torch.device(device or (p.device if p is not None else "cpu"))
         self.dtype = dtype or (p.dtype if p is not None else torch.float32)
-        n = draft.num_spec_tokens if draft is not None else 0
+        n = (draft.num_spec_tokens if draft is not None
+             else networks.num_spec_tokens if networks is not None else 0)
         self.max_pages_per_seq = -(-(max_seq_len + n + 1) // page_size)
         if num_pages is None:
             num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n)
