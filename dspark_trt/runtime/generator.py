@@ -1,14 +1,16 @@
 """The draft-verify loop with continuous batching (algorithm doc §1, steps 1-7).
 
-Per round, for every running sequence with anchor at position P:
-  draft_block(anchor, P)           -> drafts x [B, N], proposal logits z [B, N, V]
-  target([anchor, x], P .. P+N)    -> logits [B, N+1, V], taps [B, N+1, m*d]
-  verify                           -> accepted a [B], next token [B]   (one host sync)
-  draft_context(taps rows 0..a)    -> draft KV at P .. P+a
-  commit x[:a] + next; P += a + 1; anchor = next
+Per round, for every running sequence with anchor at position P (``steps.py`` has the two steps):
+  draft step    draft_block(anchor, P)          -> drafts x [B, N], proposal logits z [B, N, V]
+  verify step   target([anchor, x], P .. P+N)   -> logits [B, N+1, V], taps [B, N+1, m*d]
+                verify                          -> accepted a [B], next token [B]
+                draft_context(taps, rows 0..a)  -> draft KV at P .. P+a (rows > a at position -1)
+  host          one copy of (a, next, x) [B, 2+N] -- the round's only synchronisation
+                commit x[:a] + next; P += a + 1; anchor = next
 Rejected KV positions need no copy: the next round overwrites them before anything reads them.
-Requests join (prefill) and leave (finish) between rounds; each sequence owns the cache pages it
-reserved at admission (``PagedKVManager``).
+Requests join (prefill, eager) and leave (finish or abort) between rounds; each sequence owns the
+cache pages it reserved at admission (``PagedKVManager``). The steps run eagerly
+(``DecodeSteps``) or from CUDA graphs per batch bucket (``cuda_graphs.GraphedSteps``).
 """
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+import numpy as np
 import torch
 
 from .. import plugins
 from .kv_manager import PagedKVManager
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
+from .steps import DecodeSteps, RoundInputs
 
 
 @dataclass
@@ -36,6 +40,7 @@ class Sequence:
     finish_reason: str | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     on_tokens: Callable[[list[int]], None] | None = None
+    table_row: np.ndarray | None = None  # [max_pages] int64 page ids (-1 padded), set at admission
 
     def stop_ids(self, eos: Iterable[int]) -> set[int]:
         return set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
@@ -61,8 +66,10 @@ class Generator:
     """Schedules requests over the paged caches of ``networks`` and runs rounds on them."""
 
     def __init__(self, networks, max_batch_size: int, max_seq_len: int, vocab_size: int,
-                 eos_token_ids: Iterable[int] = (), speculative: bool = True):
+                 eos_token_ids: Iterable[int] = (), speculative: bool = True, steps=None):
+        """``steps``: ``DecodeSteps(networks)`` (default, eager) or a ``GraphedSteps`` over it."""
         self.nets = networks
+        self.steps = steps or DecodeSteps(networks)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.vocab_size = vocab_size
         self.eos = list(eos_token_ids)
@@ -103,6 +110,16 @@ class Generator:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def abort(self, request_id: int) -> bool:
+        """Drop a waiting or running request (finish reason "abort"); its pages are freed."""
+        for s in list(self.waiting) + self.running:
+            if s.request_id == request_id and s.finish_reason is None:
+                s.finish_reason = "abort"
+                if s in self.waiting:
+                    self.waiting.remove(s)
+                return True
+        return False
+
     # ---- one scheduler step ------------------------------------------------------------------
     def step(self) -> list[Sequence]:
         """Admit waiting requests, run one round for the running ones; return finished sequences."""
@@ -110,7 +127,9 @@ class Generator:
         while (self.waiting and len(self.running) + len(admitted) < self.max_batch_size
                and self.kv.can_allocate(self._budget(self.waiting[0]))):
             seq = self.waiting.popleft()
-            self.kv.allocate(seq.request_id, self._budget(seq))
+            pages = self.kv.allocate(seq.request_id, self._budget(seq))
+            seq.table_row = np.full(self.kv.max_pages_per_seq, -1, dtype=np.int64)
+            seq.table_row[:len(pages)] = pages
             admitted.append(seq)
         if admitted:
             self._prefill(admitted)
@@ -138,6 +157,15 @@ class Generator:
         seed = self._tensor([s.seed for s in seqs])
         return temp, top_p, seed
 
+    def _round_inputs(self, seqs: list[Sequence]) -> RoundInputs:
+        return RoundInputs(
+            anchor=np.array([s.anchor for s in seqs], dtype=np.int64),
+            start=np.array([s.position for s in seqs], dtype=np.int64),
+            seed=np.array([s.seed for s in seqs], dtype=np.int64),
+            temperature=np.array([s.params.temperature for s in seqs], dtype=np.float32),
+            top_p=np.array([s.params.top_p for s in seqs], dtype=np.float32),
+            table=np.stack([s.table_row for s in seqs]))
+
     def _prefill(self, seqs: list[Sequence]) -> None:
         """Target over the prompts (right-padded, pad position -1), first token, draft context."""
         L = max(len(s.prompt_ids) for s in seqs)
@@ -159,31 +187,16 @@ class Generator:
 
     def _ar_round(self, seqs: list[Sequence]) -> None:
         """Plain autoregressive step on the target (the comparison mode)."""
-        tokens = self._tensor([[s.anchor] for s in seqs])
-        pos = self._tensor([s.position for s in seqs])
-        logits, _ = self.nets.target(tokens, pos[:, None], self._table(seqs))
-        temp, top_p, seed = self._row_params(seqs)
-        nxt = plugins.sample_tokens(plugins.apply_top_p(logits[:, 0], temp, top_p), temp, seed, pos + 1)
-        for s, t in zip(seqs, nxt.tolist()):
+        top_p = any(s.params.top_p < 1 for s in seqs)
+        host = self.steps.ar_round(self._round_inputs(seqs), top_p)                  # [B, 1]
+        for s, (t,) in zip(seqs, host.tolist()):
             s.anchor, s.position = t, s.position + 1
             s.commit([t], s.stop_ids(self.eos))
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
-        N = self.nets.num_spec_tokens
-        anchor = self._tensor([s.anchor for s in seqs])
-        start = self._tensor([s.position for s in seqs])
-        table = self._table(seqs)
-        temp, top_p, seed = self._row_params(seqs)
-        drafts, draft_logits = self.nets.draft_block(anchor, start, table, temp, seed)
-        offs = torch.arange(N + 1, device=self.device)
-        verify_pos = start[:, None] + offs                                          # [B, N+1]
-        logits, taps = self.nets.target(torch.cat([anchor[:, None], drafts], 1), verify_pos, table)
-        logits = plugins.apply_top_p(logits, temp, top_p)
-        accepted, nxt = self.nets.verify(logits, drafts, draft_logits, temp, seed, start)
-        ctx_pos = torch.where(offs[None, :] <= accepted[:, None], verify_pos, -1)
-        self.nets.draft_context(taps, ctx_pos, table)
-        host = torch.cat([accepted[:, None], nxt[:, None], drafts], 1).tolist()    # one sync
-        for s, (a, t, *x) in zip(seqs, host):
+        top_p = any(s.params.top_p < 1 for s in seqs)
+        host = self.steps.spec_round(self._round_inputs(seqs), top_p)                # [B, 2+N]
+        for s, (a, t, *x) in zip(seqs, host.tolist()):
             s.stats.accepted.append(a)
             s.commit(x[:a] + [t], s.stop_ids(self.eos))
             s.anchor, s.position = t, s.position + a + 1

@@ -15,6 +15,46 @@ class KVCacheFull(RuntimeError):
     pass
 
 
+class KVBudgetError(ValueError):
+    """The KV-cache memory budget cannot hold what was asked of it (raised before any request)."""
+
+
+def kv_bytes_per_token(pair, dtype: torch.dtype, speculative: bool = True) -> int:
+    """K + V bytes one token occupies in the target cache (+ the draft cache) of ``pair``."""
+    el = torch.empty((), dtype=dtype).element_size()
+    t = pair.target
+    n = 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * el
+    if speculative and pair.draft is not None:
+        d = pair.draft.layer_config()
+        n += 2 * d.num_hidden_layers * d.num_key_value_heads * d.head_dim * el
+    return n
+
+
+def pages_from_budget(budget_bytes: int, page_size: int, bytes_per_token: int,
+                      min_tokens: int) -> int:
+    """Pages of ``page_size`` tokens that fit ``budget_bytes`` (the pad page included); raises
+    ``KVBudgetError`` when fewer than one sequence of ``min_tokens`` tokens would fit."""
+    page_bytes = page_size * bytes_per_token
+    pages = int(budget_bytes // page_bytes) - 1               # one pad page per cache
+    need = -(-min_tokens // page_size)
+    if pages < need:
+        raise KVBudgetError(
+            f"KV-cache budget of {budget_bytes / 2**30:.3f} GiB holds {max(pages, 0)} pages of "
+            f"{page_size} tokens ({page_bytes / 2**20:.2f} MiB each, {bytes_per_token} B/token); one "
+            f"sequence of max_seq_len + speculative headroom = {min_tokens} tokens needs {need}: "
+            f"raise the budget or lower max_seq_len")
+    return pages
+
+
+def cuda_kv_budget(device, gpu_memory_utilization: float) -> int:
+    """Bytes left for KV caches if the process may use ``gpu_memory_utilization`` of the GPU:
+    ``utilization * total - (memory in use now, weights included)``."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise KVBudgetError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    return int(gpu_memory_utilization * total - (total - free))
+
+
 class PagedKVManager:
     def __init__(self, num_pages: int, page_size: int, max_pages_per_seq: int):
         if num_pages <= 0 or page_size <= 0:

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Iterator, Sequence as Seq
+from typing import Callable, Iterator, Sequence as Seq
 
 import torch
 
 from ..config import ModelPair, get_preset
 from ..models import build_models
+from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
+from .kv_manager import KVBudgetError, cuda_kv_budget, kv_bytes_per_token, pages_from_budget
 from .networks import EagerNetworks
-from .sampling_params import RequestError, RequestOutput, SamplingParams
+from .sampling_params import RequestError, RequestOutput, SamplingParams, StreamChunk
+from .steps import DecodeSteps
 
 log = logging.getLogger(__name__)
 
@@ -24,22 +27,60 @@ class LLM:
     """Target + DSpark draft with their caches, ready to generate.
 
     Build it with ``LLM.from_preset``, ``LLM.from_checkpoints`` or ``LLM.from_engine``.
+
+    KV cache size: ``num_pages`` explicitly, or from a memory budget (``kv_cache_bytes``, or
+    ``gpu_memory_utilization`` of the GPU minus what is in use), or by default enough pages for
+    ``max_batch_size`` sequences of ``max_seq_len``. ``cuda_graphs``: replay the decode steps from
+    CUDA graphs per batch bucket (default: on for CUDA; on CPU they are skipped, with the reason in
+    ``graphs_skipped``); ``graph_backend``: "cuda-python" (default when installed) or "torch".
     """
 
     def __init__(self, pair: ModelPair, target, draft, *, networks=None, tokenizer=None,
                  max_batch_size: int = 8, max_seq_len: int = 2048, page_size: int = 64,
-                 num_pages: int | None = None, device=None, dtype=None):
+                 num_pages: int | None = None, device=None, dtype=None,
+                 kv_cache_bytes: int | None = None, gpu_memory_utilization: float | None = None,
+                 cuda_graphs: bool | None = None, graph_backend: str | None = None):
         self.pair, self.target, self.draft = pair, target, draft
         self.tokenizer = tokenizer
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         p = next(target.parameters()) if target is not None else None
         self.device = torch.device(device or (p.device if p is not None else "cpu"))
         self.dtype = dtype or (p.dtype if p is not None else torch.float32)
-        n = draft.num_spec_tokens if draft is not None else 0
-        if num_pages is None:     # enough for every sequence of a full batch at max_seq_len
-            num_pages = max_batch_size * -(-(max_seq_len + n + 1) // page_size)
+        n = (draft.num_spec_tokens if draft is not None
+             else networks.num_spec_tokens if networks is not None else 0)
+        self.max_pages_per_seq = -(-(max_seq_len + n + 1) // page_size)
+        if num_pages is None:
+            num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
                                                   self.device, self.dtype)
+        self.graphs_skipped = graphs_unavailable_reason(self.networks.device)
+        if cuda_graphs and self.graphs_skipped:
+            log.warning("CUDA graphs skipped: %s (running the steps eagerly)", self.graphs_skipped)
+        if cuda_graphs is False:
+            self.graphs_skipped = "disabled (cuda_graphs=False)"
+        self.graph_backend = graph_backend
+        self._steps = None
+
+    def _pages_from_budget(self, kv_cache_bytes, gpu_memory_utilization, page_size: int,
+                           n: int) -> int:
+        if kv_cache_bytes is None and gpu_memory_utilization is None:
+            return self.max_batch_size * self.max_pages_per_seq   # a full batch at max_seq_len
+        if kv_cache_bytes is not None and gpu_memory_utilization is not None:
+            raise KVBudgetError("give kv_cache_bytes or gpu_memory_utilization, not both")
+        if kv_cache_bytes is None:
+            if self.device.type != "cuda":
+                raise KVBudgetError(f"gpu_memory_utilization needs a CUDA device, the model is on "
+                                    f"'{self.device}'; give kv_cache_bytes or num_pages")
+            kv_cache_bytes = cuda_kv_budget(self.device, gpu_memory_utilization)
+        per_token = kv_bytes_per_token(self.pair, self.dtype, speculative=n > 0)
+        pages = pages_from_budget(kv_cache_bytes, page_size, per_token, self.max_seq_len + n + 1)
+        full = self.max_batch_size * self.max_pages_per_seq
+        if pages < full:
+            log.warning("KV budget holds %d pages; a full batch of %d sequences at max_seq_len needs "
+                        "%d: fewer will run at once", pages, self.max_batch_size, full)
+        log.info("KV cache: %d pages of %d tokens (%.2f GiB)", pages, page_size,
+                 pages * page_size * per_token / 2**30)
+        return pages
 
     # ---- constructors ----------------------------------------------------------------------
     @classmethod
@@ -71,23 +112,78 @@ class LLM:
     def decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else None
 
+    @property
+    def steps(self):
+        """The decode steps every generator shares: CUDA graphs (captured lazily) or eager."""
+        if self._steps is None:
+            eager = DecodeSteps(self.networks)
+            self._steps = eager if self.graphs_skipped else GraphedSteps(
+                eager, self.max_batch_size, self.max_pages_per_seq, self.graph_backend)
+        return self._steps
+
+    def capture_graphs(self, speculative: bool = True) -> None:
+        """Capture every batch bucket now (otherwise each is captured on first use)."""
+        if isinstance(self.steps, GraphedSteps):
+            self.steps.capture(speculative)
+
     def generator(self, speculative: bool = True) -> Generator:
         """A fresh scheduler over this model's caches (continuous batching: add_request + step)."""
         return Generator(self.networks, self.max_batch_size, self.max_seq_len,
-                         self.pair.target.vocab_size, self.pair.target.eos_token_id, speculative)
+                         self.pair.target.vocab_size, self.pair.target.eos_token_id, speculative,
+                         steps=self.steps)
 
     def generate(self, prompts: str | Seq[int] | list, params: SamplingParams | list | None = None,
-                 speculative: bool = True) -> list[RequestOutput]:
-        """Generate for one prompt or a list (text or token ids); outputs in prompt order."""
+                 speculative: bool = True,
+                 on_chunk: Callable[[StreamChunk], None] | None = None) -> list[RequestOutput]:
+        """Generate for one prompt or a list (text or token ids); outputs in prompt order.
+        ``on_chunk`` is called with every ``StreamChunk`` as rounds commit tokens."""
+        prompts, plist = self._requests(prompts, params)
+        gen = self.generator(speculative)
+        seqs = [gen.add_request(self.encode(p), sp) for p, sp in zip(prompts, plist)]
+        for chunk in self._drive(gen, seqs):
+            if on_chunk is not None:
+                on_chunk(chunk)
+        outs = [to_output(s) for s in seqs]
+        for o in outs:
+            o.text = self.decode(o.output_ids)
+        return outs
+
+    def stream_batch(self, prompts: list, params: SamplingParams | list | None = None,
+                     speculative: bool = True) -> Iterator[StreamChunk]:
+        """Run several requests concurrently; yield ``StreamChunk``s as rounds commit tokens.
+        Requests are validated here, before the first chunk (a bad one raises ``RequestError``)."""
+        prompts, plist = self._requests(prompts, params)
+        gen = self.generator(speculative)
+        seqs = [gen.add_request(self.encode(p), sp) for p, sp in zip(prompts, plist)]
+        return self._drive(gen, seqs)
+
+    def _requests(self, prompts, params) -> tuple[list, list[SamplingParams]]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = params or SamplingParams()
         plist = params if isinstance(params, list) else [params] * len(prompts)
-        gen = self.generator(speculative)
-        outs = gen.run([(self.encode(p), sp) for p, sp in zip(prompts, plist)])
-        for o in outs:
-            o.text = self.decode(o.output_ids)
-        return outs
+        if len(plist) != len(prompts):
+            raise RequestError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
+        return list(prompts), plist
+
+    @staticmethod
+    def _drive(gen: Generator, seqs: list) -> Iterator[StreamChunk]:
+        """Step ``gen`` to completion, yielding each sequence's new tokens; the last chunk of a
+        sequence carries its finish reason."""
+        index = {s.request_id: i for i, s in enumerate(seqs)}
+        pending: list[StreamChunk] = []
+        for s in seqs:
+            s.on_tokens = (lambda rid: lambda toks: pending.append(
+                StreamChunk(index[rid], rid, list(toks))))(s.request_id)
+        while gen.has_work():
+            done = gen.step()
+            for s in done:
+                last = next((c for c in reversed(pending) if c.request_id == s.request_id), None)
+                if last is None:
+                    pending.append(last := StreamChunk(index[s.request_id], s.request_id, []))
+                last.finish_reason = s.finish_reason
+            yield from pending
+            pending.clear()
 
     def stream(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                speculative: bool = True) -> Iterator[list[int]]:

@@ -71,3 +71,17 @@ class RequestOutput:
     finish_reason: str                  # "stop" | "length"
     stats: SpecStats
     text: str | None = None
+
+
+@dataclass
+class StreamChunk:
+    """New tokens of one request of a batch, as a round commits them.
+
+    ``index`` is the request's place in the prompt list; ``finish_reason`` is set on the request's
+    last chunk ("stop" | "length" | "abort") and None before it.
+    """
+
+    index: int
+    request_id: int
+    token_ids: list[int]
+    finish_reason: str | None = None

@@ -1,0 +1,355 @@
+"""``dspark-trt bench``: decode-step latencies, end-to-end tokens/s, tau, roofline, HF peer.
+
+For each batch size B (default 1..64): step latencies from the replayed CUDA graphs at a context of
+``--prompt-len`` tokens (target autoregressive step, draft step, verify step, target forward alone
+for 1 and N+1 tokens, Markov sampler alone), then end-to-end greedy decoding of B random prompts
+with speculative decoding and autoregressively (decode throughput, prefill excluded; round wall
+time; host overhead = 1 - GPU step time / round wall time; mean tau). The HBM roofline of a step is
+(weights read + KV read) / ``--hbm-tbps``. The HF transformers peer decodes the same prompts with
+the same weights (``benchmarks/hf_peer.py``). Speedups at the paper's tau are labelled projections.
+JSON goes to ``<out-dir>/bench-<gpu>-<git sha>.json``. On CPU it runs eagerly (a smoke test).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .common import add_model_args, load_llm
+
+REPO = Path(__file__).resolve().parents[2]
+TARGETS = {  # name -> (metric key, bound, "le"/"ge"); all at batch 1
+    "ar_step_ge_85pct_of_hbm_roofline": ("ar_roofline_efficiency", 0.85, "ge"),
+    "verify_step_le_1.15x_ar_step": ("verify_over_ar", 1.15, "le"),
+    "draft_step_le_1ms": ("draft_step_ms", 1.0, "le"),
+    "host_overhead_le_5pct_per_round": ("spec_host_overhead", 0.05, "le"),
+    "ge_1.5x_hf_plain_decoding_b1": ("speedup_vs_hf", 1.5, "ge"),
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark the decode loop against the roofline and HF")
+    add_model_args(p)
+    p.add_argument("--random-weights", action="store_true",
+                   help="confirm benchmarking a --model preset with random weights")
+    p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--gen-len", type=int, default=128, help="new tokens per request (end to end)")
+    p.add_argument("--iters", type=int, default=20, help="replays per step-latency measurement")
+    p.add_argument("--hf", default="eager,compiled",
+                   help="HF transformers peer modes: eager,compiled (or 'none')")
+    p.add_argument("--hf-batch-sizes", default="1")
+    p.add_argument("--paper-tau", type=float, default=6.17, help="tau for the projection (Qwen3-8B GSM8K)")
+    p.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth for the roofline (H200)")
+    p.add_argument("--graph-backend", choices=["cuda-python", "torch"], default=None)
+    p.add_argument("--time-budget-s", type=float, default=330.0,
+                   help="skip remaining batch sizes past this wall time (HF peer gets its reserve)")
+    p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run)
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise SystemExit(f"error: expected comma-separated integers, got '{s}'") from None
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+
+def time_ms(fn, iters: int, cuda: bool) -> float:
+    """Mean wall (CPU) or CUDA-event (GPU) time of ``fn()`` over ``iters`` calls, after one warm-up."""
+    fn()
+    if not cuda:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        return (time.perf_counter() - t0) / iters * 1e3
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def step_latencies(llm, r, iters: int) -> dict:
+    """Step times (ms) for the round inputs ``r``: graph replays on CUDA, eager calls on CPU."""
+    from .. import plugins
+    from ..runtime.cuda_graphs import CapturedGraph, GraphedSteps
+    from ..runtime.steps import DeviceInputs
+    steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
+    cuda = isinstance(steps, GraphedSteps)
+    if cuda:
+        Bb = steps.bucket(r.batch_size)
+        buf = steps.buffers(Bb)
+        g = {k: steps.graph(k, Bb) for k in ("draft", "verify", "ar")}
+        buf.fill(r)
+        buf.upload()
+        x, drafts, z = buf.inputs, *g["draft"].outputs
+        graph = lambda fn: CapturedGraph(fn, steps.pool, steps.backend, steps.capture_stream).launch  # noqa: E731
+        fns = {"draft_step_ms": g["draft"].launch, "verify_step_ms": g["verify"].launch,
+               "ar_step_ms": g["ar"].launch}
+    else:
+        x = DeviceInputs.from_host(r, nets.device)
+        drafts, z = steps.draft_step(x)
+        graph = lambda fn: fn  # noqa: E731
+        fns = {"draft_step_ms": lambda: steps.draft_step(x),
+               "verify_step_ms": lambda: steps.verify_step(x, drafts, z, False),
+               "ar_step_ms": lambda: steps.ar_step(x, False)}
+    offs = torch.arange(N + 1, device=x.start.device)
+    pos = torch.where(x.start[:, None] >= 0, x.start[:, None] + offs, -1)          # [B, N+1]
+    tokens = torch.cat([x.anchor[:, None], drafts], 1)
+    fns["target_forward_1_ms"] = graph(lambda: nets.target(tokens[:, :1], pos[:, :1], x.table))
+    fns[f"target_forward_{N + 1}_ms"] = graph(lambda: nets.target(tokens, pos, x.table))
+    if llm.draft is not None:
+        w1, w2 = llm.draft.markov_weights()
+        U = torch.randn(*z.shape, dtype=nets.dtype, device=z.device)
+        fns["markov_sample_ms"] = graph(lambda: plugins.markov_sample(
+            U, x.anchor, w1, w2, x.temperature, x.seed, x.start))
+    out = {k: time_ms(fn, iters, cuda) for k, fn in fns.items()}
+    out["verify_over_ar"] = out["verify_step_ms"] / out["ar_step_ms"]
+    out["target_verify_over_ar"] = out[f"target_forward_{N + 1}_ms"] / out["target_forward_1_ms"]
+    if "markov_sample_ms" in out:
+        out["markov_share_of_draft_step"] = out["markov_sample_ms"] / out["draft_step_ms"]
+    return out
+
+
+def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool) -> dict:
+    """Greedy decoding of ``prompts`` [B, T]; decode throughput excludes the prefill step."""
+    from ..runtime import SamplingParams
+    gen = llm.generator(speculative)
+    sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True)
+    seqs = [gen.add_request(p.tolist(), sp) for p in prompts]
+    gen.step()                                   # admission + prefill (+ first token)
+    if llm.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0, rounds = time.perf_counter(), 0
+    while gen.has_work():
+        gen.step()
+        rounds += 1
+    dt = time.perf_counter() - t0
+    tokens = sum(len(s.output_ids) - 1 for s in seqs)
+    acc = [a for s in seqs for a in s.stats.accepted]
+    return {"decode_tokens_per_s": tokens / dt, "rounds": rounds, "round_ms": dt / max(rounds, 1) * 1e3,
+            "tau": (sum(acc) + len(acc)) / len(acc) if acc else None,
+            "output_ids_row0": seqs[0].output_ids}
+
+
+# ---- roofline -------------------------------------------------------------------------------------
+
+def qwen3_weight_bytes(cfg, num_layers: int, element_size: int, with_head: bool = True) -> int:
+    """Bytes of weights a decode step reads (embedding rows excluded, LM head included)."""
+    d, D, h, hkv, I = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
+    layer = d * D * (2 * h + 2 * hkv) + 3 * d * I + 2 * d + 2 * D
+    return element_size * (num_layers * layer + d + (cfg.vocab_size * d if with_head else 0))
+
+
+def roofline(llm, B: int, context: int, tbps: float) -> dict:
+    el = torch.empty((), dtype=llm.networks.dtype).element_size()
+    t = llm.pair.target
+    w = qwen3_weight_bytes(t, t.num_hidden_layers, el)
+    kv = B * context * 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * el
+    out = {"target_weight_bytes": w, "target_kv_read_bytes": kv,
+           "ar_roofline_ms": (w + kv) / (tbps * 1e12) * 1e3}
+    if llm.pair.draft is not None and llm.networks.num_spec_tokens:
+        dc = llm.pair.draft.layer_config()
+        dw = qwen3_weight_bytes(dc, dc.num_hidden_layers, el)   # + the shared (target's) head
+        dw += el * (len(llm.pair.draft.target_layer_ids) * dc.hidden_size * dc.hidden_size
+                    + dc.hidden_size + 2 * dc.vocab_size * llm.pair.draft.markov_rank)  # fc, hidden_norm, W1/W2
+        dkv = B * context * 2 * dc.num_hidden_layers * dc.num_key_value_heads * dc.head_dim * el
+        out.update(draft_weight_bytes=dw, draft_roofline_ms=(dw + dkv) / (tbps * 1e12) * 1e3)
+    return out
+
+
+# ---- report -----------------------------------------------------------------------------------------
+
+def git_sha() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "nogit"
+
+
+def versions() -> dict:
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    for m in ("triton", "transformers", "cuda.bindings"):
+        try:
+            mod = __import__(m, fromlist=["_"])
+            v[m] = getattr(mod, "__version__", "?")
+        except ImportError:
+            v[m] = None
+    return v
+
+
+def load_hf_peer():
+    path = REPO / "benchmarks" / "hf_peer.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("dspark_hf_peer", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def check_targets(b1: dict) -> dict:
+    out = {}
+    for name, (key, bound, op) in TARGETS.items():
+        v = b1.get(key)
+        met = None if v is None else (v <= bound if op == "le" else v >= bound)
+        out[name] = {"metric": key, "value": v, "bound": bound, "met": met}
+    return out
+
+
+def run(args) -> int:
+    t_start = time.perf_counter()
+    if args.model and not (args.checkpoint or args.engine) and not args.random_weights:
+        raise SystemExit("error: --model without checkpoints benchmarks RANDOM weights: "
+                         "add --random-weights to confirm")
+    sizes, hf_sizes = _ints(args.batch_sizes), _ints(args.hf_batch_sizes)
+    hf_modes = [] if args.hf == "none" else [m.strip() for m in args.hf.split(",") if m.strip()]
+    args.max_batch_size = max(sizes)
+    args.max_seq_len = args.prompt_len + args.gen_len
+    llm = load_llm(args)
+    if args.graph_backend:
+        llm.graph_backend = args.graph_backend
+    cuda = llm.device.type == "cuda"
+    t_load = time.perf_counter() - t_start
+    print(f"[bench] model ready in {t_load:.1f} s; graphs: {llm.graphs_skipped or 'on'}")
+
+    t0 = time.perf_counter()
+    for spec in (True, False):
+        llm.capture_graphs(spec)
+    t_capture = time.perf_counter() - t0
+    print(f"[bench] graphs captured in {t_capture:.1f} s")
+
+    V = llm.pair.target.vocab_size
+    all_prompts = np.random.default_rng(args.seed).integers(0, V, (max(sizes), args.prompt_len))
+    results, skipped = {}, []
+    hf_reserve = 120.0 if hf_modes else 0.0
+    for B in sorted(sizes):
+        if time.perf_counter() - t_start > args.time_budget_s - hf_reserve:
+            skipped.append(B)
+            continue
+        prompts = all_prompts[:B]
+        gen = llm.generator()
+        seqs = [gen.add_request(p.tolist(), _greedy(args.gen_len)) for p in prompts]
+        gen.step()                                                   # prefill: a real context
+        row = step_latencies(llm, gen._round_inputs(seqs), args.iters)
+        for s in seqs:
+            gen.abort(s.request_id)
+        gen.step()
+        row.update(roofline(llm, B, args.prompt_len, args.hbm_tbps))
+        row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
+        spec, ar = end_to_end(llm, prompts, args.gen_len, True), end_to_end(llm, prompts, args.gen_len, False)
+        row["speculative"], row["autoregressive"] = spec, ar
+        row["spec_host_overhead"] = 1 - (row["draft_step_ms"] + row["verify_step_ms"]) / spec["round_ms"]
+        row["ar_host_overhead"] = 1 - row["ar_step_ms"] / ar["round_ms"]
+        row["speedup_measured"] = spec["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
+        proj = B * args.paper_tau / (spec["round_ms"] / 1e3)
+        row["projection_at_paper_tau"] = {"tau": args.paper_tau, "spec_tokens_per_s": proj,
+                                          "speedup_vs_autoregressive": proj / ar["decode_tokens_per_s"]}
+        results[B] = row
+        print(f"[bench] B={B:3d} ar {row['ar_step_ms']:.3f} ms ({row['ar_roofline_efficiency']:.0%} of "
+              f"roofline) draft {row['draft_step_ms']:.3f} verify {row['verify_step_ms']:.3f} ms | "
+              f"spec {spec['decode_tokens_per_s']:.0f} tok/s tau {spec['tau']:.2f} | ar "
+              f"{ar['decode_tokens_per_s']:.0f} tok/s | projected x{row['projection_at_paper_tau']['speedup_vs_autoregressive']:.2f}",
+              flush=True)
+
+    hf = run_hf_peer(llm, all_prompts, hf_sizes, hf_modes, args, results)
+    b1 = dict(results.get(1, {}))
+    if b1 and hf.get("best_b1_tokens_per_s"):
+        b1["speedup_vs_hf"] = b1["speculative"]["decode_tokens_per_s"] / hf["best_b1_tokens_per_s"]
+        b1["projection_at_paper_tau"]["speedup_vs_hf"] = (
+            b1["projection_at_paper_tau"]["spec_tokens_per_s"] / hf["best_b1_tokens_per_s"])
+        results[1]["speedup_vs_hf"] = b1["speedup_vs_hf"]
+    report = {
+        "git_sha": git_sha(), "command": " ".join(sys.argv),
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu", "versions": versions(),
+        "model": {"preset": args.model, "checkpoint": args.checkpoint, "engine": args.engine,
+                  "random_weights": bool(args.random_weights), "dtype": str(llm.networks.dtype),
+                  "num_spec_tokens": llm.networks.num_spec_tokens},
+        "options": {k: v for k, v in vars(args).items() if k != "func"},
+        "graph_backend": getattr(llm.steps, "backend", None), "graphs_skipped": llm.graphs_skipped,
+        "seconds": {"load": t_load, "capture": t_capture, "total": time.perf_counter() - t_start},
+        "batch": {str(b): {k: v for k, v in r.items()} for b, r in results.items()},
+        "skipped_batch_sizes_time_budget": skipped, "hf_peer": hf,
+        "targets_b1": check_targets(b1) if b1 else {},
+        "notes": ["projection_at_paper_tau: measured round time with tau set to the paper's "
+                  "Qwen3-8B GSM8K value (a projection, not a measurement)",
+                  "random weights: measured tau is that of an untrained draft"],
+    }
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    gpu = report["gpu"].replace(" ", "-").replace("/", "-")
+    path = out_dir / f"bench-{gpu}-{report['git_sha']}.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    for name, t in report["targets_b1"].items():
+        v = t["value"]
+        state = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
+        print(f"[bench] target {name}: {state} ({t['metric']} = {'n/a' if v is None else f'{v:.3f}'})")
+    print(f"[bench] wrote {path} in {report['seconds']['total']:.0f} s")
+    return 0
+
+
+def _greedy(n: int):
+    from ..runtime import SamplingParams
+    return SamplingParams(max_new_tokens=n, ignore_eos=True)
+
+
+def run_hf_peer(llm, all_prompts, sizes: list[int], modes: list[str], args, results) -> dict:
+    if not modes:
+        return {"skipped": "--hf none"}
+    peer = load_hf_peer()
+    if peer is None:
+        return {"skipped": "benchmarks/hf_peer.py not found (run from the repository)"}
+    if llm.target is None:
+        return {"skipped": "the HF peer needs the target as torch modules (not an engine)"}
+    try:
+        model = peer.build_hf_qwen3(llm.target, llm.pair.target)
+    except Exception as e:                        # transformers missing or incompatible
+        return {"skipped": f"could not build the HF model: {type(e).__name__}: {e}"}
+    out, best = {"runs": []}, None
+    for B in sizes:
+        ids = torch.from_numpy(all_prompts[:B]).to(llm.device)
+        for mode in modes:
+            try:
+                r = peer.measure_hf_decode(model, ids, args.gen_len, mode)
+            except Exception as e:
+                out["runs"].append({"mode": mode, "batch_size": B, "error": f"{type(e).__name__}: {e}"})
+                continue
+            ours = results.get(B, {}).get("autoregressive", {}).get("output_ids_row0")
+            hf_ids = r.pop("output_ids")[0]
+            if ours:
+                same = next((i for i, (a, b) in enumerate(zip(ours, hf_ids)) if a != b), len(hf_ids))
+                r["greedy_tokens_equal_to_ours_prefix"] = same
+            out["runs"].append(r)
+            print(f"[bench] HF {mode} B={B}: {r['decode_tokens_per_s']:.0f} tok/s "
+                  f"({r['decode_step_ms']:.2f} ms/token, first call {r['first_call_s']:.1f} s)", flush=True)
+            if B == 1:
+                best = max(best or 0.0, r["decode_tokens_per_s"])
+    out["best_b1_tokens_per_s"] = best
+    del model
+    return out
+
+
+if __name__ == "__main__":                       # python -m dspark_trt.commands.bench ...
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    a = parser.parse_args(["bench"] + sys.argv[1:])
+    sys.exit(a.func(a))

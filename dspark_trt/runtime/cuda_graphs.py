@@ -1,0 +1,263 @@
+"""CUDA graphs of the decode steps, captured per batch-size bucket and replayed each round.
+
+``GraphedSteps`` has the interface of ``DecodeSteps`` (``spec_round``, ``ar_round``). Per bucket
+``Bb`` (1, 2, 4, 8, 16, 32, 64 ... up to max_batch_size) it owns one static input buffer (anchor,
+start, seed, table, temperature, top_p) and lazily captures three graphs on it: the draft step, the
+verify step (keyed by whether top-p is active) and the autoregressive step. A round of ``B <= Bb``
+rows copies the host inputs into pinned staging (rows ``B..Bb`` inert: anchor / start / pages -1),
+does two H2D copies, launches the draft and verify graphs, one D2H copy of ``[B, 2 + N]`` int64,
+and synchronises once. Nothing is allocated on the device or in pinned memory per round.
+
+Capture uses cuda-python (``cuda.bindings.runtime``: cudaStreamBeginCapture on a non-default torch
+stream, cudaStreamEndCapture, cudaGraphInstantiate, cudaGraphLaunch on torch's current stream);
+torch's allocator is pointed at one private ``torch.cuda.MemPool`` during capture so the graphs'
+intermediate buffers are never handed to other tensors (one pool shared by all graphs, which never
+run concurrently). ``backend="torch"`` uses ``torch.cuda.CUDAGraph`` instead. Each capture is
+preceded by one eager warm-up run on the capture stream (kernel compilation, cuBLAS workspaces).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .steps import DecodeSteps, DeviceInputs, RoundInputs
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("cuda-python", "torch")
+
+
+def batch_buckets(max_batch_size: int) -> list[int]:
+    """Powers of two up to ``max_batch_size``, plus ``max_batch_size`` itself."""
+    if max_batch_size <= 0:
+        raise ValueError(f"max_batch_size must be positive, got {max_batch_size}")
+    out = [b for b in (1 << i for i in range(max_batch_size.bit_length())) if b <= max_batch_size]
+    return out if out[-1] == max_batch_size else out + [max_batch_size]
+
+
+def graphs_unavailable_reason(device) -> str | None:
+    """Why CUDA graphs cannot be used on ``device`` (None when they can)."""
+    if torch.device(device).type != "cuda":
+        return f"CUDA graphs need a CUDA device; the networks run on '{torch.device(device).type}'"
+    if not torch.cuda.is_available():
+        return "torch reports no CUDA device"
+    return None
+
+
+def default_backend() -> str:
+    try:
+        from cuda.bindings import runtime  # noqa: F401
+        return "cuda-python"
+    except ImportError:
+        log.info("cuda-python is not installed: capturing with torch.cuda.CUDAGraph")
+        return "torch"
+
+
+# ---- one captured graph --------------------------------------------------------------------------
+
+def _check(ret, what: str):
+    from cuda.bindings import runtime as rt
+    err, *rest = ret if isinstance(ret, tuple) else (ret,)
+    if err != rt.cudaError_t.cudaSuccess:
+        name = rt.cudaGetErrorName(err)[1].decode()
+        raise RuntimeError(f"{what} failed: {name}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+class CapturedGraph:
+    """``fn()`` captured once on a side stream; ``launch()`` replays it on the current stream.
+
+    ``outputs`` are the tensors ``fn`` returned during capture: the replay rewrites them in place.
+    """
+
+    def __init__(self, fn: Callable[[], object], pool, backend: str,
+                 stream: torch.cuda.Stream | None = None, warmup: int = 1):
+        """``pool``: a ``torch.cuda.MemPool`` (cuda-python) or a ``graph_pool_handle()`` (torch);
+        ``stream``: the non-default capture stream (graphs sharing a pool should share it, since
+        the allocator reuses a freed block only on the stream it was allocated on)."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown CUDA graph backend '{backend}' (choose from {BACKENDS})")
+        self.backend = backend
+        stream = stream or torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn()
+        stream.synchronize()
+        if backend == "torch":
+            self._graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self._graph, pool=pool, stream=stream,
+                                  capture_error_mode="thread_local"):
+                self.outputs = fn()
+            return
+        from cuda.bindings import runtime as rt
+        handle = stream.cuda_stream
+        with torch.cuda.stream(stream), torch.cuda.use_mem_pool(pool):
+            _check(rt.cudaStreamBeginCapture(
+                handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")
+            try:
+                self.outputs = fn()
+            except BaseException:     # end the capture (or the stream stays unusable), clear, re-raise
+                rt.cudaStreamEndCapture(handle)
+                rt.cudaGetLastError()
+                raise
+            graph = _check(rt.cudaStreamEndCapture(handle), "cudaStreamEndCapture")
+        self._graph = graph
+        self._exec = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        self._rt = rt
+
+    def launch(self) -> None:
+        if self.backend == "torch":
+            self._graph.replay()
+        else:
+            _check(self._rt.cudaGraphLaunch(self._exec, torch.cuda.current_stream().cuda_stream),
+                   "cudaGraphLaunch")
+
+    def __del__(self):
+        if getattr(self, "backend", None) == "cuda-python" and hasattr(self, "_exec"):
+            try:
+                self._rt.cudaGraphExecDestroy(self._exec)
+                self._rt.cudaGraphDestroy(self._graph)
+            except Exception:          # interpreter shutdown
+                pass
+
+
+# ---- static buffers of one bucket ---------------------------------------------------------------
+
+class BucketBuffers:
+    """Static inputs of bucket ``Bb``: int64 [anchor | start | seed | table] and f32 [temp | top_p],
+    each one flat device tensor with a pinned host twin; plus pinned output buffers."""
+
+    def __init__(self, Bb: int, max_pages: int, device):
+        self.Bb, self.P = Bb, max_pages
+        ni, nf = Bb * (3 + max_pages), 2 * Bb
+        self.host_i = torch.empty(ni, dtype=torch.int64, pin_memory=True)
+        self.host_f = torch.empty(nf, dtype=torch.float32, pin_memory=True)
+        self.dev_i = torch.empty(ni, dtype=torch.int64, device=device)
+        self.dev_f = torch.empty(nf, dtype=torch.float32, device=device)
+        self._host_out: dict[int, Tensor] = {}            # width -> pinned [Bb, width] int64
+        self._hi, self._hf = self.host_i.numpy(), self.host_f.numpy()
+        d, f = self.dev_i, self.dev_f
+        self.inputs = DeviceInputs(anchor=d[0:Bb], start=d[Bb:2 * Bb], seed=d[2 * Bb:3 * Bb],
+                                   table=d[3 * Bb:].view(Bb, max_pages),
+                                   temperature=f[0:Bb], top_p=f[Bb:2 * Bb])
+        self.fill(None)
+        self.upload()
+
+    def fill(self, r: RoundInputs | None) -> None:
+        """Write ``r`` into the pinned staging; rows past ``r.batch_size`` are inert."""
+        Bb, B = self.Bb, (0 if r is None else r.batch_size)
+        hi, hf = self._hi, self._hf
+        hi[:3 * Bb] = -1
+        hi[2 * Bb:3 * Bb] = 0                                   # seed of inert rows
+        table = hi[3 * Bb:].reshape(Bb, self.P)
+        table[:] = -1
+        hf[:Bb] = 0.0
+        hf[Bb:] = 1.0
+        if B:
+            if r.table.shape[1] != self.P:
+                raise ValueError(f"block table has {r.table.shape[1]} columns, the graphs were "
+                                 f"built for {self.P}")
+            hi[0:B], hi[Bb:Bb + B], hi[2 * Bb:2 * Bb + B] = r.anchor, r.start, r.seed
+            table[:B] = r.table
+            hf[0:B], hf[Bb:Bb + B] = r.temperature, r.top_p
+
+    def upload(self) -> None:
+        self.dev_i.copy_(self.host_i, non_blocking=True)
+        self.dev_f.copy_(self.host_f, non_blocking=True)
+
+    def download(self, out: Tensor, B: int) -> np.ndarray:
+        """Copy ``out[:B]`` to the pinned output and synchronise (the round's one host sync)."""
+        w = out.shape[1]
+        if w not in self._host_out:
+            self._host_out[w] = torch.empty(self.Bb, w, dtype=torch.int64, pin_memory=True)
+        host = self._host_out[w][:B]
+        host.copy_(out[:B], non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return host.numpy().copy()              # the pinned buffer is rewritten next round
+
+
+# ---- the graphed steps -----------------------------------------------------------------------------
+
+class GraphedSteps:
+    """``DecodeSteps`` replayed from CUDA graphs per batch bucket (same ``*_round`` interface)."""
+
+    def __init__(self, steps: DecodeSteps, max_batch_size: int, max_pages: int,
+                 backend: str | None = None):
+        reason = graphs_unavailable_reason(steps.device)
+        if reason:
+            raise RuntimeError(f"cannot build CUDA graphs: {reason}")
+        self.steps = steps
+        self.device = steps.device
+        self.num_spec_tokens = steps.num_spec_tokens
+        self.buckets = batch_buckets(max_batch_size)
+        self.max_pages = max_pages
+        self.backend = backend or default_backend()
+        self.pool = torch.cuda.MemPool() if self.backend == "cuda-python" else torch.cuda.graph_pool_handle()
+        self.capture_stream = torch.cuda.Stream()
+        self._buffers: dict[int, BucketBuffers] = {}
+        self._graphs: dict[tuple, CapturedGraph] = {}
+
+    def bucket(self, B: int) -> int:
+        for b in self.buckets:
+            if b >= B:
+                return b
+        raise ValueError(f"batch of {B} rows exceeds the largest graph bucket {self.buckets[-1]}")
+
+    def buffers(self, Bb: int) -> BucketBuffers:
+        if Bb not in self._buffers:
+            self._buffers[Bb] = BucketBuffers(Bb, self.max_pages, self.device)
+        return self._buffers[Bb]
+
+    def graph(self, kind: str, Bb: int, use_top_p: bool = False) -> CapturedGraph:
+        """The graph ``kind`` in {"draft", "verify", "ar"} of bucket ``Bb`` (captured on first use)."""
+        key = (kind, Bb, use_top_p if kind != "draft" else False)
+        if key in self._graphs:
+            return self._graphs[key]
+        x = self.buffers(Bb).inputs
+        if kind == "draft":
+            fn = lambda: self.steps.draft_step(x)  # noqa: E731
+        elif kind == "verify":
+            drafts, z = self.graph("draft", Bb).outputs
+            fn = lambda: self.steps.verify_step(x, drafts, z, use_top_p)  # noqa: E731
+        elif kind == "ar":
+            fn = lambda: self.steps.ar_step(x, use_top_p)  # noqa: E731
+        else:
+            raise ValueError(f"unknown graph kind '{kind}'")
+        log.debug("capturing %s graph for batch bucket %d (top_p=%s)", kind, Bb, use_top_p)
+        self.buffers(Bb).fill(None)           # capture on inert rows: the warm-up writes nothing
+        self.buffers(Bb).upload()
+        self._graphs[key] = CapturedGraph(fn, self.pool, self.backend, self.capture_stream)
+        return self._graphs[key]
+
+    def capture(self, speculative: bool = True, buckets: list[int] | None = None) -> None:
+        """Capture ahead of time, largest bucket first (the others reuse its pool memory)."""
+        for Bb in sorted(buckets or self.buckets, reverse=True):
+            for kind in (("draft", "verify") if speculative else ("ar",)):
+                self.graph(kind, Bb)
+
+    # ---- rounds -----------------------------------------------------------------------------------
+    def spec_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
+        B = r.batch_size
+        Bb = self.bucket(B)
+        draft, verify = self.graph("draft", Bb), self.graph("verify", Bb, use_top_p)
+        buf = self.buffers(Bb)
+        buf.fill(r)
+        buf.upload()
+        draft.launch()
+        verify.launch()
+        return buf.download(verify.outputs, B)
+
+    def ar_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
+        B = r.batch_size
+        Bb = self.bucket(B)
+        ar = self.graph("ar", Bb, use_top_p)
+        buf = self.buffers(Bb)
+        buf.fill(r)
+        buf.upload()
+        ar.launch()
+        return buf.download(ar.outputs, B)
