@@ -88,7 +88,7 @@ def test_quantised_checkpoint_loads_within_format_error(tiny_checkpoint):
         got = loaded.state_dict()
         for name, w in orig.state_dict().items():
             v = got[name]
-            if ".experts." in name and not "shared" in name and name.endswith("weight"):
+            if ".experts." in name and "shared" not in name and name.endswith("weight"):
                 grid = w.abs().view(w.shape[0], -1, 32).amax(-1, keepdim=True) / 3     # > e8m0 scale
                 assert ((v - w).abs().view(w.shape[0], -1, 32) <= grid).all(), name
             elif (name.endswith(("wq_a.weight", "wq_b.weight", "wkv.weight", "wo_a.weight", "wo_b.weight",
