@@ -246,3 +246,6 @@ def read_json(path: str | Path) -> dict:
         raise ConfigError(f"{path}: no such config file") from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}: not valid JSON ({e})") from None
+
+
+from . import config_v4 as _config_v4  # noqa: E402,F401  (registers the DeepSeek-V4 presets)

@@ -23,6 +23,14 @@ def _qwen3(*args, **kw):
 register_loader("qwen3", _qwen3)
 
 
+def _deepseek_v4(*args, **kw):
+    from .v4_loader import load_v4_pair
+    return load_v4_pair(*args, **kw)
+
+
+register_loader("deepseek_v4", _deepseek_v4)
+
+
 def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
               device="cpu", num_spec_tokens: int | None = None):
     """-> (ModelPair, target module, draft module) with weights loaded."""

@@ -31,6 +31,19 @@ def _qwen3_draft(cfg, target, num_spec_tokens):
 register_arch("qwen3", _qwen3_target, "qwen3_dspark", _qwen3_draft)
 
 
+def _v4_target(cfg, tap_ids):
+    from .deepseek_v4 import DeepSeekV4ForCausalLM
+    return DeepSeekV4ForCausalLM(cfg, tap_ids)
+
+
+def _v4_draft(cfg, target, num_spec_tokens):
+    from .dspark_v4 import DSparkV4Draft
+    return DSparkV4Draft(cfg, target.embed, target.head, num_spec_tokens)
+
+
+register_arch("deepseek_v4", _v4_target, "deepseek_v4_dspark", _v4_draft)
+
+
 def build_models(pair: ModelPair, dtype: torch.dtype = torch.float32, device="cpu",
                  num_spec_tokens: int | None = None, seed: int | None = 0) -> tuple[nn.Module, nn.Module]:
     """Instantiate target and draft (random init from ``seed``; loaders overwrite the weights)."""

@@ -1,0 +1,161 @@
+"""Load a DeepSeek-V4 target and its DSpark draft from checkpoints in the real V4 naming (doc §9.4).
+
+* Target: top-level names (``embed.weight``, ``layers.N.*``, ``head.weight``, ...).
+* Draft: ``mtp.{s}.*`` (read from ``draft_dir``, which may be the target directory itself):
+  head-level names (``main_proj.``, ``main_norm.``, ``norm.``, ``hc_head_*``, ``markov_head.``)
+  go to the draft module whatever the stage, everything else to stage ``layers.{s}.``;
+  ``confidence_head.*`` is accepted and ignored.
+* ``.scale`` is aliased to ``.weight_scale`` for fp4 routed experts (MXFP4, per-32 scales) and to
+  ``.weight_scale_inv`` everywhere else (128x128 block fp8); a weight with a scale is dequantised
+  to the model dtype (reference path). ``hc_{attn,ffn,head}_{fn,base,scale}`` map onto the
+  ``hc_*`` submodules. Errors name the tensor and its file.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from ..config import ModelPair, read_json
+from ..config_v4 import DeepSeekV4Config, DSparkV4Config
+from ..models import build_models
+from .checkpoint import CheckpointError, checkpoint_files, read_tensors
+from .quant import QuantFormatError, dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
+
+HEAD_LEVEL = ("main_proj.", "main_norm.", "norm.", "hc_head_fn", "hc_head_base", "hc_head_scale",
+              "markov_head.")
+_EXPERT_SCALE = re.compile(r"\.experts\.\d+\.w[123]\.scale$")
+_EXPERT_WEIGHT = re.compile(r"\.experts\.\d+\.w[123]\.weight$")
+_HC = re.compile(r"(^|\.)(hc_attn|hc_ffn|hc_head)_(fn|base|scale)$")
+_MTP = re.compile(r"^mtp\.(\d+)\.(.*)$")
+FP8_WEIGHTS = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_a|wo_b)|indexer\.wq_b|shared_experts\.w[123]"
+                         r"|^main_proj)\.weight$")
+
+
+def remap_name(name: str, expert_dtype: str = "fp4") -> tuple[str, str] | None:
+    """Checkpoint name -> ("target" | "draft", module name), None for dropped tensors."""
+    m = _MTP.match(name)
+    if m is None:
+        side, rest = "target", name
+    else:
+        stage, rest = m.groups()
+        if rest.startswith("confidence_head."):
+            return None
+        side = "draft"
+        if not rest.startswith(HEAD_LEVEL):
+            rest = f"layers.{stage}.{rest}"
+    if rest.endswith(".scale"):
+        fp4 = _EXPERT_SCALE.search(rest) is not None and expert_dtype == "fp4"
+        rest = rest[:-len(".scale")] + (".weight_scale" if fp4 else ".weight_scale_inv")
+    rest = _HC.sub(lambda g: f"{g.group(1)}{g.group(2)}.{g.group(3)}", rest)
+    return side, rest
+
+
+def _dequantise(name: str, w: torch.Tensor, scales: dict, where: str) -> torch.Tensor:
+    base = name[:-len(".weight")] if name.endswith(".weight") else None
+    try:
+        if base is not None and f"{base}.weight_scale" in scales:
+            return dequant_mxfp4(w, scales.pop(f"{base}.weight_scale"))
+        if base is not None and f"{base}.weight_scale_inv" in scales:
+            return dequant_fp8_block(w, scales.pop(f"{base}.weight_scale_inv"))
+    except QuantFormatError as e:
+        raise CheckpointError(f"tensor '{where}': {e}") from None
+    return w
+
+
+def _load(module: torch.nn.Module, tensors: dict[str, tuple[str, torch.Tensor, Path]],
+          skip_prefixes: tuple[str, ...] = ()) -> None:
+    """tensors: module name -> (checkpoint name, tensor, file). All-or-nothing copy."""
+    scale_suffix = (".weight_scale", ".weight_scale_inv")
+    scales = {n: t for n, (_, t, _) in tensors.items() if n.endswith(scale_suffix)}
+    files = {n: f"{c}' in {f}" for n, (c, _, f) in tensors.items()}
+    targets = dict(module.named_parameters())
+    targets.update(dict(module.named_buffers()))
+    values = {}
+    for n, (c, t, f) in tensors.items():
+        if n.endswith(scale_suffix):
+            continue
+        if n not in targets:
+            raise CheckpointError(f"unexpected tensor '{files[n]} (no parameter '{n}' in "
+                                  f"{type(module).__name__})")
+        values[n] = _dequantise(n, t, scales, files[n])
+    if scales:
+        n = next(iter(scales))
+        raise CheckpointError(f"scale tensor '{files[n]} has no quantised weight next to it")
+    missing = [n for n in targets if n not in values and not n.startswith(skip_prefixes)]
+    if missing:
+        raise CheckpointError(f"tensor for parameter '{missing[0]}' is missing from the checkpoint "
+                              f"({len(missing)} missing in all)")
+    for n, v in values.items():
+        p = targets[n]
+        if tuple(v.shape) != tuple(p.shape):
+            raise CheckpointError(f"tensor '{files[n]} has shape {tuple(v.shape)} (dequantised), "
+                                  f"expected {tuple(p.shape)}")
+        if p.is_floating_point() != v.is_floating_point():
+            raise CheckpointError(f"tensor '{files[n]} has dtype {v.dtype}, expected {p.dtype}")
+    with torch.no_grad():
+        for n, v in values.items():
+            targets[n].copy_(v)
+
+
+def read_v4_pair_config(target_dir: str | Path, draft_dir: str | Path) -> ModelPair:
+    target = DeepSeekV4Config.from_hf(read_json(Path(target_dir) / "config.json"))
+    draft = DSparkV4Config.from_hf(read_json(Path(draft_dir) / "config.json"))
+    return ModelPair(f"{Path(target_dir).name}+{Path(draft_dir).name}", target, draft).validate()
+
+
+def _collect(ckpt_dir, side: str, expert_dtype: str) -> dict:
+    files = checkpoint_files(ckpt_dir)
+    names = [n for n in files if (n.startswith("mtp.") == (side == "draft"))]
+    out = {}
+    for cname, t in read_tensors(ckpt_dir, names).items():
+        mapped = remap_name(cname, expert_dtype)
+        if mapped is not None:
+            out[mapped[1]] = (cname, t, files[cname])
+    return out
+
+
+def load_v4_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
+                 device="cpu", num_spec_tokens: int | None = None):
+    """-> (ModelPair, target module, draft module), weights loaded (dequantised), eval mode."""
+    pair = read_v4_pair_config(target_dir, draft_dir)
+    target, draft = build_models(pair, dtype=dtype, device=device, num_spec_tokens=num_spec_tokens)
+    ed = pair.target.expert_dtype
+    _load(target, _collect(target_dir, "target", ed))
+    _load(draft, _collect(draft_dir, "draft", ed), skip_prefixes=("embed.", "head."))
+    return pair, target, draft
+
+
+# ---- writing (tests, tools) --------------------------------------------------------------------
+
+def _checkpoint_name(module_name: str, side: str) -> str:
+    name = re.sub(r"(^|\.)(hc_attn|hc_ffn|hc_head)\.(fn|base|scale)$", r"\1\2_\3", module_name)
+    if side == "target":
+        return name
+    m = re.match(r"^layers\.(\d+)\.(.*)$", name)
+    if m:
+        return f"mtp.{m.group(1)}.{m.group(2)}"
+    return f"mtp.0.{name}" if name.startswith(("main_proj.", "main_norm.")) else f"mtp.LAST.{name}"
+
+
+def v4_checkpoint_tensors(target: torch.nn.Module, draft: torch.nn.Module, quantize: bool = True,
+                          expert_dtype: str = "fp4") -> dict[str, torch.Tensor]:
+    """Both modules' weights in the V4 checkpoint naming, optionally quantised like the release
+    (fp8 blocks for attention / shared experts / main_proj; fp4 or fp8 routed experts)."""
+    out: dict[str, torch.Tensor] = {}
+    last = len(draft.layers) - 1
+    sides = [("target", target.state_dict()),
+             ("draft", {k: v for k, v in draft.state_dict().items()
+                        if not k.startswith(("embed.", "head."))})]
+    for side, sd in sides:
+        for mname, t in sd.items():
+            name = _checkpoint_name(mname, side).replace("mtp.LAST.", f"mtp.{last}.")
+            local = name.split(".", 2)[-1] if side == "draft" and name.startswith("mtp.") else name
+            if quantize and _EXPERT_WEIGHT.search(name) and expert_dtype == "fp4":
+                out[name], out[name[:-len("weight")] + "scale"] = quant_mxfp4(t.float())
+            elif quantize and (_EXPERT_WEIGHT.search(name) or FP8_WEIGHTS.search(local)):
+                out[name], out[name[:-len("weight")] + "scale"] = quant_fp8_block(t.float())
+            else:
+                out[name] = t
+    return out

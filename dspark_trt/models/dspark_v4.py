@@ -1,0 +1,91 @@
+"""DSpark draft for a DeepSeek-V4 target (algorithm doc §9).
+
+* ``context``: ``main_x = main_norm(main_proj(cat(taps)))`` (taps: stream means of the target's
+  tap layers); each stage writes ``rope(kv_norm(wkv(main_x)))`` at the context rows' positions
+  into its own window cache (no query, no MoE, no norm before ``wkv``).
+* ``block``: N tokens ``[anchor, noise × (N-1)]`` at ``P .. P+N-1``, repeated to the hc streams,
+  run through the SWA-only stages (``V4Block`` with ratio 0, score-routed MoE). Every query
+  attends to the same non-causal list ``[max(P - W, 0), P + N)`` built by
+  ``dspark::noncausal_swa_indices``; then ``U = head(norm(hc_head(x)))`` with the target's head.
+* ``forward`` (draft_block network): block + ``dspark::markov_sample`` -> drafts, logits z.
+
+Names follow vLLM's remap of the checkpoint's ``mtp.{s}.*``: stages are ``layers.{s}.*``; head-
+level tensors (``main_proj``, ``main_norm``, ``norm``, ``hc_head``, ``markov_head``) sit on the
+module. ``embed``/``head`` are the target's modules, shared.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .. import plugins
+from ..config_v4 import DSparkV4Config
+from ..plugins.noncausal_swa_indices import index_width
+from .deepseek_v4 import V4Block
+from .dspark_qwen3 import MarkovHead
+from .layers import RMSNorm
+from .v4_hc import HyperHead
+
+
+class DSparkV4Draft(nn.Module):
+    def __init__(self, cfg: DSparkV4Config, embed: nn.Embedding, head: nn.Linear,
+                 num_spec_tokens: int | None = None):
+        super().__init__()
+        self.config = cfg
+        self.num_spec_tokens = num_spec_tokens or cfg.block_size
+        b = cfg.backbone
+        d = b.hidden_size
+        self.embed, self.head = embed, head                  # the target's (frozen, shared)
+        self.main_proj = nn.Linear(len(cfg.target_layer_ids) * d, d, bias=False)
+        self.main_norm = RMSNorm(d, b.rms_norm_eps)
+        self.layers = nn.ModuleList(V4Block(b, cfg.stage_ratio(s), hashed=False)
+                                    for s in range(cfg.num_stages))
+        self.hc_head = HyperHead(b.hc_mult, d, b.hc_eps, b.rms_norm_eps)
+        self.norm = RMSNorm(d, b.rms_norm_eps)
+        self.markov_head = MarkovHead(b.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
+
+    def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
+        return {"layers": [s.attn.make_cache(num_pages, page_size, dtype, device) for s in self.layers]}
+
+    def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
+        return sum(s.attn.bytes_per_token(dtype) for s in self.layers)
+
+    def markov_weights(self) -> tuple[Tensor, Tensor]:
+        """(W1 [V, r], W2 [V, r]); rank 0 gives empty matrices (DFlash)."""
+        if self.markov_head is None:
+            w = self.head.weight.new_zeros(self.config.backbone.vocab_size, 0)
+            return w, w
+        return self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
+
+    def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
+        """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
+        main_x = self.main_norm(self.main_proj(taps))
+        for s, stage in enumerate(self.layers):
+            stage.attn.write_context(main_x, positions, block_table, cache["layers"][s])
+
+    def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
+        """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1)."""
+        B, N = anchor.shape[0], self.num_spec_tokens
+        b = self.config.backbone
+        live = (anchor >= 0) & (start >= 0)
+        start = torch.where(live, start, -1)
+        noise = torch.full((B, N - 1), self.config.mask_token_id, dtype=anchor.dtype,
+                           device=anchor.device)
+        tokens = torch.cat([anchor[:, None], noise], 1)                         # [B, N]
+        positions = torch.where(live[:, None], start[:, None] + torch.arange(N, device=anchor.device), -1)
+        page = cache["layers"][0]["kv"].shape[2]
+        W = b.sliding_window
+        idx, _ = plugins.noncausal_swa_indices(start, block_table, N, page, W, index_width(W, N))
+        idx = idx.long()                                                        # [B, N, width]
+        x = self.embed(tokens.clamp(min=0))
+        x = x[:, :, None, :].expand(-1, -1, b.hc_mult, -1).contiguous()         # [B, N, hc, d]
+        for s, stage in enumerate(self.layers):
+            x = stage(x, tokens, positions, block_table, cache["layers"][s], idx)
+        return self.head(self.norm(self.hc_head(x)))
+
+    def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
+                seed: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
+        """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]."""
+        U = self.block(anchor, start, block_table, cache)
+        w1, w2 = self.markov_weights()
+        return plugins.markov_sample(U, anchor, w1, w2, temperature, seed, start)

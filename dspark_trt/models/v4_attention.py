@@ -1,0 +1,227 @@
+"""DeepSeek-V4 attention: MLA with one shared latent, window + compressed KV (doc §8.3-8.4).
+
+Per layer: ``q = rope(rms(wq_b(q_norm(wq_a(x)))))`` [H, D]; ``kv = rope(kv_norm(wkv(x)))`` [D] is
+both key and value; RoPE on the last ``rope`` dims in interleaved pairs; attention over an index
+list with a per-head sink (``dspark::sparse_mla_attention``); inverse RoPE on the output; grouped
+low-rank output ``wo_b(einsum(o, wo_a))``. The index list is the window (given by the caller:
+causal for the target, non-causal for the DSpark draft) plus, for compressed layers, compressed
+entries: all completed ones (HCA) or the indexer's top-k (CSA, ratio 4).
+
+**Compressed state and speculative rollback.** Nothing here is an incremental running state.
+Each token writes, at its own position, its latent row and its compressor inputs
+(``wkv(x) | wgate(x)``, for the indexer's compressor too). A compressed entry ``c`` is a pure
+function of the compressor inputs at positions ``[(c - overlap) r, (c + 1) r)``; it is
+(re)computed and written (at the row of position ``c r``) whenever the block's last position
+``(c + 1) r - 1`` is processed, after that forward wrote the inputs of its own tokens. A query at
+``p`` reads entry ``c`` only if ``(c + 1) r - 1 <= p``. So after a partial accept, every rejected
+position ``>= P'`` is processed again by the next round before any query can read what it fed,
+exactly like plain KV: rollback by length keeps the window, both compressed pools and the indexer
+keys consistent, with no copy. (Entries live at one row per ``r`` positions of a full-length
+paged buffer: simple addressing through the shared block table at 1/r density, not the packed
+production layout.)
+
+Not reproduced: the reference's fp8 fake-quantisation of the latent's NoPE part and the Hadamard
+rotation of indexer queries/keys (orthogonal, so it leaves the float scores unchanged).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .. import plugins
+from ..config_v4 import DeepSeekV4Config
+from .layers import RMSNorm
+from .v4_layers import apply_rope_tail, flat_rows, read_rows, rms, rope_cos_sin, rope_inv_freq, write_rows
+
+
+def layer_inv_freq(cfg: DeepSeekV4Config, ratio: int) -> Tensor:
+    """SWA-only layers: plain RoPE at rope_theta; compressed layers: compress_rope_theta + YaRN."""
+    if ratio == 0:
+        return rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
+    return rope_inv_freq(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling)
+
+
+def _zeros(num_pages: int, page: int, dim: int, dtype, device, lead: tuple = ()) -> Tensor:
+    return torch.zeros(*lead, num_pages + 1, page, dim, dtype=dtype, device=device)
+
+
+class Compressor(nn.Module):
+    """Gated pooling of ``ratio`` tokens into one entry of width ``dim`` (ratio 4: overlapping,
+    each entry pools the previous block through the first half of the channels)."""
+
+    def __init__(self, cfg: DeepSeekV4Config, ratio: int, dim: int):
+        super().__init__()
+        self.ratio, self.dim, self.overlap = ratio, dim, ratio == 4
+        coff = 2 if self.overlap else 1
+        self.wkv = nn.Linear(cfg.hidden_size, coff * dim, bias=False)
+        self.wgate = nn.Linear(cfg.hidden_size, coff * dim, bias=False)
+        self.ape = nn.Parameter(torch.randn(ratio, coff * dim) * 0.1)
+        self.norm = RMSNorm(dim, cfg.rms_norm_eps)
+
+    @property
+    def state_dim(self) -> int:
+        return 2 * self.wkv.out_features
+
+    def inputs(self, x: Tensor) -> Tensor:
+        """x [B, T, d] -> per-position compressor inputs [B, T, state_dim] = wkv(x) | wgate(x)."""
+        return torch.cat([self.wkv(x), self.wgate(x)], -1)
+
+    def entries(self, state: Tensor, block_table: Tensor, positions: Tensor, page: int,
+                inv_freq: Tensor) -> tuple[Tensor, Tensor]:
+        """Entries completed by these tokens: -> (entries [B, T, dim], entry position [B, T]: c*r
+        for a token at a block end (p + 1 = (c + 1) r), else -1)."""
+        r, D = self.ratio, self.dim
+        L = 2 * r if self.overlap else r
+        B, T = positions.shape
+        j = torch.arange(L, device=positions.device)
+        src = positions[..., None] - L + 1 + j                                  # [B, T, L]
+        rows = flat_rows(block_table, src.flatten(1), page).view(B, T, L)
+        st = read_rows(state, rows)                                             # [B, T, L, S]
+        acc = torch.promote_types(st.dtype, torch.float32)
+        kv, score = st.to(acc).chunk(2, -1)                                     # [B, T, L, coff*D]
+        score = score + self.ape.to(acc)[j % r]
+        if self.overlap:                      # previous block: channels [:D]; own block: [D:]
+            own = (j >= r)[:, None]
+            kv = torch.where(own, kv[..., D:], kv[..., :D])
+            score = torch.where(own, score[..., D:], score[..., :D])
+        valid = (rows >= 0)[..., None]
+        score = score.masked_fill(~valid, float("-inf"))
+        w = torch.where(valid, score.softmax(-2).nan_to_num(0.0), 0.0)
+        entry = self.norm((w * kv).sum(-2).to(state.dtype))                      # [B, T, D]
+        first = positions + 1 - r
+        is_end = (positions >= 0) & ((positions + 1) % r == 0)
+        cos, sin = rope_cos_sin(first, inv_freq, entry.dtype)
+        entry = apply_rope_tail(entry, cos, sin)
+        return entry, torch.where(is_end, first, -1)
+
+
+class Indexer(nn.Module):
+    """CSA top-k selection: ``score_c = sum_h relu(q_h . k_c) w_h``, over completed entries."""
+
+    def __init__(self, cfg: DeepSeekV4Config, ratio: int):
+        super().__init__()
+        self.heads, self.dim, self.topk, self.ratio = (cfg.index_n_heads, cfg.index_head_dim,
+                                                       cfg.index_topk, ratio)
+        self.wq_b = nn.Linear(cfg.q_lora_rank, self.heads * self.dim, bias=False)
+        self.weights_proj = nn.Linear(cfg.hidden_size, self.heads, bias=False)
+        self.compressor = Compressor(cfg, ratio, self.dim)
+
+    def select(self, x: Tensor, qr: Tensor, positions: Tensor, cos: Tensor, sin: Tensor,
+               keys: Tensor, block_table: Tensor, page: int) -> Tensor:
+        """-> entry ids [B, T, topk] (-1 padded), from index keys cached at rows of c*r."""
+        B, T, _ = x.shape
+        r = self.ratio
+        q = self.wq_b(qr).view(B, T, self.heads, self.dim)
+        q = apply_rope_tail(q, cos[:, :, None], sin[:, :, None])
+        n = block_table.shape[1] * page // r
+        c = torch.arange(n, device=x.device)
+        k = read_rows(keys, flat_rows(block_table, (c * r).expand(B, n), page))  # [B, n, Di]
+        acc = torch.promote_types(x.dtype, torch.float32)
+        s = torch.einsum("bthd,bnd->bthn", q.to(acc), k.to(acc)).relu()
+        w = self.weights_proj(x).to(acc) * (self.dim ** -0.5 * self.heads ** -0.5)
+        score = (s * w[..., None]).sum(2)                                       # [B, T, n]
+        visible = c < ((positions + 1) // r).clamp(min=0)[..., None]
+        score = score.masked_fill(~visible, float("-inf"))
+        top = score.topk(min(self.topk, n), -1)
+        ids = torch.where(top.values > float("-inf"), top.indices, -1)
+        if ids.shape[-1] < self.topk:
+            ids = torch.cat([ids, ids.new_full((B, T, self.topk - ids.shape[-1]), -1)], -1)
+        return ids
+
+
+class V4Attention(nn.Module):
+    def __init__(self, cfg: DeepSeekV4Config, ratio: int):
+        super().__init__()
+        self.cfg, self.ratio = cfg, ratio
+        H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+        self.wq_a = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
+        self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
+        self.wq_b = nn.Linear(cfg.q_lora_rank, H * D, bias=False)
+        self.wkv = nn.Linear(cfg.hidden_size, D, bias=False)
+        self.kv_norm = RMSNorm(D, cfg.rms_norm_eps)
+        self.wo_a = nn.Linear(H * D // G, G * cfg.o_lora_rank, bias=False)
+        self.wo_b = nn.Linear(G * cfg.o_lora_rank, cfg.hidden_size, bias=False)
+        self.attn_sink = nn.Parameter(torch.zeros(H))
+        self.compressor = Compressor(cfg, ratio, D) if ratio else None
+        self.indexer = Indexer(cfg, ratio) if ratio == 4 else None
+        self.inv_freq = layer_inv_freq(cfg, ratio)       # plain tensor: stays float64, not a param
+
+    # ---- cache ---------------------------------------------------------------------------------
+    def make_cache(self, num_pages: int, page: int, dtype, device) -> dict[str, Tensor]:
+        """kv [1 | 2, pages + 1, page, D]: latent rows (+ compressed pool); compressor inputs;
+        indexer inputs and keys for CSA."""
+        D = self.cfg.head_dim
+        c = {"kv": _zeros(num_pages, page, D, dtype, device, (2 if self.ratio else 1,))}
+        if self.compressor is not None:
+            c["comp"] = _zeros(num_pages, page, self.compressor.state_dim, dtype, device)
+        if self.indexer is not None:
+            c["icomp"] = _zeros(num_pages, page, self.indexer.compressor.state_dim, dtype, device)
+            c["ikey"] = _zeros(num_pages, page, self.indexer.dim, dtype, device)
+        return c
+
+    def bytes_per_token(self, dtype) -> int:
+        per = self.cfg.head_dim * (2 if self.ratio else 1)
+        if self.compressor is not None:
+            per += self.compressor.state_dim
+        if self.indexer is not None:
+            per += self.indexer.compressor.state_dim + self.indexer.dim
+        return per * torch.empty(0, dtype=dtype).element_size()
+
+    # ---- forward -------------------------------------------------------------------------------
+    def rope(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
+        return rope_cos_sin(positions, self.inv_freq, dtype)
+
+    def latent(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x [B, T, d] -> roped latent KV [B, T, D] (also the DSpark context-injection path)."""
+        return apply_rope_tail(self.kv_norm(self.wkv(x)), cos, sin)
+
+    def write_context(self, x: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
+        """Write the latent KV of rows x [B, T, d] at positions (-1: nothing) — no query."""
+        cos, sin = self.rope(positions, x.dtype)
+        write_rows(cache["kv"][0], flat_rows(block_table, positions, cache["kv"].shape[2]),
+                   self.latent(x, cos, sin))
+
+    def _compress(self, comp: Compressor, x, positions, rows, block_table, state, pool) -> None:
+        page = state.shape[1]
+        write_rows(state, rows, comp.inputs(x))
+        entry, epos = comp.entries(state, block_table, positions, page, self.inv_freq)
+        write_rows(pool, flat_rows(block_table, epos, page), entry)
+
+    def forward(self, x: Tensor, positions: Tensor, block_table: Tensor, cache: dict,
+                window_rows: Tensor) -> Tensor:
+        """x [B, T, d]; positions [B, T] (-1 inert); window_rows [B, T, W] flat latent rows
+        (-1 skip) -> [B, T, d]."""
+        cfg = self.cfg
+        B, T, _ = x.shape
+        H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+        kv_cache = cache["kv"]
+        page = kv_cache.shape[2]
+        cos, sin = self.rope(positions, x.dtype)                               # [B, T, rope/2]
+        qr = self.q_norm(self.wq_a(x))                                          # [B, T, q_lora]
+        q = rms(self.wq_b(qr).view(B, T, H, D), cfg.rms_norm_eps)
+        q = apply_rope_tail(q, cos[:, :, None], sin[:, :, None])
+        rows = flat_rows(block_table, positions, page)
+        write_rows(kv_cache[0], rows, self.latent(x, cos, sin))
+        idx = window_rows
+        if self.ratio:
+            r, pool_offset = self.ratio, kv_cache[0].numel() // D
+            self._compress(self.compressor, x, positions, rows, block_table, cache["comp"],
+                           kv_cache[1])
+            if self.indexer is not None:
+                self._compress(self.indexer.compressor, x, positions, rows, block_table,
+                               cache["icomp"], cache["ikey"])
+                ids = self.indexer.select(x, qr, positions, cos, sin, cache["ikey"], block_table, page)
+            else:
+                n = block_table.shape[1] * page // r
+                c = torch.arange(n, device=x.device).expand(B, T, n)
+                ids = torch.where(c < ((positions + 1) // r).clamp(min=0)[..., None], c, -1)
+            crows = flat_rows(block_table, torch.where(ids >= 0, ids * r, -1).flatten(1), page)
+            crows = torch.where(crows >= 0, crows + pool_offset, -1).view(ids.shape)
+            idx = torch.cat([window_rows, crows], -1)
+        o = plugins.sparse_mla_attention(q.reshape(B * T, H, D), kv_cache.view(-1, D),
+                                         idx.reshape(B * T, -1).to(torch.int32),
+                                         self.attn_sink.float(), D ** -0.5, D)
+        o = apply_rope_tail(o.view(B, T, H, D), cos[:, :, None], sin[:, :, None], inverse=True)
+        o = o.reshape(B, T, G, H * D // G)
+        o = torch.einsum("btgi,gri->btgr", o, self.wo_a.weight.view(G, cfg.o_lora_rank, -1))
+        return self.wo_b(o.flatten(2))

@@ -1,0 +1,88 @@
+"""DeepSeek-V4 mixture of experts (algorithm doc §8.5).
+
+Router: ``s = sqrt(softplus(x W_g^T))``; score-routed layers pick the top-k of ``s + bias`` (the
+correction bias only selects); hash-routed layers (the first ``num_hash_layers``) take the experts
+``tid2eid[token]``. Either way the weights are the raw ``s`` of the chosen experts, renormalised
+and multiplied by ``routed_scaling_factor``. How the reference weights hash-routed experts is
+third-party knowledge (doc §8.5 "uncertain"); this follows the same rule as score routing.
+Experts are SwiGLU with ``silu(min(w1 x, L)) * clamp(w3 x, -L, L)`` (L = swiglu_limit) and the
+routing weight applied before ``w2``; one always-on shared expert with the same clamp.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config_v4 import DeepSeekV4Config
+
+
+class Expert(nn.Module):
+    def __init__(self, dim: int, hidden: int, limit: float):
+        super().__init__()
+        self.limit = limit
+        self.w1 = nn.Linear(dim, hidden, bias=False)     # gate
+        self.w2 = nn.Linear(hidden, dim, bias=False)     # down
+        self.w3 = nn.Linear(dim, hidden, bias=False)     # up
+
+    def forward(self, x: Tensor, weight: Tensor | None = None) -> Tensor:
+        """x [M, d], weight [M] (routing weight, None for the shared expert) -> [M, d]."""
+        acc = torch.promote_types(x.dtype, torch.float32)
+        gate, up = self.w1(x).to(acc), self.w3(x).to(acc)
+        if self.limit > 0:
+            gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        h = F.silu(gate) * up
+        if weight is not None:
+            h = h * weight.to(acc)[:, None]
+        return self.w2(h.to(x.dtype))
+
+
+class Gate(nn.Module):
+    def __init__(self, cfg: DeepSeekV4Config, hashed: bool):
+        super().__init__()
+        self.cfg, self.hashed = cfg, hashed
+        E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+        self.weight = nn.Parameter(torch.randn(E, cfg.hidden_size) * cfg.hidden_size ** -0.5)
+        if hashed:
+            self.register_buffer("tid2eid", torch.rand(cfg.vocab_size, E).argsort(-1)[:, :k].contiguous())
+            self.bias = None
+        else:
+            self.bias = nn.Parameter(torch.zeros(E))
+
+    def forward(self, x: Tensor, token_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """x [M, d], token_ids [M] -> routing weights [M, k] (fp32+), expert ids [M, k]."""
+        acc = torch.promote_types(x.dtype, torch.float32)
+        logits = x.to(acc) @ self.weight.to(acc).T
+        f = self.cfg.scoring_func
+        scores = (logits.softmax(-1) if f == "softmax" else logits.sigmoid() if f == "sigmoid"
+                  else F.softplus(logits).sqrt())
+        if self.hashed:
+            idx = self.tid2eid[token_ids.clamp(min=0)]
+        else:
+            idx = (scores + self.bias.to(acc)).topk(self.cfg.num_experts_per_tok, -1).indices
+        w = scores.gather(-1, idx)
+        if f != "softmax" and self.cfg.norm_topk_prob:
+            w = w / w.sum(-1, keepdim=True)
+        return w * self.cfg.routed_scaling_factor, idx
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: DeepSeekV4Config, hashed: bool):
+        super().__init__()
+        d, h, lim = cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit
+        self.gate = Gate(cfg, hashed)
+        self.experts = nn.ModuleList(Expert(d, h, lim) for _ in range(cfg.n_routed_experts))
+        self.shared_experts = Expert(d, h * cfg.n_shared_experts, lim) if cfg.n_shared_experts else None
+
+    def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
+        """x [..., d], token_ids [...] -> [..., d]."""
+        shape = x.shape
+        x, token_ids = x.reshape(-1, shape[-1]), token_ids.reshape(-1)
+        w, idx = self.gate(x, token_ids)                                    # [M, k]
+        y = torch.zeros_like(x)
+        for e in idx.unique().tolist():                                     # eager reference loop
+            rows, slot = (idx == e).nonzero(as_tuple=True)
+            y.index_add_(0, rows, self.experts[e](x[rows], w[rows, slot]))
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y.view(shape)

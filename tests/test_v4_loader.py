@@ -1,0 +1,131 @@
+"""V4 checkpoint naming, quantised formats and loading (tiny checkpoints written here)."""
+import pytest
+import torch
+
+from dspark_trt.builder.checkpoint import CheckpointError, read_tensors, write_checkpoint
+from dspark_trt.builder.loaders import load_pair
+from dspark_trt.builder.quant import (E2M1, dequant_fp8_block, dequant_mxfp4, e8m0_to_float,
+                                      quant_fp8_block, quant_mxfp4)
+from dspark_trt.builder.v4_loader import remap_name, v4_checkpoint_tensors
+from dspark_trt.config import get_preset
+from dspark_trt.models import build_models
+
+
+@pytest.mark.parametrize("name,want", [
+    ("mtp.1.attn.wq_a.weight", ("draft", "layers.1.attn.wq_a.weight")),
+    ("mtp.0.main_proj.scale", ("draft", "main_proj.weight_scale_inv")),
+    ("mtp.2.markov_head.markov_w1.weight", ("draft", "markov_head.markov_w1.weight")),
+    ("mtp.2.hc_head_fn", ("draft", "hc_head.fn")),
+    ("mtp.2.norm.weight", ("draft", "norm.weight")),
+    ("mtp.0.attn_norm.weight", ("draft", "layers.0.attn_norm.weight")),
+    ("mtp.1.hc_ffn_scale", ("draft", "layers.1.hc_ffn.scale")),
+    ("mtp.0.confidence_head.proj.weight", None),
+    ("mtp.1.ffn.experts.3.w2.scale", ("draft", "layers.1.ffn.experts.3.w2.weight_scale")),
+    ("layers.4.ffn.experts.0.w1.scale", ("target", "layers.4.ffn.experts.0.w1.weight_scale")),
+    ("layers.4.ffn.shared_experts.w1.scale", ("target", "layers.4.ffn.shared_experts.w1.weight_scale_inv")),
+    ("layers.2.attn.indexer.wq_b.scale", ("target", "layers.2.attn.indexer.wq_b.weight_scale_inv")),
+    ("hc_head_base", ("target", "hc_head.base")),
+])
+def test_remap_names(name, want):
+    assert remap_name(name, "fp4") == want
+
+
+def test_expert_scale_is_block_fp8_when_experts_are_not_fp4():
+    assert remap_name("layers.0.ffn.experts.1.w3.scale", "fp8")[1].endswith(".weight_scale_inv")
+
+
+def test_e8m0_and_mxfp4_decoding():
+    raw = torch.tensor([127, 128, 120, 255], dtype=torch.uint8)
+    v = e8m0_to_float(raw)
+    assert v[:3].tolist() == [1.0, 2.0, 2.0 ** -7] and v[3].isnan()
+    # one row, 32 logical values: codes 0..15 twice; byte = low (even) | high (odd) << 4
+    codes = torch.arange(32) % 16
+    packed = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8).view(torch.int8)[None]
+    out = dequant_mxfp4(packed, torch.tensor([[128]], dtype=torch.uint8))     # scale 2
+    want = torch.where(codes >= 8, -E2M1[codes % 8], E2M1[codes % 8]) * 2
+    assert torch.equal(out[0], want)
+
+
+def test_quantisers_round_trip_within_format_error():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(200, 300, generator=g)
+    q, s = quant_fp8_block(w)
+    assert q.dtype == torch.float8_e4m3fn and tuple(s.shape) == (2, 3)
+    scale = e8m0_to_float(s).repeat_interleave(128, 0)[:200].repeat_interleave(128, 1)[:, :300]
+    # e4m3: 3 mantissa bits -> relative half-ulp 2^-4; subnormal step 2^-9 of the block scale
+    err = (dequant_fp8_block(q, s) - w).abs()
+    assert (err <= w.abs() * 2 ** -4 + scale * 2 ** -10).all()
+    w = torch.randn(64, 96, generator=g)
+    q, s = quant_mxfp4(w)
+    assert q.dtype == torch.int8 and tuple(q.shape) == (64, 48) and tuple(s.shape) == (64, 3)
+    d = dequant_mxfp4(q, s)
+    grid = e8m0_to_float(s).repeat_interleave(32, 1)
+    # largest E2M1 gap is 2 (between 4 and 6): nearest rounding errs by at most 1 grid unit
+    assert ((d - w).abs() <= grid).all()
+    assert torch.equal(dequant_mxfp4(*quant_mxfp4(d)), d)               # representable -> exact
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    pair = get_preset("deepseek-v4-tiny-dspark")
+    target, draft = build_models(pair, seed=0)
+    tensors = v4_checkpoint_tensors(target, draft, quantize=True)
+    tensors["mtp.0.confidence_head.proj.weight"] = torch.zeros(1, 80)
+    d = tmp_path_factory.mktemp("v4ckpt")
+    write_checkpoint(d, pair.draft.to_hf(), tensors, max_shard_bytes=300_000)
+    return d, target, draft, tensors
+
+
+def test_quantised_checkpoint_loads_within_format_error(tiny_checkpoint):
+    d, target, draft, tensors = tiny_checkpoint
+    assert tensors["layers.1.ffn.experts.0.w1.weight"].dtype == torch.int8
+    assert tensors["layers.1.attn.wq_a.weight"].dtype == torch.float8_e4m3fn
+    assert tensors["mtp.0.main_proj.weight"].dtype == torch.float8_e4m3fn
+    assert "mtp.2.markov_head.markov_w1.weight" in tensors
+    pair, t2, d2 = load_pair(d, d)
+    assert pair.draft.num_stages == 3
+    for orig, loaded in ((target, t2), (draft, d2)):
+        got = loaded.state_dict()
+        for name, w in orig.state_dict().items():
+            v = got[name]
+            if ".experts." in name and "shared" not in name and name.endswith("weight"):
+                grid = w.abs().view(w.shape[0], -1, 32).amax(-1, keepdim=True) / 3     # > e8m0 scale
+                assert ((v - w).abs().view(w.shape[0], -1, 32) <= grid).all(), name
+            elif (name.endswith(("wq_a.weight", "wq_b.weight", "wkv.weight", "wo_a.weight", "wo_b.weight",
+                                  "main_proj.weight")) and "compressor" not in name) or "shared_experts" in name:
+                assert ((v - w).abs() <= w.abs() * 2 ** -4 + w.abs().max() * 2 ** -9).all(), name
+            else:
+                assert torch.equal(v, w), name                                # stored unquantised
+
+
+def test_loaded_pair_generates(tiny_checkpoint):
+    from dspark_trt.runtime import LLM, SamplingParams
+    d = tiny_checkpoint[0]
+    llm = LLM.from_checkpoints(d, d, device="cpu", max_batch_size=1, max_seq_len=64, page_size=16)
+    out = llm.generate([1, 2, 3, 4], SamplingParams(max_new_tokens=6))[0]
+    assert len(out.output_ids) == 6 and out.stats.rounds > 0
+
+
+def _rewrite(src, dst, edit):
+    from dspark_trt.config import read_json
+    tensors = read_tensors(src)
+    edit(tensors)
+    write_checkpoint(dst, read_json(src / "config.json"), tensors)
+
+
+def test_bad_checkpoints_name_tensor_and_file(tiny_checkpoint, tmp_path):
+    src = tiny_checkpoint[0]
+    cases = [
+        (lambda t: t.pop("layers.2.attn.wo_b.weight"), "missing.*wo_b|scale tensor 'layers.2.attn.wo_b.scale"),
+        (lambda t: t.update({"layers.0.attn.wkv.weight": t["layers.0.attn.wkv.weight"][:8]}),
+         "layers.0.attn.wkv"),
+        (lambda t: t.update({"layers.1.ffn.experts.2.w1.scale": t["layers.1.ffn.experts.2.w1.scale"][:, :1]}),
+         "layers.1.ffn.experts.2.w1.weight' in .*MXFP4 scale"),
+        (lambda t: t.pop("mtp.1.attn.attn_sink"), "layers.1.attn.attn_sink"),
+        (lambda t: t.update({"mtp.1.attn.bogus": torch.zeros(2)}), "unexpected tensor 'mtp.1.attn.bogus' in .*safetensors"),
+    ]
+    for i, (edit, pattern) in enumerate(cases):
+        dst = tmp_path / f"bad{i}"
+        _rewrite(src, dst, edit)
+        with pytest.raises(CheckpointError, match=pattern):
+            load_pair(dst, dst)
