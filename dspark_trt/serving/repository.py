@@ -46,18 +46,18 @@ def write_repository(output: str | Path, source: ModelSource, *, model_name: str
     """
     if default_max_tokens < 1:
         raise ValueError(f"default max tokens must be >= 1, got {default_max_tokens}")
-    model_dir = Path(output) / model_name
-    if model_dir.exists():
-        if not overwrite:
-            raise FileExistsError(f"{model_dir} exists; pass overwrite=True (--force) to replace it")
-        shutil.rmtree(model_dir)
     params = source.to_parameters()
     params["default_max_tokens"] = str(default_max_tokens)
     params["project_path"] = str(Path(project_path).resolve()) if project_path else ""
     if python_env:
         params["EXECUTION_ENV_PATH"] = str(Path(python_env).resolve())
     kind = "KIND_GPU" if source.device.startswith("cuda") else "KIND_CPU"
-    text = render_config(model_name, params, instance_count, kind)
+    text = render_config(model_name, params, instance_count, kind)     # validates before any write
+    model_dir = Path(output) / model_name
+    if model_dir.exists():
+        if not overwrite:
+            raise FileExistsError(f"{model_dir} exists; pass overwrite=True (--force) to replace it")
+        shutil.rmtree(model_dir)
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "config.pbtxt").write_text(text)
     shutil.copyfile(TEMPLATES / "model.py", model_dir / "1" / "model.py")
