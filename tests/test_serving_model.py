@@ -68,7 +68,10 @@ def source(pair_dirs):
 
 @pytest.fixture(scope="module")
 def llm(source):
-    return source.load()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)            # the model fixture below uses one thread too
+    yield source.load()
+    torch.set_num_threads(threads)
 
 
 # ---- request parsing ----------------------------------------------------------------------------
@@ -249,7 +252,8 @@ def ids_request(ids, max_tokens, **kw):
 @pytest.fixture(scope="module")
 def model(source):
     from dspark_trt.serving.triton_model import DSparkModel
-    params = {k: {"string_value": v} for k, v in {**source.to_parameters(), "default_max_tokens": "8"}.items()}
+    params = {k: {"string_value": v} for k, v in {**source.to_parameters(), "default_max_tokens": "8",
+                                                               "cpu_threads": "1"}.items()}
     m = DSparkModel(FakePB, {"model_config": json.dumps({"name": "dspark", "parameters": params}),
                              "model_version": "1", "model_instance_kind": "CPU"})
     yield m

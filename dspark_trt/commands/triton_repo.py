@@ -16,6 +16,8 @@ def add_repo_args(p) -> None:
                    help="model instances; each loads its own copy and batches its own requests")
     g.add_argument("--default-max-tokens", type=int, default=64,
                    help="max_tokens when a request does not give it")
+    g.add_argument("--cpu-threads", type=int, default=0,
+                   help="torch CPU threads per instance (0: torch's default)")
     g.add_argument("--python-env", help="Python environment directory for the model "
                    "(EXECUTION_ENV_PATH; not needed with `dspark-trt serve`)")
 
@@ -34,7 +36,7 @@ def write_from_args(args, output) -> "object":
     try:
         return write_repository(output, ModelSource.from_args(args), model_name=args.model_name,
                                 instance_count=args.instance_count,
-                                default_max_tokens=args.default_max_tokens,
+                                default_max_tokens=args.default_max_tokens, cpu_threads=args.cpu_threads,
                                 python_env=args.python_env, overwrite=getattr(args, "force", False))
     except (ValueError, FileExistsError) as e:
         raise SystemExit(f"error: {e}") from None

@@ -36,18 +36,22 @@ def render_config(model_name: str, parameters: dict[str, str], instance_count: i
 
 
 def write_repository(output: str | Path, source: ModelSource, *, model_name: str = "dspark",
-                     instance_count: int = 1, default_max_tokens: int = 64,
+                     instance_count: int = 1, default_max_tokens: int = 64, cpu_threads: int = 0,
                      project_path: str | Path | None = PROJECT_ROOT, python_env: str | None = None,
                      overwrite: bool = False) -> Path:
     """Write the repository; returns the model directory ``<output>/<model_name>``.
 
     ``project_path`` is put on the model's sys.path (None: dspark_trt must be importable in the
     server's Python). ``python_env``: a Python environment directory for EXECUTION_ENV_PATH.
+    ``cpu_threads``: torch intra-op threads per instance (0: torch's default).
     """
     if default_max_tokens < 1:
         raise ValueError(f"default max tokens must be >= 1, got {default_max_tokens}")
     params = source.to_parameters()
+    if cpu_threads < 0:
+        raise ValueError(f"cpu threads must be >= 0, got {cpu_threads}")
     params["default_max_tokens"] = str(default_max_tokens)
+    params["cpu_threads"] = str(cpu_threads)
     params["project_path"] = str(Path(project_path).resolve()) if project_path else ""
     if python_env:
         params["EXECUTION_ENV_PATH"] = str(Path(python_env).resolve())

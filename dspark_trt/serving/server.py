@@ -104,6 +104,7 @@ class TritonServer:
         self.extra_args = tuple(extra_args)
         self.proc: subprocess.Popen | None = None
         self._shm: set[str] = set()
+        self.leaked: list[str] = []                     # shm regions stop() had to remove
 
     @property
     def http_url(self) -> str:
@@ -183,7 +184,8 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for region in self._shm:                        # only regions our processes had mapped
+        self.leaked = sorted(r for r in self._shm if Path(r).exists())
+        for region in self.leaked:                      # only regions our processes had mapped
             Path(region).unlink(missing_ok=True)
         rc, self.proc = self.proc.returncode, None
         return rc

@@ -93,15 +93,29 @@ class DSparkModel:
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
         self.source = ModelSource.from_parameters(params)
         self.default_max_tokens = int(params.get("default_max_tokens", "64"))
+        threads = int(params.get("cpu_threads", "0"))
+        if threads > 0:
+            import torch
+            torch.set_num_threads(threads)
         device = None
         if args.get("model_instance_kind") == "GPU":
             device = f"cuda:{args['model_instance_device_id']}"
         self.llm = self.source.load(device)
+        self._warm_up()
         labels = {"model": config.get("name", args.get("model_name", "")),
                   "version": str(args.get("model_version", ""))}
         self.metrics = Metrics(pb, labels)
         self.worker = GenerationWorker(self.llm, self.source.speculative, self.metrics.on_finish).start()
         log.info("dspark model %s ready (%s)", labels["model"], args.get("model_instance_name", ""))
+
+    def _warm_up(self) -> None:
+        """One short request (prefill + a speculative round) so the first client pays no setup."""
+        from ..runtime.sampling_params import SamplingParams
+        n = min(self.llm.networks.num_spec_tokens + 2, self.llm.max_seq_len - 2)
+        if n < 1:
+            return
+        self.llm.generate([0, 1], SamplingParams(max_new_tokens=n, seed=0, ignore_eos=True),
+                          speculative=self.source.speculative)
 
     def execute(self, requests) -> None:
         tok = self.llm.tokenizer

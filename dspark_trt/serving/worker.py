@@ -151,6 +151,7 @@ class GenerationWorker:
                 act.seq.finish_reason = "stop"
             if done:
                 del self.active[rid]
+                self.on_finish("success", len(act.ids), act.seq.stats)   # before the client hears
             if act.req.stream:
                 sent = self._send(act, new, delta, done)
             else:
@@ -158,8 +159,7 @@ class GenerationWorker:
             if not sent and not done:                   # the client is gone: stop generating
                 self.gen.abort(rid, "error")
                 del self.active[rid]
-            if done or not sent:
-                self.on_finish("success" if sent else "error", len(act.ids), act.seq.stats if sent else None)
+                self.on_finish("error", len(act.ids), None)
 
     def _send(self, act: _Active, ids: list[int], text: str, final: bool) -> bool:
         reason = (act.seq.finish_reason or "") if final else ""
