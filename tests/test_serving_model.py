@@ -347,3 +347,22 @@ def test_metrics_count_finished_requests(model):
     assert after["dspark_spec_rounds_total"] - before["dspark_spec_rounds_total"] == resp.outputs["rounds"][0]
     assert after["dspark_requests_total"] - before["dspark_requests_total"] == 1
     assert 1.0 <= after["dspark_mean_accepted_length"] <= get_preset(PRESET).draft.block_size + 1
+
+
+def test_generator_abort_frees_pages_and_keeps_others(llm):
+    """Generator.abort (added for serving): waiting and running requests, pages returned."""
+    gen = llm.generator()
+    free0 = len(gen.kv.free)
+    keep = gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=12, seed=9))
+    run = gen.add_request([4, 5], SamplingParams(max_new_tokens=12))
+    gen.step()                                          # both admitted and running
+    wait = gen.add_request([6], SamplingParams(max_new_tokens=12))
+    assert gen.abort(wait.request_id).finish_reason == "abort" and wait not in gen.waiting
+    assert gen.abort(run.request_id, "cancelled").finish_reason == "cancelled"
+    assert run not in gen.running and gen.abort(run.request_id) is None
+    assert len(gen.kv.free) == free0 - gen.kv.pages_for(gen._budget(keep))
+    while gen.has_work():
+        gen.step()
+    assert len(gen.kv.free) == free0
+    want = llm.generate([1, 2, 3], SamplingParams(max_new_tokens=12, seed=9))[0]
+    assert keep.output_ids == want.output_ids

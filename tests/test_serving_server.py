@@ -62,11 +62,15 @@ def server(install, source, tmp_path_factory):
     write_repository(root / "model_repository", source, model_name=MODEL, default_max_tokens=16,
                      cpu_threads=1)
     srv = TritonServer(root / "model_repository", install, log_path=root / "tritonserver.log")
-    ready = srv.start(timeout=120)
-    print(f"\n[serving] tritonserver start -> ready: {ready:.2f} s "
-          f"(http {srv.http_url}, grpc {srv.grpc_url}, metrics {srv.metrics_url})")
+    srv.ready_seconds = srv.start(timeout=120)
     yield srv
     srv.stop()
+
+
+def report(capsys, line: str) -> None:
+    """Measured numbers go to the terminal even when pytest captures output (the lead records them)."""
+    with capsys.disabled():
+        print(f"\n[serving] {line}")
 
 
 def generate(srv, body: dict, timeout: float = 60) -> tuple[int, dict]:
@@ -115,7 +119,8 @@ def metrics(srv) -> dict[str, float]:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(\w+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
 
 
-def test_http_generate_equals_runtime(server, llm):
+def test_http_generate_equals_runtime(server, llm, capsys):
+    report(capsys, f"tritonserver start -> ready: {server.ready_seconds:.2f} s (model load and warm-up included)")
     body = {"text_input": "abc ghij kl", "max_tokens": 20, "temperature": 0.8, "seed": 11}
     status, got = generate(server, body)
     assert status == 200, got
@@ -138,7 +143,7 @@ def test_grpc_stream_concatenates_to_the_non_streaming_result(install, server, l
     assert chunks[-1]["tau"] == pytest.approx(whole["tau"])
 
 
-def test_concurrent_clients_get_their_own_answers(server, llm):
+def test_concurrent_clients_get_their_own_answers(server, llm, capsys):
     clients, per_client = 16, 8
     jobs = [[{"text_input": f"kl ab {c} cd {i}", "max_tokens": 6 + (c + i) % 11,
               "temperature": 0.0 if (c + i) % 3 == 0 else 0.9, "seed": 1000 * c + i}
@@ -156,7 +161,7 @@ def test_concurrent_clients_get_their_own_answers(server, llm):
         t.join(180)
     dt = time.perf_counter() - t0
     n = clients * per_client
-    print(f"\n[serving] {clients} clients x {per_client} requests: {n} in {dt:.2f} s = {n / dt:.1f} requests/s")
+    report(capsys, f"{clients} clients x {per_client} requests: {n} in {dt:.2f} s = {n / dt:.1f} requests/s")
     assert len(results) == n
     flat = [b for job in jobs for b in job]
     want = llm.generate([b["text_input"] for b in flat],
