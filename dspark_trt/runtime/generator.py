@@ -110,15 +110,21 @@ class Generator:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def abort(self, request_id: int) -> bool:
-        """Drop a waiting or running request (finish reason "abort"); its pages are freed."""
-        for s in list(self.waiting) + self.running:
-            if s.request_id == request_id and s.finish_reason is None:
-                s.finish_reason = "abort"
-                if s in self.waiting:
-                    self.waiting.remove(s)
-                return True
-        return False
+    def abort(self, request_id: int, reason: str = "abort") -> Sequence | None:
+        """Drop a waiting or running request between steps and free its pages.
+
+        Returns the sequence (``finish_reason`` set to ``reason`` unless it had finished) or None
+        if the id is unknown or already done.
+        """
+        for queue in (self.waiting, self.running):
+            seq = next((s for s in queue if s.request_id == request_id), None)
+            if seq is not None:
+                queue.remove(seq)
+                if queue is self.running:
+                    self.kv.release(request_id)
+                seq.finish_reason = seq.finish_reason or reason
+                return seq
+        return None
 
     # ---- one scheduler step ------------------------------------------------------------------
     def step(self) -> list[Sequence]:

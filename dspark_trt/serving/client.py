@@ -1,0 +1,119 @@
+"""Streaming gRPC client for the dspark model (needs tritonclient[grpc]: run it with the serving venv).
+
+Standalone on purpose (imports neither torch nor dspark_trt):
+    .venv-triton/bin/python dspark_trt/serving/client.py --url 127.0.0.1:8001 \
+        --request '{"text_input": "hello", "max_tokens": 16, "stream": true}'
+prints one JSON object per response ({"error": ...} for an error), in arrival order.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import queue
+import sys
+
+import numpy as np
+
+# input name -> (numpy dtype, Triton dtype); scalars are sent with shape [1]
+INPUTS = {"text_input": (np.object_, "BYTES"), "input_ids": (np.int32, "INT32"),
+          "max_tokens": (np.int32, "INT32"), "temperature": (np.float32, "FP32"),
+          "top_p": (np.float32, "FP32"), "seed": (np.uint64, "UINT64"), "stream": (np.bool_, "BOOL"),
+          "stop": (np.object_, "BYTES"), "stop_ids": (np.int32, "INT32")}
+OUTPUTS = ("text_output", "output_ids", "finish_reason", "tau", "acceptance_per_position", "rounds")
+
+
+def make_inputs(grpcclient, request: dict) -> list:
+    out = []
+    for name, value in request.items():
+        if name not in INPUTS:
+            raise ValueError(f"unknown input '{name}'; known: {', '.join(INPUTS)}")
+        dtype, triton = INPUTS[name]
+        arr = np.array(value if isinstance(value, list) else [value], dtype=dtype)
+        if dtype is np.object_:
+            arr = np.array([v.encode() if isinstance(v, str) else v for v in arr], dtype=np.object_)
+        t = grpcclient.InferInput(name, list(arr.shape), triton)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+def to_json(result) -> dict:
+    d = {}
+    for name in OUTPUTS:
+        arr = result.as_numpy(name)
+        if arr is None:
+            continue
+        if arr.dtype == np.object_:
+            d[name] = arr.reshape(-1)[0].decode("utf-8")
+        elif name in ("output_ids", "acceptance_per_position"):
+            d[name] = arr.tolist()
+        else:
+            d[name] = arr.reshape(-1)[0].item()
+    return d
+
+
+def stream(url: str, model: str, requests: list[dict], cancel_after: int | None = None,
+           timeout: float = 120.0) -> list[list[dict]]:
+    """Send requests on one gRPC stream; returns each request's responses in arrival order.
+
+    ``cancel_after``: close the stream with cancellation after that many responses in total.
+    """
+    import tritonclient.grpc as grpcclient
+    q: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    out: dict[str, list[dict]] = {str(i): [] for i in range(len(requests))}
+    open_ids = set(out)
+    try:
+        for i, r in enumerate(requests):
+            client.async_stream_infer(model, make_inputs(grpcclient, r), request_id=str(i),
+                                      outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
+                                      enable_empty_final_response=True)
+        received = 0
+        while open_ids:
+            result, error = q.get(timeout=timeout)
+            if error is not None:          # the stream reports the failing request's id
+                rid = getattr(error, "request_id", None) or _error_request_id(error, open_ids)
+                out[rid].append({"error": str(error)})
+                open_ids.discard(rid)
+                continue
+            resp = result.get_response()
+            rid = resp.id
+            d = to_json(result)
+            final = resp.parameters["triton_final_response"].bool_param
+            if d or not final:
+                out[rid].append(d)
+            if final:
+                open_ids.discard(rid)
+            received += 1
+            if cancel_after is not None and received >= cancel_after:
+                client.stop_stream(cancel_requests=True)
+                break
+    finally:
+        client.stop_stream()
+        client.close()
+    return [out[str(i)] for i in range(len(requests))]
+
+
+def _error_request_id(error, open_ids: set[str]) -> str:
+    if len(open_ids) == 1:
+        return next(iter(open_ids))
+    raise RuntimeError(f"stream error for an unknown request: {error}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", required=True, help="gRPC host:port")
+    p.add_argument("--model", default="dspark")
+    p.add_argument("--request", action="append", required=True, help="JSON object of inputs (repeatable)")
+    p.add_argument("--cancel-after", type=int, help="cancel the stream after this many responses")
+    args = p.parse_args(argv)
+    results = stream(args.url, args.model, [json.loads(r) for r in args.request], args.cancel_after)
+    for i, responses in enumerate(results):
+        for r in responses:
+            print(json.dumps({"request": i, **r}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
