@@ -132,6 +132,15 @@ def run_all(device, dtype=torch.float32) -> dict:
         tt, tz = kmk.markov_sample_triton(*args, one_launch=one, num_programs=3, block_v=64, block_r=16)
         out[f"markov_sample_{'one' if one else 'per_step'}"] = {
             "tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    tt, tz = kmk.markov_sample_triton(*args, rows_only=True, block_v=64, block_r=16)
+    out["markov_sample_rows"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    from dspark_trt.plugins.aot import markov_sample_aot          # the TensorRT entry's argument wiring
+    U, anchor, w1, w2, temp, seed, start = args
+    B, N, V = U.shape
+    tt, tz = torch.empty_like(tt), torch.empty_like(tz)
+    markov_sample_aot[(1,)](U, anchor, w1, w2, temp, seed, start, B, N, V, w1.shape[1], tt, tz,
+                            BLOCK_B=16, BLOCK_V=64, BLOCK_R=16)
+    out["markov_sample_aot"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     rt, rz = markov_sample_topk_ref(*args, 64, 2)
     tt, tz = kmk.markov_sample_topk_triton(*args, 64, 2)
     out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}

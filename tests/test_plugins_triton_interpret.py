@@ -43,7 +43,7 @@ def test_block_attention_kernel(results, mask):
     assert results[f"block_attention_{mask}"]["err"] < 1e-5
 
 
-@pytest.mark.parametrize("schedule", ["one", "per_step", "topk"])
+@pytest.mark.parametrize("schedule", ["one", "per_step", "rows", "aot", "topk"])
 def test_markov_sample_kernel(results, schedule):
     r = results["markov_sample_topk" if schedule == "topk" else f"markov_sample_{schedule}"]
     assert r["tokens_equal"] and r["err"] < 1e-5
