@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from .dispatch import use_triton
-
 from .kv_cache import gather_pages
 
 

@@ -13,7 +13,6 @@ import torch
 from torch import Tensor
 
 from .dispatch import use_triton
-
 from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, uniform
 
 
