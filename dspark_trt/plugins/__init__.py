@@ -16,10 +16,13 @@ import torch
 kv_cache_write = torch.ops.dspark.kv_cache_write
 block_attention = torch.ops.dspark.block_attention
 markov_sample = torch.ops.dspark.markov_sample
+markov_sample_topk = torch.ops.dspark.markov_sample_topk     # fast mode: candidate-restricted proposal
+kv_cache_update = torch.ops.dspark.kv_cache_update           # functional kv_cache_write (ONNX export)
 rejection_sample = torch.ops.dspark.rejection_sample
 noncausal_swa_indices = torch.ops.dspark.noncausal_swa_indices
 sparse_mla_attention = torch.ops.dspark.sparse_mla_attention
 
-__all__ = ["kv_cache_write", "block_attention", "markov_sample", "rejection_sample",
+__all__ = ["kv_cache_write", "kv_cache_update", "block_attention", "markov_sample", "markov_sample_topk",
+           "rejection_sample",
            "noncausal_swa_indices", "sparse_mla_attention",
            "apply_top_p", "sample_tokens"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dispatch import use_triton
 from .kv_cache import gather_pages
 
 
@@ -34,12 +35,10 @@ def block_attention_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
     return torch.where(valid[:, :, None, None], out, 0.0).to(q.dtype)
 
 
-@torch.library.custom_op("dspark::block_attention", mutates_args=())
+@torch.library.triton_op("dspark::block_attention", mutates_args=())
 def block_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
                     positions: Tensor, kv_limit: Tensor, scale: float) -> Tensor:
+    if use_triton(q):
+        from .kernels.block_attention import block_attention_triton
+        return block_attention_triton(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
     return block_attention_ref(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
-
-
-@block_attention.register_fake
-def _(q, k_cache, v_cache, block_table, positions, kv_limit, scale):
-    return torch.empty_like(q)

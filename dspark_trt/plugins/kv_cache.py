@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dispatch import use_triton
+
 
 def page_coords(cache: Tensor, block_table: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """[B, P] table, [B, T] positions -> (page [B, T], offset [B, T], valid [B, T])."""
@@ -36,12 +38,35 @@ def gather_pages(cache: Tensor, block_table: Tensor) -> Tensor:
     return g.reshape(g.shape[0], -1, *g.shape[3:])
 
 
-@torch.library.custom_op("dspark::kv_cache_write", mutates_args=("k_cache", "v_cache"))
+@torch.library.triton_op("dspark::kv_cache_write", mutates_args=("k_cache", "v_cache"))
 def kv_cache_write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
                    positions: Tensor) -> None:
-    kv_cache_write_ref(k_cache, v_cache, k, v, block_table, positions)
+    if use_triton(k_cache):
+        from .kernels.kv_cache import kv_cache_write_triton
+        kv_cache_write_triton(k_cache, v_cache, k, v, block_table, positions)
+    else:
+        kv_cache_write_ref(k_cache, v_cache, k, v, block_table, positions)
 
 
-@kv_cache_write.register_fake
-def _(k_cache, v_cache, k, v, block_table, positions) -> None:
-    return None
+def kv_cache_update_ref(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
+                        positions: Tensor) -> tuple[Tensor, Tensor]:
+    """Functional form (returns updated copies); what the ONNX node ``dspark::kv_cache_write`` means."""
+    k_new, v_new = k_cache.clone(), v_cache.clone()
+    kv_cache_write_ref(k_new, v_new, k, v, block_table, positions)
+    return k_new, v_new
+
+
+@torch.library.custom_op("dspark::kv_cache_update", mutates_args=())
+def kv_cache_update(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
+                    positions: Tensor) -> tuple[Tensor, Tensor]:
+    """Functional twin of ``kv_cache_write`` for ONNX export (ONNX has no in-place update): it exports
+    as the node ``kv_cache_write`` whose outputs are the updated caches (TensorRT aliases them to
+    the cache inputs)."""
+    k_new, v_new = k_cache.clone(), v_cache.clone()
+    kv_cache_write(k_new, v_new, k, v, block_table, positions)
+    return k_new, v_new
+
+
+@kv_cache_update.register_fake
+def _(k_cache, v_cache, k, v, block_table, positions):
+    return torch.empty_like(k_cache), torch.empty_like(v_cache)

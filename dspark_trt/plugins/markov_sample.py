@@ -11,7 +11,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dispatch import use_triton
 from .rng import STREAM_DRAFT, gumbel
+
+# CUDA schedule of the exact kernel: True = one persistent launch with a grid barrier between the
+# N steps, False = one launch per step (see kernels/markov.py).
+ONE_LAUNCH = False
 
 
 def markov_sample_ref(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
@@ -39,14 +44,73 @@ def markov_sample_ref(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tenso
     return torch.stack(tokens, 1), torch.stack(logits, 1).to(torch.float32)
 
 
-@torch.library.custom_op("dspark::markov_sample", mutates_args=())
+@torch.library.triton_op("dspark::markov_sample", mutates_args=())
 def markov_sample(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
                   temperature: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+    if use_triton(base_logits):
+        from .kernels.markov import markov_sample_triton
+        return markov_sample_triton(base_logits, anchor, w1, w2, temperature, seed, start,
+                                    one_launch=ONE_LAUNCH)
     return markov_sample_ref(base_logits, anchor, w1, w2, temperature, seed, start)
 
 
-@markov_sample.register_fake
-def _(base_logits, anchor, w1, w2, temperature, seed, start):
+# ---------------------------------------------------------------------------------------------
+# Fast mode: candidate-restricted proposal.
+
+
+def topk_candidates(base_logits: Tensor, chunk: int, per_chunk: int) -> Tensor:
+    """U [B, N, V] -> candidate ids [B, N, ceil(V / chunk) * per_chunk] int64: the per_chunk largest
+    entries of each vocabulary chunk (ties -> smaller id); -1 where a chunk has no finite entry left."""
     B, N, V = base_logits.shape
-    return (base_logits.new_empty((B, N), dtype=torch.int64),
-            base_logits.new_empty((B, N, V), dtype=torch.float32))
+    nc = -(-V // chunk)
+    x = torch.nn.functional.pad(base_logits.float(), (0, nc * chunk - V), value=float("-inf"))
+    vals, loc = x.view(B, N, nc, chunk).sort(dim=-1, descending=True, stable=True)
+    vals, loc = vals[..., :per_chunk], loc[..., :per_chunk]
+    ids = loc + chunk * torch.arange(nc, device=x.device)[:, None]
+    return torch.where(vals > float("-inf"), ids, -1).reshape(B, N, nc * per_chunk)
+
+
+def markov_sample_topk_ref(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
+                           temperature: Tensor, seed: Tensor, start: Tensor, chunk: int,
+                           per_chunk: int) -> tuple[Tensor, Tensor]:
+    """Same inputs/outputs as ``markov_sample_ref``, but each step only considers the candidates
+    ``topk_candidates(U)`` (the union of per-chunk top-``per_chunk`` base logits, which contains
+    the global top-``per_chunk``): ``z_k`` is exact on the candidates and **-inf elsewhere**, and the
+    token is sampled from ``softmax(z_k / T)`` over them (argmax at T = 0). This is NOT the
+    full-vocabulary sampler: it is a different proposal, and verification stays lossless because
+    the stored ``z_k`` is exactly the distribution that was sampled. Inert rows: tokens -1, z 0."""
+    B, N, V = base_logits.shape
+    live = anchor >= 0
+    greedy = temperature <= 0
+    inv_t = torch.where(greedy, 1.0, 1.0 / temperature.clamp(min=1e-6)).float()
+    cand = topk_candidates(base_logits, chunk, per_chunk)                      # [B, N, C]
+    valid = cand >= 0
+    col = cand.clamp(min=0)
+    prev = anchor.clamp(min=0)
+    tokens, logits = [], []
+    for k in range(N):
+        bias = torch.einsum("br,bcr->bc", w1[prev].float(), w2[col[:, k]].float())   # [B, C]
+        z = base_logits[:, k].float().gather(1, col[:, k]) + bias
+        noise = gumbel(seed, start + k + 1, STREAM_DRAFT, V).gather(1, col[:, k])
+        score = torch.where(greedy[:, None], z, z * inv_t[:, None] + noise)
+        score = score.masked_fill(~valid[:, k], float("-inf"))
+        best = score.amax(1, keepdim=True)
+        x = torch.where(score == best, col[:, k], V).amin(1)
+        zk = torch.full((B, V + 1), float("-inf"), device=z.device)          # column V: dropped
+        zk.scatter_(1, torch.where(valid[:, k], col[:, k], V), z)
+        tokens.append(torch.where(live, x, -1))
+        logits.append(torch.where(live[:, None], zk[:, :V], 0.0))
+        prev = x
+    return torch.stack(tokens, 1), torch.stack(logits, 1)
+
+
+@torch.library.triton_op("dspark::markov_sample_topk", mutates_args=())
+def markov_sample_topk(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
+                       temperature: Tensor, seed: Tensor, start: Tensor, chunk: int,
+                       per_chunk: int) -> tuple[Tensor, Tensor]:
+    if use_triton(base_logits):
+        from .kernels.markov import markov_sample_topk_triton
+        return markov_sample_topk_triton(base_logits, anchor, w1, w2, temperature, seed, start,
+                                         chunk, per_chunk)
+    return markov_sample_topk_ref(base_logits, anchor, w1, w2, temperature, seed, start, chunk,
+                                  per_chunk)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dispatch import use_triton
+
 
 def index_width(window: int, num_queries: int) -> int:
     """cdiv(W + N, 128) * 128, the smallest valid width."""
@@ -43,15 +45,11 @@ def noncausal_swa_indices_ref(start: Tensor, block_table: Tensor, num_queries: i
             count[:, None].expand(B, num_queries).to(torch.int32).contiguous())
 
 
-@torch.library.custom_op("dspark::noncausal_swa_indices", mutates_args=())
+@torch.library.triton_op("dspark::noncausal_swa_indices", mutates_args=())
 def noncausal_swa_indices(start: Tensor, block_table: Tensor, num_queries: int, page_size: int,
                           window: int, width: int) -> tuple[Tensor, Tensor]:
+    if use_triton(start):
+        check_width(window, num_queries, width)
+        from .kernels.swa_indices import noncausal_swa_indices_triton
+        return noncausal_swa_indices_triton(start, block_table, num_queries, page_size, window, width)
     return noncausal_swa_indices_ref(start, block_table, num_queries, page_size, window, width)
-
-
-@noncausal_swa_indices.register_fake
-def _(start, block_table, num_queries, page_size, window, width):
-    check_width(window, num_queries, width)
-    B = start.shape[0]
-    return (start.new_empty((B, num_queries, width), dtype=torch.int32),
-            start.new_empty((B, num_queries), dtype=torch.int32))

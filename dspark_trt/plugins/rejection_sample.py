@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dispatch import use_triton
 from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, uniform
 
 
@@ -57,17 +58,13 @@ def rejection_sample_ref(target_logits: Tensor, draft_tokens: Tensor, draft_logi
     return torch.where(live, accepted, 0), torch.where(live, nxt, -1)
 
 
-@torch.library.custom_op("dspark::rejection_sample", mutates_args=())
+@torch.library.triton_op("dspark::rejection_sample", mutates_args=())
 def rejection_sample(target_logits: Tensor, draft_tokens: Tensor, draft_logits: Tensor,
                      temperature: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+    if use_triton(target_logits):
+        from .kernels.rejection import rejection_sample_triton
+        return rejection_sample_triton(target_logits, draft_tokens, draft_logits, temperature, seed, start)
     return rejection_sample_ref(target_logits, draft_tokens, draft_logits, temperature, seed, start)
-
-
-@rejection_sample.register_fake
-def _(target_logits, draft_tokens, draft_logits, temperature, seed, start):
-    B = target_logits.shape[0]
-    return (target_logits.new_empty((B,), dtype=torch.int64),
-            target_logits.new_empty((B,), dtype=torch.int64))
 
 
 def apply_top_p(logits: Tensor, temperature: Tensor, top_p: Tensor) -> Tensor:

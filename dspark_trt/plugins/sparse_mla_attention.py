@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .dispatch import use_triton
+
 
 def sparse_mla_attention_ref(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tensor,
                              scale: float, dv: int) -> Tensor:
@@ -28,12 +30,10 @@ def sparse_mla_attention_ref(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: 
     return o.to(q.dtype)
 
 
-@torch.library.custom_op("dspark::sparse_mla_attention", mutates_args=())
+@torch.library.triton_op("dspark::sparse_mla_attention", mutates_args=())
 def sparse_mla_attention(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tensor, scale: float,
                          dv: int) -> Tensor:
+    if use_triton(q):
+        from .kernels.sparse_mla import sparse_mla_attention_triton
+        return sparse_mla_attention_triton(q, kv, indices, attn_sink, scale, dv)
     return sparse_mla_attention_ref(q, kv, indices, attn_sink, scale, dv)
-
-
-@sparse_mla_attention.register_fake
-def _(q, kv, indices, attn_sink, scale, dv):
-    return q.new_empty((q.shape[0], q.shape[1], dv))

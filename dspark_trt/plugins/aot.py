@@ -1,0 +1,142 @@
+"""Ahead-of-time PTX of the dspark kernels, for TensorRT AOT plugins (and any cubin launcher).
+
+TensorRT's AOT plugin launcher passes ``(input pointers..., int32 scalars..., output pointers...)``
+(platform notes §3), so each op has an entry kernel here in that order that calls the op's Triton
+kernel; float attributes (``scale``) and tile sizes are compile-time constants. Triton appends a
+global-scratch and a profile-scratch pointer to every kernel; that is harmless only when neither
+is used, so ``compile_ptx`` asserts both sizes are 0.
+
+``compile_ptx(name, dtype=torch.bfloat16, **constants)`` compiles for ``GPUTarget("cuda", 90, 32)``
+with ``ptx_version=90`` (PTX ISA 9.0: the H200's 580 driver rejects newer) on any machine,
+CPU-only included, and returns ``(kernel_name, ptx, metadata)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+from .kernels.block_attention import block_attention_kernel
+from .kernels.kv_cache import kv_cache_write_kernel
+from .kernels.markov import markov_rows_kernel
+from .kernels.rejection import rejection_sample_kernel
+from .kernels.sparse_mla import sparse_mla_attention_kernel
+from .kernels.swa_indices import noncausal_swa_indices_kernel
+
+TARGET = GPUTarget("cuda", 90, 32)
+OPTIONS = {"ptx_version": 90, "enable_fp_fusion": False}
+
+
+@triton.jit
+def kv_cache_write_aot(k_cache, v_cache, k, v, block_table, positions, T, P, PAGE_SIZE, ROW,
+                       k_cache_out, v_cache_out, BLOCK: tl.constexpr):
+    """Outputs alias the cache inputs (in place); grid (B * T,)."""
+    kv_cache_write_kernel(k_cache_out, v_cache_out, k, v, block_table, positions, T, P, PAGE_SIZE, ROW,
+                          BLOCK)
+
+
+@triton.jit
+def block_attention_aot(q, k_cache, v_cache, block_table, positions, kv_limit, T, P, PAGE_SIZE, PAD_PAGE,
+                        out, SCALE: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """grid (B, Hkv, cdiv(T, BLOCK_T))."""
+    block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, out, SCALE, T, P,
+                           PAGE_SIZE, PAD_PAGE, H, HKV, D, BLOCK_T, BLOCK_N)
+
+
+@triton.jit
+def markov_sample_aot(U, anchor, w1, w2, temperature, seed, start, B, N, V, R, tokens, z,
+                      BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
+    """grid (cdiv(B, BLOCK_B),): ``markov_rows_kernel``, the one-launch schedule that needs no
+    zeroed workspace (a TensorRT AOT plugin has none), at the cost of one SM per row group."""
+    markov_rows_kernel(U, anchor, w1, w2, temperature, seed, start, z, tokens, B, N, V, R, N * V, V,
+                       BLOCK_B, BLOCK_V, BLOCK_R)
+
+
+@triton.jit
+def rejection_sample_aot(target_logits, draft_tokens, draft_logits, temperature, seed, start, N, V,
+                         accepted, next_token, BLOCK_V: tl.constexpr):
+    """grid (B,)."""
+    rejection_sample_kernel(target_logits, draft_tokens, draft_logits, temperature, seed, start,
+                            accepted, next_token, N, V, BLOCK_V)
+
+
+@triton.jit
+def noncausal_swa_indices_aot(start, block_table, P, N, PAGE_SIZE, WINDOW, WIDTH, indices, lens,
+                              BLOCK: tl.constexpr):
+    """grid (B,)."""
+    noncausal_swa_indices_kernel(start, block_table, indices, lens, P, N, PAGE_SIZE, WINDOW, WIDTH, BLOCK)
+
+
+@triton.jit
+def sparse_mla_attention_aot(q, kv, indices, attn_sink, W, H, out, SCALE: tl.constexpr,
+                             D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
+                             BLOCK_N: tl.constexpr):
+    """grid (T, cdiv(H, BLOCK_H))."""
+    sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, SCALE, W, H, D, DV, BLOCK_H, BLOCK_N)
+
+
+_PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
+        torch.int64: "*i64", torch.int32: "*i32"}
+
+
+@dataclass(frozen=True)
+class AotKernel:
+    fn: object
+    pointers: tuple[str, ...]        # pointer args: "T" (the op's float dtype) or a fixed dtype key
+    ints: tuple[str, ...]
+    constants: dict                  # default compile-time constants
+    num_warps: int = 4
+
+
+F32, I64, I32 = torch.float32, torch.int64, torch.int32
+AOT_KERNELS = {
+    "kv_cache_write": AotKernel(kv_cache_write_aot, ("T", "T", "T", "T", I64, I64),
+                                ("T", "P", "PAGE_SIZE", "ROW"), {"BLOCK": 1024}),
+    "block_attention": AotKernel(block_attention_aot, ("T", "T", "T", I64, I64, I64),
+                                 ("T", "P", "PAGE_SIZE", "PAD_PAGE"),
+                                 {"SCALE": 128 ** -0.5, "H": 32, "HKV": 8, "D": 128, "BLOCK_T": 8,
+                                  "BLOCK_N": 64}),
+    "markov_sample": AotKernel(markov_sample_aot, ("T", I64, "T", "T", F32, I64, I64),
+                               ("B", "N", "V", "R"),
+                               {"BLOCK_B": 16, "BLOCK_V": 128, "BLOCK_R": 64}, num_warps=4),
+    "rejection_sample": AotKernel(rejection_sample_aot, ("T", I64, F32, F32, I64, I64), ("N", "V"),
+                                  {"BLOCK_V": 2048}, num_warps=8),
+    "noncausal_swa_indices": AotKernel(noncausal_swa_indices_aot, (I64, I64),
+                                       ("P", "N", "PAGE_SIZE", "WINDOW", "WIDTH"), {"BLOCK": 256}),
+    "sparse_mla_attention": AotKernel(sparse_mla_attention_aot, ("T", "T", I32, F32), ("W", "H"),
+                                      {"SCALE": 512 ** -0.5, "D": 512, "DV": 512, "BLOCK_H": 16,
+                                       "BLOCK_N": 32}, num_warps=8),
+}
+# output pointer dtypes, after the int scalars
+_OUTPUTS = {
+    "kv_cache_write": ("T", "T"), "block_attention": ("T",), "markov_sample": (I64, F32),
+    "rejection_sample": (I64, I64), "noncausal_swa_indices": (I32, I32), "sparse_mla_attention": ("T",),
+}
+
+
+def compile_ptx(name: str, dtype: torch.dtype = torch.bfloat16, **constants):
+    """Compile the AOT entry kernel of op ``name`` -> (kernel_name, ptx, metadata)."""
+    spec = AOT_KERNELS[name]
+    consts = {**spec.constants, **constants}
+    unknown = set(constants) - set(spec.constants)
+    if unknown:
+        raise ValueError(f"{name}: unknown compile-time constants {sorted(unknown)}")
+    ptrs = spec.pointers + _OUTPUTS[name]
+    ptr_args = [a for a in spec.fn.arg_names if a not in spec.ints and a not in consts]
+    if len(ptr_args) != len(ptrs):
+        raise AssertionError(f"{name}: {len(ptr_args)} pointer args vs {len(ptrs)} dtypes")
+    sig = {a: _PTR[dtype if t == "T" else t] for a, t in zip(ptr_args, ptrs)}
+    sig.update({a: "i32" for a in spec.ints})
+    sig.update({a: "constexpr" for a in consts})
+    sig = {a: sig[a] for a in spec.fn.arg_names}
+    src = triton.compiler.ASTSource(fn=spec.fn, signature=sig, constexprs=consts)
+    k = triton.compile(src, target=TARGET, options={**OPTIONS, "num_warps": spec.num_warps})
+    md = k.metadata
+    if md.global_scratch_size != 0 or md.profile_scratch_size != 0:
+        raise RuntimeError(f"{name}: kernel needs scratch memory (global {md.global_scratch_size}, "
+                           f"profile {md.profile_scratch_size}); a TensorRT AOT plugin cannot pass it")
+    return md.name, k.asm["ptx"], md

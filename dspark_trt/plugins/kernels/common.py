@@ -1,0 +1,67 @@
+"""Shared Triton helpers: the counter-based hash RNG of ``..rng`` on ``tl.uint32`` and launch glue.
+
+``mix32``/``row_key``/``uniform``/``gumbel`` reproduce ``dspark_trt.plugins.rng`` bit for bit for
+the hash and the uniforms (uint32 arithmetic wraps exactly like the reference's ``& 0xFFFFFFFF``).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import rng
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+GOLDEN = tl.constexpr(rng.GOLDEN)
+C1 = tl.constexpr(rng.C1)
+C2 = tl.constexpr(rng.C2)
+STREAM_DRAFT = tl.constexpr(rng.STREAM_DRAFT)
+STREAM_ACCEPT = tl.constexpr(rng.STREAM_ACCEPT)
+STREAM_RESIDUAL = tl.constexpr(rng.STREAM_RESIDUAL)
+
+
+@triton.jit
+def mix32(x):
+    """murmur3 fmix32 on uint32."""
+    x = x ^ (x >> 16)
+    x = x * tl.full([], C1, tl.uint32)
+    x = x ^ (x >> 13)
+    x = x * tl.full([], C2, tl.uint32)
+    x = x ^ (x >> 16)
+    return x
+
+
+@triton.jit
+def row_key(seed, position, STREAM: tl.constexpr):
+    """int64 seed, int64 position (scalars or tensors) -> uint32 key (``rng.row_key``)."""
+    lo = seed.to(tl.int64).to(tl.uint32)                  # truncation = & 0xFFFFFFFF
+    hi = (seed.to(tl.int64) >> 32).to(tl.uint32)
+    salt = tl.full([], (STREAM * C1) & 0xFFFFFFFF, tl.uint32)
+    k = mix32(lo + hi * tl.full([], GOLDEN, tl.uint32) + salt)
+    return mix32(k ^ position.to(tl.int64).to(tl.uint32))
+
+
+@triton.jit
+def uniform(key, idx):
+    """uint32 key, int vocabulary index -> float32 uniform in (0, 1) (``rng.uniform``)."""
+    h = mix32(key ^ (idx.to(tl.uint32) * tl.full([], GOLDEN, tl.uint32)))
+    return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def gumbel(key, idx):
+    return -tl.log(-tl.log(uniform(key, idx)))
+
+
+def launcher(kernel):
+    """``kernel[grid]`` as torch.compile / export should see it (``wrap_triton``), or the plain
+    kernel under the interpreter, where tensors live on the CPU."""
+    if INTERPRET:
+        return kernel
+    return torch.library.wrap_triton(kernel)
+
+
+def pow2(n: int, lo: int = 1) -> int:
+    return max(lo, triton.next_power_of_2(max(int(n), 1)))

@@ -1,0 +1,168 @@
+"""Small random inputs for every dspark op, shared by the CPU interpreter tests and the GPU tests.
+
+Each ``case_<op>(device, dtype, **shape)`` returns ``(inputs, kwargs)`` for the op; ``compare``
+runs a kernel launcher against the reference and returns numbers (max abs error, token equality).
+"""
+from __future__ import annotations
+
+import torch
+
+from dspark_trt.plugins.block_attention import block_attention_ref
+from dspark_trt.plugins.kv_cache import kv_cache_write_ref
+from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref
+from dspark_trt.plugins.noncausal_swa_indices import index_width, noncausal_swa_indices_ref
+from dspark_trt.plugins.rejection_sample import rejection_sample_ref
+from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref
+
+
+def _gen(device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+
+def paged_table(B, pages_per_row, num_pages, device, seed=0, dead_rows=()):
+    """Block table [B, P] of distinct random pages; rows in dead_rows are all -1."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_pages, generator=g)[: B * pages_per_row].view(B, pages_per_row)
+    for r in dead_rows:
+        perm[r] = -1
+    return perm.to(device)
+
+
+def kv_cache_inputs(device, dtype=torch.float32, B=3, T=5, Hkv=2, D=16, page=4, P=4):
+    r = _gen(device)
+    num_pages = B * P + 2
+    kc = r(num_pages + 1, page, Hkv, D, dtype=dtype)
+    vc = r(num_pages + 1, page, Hkv, D, dtype=dtype)
+    k, v = r(B, T, Hkv, D, dtype=dtype), r(B, T, Hkv, D, dtype=dtype)
+    table = paged_table(B, P, num_pages, device, dead_rows=(2,))
+    pos = torch.arange(T, device=device)[None, :] + torch.tensor([0, 9, 1], device=device)[:, None]
+    pos[0, 1] = -1                                          # inert token
+    pos[1, -1] = P * page + 3                               # beyond the table: inert
+    return kc, vc, k, v, table, pos
+
+
+def block_attention_inputs(device, dtype=torch.float32, B=3, T=4, H=8, Hkv=2, D=16, page=4, P=6):
+    r = _gen(device, 1)
+    num_pages = B * P
+    kc = r(num_pages + 1, page, Hkv, D, dtype=dtype)
+    vc = r(num_pages + 1, page, Hkv, D, dtype=dtype)
+    q = r(B, T, H, D, dtype=dtype)
+    table = paged_table(B, P, num_pages, device, dead_rows=(2,))
+    start = torch.tensor([3, 17, 5], device=device)
+    pos = start[:, None] + torch.arange(T, device=device)
+    pos[0, 2] = -1
+    causal = pos.clone()
+    block = (start + T - 1)[:, None].expand(B, T).contiguous()
+    return q, kc, vc, table, pos, causal, block, D ** -0.5
+
+
+def markov_inputs(device, dtype=torch.float32, B=3, N=3, V=300, r=16):
+    g = _gen(device, 2)
+    U = (g(B, N, V) * 2).to(dtype)
+    w1 = (g(V, r) * 0.5).to(dtype)
+    w2 = (g(V, r) * 0.5).to(dtype)
+    anchor = torch.tensor([5, -1, 7, 11, 2, 9, 4, 1][:B], device=device)
+    anchor = torch.cat([anchor, torch.arange(max(0, B - 8), device=device)])[:B]
+    temp = torch.tensor([0.0, 1.0, 0.8, 0.0, 1.3, 0.5, 0.0, 2.0][:B] + [0.7] * max(0, B - 8), device=device)
+    seed = torch.arange(B, device=device) * 7919 + (1 << 33) + 5
+    start = torch.arange(B, device=device) + 20
+    return U, anchor, w1, w2, temp, seed, start
+
+
+def rejection_inputs(device, dtype=torch.float32, B=6, N=3, V=200):
+    g = _gen(device, 3)
+    L = (g(B, N + 1, V) * 2).to(dtype)
+    z = (L[:, :N].float() + g(B, N, V) * 0.5)                     # draft close to target
+    drafts = z.argmax(-1)
+    drafts[3, 0] = (L[3, 0].argmax() + 1) % V                      # a rejected greedy draft
+    temp = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.0, 0.9][:B], device=device)
+    seed = torch.arange(B, device=device) + 100
+    start = torch.tensor([5, 6, 7, 8, -1, 10][:B], device=device)
+    return L, drafts, z, temp, seed, start
+
+
+def swa_inputs(device, B=4, N=5, page=8, P=40, window=16):
+    table = paged_table(B, P, B * P + 1, device, seed=4)
+    start = torch.tensor([3, 100, -1, 250][:B], device=device)
+    return start, table, N, page, window, index_width(window, N)
+
+
+def sparse_mla_inputs(device, dtype=torch.float32, T=3, H=16, D=64, dv=32, S=50, W=24):
+    g = _gen(device, 5)
+    q, kv = g(T, H, D, dtype=dtype), g(S, D, dtype=dtype)
+    gi = torch.Generator().manual_seed(6)
+    idx = torch.randint(0, S, (T, W), generator=gi, dtype=torch.int32)
+    idx[0, 5:9] = -1
+    idx[2] = -1                                                    # no valid entry: output 0
+    sink = g(H)
+    return q, kv, idx.to(device), sink, D ** -0.5, dv
+
+
+def _err(a, b):
+    a, b = a.float(), b.float()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
+    return float(torch.where(both_inf, 0.0, (a - b).abs()).max()) if a.numel() else 0.0
+
+
+def run_all(device, dtype=torch.float32) -> dict:
+    """Every kernel launcher against its reference; returns {case: {metric: value}}."""
+    from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov as kmk
+    from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm, swa_indices as ksw
+    out = {}
+
+    kc, vc, k, v, table, pos = kv_cache_inputs(device, dtype)
+    rk, rv = kc.clone(), vc.clone()
+    kv_cache_write_ref(rk, rv, k, v, table, pos)
+    pad = kc.shape[0] - 1                                  # the reference may scribble on the pad page
+    tk, tv = kc.clone(), vc.clone()
+    kkv.kv_cache_write_triton(tk, tv, k, v, table, pos)
+    out["kv_cache_write"] = {"err": max(_err(tk[:pad], rk[:pad]), _err(tv[:pad], rv[:pad])),
+                             "pad_page_untouched": bool(torch.equal(tk[pad], kc[pad]))}
+
+    q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
+    for name, lim in (("causal", causal), ("block", block)):
+        ref = block_attention_ref(q, kc, vc, table, pos, lim, scale)
+        got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale)
+        out[f"block_attention_{name}"] = {"err": _err(got, ref)}
+
+    args = markov_inputs(device, dtype)
+    rt, rz = markov_sample_ref(*args)
+    for one in (True, False):
+        tt, tz = kmk.markov_sample_triton(*args, one_launch=one, num_programs=3, block_v=64, block_r=16)
+        out[f"markov_sample_{'one' if one else 'per_step'}"] = {
+            "tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    tt, tz = kmk.markov_sample_triton(*args, rows_only=True, block_v=64, block_r=16)
+    out["markov_sample_rows"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    from dspark_trt.plugins.aot import markov_sample_aot          # the TensorRT entry's argument wiring
+    U, anchor, w1, w2, temp, seed, start = args
+    B, N, V = U.shape
+    tt, tz = torch.empty_like(tt), torch.empty_like(tz)
+    markov_sample_aot[(1,)](U, anchor, w1, w2, temp, seed, start, B, N, V, w1.shape[1], tt, tz,
+                            BLOCK_B=16, BLOCK_V=64, BLOCK_R=16)
+    out["markov_sample_aot"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    rt, rz = markov_sample_topk_ref(*args, 64, 2)
+    tt, tz = kmk.markov_sample_topk_triton(*args, 64, 2)
+    out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+
+    args = rejection_inputs(device, dtype)
+    ra, rn = rejection_sample_ref(*args)
+    ta, tn = krj.rejection_sample_triton(*args)
+    out["rejection_sample"] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)),
+                               "accepted": ra.tolist()}
+
+    args = swa_inputs(device)
+    ri, rl = noncausal_swa_indices_ref(*args)
+    ti, tl_ = ksw.noncausal_swa_indices_triton(*args)
+    out["noncausal_swa_indices"] = {"tokens_equal": bool(torch.equal(ri, ti) and torch.equal(rl, tl_))}
+
+    args = sparse_mla_inputs(device, dtype)
+    out["sparse_mla_attention"] = {"err": _err(ksm.sparse_mla_attention_triton(*args),
+                                               sparse_mla_attention_ref(*args))}
+    return out
+
+
+if __name__ == "__main__":                                  # python tests/plugins_cases.py (under TRITON_INTERPRET=1)
+    import json
+    import sys
+    sys.stdout.write("RESULT " + json.dumps(run_all("cpu")) + "\n")

@@ -1,0 +1,59 @@
+"""AOT PTX of every TensorRT entry kernel (compiled on CPU for sm_90) and the TensorRT import guard."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+
+import pytest
+
+pytest.importorskip("triton", reason="Triton is not installed")
+
+from dspark_trt.plugins.aot import AOT_KERNELS, compile_ptx  # noqa: E402
+
+HAVE_TRT = importlib.util.find_spec("tensorrt") is not None
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    try:
+        return {name: compile_ptx(name) for name in AOT_KERNELS}
+    except RuntimeError as e:           # e.g. a Triton without the CUDA backend's ptxas
+        if "scratch" in str(e):
+            raise
+        pytest.skip(f"Triton cannot compile for cuda sm_90 on this machine: {e}")
+
+
+@pytest.mark.parametrize("name", sorted(AOT_KERNELS))
+def test_ptx_targets_the_h200_driver(compiled, name):
+    kname, ptx, md = compiled[name]
+    major, minor = map(int, re.search(r"^\.version (\d+)\.(\d+)", ptx, re.M).groups())
+    assert (major, minor) <= (9, 0)                     # driver 580 (CUDA 13.0) accepts up to PTX 9.0
+    assert re.search(r"^\.target sm_90a", ptx, re.M)
+    assert md.global_scratch_size == 0 and md.profile_scratch_size == 0
+    # TensorRT passes (inputs, int32 scalars, outputs); Triton appends two scratch pointers
+    spec = AOT_KERNELS[name]
+    n_args = len([a for a in spec.fn.arg_names if a not in spec.constants])
+    entry = re.search(rf"\.entry {kname}\((.*?)\)", ptx, re.S).group(1)
+    assert entry.count(".param") == n_args + 2
+
+
+def test_compile_ptx_rejects_unknown_constants():
+    with pytest.raises(ValueError, match="BLOCKZ"):
+        compile_ptx("kv_cache_write", BLOCKZ=3)
+
+
+def test_tensorrt_module_is_guarded():
+    if HAVE_TRT:
+        pytest.skip("tensorrt is installed: the guard does not apply")
+    with pytest.raises(ImportError):
+        importlib.import_module("dspark_trt.plugins.tensorrt_plugins")
+
+
+@pytest.mark.tensorrt
+@pytest.mark.skipif(not HAVE_TRT, reason="tensorrt is not installed (needs pypi.nvidia.com or an NGC image)")
+def test_tensorrt_plugins_register():
+    import tensorrt.plugin as trtp
+    mod = importlib.import_module("dspark_trt.plugins.tensorrt_plugins")
+    for name in mod.PLUGINS:
+        assert hasattr(trtp.op.dspark, name)

@@ -1,0 +1,117 @@
+"""Triton kernels vs references on a CUDA GPU: the small CPU cases, then moderately real shapes
+in bf16 (tokens and indices exact; float tolerances stated per test), CUDA-graph capture, and the
+torch op dispatching to the kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+import dspark_trt.plugins  # noqa: E402,F401
+from dspark_trt.plugins.block_attention import block_attention_ref  # noqa: E402
+from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref  # noqa: E402
+from dspark_trt.plugins.rejection_sample import rejection_sample_ref  # noqa: E402
+from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
+
+from plugins_cases import run_all  # noqa: E402
+
+DEV = "cuda"
+
+
+def test_small_cases_fp32():
+    r = run_all(DEV)
+    assert r["kv_cache_write"]["err"] == 0 and r["kv_cache_write"]["pad_page_untouched"]
+    for k in ("block_attention_causal", "block_attention_block", "sparse_mla_attention"):
+        assert r[k]["err"] < 1e-4, k
+    for k in ("markov_sample_one", "markov_sample_per_step", "markov_sample_rows", "markov_sample_aot",
+              "markov_sample_topk", "rejection_sample", "noncausal_swa_indices"):
+        assert r[k]["tokens_equal"], k
+
+
+def _markov_args(B=5, N=7, V=151936, r=256):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    U = torch.randn(B, N, V, device=DEV, generator=g).to(torch.bfloat16) * 3
+    w1 = (torch.randn(V, r, device=DEV, generator=g) * 0.1).to(torch.bfloat16)
+    w2 = (torch.randn(V, r, device=DEV, generator=g) * 0.1).to(torch.bfloat16)
+    anchor = torch.tensor([3, -1, 77, 151000, 9][:B], device=DEV)
+    temp = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.5][:B], device=DEV)
+    seed = torch.arange(B, device=DEV) + (1 << 40)
+    start = torch.arange(B, device=DEV) * 100
+    return U, anchor, w1, w2, temp, seed, start
+
+
+@pytest.mark.parametrize("schedule", [dict(one_launch=True), dict(one_launch=False), dict(rows_only=True)],
+                         ids=["one_launch", "per_step", "rows"])
+def test_markov_real_vocab_tokens_exact(schedule):
+    from dspark_trt.plugins.kernels.markov import markov_sample_triton
+    args = _markov_args()
+    rt, rz = markov_sample_ref(*args)
+    t, z = markov_sample_triton(*args, **schedule)
+    assert torch.equal(t, rt)
+    assert (z - rz).abs().max() < 1e-3                  # fp32 sums of bf16 products, different order
+
+
+def test_markov_fast_mode_matches_its_reference():
+    from dspark_trt.plugins.kernels.markov import markov_sample_topk_triton
+    args = _markov_args()
+    rt, rz = markov_sample_topk_ref(*args, 4096, 4)
+    t, z = markov_sample_topk_triton(*args, 4096, 4)
+    assert torch.equal(t, rt)
+    fin = torch.isfinite(rz)
+    assert torch.equal(fin, torch.isfinite(z)) and (z[fin] - rz[fin]).abs().max() < 1e-3
+
+
+def test_markov_op_in_cuda_graph():
+    args = _markov_args(B=2, V=32000, r=64)
+    rt, _ = markov_sample_ref(*args)
+    torch.ops.dspark.markov_sample(*args)               # compile outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        t, z = torch.ops.dspark.markov_sample(*args)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(t, rt)
+
+
+def test_block_attention_qwen_shapes_bf16():
+    B, T, H, Hkv, D, page, ctx = 3, 8, 32, 8, 128, 16, 1000
+    pages = -(-(ctx + T) // page)
+    table = torch.randperm(B * pages, device=DEV).view(B, pages)
+    kc = torch.randn(B * pages + 1, page, Hkv, D, device=DEV, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(B, T, H, D, device=DEV, dtype=torch.bfloat16)
+    pos = (ctx + torch.arange(T, device=DEV)).expand(B, T).contiguous()
+    for lim in (pos, torch.full_like(pos, ctx + T - 1)):
+        ref = block_attention_ref(q, kc, vc, table, pos, lim, D ** -0.5)
+        got = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
+        assert (got.float() - ref.float()).abs().max() < 2e-2      # bf16 output, bf16 P in P @ V
+
+
+def test_sparse_mla_v4_shapes_bf16():
+    Tq, H, D, S, W = 16, 128, 512, 2000, 256
+    q = torch.randn(Tq, H, D, device=DEV, dtype=torch.bfloat16)
+    kv = torch.randn(S, D, device=DEV, dtype=torch.bfloat16)
+    idx = torch.randint(0, S, (Tq, W), device=DEV, dtype=torch.int32)
+    idx[:, 200:] = -1
+    sink = torch.randn(H, device=DEV)
+    ref = sparse_mla_attention_ref(q, kv, idx, sink, D ** -0.5, D)
+    got = torch.ops.dspark.sparse_mla_attention(q, kv, idx, sink, D ** -0.5, D)
+    assert (got.float() - ref.float()).abs().max() < 2e-2
+
+
+def test_rejection_sample_real_vocab_exact():
+    B, N, V = 8, 7, 151936
+    g = torch.Generator(device=DEV).manual_seed(1)
+    L = torch.randn(B, N + 1, V, device=DEV, generator=g) * 3
+    z = L[:, :N] + torch.randn(B, N, V, device=DEV, generator=g) * 0.3
+    drafts = z.argmax(-1)
+    temp = torch.tensor([0, 1, 0.7, 0, 1, 1.2, 0, 0.5], device=DEV, dtype=torch.float32)
+    seed = torch.arange(B, device=DEV)
+    start = torch.tensor([10, 20, 30, -1, 50, 60, 70, 80], device=DEV)
+    args = (L, drafts, z, temp, seed, start)
+    ra, rn = rejection_sample_ref(*args)
+    a, n = torch.ops.dspark.rejection_sample(*args)
+    assert torch.equal(a, ra) and torch.equal(n, rn)
