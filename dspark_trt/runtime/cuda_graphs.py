@@ -93,6 +93,7 @@ class CapturedGraph:
             with torch.cuda.graph(self._graph, pool=pool, stream=stream,
                                   capture_error_mode="thread_local"):
                 self.outputs = fn()
+            self._prime()
             return
         from cuda.bindings import runtime as rt
         handle = stream.cuda_stream
@@ -109,6 +110,14 @@ class CapturedGraph:
         self._graph = graph
         self._exec = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
         self._rt = rt
+        self._prime()
+
+    def _prime(self) -> None:
+        """Replay once: capture records kernels without running them, so until a replay the
+        outputs hold garbage, and a graph captured next that reads them (verify reads the draft
+        graph's drafts) would warm up on garbage token ids."""
+        self.launch()
+        torch.cuda.current_stream().synchronize()
 
     def launch(self) -> None:
         if self.backend == "torch":
