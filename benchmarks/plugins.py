@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 import dspark_trt.plugins  # noqa: E402,F401
+from dspark_trt import provenance  # noqa: E402
 from dspark_trt.plugins.block_attention import block_attention_ref  # noqa: E402
 from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm, swa_indices as ksw  # noqa: E402
@@ -193,13 +193,6 @@ def bench_small_ops(rows, batches):
                tokens_equal=bool(torch.equal(i, ri) and torch.equal(n, rn)))
 
 
-def git_sha() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        return "unknown"
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="batch 1 and 64 only")
@@ -225,7 +218,7 @@ def main():
     if "small" in only:
         bench_small_ops(rows, batches)
     gpu = torch.cuda.get_device_name()
-    sha = git_sha()
+    sha = provenance.git_sha()
     result = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
                   peak_bytes_per_s=PEAK, command=" ".join([sys.executable] + sys.argv),
                   seconds=time.time() - t0, rows=rows)

@@ -11,11 +11,12 @@ JSON goes to ``<out-dir>/bench-<gpu>-<git sha>.json``. On CPU it runs eagerly (a
 """
 from __future__ import annotations
 
+from .. import provenance
+
 import argparse
 import importlib.util
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -175,17 +176,6 @@ def roofline(llm, B: int, context: int, tbps: float) -> dict:
 
 # ---- report -----------------------------------------------------------------------------------------
 
-def git_sha() -> str:
-    try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                             text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "nogit"
-
-
 def versions() -> dict:
     v = {"python": platform.python_version(), "torch": torch.__version__}
     for m in ("triton", "transformers", "cuda.bindings"):
@@ -279,7 +269,7 @@ def run(args) -> int:
             b1["projection_at_paper_tau"]["spec_tokens_per_s"] / hf["best_b1_tokens_per_s"])
         results[1]["speedup_vs_hf"] = b1["speedup_vs_hf"]
     report = {
-        "git_sha": git_sha(), "command": " ".join(sys.argv),
+        "git_sha": provenance.git_sha(), "command": " ".join(sys.argv),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu", "versions": versions(),
         "model": {"preset": args.model, "checkpoint": args.checkpoint, "engine": args.engine,
                   "random_weights": bool(args.random_weights), "dtype": str(llm.networks.dtype),

@@ -1,0 +1,39 @@
+"""Where a result came from: git sha (or $DSPARK_GIT_SHA where the tree has no .git, e.g. a copy
+sent to a GPU machine), library versions, GPU name."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git_sha() -> str:
+    if os.environ.get("DSPARK_GIT_SHA"):
+        return os.environ["DSPARK_GIT_SHA"]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "nogit"
+
+
+def versions() -> dict:
+    import torch
+    v = {"python": platform.python_version(), "torch": torch.__version__}
+    for mod in ("triton", "tensorrt", "transformers", "onnx"):
+        try:
+            v[mod] = __import__(mod).__version__
+        except Exception:
+            pass
+    return v
+
+
+def gpu_name() -> str:
+    import torch
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
