@@ -97,3 +97,11 @@ def test_block_query_zero_sees_later_block_positions():
         draft.context(taps, torch.arange(5)[None], table, cache)
         outs.append(draft.block(torch.tensor([3]), torch.tensor([5]), table, cache)[0, 0])
     assert not torch.allclose(outs[0], outs[1])
+
+
+def test_top_p_keeps_exactly_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.5, 0.3, 0.15, 0.05]]))
+    out = plugins.apply_top_p(logits, torch.tensor([1.0, 1.0]), torch.tensor([0.8, 0.81]))
+    assert torch.isfinite(out[0]).tolist() == [True, True, False, False]     # 0.5 + 0.3 reaches 0.8
+    assert torch.isfinite(out[1]).tolist() == [True, True, True, False]
+    assert torch.equal(out[0, :2], logits[0, :2])

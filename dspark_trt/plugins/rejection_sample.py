@@ -68,15 +68,15 @@ def rejection_sample(target_logits: Tensor, draft_tokens: Tensor, draft_logits: 
 
 
 def apply_top_p(logits: Tensor, temperature: Tensor, top_p: Tensor) -> Tensor:
-    """Mask logits [B, ..., V] outside the nucleus of softmax(logits / T) per row (top_p [B])."""
-    if bool((top_p >= 1).all()):
-        return logits
+    """Mask logits [B, ..., V] outside the nucleus of softmax(logits / T) per row (top_p [B]).
+
+    No host synchronisation (capturable in a CUDA graph); callers skip it when every row has
+    top_p = 1.
+    """
     shape = logits.shape
     flat = logits.reshape(shape[0], -1, shape[-1]).float()
     t = torch.where(temperature <= 0, 1.0, temperature.clamp(min=1e-6))[:, None, None]
-    probs = torch.softmax(flat / t, -1)
-    sp, order = probs.sort(-1, descending=True)
-    before = sp.cumsum(-1) - sp                          # mass strictly before each entry
-    keep_sorted = before < top_p[:, None, None]          # always keeps the top entry
+    sp, order = torch.softmax(flat / t, -1).sort(-1, descending=True)
+    keep_sorted = (sp.cumsum(-1) - sp) < top_p[:, None, None]          # always keeps the top entry
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return logits.masked_fill(~keep.reshape(shape), float("-inf"))

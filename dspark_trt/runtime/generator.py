@@ -183,7 +183,9 @@ class Generator:
         lens = self._tensor([len(s.prompt_ids) for s in seqs])
         last = logits[torch.arange(len(seqs), device=self.device), lens - 1]        # [B, V]
         temp, top_p, seed = self._row_params(seqs)
-        first = plugins.sample_tokens(plugins.apply_top_p(last, temp, top_p), temp, seed, lens)
+        if any(s.params.top_p < 1 for s in seqs):
+            last = plugins.apply_top_p(last, temp, top_p)
+        first = plugins.sample_tokens(last, temp, seed, lens)
         if self.speculative:
             self.nets.draft_context(taps, positions, table)
         for s, t in zip(seqs, first.tolist()):

@@ -57,21 +57,6 @@ class DeviceInputs:
         return cls(t(r.anchor), t(r.start), t(r.seed), t(r.temperature), t(r.top_p), t(r.table))
 
 
-def top_p_mask(logits: Tensor, temperature: Tensor, top_p: Tensor) -> Tensor:
-    """Mask logits [B, ..., V] outside the nucleus of softmax(logits / T) per row (top_p [B]).
-
-    Same rule as ``plugins.apply_top_p`` without its host-side "all rows 1.0" shortcut, so it can
-    be captured; callers only use it when some row has top_p < 1.
-    """
-    shape = logits.shape
-    flat = logits.reshape(shape[0], -1, shape[-1]).float()
-    t = torch.where(temperature <= 0, 1.0, temperature.clamp(min=1e-6))[:, None, None]
-    sp, order = torch.softmax(flat / t, -1).sort(-1, descending=True)
-    keep_sorted = (sp.cumsum(-1) - sp) < top_p[:, None, None]          # always keeps the top entry
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-    return logits.masked_fill(~keep.reshape(shape), float("-inf"))
-
-
 class DecodeSteps:
     """The fused steps over ``networks`` (EagerNetworks or an engine with the same interface)."""
 
@@ -95,7 +80,7 @@ class DecodeSteps:
         pos = torch.where(live, x.start[:, None] + offs, -1)                       # [B, N+1]
         logits, taps = self.nets.target(torch.cat([x.anchor[:, None], drafts], 1), pos, x.table)
         if use_top_p:
-            logits = top_p_mask(logits, x.temperature, x.top_p)
+            logits = plugins.apply_top_p(logits, x.temperature, x.top_p)
         accepted, nxt = self.nets.verify(logits, drafts, z, x.temperature, x.seed, x.start)
         ctx_pos = torch.where(offs[None, :] <= accepted[:, None], pos, -1)          # [B, N+1]
         self.nets.draft_context(taps, ctx_pos, x.table)
@@ -108,7 +93,7 @@ class DecodeSteps:
         logits, _ = self.nets.target(x.anchor[:, None], pos, x.table)
         logits = logits[:, 0]
         if use_top_p:
-            logits = top_p_mask(logits, x.temperature, x.top_p)
+            logits = plugins.apply_top_p(logits, x.temperature, x.top_p)
         nxt = plugins.sample_tokens(logits, x.temperature, x.seed, x.start + 1)
         return torch.where(x.start >= 0, nxt, -1)[:, None]
 
