@@ -18,15 +18,6 @@ NEW = [12, 7, 16, 3, 10]            # different lengths: requests leave at diffe
 PAGE = 8
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The CI machine is shared; one intra-op thread is ~10x faster for these tiny matmuls."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def llm():
     return LLM.from_preset(PRESET, dtype=torch.float64, device="cpu", max_batch_size=3,

@@ -13,14 +13,6 @@ from dspark_trt.models.v4_layers import apply_rope_tail, rms, rope_cos_sin
 TOL = 1e-10      # float64 throughout
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def tiny():
     pair = get_preset("deepseek-v4-tiny-dspark")

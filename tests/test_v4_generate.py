@@ -13,14 +13,6 @@ PROMPTS = [list(range(3, 63)), [11, 12, 13, 14, 15]]        # 60 and 5 tokens
 NEW = 72                                                    # crosses window 16, ratios 4 and 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def llm():
     return LLM.from_preset("deepseek-v4-tiny-dspark", dtype=torch.float64, device="cpu",
