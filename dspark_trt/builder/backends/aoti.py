@@ -66,7 +66,8 @@ _PROBE_RUN = """
 import sys, torch
 from torch._inductor import aoti_load_package
 m = aoti_load_package(sys.argv[1], run_single_threaded=sys.argv[2] == "cuda")
-m.load_constants({"w": torch.full((4,), 0.5, device=sys.argv[2])}, check_full_update=True)
+m.load_constants({n: torch.full((4,), 0.5, device=sys.argv[2]) for n in m.get_constant_fqns()},
+                 check_full_update=True)
 y = m(torch.ones(3, 4, device=sys.argv[2]))
 sys.exit(0 if bool((y == 2.5).all()) else 3)
 """
