@@ -191,7 +191,7 @@ def _fallback_evaluator(name: str) -> type:
     order = [a for a in schema.arguments]
 
     def _run(self, *inputs, plugin_namespace=None, plugin_version=None, **attrs):
-        it = iter(torch.from_numpy(np.ascontiguousarray(x)).clone() for x in inputs)
+        it = iter(torch.from_numpy(np.array(x)) for x in inputs)
         args = [next(it) if _tensor_arg(a) else (bool(attrs[a.name]) if str(a.type) == "bool"
                                                   else attrs[a.name]) for a in order]
         out = ref(*args)

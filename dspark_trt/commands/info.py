@@ -75,7 +75,8 @@ def memory_estimate(name: str, dtype: torch.dtype, max_batch_size: int, max_seq_
     total = weight_bytes + kv_full
     return {"model": name, "dtype": str(dtype).removeprefix("torch."),
             "parameters": params, "parameters_by_dtype": by_dtype,
-            "weight_gb": round(weight_bytes / 1e9, 3), "kv_bytes_per_token": kv,
+            "weight_bytes": weight_bytes, "weight_gb": round(weight_bytes / 1e9, 3),
+            "kv_bytes_per_token": kv,
             "kv_gb_full_batch": round(kv_full / 1e9, 3),
             "full_batch": {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len},
             "h200_count": max(1, math.ceil(total / H200_BYTES)),
