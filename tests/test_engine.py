@@ -12,6 +12,7 @@ from dspark_trt.builder.build import BuildOptions, build_engine
 from dspark_trt.builder.engine_dir import EngineError, check_engine
 from dspark_trt.runtime import LLM, SamplingParams
 from dspark_trt.runtime.engine import EngineNetworks
+from dspark_trt.runtime.networks import EagerNetworks
 
 MODEL = "qwen3-tiny-dspark"
 SHAPES = dict(max_batch_size=4, max_seq_len=96, page_size=8)
@@ -47,7 +48,7 @@ def test_engine_generation_equals_eager_greedy(engine, eager):
 
 def test_engine_networks_equal_eager_networks(engine, eager):
     nets = EngineNetworks(engine, device="cpu")
-    ref = eager.networks
+    ref = EagerNetworks(eager.target, eager.draft, nets.num_pages, nets.page_size, "cpu", torch.float32)
     table = torch.tensor([[0, 1, 2], [3, 4, -1], [5, 6, 7]])
     tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0], [9, 10, 11, 12, 13]])
     pos = torch.tensor([[0, 1, 2, 3, 4], [0, 1, 2, -1, -1], [0, 1, 2, 3, 4]])
@@ -57,12 +58,12 @@ def test_engine_networks_equal_eager_networks(engine, eager):
     ref.draft_context(t2, pos, table)
     for a, b in zip(nets.draft_cache, ref.draft_cache["k"] + ref.draft_cache["v"]):
         assert (a - b).abs().max() < 1e-4
-    args = (torch.tensor([5, 8, 13]), torch.tensor([5, 3, -1]), table, torch.tensor([0.0, 0.7, 0.0]),
+    args = (torch.tensor([5, 8, -1]), torch.tensor([5, 3, -1]), table, torch.tensor([0.0, 0.7, 0.0]),
             torch.tensor([1, 2, 3]))
     (d1, z1), (d2, z2) = nets.draft_block(*args), ref.draft_block(*args)
     assert torch.equal(d1, d2)
     assert (z1 - z2).abs().max() < 1e-4
-    assert d1[2].eq(-1).all()                      # inert row (start -1) stays inert
+    assert d1[2].eq(-1).all() and z1[2].eq(0).all()     # inert row (anchor -1) stays inert
 
 
 def test_manifest_records_build_and_stores_shared_weights_once(engine):
