@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .builder.checkpoint import CheckpointError
     from .runtime.sampling_params import RequestError
+    from .builder.engine_dir import EngineError
     try:
         return int(args.func(args) or 0)
-    except (ConfigError, CheckpointError, RequestError) as e:
+    except (ConfigError, CheckpointError, RequestError, EngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

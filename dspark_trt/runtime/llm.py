@@ -101,6 +101,19 @@ class LLM:
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype, **kw)
 
+    @classmethod
+    def from_engine(cls, engine_dir: str | Path, *, device=None, max_batch_size: int | None = None,
+                    max_seq_len: int | None = None, **kw) -> "LLM":
+        """Load an engine directory built by ``dspark-trt build`` (manifest checked first)."""
+        from .engine import EngineNetworks
+        nets = EngineNetworks(engine_dir, device=device, max_batch_size=max_batch_size,
+                              max_seq_len=max_seq_len, num_pages=kw.pop("num_pages", None))
+        tok = kw.pop("tokenizer", None) or load_tokenizer(engine_dir)
+        return cls(nets.pair, None, None, networks=nets, tokenizer=tok,
+                   max_batch_size=nets.max_batch_size, max_seq_len=nets.max_seq_len,
+                   page_size=nets.page_size, num_pages=nets.num_pages, device=nets.device,
+                   dtype=nets.dtype, **kw)
+
     # ---- generation ------------------------------------------------------------------------
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         if isinstance(prompt, str):

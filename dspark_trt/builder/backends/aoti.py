@@ -1,0 +1,91 @@
+"""AOTInductor backend: one .pt2 package per network, weights kept outside the compiled code.
+
+Packages are compiled with ``aot_inductor.package_constants_in_so = False``; the engine's single
+safetensors file is given back at load with ``load_constants(..., check_full_update=True,
+user_managed=True)``, so tensors shared by several networks (embeddings, lm_head) exist once on
+disk and once in memory. The C++ compiler is chosen explicitly (``$CXX``, else /usr/bin/g++):
+a wrapper ``g++`` on PATH has produced packages that segfault at load (platform-notes §11), so a
+tiny probe package is built and loaded in a subprocess before the real networks.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import BuildError
+
+SYSTEM_CXX = "/usr/bin/g++"
+
+
+def select_compiler() -> str:
+    """$CXX if set, else the system g++, else whatever g++ is on PATH."""
+    cxx = os.environ.get("CXX") or (SYSTEM_CXX if Path(SYSTEM_CXX).exists() else shutil.which("g++"))
+    if not cxx or not (Path(cxx).exists() or shutil.which(cxx)):
+        raise BuildError(f"no C++ compiler found (CXX={os.environ.get('CXX')!r}); set CXX=/path/to/g++")
+    return cxx
+
+
+def inductor_configs(cxx: str) -> dict:
+    return {"aot_inductor.package_constants_in_so": False, "cpp.cxx": (cxx,)}
+
+
+def compile_network(ep: torch.export.ExportedProgram, path: Path, cxx: str) -> Path:
+    """Compile one exported network into ``path`` (.pt2)."""
+    from torch._inductor import aoti_compile_and_package
+    return Path(aoti_compile_and_package(ep, package_path=str(path), inductor_configs=inductor_configs(cxx)))
+
+
+def load_network(path: Path, device: torch.device, constants: dict[str, torch.Tensor]):
+    """Load a package and bind its weights (no copy). Raises if a weight is missing or extra."""
+    from torch._inductor import aoti_load_package
+    model = aoti_load_package(str(path), run_single_threaded=device.type == "cuda")
+    fqns = model.get_constant_fqns()
+    missing = [n for n in fqns if n not in constants]
+    if missing:
+        raise BuildError(f"{path.name}: weights missing for constant(s) {missing[:3]}")
+    model.load_constants({n: constants[n] for n in fqns}, check_full_update=True, user_managed=True)
+    return model
+
+
+class _Probe(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((4,), 0.5))
+
+    def forward(self, x):
+        return x * 2 + self.w
+
+
+_PROBE_RUN = """
+import sys, torch
+from torch._inductor import aoti_load_package
+m = aoti_load_package(sys.argv[1], run_single_threaded=sys.argv[2] == "cuda")
+m.load_constants({n: torch.full((4,), 0.5, device=sys.argv[2]) for n in m.get_constant_fqns()},
+                 check_full_update=True)
+y = m(torch.ones(3, 4, device=sys.argv[2]))
+sys.exit(0 if bool((y == 2.5).all()) else 3)
+"""
+
+
+def check_toolchain(cxx: str, device: torch.device) -> None:
+    """Build a tiny package with ``cxx`` and load + run it in a subprocess (a crash stays there)."""
+    with tempfile.TemporaryDirectory(prefix="dspark-aoti-probe-") as d:
+        probe = _Probe().to(device)
+        ep = torch.export.export(probe, (torch.ones(3, 4, device=device),))
+        try:
+            path = compile_network(ep, Path(d) / "probe.pt2", cxx)
+        except Exception as e:
+            raise BuildError(f"AOTInductor cannot compile a probe network with CXX={cxx} ({e}); "
+                             "set CXX to a working g++ (e.g. CXX=/usr/bin/g++)") from e
+        r = subprocess.run([sys.executable, "-c", _PROBE_RUN, str(path), device.type],
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise BuildError(f"a probe package compiled with CXX={cxx} does not load and run "
+                             f"(exit code {r.returncode}: {r.stderr.strip()[-300:]}); a wrapper g++ "
+                             "produces crashing packages, build with CXX=/usr/bin/g++")

@@ -1,0 +1,297 @@
+"""``build_engine``: models -> three exported networks -> compiled engine directory.
+
+Stages (each reported with its elapsed time): load, convert, export <network>, compile
+<network>, write. Weights are stored once in ``weights.safetensors`` (tensors shared by several
+networks, e.g. the embedding and lm_head the draft borrows from the target, are deduplicated by
+storage) for the AOTI backend; TensorRT plans carry their own weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import resource
+import shlex
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..config import ConfigError, ModelPair, get_preset
+from . import engine_dir as ed
+from .backends import BuildError, pick_backend
+from .export import NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline
+
+log = logging.getLogger(__name__)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+WEIGHTS = "weights.safetensors"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "generation_config.json", "chat_template.jinja")
+
+
+@dataclass
+class BuildOptions:
+    model: str
+    output: str | None = None                 # default engines/<model>
+    checkpoint: str | None = None
+    draft_checkpoint: str | None = None
+    random_weights: bool = False
+    dtype: str | None = None                  # default bf16 on cuda, fp32 on cpu
+    backend: str = "auto"
+    max_batch_size: int = 8
+    max_seq_len: int = 2048
+    num_spec_tokens: int | None = None
+    page_size: int = 64
+    overrides: list[str] = field(default_factory=list)
+    device: str | None = None
+    seed: int = 0
+    check_toolchain: bool = True              # build + load a probe package first (AOTI)
+
+    def resolved(self) -> "BuildOptions":
+        o = dataclasses.replace(self)
+        o.device = o.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        o.dtype = o.dtype or ("bf16" if o.device.startswith("cuda") else "fp32")
+        o.output = o.output or str(Path("engines") / o.model)
+        if o.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {o.dtype!r}: choose one of {', '.join(DTYPES)}")
+        for name in ("max_batch_size", "max_seq_len", "page_size"):
+            if getattr(o, name) <= 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(o, name)}")
+        if bool(o.checkpoint) != bool(o.draft_checkpoint):
+            raise ConfigError("--checkpoint and --draft-checkpoint go together")
+        if not o.checkpoint and not o.random_weights:
+            raise ConfigError("no weights: pass --checkpoint and --draft-checkpoint, or --random-weights")
+        if o.checkpoint and o.overrides:
+            raise ConfigError("--override edits a preset's config; it cannot be combined with --checkpoint")
+        return o
+
+    def command_line(self) -> str:
+        args = ["dspark-trt", "build", "--model", self.model]
+        for name in ("checkpoint", "draft_checkpoint", "dtype", "backend", "max_batch_size", "max_seq_len",
+                     "num_spec_tokens", "page_size", "output", "device"):
+            v = getattr(self, name)
+            if v is not None:
+                args += [f"--{name.replace('_', '-')}", str(v)]
+        if self.random_weights:
+            args.append("--random-weights")
+        for ov in self.overrides:
+            args += ["--override", ov]
+        return shlex.join(args)
+
+
+# ---- progress ------------------------------------------------------------------------------------
+
+class Progress:
+    def __init__(self, report: Callable[[str], None]):
+        self.report, self.t0, self.stages = report, time.perf_counter(), {}
+
+    @contextmanager
+    def stage(self, name: str):
+        t = time.perf_counter()
+        self.report(f"[build] {name} ...")
+        yield
+        self.stages[name] = round(time.perf_counter() - t, 2)
+        self.report(f"[build] {name} done in {self.stages[name]:.1f} s "
+                    f"(total {time.perf_counter() - self.t0:.1f} s)")
+
+
+def peak_memory() -> dict:
+    """Peak resident host memory of this process and its (compiler) children, GiB; GPU peak."""
+    kib = 1 / (1 << 20)
+    out = {"host_self_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib, 3),
+           "host_children_gib": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib, 3)}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["gpu_gib"] = round(torch.cuda.max_memory_allocated() / (1 << 30), 3)
+    return out
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+def parse_override(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise ConfigError(f"--override {text!r}: expected key=value (e.g. num_hidden_layers=4)")
+    key, raw = text.split("=", 1)
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def apply_overrides(pair: ModelPair, overrides: list[str]) -> ModelPair:
+    """``key=value`` edits the target config, ``draft.key=value`` the draft config.
+
+    When the target's layer count changes, the draft's ``num_target_layers`` follows and its tap
+    layers are respaced over the new depth if they no longer fit (logged); the draft keeps its
+    own dimensions.
+    """
+    target, draft = pair.target, pair.draft
+    for text in overrides:
+        key, value = parse_override(text)
+        obj_name, key = ("draft", key[6:]) if key.startswith("draft.") else ("target", key)
+        obj = draft if obj_name == "draft" else target
+        if key not in {f.name for f in dataclasses.fields(obj)}:
+            raise ConfigError(f"--override {text!r}: {type(obj).__name__} has no field '{key}'")
+        obj = dataclasses.replace(obj, **{key: value})
+        if obj_name == "draft":
+            draft = obj
+        else:
+            target = obj
+            if key == "num_hidden_layers" and hasattr(draft, "num_target_layers"):
+                draft = _refit_taps(draft, int(value))
+    return dataclasses.replace(pair, target=target, draft=draft).validate()
+
+
+def _refit_taps(draft, num_layers: int):
+    ids = list(getattr(draft, "target_layer_ids", []))
+    if ids and ids[-1] >= num_layers - 1:
+        m = len(ids)
+        if m > num_layers - 1:
+            raise ConfigError(f"--override num_hidden_layers={num_layers}: the draft taps {m} target "
+                              f"layers, which needs at least {m + 1} layers (or set draft.target_layer_ids)")
+        new = [round(i * (num_layers - 2) / max(m - 1, 1)) for i in range(m)] if m > 1 else [0]
+        log.warning("draft target_layer_ids %s do not fit %d target layers: using %s", ids, num_layers, new)
+        draft = dataclasses.replace(draft, target_layer_ids=new)
+    return dataclasses.replace(draft, num_target_layers=num_layers)
+
+
+def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device):
+    """-> (pair, target, draft); random weights are initialised directly on ``device``."""
+    if o.checkpoint:
+        from .loaders import load_pair
+        pair, target, draft = load_pair(o.checkpoint, o.draft_checkpoint, dtype, device, o.num_spec_tokens)
+        pair.name = o.model
+        return pair, target, draft
+    from ..models import build_models
+    pair = apply_overrides(get_preset(o.model), o.overrides)
+    target, draft = build_models(pair, dtype, device, o.num_spec_tokens, o.seed)
+    return pair, target, draft
+
+
+def shared_weights(programs: dict[str, torch.export.ExportedProgram]):
+    """-> (weights {stored name: tensor}, {network: {constant fqn: stored name}}); one stored
+    tensor per distinct storage view, named after its first owner."""
+    weights, by_key, maps = {}, {}, {}
+    for net, ep in programs.items():
+        maps[net] = {}
+        for fqn, t in {**ep.state_dict, **ep.constants}.items():
+            if not isinstance(t, torch.Tensor):
+                continue
+            key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+            if key not in by_key:
+                by_key[key] = fqn
+                weights[fqn] = t
+            maps[net][fqn] = by_key[key]
+    return weights, maps
+
+
+def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
+    from safetensors.torch import save_file
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path),
+              metadata={"format": "pt"})
+
+
+# ---- the build -----------------------------------------------------------------------------------
+
+def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -> dict:
+    """Build the engine directory; returns its manifest. Nothing is left at the output path if
+    any stage fails."""
+    o = options.resolved()
+    device, dtype = torch.device(o.device), DTYPES[o.dtype]
+    backend, why = pick_backend(o.backend)
+    report(f"[build] backend: {backend} ({why}); device {device}, dtype {o.dtype}")
+    prog = Progress(report)
+    with prog.stage("load"):
+        pair, target, draft = load_models(o, dtype, device)
+    shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.num_spec_tokens, o.page_size)
+    with prog.stage("convert"):
+        specs = network_specs(target, draft, shapes, dtype, device)
+        layouts = {"target": cache_layout(target, o.page_size, dtype),
+                   "draft": cache_layout(draft, o.page_size, dtype)}
+    manifest = {
+        "model": o.model, "backend": backend, "dtype": o.dtype,
+        "pair": {"name": pair.name, "target": ed.config_to_json(pair.target),
+                 "draft": ed.config_to_json(pair.draft)},
+        "shapes": {**dataclasses.asdict(shapes), "max_pages_per_seq": shapes.max_pages_per_seq},
+        "build_options": dataclasses.asdict(o), "build_command": o.command_line(),
+        "versions": ed.toolchain_versions(), "device": ed.device_info(device),
+        "caches": layouts, "networks": {},
+    }
+    with ed.atomic_engine_dir(o.output) as tmp:
+        if backend == "aoti":
+            _build_aoti(o, specs, device, tmp, manifest, prog, report)
+        else:
+            _build_tensorrt(o, specs, shapes, tmp, manifest, prog)
+        with prog.stage("write"):
+            manifest["tokenizer"] = _copy_tokenizer(o.checkpoint, tmp)
+            manifest["build_stats"] = {"stage_seconds": prog.stages,
+                                       "seconds": round(time.perf_counter() - prog.t0, 2),
+                                       "peak_memory": peak_memory()}
+            manifest = ed.write_manifest(tmp, manifest)
+    mem = manifest["build_stats"]["peak_memory"]
+    report(f"[build] wrote {o.output} in {manifest['build_stats']['seconds']:.1f} s; peak host memory "
+           f"{mem['host_self_gib']:.2f} GiB (compiler processes {mem['host_children_gib']:.2f} GiB)"
+           + (f", GPU {mem['gpu_gib']:.2f} GiB" if "gpu_gib" in mem else ""))
+    return manifest
+
+
+def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, report) -> None:
+    from .backends import aoti
+    cxx = aoti.select_compiler()
+    manifest["compiler"] = cxx
+    if o.check_toolchain:
+        with prog.stage(f"check compiler {cxx}"):
+            aoti.check_toolchain(cxx, device)
+    inline = ops_to_inline(device)
+    report(f"[build] dspark ops inlined as PyTorch references: {sorted(inline) or 'none'}")
+    programs = {}
+    for spec in specs:
+        with prog.stage(f"export {spec.name}"):
+            programs[spec.name] = export_network(spec, inline)
+    weights, maps = shared_weights(programs)
+    for spec in specs:
+        with prog.stage(f"compile {spec.name}"):
+            aoti.compile_network(programs[spec.name], tmp / f"{spec.name}.pt2", cxx)
+        manifest["networks"][spec.name] = {
+            "file": f"{spec.name}.pt2", "inputs": spec.input_names + ["caches"],
+            "outputs": spec.output_names, "cache_group": spec.cache_group, "constants": maps[spec.name]}
+    with prog.stage("save weights"):
+        save_weights(weights, tmp / WEIGHTS)
+        manifest["weights"] = WEIGHTS
+    with prog.stage("check packages load"):
+        for spec in specs:       # every constant of every package is provided by the weights file
+            consts = {fqn: weights[stored] for fqn, stored in maps[spec.name].items()}
+            aoti.load_network(tmp / f"{spec.name}.pt2", device, consts)
+
+
+def _build_tensorrt(o, specs, shapes: BuildShapes, tmp: Path, manifest: dict, prog: Progress) -> None:
+    from .backends import tensorrt as trt_backend
+    from .onnx_network import export_onnx
+    for spec in specs:
+        with prog.stage(f"export {spec.name} (ONNX)"):
+            onnx_path = tmp / f"{spec.name}.onnx"
+            _, outputs = export_onnx(spec, onnx_path)
+        with prog.stage(f"compile {spec.name} (TensorRT)"):
+            profile = trt_backend.profile_shapes(spec, shapes)
+            trt_backend.build_plan(onnx_path, profile, tmp / f"{spec.name}.plan")
+        onnx_path.unlink()
+        manifest["networks"][spec.name] = {
+            "file": f"{spec.name}.plan", "inputs": spec.input_names, "outputs": outputs,
+            "num_caches": len(spec.args[-1]), "cache_group": spec.cache_group,
+            "profile": {k: [list(s) for s in v] for k, v in profile.items()}}
+
+
+def _copy_tokenizer(ckpt: str | None, dst: Path) -> list[str]:
+    if not ckpt:
+        return []
+    found = [n for n in TOKENIZER_FILES if (Path(ckpt) / n).is_file()]
+    for n in found:
+        shutil.copy2(Path(ckpt) / n, dst / n)
+    return found
+
+
+__all__ = ["BuildOptions", "build_engine", "BuildError", "NETWORKS"]

@@ -1,0 +1,160 @@
+"""Engine directory format: manifest.json + compiled networks + weights (+ tokenizer files).
+
+An engine directory is complete or absent: it is written into a temporary sibling directory and
+renamed into place as the last step. ``check_engine`` refuses, with a message saying how to
+rebuild, an engine of another format version, with a missing or corrupted file, or built for
+another GPU, backend version or torch version.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class EngineError(ValueError):
+    """An engine directory cannot be used; the message names the problem and how to rebuild."""
+
+
+def sha256(path: Path, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def device_info(device: torch.device) -> dict:
+    """What an engine is tied to: "cpu", or the GPU name and compute capability."""
+    if device.type != "cuda":
+        return {"type": "cpu"}
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(idx)
+    return {"type": "cuda", "name": torch.cuda.get_device_name(idx), "capability": f"{major}.{minor}"}
+
+
+def toolchain_versions() -> dict:
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for mod in ("triton", "tensorrt"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:                    # not installed (or broken): recorded as absent
+            out[mod] = None
+    return out
+
+
+@contextmanager
+def atomic_engine_dir(output: str | Path) -> Iterator[Path]:
+    """Yield a temporary directory next to ``output``; on success it replaces ``output``.
+
+    Any exception inside the block removes the temporary directory and leaves ``output`` as it
+    was (absent, or the previous engine).
+    """
+    output = Path(output).resolve()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
+    try:
+        yield tmp
+        old = None
+        if output.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
+            os.replace(output, old / output.name)
+        os.replace(tmp, output)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def write_manifest(engine_dir: Path, manifest: dict) -> dict:
+    """Add format version and per-file SHA-256 of everything in ``engine_dir``; write it."""
+    files = sorted(p for p in engine_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest = {"format_version": FORMAT_VERSION, **manifest,
+                "files": {str(p.relative_to(engine_dir)): {"sha256": sha256(p), "bytes": p.stat().st_size}
+                          for p in files}}
+    (engine_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def read_manifest(engine_dir: str | Path) -> dict:
+    engine_dir = Path(engine_dir)
+    path = engine_dir / MANIFEST
+    if not engine_dir.is_dir():
+        raise EngineError(f"{engine_dir}: engine directory does not exist (build it with `dspark-trt build`)")
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EngineError(f"{path}: missing; {engine_dir} is not a complete engine "
+                          f"(rebuild with `dspark-trt build`)") from None
+    except json.JSONDecodeError as e:
+        raise EngineError(f"{path}: not valid JSON ({e}); rebuild the engine") from None
+
+
+def rebuild_hint(manifest: dict) -> str:
+    cmd = manifest.get("build_command")
+    return f"rebuild it with: {cmd}" if cmd else "rebuild it with `dspark-trt build`"
+
+
+def check_engine(engine_dir: str | Path, device: torch.device, verify_checksums: bool = True) -> dict:
+    """Read and validate the manifest against the files and this machine; return it."""
+    engine_dir = Path(engine_dir)
+    m = read_manifest(engine_dir)
+    hint = rebuild_hint(m)
+    if m.get("format_version") != FORMAT_VERSION:
+        raise EngineError(f"{engine_dir}: engine format version {m.get('format_version')!r}, this "
+                          f"dspark_trt reads version {FORMAT_VERSION}; {hint}")
+    for name, info in m.get("files", {}).items():
+        path = engine_dir / name
+        if not path.is_file():
+            raise EngineError(f"{engine_dir}: file '{name}' listed in the manifest is missing; {hint}")
+        if path.stat().st_size != info["bytes"] or (verify_checksums and sha256(path) != info["sha256"]):
+            raise EngineError(f"{engine_dir}: file '{name}' is corrupted (SHA-256 differs from the "
+                              f"manifest); {hint}")
+    built, here = m["device"], device_info(device)
+    if built["type"] != here["type"]:
+        raise EngineError(f"{engine_dir}: engine was built for {built['type']}, loading on "
+                          f"{here['type']}; {hint} --device {here['type']}")
+    if built["type"] == "cuda" and built["capability"] != here["capability"]:
+        raise EngineError(f"{engine_dir}: engine was built for {built['name']} (compute capability "
+                          f"{built['capability']}), this GPU is {here['name']} ({here['capability']}); {hint}")
+    backend, versions = m["backend"], m["versions"]
+    if backend == "aoti" and versions["torch"] != torch.__version__:
+        raise EngineError(f"{engine_dir}: AOTInductor engine built with torch {versions['torch']}, "
+                          f"running torch {torch.__version__}; {hint}")
+    if backend == "tensorrt":
+        trt = toolchain_versions()["tensorrt"]
+        if trt != versions.get("tensorrt"):
+            raise EngineError(f"{engine_dir}: TensorRT engine built with TensorRT "
+                              f"{versions.get('tensorrt')}, this machine has {trt}; {hint}")
+    return m
+
+
+# ---- configs in the manifest ---------------------------------------------------------------------
+
+def config_to_json(cfg) -> dict:
+    """A config dataclass -> {"class": "module:Name", "fields": {...}} (nested dataclasses too)."""
+    import dataclasses
+    fields = {}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        fields[f.name] = config_to_json(v) if dataclasses.is_dataclass(v) else v
+    return {"class": f"{type(cfg).__module__}:{type(cfg).__qualname__}", "fields": fields}
+
+
+def config_from_json(d: dict):
+    import importlib
+    mod, name = d["class"].split(":")
+    cls = getattr(importlib.import_module(mod), name)
+    return cls(**{k: config_from_json(v) if isinstance(v, dict) and "class" in v and "fields" in v else v
+                  for k, v in d["fields"].items()})

@@ -1,0 +1,220 @@
+"""The three compiled networks as export-ready modules with fixed signatures and dynamic dims.
+
+Each wrapper's ``forward`` takes plain tensors; KV caches come as one flat list (``caches``), in
+the pytree order of the model's ``make_cache`` dict, and are written in place by the dspark ops.
+
+* ``target``        (tokens [B,T], positions [B,T], block_table [B,P], caches) -> logits [B,T,V], taps [B,T,m*d]
+  One network serves target_prefill (T = prompt length) and target_verify (T = N+1): T is a
+  dynamic dim, so the weights are compiled once and the runtime captures graphs per (B, T) bucket.
+* ``draft_context`` (taps [B,T,m*d], positions [B,T], block_table [B,P], caches) -> ()
+* ``draft_block``   (anchor [B], start [B], block_table [B,P], temperature [B], seed [B], caches)
+  -> drafts [B,N] i64, z [B,N,V] f32   (block forward + Markov sampler)
+
+The verifier (``dspark::rejection_sample``) has no weights; the runtime calls the op directly.
+Works for any target/draft pair that implements the networks interface (docs/architecture.md).
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.export import Dim
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+NETWORKS = ("target", "draft_context", "draft_block")
+SAMPLE_BATCH, SAMPLE_TOKENS = 2, 3          # sample sizes > 1 so export does not specialise them
+
+
+# ---- caches ------------------------------------------------------------------------------------
+
+def cache_layout(module: nn.Module, page_size: int, dtype: torch.dtype) -> list[dict]:
+    """Per flat cache tensor: shape at ``num_pages`` = base + pages_coef * num_pages, and dtype.
+
+    Measured by building the cache on the meta device for 1 and 2 pages, so any cache layout
+    (paged per layer, compressed, ...) is described without knowing the model.
+    """
+    one, _ = pytree.tree_flatten(module.make_cache(1, page_size, dtype, "meta"))
+    two, _ = pytree.tree_flatten(module.make_cache(2, page_size, dtype, "meta"))
+    out = []
+    for a, b in zip(one, two):
+        coef = [y - x for x, y in zip(a.shape, b.shape)]
+        out.append({"base": [x - c for x, c in zip(a.shape, coef)], "pages_coef": coef,
+                    "dtype": str(a.dtype).removeprefix("torch.")})
+    return out
+
+
+def allocate_caches(layout: list[dict], num_pages: int, device) -> list[Tensor]:
+    """Zeroed flat caches for ``num_pages`` pages (plus whatever pad rows the layout has)."""
+    return [torch.zeros([b + c * num_pages for b, c in zip(d["base"], d["pages_coef"])],
+                        dtype=getattr(torch, d["dtype"]), device=device) for d in layout]
+
+
+def cache_spec(module: nn.Module, page_size: int, dtype: torch.dtype):
+    return pytree.tree_flatten(module.make_cache(1, page_size, dtype, "meta"))[1]
+
+
+# ---- the networks ------------------------------------------------------------------------------
+
+class TargetNetwork(nn.Module):
+    def __init__(self, target: nn.Module, spec):
+        super().__init__()
+        self.target, self.spec = target, spec
+
+    def forward(self, tokens: Tensor, positions: Tensor, block_table: Tensor, caches: list[Tensor]):
+        return self.target(tokens, positions, block_table, pytree.tree_unflatten(caches, self.spec))
+
+
+class DraftContextNetwork(nn.Module):
+    def __init__(self, draft: nn.Module, spec):
+        super().__init__()
+        self.draft, self.spec = draft, spec
+
+    def forward(self, taps: Tensor, positions: Tensor, block_table: Tensor, caches: list[Tensor]):
+        self.draft.context(taps, positions, block_table, pytree.tree_unflatten(caches, self.spec))
+        return ()
+
+
+class DraftBlockNetwork(nn.Module):
+    def __init__(self, draft: nn.Module, spec):
+        super().__init__()
+        self.draft, self.spec = draft, spec
+
+    def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
+                seed: Tensor, caches: list[Tensor]):
+        return self.draft(anchor, start, block_table, temperature, seed,
+                          pytree.tree_unflatten(caches, self.spec))
+
+
+@dataclass
+class BuildShapes:
+    """The ranges the engine is built for (dynamic dims and their bounds)."""
+
+    max_batch_size: int
+    max_seq_len: int
+    num_spec_tokens: int
+    page_size: int
+
+    @property
+    def max_pages_per_seq(self) -> int:
+        return -(-(self.max_seq_len + self.num_spec_tokens + 1) // self.page_size)
+
+    def num_pages(self, max_batch_size: int | None = None) -> int:
+        """Cache pages for a full batch of max-length sequences (the runtime default)."""
+        return (max_batch_size or self.max_batch_size) * self.max_pages_per_seq
+
+
+@dataclass
+class ExportSpec:
+    """One network ready for ``torch.export``: module, sample args, dynamic shapes, I/O names."""
+
+    name: str
+    module: nn.Module
+    args: tuple
+    dynamic_shapes: dict
+    input_names: list[str]
+    output_names: list[str]
+    cache_group: str                    # "target" or "draft": which caches it takes
+
+
+def network_specs(target: nn.Module, draft: nn.Module, shapes: BuildShapes, dtype: torch.dtype,
+                  device) -> list[ExportSpec]:
+    """Wrap target and draft into the three networks with sample inputs on ``device``."""
+    B, T, N = SAMPLE_BATCH, SAMPLE_TOKENS, shapes.num_spec_tokens
+    P = max(2, -(-(T + N + 1) // shapes.page_size))
+    batch = Dim("batch", min=1, max=shapes.max_batch_size)
+    tokens = Dim("tokens", min=1, max=shapes.max_seq_len)
+    pages = Dim("pages_per_seq", min=1, max=max(2, shapes.max_pages_per_seq))
+    num_pages = Dim("num_pages", min=1, max=1 << 24)
+
+    def caches(module):
+        layout = cache_layout(module, shapes.page_size, dtype)
+        dyn = [{i: num_pages * c + b if c != 1 or b != 0 else num_pages
+                for i, (b, c) in enumerate(zip(d["base"], d["pages_coef"])) if c}
+               for d in layout]
+        return allocate_caches(layout, B * P, device), dyn
+
+    i64 = dict(dtype=torch.int64, device=device)
+    table = torch.arange(B * P, **i64).view(B, P)
+    positions = torch.arange(T, **i64).repeat(B, 1)
+    tcache, tdyn = caches(target)
+    dcache, ddyn = caches(draft)
+    with torch.no_grad():
+        _, taps = target(torch.zeros(B, T, **i64), positions, table,
+                         pytree.tree_unflatten([c.clone() for c in tcache], cache_spec(target, shapes.page_size, dtype)))
+    bt, bp, bb = {0: batch, 1: tokens}, {0: batch, 1: pages}, {0: batch}
+    return [
+        ExportSpec("target", TargetNetwork(target, cache_spec(target, shapes.page_size, dtype)),
+                   (torch.ones(B, T, **i64), positions, table, tcache),
+                   {"tokens": bt, "positions": bt, "block_table": bp, "caches": tdyn},
+                   ["tokens", "positions", "block_table"], ["logits", "taps"], "target"),
+        ExportSpec("draft_context", DraftContextNetwork(draft, cache_spec(draft, shapes.page_size, dtype)),
+                   (taps.to(dtype), positions, table, dcache),
+                   {"taps": bt, "positions": bt, "block_table": bp, "caches": ddyn},
+                   ["taps", "positions", "block_table"], [], "draft"),
+        ExportSpec("draft_block", DraftBlockNetwork(draft, cache_spec(draft, shapes.page_size, dtype)),
+                   (torch.ones(B, **i64), torch.tensor([0, 1], **i64), table,
+                    torch.tensor([0.0, 1.0], dtype=torch.float32, device=device), torch.arange(B, **i64),
+                    dcache),
+                   {"anchor": bb, "start": bb, "block_table": bp, "temperature": bb, "seed": bb,
+                    "caches": ddyn},
+                   ["anchor", "start", "block_table", "temperature", "seed"], ["drafts", "draft_logits"],
+                   "draft"),
+    ]
+
+
+# ---- dspark ops: reference inlining ------------------------------------------------------------
+
+def reference_impls() -> dict[str, object]:
+    """``dspark::<op>`` name -> its plain PyTorch reference ``<op>_ref`` from dspark_trt.plugins."""
+    from .. import plugins
+    refs = {}
+    for info in pkgutil.iter_modules(plugins.__path__):
+        mod = importlib.import_module(f"{plugins.__name__}.{info.name}")
+        for attr in dir(mod):
+            op = attr.removesuffix("_ref")
+            if attr.endswith("_ref") and hasattr(torch.ops.dspark, op):
+                refs[f"dspark::{op}"] = getattr(mod, attr)
+    return refs
+
+
+def op_name(func) -> str | None:
+    """'dspark::x' for torch.ops.dspark.x (packet or overload), else None."""
+    name = getattr(func, "_qualified_op_name", None) or getattr(getattr(func, "_schema", None), "name", None)
+    return name if isinstance(name, str) and name.startswith("dspark::") else None
+
+
+def triton_ops() -> set[str]:
+    """dspark ops registered with ``torch.library.triton_op`` (inductor compiles their kernels)."""
+    from torch._library.triton import triton_ops_to_kernels
+    return {n for n in triton_ops_to_kernels if n.startswith("dspark::")}
+
+
+class ReferenceOps(TorchFunctionMode):
+    """While active, calls to dspark ops (except ``keep``) run their PyTorch reference instead, so
+    export traces plain aten ops that any inductor backend (CPU included) can compile."""
+
+    def __init__(self, keep: set[str] = frozenset()):
+        super().__init__()
+        self.refs = {n: f for n, f in reference_impls().items() if n not in keep}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        ref = self.refs.get(op_name(func))
+        return (ref or func)(*args, **(kwargs or {}))
+
+
+def ops_to_inline(device: torch.device) -> set[str]:
+    """CPU: every dspark op (inductor cannot compile Triton there). GPU: ops without a Triton kernel."""
+    all_ops = set(reference_impls())
+    return all_ops if device.type == "cpu" else all_ops - triton_ops()
+
+
+def export_network(spec: ExportSpec, inline: set[str]) -> torch.export.ExportedProgram:
+    """torch.export with the dspark ops in ``inline`` replaced by their references."""
+    keep = set(reference_impls()) - set(inline)
+    with torch.no_grad(), ReferenceOps(keep):
+        return torch.export.export(spec.module, spec.args, dynamic_shapes=spec.dynamic_shapes,
+                                   strict=False)

@@ -1,0 +1,40 @@
+"""``dspark-trt build``: export target and draft networks into a compiled engine directory."""
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("build", help="build an engine directory (aoti .pt2 or TensorRT plans)")
+    p.add_argument("--model", required=True, help="preset name (or the engine's name with checkpoints)")
+    p.add_argument("--checkpoint", help="target HF checkpoint directory")
+    p.add_argument("--draft-checkpoint", help="draft HF checkpoint directory")
+    p.add_argument("--random-weights", action="store_true", help="random weights with the preset's dims")
+    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
+                   help="default: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--backend", choices=["auto", "aoti", "tensorrt"], default="auto")
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--num-spec-tokens", type=int, default=None, help="N (default: the draft's block size)")
+    p.add_argument("--page-size", type=int, default=64, help="KV cache page size in tokens")
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="edit the target config (draft.KEY=VALUE edits the draft), repeatable")
+    p.add_argument("--output", help="engine directory (default engines/MODEL)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..builder.backends import BuildError
+    from ..builder.build import BuildOptions, build_engine
+    opts = BuildOptions(model=args.model, output=args.output, checkpoint=args.checkpoint,
+                        draft_checkpoint=args.draft_checkpoint, random_weights=args.random_weights,
+                        dtype=args.dtype, backend=args.backend, max_batch_size=args.max_batch_size,
+                        max_seq_len=args.max_seq_len, num_spec_tokens=args.num_spec_tokens,
+                        page_size=args.page_size, overrides=args.override, device=args.device,
+                        seed=args.seed)
+    try:
+        build_engine(opts, report=lambda msg: print(msg, flush=True))
+    except BuildError as e:
+        print(f"error: {e}")
+        return 2
+    return 0

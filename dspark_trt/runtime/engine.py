@@ -1,0 +1,98 @@
+"""``EngineNetworks``: the networks interface (see networks.py) over a built engine directory.
+
+The manifest is checked first (format version, file checksums, GPU, backend/torch version). The
+runtime owns the KV caches (allocated from the manifest's cache layout) and passes them to the
+compiled networks, which write them in place. The verifier has no weights and runs the
+``dspark::rejection_sample`` op directly.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from .. import plugins
+from ..builder.engine_dir import EngineError, check_engine, config_from_json
+from ..builder.export import allocate_caches
+from ..config import ModelPair
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class EngineNetworks:
+    def __init__(self, engine_dir: str | Path, device=None, max_batch_size: int | None = None,
+                 max_seq_len: int | None = None, num_pages: int | None = None,
+                 verify_checksums: bool = True):
+        self.engine_dir = Path(engine_dir)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        m = self.manifest = check_engine(self.engine_dir, self.device, verify_checksums)
+        s = m["shapes"]
+        self.max_batch_size = self._within(max_batch_size, s["max_batch_size"], "max_batch_size")
+        self.max_seq_len = self._within(max_seq_len, s["max_seq_len"], "max_seq_len")
+        self.num_spec_tokens, self.page_size = s["num_spec_tokens"], s["page_size"]
+        self.max_pages_per_seq = s["max_pages_per_seq"]
+        pages_per_seq = -(-(self.max_seq_len + self.num_spec_tokens + 1) // self.page_size)
+        self.num_pages = num_pages or self.max_batch_size * pages_per_seq
+        self.dtype = DTYPES[m["dtype"]]
+        self.pair = ModelPair(m["pair"]["name"], config_from_json(m["pair"]["target"]),
+                              config_from_json(m["pair"]["draft"]))
+        self.vocab_size = self.pair.target.vocab_size
+        self.nets = self._load_networks(m)
+        self.target_cache = allocate_caches(m["caches"]["target"], self.num_pages, self.device)
+        self.draft_cache = allocate_caches(m["caches"]["draft"], self.num_pages, self.device)
+
+    def _within(self, value: int | None, built: int, name: str) -> int:
+        if value is not None and value > built:
+            raise EngineError(f"{self.engine_dir}: {name}={value} exceeds the {built} the engine was "
+                              f"built for; rebuild with --{name.replace('_', '-')} {value}")
+        return value or built
+
+    def _load_networks(self, m: dict) -> dict:
+        nets = m["networks"]
+        if m["backend"] == "aoti":
+            from safetensors.torch import load_file
+            from ..builder.backends import aoti
+            weights = load_file(str(self.engine_dir / m["weights"]), device=str(self.device))
+            return {name: aoti.load_network(self.engine_dir / n["file"], self.device,
+                                            {fqn: weights[w] for fqn, w in n["constants"].items()})
+                    for name, n in nets.items()}
+        if m["backend"] == "tensorrt":
+            from ..builder.backends.tensorrt import TensorRTNetwork
+            return {name: TensorRTNetwork(self.engine_dir / n["file"], self.device, n["outputs"], n["inputs"])
+                    for name, n in nets.items()}
+        raise EngineError(f"{self.engine_dir}: unknown backend {m['backend']!r} in the manifest")
+
+    def _check_rows(self, t: Tensor, what: str) -> None:
+        if t.shape[0] > self.max_batch_size:
+            raise ValueError(f"{what}: batch {t.shape[0]} exceeds the engine's max_batch_size "
+                             f"{self.max_batch_size}")
+
+    # ---- the networks interface ----------------------------------------------------------------
+    @torch.inference_mode()
+    def target(self, tokens: Tensor, positions: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:
+        """tokens, positions [B, T]; block_table [B, P] -> logits [B, T, V], taps [B, T, m*d]."""
+        self._check_rows(tokens, "target")
+        if tokens.shape[1] > self.max_seq_len:
+            raise ValueError(f"target: {tokens.shape[1]} tokens exceed max_seq_len {self.max_seq_len}")
+        logits, taps = self.nets["target"](tokens, positions, block_table, self.target_cache)
+        return logits, taps
+
+    @torch.inference_mode()
+    def draft_context(self, taps: Tensor, positions: Tensor, block_table: Tensor) -> None:
+        self._check_rows(taps, "draft_context")
+        self.nets["draft_context"](taps.to(self.dtype), positions, block_table, self.draft_cache)
+
+    @torch.inference_mode()
+    def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
+                    seed: Tensor) -> tuple[Tensor, Tensor]:
+        """-> drafts [B, N] i64, proposal logits z [B, N, V] f32."""
+        self._check_rows(anchor, "draft_block")
+        drafts, z = self.nets["draft_block"](anchor, start, block_table, temperature.to(torch.float32),
+                                             seed, self.draft_cache)
+        return drafts, z
+
+    @torch.inference_mode()
+    def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,
+               seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
+        return plugins.rejection_sample(logits, drafts, draft_logits, temperature, seed, start)
