@@ -173,7 +173,10 @@ def reference_impls() -> dict[str, object]:
     from .. import plugins
     refs = {}
     for info in pkgutil.iter_modules(plugins.__path__):
-        mod = importlib.import_module(f"{plugins.__name__}.{info.name}")
+        try:
+            mod = importlib.import_module(f"{plugins.__name__}.{info.name}")
+        except ImportError:               # tensorrt_plugins without TensorRT: no op references there
+            continue
         for attr in dir(mod):
             op = attr.removesuffix("_ref")
             if attr.endswith("_ref") and hasattr(torch.ops.dspark, op):
