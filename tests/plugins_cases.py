@@ -123,8 +123,10 @@ def run_all(device, dtype=torch.float32) -> dict:
     q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
     for name, lim in (("causal", causal), ("block", block)):
         ref = block_attention_ref(q, kc, vc, table, pos, lim, scale)
-        got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale)
-        out[f"block_attention_{name}"] = {"err": _err(got, ref)}
+        for splits in (1, 3, 8):                          # 8 splits: some splits get no keys
+            got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=splits,
+                                             block_n=16)
+            out[f"block_attention_{name}_split{splits}"] = {"err": _err(got, ref)}
 
     args = markov_inputs(device, dtype)
     rt, rz = markov_sample_ref(*args)

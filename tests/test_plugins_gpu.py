@@ -23,7 +23,7 @@ DEV = "cuda"
 def test_small_cases_fp32():
     r = run_all(DEV)
     assert r["kv_cache_write"]["err"] == 0 and r["kv_cache_write"]["pad_page_untouched"]
-    for k in ("block_attention_causal", "block_attention_block", "sparse_mla_attention"):
+    for k in [f"block_attention_{m}_split{s}" for m in ("causal", "block") for s in (1, 3, 8)] + ["sparse_mla_attention"]:
         assert r[k]["err"] < 1e-4, k
     for k in ("markov_sample_one", "markov_sample_per_step", "markov_sample_rows", "markov_sample_aot",
               "markov_sample_topk", "rejection_sample", "noncausal_swa_indices"):
