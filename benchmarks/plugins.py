@@ -3,9 +3,13 @@
 Real shapes: Qwen3-8B block attention (GQA 32/8 x 128, verify block of 8, context 1024/4096),
 DeepSeek-V4-Pro sparse MLA (128 heads, latent 512, window 128 + block of 8 -> 256 indices), the
 Markov sampler (V=151936 r=256 and V=129280 r=512, N=7) in every schedule, rejection sampling
-(V=151936, N=7), KV-cache writes and SWA index lists; batch 1..64. Per case: median time of kernel
-and reference (CUDA events after warm-up), bytes moved (compulsory HBM traffic, stated per op),
-achieved bandwidth as a fraction of the H200's 4.8 TB/s, and parity (max abs error or exact token
+(V=151936, N=7), KV-cache writes and SWA index lists; batch 1..64. Per case: median time of a plain
+kernel call and of the reference (CUDA events after warm-up; includes Python/launch overhead), the
+kernel replayed in a CUDA graph as the runtime runs it (``graph_us``: R back-to-back replays;
+``graph_cold_us``: replays of [256 MB L2 flush + kernel] minus replays of the flush alone, i.e. with
+its inputs evicted from the 50 MB L2 as in a real decode step), bytes moved (compulsory HBM traffic,
+stated per op), achieved bandwidth as a fraction of the H200's 4.8 TB/s (``bw_frac`` from
+``graph_cold_us``; ``bw_frac_plain`` from the plain call), and parity (max abs error or exact token
 equality). Writes benchmarks/results/plugins-<gpu>-<sha>.json (or --out DIR) and prints a table.
 
     python benchmarks/plugins.py [--quick] [--out DIR]
@@ -56,19 +60,61 @@ def timeit(fn, warmup=3, reps=10) -> float:
     return sorted(ts)[len(ts) // 2]
 
 
+_FLUSH: list[torch.Tensor] = []
+
+
+def graph_time(fn, plain_s: float) -> tuple[float, float]:
+    """(warm, cold) seconds per call of ``fn`` replayed in a CUDA graph (see the module doc)."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.uint8, device=DEV))
+    flush = _FLUSH[0]
+    reps = max(3, min(50, int(0.05 / max(plain_s, 1e-6))))
+    graphs = []
+    for body in (lambda: fn(), lambda: (flush.zero_(), fn()), lambda: flush.zero_()):
+        body()                                            # compile / allocate outside capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            body()
+        g.replay()
+        torch.cuda.synchronize()
+        graphs.append(g)
+
+    def per_replay(g):
+        ts = []
+        for _ in range(3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(reps):
+                g.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3 / reps)
+        return sorted(ts)[1]
+
+    warm, flush_and_fn, flush_only = (per_replay(g) for g in graphs)
+    del graphs
+    return warm, max(flush_and_fn - flush_only, 1e-9)
+
+
 def err(a, b) -> float:
     a, b = a.float(), b.float()
     same_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
     return float(torch.where(same_inf, 0.0, (a - b).abs()).max())
 
 
-def record(rows, op, shape, kernel_s, ref_s, nbytes, **parity):
-    rows.append(dict(op=op, shape=shape, kernel_us=kernel_s * 1e6, ref_us=ref_s * 1e6 if ref_s else None,
-                     bytes=nbytes, bw_frac=nbytes / kernel_s / PEAK, **parity))
+def record(rows, op, shape, fn, ref_s, nbytes, **parity):
+    """Time ``fn`` plainly and in CUDA graphs, append a row and print it."""
+    kernel_s = timeit(fn)
+    warm_s, cold_s = graph_time(fn, kernel_s)
+    rows.append(dict(op=op, shape=shape, kernel_us=kernel_s * 1e6, graph_us=warm_s * 1e6,
+                     graph_cold_us=cold_s * 1e6, ref_us=ref_s * 1e6 if ref_s else None, bytes=nbytes,
+                     bw_frac=nbytes / cold_s / PEAK, bw_frac_plain=nbytes / kernel_s / PEAK, **parity))
     r = rows[-1]
     ref = f"{r['ref_us']:9.1f}" if r["ref_us"] else "        -"
     par = " ".join(f"{k}={v}" for k, v in parity.items())
-    print(f"{op:28s} {shape:42s} {r['kernel_us']:9.1f} {ref} {r['bw_frac']*100:6.1f}%  {par}", flush=True)
+    print(f"{op:28s} {shape:40s} {r['kernel_us']:9.1f} {r['graph_us']:8.1f} {r['graph_cold_us']:8.1f} {ref} "
+          f"{r['bw_frac']*100:6.1f}%  {par}", flush=True)
 
 
 def paged(B, ctx, Hkv, D, page=16, extra=1):
@@ -92,7 +138,7 @@ def bench_block_attention(rows, batches, contexts):
             g = lambda: block_attention_ref(q, kc, vc, table, pos, lim, D ** -0.5)
             nbytes = B * (ctx + T) * Hkv * D * 2 * 2 + 2 * q.numel() * 2
             ref_s = timeit(g, 1, 3) if B * ctx <= 16 * 4096 else None
-            record(rows, "block_attention", f"B={B} ctx={ctx} T={T} H=32/8x128", timeit(f), ref_s, nbytes,
+            record(rows, "block_attention", f"B={B} ctx={ctx} T={T} H=32/8x128", f, ref_s, nbytes,
                    max_err=err(f(), g()) if B * ctx <= 16 * 4096 else None)
 
 
@@ -112,7 +158,7 @@ def bench_sparse_mla(rows, batches):
         f = lambda: ksm.sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D)
         g = lambda: sparse_mla_attention_ref(q, kv, idx, sink, D ** -0.5, D)
         nbytes = B * (Wn + N) * D * 2 + 2 * q.numel() * 2 + idx.numel() * 4
-        record(rows, "sparse_mla_attention", f"B={B} N={N} H=128 D=512 W={width}", timeit(f), timeit(g, 1, 3),
+        record(rows, "sparse_mla_attention", f"B={B} N={N} H=128 D=512 W={width}", f, timeit(g, 1, 3),
                nbytes, max_err=err(f(), g()))
 
 
@@ -140,14 +186,14 @@ def bench_markov(rows, batches, shapes, N=7):
             for name, kw in scheds.items():
                 f = lambda: kmk.markov_sample_triton(*args, **kw)
                 t, z = f()
-                record(rows, f"markov_sample[{name}]", f"B={B} N={N} V={V} r={r}", timeit(f), ref_s, nbytes,
+                record(rows, f"markov_sample[{name}]", f"B={B} N={N} V={V} r={r}", f, ref_s, nbytes,
                        tokens_equal=bool(torch.equal(t, rt)), token_mismatches=int((t != rt).sum()),
                        z_max_err=err(z, rz))
             f = lambda: kmk.markov_sample_topk_triton(*args, 4096, 4)
             t, z = f()
             tt, tz = markov_sample_topk_ref(*args, 4096, 4)
             nbytes_fast = B * N * V * (2 + 4) + B * N * (-(-V // 4096) * 4) * r * 2
-            record(rows, "markov_sample_topk[fast]", f"B={B} N={N} V={V} r={r}", timeit(f),
+            record(rows, "markov_sample_topk[fast]", f"B={B} N={N} V={V} r={r}", f,
                    timeit(lambda: markov_sample_topk_ref(*args, 4096, 4), 1, 3), nbytes_fast,
                    tokens_equal=bool(torch.equal(t, tt)), z_max_err=err(z, tz),
                    agree_with_exact=float((t == rt).float().mean()))
@@ -166,7 +212,7 @@ def bench_rejection(rows, batches, V=151936, N=7):
         g = lambda: rejection_sample_ref(*args)
         (a, n), (ra, rn) = f(), g()
         nbytes = (L.numel() + z.numel()) * 4                            # every row read at least once
-        record(rows, "rejection_sample", f"B={B} N={N} V={V} fp32", timeit(f), timeit(g, 1, 3), nbytes,
+        record(rows, "rejection_sample", f"B={B} N={N} V={V} fp32", f, timeit(g, 1, 3), nbytes,
                tokens_equal=bool(torch.equal(a, ra) and torch.equal(n, rn)))
 
 
@@ -181,14 +227,14 @@ def bench_small_ops(rows, batches):
         kr, vr = kc.clone(), vc.clone()
         kv_cache_write_ref(kr, vr, k, v, table, pos)
         f()
-        record(rows, "kv_cache_write", f"B={B} T={T} Hkv=8 D=128", timeit(f),
+        record(rows, "kv_cache_write", f"B={B} T={T} Hkv=8 D=128", f,
                timeit(lambda: kv_cache_write_ref(kc, vc, k, v, table, pos), 1, 3), 4 * k.numel() * 2,
                max_err=max(err(kc[:-1], kr[:-1]), err(vc[:-1], vr[:-1])))
         start = torch.full((B,), 1000, device=DEV)
         args = (start, table, 8, 16, 128, 256)
         (i, n), (ri, rn) = ksw.noncausal_swa_indices_triton(*args), noncausal_swa_indices_ref(*args)
         record(rows, "noncausal_swa_indices", f"B={B} N=8 W=128 width=256",
-               timeit(lambda: ksw.noncausal_swa_indices_triton(*args)),
+               lambda: ksw.noncausal_swa_indices_triton(*args),
                timeit(lambda: noncausal_swa_indices_ref(*args), 1, 3), i.numel() * 4,
                tokens_equal=bool(torch.equal(i, ri) and torch.equal(n, rn)))
 
@@ -206,7 +252,8 @@ def main():
     only = set(a.only.split(",")) if a.only else {"attn", "mla", "markov", "reject", "small"}
     rows = []
     t0 = time.time()
-    print(f"{'op':28s} {'shape':42s} {'kernel_us':>9s} {'ref_us':>9s} {'HBM%':>7s}  parity")
+    print(f"{'op':28s} {'shape':40s} {'plain_us':>9s} {'graph':>8s} {'cold':>8s} {'ref_us':>9s} {'HBM%':>7s}  parity"
+          "   (HBM% from the cold graph time)")
     if "markov" in only:
         bench_markov(rows, batches, [(151936, 256), (129280, 512)])
     if "attn" in only:

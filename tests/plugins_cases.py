@@ -123,8 +123,10 @@ def run_all(device, dtype=torch.float32) -> dict:
     q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
     for name, lim in (("causal", causal), ("block", block)):
         ref = block_attention_ref(q, kc, vc, table, pos, lim, scale)
-        got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale)
-        out[f"block_attention_{name}"] = {"err": _err(got, ref)}
+        for splits in (1, 3, 8):                          # 8 splits: some splits get no keys
+            got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=splits,
+                                             block_n=16)
+            out[f"block_attention_{name}_split{splits}"] = {"err": _err(got, ref)}
 
     args = markov_inputs(device, dtype)
     rt, rz = markov_sample_ref(*args)
@@ -144,6 +146,14 @@ def run_all(device, dtype=torch.float32) -> dict:
     rt, rz = markov_sample_topk_ref(*args, 64, 2)
     tt, tz = kmk.markov_sample_topk_triton(*args, 64, 2)
     out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=70, N=2, V=200)       # two row groups of 64: one ticket each
+    rt, rz = markov_sample_ref(*args)
+    tt, tz = kmk.markov_sample_triton(*args, one_launch=False, num_programs=3, block_v=64, block_r=16)
+    out["markov_sample_per_step_groups"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=6, N=4, V=1000, r=40)  # candidates span several bias tiles
+    rt, rz = markov_sample_topk_ref(*args, 128, 3)
+    tt, tz = kmk.markov_sample_topk_triton(*args, 128, 3)
+    out["markov_sample_topk_wide"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
 
     args = rejection_inputs(device, dtype)
     ra, rn = rejection_sample_ref(*args)

@@ -23,10 +23,11 @@ DEV = "cuda"
 def test_small_cases_fp32():
     r = run_all(DEV)
     assert r["kv_cache_write"]["err"] == 0 and r["kv_cache_write"]["pad_page_untouched"]
-    for k in ("block_attention_causal", "block_attention_block", "sparse_mla_attention"):
+    for k in [f"block_attention_{m}_split{s}" for m in ("causal", "block") for s in (1, 3, 8)] + ["sparse_mla_attention"]:
         assert r[k]["err"] < 1e-4, k
-    for k in ("markov_sample_one", "markov_sample_per_step", "markov_sample_rows", "markov_sample_aot",
-              "markov_sample_topk", "rejection_sample", "noncausal_swa_indices"):
+    for k in ("markov_sample_one", "markov_sample_per_step", "markov_sample_per_step_groups",
+              "markov_sample_rows", "markov_sample_aot", "markov_sample_topk", "markov_sample_topk_wide",
+              "rejection_sample", "noncausal_swa_indices"):
         assert r[k]["tokens_equal"], k
 
 
@@ -76,8 +77,9 @@ def test_markov_op_in_cuda_graph():
     assert torch.equal(t, rt)
 
 
-def test_block_attention_qwen_shapes_bf16():
-    B, T, H, Hkv, D, page, ctx = 3, 8, 32, 8, 128, 16, 1000
+@pytest.mark.parametrize("B,T,ctx", [(3, 8, 1000), (1, 1, 4000), (64, 8, 300)])
+def test_block_attention_qwen_shapes_bf16(B, T, ctx):
+    H, Hkv, D, page = 32, 8, 128, 16
     pages = -(-(ctx + T) // page)
     table = torch.randperm(B * pages, device=DEV).view(B, pages)
     kc = torch.randn(B * pages + 1, page, Hkv, D, device=DEV, dtype=torch.bfloat16)
@@ -88,6 +90,12 @@ def test_block_attention_qwen_shapes_bf16():
         ref = block_attention_ref(q, kc, vc, table, pos, lim, D ** -0.5)
         got = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
         assert (got.float() - ref.float()).abs().max() < 2e-2      # bf16 output, bf16 P in P @ V
+        g = torch.cuda.CUDAGraph()                                  # split-KV workspace under capture
+        with torch.cuda.graph(g):
+            out = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, got)
 
 
 def test_sparse_mla_v4_shapes_bf16():

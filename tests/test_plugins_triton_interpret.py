@@ -38,14 +38,15 @@ def test_kv_cache_write_kernel(results):
     assert r["err"] == 0.0 and r["pad_page_untouched"]
 
 
+@pytest.mark.parametrize("splits", [1, 3, 8])
 @pytest.mark.parametrize("mask", ["causal", "block"])
-def test_block_attention_kernel(results, mask):
-    assert results[f"block_attention_{mask}"]["err"] < 1e-5
+def test_block_attention_kernel(results, mask, splits):
+    assert results[f"block_attention_{mask}_split{splits}"]["err"] < 1e-5
 
 
-@pytest.mark.parametrize("schedule", ["one", "per_step", "rows", "aot", "topk"])
+@pytest.mark.parametrize("schedule", ["one", "per_step", "per_step_groups", "rows", "aot", "topk", "topk_wide"])
 def test_markov_sample_kernel(results, schedule):
-    r = results["markov_sample_topk" if schedule == "topk" else f"markov_sample_{schedule}"]
+    r = results[f"markov_sample_{schedule}"]
     assert r["tokens_equal"] and r["err"] < 1e-5
 
 

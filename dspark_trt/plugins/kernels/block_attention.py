@@ -1,31 +1,37 @@
-"""Triton kernel of ``dspark::block_attention``: flash-style GQA over a paged KV cache.
+"""Triton kernels of ``dspark::block_attention``: flash-decoding GQA over a paged KV cache.
 
-One program per (row b, KV head, tile of BLOCK_T queries): its BLOCK_T * G query heads (G = H / Hkv)
-share every K/V tile they load. Keys are visited in BLOCK_N tiles up to the tile's largest
-``kv_limit``; each query masks keys beyond its own limit. Online softmax in fp32, fp32
-accumulation; inert queries write zeros.
+A program owns (row b, KV head, tile of BLOCK_T queries, KV split s): its BLOCK_T * G query heads
+(G = H / Hkv) share every K/V tile they load. The keys ``[0, hi)`` (hi = 1 + the tile's largest
+``kv_limit``, read on the device) are cut into NUM_SPLITS equal BLOCK_N-aligned ranges, so a
+decode step at batch 1 still spreads over every SM. Each query masks keys beyond its own limit.
+Online softmax in fp32, fp32 accumulation.
+
+* ``NUM_SPLITS == 1``: the program normalises and writes the output (``block_attention_kernel``,
+  also the TensorRT AOT entry).
+* ``NUM_SPLITS > 1``: each split writes its partial (m, l, acc) to an fp32 workspace sized from
+  shapes, and ``block_attention_reduce_kernel`` merges the splits (no host sync, graph-safe).
+
+Inert queries (position < 0, row without pages) write zeros.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-import torch
 
 from .common import launcher, pow2
 
 
 @triton.jit
-def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, out, scale,
-                           T, P, PAGE_SIZE, PAD_PAGE,
-                           H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                           BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, scale, b, kvh, t0, split,
+                  T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS,
+                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_N: tl.constexpr):
+    """Online softmax of the tile's BLOCK_T * G query rows over split ``split`` of the keys.
+    Returns (m [BLOCK_M], l [BLOCK_M], acc [BLOCK_M, D] unnormalised, lim, t, h, tmask)."""
     G: tl.constexpr = H // HKV
     BLOCK_M: tl.constexpr = BLOCK_T * G
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
-    t0 = tl.program_id(2) * BLOCK_T
-
     rows = tl.arange(0, BLOCK_M)
     t = t0 + rows // G                                       # query token of each row
     h = kvh * G + rows % G                                   # query head of each row
@@ -41,33 +47,101 @@ def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit
     q_off = ((b * T + t).to(tl.int64) * H + h) * D
     qt = tl.load(q + q_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)   # [BLOCK_M, D]
 
+    hi = tl.max(lim) + 1                                     # keys [0, hi) matter to this tile
+    chunk = tl.cdiv(tl.cdiv(hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * chunk
+    end = tl.minimum(lo + chunk, hi)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    hi = tl.max(lim) + 1
-    for n0 in range(0, hi, BLOCK_N):
+    for n0 in range(lo, end, BLOCK_N):
         kpos = n0 + tl.arange(0, BLOCK_N)
-        kmask = kpos < hi
+        kmask = kpos < end
         page = tl.load(block_table + b * P + kpos // PAGE_SIZE, mask=kmask, other=0)
         page = tl.where(page >= 0, page, PAD_PAGE)
         kv_off = ((page * PAGE_SIZE + kpos % PAGE_SIZE).to(tl.int64) * HKV + kvh) * D
         kt = tl.load(k_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
+        vt = tl.load(v_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
         s = tl.dot(qt, tl.trans(kt), input_precision="ieee") * scale                 # [BLOCK_M, BLOCK_N]
         s = tl.where(kpos[None, :] <= lim[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(v_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
         m_i = m_new
+    return m_i, l_i, acc, lim, q_off, t, h, tmask
+
+
+@triton.jit
+def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, out, scale,
+                           T, P, PAGE_SIZE, PAD_PAGE,
+                           H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                           BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Grid (B, Hkv, cdiv(T, BLOCK_T)): one split, normalised output."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
+        q, k_cache, v_cache, block_table, positions, kv_limit, scale, b, kvh, tl.program_id(2) * BLOCK_T,
+        0, T, P, PAGE_SIZE, PAD_PAGE, 1, H, HKV, D, BLOCK_T, BLOCK_N)
     o = acc / tl.maximum(l_i, 1e-30)[:, None]
     o = tl.where((lim >= 0)[:, None], o, 0.0)
+    d = tl.arange(0, D)
     tl.store(out + q_off[:, None] + d[None, :], o.to(out.dtype.element_ty), mask=tmask[:, None])
 
 
+@triton.jit
+def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, part_ml, part_acc,
+                                 scale, T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS,
+                                 H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                                 BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Grid (B, Hkv, cdiv(T, BLOCK_T) * NUM_SPLITS); partials part_ml [B, T, H, S, 2] (m, l) and
+    part_acc [B, T, H, S, D], S = NUM_SPLITS."""
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2) % NUM_SPLITS
+    t0 = (tl.program_id(2) // NUM_SPLITS) * BLOCK_T
+    m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
+        q, k_cache, v_cache, block_table, positions, kv_limit, scale, b, kvh, t0, split,
+        T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS, H, HKV, D, BLOCK_T, BLOCK_N)
+    slot = ((b * T + t).to(tl.int64) * H + h) * NUM_SPLITS + split              # [BLOCK_M]
+    tl.store(part_ml + slot * 2, m_i, mask=tmask)
+    tl.store(part_ml + slot * 2 + 1, l_i, mask=tmask)
+    d = tl.arange(0, D)
+    tl.store(part_acc + slot[:, None] * D + d[None, :], acc, mask=tmask[:, None])
+
+
+@triton.jit
+def block_attention_reduce_kernel(part_ml, part_acc, out, NUM_SPLITS, D: tl.constexpr,
+                                  BLOCK_S: tl.constexpr):
+    """Grid (B * T * H,): merge the NUM_SPLITS partials of one (query, head) into its output row.
+    Inert rows have l = 0 in every split and come out 0."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.arange(0, BLOCK_S)
+    smask = s < NUM_SPLITS
+    m = tl.load(part_ml + (row * NUM_SPLITS + s) * 2, mask=smask, other=-1.0e30)
+    l_s = tl.load(part_ml + (row * NUM_SPLITS + s) * 2 + 1, mask=smask, other=0.0)
+    d = tl.arange(0, D)
+    acc = tl.load(part_acc + (row * NUM_SPLITS + s)[:, None] * D + d[None, :], mask=smask[:, None],
+                  other=0.0)                                                        # [BLOCK_S, D]
+    w = tl.exp(m - tl.max(m, 0))                                                    # [BLOCK_S]
+    o = tl.sum(acc * w[:, None], 0) / tl.maximum(tl.sum(l_s * w, 0), 1e-30)
+    tl.store(out + row * D + d, o.to(out.dtype.element_ty))
+
+
+def default_num_splits(device: torch.device, programs: int, max_keys: int, block_n: int) -> int:
+    """KV splits so that the grid covers about twice the SMs, each split at least one key tile."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(max_keys, block_n), 64))
+
+
 def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
-                           positions: Tensor, kv_limit: Tensor, scale: float) -> Tensor:
+                           positions: Tensor, kv_limit: Tensor, scale: float,
+                           num_splits: int | None = None, block_n: int = 64,
+                           num_warps: int = 4, num_stages: int = 2) -> Tensor:
+    """Same contract as ``block_attention_ref``. ``num_splits`` (KV splits per query tile) defaults
+    to enough programs for about two per SM; the actual key range of each split is decided on the
+    device from ``kv_limit``, so the split count only depends on shapes."""
     B, T, H, D = q.shape
     Hkv = k_cache.shape[2]
     G = H // Hkv if Hkv else 0
@@ -78,10 +152,21 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
     if out.numel() == 0:
         return out
     block_t = max(pow2(16 // G), min(pow2(T), max(1, 64 // G)))   # BLOCK_T * G in [16, 64] (>= 16 for tl.dot)
-    grid = (B, Hkv, triton.cdiv(T, block_t))
-    launcher(block_attention_kernel)[grid](
-        q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), block_table.contiguous(),
-        positions.contiguous(), kv_limit.contiguous(), out, float(scale),
-        T, block_table.shape[1], k_cache.shape[1], k_cache.shape[0] - 1,
-        H=H, HKV=Hkv, D=D, BLOCK_T=block_t, BLOCK_N=64, num_warps=4)
+    t_tiles = triton.cdiv(T, block_t)
+    P, page = block_table.shape[1], k_cache.shape[1]
+    S = num_splits or default_num_splits(q.device, B * Hkv * t_tiles, P * page, block_n)
+    tensors = (q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), block_table.contiguous(),
+               positions.contiguous(), kv_limit.contiguous())
+    meta = dict(H=H, HKV=Hkv, D=D, BLOCK_T=block_t, BLOCK_N=block_n, num_warps=num_warps,
+                num_stages=num_stages)
+    if S == 1:
+        launcher(block_attention_kernel)[(B, Hkv, t_tiles)](
+            *tensors, out, float(scale), T, P, page, k_cache.shape[0] - 1, **meta)
+        return out
+    part_ml = torch.empty((B, T, H, S, 2), dtype=torch.float32, device=q.device)
+    part_acc = torch.empty((B, T, H, S, D), dtype=torch.float32, device=q.device)
+    launcher(block_attention_split_kernel)[(B, Hkv, t_tiles * S)](
+        *tensors, part_ml, part_acc, float(scale), T, P, page, k_cache.shape[0] - 1, S, **meta)
+    launcher(block_attention_reduce_kernel)[(B * T * H,)](
+        part_ml, part_acc, out, S, D=D, BLOCK_S=pow2(S), num_warps=4)
     return out

@@ -9,8 +9,11 @@ and keeps its best (score, index) per row. The token of step k is the reduction 
 
 * ``one_launch=True``: a persistent grid (C <= number of SMs, all programs resident) runs the N
   steps with a grid-wide barrier (atomic counter) between steps. On GPU only C <= SM count is safe.
-* ``one_launch=False``: one launch per step (each program first reduces the previous step's
-  partials to get ``prev``) plus a final one-program launch that writes the last token.
+* ``one_launch=False`` (default): one launch per step of ``markov_step_kernel`` with many programs
+  (about four per SM, each one or two tiles), so enough W2 loads are in flight to stream it at
+  HBM speed. The program that finishes a step last (an atomic ticket per row group, no grid
+  barrier, so any grid size is safe) reduces the step's partials and writes the token; the next
+  step's programs read ``prev`` from the token output.
 
 Fast mode: see ``markov_sample_topk_triton``.
 """
@@ -139,10 +142,57 @@ def markov_rows_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
         prev = arg.to(tl.int64)
 
 
+@triton.jit
+def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
+                       part_val, part_idx, ticket, B, N, V, R, C, k, stride_ub, stride_uk,
+                       BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+                       BLOCK_C: tl.constexpr):
+    """Grid (C, row groups), step k; partials [B, C]; ticket [N, row groups] int32 zeros."""
+    c = tl.program_id(0)
+    g = tl.program_id(1)
+    rows = g * BLOCK_B + tl.arange(0, BLOCK_B)
+    rmask = rows < B
+    anc, live, greedy, inv_t, sd, st = _row_params(anchor, temperature, seed, start, rows, rmask)
+    if k == 0:
+        prev = tl.maximum(anc, 0).to(tl.int64)
+    else:                                                    # written by the previous launch
+        prev = tl.maximum(tl.load(tokens_out + rows * N + (k - 1), mask=rmask, other=0), 0)
+    key = row_key(sd, st + k + 1, STREAM_DRAFT)
+    best, arg = _markov_step(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
+                             C, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
+    tl.store(part_val + rows * C + c, best, mask=rmask)
+    tl.store(part_idx + rows * C + c, arg, mask=rmask)
+    tl.debug_barrier()                                       # every thread's partial is stored
+    if tl.atomic_add(ticket + k * tl.num_programs(1) + g, 1, sem="acq_rel") == C - 1:
+        bv = tl.full([BLOCK_B], float("-inf"), tl.float32)  # last program of the group: reduce
+        bi = tl.full([BLOCK_B], 2147483647, tl.int32)
+        for c0 in range(0, C, BLOCK_C):
+            cc = c0 + tl.arange(0, BLOCK_C)
+            m = rmask[:, None] & (cc[None, :] < C)
+            off = rows[:, None] * C + cc[None, :]
+            val = tl.load(part_val + off, mask=m, other=float("-inf"), cache_modifier=".cg")
+            idx = tl.load(part_idx + off, mask=m, other=2147483647, cache_modifier=".cg")
+            cm = tl.max(val, 1)
+            ci = tl.min(tl.where(val == cm[:, None], idx, 2147483647), 1)
+            take = (cm > bv) | ((cm == bv) & (ci < bi))        # ties -> smallest index
+            bi = tl.where(take, ci, bi)
+            bv = tl.maximum(bv, cm)
+        tl.store(tokens_out + rows * N + k, tl.where(live, bi, -1).to(tl.int64), mask=rmask)
+
+
+def num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+
+
 def default_num_programs(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 2
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """Programs per row group of the one-launch schedule: one per SM (all must be resident)."""
+    return num_sms(device)
+
+
+def default_step_programs(device: torch.device, n_tiles: int) -> int:
+    """Programs per row group and step of the per-step schedule: ~4 per SM, whole tiles each."""
+    per_program = max(1, n_tiles // (4 * num_sms(device)))
+    return triton.cdiv(n_tiles, per_program)
 
 
 def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temperature: Tensor,
@@ -152,9 +202,9 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, ceil(B / 64)): C programs split the vocabulary, axis 1 splits the rows.
-    ``num_programs`` (C) defaults to the SM count; with ``one_launch`` the whole grid must be
-    resident at once (the grid barrier would dead-lock otherwise), so C is divided by the number
-    of row groups. ``rows_only`` runs ``markov_rows_kernel`` instead (one program per row group,
+    ``num_programs`` (C) defaults to ~4 programs per SM per step (``one_launch=False``) or to the
+    SM count divided by the number of row groups (``one_launch``: the whole grid must be resident
+    at once, or the grid barrier would dead-lock). ``rows_only`` runs ``markov_rows_kernel`` instead (one program per row group,
     the schedule of the TensorRT AOT plugin)."""
     B, N, V = U.shape
     Rk = w1.shape[1]
@@ -168,33 +218,43 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     block_b = min(pow2(B, 16), 64)
     groups = triton.cdiv(B, block_b)
     w1c, w2c = (w1.contiguous(), w2.contiguous()) if Rk else (U, U)   # rank 0 (DFlash): never read
+    block_r = min(block_r, pow2(Rk, 16))
     if rows_only:
         launcher(markov_rows_kernel)[(groups,)](
             U, anchor.contiguous(), w1c, w2c, temperature.contiguous(), seed.contiguous(),
             start.contiguous(), z, tokens, B, N, V, Rk, U.stride(0), U.stride(1), BLOCK_B=block_b,
-            BLOCK_V=block_v, BLOCK_R=min(block_r, pow2(Rk, 16)), num_warps=num_warps or 4,
+            BLOCK_V=block_v, BLOCK_R=block_r, num_warps=num_warps or 4,
             num_stages=num_stages)
         return tokens, z
-    C = num_programs or default_num_programs(dev)
-    if one_launch:
-        C = max(1, C // groups)
-    if one_launch and INTERPRET:                # the interpreter runs programs one after another
+    rowargs = (anchor.contiguous(), w1c, w2c, temperature.contiguous(), seed.contiguous(), start.contiguous())
+    warps = num_warps or (4 if block_b <= 16 else 8)
+    if not one_launch:
+        C = num_programs or default_step_programs(dev, triton.cdiv(V, block_v))
+        part_val = torch.empty((B, C), dtype=torch.float32, device=dev)
+        part_idx = torch.empty((B, C), dtype=torch.int32, device=dev)
+        ticket = torch.zeros((N, groups), dtype=torch.int32, device=dev)
+        step = launcher(markov_step_kernel)
+        for k in range(N):
+            step[(C, groups)](U, *rowargs, z, tokens, part_val, part_idx, ticket, B, N, V, Rk, C, k,
+                              U.stride(0), U.stride(1), BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_R=block_r,
+                              BLOCK_C=128, num_warps=warps, num_stages=num_stages)
+        return tokens, z
+    C = max(1, (num_programs or default_num_programs(dev)) // groups)
+    if INTERPRET:                               # the interpreter runs programs one after another
         C, one_launch = 1, groups == 1
     part_val = torch.empty((N, B, C), dtype=torch.float32, device=dev)
     part_idx = torch.empty((N, B, C), dtype=torch.int32, device=dev)
     counter = torch.zeros(1, dtype=torch.int32, device=dev)
-    common = dict(BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_R=min(block_r, pow2(Rk, 16)),
-                  BLOCK_C=pow2(C), num_warps=num_warps or (4 if block_b <= 16 else 8),
+    common = dict(BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=pow2(C), num_warps=warps,
                   num_stages=num_stages)
-    args = (U, anchor.contiguous(), w1c, w2c, temperature.contiguous(), seed.contiguous(),
-            start.contiguous(), z, tokens, part_val, part_idx, counter, B, N, V, Rk, C)
+    args = (U, *rowargs, z, tokens, part_val, part_idx, counter, B, N, V, Rk, C)
     kernel = launcher(markov_sample_kernel)
     if one_launch:
         kernel[(C, groups)](*args, 0, N, U.stride(0), U.stride(1), GRID_SYNC=True, WRITE_LAST=True, **common)
-    else:
+    else:                                       # interpreter with several row groups
         for k in range(N):
-            kernel[(C, groups)](*args, k, k + 1, U.stride(0), U.stride(1), GRID_SYNC=False, WRITE_LAST=False,
-                         **common)
+            kernel[(C, groups)](*args, k, k + 1, U.stride(0), U.stride(1), GRID_SYNC=False,
+                                WRITE_LAST=False, **common)
         kernel[(1, groups)](*args, N, N, U.stride(0), U.stride(1), GRID_SYNC=False, WRITE_LAST=True, **common)
     return tokens, z
 
@@ -224,44 +284,64 @@ def markov_candidates_kernel(U, cand_out, V, N, stride_ub, stride_uk, M: tl.cons
 
 
 @triton.jit
-def markov_topk_sample_kernel(U, cand, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
-                              N, V, R, NC, stride_ub, stride_uk,
-                              BLOCK_C: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_Z: tl.constexpr):
-    """One program per row runs the N sequential steps over its NC candidates per step."""
+def markov_topk_bias_kernel(cand, anchor, w1, w2, bias_out, N, R, NC,
+                            BLOCK_I: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Grid (B * N, cdiv(NC, BLOCK_I), cdiv(NC, BLOCK_J)): every bias the walk can need, before it
+    starts. For step k > 0 the previous token is one of the step k-1 candidates j, so
+    ``bias[b, k, j, i] = W2[cand_k[i]] . W1[cand_{k-1}[j]]``; step 0 uses the anchor (j = 0 only).
+    bias_out [B, N, NC (j), NC (i)] fp32."""
+    bk = tl.program_id(0)
+    k = bk % N
+    ii = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    jj = tl.program_id(2) * BLOCK_J + tl.arange(0, BLOCK_J)
+    ci = tl.load(cand + bk.to(tl.int64) * NC + ii, mask=ii < NC, other=-1)
+    if k == 0:
+        cj = tl.where(jj == 0, tl.maximum(tl.load(anchor + bk // N), 0), -1).to(tl.int64)
+    else:
+        cj = tl.load(cand + (bk - 1).to(tl.int64) * NC + jj, mask=jj < NC, other=-1).to(tl.int64)
+    vi, vj = ci >= 0, cj >= 0
+    ci, cj = tl.maximum(ci, 0).to(tl.int64), tl.maximum(cj, 0).to(tl.int64)
+    acc = tl.zeros([BLOCK_I, BLOCK_J], tl.float32)
+    for r0 in range(0, R, BLOCK_R):
+        rr = r0 + tl.arange(0, BLOCK_R)
+        rm = rr < R
+        a = tl.load(w2 + ci[:, None] * R + rr[None, :], mask=vi[:, None] & rm[None, :], other=0.0)
+        h = tl.load(w1 + cj[:, None] * R + rr[None, :], mask=vj[:, None] & rm[None, :], other=0.0)
+        acc += tl.dot(a, tl.trans(h.to(a.dtype)), input_precision="ieee")             # [BLOCK_I, BLOCK_J]
+    off = (bk.to(tl.int64) * NC + jj[None, :]) * NC + ii[:, None]
+    tl.store(bias_out + off, acc, mask=(ii < NC)[:, None] & (jj < NC)[None, :])
+
+
+@triton.jit
+def markov_topk_walk_kernel(U, cand, bias, anchor, temperature, seed, start, z_out, tokens_out,
+                            N, V, NC, stride_ub, stride_uk, BLOCK_C: tl.constexpr, BLOCK_Z: tl.constexpr):
+    """Grid (B,): the N sequential steps of one row, now only lookups: z_k = U_k[cand_k] +
+    bias[k, j_prev], sample, remember the sampled candidate's slot j_prev."""
     b = tl.program_id(0)
     anc = tl.load(anchor + b)
-    live = anc >= 0
     temp = tl.load(temperature + b).to(tl.float32)
     greedy = temp <= 0
     inv_t = tl.where(greedy, 1.0, 1.0 / tl.maximum(temp, 1e-6))
     sd = tl.load(seed + b)
     st = tl.load(start + b)
-    if live:
-        prev = tl.maximum(anc, 0).to(tl.int64)
+    if anc >= 0:
         cc = tl.arange(0, BLOCK_C)
-        rr0 = tl.arange(0, BLOCK_R)
+        j = tl.full([], 0, tl.int32)                         # slot of the previous token (step 0: anchor)
         for k in range(0, N):
             ci = tl.load(cand + (b.to(tl.int64) * N + k) * NC + cc, mask=cc < NC, other=-1)
             cv = ci >= 0
             col = tl.maximum(ci, 0).to(tl.int64)
-            acc = tl.zeros([BLOCK_C], tl.float32)
-            for r0 in range(0, R, BLOCK_R):
-                rr = r0 + rr0
-                rm = rr < R
-                h = tl.load(w1 + prev * R + rr, mask=rm, other=0.0).to(tl.float32)
-                w = tl.load(w2 + col[:, None] * R + rr[None, :], mask=cv[:, None] & rm[None, :],
-                            other=0.0).to(tl.float32)
-                acc += tl.sum(w * h[None, :], 1)
             u = tl.load(U + b.to(tl.int64) * stride_ub + k * stride_uk + col, mask=cv, other=0.0)
-            z = u.to(tl.float32) + acc
+            bs = tl.load(bias + ((b.to(tl.int64) * N + k) * NC + j) * NC + cc, mask=cv, other=0.0)
+            z = u.to(tl.float32) + bs
             tl.store(z_out + (b.to(tl.int64) * N + k) * V + col, z, mask=cv)
             key = row_key(sd, st + k + 1, STREAM_DRAFT)
             score = tl.where(greedy, z, z * inv_t + gumbel(key, col))
             score = tl.where(cv, score, float("-inf"))
-            best = tl.max(score, 0)
-            x = tl.min(tl.where(score == best, col, 2147483647), 0)
+            hit = score == tl.max(score, 0)
+            x = tl.min(tl.where(hit, col, 2147483647), 0)
             tl.store(tokens_out + b * N + k, x)
-            prev = x
+            j = tl.minimum(tl.min(tl.where(hit & (col == x), cc, BLOCK_C), 0), NC - 1)
     else:
         for k in range(0, N):
             tl.store(tokens_out + b * N + k, -1)
@@ -273,7 +353,11 @@ def markov_topk_sample_kernel(U, cand, anchor, w1, w2, temperature, seed, start,
 def markov_sample_topk_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temperature: Tensor,
                               seed: Tensor, start: Tensor, chunk: int = 4096,
                               per_chunk: int = 4) -> tuple[Tensor, Tensor]:
-    """Fast mode; same contract as ``markov_sample_topk_ref`` (two launches + one fill)."""
+    """Fast mode; same contract as ``markov_sample_topk_ref``. Everything that does not depend on
+    the sampled tokens runs in parallel before the walk: the candidates of every (row, step)
+    (``markov_candidates_kernel``) and every candidate-to-candidate bias (``markov_topk_bias_kernel``,
+    NC x NC x r per step on tensor cores); the sequential ``markov_topk_walk_kernel`` only gathers.
+    Launches: fill of z with -inf, candidates, biases, walk."""
     B, N, V = U.shape
     Rk = w1.shape[1]
     dev = U.device
@@ -290,9 +374,14 @@ def markov_sample_topk_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
     cand = torch.empty((B, N, nc), dtype=torch.int32, device=dev)
     launcher(markov_candidates_kernel)[(B * N, n_chunks)](
         U, cand, V, N, U.stride(0), U.stride(1), M=per_chunk, CHUNK=chunk, num_warps=8)
-    w1c, w2c = (w1.contiguous(), w2.contiguous()) if Rk else (U, U)
-    launcher(markov_topk_sample_kernel)[(B,)](
-        U, cand, anchor.contiguous(), w1c, w2c, temperature.contiguous(), seed.contiguous(),
-        start.contiguous(), z, tokens, N, V, Rk, nc, U.stride(0), U.stride(1),
-        BLOCK_C=pow2(nc, 16), BLOCK_R=min(64, pow2(Rk, 16)), BLOCK_Z=1024, num_warps=8)
+    bias = torch.zeros((B, N, nc, nc), dtype=torch.float32, device=dev)
+    if Rk:
+        blk = min(64, pow2(nc, 16))
+        launcher(markov_topk_bias_kernel)[(B * N, triton.cdiv(nc, blk), triton.cdiv(nc, blk))](
+            cand, anchor.contiguous(), w1.contiguous(), w2.contiguous(), bias, N, Rk, nc,
+            BLOCK_I=blk, BLOCK_J=blk, BLOCK_R=min(64, pow2(Rk, 16)), num_warps=4, num_stages=3)
+    launcher(markov_topk_walk_kernel)[(B,)](
+        U, cand, bias, anchor.contiguous(), temperature.contiguous(), seed.contiguous(),
+        start.contiguous(), z, tokens, N, V, nc, U.stride(0), U.stride(1),
+        BLOCK_C=pow2(nc, 16), BLOCK_Z=1024, num_warps=4)
     return tokens, z
