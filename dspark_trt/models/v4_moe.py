@@ -80,9 +80,18 @@ class MoE(nn.Module):
         x, token_ids = x.reshape(-1, shape[-1]), token_ids.reshape(-1)
         w, idx = self.gate(x, token_ids)                                    # [M, k]
         y = torch.zeros_like(x)
-        for e in idx.unique().tolist():                                     # eager reference loop
-            rows, slot = (idx == e).nonzero(as_tuple=True)
-            y.index_add_(0, rows, self.experts[e](x[rows], w[rows, slot]))
+        if (torch.compiler.is_compiling() or torch.compiler.is_exporting()
+                or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
+            # Static shapes for export / graph capture: every expert over every token, weighted by
+            # its routing weight (0 when not chosen). Exact, but reads every expert's weights.
+            dense = torch.zeros(x.shape[0], len(self.experts), dtype=w.dtype, device=x.device)
+            dense = dense.scatter(1, idx, w)                                # [M, E]
+            for e, expert in enumerate(self.experts):
+                y = y + expert(x, dense[:, e])
+        else:
+            for e in idx.unique().tolist():                                 # eager: chosen experts only
+                rows, slot = (idx == e).nonzero(as_tuple=True)
+                y.index_add_(0, rows, self.experts[e](x[rows], w[rows, slot]))
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y.view(shape)
