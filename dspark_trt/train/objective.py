@@ -46,6 +46,11 @@ def block_labels(tokens: Tensor, anchors: Tensor, block_size: int) -> tuple[Tens
     return torch.where(valid, labels, 0), valid
 
 
+def markov_prev(tokens: Tensor, anchors: Tensor, labels: Tensor) -> Tensor:
+    """Teacher-forced previous tokens [B, A, N]: ``[x_a, x*_{a+1}, .., x*_{a+N-1}]``."""
+    return torch.cat([tokens.gather(1, anchors)[..., None], labels[..., :-1]], -1)
+
+
 def _weighted(values: Tensor, w: Tensor) -> Tensor:
     return (values * w).sum() / w.sum().clamp(min=1e-6)
 
@@ -79,8 +84,7 @@ def block_loss(draft, U: Tensor, tokens: Tensor, anchors: Tensor, target_logits:
     labels, valid = block_labels(tokens, anchors, N)
     z = U
     if getattr(draft, "markov_head", None) is not None:
-        prev = torch.cat([tokens.gather(1, anchors)[..., None], labels[..., :-1]], -1)   # [B, A, N]
-        z = U.float() + draft.markov_head.bias(prev).float()
+        z = U.float() + draft.markov_head.bias(markov_prev(tokens, anchors, labels)).float()
     rows = (anchors[..., None] + torch.arange(N, device=U.device)).clamp(max=T - 1)     # a + k
     tl = target_logits.gather(1, rows.flatten(1)[..., None].expand(B, A * N, V)).view(B, A, N, V)
     out = distill_loss(z, labels, tl, position_weights(valid, weights.decay), weights)

@@ -16,7 +16,8 @@ EOS_ID, MASK_ID = 0, 1
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    """Train on ``texts`` (in order); the result has exactly ``vocab_size`` entries."""
+    """Train on ``texts`` (in order); at most ``vocab_size`` entries (fewer if the text runs out
+    of merges)."""
     if vocab_size < 300:
         raise ValueError(f"vocab_size {vocab_size} is below 256 bytes + special tokens + merges")
     tok = Tokenizer(models.BPE())
