@@ -42,8 +42,10 @@ def _sync(device) -> None:
 def _optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
+    fused = all(p.is_cuda for p in params)
     return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
+                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
+                             fused=fused)
 
 
 def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callable[[], Tensor],

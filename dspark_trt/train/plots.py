@@ -28,7 +28,18 @@ def plot_histories(models: dict[str, dict], path: str | Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, axes = plt.subplots(1, len(models), figsize=(4.5 * len(models), 3.6), squeeze=False)
+    drafts = {n: h for n, h in models.items() if h["eval"] and "tau_t1" in h["eval"][0]}
+    ncols = len(models) + bool(drafts)
+    fig, axes = plt.subplots(1, ncols, figsize=(4.5 * ncols, 3.6), squeeze=False)
+    if drafts:
+        ax = axes[0][-1]
+        for name, h in drafts.items():
+            ax.plot([s / max(1, h["total_steps"]) for s in h["eval_steps"]],
+                    [e["tau_t1"] for e in h["eval"]], "o-", ms=3, label=name)
+        ax.set_title("held-out expected tau (T=1, teacher forced)")
+        ax.set_xlabel("fraction of training")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
     for ax, (name, h) in zip(axes[0], models.items()):
         n = max(1, len(h["train_loss"]) // 50)
         ax.plot(h["steps"][:len(h["train_loss"])], _smooth(h["train_loss"], n), label="train loss")

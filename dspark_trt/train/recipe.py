@@ -111,7 +111,7 @@ def _smoke() -> TrainRecipe:
                         num_anchors=8, eval_points=2),
         ar=Schedule(budget_share=0.2, batch_size=8, seq_len=64, lr=3e-3, warmup=3, steps=10,
                     eval_points=2),
-        minutes_budget=2.0, train_file_every=40, eval_windows=4)
+        minutes_budget=2.0, train_file_every=60, eval_windows=4)
 
 
 PRESETS = {"h200": _h200, "smoke": _smoke}
