@@ -57,8 +57,8 @@ def _weighted(values: Tensor, w: Tensor) -> Tensor:
 
 def distill_loss(z: Tensor, labels: Tensor, target_logits: Tensor, w: Tensor,
                  weights: LossWeights) -> dict[str, Tensor]:
-    """z, target_logits [..., V]; labels, w [...] -> {'loss', 'ce', 'l1', 'accept'} (accept = mean
-    T=1 acceptance probability ``1 − ½‖p_d − p_t‖₁`` per row, detached)."""
+    """z, target_logits [..., V]; labels, w [...] -> {'loss', 'ce', 'l1', 'accept_rows'}
+    (accept_rows [...]: the T = 1 acceptance probability ``1 − ½‖p_d − p_t‖₁`` per row, detached)."""
     zf = z.float()
     ce = F.cross_entropy(zf.flatten(0, -2), labels.flatten(), reduction="none").view_as(w)
     l1 = (zf.softmax(-1) - target_logits.float().softmax(-1)).abs().sum(-1)     # always reported
