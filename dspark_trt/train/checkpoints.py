@@ -1,0 +1,48 @@
+"""Write the trained models as HF checkpoint directories the project's loaders read.
+
+target/: ``Qwen3ForCausalLM`` names + config.json + generation_config.json + tokenizer.json.
+draft/ (DSpark) and dflash/: published DSpark names + config.json, without the shared
+embedding/head copies. ar_draft/: a small ``Qwen3ForCausalLM`` checkpoint (loaded with
+``load_ar_draft``; it is an evaluation baseline, not a runtime draft).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from ..builder.checkpoint import load_into_module, write_checkpoint
+from ..builder.qwen3_loader import qwen3_draft_tensors, qwen3_target_tensors, read_target_config
+from ..models.qwen3 import Qwen3ForCausalLM
+
+SAVE_DTYPE = torch.bfloat16
+
+
+def _cast(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to(SAVE_DTYPE) for k, v in tensors.items()}
+
+
+def save_target(out_dir: Path, target, tokenizer_json: str) -> None:
+    cfg = target.config
+    write_checkpoint(out_dir, cfg.to_hf(), _cast(qwen3_target_tensors(target)), extra_files={
+        "generation_config.json": json.dumps({"eos_token_id": list(cfg.eos_token_id)}, indent=2),
+        "tokenizer.json": tokenizer_json})
+
+
+def save_draft(out_dir: Path, draft) -> None:
+    write_checkpoint(out_dir, draft.config.to_hf(),
+                     _cast(qwen3_draft_tensors(draft, include_shared=False)))
+
+
+def save_ar_draft(out_dir: Path, ar) -> None:
+    write_checkpoint(out_dir, ar.config.to_hf(), _cast(qwen3_target_tensors(ar)))
+
+
+def load_ar_draft(ckpt_dir: str | Path, dtype: torch.dtype = torch.float32,
+                  device="cpu") -> Qwen3ForCausalLM:
+    cfg = read_target_config(ckpt_dir)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(cfg)
+    load_into_module(model, ckpt_dir, skip=lambda n: cfg.tie_word_embeddings and n == "lm_head.weight")
+    return model.to(dtype).eval().requires_grad_(False)
