@@ -209,10 +209,16 @@ class ReferenceOps(TorchFunctionMode):
         return (ref or func)(*args, **(kwargs or {}))
 
 
+# Triton ops whose launchers choose their launch parameters without specialising on dynamic
+# shapes; the others (Markov sampler: tile sizes from the batch) are compiled from their references.
+EXPORT_SAFE_KERNELS = {"dspark::block_attention", "dspark::kv_cache_write"}
+
+
 def ops_to_inline(device: torch.device) -> set[str]:
-    """CPU: every dspark op (inductor cannot compile Triton there). GPU: ops without a Triton kernel."""
+    """CPU: every dspark op (inductor cannot compile Triton there). GPU: ops without an
+    export-safe Triton kernel."""
     all_ops = set(reference_impls())
-    return all_ops if device.type == "cpu" else all_ops - triton_ops()
+    return all_ops if device.type == "cpu" else all_ops - (triton_ops() & EXPORT_SAFE_KERNELS)
 
 
 def export_network(spec: ExportSpec, inline: set[str]) -> torch.export.ExportedProgram:

@@ -129,6 +129,9 @@ def block_attention_reduce_kernel(part_ml, part_acc, out, NUM_SPLITS, D: tl.cons
     tl.store(out + row * D + d, o.to(out.dtype.element_ty))
 
 
+EXPORT_NUM_SPLITS = 8     # fixed split count of exported (dynamic-shape) engines
+
+
 def default_num_splits(device: torch.device, programs: int, max_keys: int, block_n: int) -> int:
     """KV splits so that the grid covers about twice the SMs, each split at least one key tile."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
@@ -151,10 +154,15 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if out.numel() == 0:
         return out
-    block_t = max(pow2(16 // G), min(pow2(T), max(1, 64 // G)))   # BLOCK_T * G in [16, 64] (>= 16 for tl.dot)
-    t_tiles = triton.cdiv(T, block_t)
     P, page = block_table.shape[1], k_cache.shape[1]
-    S = num_splits or default_num_splits(q.device, B * Hkv * t_tiles, P * page, block_n)
+    if all(isinstance(n, int) for n in (B, T, P)):
+        block_t = max(pow2(16 // G), min(pow2(T), max(1, 64 // G)))   # BLOCK_T * G in [16, 64] (>= 16 for tl.dot)
+        t_tiles = triton.cdiv(T, block_t)
+        S = num_splits or default_num_splits(q.device, B * Hkv * t_tiles, P * page, block_n)
+    else:   # traced with dynamic shapes (torch.export): launch choices must not depend on them
+        block_t = max(pow2(16 // G), max(1, 64 // G))
+        t_tiles = triton.cdiv(T, block_t)
+        S = num_splits or EXPORT_NUM_SPLITS
     tensors = (q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), block_table.contiguous(),
                positions.contiguous(), kv_limit.contiguous())
     meta = dict(H=H, HKV=Hkv, D=D, BLOCK_T=block_t, BLOCK_N=block_n, num_warps=num_warps,
