@@ -150,6 +150,7 @@ def main() -> None:
     if "qwen3" in a.which:
         m = "qwen3-8b-dspark-block7"
         run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16",
+                            check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda"), sha, check_parity=True)
     if "v4" in a.which:
         m = "deepseek-v4-flash-dspark"
@@ -157,6 +158,7 @@ def main() -> None:
             print(f"[bench] preset '{m}' is not defined on this branch: V4 build skipped", flush=True)
             return
         run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16",
+                            check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda", overrides=["num_hidden_layers=4"]),
             sha, check_parity=False)
 
