@@ -24,7 +24,8 @@ import torch
 from ..config import ConfigError, ModelPair, get_preset
 from . import engine_dir as ed
 from .backends import BuildError, pick_backend
-from .export import NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline
+from .export import (NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline,
+                     reference_impls)
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -251,7 +252,16 @@ def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, rep
     programs = {}
     for spec in specs:
         with prog.stage(f"export {spec.name}"):
-            programs[spec.name] = export_network(spec, inline)
+            try:
+                programs[spec.name] = export_network(spec, inline)
+            except Exception as e:          # a kernel launcher that specialises dynamic shapes
+                if inline >= set(reference_impls()):
+                    raise
+                report(f"[build] WARNING: exporting {spec.name} with Triton plugin kernels failed "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); exporting it with "
+                       "every dspark op as its PyTorch reference instead")
+                programs[spec.name] = export_network(spec, set(reference_impls()))
+                manifest.setdefault("reference_fallback", []).append(spec.name)
     weights, maps = shared_weights(programs)
     for spec in specs:
         with prog.stage(f"compile {spec.name}"):
