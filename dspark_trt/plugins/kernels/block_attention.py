@@ -62,7 +62,7 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, scale, 
         kv_off = ((page * PAGE_SIZE + kpos % PAGE_SIZE).to(tl.int64) * HKV + kvh) * D
         kt = tl.load(k_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
         vt = tl.load(v_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
-        s = tl.dot(qt, tl.trans(kt), input_precision="ieee") * scale                 # [BLOCK_M, BLOCK_N]
+        s = (tl.dot(qt, tl.trans(kt), input_precision="ieee") * scale).to(tl.float32)                # [BLOCK_M, BLOCK_N]
         s = tl.where(kpos[None, :] <= lim[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
