@@ -18,15 +18,24 @@ STREAM_RESIDUAL = 3   # residual resample and bonus token (and autoregressive sa
 MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B9
 C1, C2 = 0x85EBCA6B, 0xC2B2AE35
+# The torch side multiplies by these constants' int32 twins (C - 2**32: same low 32 bits) and
+# reduces mod 2**32 with shifts, so compilers that type integer literals as int32 (inductor's Triton
+# code) accept it; the results are identical.
+_GOLDEN_S, _C1_S, _C2_S = GOLDEN - 2**32, C1 - 2**32, C2 - 2**32
+
+
+def low32(x: torch.Tensor) -> torch.Tensor:
+    """x mod 2**32 for int64 x (arithmetic shift floors, so negative x lands in [0, 2**32))."""
+    return x - ((x >> 32) << 32)
 
 
 def mix32(x: torch.Tensor) -> torch.Tensor:
     """murmur3 fmix32 on int64 tensors holding uint32 values."""
-    x = x & MASK32
+    x = low32(x)
     x = x ^ (x >> 16)
-    x = (x * C1) & MASK32
+    x = low32(x * _C1_S)
     x = x ^ (x >> 13)
-    x = (x * C2) & MASK32
+    x = low32(x * _C2_S)
     x = x ^ (x >> 16)
     return x
 
@@ -34,15 +43,15 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 def row_key(seed: torch.Tensor, position: torch.Tensor, stream: int) -> torch.Tensor:
     """[B] int64 seeds and positions -> [B] uint32 keys (as int64)."""
     seed = seed.to(torch.int64)
-    k = mix32((seed & MASK32) + ((seed >> 32) & MASK32) * GOLDEN + stream * C1)
-    return mix32(k ^ (position.to(torch.int64) & MASK32))
+    k = mix32(low32(seed) + low32(seed >> 32) * _GOLDEN_S + stream * _C1_S)
+    return mix32(k ^ low32(position.to(torch.int64)))
 
 
 def uniform(seed: torch.Tensor, position: torch.Tensor, stream: int, n: int) -> torch.Tensor:
     """[B] seeds, [B] positions -> [B, n] float32 uniforms in (0, 1), one per vocabulary entry."""
     key = row_key(seed, position, stream)                                   # [B]
     idx = torch.arange(n, device=key.device, dtype=torch.int64)
-    h = mix32(key[:, None] ^ ((idx[None, :] * GOLDEN) & MASK32))           # [B, n]
+    h = mix32(key[:, None] ^ low32(idx[None, :] * _GOLDEN_S))              # [B, n]
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
 
 
