@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dspark_trt import LLM, SamplingParams  # noqa: E402
+from dspark_trt import LLM, SamplingParams, provenance  # noqa: E402
 from dspark_trt.runtime.sampling_params import SpecStats  # noqa: E402
 from dspark_trt.train.ar_eval import ar_speculative_generate  # noqa: E402
 from dspark_trt.train.batches import encode_files, eval_prompts  # noqa: E402
@@ -31,14 +30,6 @@ from dspark_trt.train.checkpoints import load_ar_draft  # noqa: E402
 from dspark_trt.train.corpus import HELDOUT, read_stdlib  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def git_sha() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def load_prompts(llm: LLM, args) -> tuple[list[list[int]], str]:
@@ -190,7 +181,7 @@ def main(argv=None) -> int:
     md = table(rows, args.block_sizes, temps)
     dev_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     result = {
-        "git_sha": git_sha(), "device": args.device, "device_name": dev_name,
+        "git_sha": provenance.git_sha(), "device": args.device, "device_name": dev_name,
         "command": " ".join([Path(sys.executable).name] + sys.argv), "torch": torch.__version__,
         "python": platform.python_version(), "dtype": args.dtype, "run_dir": str(run),
         "train_files_sha256": train_sha, "eval_files_sha256": files_sha,
