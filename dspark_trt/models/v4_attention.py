@@ -220,8 +220,8 @@ class V4Attention(nn.Module):
             crows = flat_rows(block_table, torch.where(ids >= 0, ids * r, -1).flatten(1), page)
             crows = torch.where(crows >= 0, crows + pool_offset, -1).view(ids.shape)
             idx = torch.cat([window_rows, crows], -1)
-        o = plugins.sparse_mla_attention(q.reshape(B * T, H, D), kv_cache.view(-1, D),
-                                         idx.reshape(B * T, -1).to(torch.int32),
+        o = plugins.sparse_mla_attention(q.flatten(0, 1), kv_cache.view(-1, D),
+                                         idx.flatten(0, 1).to(torch.int32),
                                          self.attn_sink.float(), D ** -0.5, D)
         o = apply_rope_tail(o.view(B, T, H, D), cos[:, :, None], sin[:, :, None], inverse=True)
         o = o.reshape(B, T, G, H * D // G)
