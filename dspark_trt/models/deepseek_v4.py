@@ -16,7 +16,7 @@ from ..config_v4 import DeepSeekV4Config
 from .layers import RMSNorm
 from .v4_attention import V4Attention
 from .v4_hc import HyperConnection, HyperHead
-from .v4_layers import flat_rows
+from .v4_layers import check_rows, flat_rows, same_rows
 from .v4_moe import MoE
 
 
@@ -77,6 +77,8 @@ class DeepSeekV4ForCausalLM(nn.Module):
     def forward(self, tokens: Tensor, positions: Tensor, block_table: Tensor,
                 cache: dict) -> tuple[Tensor, Tensor]:
         """tokens, positions [B, T]; block_table [B, P] -> logits [B, T, V], taps [B, T, m*d]."""
+        check_rows(block_table, tokens=tokens, positions=positions)
+        positions = same_rows(tokens, positions)
         page = cache["layers"][0]["kv"].shape[2]
         window = causal_window_rows(block_table, positions, page, self.config.sliding_window)
         x = self.embed(tokens.clamp(min=0))

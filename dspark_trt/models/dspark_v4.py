@@ -25,6 +25,7 @@ from .deepseek_v4 import V4Block
 from .dspark_qwen3 import MarkovHead
 from .layers import RMSNorm
 from .v4_hc import HyperHead
+from .v4_layers import check_rows, same_rows
 
 
 class DSparkV4Draft(nn.Module):
@@ -59,12 +60,16 @@ class DSparkV4Draft(nn.Module):
 
     def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
+        check_rows(block_table, positions=positions, taps=taps)
+        positions = same_rows(taps, positions)
         main_x = self.main_norm(self.main_proj(taps))
         for s, stage in enumerate(self.layers):
             stage.attn.write_context(main_x, positions, block_table, cache["layers"][s])
 
     def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
         """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1)."""
+        check_rows(block_table, anchor=anchor, start=start)
+        start = same_rows(anchor, start)
         B, N = anchor.shape[0], self.num_spec_tokens
         b = self.config.backbone
         live = (anchor >= 0) & (start >= 0)

@@ -122,11 +122,11 @@ class Indexer(nn.Module):
         score = (s * w[..., None]).sum(2)                                       # [B, T, n]
         visible = c < ((positions + 1) // r).clamp(min=0)[..., None]
         score = score.masked_fill(~visible, float("-inf"))
-        top = score.topk(min(self.topk, n), -1)
-        ids = torch.where(top.values > float("-inf"), top.indices, -1)
-        if ids.shape[-1] < self.topk:
-            ids = torch.cat([ids, ids.new_full((B, T, self.topk - ids.shape[-1]), -1)], -1)
-        return ids
+        # -inf padding to >= topk candidates: a fixed-width top-k for any table width (no shape
+        # branch, so export keeps the table width dynamic); padded picks come out as -1.
+        score = torch.cat([score, score.new_full((B, T, self.topk), float("-inf"))], -1)
+        top = score.topk(self.topk, -1)
+        return torch.where(top.values > float("-inf"), top.indices, -1)
 
 
 class V4Attention(nn.Module):
@@ -212,14 +212,16 @@ class V4Attention(nn.Module):
                                cache["icomp"], cache["ikey"])
                 ids = self.indexer.select(x, qr, positions, cos, sin, cache["ikey"], block_table, page)
             else:
-                n = block_table.shape[1] * page // r
+                # every entry the table can hold, plus one never-visible column: n >= 2 for any
+                # table width, so export does not specialise a size-1 dim (P * page < r)
+                n = (block_table.shape[1] * page + r - 1) // r + 1
                 c = torch.arange(n, device=x.device).expand(B, T, n)
                 ids = torch.where(c < ((positions + 1) // r).clamp(min=0)[..., None], c, -1)
             crows = flat_rows(block_table, torch.where(ids >= 0, ids * r, -1).flatten(1), page)
             crows = torch.where(crows >= 0, crows + pool_offset, -1).view(ids.shape)
             idx = torch.cat([window_rows, crows], -1)
-        o = plugins.sparse_mla_attention(q.reshape(B * T, H, D), kv_cache.view(-1, D),
-                                         idx.reshape(B * T, -1).to(torch.int32),
+        o = plugins.sparse_mla_attention(q.flatten(0, 1), kv_cache.view(-1, D),
+                                         idx.flatten(0, 1).to(torch.int32),
                                          self.attn_sink.float(), D ** -0.5, D)
         o = apply_rope_tail(o.view(B, T, H, D), cos[:, :, None], sin[:, :, None], inverse=True)
         o = o.reshape(B, T, G, H * D // G)

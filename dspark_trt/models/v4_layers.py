@@ -57,6 +57,27 @@ def apply_rope_tail(x: Tensor, cos: Tensor, sin: Tensor, inverse: bool = False) 
     return torch.cat([nope, out.to(x.dtype)], -1)
 
 
+def check_rows(block_table: Tensor, **rows: Tensor) -> None:
+    """Every tensor in ``rows`` must share the leading dims of the first ([B, T] or [B]), and
+    ``block_table`` must be [B, P]."""
+    (first, ref), *rest = rows.items()
+    for name, t in rest:
+        if t.shape[:ref.dim()] != ref.shape:
+            raise ValueError(f"{name} {tuple(t.shape)} does not match {first} {tuple(ref.shape)}")
+    if block_table.dim() != 2 or block_table.shape[0] != ref.shape[0]:
+        raise ValueError(f"block_table {tuple(block_table.shape)} must be [B={ref.shape[0]}, pages]")
+
+
+def same_rows(like: Tensor, t: Tensor) -> Tensor:
+    """A copy of ``t`` [B, T] sized by ``like`` [B, T, ...] (equal sizes, checked by the caller).
+
+    Under ``torch.export`` each input's batch/token size is its own symbol until the end, and a
+    merged ``B * T`` of one input split into the other's ``(B, T)`` guards on ``T > 1``. Deriving
+    every index tensor from the same sizes as the activations avoids that (a few int64s copied).
+    """
+    return torch.empty(like.shape[:t.dim()], dtype=t.dtype, device=t.device).copy_(t)
+
+
 def flat_rows(block_table: Tensor, positions: Tensor, page_size: int) -> Tensor:
     """block_table [B, P], positions [B, T] -> flat cache rows [B, T] int64, -1 where inert
     (negative position, negative page id, or beyond the table)."""
