@@ -128,3 +128,38 @@ def test_world_one_is_a_no_op():
     mods = [type(m) for m in target.modules()]
     shard_qwen3_(target, draft, 0, 1)
     assert [type(m) for m in target.modules()] == mods and target.tp_world == 1
+
+
+def test_cli_generate_under_torchrun_prints_once_and_matches_single_process():
+    import json
+    import subprocess
+    import sys
+    prompt = [7, 8, 9, 10]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD),
+           "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+           "-m", "dspark_trt.cli", "generate", "--tp-size", str(WORLD), "--model", "qwen3-tiny-dspark",
+           "--device", "cpu", "--dtype", "fp64", "--max-new-tokens", "12", "--json",
+           "--prompt-ids", ",".join(map(str, prompt))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [json.loads(x) for x in run.stdout.splitlines() if x.startswith("{")]
+    assert len(lines) == 1, run.stdout                       # rank 0 prints, rank 1 is silent
+    ref = LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float64, device="cpu")
+    expect = ref.generate(prompt, SamplingParams(max_new_tokens=12, seed=0))[0].output_ids
+    assert lines[0]["output_ids"] == expect
+
+
+def test_tp_size_must_match_the_launched_world(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="tp_size=2 but this process group has WORLD_SIZE=1"):
+        LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float64, device="cpu", tp_size=2)
+
+
+def test_build_records_tp_size_and_refuses_per_rank_engines():
+    from dspark_trt.builder.build import BuildOptions
+    from dspark_trt.config import ConfigError
+    assert BuildOptions(model="qwen3-tiny-dspark", random_weights=True).resolved().tp_size == 1
+    with pytest.raises(ConfigError, match="--tp-size 2: per-rank engines are not built yet"):
+        BuildOptions(model="qwen3-tiny-dspark", random_weights=True, tp_size=2).resolved()

@@ -102,7 +102,7 @@ class LLM:
         device = tp.device if tp else device or default_device()
         target, draft = build_models(pair, dtype, device, num_spec_tokens, seed)
         if tp:
-            shard_qwen3_(target, draft, tp.rank, tp.world)
+            _shard(pair, target, draft, tp)
         return cls(pair, target, draft, device=device, dtype=dtype, **kw)
 
     @classmethod
@@ -117,7 +117,7 @@ class LLM:
         pair, target, draft = load_pair(target_dir, draft_dir, dtype, "cpu" if tp else device,
                                         num_spec_tokens)
         if tp:
-            shard_qwen3_(target, draft, tp.rank, tp.world)
+            _shard(pair, target, draft, tp)
             target.to(device), draft.to(device)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype, **kw)
@@ -252,6 +252,13 @@ def _join_tp(tp_size: int, device) -> TPInfo | None:
         raise ValueError(f"tp_size={tp_size} but this process group has WORLD_SIZE={tp.world}: launch "
                          f"with `torchrun --nproc-per-node {tp_size} ...`")
     return tp
+
+
+def _shard(pair: ModelPair, target, draft, tp: TPInfo) -> None:
+    if pair.target.arch != "qwen3":
+        raise NotImplementedError(f"tensor parallelism supports the qwen3 target only, not "
+                                  f"'{pair.target.arch}'")
+    shard_qwen3_(target, draft, tp.rank, tp.world)
 
 
 def load_tokenizer(ckpt_dir: str | Path):
