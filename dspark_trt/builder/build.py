@@ -50,6 +50,7 @@ class BuildOptions:
     overrides: list[str] = field(default_factory=list)
     device: str | None = None
     seed: int = 0
+    tp_size: int = 1                          # tensor-parallel ranks the engine serves
     check_toolchain: bool = True              # build + load a probe package first (AOTI)
 
     def resolved(self) -> "BuildOptions":
@@ -62,6 +63,9 @@ class BuildOptions:
         for name in ("max_batch_size", "max_seq_len", "page_size"):
             if getattr(o, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(o, name)}")
+        if o.tp_size != 1:
+            raise ConfigError(f"--tp-size {o.tp_size}: per-rank engines are not built yet; run "
+                              "tensor parallelism eagerly with `generate --tp-size` under torchrun")
         if bool(o.checkpoint) != bool(o.draft_checkpoint):
             raise ConfigError("--checkpoint and --draft-checkpoint go together")
         if not o.checkpoint and not o.random_weights:
@@ -220,7 +224,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
         "shapes": {**dataclasses.asdict(shapes), "max_pages_per_seq": shapes.max_pages_per_seq},
         "build_options": dataclasses.asdict(o), "build_command": o.command_line(),
         "versions": ed.toolchain_versions(), "device": ed.device_info(device),
-        "caches": layouts, "networks": {},
+        "caches": layouts, "networks": {}, "tp_size": o.tp_size,
     }
     with ed.atomic_engine_dir(o.output) as tmp:
         if backend == "aoti":

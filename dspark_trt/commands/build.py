@@ -20,6 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--output", help="engine directory (default engines/MODEL)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (recorded; only 1 builds)")
     p.set_defaults(func=run)
 
 
@@ -31,7 +32,7 @@ def run(args) -> int:
                         dtype=args.dtype, backend=args.backend, max_batch_size=args.max_batch_size,
                         max_seq_len=args.max_seq_len, num_spec_tokens=args.num_spec_tokens,
                         page_size=args.page_size, overrides=args.override, device=args.device,
-                        seed=args.seed)
+                        seed=args.seed, tp_size=args.tp_size)
     try:
         build_engine(opts, report=lambda msg: print(msg, flush=True))
     except BuildError as e:

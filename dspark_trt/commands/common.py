@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
 import torch
@@ -22,6 +24,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-spec-tokens", type=int, default=None, help="N drafts per round")
     g.add_argument("--max-batch-size", type=int, default=8)
     g.add_argument("--max-seq-len", type=int, default=2048)
+    g.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel ranks; launch with `torchrun --nproc-per-node TP -m dspark_trt.cli`")
 
 
 def default_pair_dirs() -> tuple[Path, Path] | None:
@@ -35,8 +39,14 @@ def load_llm(args):
     device = args.device or default_device()
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
     kw = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
+    tp_size = getattr(args, "tp_size", 1)
+    if tp_size > 1 and int(os.environ.get("RANK", "0")) != 0:
+        sys.stdout = open(os.devnull, "w")             # every rank runs; rank 0 prints
     if getattr(args, "engine", None):
+        if tp_size > 1:
+            raise SystemExit("error: --tp-size > 1 runs the eager modules; engines are single-rank")
         return LLM.from_engine(args.engine, device=device, **kw)
+    kw["tp_size"] = tp_size
     if args.checkpoint or args.draft_checkpoint:
         if not (args.checkpoint and args.draft_checkpoint):
             raise SystemExit("error: --checkpoint and --draft-checkpoint go together")

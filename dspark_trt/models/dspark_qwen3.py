@@ -40,6 +40,7 @@ class DSparkQwen3Draft(nn.Module):
         super().__init__()
         self.config = cfg
         self.num_spec_tokens = num_spec_tokens or cfg.block_size
+        self.tp_world = 1                           # tensor-parallel ranks (parallel/tp.py)
         lc = cfg.layer_config()
         d = lc.hidden_size
         self.embed_tokens = embed_tokens            # shared with the target (frozen)
@@ -51,9 +52,9 @@ class DSparkQwen3Draft(nn.Module):
         self.markov_head = MarkovHead(lc.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
 
     def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
-        c = self.config.layer_config()
-        return make_paged_kv_cache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads,
-                                  c.head_dim, dtype, device)
+        c = self.config.layer_config()              # this rank's KV heads only
+        return make_paged_kv_cache(c.num_hidden_layers, num_pages, page_size,
+                                   c.num_key_value_heads // self.tp_world, c.head_dim, dtype, device)
 
     def markov_weights(self) -> tuple[Tensor, Tensor]:
         """(W1 [V, r], W2 [V, r]); rank 0 gives empty matrices (DFlash)."""

@@ -71,15 +71,16 @@ class Qwen3ForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.tap_layer_ids = tuple(tap_layer_ids)
+        self.tp_world = 1                      # tensor-parallel ranks (parallel/tp.py shards heads)
         self.model = Qwen3Model(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
-        c = self.config
-        return make_paged_kv_cache(c.num_hidden_layers, num_pages, page_size, c.num_key_value_heads,
-                                  c.head_dim, dtype, device)
+        c = self.config                        # this rank's KV heads only
+        return make_paged_kv_cache(c.num_hidden_layers, num_pages, page_size,
+                                   c.num_key_value_heads // self.tp_world, c.head_dim, dtype, device)
 
     def forward(self, tokens: Tensor, positions: Tensor, block_table: Tensor,
                 cache: dict[str, list[Tensor]]) -> tuple[Tensor, Tensor]:

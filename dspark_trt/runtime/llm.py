@@ -1,6 +1,7 @@
 """User-facing API: ``LLM(...).generate(prompts, SamplingParams(...))``."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Callable, Iterator, Sequence as Seq
@@ -9,6 +10,7 @@ import torch
 
 from ..config import ModelPair, get_preset
 from ..models import build_models
+from ..parallel import TPInfo, init_tp, shard_qwen3_, shared_seeds
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
 from .kv_manager import KVBudgetError, cuda_kv_budget, kv_bytes_per_token, pages_from_budget
@@ -33,6 +35,10 @@ class LLM:
     ``max_batch_size`` sequences of ``max_seq_len``. ``cuda_graphs``: replay the decode steps from
     CUDA graphs per batch bucket (default: on for CUDA; on CPU they are skipped, with the reason in
     ``graphs_skipped``); ``graph_backend``: "cuda-python" (default when installed) or "torch".
+
+    Tensor parallelism (``tp_size`` of the constructors, one process per rank under torchrun):
+    the modules are sharded by ``parallel.shard_qwen3_``; every rank runs this same scheduler on the
+    same inputs. Requests without a seed get one drawn on rank 0 and broadcast.
     """
 
     def __init__(self, pair: ModelPair, target, draft, *, networks=None, tokenizer=None,
@@ -43,6 +49,8 @@ class LLM:
         self.pair, self.target, self.draft = pair, target, draft
         self.tokenizer = tokenizer
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.tp_size = getattr(target, "tp_world", 1)
+        self.tp_rank = torch.distributed.get_rank() if self.tp_size > 1 else 0
         p = next(target.parameters()) if target is not None else None
         self.device = torch.device(device or (p.device if p is not None else "cpu"))
         self.dtype = dtype or (p.dtype if p is not None else torch.float32)
@@ -58,6 +66,8 @@ class LLM:
             log.warning("CUDA graphs skipped: %s (running the steps eagerly)", self.graphs_skipped)
         if cuda_graphs is False:
             self.graphs_skipped = "disabled (cuda_graphs=False)"
+        if self.tp_size > 1 and not cuda_graphs and not self.graphs_skipped:
+            self.graphs_skipped = "tensor parallel: collectives are not captured by default (cuda_graphs=True to try)"
         self.graph_backend = graph_backend
         self._steps = None
 
@@ -72,7 +82,7 @@ class LLM:
                 raise KVBudgetError(f"gpu_memory_utilization needs a CUDA device, the model is on "
                                     f"'{self.device}'; give kv_cache_bytes or num_pages")
             kv_cache_bytes = cuda_kv_budget(self.device, gpu_memory_utilization)
-        per_token = kv_bytes_per_token(self.pair, self.dtype, speculative=n > 0)
+        per_token = kv_bytes_per_token(self.pair, self.dtype, speculative=n > 0) // self.tp_size
         pages = pages_from_budget(kv_cache_bytes, page_size, per_token, self.max_seq_len + n + 1)
         full = self.max_batch_size * self.max_pages_per_seq
         if pages < full:
@@ -85,19 +95,30 @@ class LLM:
     # ---- constructors ----------------------------------------------------------------------
     @classmethod
     def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.float32, device=None,
-                    num_spec_tokens: int | None = None, **kw) -> "LLM":
+                    num_spec_tokens: int | None = None, tp_size: int = 1, **kw) -> "LLM":
         """Random weights with the preset's dimensions (acceptance will be near 1)."""
         pair = get_preset(name)
-        device = device or default_device()
+        tp = _join_tp(tp_size, device)
+        device = tp.device if tp else device or default_device()
         target, draft = build_models(pair, dtype, device, num_spec_tokens, seed)
+        if tp:
+            _shard(pair, target, draft, tp)
         return cls(pair, target, draft, device=device, dtype=dtype, **kw)
 
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path, *, dtype=torch.float32,
-                         device=None, num_spec_tokens: int | None = None, **kw) -> "LLM":
+                         device=None, num_spec_tokens: int | None = None, tp_size: int = 1,
+                         **kw) -> "LLM":
+        """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
+        shard to its device."""
         from ..builder.loaders import load_pair
-        device = device or default_device()
-        pair, target, draft = load_pair(target_dir, draft_dir, dtype, device, num_spec_tokens)
+        tp = _join_tp(tp_size, device)
+        device = tp.device if tp else device or default_device()
+        pair, target, draft = load_pair(target_dir, draft_dir, dtype, "cpu" if tp else device,
+                                        num_spec_tokens)
+        if tp:
+            _shard(pair, target, draft, tp)
+            target.to(device), draft.to(device)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype, **kw)
 
@@ -177,7 +198,16 @@ class LLM:
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise RequestError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
-        return list(prompts), plist
+        return list(prompts), self._tp_seeded(plist)
+
+    def _tp_seeded(self, plist: list[SamplingParams]) -> list[SamplingParams]:
+        """Under tensor parallelism every rank must sample alike: unseeded requests get seeds
+        drawn on rank 0 and broadcast (one collective, on every rank)."""
+        if self.tp_size == 1:
+            return plist
+        seeds = shared_seeds(len(plist), self.device)
+        return [sp if sp.seed is not None else dataclasses.replace(sp, seed=s)
+                for sp, s in zip(plist, seeds)]
 
     @staticmethod
     def _drive(gen: Generator, seqs: list) -> Iterator[StreamChunk]:
@@ -203,11 +233,32 @@ class LLM:
         """Yield lists of new token ids as rounds commit them."""
         gen = self.generator(speculative)
         chunks: list[list[int]] = []
-        gen.add_request(self.encode(prompt), params or SamplingParams(), on_tokens=chunks.append)
+        params = self._tp_seeded([params or SamplingParams()])[0]
+        gen.add_request(self.encode(prompt), params, on_tokens=chunks.append)
         while gen.has_work():
             gen.step()
             while chunks:
                 yield chunks.pop(0)
+
+
+def _join_tp(tp_size: int, device) -> TPInfo | None:
+    """Join the torchrun process group for ``tp_size`` > 1 (None for a single process)."""
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if tp_size == 1:
+        return None
+    tp = init_tp(device_type=torch.device(device or default_device()).type)
+    if tp.world != tp_size:
+        raise ValueError(f"tp_size={tp_size} but this process group has WORLD_SIZE={tp.world}: launch "
+                         f"with `torchrun --nproc-per-node {tp_size} ...`")
+    return tp
+
+
+def _shard(pair: ModelPair, target, draft, tp: TPInfo) -> None:
+    if pair.target.arch != "qwen3":
+        raise NotImplementedError(f"tensor parallelism supports the qwen3 target only, not "
+                                  f"'{pair.target.arch}'")
+    shard_qwen3_(target, draft, tp.rank, tp.world)
 
 
 def load_tokenizer(ckpt_dir: str | Path):
