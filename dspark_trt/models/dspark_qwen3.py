@@ -34,6 +34,15 @@ class MarkovHead(nn.Module):
         return self.markov_w2(self.markov_w1(prev))
 
 
+def markov_weights(head: MarkovHead | None, vocab_size: int, like: Tensor) -> tuple[Tensor, Tensor]:
+    """(W1 [V, r], W2 [V, r]) for the sampler; no head (rank 0, DFlash) gives [V, 0] matrices
+    with the dtype and device of ``like``."""
+    if head is None:
+        w = like.new_zeros(vocab_size, 0)
+        return w, w
+    return head.markov_w1.weight, head.markov_w2.weight
+
+
 class DSparkQwen3Draft(nn.Module):
     def __init__(self, cfg: DSparkConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,
                  num_spec_tokens: int | None = None):
@@ -57,11 +66,7 @@ class DSparkQwen3Draft(nn.Module):
                                    c.num_key_value_heads // self.tp_world, c.head_dim, dtype, device)
 
     def markov_weights(self) -> tuple[Tensor, Tensor]:
-        """(W1 [V, r], W2 [V, r]); rank 0 gives empty matrices (DFlash)."""
-        if self.markov_head is None:
-            w = self.lm_head.weight.new_zeros(self.config.backbone.vocab_size, 0)
-            return w, w
-        return self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
+        return markov_weights(self.markov_head, self.config.backbone.vocab_size, self.lm_head.weight)
 
     def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""

@@ -22,7 +22,7 @@ from .. import plugins
 from ..config_v4 import DSparkV4Config
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
-from .dspark_qwen3 import MarkovHead
+from .dspark_qwen3 import MarkovHead, markov_weights
 from .layers import RMSNorm
 from .v4_hc import HyperHead
 from .v4_layers import check_rows, same_rows
@@ -52,11 +52,7 @@ class DSparkV4Draft(nn.Module):
         return sum(s.attn.bytes_per_token(dtype) for s in self.layers)
 
     def markov_weights(self) -> tuple[Tensor, Tensor]:
-        """(W1 [V, r], W2 [V, r]); rank 0 gives empty matrices (DFlash)."""
-        if self.markov_head is None:
-            w = self.head.weight.new_zeros(self.config.backbone.vocab_size, 0)
-            return w, w
-        return self.markov_head.markov_w1.weight, self.markov_head.markov_w2.weight
+        return markov_weights(self.markov_head, self.config.backbone.vocab_size, self.head.weight)
 
     def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
