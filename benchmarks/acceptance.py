@@ -33,10 +33,10 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def load_prompts(llm: LLM, args) -> tuple[list[list[int]], str]:
-    _, held, manifest = read_stdlib(heldout=HELDOUT, every=10**9)   # held-out files only matter
+    _, held, manifest = read_stdlib(heldout=HELDOUT)
     ids = encode_files(llm.tokenizer, [f.text for f in held])
     prompts = eval_prompts(ids, args.num_prompts, args.min_len, args.max_len, seed=args.seed)
-    return prompts, manifest.files_sha256
+    return prompts, manifest.heldout_sha256
 
 
 def summarize(stats: list[SpecStats], seconds: float, tokens: int) -> dict:
@@ -145,11 +145,11 @@ def main(argv=None) -> int:
     base = make_llm(run, "draft", max(args.block_sizes), args)
     prompts, files_sha = load_prompts(base, args)
     train_summary = run / "train_summary.json"
-    train_sha = (json.loads(train_summary.read_text())["data"]["corpus"]["files_sha256"]
+    train_sha = (json.loads(train_summary.read_text())["data"]["corpus"]["heldout_sha256"]
                  if train_summary.exists() else None)
     if train_sha and train_sha != files_sha:
-        log("note: this interpreter's stdlib differs from the training run's (files sha256 "
-            f"{files_sha[:12]} vs {train_sha[:12]}); held-out prompts come from this one")
+        log("note: this interpreter's held-out stdlib files differ from the training run's "
+            f"(sha256 {files_sha[:12]} vs {train_sha[:12]}); prompts come from this one")
     # target-only reference (greedy): decides the lossless check of the greedy rows
     ref, ref_dt = run_runtime(base, prompts, 0.0, args, speculative=False)
     ref_ids = [o.output_ids for o in ref]
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         "git_sha": provenance.git_sha(), "device": args.device, "device_name": dev_name,
         "command": " ".join([Path(sys.executable).name] + sys.argv), "torch": torch.__version__,
         "python": platform.python_version(), "dtype": args.dtype, "run_dir": str(run),
-        "train_files_sha256": train_sha, "eval_files_sha256": files_sha,
+        "train_heldout_sha256": train_sha, "eval_heldout_sha256": files_sha,
         "settings": {k: v for k, v in vars(args).items() if k not in ("run_dir", "results_dir")},
         "notes": {"tau": "mean tokens committed per round, bonus included",
                   "DSpark/DFlash": "project runtime (LLM.from_checkpoints + generate), eager",

@@ -39,6 +39,7 @@ class CorpusManifest:
     heldout_bytes: int = 0
     skipped_not_utf8: list[str] = field(default_factory=list)
     files_sha256: str = ""      # sha256 over "split module sha256\n" lines in reading order
+    heldout_sha256: str = ""    # the same over the held-out lines only (what evaluation reads)
 
 
 def module_name(rel: Path) -> str:
@@ -69,7 +70,7 @@ def read_stdlib(root: Path | None = None, heldout: tuple[str, ...] = HELDOUT,
     paths = sorted(p for p in root.rglob("*.py")
                    if not any(s in p.relative_to(root).parts for s in SKIP_DIRS))
     man = CorpusManifest(str(root), platform.python_version())
-    train, held, digest = [], [], hashlib.sha256()
+    train, held, digest, held_digest = [], [], hashlib.sha256(), hashlib.sha256()
     n_train_seen = 0
     for p in paths:
         mod = module_name(p.relative_to(root))
@@ -87,10 +88,12 @@ def read_stdlib(root: Path | None = None, heldout: tuple[str, ...] = HELDOUT,
         split = "heldout" if is_heldout(mod, heldout) else "train"
         (held if split == "heldout" else train).append(f)
         digest.update(f"{split} {mod} {f.sha256}\n".encode())
+        if split == "heldout":
+            held_digest.update(f"{split} {mod} {f.sha256}\n".encode())
     man.train_files, man.heldout_files = len(train), len(held)
     man.train_bytes = sum(len(f.text.encode()) for f in train)
     man.heldout_bytes = sum(len(f.text.encode()) for f in held)
-    man.files_sha256 = digest.hexdigest()
+    man.files_sha256, man.heldout_sha256 = digest.hexdigest(), held_digest.hexdigest()
     if not train or not held:
         raise ValueError(f"stdlib split under {root} is empty: {len(train)} train, {len(held)} "
                          f"held-out files (every={every}, held-out modules {heldout})")

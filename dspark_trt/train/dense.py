@@ -2,7 +2,8 @@
 
 They use the parameters of ``Qwen3ForCausalLM`` / ``DSparkQwen3Draft`` as they are, so a trained
 module saves under the checkpoint names the loaders read, and the runtime's paged-cache forward
-computes the same function (``tests/test_train_dense.py`` checks both).
+computes the same function (``tests/test_train_dense.py`` checks both). RoPE tables are fp32
+(under bf16 autocast the attention inputs are cast to bf16 after rotation).
 
 DSpark training attention (algorithm doc §2.5): the block anchored at ``a`` holds the tokens
 ``[x_a, mask × (N-1)]`` at positions ``a .. a+N-1``; its queries see the context rows ``< a``
@@ -49,7 +50,7 @@ def causal_lm_forward(model, tokens: Tensor, tap_layer_ids=()) -> tuple[Tensor, 
     B, T = tokens.shape
     x = model.model.embed_tokens(tokens)
     pos = torch.arange(T, device=tokens.device).expand(B, T)
-    cos, sin = rope_cos_sin(pos, model.config.head_dim, model.config.rope_theta, x.dtype)
+    cos, sin = rope_cos_sin(pos, model.config.head_dim, model.config.rope_theta, torch.float32)
     taps = []
     for i, layer in enumerate(model.model.layers):
         x = _layer(layer, x, cos, sin)
@@ -92,10 +93,10 @@ def draft_block_logits(draft, taps: Tensor, tokens: Tensor, anchors: Tensor) -> 
     lc = draft.config.backbone
     ctx = draft.hidden_norm(draft.fc(taps))                                          # [B, T, d]
     ctx_pos = torch.arange(T, device=tokens.device).expand(B, T)
-    ccos, csin = rope_cos_sin(ctx_pos, lc.head_dim, lc.rope_theta, ctx.dtype)
+    ccos, csin = rope_cos_sin(ctx_pos, lc.head_dim, lc.rope_theta, torch.float32)
     ids, pos = block_tokens(tokens, anchors, N, draft.config.mask_token_id)
     x = draft.embed_tokens(ids.view(B, A * N))
-    cos, sin = rope_cos_sin(pos.view(B, A * N), lc.head_dim, lc.rope_theta, x.dtype)
+    cos, sin = rope_cos_sin(pos.view(B, A * N), lc.head_dim, lc.rope_theta, torch.float32)
     mask = block_attention_mask(anchors, T, N)
     for layer in draft.layers:
         kv_ctx = layer.self_attn.kv(ctx, ccos, csin)
