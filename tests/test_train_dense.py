@@ -10,15 +10,6 @@ from dspark_trt.train.modules import build_block_draft, build_target
 from dspark_trt.train.recipe import get_recipe
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one thread avoids OpenMP spin-waits on a busy machine (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_block_mask_worked_example():
     # T = 6 context rows, blocks of N = 3 anchored at a = 1 and a = 4.
     # Block 0 sees context {0} and its own rows; block 1 sees context {0,1,2,3} and its own rows.

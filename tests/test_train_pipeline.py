@@ -22,15 +22,6 @@ TRAIN_FILES = ["bisect.py", "colorsys.py", "keyword.py", "glob.py", "fnmatch.py"
 HELD_FILES = ["textwrap.py", "heapq.py"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one thread avoids OpenMP spin-waits on a busy machine (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("stdlib")

@@ -11,15 +11,6 @@ from dspark_trt.train.recipe import Schedule, get_recipe
 STEPS = 24
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matmuls: one thread avoids OpenMP spin-waits on a busy machine (restored after)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _stream(n_segments=400, vocab=64, seed=0) -> torch.Tensor:
     """Learnable synthetic text: segments counting up mod 62 with a per-segment stride 1..3."""
     g = torch.Generator().manual_seed(seed)
