@@ -125,7 +125,7 @@ def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dic
     return out
 
 
-def run(name: str, opts: BuildOptions, sha: str, check_parity: bool) -> None:
+def run(name: str, opts: BuildOptions, sha: str, check_parity: bool, keep: bool = False) -> None:
     record = {"model": name, "git_sha": sha, "gpu": torch.cuda.get_device_name(0),
               "torch": torch.__version__, "argv": sys.argv}
     record["build"] = build(opts)
@@ -137,7 +137,10 @@ def run(name: str, opts: BuildOptions, sha: str, check_parity: bool) -> None:
         step = draft_and_verify(nets, *round_inputs(nets, 4, 64, torch.device("cuda")))["draft_step"]
         record["draft_step_ms_engine_b4"] = time_ms(step)
     save(name, record)
-    shutil.rmtree(opts.output, ignore_errors=True)
+    if keep:
+        print(f"[bench] engine kept at {opts.output}", flush=True)
+    else:
+        shutil.rmtree(opts.output, ignore_errors=True)
     torch.cuda.empty_cache()
 
 
@@ -145,13 +148,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("which", nargs="*", default=["qwen3", "v4"], choices=["qwen3", "v4"])
     ap.add_argument("--git-sha")
+    ap.add_argument("--keep", action="store_true", help="keep the engines (for a following bench)")
     a = ap.parse_args()
     sha = git_sha(a.git_sha)
     if "qwen3" in a.which:
         m = "qwen3-8b-dspark-block7"
         run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16",
                             check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
-                            backend="aoti", device="cuda"), sha, check_parity=True)
+                            backend="aoti", device="cuda"), sha, check_parity=True, keep=a.keep)
     if "v4" in a.which:
         m = "deepseek-v4-flash-dspark"
         if m not in PRESETS:
@@ -160,7 +164,7 @@ def main() -> None:
         run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16",
                             check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda", overrides=["num_hidden_layers=4"]),
-            sha, check_parity=False)
+            sha, check_parity=False, keep=a.keep)
 
 
 if __name__ == "__main__":

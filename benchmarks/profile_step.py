@@ -1,0 +1,101 @@
+"""Where does a decode step's GPU time go? Kernel breakdown of the target and draft networks.
+
+    python benchmarks/profile_step.py --model qwen3-8b-dspark-block7 [--engine DIR] [--out DIR]
+
+Prefills B random prompts, then profiles (torch.profiler, CUDA activity) eager calls of the
+target for 1 and N+1 tokens and of the draft step. Writes ``profile-<label>.json``: per network
+the kernel count, summed kernel time, CUDA-event wall time, and the top kernels by total time,
+so the gap between the step time and the HBM roofline can be attributed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from dspark_trt import provenance  # noqa: E402
+from dspark_trt.runtime import SamplingParams  # noqa: E402
+from dspark_trt.runtime.llm import LLM  # noqa: E402
+from dspark_trt.runtime.steps import DeviceInputs  # noqa: E402
+
+
+def profile_fn(fn, reps: int = 5, top: int = 25) -> dict:
+    """Kernel table of ``reps`` calls of fn (after 3 warm-ups); times per call in microseconds."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    wall_us = a.elapsed_time(b) * 1e3 / reps
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time)
+    rows = sorted(((sum(v) / reps, len(v) / reps, n) for n, v in by_name.items()), reverse=True)
+    return {"wall_us": wall_us, "kernels_per_call": len(kernels) / reps,
+            "kernel_us_per_call": sum(e.device_time for e in kernels) / reps,
+            "top": [{"us_per_call": round(t, 2), "calls": c, "name": n[:160]} for t, c, n in rows[:top]]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="qwen3-8b-dspark-block7")
+    ap.add_argument("--engine")
+    ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
+    a = ap.parse_args()
+    kw = dict(max_batch_size=a.batch_size, max_seq_len=a.prompt_len + 64, device="cuda")
+    llm = (LLM.from_engine(a.engine, **kw) if a.engine
+           else LLM.from_preset(a.model, dtype=torch.bfloat16, **kw))
+    nets, N = llm.networks, llm.networks.num_spec_tokens
+    gen = llm.generator()
+    prompts = np.random.default_rng(0).integers(0, nets.vocab_size, (a.batch_size, a.prompt_len))
+    seqs = [gen.add_request(p.tolist(), SamplingParams(max_new_tokens=32, ignore_eos=True)) for p in prompts]
+    gen.step()
+    x = DeviceInputs.from_host(gen._round_inputs(seqs), nets.device)
+    pos = x.start[:, None] + torch.arange(N + 1, device=x.start.device)
+    tokens = x.anchor[:, None].repeat(1, N + 1)
+    out = {"git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "command": " ".join(sys.argv), "batch_size": a.batch_size, "prompt_len": a.prompt_len,
+           "networks": "engine" if a.engine else "eager", "profiles": {}}
+    fns = {"target_1": lambda: nets.target(tokens[:, :1], pos[:, :1], x.table),
+           f"target_{N + 1}": lambda: nets.target(tokens, pos, x.table)}
+    if N:
+        fns["draft_block"] = lambda: nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed)
+        logits = torch.randn(a.batch_size, N + 1, nets.vocab_size, device=nets.device)
+        drafts = torch.zeros(a.batch_size, N, dtype=torch.long, device=nets.device)
+        z = torch.randn(a.batch_size, N, nets.vocab_size, device=nets.device)
+        fns["verify_greedy"] = lambda: nets.verify(logits, drafts, z, x.temperature, x.seed, x.start)
+    for name, fn in fns.items():
+        out["profiles"][name] = r = profile_fn(fn)
+        print(f"[profile] {name}: wall {r['wall_us']:.0f} us, {r['kernels_per_call']:.0f} kernels, "
+              f"kernel sum {r['kernel_us_per_call']:.0f} us", flush=True)
+        for row in r["top"][:12]:
+            print(f"    {row['us_per_call']:9.1f} us  x{row['calls']:<5g} {row['name'][:110]}", flush=True)
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    label = a.label or ("engine" if a.engine else "eager")
+    path = Path(a.out) / f"profile-{label}-{out['git_sha']}.json"
+    path.write_text(json.dumps(out, indent=1))
+    print(f"[profile] wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
