@@ -153,7 +153,7 @@ def main() -> None:
     sha = git_sha(a.git_sha)
     if "qwen3" in a.which:
         m = "qwen3-8b-dspark-block7"
-        run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16",
+        run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16", max_batch_size=64,
                             check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda"), sha, check_parity=True, keep=a.keep)
     if "v4" in a.which:
@@ -161,7 +161,7 @@ def main() -> None:
         if m not in PRESETS:
             print(f"[bench] preset '{m}' is not defined on this branch: V4 build skipped", flush=True)
             return
-        run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16",
+        run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16", max_batch_size=64,
                             check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda", overrides=["num_hidden_layers=4"]),
             sha, check_parity=False, keep=a.keep)
