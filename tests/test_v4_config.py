@@ -64,3 +64,19 @@ def test_kv_bytes_per_token_matches_allocation():
         cache = m.make_cache(pages, page, torch.float32, "cpu")
         allocated = sum(t.numel() * t.element_size() for layer in cache["layers"] for t in layer.values())
         assert m.kv_bytes_per_token(torch.float32) * (pages + 1) * page == allocated
+
+
+def test_override_cuts_v4_target_keeping_layer_kinds_and_draft_stages():
+    """--override num_hidden_layers=K on V4: the first K layers' compress ratios stay (SWA, CSA,
+    HCA), the draft stages' trailing SWA entries follow, the draft's backbone copy agrees."""
+    from dspark_trt.builder.build import apply_overrides
+    from dspark_trt.config import get_preset
+    full = get_preset("deepseek-v4-flash-dspark")
+    pair = apply_overrides(full, ["num_hidden_layers=4"])
+    t, d = pair.target, pair.draft
+    assert t.num_hidden_layers == 4 and t.num_hash_layers == min(full.target.num_hash_layers, 4)
+    assert t.compress_ratios == full.target.compress_ratios[:4] + [0] * d.num_stages
+    assert d.backbone.num_hidden_layers == 4 and d.backbone.compress_ratios == t.compress_ratios
+    assert d.target_layer_ids[-1] < 4 and d.num_stages == full.draft.num_stages
+    assert (d.backbone.hidden_size, d.backbone.n_routed_experts) == (full.target.hidden_size,
+                                                                     full.target.n_routed_experts)

@@ -22,6 +22,8 @@ from typing import Callable
 import torch
 
 from ..config import ConfigError, ModelPair, get_preset
+from ..models.dspark_qwen3 import MARKOV_SAMPLERS
+from ..models.fuse import fuse_projections_
 from . import engine_dir as ed
 from .backends import BuildError, pick_backend
 from .export import (NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline,
@@ -52,6 +54,7 @@ class BuildOptions:
     seed: int = 0
     tp_size: int = 1                          # tensor-parallel ranks the engine serves
     check_toolchain: bool = True              # build + load a probe package first (AOTI)
+    markov_sampler: str = "exact"             # "exact" or "topk" (models.dspark_qwen3.markov_sampler_op)
 
     def resolved(self) -> "BuildOptions":
         o = dataclasses.replace(self)
@@ -66,6 +69,8 @@ class BuildOptions:
         if o.tp_size != 1:
             raise ConfigError(f"--tp-size {o.tp_size}: per-rank engines are not built yet; run "
                               "tensor parallelism eagerly with `generate --tp-size` under torchrun")
+        if o.markov_sampler not in MARKOV_SAMPLERS:
+            raise ConfigError(f"--markov-sampler {o.markov_sampler!r}: choose one of {', '.join(MARKOV_SAMPLERS)}")
         if bool(o.checkpoint) != bool(o.draft_checkpoint):
             raise ConfigError("--checkpoint and --draft-checkpoint go together")
         if not o.checkpoint and not o.random_weights:
@@ -77,7 +82,7 @@ class BuildOptions:
     def command_line(self) -> str:
         args = ["dspark-trt", "build", "--model", self.model]
         for name in ("checkpoint", "draft_checkpoint", "dtype", "backend", "max_batch_size", "max_seq_len",
-                     "num_spec_tokens", "page_size", "output", "device"):
+                     "num_spec_tokens", "page_size", "output", "device", "markov_sampler"):
             v = getattr(self, name)
             if v is not None:
                 args += [f"--{name.replace('_', '-')}", str(v)]
@@ -145,10 +150,22 @@ def apply_overrides(pair: ModelPair, overrides: list[str]) -> ModelPair:
         if obj_name == "draft":
             draft = obj
         else:
-            target = obj
-            if key == "num_hidden_layers" and hasattr(draft, "num_target_layers"):
-                draft = _refit_taps(draft, int(value))
+            target, old = obj, target
+            if key == "num_hidden_layers":
+                target, draft = _follow_target_depth(old, target, draft)
     return dataclasses.replace(pair, target=target, draft=draft).validate()
+
+
+def _follow_target_depth(old, target, draft):
+    """After the target's depth changed: V4 keeps the first layers' compress ratios (and the draft
+    stages' trailing entries) and the draft's backbone copy follows; the taps are refitted."""
+    K = target.num_hidden_layers
+    if hasattr(target, "compress_ratios"):
+        r = list(old.compress_ratios)
+        target = dataclasses.replace(target, compress_ratios=r[:K] + r[old.num_hidden_layers:],
+                                     num_hash_layers=min(target.num_hash_layers, K))
+        draft = dataclasses.replace(draft, backbone=dataclasses.replace(target))
+    return target, _refit_taps(draft, K)
 
 
 def _refit_taps(draft, num_layers: int):
@@ -161,7 +178,9 @@ def _refit_taps(draft, num_layers: int):
         new = [round(i * (num_layers - 2) / max(m - 1, 1)) for i in range(m)] if m > 1 else [0]
         log.warning("draft target_layer_ids %s do not fit %d target layers: using %s", ids, num_layers, new)
         draft = dataclasses.replace(draft, target_layer_ids=new)
-    return dataclasses.replace(draft, num_target_layers=num_layers)
+    if "num_target_layers" in {f.name for f in dataclasses.fields(draft)}:
+        draft = dataclasses.replace(draft, num_target_layers=num_layers)
+    return draft
 
 
 def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device):
@@ -170,10 +189,12 @@ def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device):
         from .loaders import load_pair
         pair, target, draft = load_pair(o.checkpoint, o.draft_checkpoint, dtype, device, o.num_spec_tokens)
         pair.name = o.model
-        return pair, target, draft
-    from ..models import build_models
-    pair = apply_overrides(get_preset(o.model), o.overrides)
-    target, draft = build_models(pair, dtype, device, o.num_spec_tokens, o.seed)
+    else:
+        from ..models import build_models
+        pair = apply_overrides(get_preset(o.model), o.overrides)
+        target, draft = build_models(pair, dtype, device, o.num_spec_tokens, o.seed)
+    draft.markov_sampler = o.markov_sampler
+    fuse_projections_(target), fuse_projections_(draft)      # one GEMM for q/k/v and for gate/up
     return pair, target, draft
 
 
@@ -283,6 +304,9 @@ def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, rep
 
 
 def _build_tensorrt(o, specs, shapes: BuildShapes, tmp: Path, manifest: dict, prog: Progress) -> None:
+    if o.markov_sampler != "exact":
+        raise BuildError(f"--markov-sampler {o.markov_sampler} has no TensorRT plugin (two kernels); "
+                         "build with --markov-sampler exact or --backend aoti")
     from .backends import tensorrt as trt_backend
     from .onnx_network import export_onnx
     for spec in specs:

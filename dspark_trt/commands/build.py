@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     p.add_argument("--output", help="engine directory (default engines/MODEL)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact",
+                   help="draft block sampler compiled in: exact full-vocabulary (default) or topk "
+                        "(fast candidate-restricted proposal, still lossless)")
     p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (recorded; only 1 builds)")
     p.set_defaults(func=run)
 
@@ -32,7 +35,8 @@ def run(args) -> int:
                         dtype=args.dtype, backend=args.backend, max_batch_size=args.max_batch_size,
                         max_seq_len=args.max_seq_len, num_spec_tokens=args.num_spec_tokens,
                         page_size=args.page_size, overrides=args.override, device=args.device,
-                        seed=args.seed, tp_size=args.tp_size)
+                        seed=args.seed, tp_size=args.tp_size,
+                        markov_sampler=args.markov_sampler)
     try:
         build_engine(opts, report=lambda msg: print(msg, flush=True))
     except BuildError as e:

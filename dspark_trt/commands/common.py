@@ -24,6 +24,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-spec-tokens", type=int, default=None, help="N drafts per round")
     g.add_argument("--max-batch-size", type=int, default=8)
     g.add_argument("--max-seq-len", type=int, default=2048)
+    g.add_argument("--markov-sampler", choices=["exact", "topk"], default=None,
+                   help="draft block sampler: exact (default) or topk (fast, lossless); engines "
+                        "have theirs compiled in")
     g.add_argument("--tp-size", type=int, default=1,
                    help="tensor-parallel ranks; launch with `torchrun --nproc-per-node TP -m dspark_trt.cli`")
 
@@ -38,7 +41,8 @@ def load_llm(args):
     from ..runtime.llm import LLM, default_device
     device = args.device or default_device()
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
-    kw = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
+    kw = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+              markov_sampler=getattr(args, "markov_sampler", None))
     tp_size = getattr(args, "tp_size", 1)
     if tp_size > 1 and int(os.environ.get("RANK", "0")) != 0:
         sys.stdout = open(os.devnull, "w")             # every rank runs; rank 0 prints

@@ -43,6 +43,30 @@ def markov_weights(head: MarkovHead | None, vocab_size: int, like: Tensor) -> tu
     return head.markov_w1.weight, head.markov_w2.weight
 
 
+MARKOV_SAMPLERS = ("exact", "topk")
+TOPK_PER_CHUNK = 4                           # topk: 4 candidates per vocabulary chunk ...
+
+
+def topk_chunk(vocab_size: int) -> int:
+    """... of a power-of-two size up to 4096 giving >= 32 chunks (152 candidates at V=151936)."""
+    return min(4096, max(16, 1 << (-(-vocab_size // 32) - 1).bit_length()))
+
+
+def markov_sampler_op(mode: str):
+    """The plugin that samples a block: ``exact`` (full-vocabulary Markov sampler, the paper's) or
+    ``topk`` (candidate-restricted proposal whose logits z are exactly what was sampled, so
+    verification stays lossless; acceptance can differ slightly from exact)."""
+    if mode not in MARKOV_SAMPLERS:
+        raise ValueError(f"markov_sampler must be one of {MARKOV_SAMPLERS}, got {mode!r}")
+    if mode == "exact":
+        return plugins.markov_sample
+
+    def topk(U, anchor, w1, w2, temperature, seed, start):
+        return plugins.markov_sample_topk(U, anchor, w1, w2, temperature, seed, start,
+                                          topk_chunk(U.shape[-1]), TOPK_PER_CHUNK)
+    return topk
+
+
 class DSparkQwen3Draft(nn.Module):
     def __init__(self, cfg: DSparkConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,
                  num_spec_tokens: int | None = None):
@@ -50,6 +74,7 @@ class DSparkQwen3Draft(nn.Module):
         self.config = cfg
         self.num_spec_tokens = num_spec_tokens or cfg.block_size
         self.tp_world = 1                           # tensor-parallel ranks (parallel/tp.py)
+        self.markov_sampler = "exact"               # or "topk" (see markov_sampler_op)
         lc = cfg.layer_config()
         d = lc.hidden_size
         self.embed_tokens = embed_tokens            # shared with the target (frozen)
@@ -99,4 +124,4 @@ class DSparkQwen3Draft(nn.Module):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]."""
         U = self.block(anchor, start, block_table, cache)
         w1, w2 = self.markov_weights()
-        return plugins.markov_sample(U, anchor, w1, w2, temperature, seed, start)
+        return markov_sampler_op(self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)

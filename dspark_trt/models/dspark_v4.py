@@ -22,7 +22,7 @@ from .. import plugins
 from ..config_v4 import DSparkV4Config
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
-from .dspark_qwen3 import MarkovHead, markov_weights
+from .dspark_qwen3 import MarkovHead, markov_sampler_op, markov_weights
 from .layers import RMSNorm
 from .v4_hc import HyperHead
 from .v4_layers import check_rows, same_rows
@@ -34,6 +34,7 @@ class DSparkV4Draft(nn.Module):
         super().__init__()
         self.config = cfg
         self.num_spec_tokens = num_spec_tokens or cfg.block_size
+        self.markov_sampler = "exact"                        # or "topk" (see markov_sampler_op)
         b = cfg.backbone
         d = b.hidden_size
         self.embed, self.head = embed, head                  # the target's (frozen, shared)
@@ -89,4 +90,4 @@ class DSparkV4Draft(nn.Module):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]."""
         U = self.block(anchor, start, block_table, cache)
         w1, w2 = self.markov_weights()
-        return plugins.markov_sample(U, anchor, w1, w2, temperature, seed, start)
+        return markov_sampler_op(self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)

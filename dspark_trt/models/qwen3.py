@@ -8,6 +8,7 @@ Parameter names equal the HF checkpoint names (``model.layers.0.self_attn.q_proj
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import plugins
@@ -25,18 +26,30 @@ class Qwen3Attention(nn.Module):
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.qkv_proj = None                      # set by models.fuse.fuse_projections_
+
+    def _rope_kv(self, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Raw projections [B, T, Hkv*D] -> roped, k-normed K and plain V, each [B, T, Hkv, D]."""
+        B, T, _ = k.shape
+        k = self.k_norm(k.view(B, T, self.hkv, self.d))
+        return apply_rope_neox(k, cos, sin), v.view(B, T, self.hkv, self.d)
 
     def kv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-        """x [B, T, d] -> roped, k-normed K and plain V, each [B, T, Hkv, D]."""
-        B, T, _ = x.shape
-        k = self.k_norm(self.k_proj(x).view(B, T, self.hkv, self.d))
-        return apply_rope_neox(k, cos, sin), self.v_proj(x).view(B, T, self.hkv, self.d)
+        """x [B, T, d] -> roped, k-normed K and plain V, each [B, T, Hkv, D] (no query)."""
+        if self.qkv_proj is None:
+            return self._rope_kv(self.k_proj(x), self.v_proj(x), cos, sin)
+        k, v = F.linear(x, self.qkv_proj.rows_from(1)).split(self.qkv_proj.sizes[1:], -1)
+        return self._rope_kv(k, v, cos, sin)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                 block_table: Tensor, positions: Tensor, kv_limit: Tensor) -> Tensor:
         B, T, _ = x.shape
-        q = apply_rope_neox(self.q_norm(self.q_proj(x).view(B, T, self.h, self.d)), cos, sin)
-        k, v = self.kv(x, cos, sin)
+        if self.qkv_proj is None:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        else:
+            q, k, v = self.qkv_proj(x)
+        q = apply_rope_neox(self.q_norm(q.view(B, T, self.h, self.d)), cos, sin)
+        k, v = self._rope_kv(k, v, cos, sin)
         plugins.kv_cache_write(k_cache, v_cache, k, v, block_table, positions)
         o = plugins.block_attention(q, k_cache, v_cache, block_table, positions, kv_limit, self.d ** -0.5)
         return self.o_proj(o.reshape(B, T, self.h * self.d))

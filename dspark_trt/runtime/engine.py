@@ -35,6 +35,7 @@ class EngineNetworks:
         pages_per_seq = -(-(self.max_seq_len + self.num_spec_tokens + 1) // self.page_size)
         self.num_pages = num_pages or self.max_batch_size * pages_per_seq
         self.dtype = DTYPES[m["dtype"]]
+        self.markov_sampler = m["build_options"].get("markov_sampler", "exact")
         self.pair = ModelPair(m["pair"]["name"], config_from_json(m["pair"]["target"]),
                               config_from_json(m["pair"]["draft"]))
         self.vocab_size = self.pair.target.vocab_size

@@ -10,6 +10,7 @@ import torch
 
 from ..config import ModelPair, get_preset
 from ..models import build_models
+from ..models.dspark_qwen3 import markov_sampler_op
 from ..parallel import TPInfo, init_tp, shard_qwen3_, shared_seeds
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
@@ -19,6 +20,18 @@ from .sampling_params import RequestError, RequestOutput, SamplingParams, Stream
 from .steps import DecodeSteps
 
 log = logging.getLogger(__name__)
+
+
+def set_markov_sampler(draft, networks, mode: str) -> None:
+    """Select the draft's block sampler; for an engine, check it was built with ``mode``."""
+    markov_sampler_op(mode)                                   # validates the name
+    if draft is not None:
+        draft.markov_sampler = mode
+        return
+    built = getattr(networks, "markov_sampler", "exact")
+    if built != mode:
+        raise ValueError(f"this engine samples drafts with markov_sampler={built!r}; rebuild with "
+                         f"`dspark-trt build --markov-sampler {mode}` to use {mode!r}")
 
 
 def default_device() -> str:
@@ -39,14 +52,21 @@ class LLM:
     Tensor parallelism (``tp_size`` of the constructors, one process per rank under torchrun):
     the modules are sharded by ``parallel.shard_qwen3_``; every rank runs this same scheduler on the
     same inputs. Requests without a seed get one drawn on rank 0 and broadcast.
+
+    ``markov_sampler``: "exact" (default, the full-vocabulary Markov sampler) or "topk" (fast,
+    candidate-restricted proposal; lossless, see ``models.dspark_qwen3.markov_sampler_op``). An
+    engine has its sampler compiled in (``dspark-trt build --markov-sampler``).
     """
 
     def __init__(self, pair: ModelPair, target, draft, *, networks=None, tokenizer=None,
                  max_batch_size: int = 8, max_seq_len: int = 2048, page_size: int = 64,
                  num_pages: int | None = None, device=None, dtype=None,
                  kv_cache_bytes: int | None = None, gpu_memory_utilization: float | None = None,
-                 cuda_graphs: bool | None = None, graph_backend: str | None = None):
+                 cuda_graphs: bool | None = None, graph_backend: str | None = None,
+                 markov_sampler: str | None = None):
         self.pair, self.target, self.draft = pair, target, draft
+        if markov_sampler is not None:
+            set_markov_sampler(draft, networks, markov_sampler)
         self.tokenizer = tokenizer
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.tp_size = getattr(target, "tp_world", 1)

@@ -215,7 +215,10 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         return tokens, z
     if U.stride(-1) != 1:
         U = U.contiguous()
-    block_b = min(pow2(B, 16), 64)
+    if isinstance(B, int):
+        block_b = min(pow2(B, 16), 64)
+    else:   # traced with a dynamic batch (torch.export): no launch choice may depend on it
+        block_b, one_launch = 16, False
     groups = triton.cdiv(B, block_b)
     w1c, w2c = (w1.contiguous(), w2.contiguous()) if Rk else (U, U)   # rank 0 (DFlash): never read
     block_r = min(block_r, pow2(Rk, 16))
