@@ -82,6 +82,31 @@ def rejection_inputs(device, dtype=torch.float32, B=6, N=3, V=200):
     return L, drafts, z, temp, seed, start
 
 
+def rejection_topp_inputs(device, dtype=torch.float32):
+    """Rows masked to -inf (a dead vocabulary prefix longer than a tile, then top-p)."""
+    from dspark_trt.plugins.rejection_sample import apply_top_p
+    L, _, z, temp, seed, start = rejection_inputs(device, dtype, V=300)
+    L[..., :70] = float("-inf")
+    z[..., :70] = float("-inf")
+    L = apply_top_p(L, temp, torch.tensor([0.9, 0.95, 0.8, 1.0, 0.4, 0.99], device=device))
+    return L, z.argmax(-1), z, temp, seed, start
+
+
+def rejection_many_inputs(device, B=24, N=4, V=97):
+    """Many rows, random temperatures, some off-distribution drafts, one inert row."""
+    g = _gen(device, 7)
+    L = g(B, N + 1, V) * 1.5
+    z = L[:, :N] + g(B, N, V) * 0.4
+    gi = torch.Generator().manual_seed(8)
+    off = torch.rand(B, N, generator=gi) < 0.2
+    drafts = torch.where(off.to(device), torch.randint(0, V, (B, N), generator=gi).to(device), z.argmax(-1))
+    temp = torch.where(torch.arange(B) % 3 == 0, 0.0, 0.5 + torch.rand(B, generator=gi)).to(device)
+    seed = torch.arange(B, device=device) * 31 + 7
+    start = torch.arange(B, device=device) * 5
+    start[5] = -1
+    return L, drafts, z, temp, seed, start
+
+
 def swa_inputs(device, B=4, N=5, page=8, P=40, window=16):
     table = paged_table(B, P, B * P + 1, device, seed=4)
     start = torch.tensor([3, 100, -1, 250][:B], device=device)
@@ -155,11 +180,22 @@ def run_all(device, dtype=torch.float32) -> dict:
     tt, tz = kmk.markov_sample_topk_triton(*args, 128, 3)
     out["markov_sample_topk_wide"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
 
-    args = rejection_inputs(device, dtype)
-    ra, rn = rejection_sample_ref(*args)
-    ta, tn = krj.rejection_sample_triton(*args)
-    out["rejection_sample"] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)),
-                               "accepted": ra.tolist()}
+    # split schedule: default launch, then several vocabulary chunks per row (partial last chunk)
+    L, drafts, z, temp, seed, start = rejection_inputs(device, dtype)
+    cases = {"rejection_sample": ((L, drafts, z, temp, seed, start), {}),
+             "rejection_sample_row": ((L, drafts, z, temp, seed, start), {"schedule": "row"}),
+             "rejection_sample_split": ((L, drafts, z, temp, seed, start),
+                                        {"block_v": 16, "splits": 5, "res_splits": 4}),
+             "rejection_sample_bonus_only": ((L[:, :1].contiguous(), drafts[:, :0], z[:, :0], temp, seed, start),
+                                             {"block_v": 16, "splits": 6, "res_splits": 5}),
+             "rejection_sample_many": (rejection_many_inputs(device), {"block_v": 16, "splits": 3, "res_splits": 5}),
+             "rejection_sample_topp": (rejection_topp_inputs(device, dtype),
+                                       {"block_v": 16, "splits": 6, "res_splits": 5}),
+             "rejection_sample_topp_row": (rejection_topp_inputs(device, dtype), {"schedule": "row", "block_v": 64})}
+    for name, (args, kw) in cases.items():
+        ra, rn = rejection_sample_ref(*args)
+        ta, tn = krj.rejection_sample_triton(*args, **kw)
+        out[name] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)), "accepted": ra.tolist()}
 
     args = swa_inputs(device)
     ri, rl = noncausal_swa_indices_ref(*args)

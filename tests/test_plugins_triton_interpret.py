@@ -50,10 +50,18 @@ def test_markov_sample_kernel(results, schedule):
     assert r["tokens_equal"] and r["err"] < 1e-5
 
 
-def test_rejection_sample_kernel(results):
-    r = results["rejection_sample"]
+@pytest.mark.parametrize("case", ["rejection_sample", "rejection_sample_row", "rejection_sample_split",
+                                  "rejection_sample_many", "rejection_sample_topp", "rejection_sample_topp_row"])
+def test_rejection_sample_kernel(results, case):
+    r = results[case]
     assert r["tokens_equal"]
     assert len(set(r["accepted"])) > 1          # the case mixes accepted lengths
+
+
+def test_rejection_sample_bonus_only(results):
+    """N = 0: nothing to verify, the bonus token is sampled from p."""
+    r = results["rejection_sample_bonus_only"]
+    assert r["tokens_equal"] and set(r["accepted"]) == {0}
 
 
 def test_noncausal_swa_indices_kernel(results):
