@@ -155,10 +155,16 @@ def run_all(device, dtype=torch.float32) -> dict:
 
     args = markov_inputs(device, dtype)
     rt, rz = markov_sample_ref(*args)
-    for one in (True, False):
-        tt, tz = kmk.markov_sample_triton(*args, one_launch=one, num_programs=3, block_v=64, block_r=16)
-        out[f"markov_sample_{'one' if one else 'per_step'}"] = {
-            "tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    tiles = dict(num_programs=3, block_v=64, block_r=16)
+    schedules = {"one": dict(one_launch=True), "per_step": dict(one_launch=False),
+                 "prologue": dict(one_launch=False, reduce="prologue"),
+                 "dot_snake": dict(one_launch=False, snake=True),
+                 "gemv": dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=32),
+                 "gemv_ticket": dict(one_launch=False, gemv=True, snake=True, block_v=32),
+                 "one_gemv": dict(one_launch=True, gemv=True, snake=True, block_v=32)}
+    for name, kw in schedules.items():
+        tt, tz = kmk.markov_sample_triton(*args, **{**tiles, **kw})
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     tt, tz = kmk.markov_sample_triton(*args, rows_only=True, block_v=64, block_r=16)
     out["markov_sample_rows"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     from dspark_trt.plugins.aot import markov_sample_aot          # the TensorRT entry's argument wiring
@@ -171,10 +177,16 @@ def run_all(device, dtype=torch.float32) -> dict:
     rt, rz = markov_sample_topk_ref(*args, 64, 2)
     tt, tz = kmk.markov_sample_topk_triton(*args, 64, 2)
     out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=1, N=4)                 # gemv with one row: the 1-D body
+    rt, rz = markov_sample_ref(*args)
+    tt, tz = kmk.markov_sample_triton(*args, one_launch=False, reduce="prologue", gemv=True, snake=True,
+                                      num_programs=3, block_v=32)
+    out["markov_sample_gemv_b1"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=70, N=2, V=200)       # two row groups of 64: one ticket each
     rt, rz = markov_sample_ref(*args)
-    tt, tz = kmk.markov_sample_triton(*args, one_launch=False, num_programs=3, block_v=64, block_r=16)
-    out["markov_sample_per_step_groups"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    for name, kw in (("per_step_groups", {}), ("prologue_groups", dict(reduce="prologue", snake=True))):
+        tt, tz = kmk.markov_sample_triton(*args, one_launch=False, num_programs=3, block_v=64, block_r=16, **kw)
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=6, N=4, V=1000, r=40)  # candidates span several bias tiles
     rt, rz = markov_sample_topk_ref(*args, 128, 3)
     tt, tz = kmk.markov_sample_topk_triton(*args, 128, 3)

@@ -44,7 +44,9 @@ def test_block_attention_kernel(results, mask, splits):
     assert results[f"block_attention_{mask}_split{splits}"]["err"] < 1e-5
 
 
-@pytest.mark.parametrize("schedule", ["one", "per_step", "per_step_groups", "rows", "aot", "topk", "topk_wide"])
+@pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",
+                                      "one_gemv", "per_step_groups", "prologue_groups", "rows", "aot", "topk",
+                                      "topk_wide"])
 def test_markov_sample_kernel(results, schedule):
     r = results[f"markov_sample_{schedule}"]
     assert r["tokens_equal"] and r["err"] < 1e-5

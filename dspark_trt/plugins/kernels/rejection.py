@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, launcher, pow2, row_key, uniform
+from .common import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, launcher, num_sms, pow2, row_key, uniform
 
 INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 
@@ -304,10 +304,6 @@ def rejection_sample_kernel(target_logits, draft_tokens, draft_logits, temperatu
 REJECTION_DEFAULTS = dict(block_v=2048, programs_per_sm=8, max_tiles=8, num_warps=8)
 
 
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def _vocab_splits(programs_per_split: int, V: int, block_v: int, target: int, max_tiles: int) -> int:
     """Vocabulary chunks per row so that the grid has about ``target`` programs, each chunk at
     least one and at most ``max_tiles`` tiles."""
@@ -321,7 +317,7 @@ def rejection_config(B, N: int, V: int, device: torch.device, **overrides) -> di
     res_splits (residual chunks per row), num_warps. ``overrides`` replace any of them."""
     cfg = {**REJECTION_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
     block_v = min(cfg["block_v"], pow2(V, 16))
-    target = cfg["programs_per_sm"] * _num_sms(device)
+    target = cfg["programs_per_sm"] * num_sms(device)
     rows = B if isinstance(B, int) else 8                    # symbolic batch (export): a fixed guess
     if cfg.get("splits") is None:
         cfg["splits"] = _vocab_splits(rows * (2 * N + 1), V, block_v, target, cfg["max_tiles"])
