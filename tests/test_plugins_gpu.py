@@ -23,17 +23,9 @@ DEV = "cuda"
 def test_small_cases_fp32():
     r = run_all(DEV)
     assert r["kv_cache_write"]["err"] == 0 and r["kv_cache_write"]["pad_page_untouched"]
-    for k in [f"block_attention_{m}_split{s}" for m in ("causal", "block") for s in (1, 3, 8)] + ["sparse_mla_attention"]:
-        assert r[k]["err"] < 1e-4, k
-    for k in ("markov_sample_one", "markov_sample_per_step", "markov_sample_per_step_groups",
-              "markov_sample_prologue", "markov_sample_dot_snake", "markov_sample_gemv", "markov_sample_gemv_b1",
-              "markov_sample_gemv_ticket",
-              "markov_sample_one_gemv", "markov_sample_prologue_groups",
-              "markov_sample_rows", "markov_sample_aot", "markov_sample_topk", "markov_sample_topk_wide",
-              "rejection_sample", "rejection_sample_row", "rejection_sample_split", "rejection_sample_many",
-              "rejection_sample_topp", "rejection_sample_topp_row", "rejection_sample_bonus_only",
-              "noncausal_swa_indices"):
-        assert r[k]["tokens_equal"], k
+    for k, v in r.items():                        # every case: exact tokens, fp32 tolerance 1e-4
+        assert v.get("tokens_equal", True), k
+        assert v.get("err", 0.0) < 1e-4, k
 
 
 def _markov_args(B=5, N=7, V=151936, r=256):
