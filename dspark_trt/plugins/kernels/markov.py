@@ -43,15 +43,23 @@ INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 
 
 @triton.jit
-def _reduce_partials(part_val, part_idx, k, rows, rmask, B, C, BLOCK_C: tl.constexpr):
-    """Token of step k for each row: argmax over the C per-program partials [N, B, C]."""
-    cc = tl.arange(0, BLOCK_C)
-    off = (k * B + rows)[:, None] * C + cc[None, :]
-    m = rmask[:, None] & (cc[None, :] < C)
-    val = tl.load(part_val + off, mask=m, other=float("-inf"), cache_modifier=".cg")
-    idx = tl.load(part_idx + off, mask=m, other=INT_MAX, cache_modifier=".cg")
-    best = tl.max(val, 1)
-    return tl.min(tl.where(val == best[:, None], idx, INT_MAX), 1)
+def _reduce_partials(part_val, part_idx, rows, rmask, C, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Argmax over the C per-program partials of ``rows`` (part_* + row * C + c), BLOCK_C at a
+    time; ties -> smallest index."""
+    bv = tl.full([BLOCK_B], float("-inf"), tl.float32)
+    bi = tl.full([BLOCK_B], INT_MAX, tl.int32)
+    for c0 in range(0, C, BLOCK_C):
+        cc = c0 + tl.arange(0, BLOCK_C)
+        m = rmask[:, None] & (cc[None, :] < C)
+        off = rows.to(tl.int64)[:, None] * C + cc[None, :]
+        val = tl.load(part_val + off, mask=m, other=float("-inf"), cache_modifier=".cg")
+        idx = tl.load(part_idx + off, mask=m, other=INT_MAX, cache_modifier=".cg")
+        cm = tl.max(val, 1)
+        ci = tl.min(tl.where(val == cm[:, None], idx, INT_MAX), 1)
+        take = (cm > bv) | ((cm == bv) & (ci < bi))
+        bi = tl.where(take, ci, bi)
+        bv = tl.maximum(bv, cm)
+    return bi
 
 
 @triton.jit
@@ -204,7 +212,8 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
         else:
             if GRID_SYNC:
                 _grid_wait(counter, total * k)
-            prev = _reduce_partials(part_val, part_idx, k - 1, rows, rmask, B, C, BLOCK_C).to(tl.int64)
+            prev = _reduce_partials(part_val, part_idx, (k - 1) * B + rows, rmask, C, BLOCK_B, BLOCK_C)
+            prev = prev.to(tl.int64)
             if c == 0:
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
         key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
@@ -224,7 +233,7 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
         if c == 0:
             if GRID_SYNC:
                 _grid_wait(counter, total * N)
-            last = _reduce_partials(part_val, part_idx, N - 1, rows, rmask, B, C, BLOCK_C)
+            last = _reduce_partials(part_val, part_idx, (N - 1) * B + rows, rmask, C, BLOCK_B, BLOCK_C)
             tl.store(tokens_out + rows * N + (N - 1), tl.where(live, last, -1).to(tl.int64), mask=rmask)
 
 
@@ -277,19 +286,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     tl.store(part_idx + rows * C + c, arg, mask=rmask)
     tl.debug_barrier()                                       # every thread's partial is stored
     if tl.atomic_add(ticket + k * tl.num_programs(1) + g, 1, sem="acq_rel") == C - 1:
-        bv = tl.full([BLOCK_B], float("-inf"), tl.float32)  # last program of the group: reduce
-        bi = tl.full([BLOCK_B], INT_MAX, tl.int32)
-        for c0 in range(0, C, BLOCK_C):
-            cc = c0 + tl.arange(0, BLOCK_C)
-            m = rmask[:, None] & (cc[None, :] < C)
-            off = rows[:, None] * C + cc[None, :]
-            val = tl.load(part_val + off, mask=m, other=float("-inf"), cache_modifier=".cg")
-            idx = tl.load(part_idx + off, mask=m, other=INT_MAX, cache_modifier=".cg")
-            cm = tl.max(val, 1)
-            ci = tl.min(tl.where(val == cm[:, None], idx, INT_MAX), 1)
-            take = (cm > bv) | ((cm == bv) & (ci < bi))        # ties -> smallest index
-            bi = tl.where(take, ci, bi)
-            bv = tl.maximum(bv, cm)
+        bi = _reduce_partials(part_val, part_idx, rows, rmask, C, BLOCK_B, BLOCK_C)   # last program of the group
         tl.store(tokens_out + rows * N + k, tl.where(live, bi, -1).to(tl.int64), mask=rmask)
 
 
@@ -366,6 +363,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                                                 **tiles)
         return tokens, z
     flags = dict(GEMV=cfg["gemv"], SNAKE=int(bool(cfg["snake"])))
+    block_c = max(16, min(pow2(C), 4096 // block_b))             # partials reduced per iteration
     if not one_launch and cfg["reduce"] == "ticket":
         part_val = torch.empty((B, C), dtype=torch.float32, device=dev)
         part_idx = torch.empty((B, C), dtype=torch.int32, device=dev)
@@ -373,7 +371,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         step = launcher(markov_step_kernel)
         for k in range(N):
             step[(C, groups)](U, *rowargs, z, tokens, part_val, part_idx, ticket, B, N, V, Rk, C, k,
-                              U.stride(0), U.stride(1), BLOCK_C=128, **tiles, **flags)
+                              U.stride(0), U.stride(1), BLOCK_C=block_c, **tiles, **flags)
         return tokens, z
     if INTERPRET and one_launch:                # the interpreter runs programs one after another
         C, one_launch = 1, groups == 1
@@ -382,7 +380,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     counter = torch.zeros(1, dtype=torch.int32, device=dev) if one_launch else part_idx   # unused per step
     args = (U, *rowargs, z, tokens, part_val, part_idx, counter, B, N, V, Rk, C)
     kernel = launcher(markov_sample_kernel)
-    common = dict(BLOCK_C=pow2(C), **tiles, **flags)
+    common = dict(BLOCK_C=block_c, **tiles, **flags)
     if one_launch:
         kernel[(C, groups)](*args, 0, N, U.stride(0), U.stride(1), GRID_SYNC=True, WRITE_LAST=True, **common)
         return tokens, z
