@@ -118,7 +118,8 @@ def _launches_sparse_mla(monkeypatch):
     q, kv, idx, sink, scale, dv = sparse_mla_inputs("cpu", torch.bfloat16, T=3, H=128, D=512, dv=512, S=300,
                                                     W=256)
     out = []
-    for kw in ({}, ):
+    for kw in ({}, {"num_splits": 4}, {"block_h": 16, "block_dv": 512, "num_splits": 1},
+               {"block_h": 32, "block_dv": 512, "block_n": 16, "num_splits": 1}):
         out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **kw)
     return out
 

@@ -70,5 +70,7 @@ def test_noncausal_swa_indices_kernel(results):
     assert results["noncausal_swa_indices"]["tokens_equal"]
 
 
-def test_sparse_mla_attention_kernel(results):
-    assert results["sparse_mla_attention"]["err"] < 1e-5
+@pytest.mark.parametrize("case", ["sparse_mla_attention", "sparse_mla_attention_split",
+                                  "sparse_mla_attention_dv_tiles", "sparse_mla_attention_dv_eq_d"])
+def test_sparse_mla_attention_kernel(results, case):
+    assert results[case]["err"] < 1e-5
