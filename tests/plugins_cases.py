@@ -223,7 +223,44 @@ def run_all(device, dtype=torch.float32) -> dict:
              "sparse_mla_attention_dv_eq_d": (sparse_mla_inputs(device, dtype, dv=64), {"block_n": 16})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
+    out["tuner_configs"] = tuner_configs(device, dtype)
     return out
+
+
+def tuner_configs(device, dtype=torch.float32) -> dict:
+    """Every candidate config of benchmarks/tune_plugins.py on the small inputs: the launchers
+    accept it and match the reference (tokens exact, floats within 1e-5). -> {"checked", "failures"}."""
+    from benchmarks import tune_plugins as tp
+    from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk
+    from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm
+    failures, checked = [], 0
+
+    def check(name, cfg, ok):
+        nonlocal checked
+        checked += 1
+        if not ok:
+            failures.append(f"{name} {cfg}")
+
+    args = rejection_inputs(device, dtype)
+    ra, rn = rejection_sample_ref(*args)
+    for cfg in tp.REJECTION_CONFIGS:
+        a, n = krj.rejection_sample_triton(*args, **cfg)
+        check("rejection", cfg, torch.equal(a, ra) and torch.equal(n, rn))
+    args = markov_inputs(device, dtype)
+    rt, rz = markov_sample_ref(*args)
+    for cfg in tp.MARKOV_B1 + tp.MARKOV_B64 + tp.MARKOV_R512:
+        t, z = kmk.markov_sample_triton(*args, **cfg)
+        check("markov", cfg, torch.equal(t, rt) and _err(z, rz) < 1e-5)
+    q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
+    ref = block_attention_ref(q, kc, vc, table, pos, block, scale)
+    for cfg in tp.ATTN_CONFIGS + tp.ATTN_B1:
+        check("block_attention", cfg, _err(kba.block_attention_triton(q, kc, vc, table, pos, block, scale, **cfg),
+                                           ref) < 1e-5)
+    args = sparse_mla_inputs(device, dtype)
+    ref = sparse_mla_attention_ref(*args)
+    for cfg in tp.MLA_CONFIGS:
+        check("sparse_mla", cfg, _err(ksm.sparse_mla_attention_triton(*args, **cfg), ref) < 1e-5)
+    return {"checked": checked, "failures": failures}
 
 
 if __name__ == "__main__":                                  # python tests/plugins_cases.py (under TRITON_INTERPRET=1)

@@ -23,6 +23,7 @@ DEV = "cuda"
 def test_small_cases_fp32():
     r = run_all(DEV)
     assert r["kv_cache_write"]["err"] == 0 and r["kv_cache_write"]["pad_page_untouched"]
+    assert not r["tuner_configs"]["failures"]
     for k, v in r.items():                        # every case: exact tokens, fp32 tolerance 1e-4
         assert v.get("tokens_equal", True), k
         assert v.get("err", 0.0) < 1e-4, k

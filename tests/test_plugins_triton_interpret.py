@@ -74,3 +74,10 @@ def test_noncausal_swa_indices_kernel(results):
                                   "sparse_mla_attention_dv_tiles", "sparse_mla_attention_dv_eq_d"])
 def test_sparse_mla_attention_kernel(results, case):
     assert results[case]["err"] < 1e-5
+
+
+def test_tuner_candidate_configs(results):
+    """benchmarks/tune_plugins.py's candidates all launch and match the reference (so GPU time is
+    not spent on a config that cannot work)."""
+    r = results["tuner_configs"]
+    assert r["checked"] >= 40 and not r["failures"], r["failures"]

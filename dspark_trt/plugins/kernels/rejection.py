@@ -304,25 +304,27 @@ def rejection_sample_kernel(target_logits, draft_tokens, draft_logits, temperatu
 REJECTION_DEFAULTS = dict(block_v=2048, programs_per_sm=8, max_tiles=8, num_warps=8)
 
 
-def _vocab_splits(programs_per_split: int, V: int, block_v: int, target: int, max_tiles: int) -> int:
-    """Vocabulary chunks per row so that the grid has about ``target`` programs, each chunk at
-    least one and at most ``max_tiles`` tiles."""
-    tiles = triton.cdiv(V, block_v)
-    want = max(triton.cdiv(target, max(programs_per_split, 1)), triton.cdiv(tiles, max_tiles))
-    return max(1, min(want, tiles))
+def _chunk_tiles(rows: int, tiles: int, target: int, max_tiles: int, splits: int | None) -> int:
+    """BLOCK_V tiles per vocabulary chunk: ``splits`` chunks per row when given, else chunks small
+    enough that ``rows`` rows give about ``target`` programs, at most ``max_tiles`` tiles each."""
+    if splits:
+        return triton.cdiv(tiles, max(1, min(splits, tiles)))
+    want = max(triton.cdiv(target, max(rows, 1)), triton.cdiv(tiles, max_tiles))
+    return max(1, tiles // want)
 
 
 def rejection_config(B, N: int, V: int, device: torch.device, **overrides) -> dict:
-    """Launch config of the split schedule from shapes: block_v, splits (stats chunks per row),
-    res_splits (residual chunks per row), num_warps. ``overrides`` replace any of them."""
+    """Launch config of the split schedule from shapes: block_v, num_warps, and the vocabulary
+    chunks (in BLOCK_V tiles) of the statistics pass (chunk_tiles) and of the residual pass
+    (res_chunk_tiles). ``overrides`` (not None) replace defaults; ``splits`` / ``res_splits`` ask
+    for that many chunks per row."""
     cfg = {**REJECTION_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
     block_v = min(cfg["block_v"], pow2(V, 16))
+    tiles = triton.cdiv(V, block_v)
     target = cfg["programs_per_sm"] * num_sms(device)
     rows = B if isinstance(B, int) else 8                    # symbolic batch (export): a fixed guess
-    if cfg.get("splits") is None:
-        cfg["splits"] = _vocab_splits(rows * (2 * N + 1), V, block_v, target, cfg["max_tiles"])
-    if cfg.get("res_splits") is None:
-        cfg["res_splits"] = _vocab_splits(rows, V, block_v, target, cfg["max_tiles"])
+    cfg["chunk_tiles"] = _chunk_tiles(rows * (2 * N + 1), tiles, target, cfg["max_tiles"], cfg.get("splits"))
+    cfg["res_chunk_tiles"] = _chunk_tiles(rows, tiles, target, cfg["max_tiles"], cfg.get("res_splits"))
     cfg["block_v"] = block_v
     return cfg
 
@@ -331,7 +333,8 @@ def rejection_sample_triton(target_logits: Tensor, draft_tokens: Tensor, draft_l
                             temperature: Tensor, seed: Tensor, start: Tensor, schedule: str = "split",
                             block_v: int | None = None, splits: int | None = None,
                             res_splits: int | None = None, num_warps: int | None = None,
-                            programs_per_sm: int | None = None) -> tuple[Tensor, Tensor]:
+                            programs_per_sm: int | None = None,
+                            max_tiles: int | None = None) -> tuple[Tensor, Tensor]:
     """Same contract as ``rejection_sample_ref``. ``schedule="split"`` (default) runs the three
     launches of the module doc, with launch parameters from ``rejection_config``; ``"row"`` the
     one-program-per-row kernel of the TensorRT AOT entry."""
@@ -352,16 +355,14 @@ def rejection_sample_triton(target_logits: Tensor, draft_tokens: Tensor, draft_l
     rowargs = (temperature.contiguous(), seed.contiguous(), start.contiguous())
     tokens = draft_tokens.contiguous()
     cfg = rejection_config(B, N, V, dev, block_v=block_v, splits=splits, res_splits=res_splits,
-                           num_warps=num_warps, programs_per_sm=programs_per_sm)
+                           num_warps=num_warps, programs_per_sm=programs_per_sm, max_tiles=max_tiles)
     if schedule == "row":
         launcher(rejection_sample_kernel)[(B,)](logits, tokens, z, *rowargs, accepted, nxt, N, V,
                                                 BLOCK_V=cfg["block_v"], num_warps=cfg["num_warps"])
         return accepted, nxt
     bv, warps = cfg["block_v"], cfg["num_warps"]
-    chunk = triton.cdiv(triton.cdiv(V, cfg["splits"]), bv) * bv
-    S = triton.cdiv(V, chunk)
-    chunk2 = triton.cdiv(triton.cdiv(V, cfg["res_splits"]), bv) * bv
-    S2 = triton.cdiv(V, chunk2)
+    chunk, chunk2 = cfg["chunk_tiles"] * bv, cfg["res_chunk_tiles"] * bv
+    S, S2 = triton.cdiv(V, chunk), triton.cdiv(V, chunk2)
     R = 2 * N + 1
     part_m = torch.empty((B, R, S), dtype=torch.float32, device=dev)
     part_s = torch.empty((B, R, S), dtype=torch.float32, device=dev)

@@ -129,7 +129,8 @@ MLA_DEFAULTS = dict(block_h=64, block_dv=256, block_n=32, num_warps=8, num_stage
 
 
 def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overrides) -> dict:
-    """Launch config from shapes: block_h, block_dv, block_n, num_warps, num_stages, num_splits."""
+    """Launch config from shapes: block_h, block_dv, block_n, num_warps, num_stages, and the split
+    of the index list: chunk (entries per split) and num_splits (splits actually launched)."""
     cfg = {**MLA_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
     cfg["block_h"] = min(cfg["block_h"], pow2(H, 16))
     cfg["block_dv"] = min(cfg["block_dv"], dv)
@@ -140,6 +141,9 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
         programs = tokens * triton.cdiv(H, cfg["block_h"]) * (dv // cfg["block_dv"])
         target = cfg["programs_per_sm"] * num_sms(device)
         cfg["num_splits"] = max(1, min(triton.cdiv(target, programs), triton.cdiv(W, cfg["block_n"])))
+    bn = cfg["block_n"]
+    cfg["chunk"] = max(bn, triton.cdiv(triton.cdiv(W, cfg["num_splits"]), bn) * bn)   # whole BLOCK_N steps
+    cfg["num_splits"] = max(1, triton.cdiv(W, cfg["chunk"]))                        # splits actually used
     return cfg
 
 
@@ -164,8 +168,7 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
                 num_stages=cfg["num_stages"])
     tiles = triton.cdiv(H, bh) * (dv // bdv)
     tensors = (q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous())
-    chunk = triton.cdiv(triton.cdiv(W, cfg["num_splits"]), bn) * bn
-    S = triton.cdiv(W, chunk) if W else 1
+    chunk, S = cfg["chunk"], cfg["num_splits"]
     if S == 1:
         launcher(sparse_mla_attention_kernel)[(T, tiles)](
             *tensors, out, float(scale), W, H, **meta)
