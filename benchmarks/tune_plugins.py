@@ -55,6 +55,8 @@ MARKOV_B1 = [
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 2},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "block_v": 16, "num_warps": 4,
      "programs_per_sm": 6},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3, "l2_keep": 0.4},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3, "l2_keep": 0.6},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "programs_per_sm": 3},
     {"one_launch": False, "reduce": "ticket", "gemv": True, "snake": True, "programs_per_sm": 3},
     {"one_launch": True, "gemv": True, "snake": True},
@@ -67,6 +69,7 @@ MARKOV_R512 = [
     {"one_launch": False}, {"one_launch": True},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 4},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3, "l2_keep": 0.4},
 ]
 ATTN_CONFIGS = [
     {}, {"num_splits": 1}, {"num_splits": 2}, {"num_splits": 4},

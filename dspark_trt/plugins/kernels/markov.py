@@ -13,7 +13,8 @@ like ``torch.argmax``). Two tile bodies:
   program waits for the previous token, hiding that dependency.
 
 ``snake=True`` walks the tiles in reverse on odd steps, so a step starts on the tiles the previous
-step touched last (still in L2: W2 is larger than L2, a same-order sweep always misses).
+step touched last (still in L2: W2 is larger than L2, a same-order sweep always misses);
+``l2_keep`` (gemv body) marks that last part of each sweep evict_last and the rest evict_first.
 
 Schedules:
 
@@ -70,17 +71,29 @@ def _tile_at(i, c, C, n_tiles, rev):
 
 
 @triton.jit
-def _w2_tile(w2, tile, V, R, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
-    """W2 rows of a vocabulary tile, whole rank: [BLOCK_V, BLOCK_R]; a tile past the end loads nothing."""
+def _w2_tile(w2, tile, V, R, keep, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
+    """W2 rows of a vocabulary tile, whole rank: [BLOCK_V, BLOCK_R]; a tile past the end loads
+    nothing. With L2_HINTS, ``keep`` tiles are loaded evict_last (the next step, walking the other
+    way, starts on them) and the others evict_first."""
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     rr = tl.arange(0, BLOCK_R)
-    return tl.load(w2 + cols.to(tl.int64)[:, None] * R + rr[None, :],
-                   mask=(cols < V)[:, None] & (rr < R)[None, :], other=0.0)
+    ptrs = w2 + cols.to(tl.int64)[:, None] * R + rr[None, :]
+    mask = (cols < V)[:, None] & (rr < R)[None, :]
+    if L2_HINTS:
+        if keep:
+            w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+        else:
+            w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(ptrs, mask=mask, other=0.0)
+    return w
 
 
 @triton.jit
-def _first_tile(w2, c, C, n_tiles, rev, V, R, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
-    return _w2_tile(w2, tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles), V, R, BLOCK_V, BLOCK_R)
+def _first_tile(w2, c, C, n_tiles, rev, keep_from, V, R, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+                L2_HINTS: tl.constexpr):
+    tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)
+    return _w2_tile(w2, tile, V, R, c >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
 
 
 @triton.jit
@@ -141,8 +154,8 @@ def _gemv_tile(w, h, BLOCK_B: tl.constexpr):
 
 @triton.jit
 def _step_gemv(w_first, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c, C, n_tiles,
-               rev, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
-               BLOCK_R: tl.constexpr):
+               rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
     """Step k over program c's tiles on CUDA cores (BLOCK_R covers the rank). ``w_first``, the
     program's first tile, was loaded before ``prev`` was known. Latency is hidden by occupancy
     (few registers per program), not by register double buffering."""
@@ -161,7 +174,7 @@ def _step_gemv(w_first, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key,
                             inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
     for i in range(1, tl.cdiv(n_tiles - c, C)):
         tile = _tile_at(i, c, C, n_tiles, rev)
-        w = _w2_tile(w2, tile, V, R, BLOCK_V, BLOCK_R)
+        w = _w2_tile(w2, tile, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)   # by sweep position
         best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
                                 inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
     return best, arg
@@ -191,10 +204,10 @@ def _grid_wait(counter, target):
 @triton.jit
 def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
                          part_val, part_idx, counter,
-                         B, N, V, R, C, K0, K1, stride_ub, stride_uk,
+                         B, N, V, R, C, K0, K1, stride_ub, stride_uk, KEEP_FROM,
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
-                         GEMV: tl.constexpr, SNAKE: tl.constexpr):
+                         GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
     step k-1's partials (after the grid barrier when GRID_SYNC)."""
     c = tl.program_id(0)
@@ -206,7 +219,7 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
     for k in range(K0, K1):
         rev = (k % 2) * SNAKE == 1
         if GEMV:                                             # in flight while waiting for prev
-            w0 = _first_tile(w2, c, C, n_tiles, rev, V, R, BLOCK_V, BLOCK_R)
+            w0 = _first_tile(w2, c, C, n_tiles, rev, KEEP_FROM, V, R, BLOCK_V, BLOCK_R, L2_HINTS)
         if k == 0:
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
@@ -219,7 +232,8 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
         key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
         if GEMV:
             best, arg = _step_gemv(w0, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
-                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
+                                   C, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V,
+                                   BLOCK_R, L2_HINTS)
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -258,9 +272,10 @@ def markov_rows_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 
 @triton.jit
 def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
-                       part_val, part_idx, ticket, B, N, V, R, C, k, stride_ub, stride_uk,
+                       part_val, part_idx, ticket, B, N, V, R, C, k, stride_ub, stride_uk, KEEP_FROM,
                        BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_C: tl.constexpr, GEMV: tl.constexpr, SNAKE: tl.constexpr):
+                       BLOCK_C: tl.constexpr, GEMV: tl.constexpr, SNAKE: tl.constexpr,
+                       L2_HINTS: tl.constexpr):
     """Grid (C, row groups), step k; partials [B, C]; ticket [N, row groups] int32 zeros."""
     c = tl.program_id(0)
     g = tl.program_id(1)
@@ -270,7 +285,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     n_tiles = tl.cdiv(V, BLOCK_V)
     rev = (k % 2) * SNAKE == 1
     if GEMV:
-        w0 = _first_tile(w2, c, C, n_tiles, rev, V, R, BLOCK_V, BLOCK_R)
+        w0 = _first_tile(w2, c, C, n_tiles, rev, KEEP_FROM, V, R, BLOCK_V, BLOCK_R, L2_HINTS)
     if k == 0:
         prev = tl.maximum(anc, 0).to(tl.int64)
     else:                                                    # written by the previous launch
@@ -278,7 +293,8 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     key = row_key(sd, st + k + 1, STREAM_DRAFT)
     if GEMV:
         best, arg = _step_gemv(w0, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
-                               C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
+                               C, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V,
+                               BLOCK_R, L2_HINTS)
     else:
         best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                               C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -294,9 +310,11 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # block_v / block_r: W2 tile of the dot body (the gemv body takes the whole rank and, unless given,
 # block_v = GEMV_TILE_ELEMS // rank: 16 KB of bf16 per program, ~64 registers per thread at 8 warps);
 # programs_per_sm: target programs per SM of the per-step schedules (one_launch: one per SM);
-# reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B.
+# reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
+# l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
+# the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 50 MB).
 MARKOV_DEFAULTS = dict(block_v=128, block_r=64, programs_per_sm=4, reduce="ticket", gemv=False,
-                       snake=False, num_warps=None, num_stages=3)
+                       snake=False, l2_keep=0.0, num_warps=None, num_stages=3)
 GEMV_MAX_B = 4
 GEMV_TILE_ELEMS = 8192
 
@@ -335,7 +353,8 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          num_programs: int | None = None, block_v: int | None = None,
                          block_r: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
-                         snake: bool | None = None, programs_per_sm: int | None = None) -> tuple[Tensor, Tensor]:
+                         snake: bool | None = None, programs_per_sm: int | None = None,
+                         l2_keep: float | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -352,7 +371,8 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         U = U.contiguous()
     cfg = markov_config(B, V, Rk, dev, one_launch, num_programs=num_programs, block_v=block_v,
                         block_r=block_r, num_warps=num_warps, num_stages=num_stages, reduce=reduce,
-                        gemv=False if rows_only else gemv, snake=snake, programs_per_sm=programs_per_sm)
+                        gemv=False if rows_only else gemv, snake=snake, programs_per_sm=programs_per_sm,
+                        l2_keep=l2_keep)
     block_b, groups, C = cfg["block_b"], cfg["groups"], cfg["C"]
     w1c, w2c = (w1.contiguous(), w2.contiguous()) if Rk else (U, U)   # rank 0 (DFlash): never read
     rowargs = (anchor.contiguous(), w1c, w2c, temperature.contiguous(), seed.contiguous(), start.contiguous())
@@ -362,7 +382,10 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         launcher(markov_rows_kernel)[(groups,)](U, *rowargs, z, tokens, B, N, V, Rk, U.stride(0), U.stride(1),
                                                 **tiles)
         return tokens, z
-    flags = dict(GEMV=cfg["gemv"], SNAKE=int(bool(cfg["snake"])))
+    hints = cfg["gemv"] and cfg["l2_keep"] > 0
+    flags = dict(GEMV=cfg["gemv"], SNAKE=int(bool(cfg["snake"])), L2_HINTS=hints)
+    n_tiles = triton.cdiv(V, cfg["block_v"])
+    keep_from = n_tiles - int(cfg["l2_keep"] * n_tiles) if hints else n_tiles   # sweep positions kept in L2
     block_c = max(16, min(pow2(C), 4096 // block_b))             # partials reduced per iteration
     if not one_launch and cfg["reduce"] == "ticket":
         part_val = torch.empty((B, C), dtype=torch.float32, device=dev)
@@ -371,7 +394,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         step = launcher(markov_step_kernel)
         for k in range(N):
             step[(C, groups)](U, *rowargs, z, tokens, part_val, part_idx, ticket, B, N, V, Rk, C, k,
-                              U.stride(0), U.stride(1), BLOCK_C=block_c, **tiles, **flags)
+                              U.stride(0), U.stride(1), keep_from, BLOCK_C=block_c, **tiles, **flags)
         return tokens, z
     if INTERPRET and one_launch:                # the interpreter runs programs one after another
         C, one_launch = 1, groups == 1
@@ -382,12 +405,14 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     kernel = launcher(markov_sample_kernel)
     common = dict(BLOCK_C=block_c, **tiles, **flags)
     if one_launch:
-        kernel[(C, groups)](*args, 0, N, U.stride(0), U.stride(1), GRID_SYNC=True, WRITE_LAST=True, **common)
+        kernel[(C, groups)](*args, 0, N, U.stride(0), U.stride(1), keep_from, GRID_SYNC=True, WRITE_LAST=True,
+                            **common)
         return tokens, z
     for k in range(N):                          # reduce="prologue"
-        kernel[(C, groups)](*args, k, k + 1, U.stride(0), U.stride(1), GRID_SYNC=False, WRITE_LAST=False,
-                            **common)
-    kernel[(1, groups)](*args, N, N, U.stride(0), U.stride(1), GRID_SYNC=False, WRITE_LAST=True, **common)
+        kernel[(C, groups)](*args, k, k + 1, U.stride(0), U.stride(1), keep_from, GRID_SYNC=False,
+                            WRITE_LAST=False, **common)
+    kernel[(1, groups)](*args, N, N, U.stride(0), U.stride(1), keep_from, GRID_SYNC=False, WRITE_LAST=True,
+                        **common)
     return tokens, z
 
 
