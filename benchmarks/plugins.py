@@ -11,6 +11,7 @@ its inputs evicted from the 50 MB L2 as in a real decode step), bytes moved (com
 stated per op), achieved bandwidth as a fraction of the H200's 4.8 TB/s (``bw_frac`` from
 ``graph_cold_us``; ``bw_frac_plain`` from the plain call), and parity (max abs error or exact token
 equality). Writes benchmarks/results/plugins-<gpu>-<sha>.json (or --out DIR) and prints a table.
+The timing helpers and the ``*_case`` input builders are shared with ``benchmarks/tune_plugins.py``.
 
     python benchmarks/plugins.py [--quick] [--out DIR]
 """
