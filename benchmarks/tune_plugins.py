@@ -46,8 +46,9 @@ REJECTION_CONFIGS = [
     {"block_v": 1024, "num_warps": 4}, {"block_v": 1024, "num_warps": 8}, {"block_v": 4096, "num_warps": 8},
     {"programs_per_sm": 4}, {"programs_per_sm": 16}, {"max_tiles": 2}, {"max_tiles": 32},
 ]
+# {"num_programs": ...}: the per-step grid of the pre-tuning rule (floor instead of ceil), for comparison
 MARKOV_B1 = [
-    {"one_launch": False}, {"one_launch": True},
+    {"one_launch": False}, {"one_launch": False, "num_programs": 594}, {"one_launch": True},
     {"one_launch": False, "reduce": "prologue"},
     {"one_launch": False, "reduce": "prologue", "snake": True},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True},
@@ -62,11 +63,12 @@ MARKOV_B1 = [
     {"one_launch": True, "gemv": True, "snake": True},
 ]
 MARKOV_B64 = [
-    {"one_launch": False}, {"one_launch": True}, {"one_launch": False, "snake": True},
+    {"one_launch": False}, {"one_launch": False, "num_programs": 594}, {"one_launch": True},
+    {"one_launch": False, "snake": True},
     {"one_launch": True, "snake": True}, {"one_launch": False, "reduce": "prologue", "snake": True},
 ]
 MARKOV_R512 = [
-    {"one_launch": False}, {"one_launch": True},
+    {"one_launch": False}, {"one_launch": False, "num_programs": 1010}, {"one_launch": True},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 4},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3, "l2_keep": 0.4},
