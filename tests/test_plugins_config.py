@@ -58,6 +58,15 @@ def test_markov_per_step_grid_is_one_wave_of_whole_tiles(B, V, R, gemv):
         assert cfg["block_v"] * cfg["block_r"] == kmk.GEMV_TILE_ELEMS or cfg["block_v"] == 16
 
 
+def test_markov_small_batch_overrides(monkeypatch):
+    monkeypatch.setattr(kmk, "MARKOV_SMALL_B", {"gemv": True, "reduce": "prologue"})
+    small = kmk.markov_config(1, 151936, 256, DEV)
+    assert small["gemv"] and small["reduce"] == "prologue" and small["block_v"] == kmk.GEMV_TILE_ELEMS // 256
+    big = kmk.markov_config(64, 151936, 256, DEV)
+    assert not big["gemv"] and big["reduce"] == kmk.MARKOV_DEFAULTS["reduce"]
+    assert kmk.markov_config(1, 151936, 256, DEV, reduce="ticket")["reduce"] == "ticket"   # explicit wins
+
+
 def test_markov_one_launch_is_resident_and_bad_reduce_raises():
     assert kmk.markov_config(1, 151936, 256, DEV, one_launch=True)["C"] == SMS
     assert kmk.markov_config(100, 151936, 256, DEV, one_launch=True)["C"] == SMS // 2   # two row groups

@@ -313,16 +313,21 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 50 MB).
-MARKOV_DEFAULTS = dict(block_v=128, block_r=64, programs_per_sm=4, reduce="ticket", gemv=False,
-                       snake=False, l2_keep=0.0, num_warps=None, num_stages=3)
+MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, reduce="ticket",
+                       gemv=False, snake=False, l2_keep=0.0, num_warps=None, num_stages=3)
+# Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B (the batch-1 draft step), e.g. the
+# fastest batch-1 config of benchmarks/tune_plugins.py; empty = the same defaults for every batch.
+MARKOV_SMALL_B: dict = {}
 GEMV_MAX_B = 4
 GEMV_TILE_ELEMS = 8192
 
 
-def markov_config(B: int, V: int, R: int, device: torch.device, one_launch: bool, **overrides) -> dict:
+def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> dict:
     """Launch config of the exact sampler from shapes; ``overrides`` (not None) replace defaults.
     Adds block_b (rows per program), groups, C (programs per row group) and num_warps."""
-    cfg = {**MARKOV_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
+    small = MARKOV_SMALL_B if B <= GEMV_MAX_B else {}
+    cfg = {**MARKOV_DEFAULTS, **small, **{k: v for k, v in overrides.items() if v is not None}}
+    one_launch = cfg["one_launch"]
     if cfg["reduce"] not in ("ticket", "prologue"):
         raise ValueError(f"markov_sample: reduce must be 'ticket' or 'prologue', got {cfg['reduce']!r}")
     gemv = bool(cfg["gemv"]) and B <= GEMV_MAX_B
@@ -330,7 +335,8 @@ def markov_config(B: int, V: int, R: int, device: torch.device, one_launch: bool
     if gemv:
         cfg["block_b"] = pow2(B)
         cfg["block_r"] = pow2(R, 16)
-        cfg["block_v"] = overrides.get("block_v") or max(16, GEMV_TILE_ELEMS // cfg["block_r"])
+        cfg["block_v"] = (overrides.get("block_v") or small.get("block_v")           # not the dot tile's
+                          or max(16, GEMV_TILE_ELEMS // cfg["block_r"]))
     else:
         cfg["block_b"] = min(pow2(B, 16), 64)
         cfg["block_r"] = min(cfg["block_r"], pow2(R, 16))
@@ -349,7 +355,7 @@ def markov_config(B: int, V: int, R: int, device: torch.device, one_launch: bool
 
 
 def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temperature: Tensor,
-                         seed: Tensor, start: Tensor, one_launch: bool = True, rows_only: bool = False,
+                         seed: Tensor, start: Tensor, one_launch: bool | None = None, rows_only: bool = False,
                          num_programs: int | None = None, block_v: int | None = None,
                          block_r: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
@@ -369,11 +375,11 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         return tokens, z
     if U.stride(-1) != 1:
         U = U.contiguous()
-    cfg = markov_config(B, V, Rk, dev, one_launch, num_programs=num_programs, block_v=block_v,
+    cfg = markov_config(B, V, Rk, dev, one_launch=one_launch, num_programs=num_programs, block_v=block_v,
                         block_r=block_r, num_warps=num_warps, num_stages=num_stages, reduce=reduce,
                         gemv=False if rows_only else gemv, snake=snake, programs_per_sm=programs_per_sm,
                         l2_keep=l2_keep)
-    block_b, groups, C = cfg["block_b"], cfg["groups"], cfg["C"]
+    block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
     w1c, w2c = (w1.contiguous(), w2.contiguous()) if Rk else (U, U)   # rank 0 (DFlash): never read
     rowargs = (anchor.contiguous(), w1c, w2c, temperature.contiguous(), seed.contiguous(), start.contiguous())
     tiles = dict(BLOCK_B=block_b, BLOCK_V=cfg["block_v"], BLOCK_R=cfg["block_r"], num_warps=cfg["num_warps"],
