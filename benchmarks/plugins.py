@@ -11,6 +11,7 @@ its inputs evicted from the 50 MB L2 as in a real decode step), bytes moved (com
 stated per op), achieved bandwidth as a fraction of the H200's 4.8 TB/s (``bw_frac`` from
 ``graph_cold_us``; ``bw_frac_plain`` from the plain call), and parity (max abs error or exact token
 equality). Writes benchmarks/results/plugins-<gpu>-<sha>.json (or --out DIR) and prints a table.
+The timing helpers and the ``*_case`` input builders are shared with ``benchmarks/tune_plugins.py``.
 
     python benchmarks/plugins.py [--quick] [--out DIR]
 """
@@ -126,40 +127,55 @@ def paged(B, ctx, Hkv, D, page=16, extra=1):
     return kc, vc, table
 
 
+def attention_case(B, ctx, T=8, H=32, Hkv=8, D=128):
+    """Qwen3-8B verify block (DSpark non-causal: every query sees ctx + T keys) -> (args of
+    block_attention_triton, bytes: K and V of every key once, q read, o written)."""
+    kc, vc, table = paged(B, ctx + T, Hkv, D)
+    q = torch.randn(B, T, H, D, device=DEV, dtype=BF16)
+    pos = (ctx + torch.arange(T, device=DEV)).expand(B, T).contiguous()
+    lim = torch.full_like(pos, ctx + T - 1)
+    return (q, kc, vc, table, pos, lim, D ** -0.5), B * (ctx + T) * Hkv * D * 2 * 2 + 2 * q.numel() * 2
+
+
 def bench_block_attention(rows, batches, contexts):
-    H, Hkv, D, T = 32, 8, 128, 8
     for ctx in contexts:
         for B in batches:
-            kc, vc, table = paged(B, ctx + T, Hkv, D)
-            q = torch.randn(B, T, H, D, device=DEV, dtype=BF16)
-            pos = (ctx + torch.arange(T, device=DEV)).expand(B, T).contiguous()
-            lim = torch.full_like(pos, ctx + T - 1)                    # DSpark non-causal block
-            f = lambda: kba.block_attention_triton(q, kc, vc, table, pos, lim, D ** -0.5)
-            g = lambda: block_attention_ref(q, kc, vc, table, pos, lim, D ** -0.5)
-            nbytes = B * (ctx + T) * Hkv * D * 2 * 2 + 2 * q.numel() * 2
-            ref_s = timeit(g, 1, 3) if B * ctx <= 16 * 4096 else None
-            record(rows, "block_attention", f"B={B} ctx={ctx} T={T} H=32/8x128", f, ref_s, nbytes,
-                   max_err=err(f(), g()) if B * ctx <= 16 * 4096 else None)
+            args, nbytes = attention_case(B, ctx)
+            f = lambda: kba.block_attention_triton(*args)
+            g = lambda: block_attention_ref(*args)
+            small = B * ctx <= 16 * 4096
+            record(rows, "block_attention", f"B={B} ctx={ctx} T=8 H=32/8x128", f, timeit(g, 1, 3) if small else None,
+                   nbytes, max_err=err(f(), g()) if small else None)
+
+
+def mla_case(B, H=128, D=512, N=8, Wn=128, page=64, ctx=1000):
+    """DeepSeek-V4-Pro sparse MLA of a verify block (window Wn + block N, padded index width)
+    -> (args of sparse_mla_attention_triton, bytes: gathered rows once per batch row, q, o, indices)."""
+    width = index_width(Wn, N)
+    start = torch.full((B,), ctx, device=DEV)
+    pages = -(-(ctx + N) // page) + 1
+    table = torch.arange(B * pages, device=DEV).view(B, pages)
+    idx, _ = noncausal_swa_indices_ref(start, table, N, page, Wn, width)
+    kv = torch.randn(B * pages * page, D, device=DEV, dtype=BF16)
+    q = torch.randn(B * N, H, D, device=DEV, dtype=BF16)
+    sink = torch.randn(H, device=DEV)
+    idx = idx.view(B * N, width)
+    nbytes = B * (Wn + N) * D * 2 + 2 * q.numel() * 2 + idx.numel() * 4
+    return (q, kv, idx, sink, D ** -0.5, D), nbytes
 
 
 def bench_sparse_mla(rows, batches):
-    H, D, N, Wn = 128, 512, 8, 128
-    width = index_width(Wn, N)
     for B in batches:
-        page = 64
-        start = torch.full((B,), 1000, device=DEV)
-        pages = -(-(1000 + N) // page) + 1
-        table = torch.arange(B * pages, device=DEV).view(B, pages)
-        idx, _ = noncausal_swa_indices_ref(start, table, N, page, Wn, width)
-        kv = torch.randn(B * pages * page, D, device=DEV, dtype=BF16)
-        q = torch.randn(B * N, H, D, device=DEV, dtype=BF16)
-        sink = torch.randn(H, device=DEV)
-        idx = idx.view(B * N, width)
-        f = lambda: ksm.sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D)
-        g = lambda: sparse_mla_attention_ref(q, kv, idx, sink, D ** -0.5, D)
-        nbytes = B * (Wn + N) * D * 2 + 2 * q.numel() * 2 + idx.numel() * 4
-        record(rows, "sparse_mla_attention", f"B={B} N={N} H=128 D=512 W={width}", f, timeit(g, 1, 3),
+        args, nbytes = mla_case(B)
+        f = lambda: ksm.sparse_mla_attention_triton(*args)
+        g = lambda: sparse_mla_attention_ref(*args)
+        record(rows, "sparse_mla_attention", f"B={B} N=8 H=128 D=512 W={args[2].shape[1]}", f, timeit(g, 1, 3),
                nbytes, max_err=err(f(), g()))
+
+
+def markov_bytes(B, N, V, r):
+    """W2 once per step + U read + z written."""
+    return N * V * r * 2 + B * N * V * (2 + 4)
 
 
 def markov_inputs(B, N, V, r):
@@ -179,7 +195,7 @@ def bench_markov(rows, batches, shapes, N=7):
             args = markov_inputs(B, N, V, r)
             rt, rz = markov_sample_ref(*args)
             ref_s = timeit(lambda: markov_sample_ref(*args), 1, 3)
-            nbytes = N * V * r * 2 + B * N * V * (2 + 4)               # W2 once per step + U read + z write
+            nbytes = markov_bytes(B, N, V, r)
             scheds = {"one_launch": dict(one_launch=True), "per_step": dict(one_launch=False)}
             if B == 1:
                 scheds["rows (trt aot)"] = dict(rows_only=True)
@@ -199,19 +215,24 @@ def bench_markov(rows, batches, shapes, N=7):
                    agree_with_exact=float((t == rt).float().mean()))
 
 
+def rejection_case(B, V=151936, N=7):
+    """Verify a block of N drafts, greedy and sampled rows alternating -> (args, bytes: every
+    target and draft row read once)."""
+    L = torch.randn(B, N + 1, V, device=DEV) * 3
+    z = L[:, :N] + torch.randn(B, N, V, device=DEV) * 0.3
+    drafts = z.argmax(-1)
+    temp = torch.where(torch.arange(B, device=DEV) % 2 == 0, 0.0, 1.0)
+    seed = torch.arange(B, device=DEV)
+    start = torch.full((B,), 100, device=DEV)
+    return (L, drafts, z, temp, seed, start), (L.numel() + z.numel()) * 4
+
+
 def bench_rejection(rows, batches, V=151936, N=7):
     for B in batches:
-        L = torch.randn(B, N + 1, V, device=DEV) * 3
-        z = L[:, :N] + torch.randn(B, N, V, device=DEV) * 0.3
-        drafts = z.argmax(-1)
-        temp = torch.where(torch.arange(B, device=DEV) % 2 == 0, 0.0, 1.0)
-        seed = torch.arange(B, device=DEV)
-        start = torch.full((B,), 100, device=DEV)
-        args = (L, drafts, z, temp, seed, start)
+        args, nbytes = rejection_case(B, V, N)
         f = lambda: krj.rejection_sample_triton(*args)
         g = lambda: rejection_sample_ref(*args)
         (a, n), (ra, rn) = f(), g()
-        nbytes = (L.numel() + z.numel()) * 4                            # every row read at least once
         record(rows, "rejection_sample", f"B={B} N={N} V={V} fp32", f, timeit(g, 1, 3), nbytes,
                tokens_equal=bool(torch.equal(a, ra) and torch.equal(n, rn)))
 

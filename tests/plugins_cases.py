@@ -82,6 +82,31 @@ def rejection_inputs(device, dtype=torch.float32, B=6, N=3, V=200):
     return L, drafts, z, temp, seed, start
 
 
+def rejection_topp_inputs(device, dtype=torch.float32):
+    """Rows masked to -inf (a dead vocabulary prefix longer than a tile, then top-p)."""
+    from dspark_trt.plugins.rejection_sample import apply_top_p
+    L, _, z, temp, seed, start = rejection_inputs(device, dtype, V=300)
+    L[..., :70] = float("-inf")
+    z[..., :70] = float("-inf")
+    L = apply_top_p(L, temp, torch.tensor([0.9, 0.95, 0.8, 1.0, 0.4, 0.99], device=device))
+    return L, z.argmax(-1), z, temp, seed, start
+
+
+def rejection_many_inputs(device, B=24, N=4, V=97):
+    """Many rows, random temperatures, some off-distribution drafts, one inert row."""
+    g = _gen(device, 7)
+    L = g(B, N + 1, V) * 1.5
+    z = L[:, :N] + g(B, N, V) * 0.4
+    gi = torch.Generator().manual_seed(8)
+    off = torch.rand(B, N, generator=gi) < 0.2
+    drafts = torch.where(off.to(device), torch.randint(0, V, (B, N), generator=gi).to(device), z.argmax(-1))
+    temp = torch.where(torch.arange(B) % 3 == 0, 0.0, 0.5 + torch.rand(B, generator=gi)).to(device)
+    seed = torch.arange(B, device=device) * 31 + 7
+    start = torch.arange(B, device=device) * 5
+    start[5] = -1
+    return L, drafts, z, temp, seed, start
+
+
 def swa_inputs(device, B=4, N=5, page=8, P=40, window=16):
     table = paged_table(B, P, B * P + 1, device, seed=4)
     start = torch.tensor([3, 100, -1, 250][:B], device=device)
@@ -130,10 +155,16 @@ def run_all(device, dtype=torch.float32) -> dict:
 
     args = markov_inputs(device, dtype)
     rt, rz = markov_sample_ref(*args)
-    for one in (True, False):
-        tt, tz = kmk.markov_sample_triton(*args, one_launch=one, num_programs=3, block_v=64, block_r=16)
-        out[f"markov_sample_{'one' if one else 'per_step'}"] = {
-            "tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    tiles = dict(num_programs=3, block_v=64, block_r=16)
+    schedules = {"one": dict(one_launch=True), "per_step": dict(one_launch=False),
+                 "prologue": dict(one_launch=False, reduce="prologue"),
+                 "dot_snake": dict(one_launch=False, snake=True),
+                 "gemv": dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=32),
+                 "gemv_ticket": dict(one_launch=False, gemv=True, snake=True, block_v=32, l2_keep=0.4),
+                 "one_gemv": dict(one_launch=True, gemv=True, snake=True, block_v=32)}
+    for name, kw in schedules.items():
+        tt, tz = kmk.markov_sample_triton(*args, **{**tiles, **kw})
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     tt, tz = kmk.markov_sample_triton(*args, rows_only=True, block_v=64, block_r=16)
     out["markov_sample_rows"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     from dspark_trt.plugins.aot import markov_sample_aot          # the TensorRT entry's argument wiring
@@ -146,30 +177,90 @@ def run_all(device, dtype=torch.float32) -> dict:
     rt, rz = markov_sample_topk_ref(*args, 64, 2)
     tt, tz = kmk.markov_sample_topk_triton(*args, 64, 2)
     out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=1, N=4)                 # gemv with one row: the 1-D body
+    rt, rz = markov_sample_ref(*args)
+    tt, tz = kmk.markov_sample_triton(*args, one_launch=False, reduce="prologue", gemv=True, snake=True,
+                                      num_programs=3, block_v=32, l2_keep=0.5)
+    out["markov_sample_gemv_b1"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=70, N=2, V=200)       # two row groups of 64: one ticket each
     rt, rz = markov_sample_ref(*args)
-    tt, tz = kmk.markov_sample_triton(*args, one_launch=False, num_programs=3, block_v=64, block_r=16)
-    out["markov_sample_per_step_groups"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    for name, kw in (("per_step_groups", {}), ("prologue_groups", dict(reduce="prologue", snake=True))):
+        tt, tz = kmk.markov_sample_triton(*args, one_launch=False, num_programs=3, block_v=64, block_r=16, **kw)
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=6, N=4, V=1000, r=40)  # candidates span several bias tiles
     rt, rz = markov_sample_topk_ref(*args, 128, 3)
     tt, tz = kmk.markov_sample_topk_triton(*args, 128, 3)
     out["markov_sample_topk_wide"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
 
-    args = rejection_inputs(device, dtype)
-    ra, rn = rejection_sample_ref(*args)
-    ta, tn = krj.rejection_sample_triton(*args)
-    out["rejection_sample"] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)),
-                               "accepted": ra.tolist()}
+    # split schedule: default launch, then several vocabulary chunks per row (partial last chunk)
+    L, drafts, z, temp, seed, start = rejection_inputs(device, dtype)
+    cases = {"rejection_sample": ((L, drafts, z, temp, seed, start), {}),
+             "rejection_sample_row": ((L, drafts, z, temp, seed, start), {"schedule": "row"}),
+             "rejection_sample_split": ((L, drafts, z, temp, seed, start),
+                                        {"block_v": 16, "splits": 5, "res_splits": 4}),
+             "rejection_sample_bonus_only": ((L[:, :1].contiguous(), drafts[:, :0], z[:, :0], temp, seed, start),
+                                             {"block_v": 16, "splits": 6, "res_splits": 5}),
+             "rejection_sample_many": (rejection_many_inputs(device), {"block_v": 16, "splits": 3, "res_splits": 5}),
+             "rejection_sample_topp": (rejection_topp_inputs(device, dtype),
+                                       {"block_v": 16, "splits": 6, "res_splits": 5}),
+             "rejection_sample_topp_row": (rejection_topp_inputs(device, dtype), {"schedule": "row", "block_v": 64})}
+    for name, (args, kw) in cases.items():
+        ra, rn = rejection_sample_ref(*args)
+        ta, tn = krj.rejection_sample_triton(*args, **kw)
+        out[name] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)), "accepted": ra.tolist()}
 
     args = swa_inputs(device)
     ri, rl = noncausal_swa_indices_ref(*args)
     ti, tl_ = ksw.noncausal_swa_indices_triton(*args)
     out["noncausal_swa_indices"] = {"tokens_equal": bool(torch.equal(ri, ti) and torch.equal(rl, tl_))}
 
-    args = sparse_mla_inputs(device, dtype)
-    out["sparse_mla_attention"] = {"err": _err(ksm.sparse_mla_attention_triton(*args),
-                                               sparse_mla_attention_ref(*args))}
+    cases = {"sparse_mla_attention": (sparse_mla_inputs(device, dtype), {}),
+             # index list split in three (reduce with the sink), a token without valid entries
+             "sparse_mla_attention_split": (sparse_mla_inputs(device, dtype), {"block_n": 8, "num_splits": 3}),
+             # dv = D in two dv tiles, heads not a multiple of the head tile, split list
+             "sparse_mla_attention_dv_tiles": (sparse_mla_inputs(device, dtype, H=24, dv=64),
+                                               {"block_h": 16, "block_dv": 32, "block_n": 8, "num_splits": 2}),
+             "sparse_mla_attention_dv_eq_d": (sparse_mla_inputs(device, dtype, dv=64), {"block_n": 16})}
+    for name, (args, kw) in cases.items():
+        out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
+    out["tuner_configs"] = tuner_configs(device, dtype)
     return out
+
+
+def tuner_configs(device, dtype=torch.float32) -> dict:
+    """Every candidate config of benchmarks/tune_plugins.py on the small inputs: the launchers
+    accept it and match the reference (tokens exact, floats within 1e-5). -> {"checked", "failures"}."""
+    from benchmarks import tune_plugins as tp
+    from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk
+    from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm
+    failures, checked = [], 0
+
+    def check(name, cfg, ok):
+        nonlocal checked
+        checked += 1
+        if not ok:
+            failures.append(f"{name} {cfg}")
+
+    args = rejection_inputs(device, dtype)
+    ra, rn = rejection_sample_ref(*args)
+    for cfg in tp.REJECTION_CONFIGS:
+        a, n = krj.rejection_sample_triton(*args, **cfg)
+        check("rejection", cfg, torch.equal(a, ra) and torch.equal(n, rn))
+    args = markov_inputs(device, dtype)
+    rt, rz = markov_sample_ref(*args)
+    for cfg in tp.MARKOV_B1 + tp.MARKOV_B64 + tp.MARKOV_R512:
+        t, z = kmk.markov_sample_triton(*args, **cfg)
+        check("markov", cfg, torch.equal(t, rt) and _err(z, rz) < 1e-5)
+    q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
+    ref = block_attention_ref(q, kc, vc, table, pos, block, scale)
+    for cfg in tp.ATTN_CONFIGS + tp.ATTN_B1:
+        check("block_attention", cfg, _err(kba.block_attention_triton(q, kc, vc, table, pos, block, scale, **cfg),
+                                           ref) < 1e-5)
+    args = sparse_mla_inputs(device, dtype)
+    ref = sparse_mla_attention_ref(*args)
+    for cfg in tp.MLA_CONFIGS:
+        check("sparse_mla", cfg, _err(ksm.sparse_mla_attention_triton(*args, **cfg), ref) < 1e-5)
+    return {"checked": checked, "failures": failures}
 
 
 if __name__ == "__main__":                                  # python tests/plugins_cases.py (under TRITON_INTERPRET=1)

@@ -44,21 +44,40 @@ def test_block_attention_kernel(results, mask, splits):
     assert results[f"block_attention_{mask}_split{splits}"]["err"] < 1e-5
 
 
-@pytest.mark.parametrize("schedule", ["one", "per_step", "per_step_groups", "rows", "aot", "topk", "topk_wide"])
+@pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",
+                                      "one_gemv", "per_step_groups", "prologue_groups", "rows", "aot", "topk",
+                                      "topk_wide"])
 def test_markov_sample_kernel(results, schedule):
     r = results[f"markov_sample_{schedule}"]
     assert r["tokens_equal"] and r["err"] < 1e-5
 
 
-def test_rejection_sample_kernel(results):
-    r = results["rejection_sample"]
+@pytest.mark.parametrize("case", ["rejection_sample", "rejection_sample_row", "rejection_sample_split",
+                                  "rejection_sample_many", "rejection_sample_topp", "rejection_sample_topp_row"])
+def test_rejection_sample_kernel(results, case):
+    r = results[case]
     assert r["tokens_equal"]
     assert len(set(r["accepted"])) > 1          # the case mixes accepted lengths
+
+
+def test_rejection_sample_bonus_only(results):
+    """N = 0: nothing to verify, the bonus token is sampled from p."""
+    r = results["rejection_sample_bonus_only"]
+    assert r["tokens_equal"] and set(r["accepted"]) == {0}
 
 
 def test_noncausal_swa_indices_kernel(results):
     assert results["noncausal_swa_indices"]["tokens_equal"]
 
 
-def test_sparse_mla_attention_kernel(results):
-    assert results["sparse_mla_attention"]["err"] < 1e-5
+@pytest.mark.parametrize("case", ["sparse_mla_attention", "sparse_mla_attention_split",
+                                  "sparse_mla_attention_dv_tiles", "sparse_mla_attention_dv_eq_d"])
+def test_sparse_mla_attention_kernel(results, case):
+    assert results[case]["err"] < 1e-5
+
+
+def test_tuner_candidate_configs(results):
+    """benchmarks/tune_plugins.py's candidates all launch and match the reference (so GPU time is
+    not spent on a config that cannot work)."""
+    r = results["tuner_configs"]
+    assert r["checked"] >= 40 and not r["failures"], r["failures"]

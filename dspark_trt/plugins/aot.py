@@ -76,7 +76,7 @@ def sparse_mla_attention_aot(q, kv, indices, attn_sink, W, H, out, SCALE: tl.con
                              D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
                              BLOCK_N: tl.constexpr):
     """grid (T, cdiv(H, BLOCK_H))."""
-    sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, SCALE, W, H, D, DV, BLOCK_H, BLOCK_N)
+    sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, SCALE, W, H, D, DV, BLOCK_H, BLOCK_N, DV)
 
 
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",

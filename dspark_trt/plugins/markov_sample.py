@@ -14,10 +14,6 @@ from torch import Tensor
 from .dispatch import use_triton
 from .rng import STREAM_DRAFT, gumbel
 
-# CUDA schedule of the exact kernel: True = one persistent launch with a grid barrier between the
-# N steps, False = one launch per step (see kernels/markov.py).
-ONE_LAUNCH = False
-
 
 def markov_sample_ref(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
                       temperature: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
@@ -49,8 +45,7 @@ def markov_sample(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
                   temperature: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
     if use_triton(base_logits):
         from .kernels.markov import markov_sample_triton
-        return markov_sample_triton(base_logits, anchor, w1, w2, temperature, seed, start,
-                                    one_launch=ONE_LAUNCH)
+        return markov_sample_triton(base_logits, anchor, w1, w2, temperature, seed, start)   # markov_config
     return markov_sample_ref(base_logits, anchor, w1, w2, temperature, seed, start)
 
 

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import launcher, pow2
+from .common import launcher, num_sms, pow2
 
 
 @triton.jit
@@ -62,7 +62,7 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, scale, 
         kv_off = ((page * PAGE_SIZE + kpos % PAGE_SIZE).to(tl.int64) * HKV + kvh) * D
         kt = tl.load(k_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
         vt = tl.load(v_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
-        s = (tl.dot(qt, tl.trans(kt), input_precision="ieee") * scale).to(tl.float32)                # [BLOCK_M, BLOCK_N]
+        s = (tl.dot(qt, tl.trans(kt), input_precision="ieee") * scale).to(tl.float32)       # [BLOCK_M, BLOCK_N]
         s = tl.where(kpos[None, :] <= lim[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -131,20 +131,45 @@ def block_attention_reduce_kernel(part_ml, part_acc, out, NUM_SPLITS, D: tl.cons
 
 EXPORT_NUM_SPLITS = 8     # fixed split count of exported (dynamic-shape) engines
 
+# Defaults (benchmarks/tune_plugins.py measures alternatives). programs_per_sm: programs of this
+# tile one SM holds at once (block_n 64, 4 warps: 168 registers x 128 threads -> 3, from ptxas for
+# sm_90); the key range is split so that the grid fills whole waves of that many programs per SM.
+ATTN_DEFAULTS = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=3)
 
-def default_num_splits(device: torch.device, programs: int, max_keys: int, block_n: int) -> int:
-    """KV splits so that the grid covers about twice the SMs, each split at least one key tile."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    return max(1, min(triton.cdiv(2 * sms, programs), triton.cdiv(max_keys, block_n), 64))
+
+def default_num_splits(device: torch.device, programs: int, max_keys: int, block_n: int,
+                       programs_per_sm: int = ATTN_DEFAULTS["programs_per_sm"]) -> int:
+    """KV splits per query tile. Less than a wave of programs: about two programs per SM. A wave or
+    more: the fewest splits (up to 8) whose last wave is at least 90 % full, else the fullest."""
+    sms = num_sms(device)
+    slots = programs_per_sm * sms
+    most = max(1, min(triton.cdiv(max_keys, block_n), 64))
+    if programs < slots:
+        return max(1, min(triton.cdiv(2 * sms, programs), most))
+    best, best_fill = 1, 0.0
+    for s in range(1, min(most, 8) + 1):
+        total = programs * s
+        fill = total / (triton.cdiv(total, slots) * slots)
+        if fill >= 0.9:
+            return s
+        if fill > best_fill:
+            best, best_fill = s, fill
+    return best
 
 
 def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
                            positions: Tensor, kv_limit: Tensor, scale: float,
-                           num_splits: int | None = None, block_n: int = 64,
-                           num_warps: int = 4, num_stages: int = 2) -> Tensor:
-    """Same contract as ``block_attention_ref``. ``num_splits`` (KV splits per query tile) defaults
-    to enough programs for about two per SM; the actual key range of each split is decided on the
-    device from ``kv_limit``, so the split count only depends on shapes."""
+                           num_splits: int | None = None, block_n: int | None = None,
+                           num_warps: int | None = None, num_stages: int | None = None,
+                           programs_per_sm: int | None = None) -> Tensor:
+    """Same contract as ``block_attention_ref``. Unset launch parameters come from
+    ``ATTN_DEFAULTS``; ``num_splits`` (KV splits per query tile) from ``default_num_splits``. The
+    actual key range of each split is decided on the device from ``kv_limit``, so the split count
+    only depends on shapes."""
+    block_n = block_n or ATTN_DEFAULTS["block_n"]
+    num_warps = num_warps or ATTN_DEFAULTS["num_warps"]
+    num_stages = num_stages or ATTN_DEFAULTS["num_stages"]
+    programs_per_sm = programs_per_sm or ATTN_DEFAULTS["programs_per_sm"]
     B, T, H, D = q.shape
     Hkv = k_cache.shape[2]
     G = H // Hkv if Hkv else 0
@@ -156,9 +181,9 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
         return out
     P, page = block_table.shape[1], k_cache.shape[1]
     if all(isinstance(n, int) for n in (B, T, P)):
-        block_t = max(pow2(16 // G), min(pow2(T), max(1, 64 // G)))   # BLOCK_T * G in [16, 64] (>= 16 for tl.dot)
+        block_t = max(pow2(16 // G), min(pow2(T), max(1, 64 // G)))   # BLOCK_T * G in [16, 64] (tl.dot)
         t_tiles = triton.cdiv(T, block_t)
-        S = num_splits or default_num_splits(q.device, B * Hkv * t_tiles, P * page, block_n)
+        S = num_splits or default_num_splits(q.device, B * Hkv * t_tiles, P * page, block_n, programs_per_sm)
     else:   # traced with dynamic shapes (torch.export): launch choices must not depend on them
         block_t = max(pow2(16 // G), max(1, 64 // G))
         t_tiles = triton.cdiv(T, block_t)

@@ -63,5 +63,10 @@ def launcher(kernel):
     return torch.library.wrap_triton(kernel)
 
 
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 for anything else: interpreter tests)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(max(int(n), 1)))

@@ -1,20 +1,34 @@
 """Triton kernels of ``dspark::markov_sample`` (exact, full vocabulary) and
 ``dspark::markov_sample_topk`` (fast, candidate-restricted proposal).
 
-Exact mode. Step k reads W2 [V, r] once for *all* rows: the vocabulary is split into BLOCK_V tiles
+Exact mode. Step k reads W2 [V, r] once for *all* rows: the vocabulary is cut into BLOCK_V tiles
 dealt round-robin to C programs; a program computes ``z = U_k + W1[prev] @ W2_tile^T`` for every
-row (``tl.dot``, fp32 accumulation), stores z, scores it (``z`` at T = 0, else ``z / T + Gumbel``)
-and keeps its best (score, index) per row. The token of step k is the reduction of the C partials
-(ties -> smallest index, like ``torch.argmax``). Two launch schedules share one kernel:
+row, stores z, scores it (``z`` at T = 0, else ``z / T + Gumbel``) and keeps its best (score,
+index) per row. The token of step k is the reduction of the C partials (ties -> smallest index,
+like ``torch.argmax``). Two tile bodies:
+
+* ``gemv=False``: ``tl.dot`` over BLOCK_R slices of the rank (tensor cores; rows padded to 16).
+* ``gemv=True`` (batch <= GEMV_MAX_B): whole-rank tiles, ``sum(W2_tile * h)`` on CUDA cores, few registers
+  (many resident programs keep the loads in flight); the first tile of a step is loaded before the
+  program waits for the previous token, hiding that dependency.
+
+``snake=True`` walks the tiles in reverse on odd steps, so a step starts on the tiles the previous
+step touched last (still in L2: W2 is larger than L2, a same-order sweep always misses);
+``l2_keep`` (gemv body) marks that last part of each sweep evict_last and the rest evict_first.
+
+Schedules:
 
 * ``one_launch=True``: a persistent grid (C <= number of SMs, all programs resident) runs the N
   steps with a grid-wide barrier (atomic counter) between steps. On GPU only C <= SM count is safe.
-* ``one_launch=False`` (default): one launch per step of ``markov_step_kernel`` with many programs
-  (about four per SM, each one or two tiles), so enough W2 loads are in flight to stream it at
-  HBM speed. The program that finishes a step last (an atomic ticket per row group, no grid
-  barrier, so any grid size is safe) reduces the step's partials and writes the token; the next
-  step's programs read ``prev`` from the token output.
+* ``one_launch=False``, ``reduce="ticket"``: one launch of ``markov_step_kernel`` per step; the
+  program that finishes a step last (an atomic ticket per row group, no grid barrier) reduces the
+  partials and writes the token; the next launch reads ``prev`` from the token output.
+* ``one_launch=False``, ``reduce="prologue"``: one launch of ``markov_sample_kernel`` per step; its
+  programs reduce the previous step's partials themselves (no ticket, no zeroed workspace), and a
+  final one-program-per-row-group launch writes the last token.
+* ``rows_only=True``: ``markov_rows_kernel``, one program per row group (TensorRT AOT entry).
 
+Launch parameters come from ``markov_config`` (defaults in ``MARKOV_DEFAULTS``).
 Fast mode: see ``markov_sample_topk_triton``.
 """
 from __future__ import annotations
@@ -24,30 +38,94 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import INTERPRET, STREAM_DRAFT, gumbel, launcher, pow2, row_key
+from .common import INTERPRET, STREAM_DRAFT, gumbel, launcher, num_sms, pow2, row_key
+
+INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 
 
 @triton.jit
-def _reduce_partials(part_val, part_idx, k, rows, rmask, B, C, BLOCK_C: tl.constexpr):
-    """Token of step k for each row: argmax over the C per-program partials [N, B, C]."""
-    cc = tl.arange(0, BLOCK_C)
-    off = (k * B + rows)[:, None] * C + cc[None, :]
-    m = rmask[:, None] & (cc[None, :] < C)
-    val = tl.load(part_val + off, mask=m, other=float("-inf"), cache_modifier=".cg")
-    idx = tl.load(part_idx + off, mask=m, other=2147483647, cache_modifier=".cg")
-    best = tl.max(val, 1)
-    return tl.min(tl.where(val == best[:, None], idx, 2147483647), 1)
+def _reduce_partials(part_val, part_idx, rows, rmask, C, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Argmax over the C per-program partials of ``rows`` (part_* + row * C + c), BLOCK_C at a
+    time; ties -> smallest index."""
+    bv = tl.full([BLOCK_B], float("-inf"), tl.float32)
+    bi = tl.full([BLOCK_B], INT_MAX, tl.int32)
+    for c0 in range(0, C, BLOCK_C):
+        cc = c0 + tl.arange(0, BLOCK_C)
+        m = rmask[:, None] & (cc[None, :] < C)
+        off = rows.to(tl.int64)[:, None] * C + cc[None, :]
+        val = tl.load(part_val + off, mask=m, other=float("-inf"), cache_modifier=".cg")
+        idx = tl.load(part_idx + off, mask=m, other=INT_MAX, cache_modifier=".cg")
+        cm = tl.max(val, 1)
+        ci = tl.min(tl.where(val == cm[:, None], idx, INT_MAX), 1)
+        take = (cm > bv) | ((cm == bv) & (ci < bi))
+        bi = tl.where(take, ci, bi)
+        bv = tl.maximum(bv, cm)
+    return bi
 
 
 @triton.jit
-def _markov_step(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c, C, N, V, R,
-                 stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
-                 BLOCK_R: tl.constexpr):
-    """Step k over the vocabulary tiles c, c + C, ...: store z, return the best (score, index)."""
+def _tile_at(i, c, C, n_tiles, rev):
+    """Vocabulary tile of program c's i-th iteration (reversed order when ``rev``)."""
+    t = c + i * C
+    return tl.where(rev, n_tiles - 1 - t, t)
+
+
+@triton.jit
+def _w2_tile(w2, tile, V, R, keep, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
+    """W2 rows of a vocabulary tile, whole rank: [BLOCK_V, BLOCK_R]; a tile past the end loads
+    nothing. With L2_HINTS, ``keep`` tiles are loaded evict_last (the next step, walking the other
+    way, starts on them) and the others evict_first."""
+    cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    rr = tl.arange(0, BLOCK_R)
+    ptrs = w2 + cols.to(tl.int64)[:, None] * R + rr[None, :]
+    mask = (cols < V)[:, None] & (rr < R)[None, :]
+    if L2_HINTS:
+        if keep:
+            w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_last")
+        else:
+            w = tl.load(ptrs, mask=mask, other=0.0, eviction_policy="evict_first")
+    else:
+        w = tl.load(ptrs, mask=mask, other=0.0)
+    return w
+
+
+@triton.jit
+def _first_tile(w2, c, C, n_tiles, rev, keep_from, V, R, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
+                L2_HINTS: tl.constexpr):
+    tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)
+    return _w2_tile(w2, tile, V, R, c >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
+
+
+@triton.jit
+def _score_tile(acc, U, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
+                stride_ub, stride_uk, BLOCK_V: tl.constexpr):
+    """z = U_k + acc on one tile: store it, score it, fold the tile's argmax into (best, arg)."""
+    cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    cmask = cols < V
+    m2 = live[:, None] & cmask[None, :]
+    u = tl.load(U + rows.to(tl.int64)[:, None] * stride_ub + k * stride_uk + cols[None, :],
+                mask=m2, other=0.0).to(tl.float32)
+    z = u + acc                                                                    # bias first, like the reference
+    tl.store(z_out + (rows.to(tl.int64) * N + k)[:, None] * V + cols[None, :],
+             tl.where(m2, z, 0.0), mask=rmask[:, None] & cmask[None, :])
+    score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
+    score = tl.where(cmask[None, :], score, float("-inf"))
+    tmax = tl.max(score, 1)
+    targ = tile * BLOCK_V + tl.argmax(score, 1, tie_break_left=True)
+    take = (tmax > best) | ((tmax == best) & (targ < arg))                         # tiles come in any order
+    return tl.maximum(best, tmax), tl.where(take, targ, arg)
+
+
+@triton.jit
+def _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c, C, n_tiles, rev,
+              N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+              BLOCK_R: tl.constexpr):
+    """Step k over program c's tiles with ``tl.dot``: return the best (score, index) per row."""
     best = tl.full([BLOCK_B], float("-inf"), tl.float32)
-    arg = tl.zeros([BLOCK_B], tl.int32)
+    arg = tl.full([BLOCK_B], INT_MAX, tl.int32)
     rr0 = tl.arange(0, BLOCK_R)
-    for tile in range(c, tl.cdiv(V, BLOCK_V), C):
+    for i in range(0, tl.cdiv(n_tiles - c, C)):
+        tile = _tile_at(i, c, C, n_tiles, rev)
         cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
         cmask = cols < V
         acc = tl.zeros([BLOCK_B, BLOCK_V], tl.float32)
@@ -59,18 +137,46 @@ def _markov_step(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, 
             w = tl.load(w2 + cols.to(tl.int64)[:, None] * R + rr[None, :],
                         mask=cmask[:, None] & rm[None, :], other=0.0)                 # [BLOCK_V, BLOCK_R]
             acc += tl.dot(h.to(w.dtype), tl.trans(w), input_precision="ieee")
-        m2 = live[:, None] & cmask[None, :]
-        u = tl.load(U + rows.to(tl.int64)[:, None] * stride_ub + k * stride_uk + cols[None, :],
-                    mask=m2, other=0.0).to(tl.float32)
-        z = u + acc                                                                    # bias first, like the reference
-        tl.store(z_out + (rows.to(tl.int64) * N + k)[:, None] * V + cols[None, :],
-                 tl.where(m2, z, 0.0), mask=rmask[:, None] & cmask[None, :])
-        score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
-        score = tl.where(cmask[None, :], score, float("-inf"))
-        tmax = tl.max(score, 1)
-        targ = tile * BLOCK_V + tl.argmax(score, 1, tie_break_left=True)
-        arg = tl.where(tmax > best, targ, arg)
-        best = tl.maximum(best, tmax)
+        best, arg = _score_tile(acc, U, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg,
+                                N, V, stride_ub, stride_uk, BLOCK_V)
+    return best, arg
+
+
+@triton.jit
+def _gemv_tile(w, h, BLOCK_B: tl.constexpr):
+    """W2 tile [BLOCK_V, BLOCK_R] times h -> [BLOCK_B, BLOCK_V] fp32 on CUDA cores; h is
+    [BLOCK_R] when BLOCK_B == 1 (keeps the tile in its load layout), else [BLOCK_B, BLOCK_R]."""
+    if BLOCK_B == 1:
+        return tl.sum(w.to(tl.float32) * h[None, :], 1)[None, :]
+    else:
+        return tl.sum(w.to(tl.float32)[None, :, :] * h[:, None, :], 2)
+
+
+@triton.jit
+def _step_gemv(w_first, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c, C, n_tiles,
+               rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
+    """Step k over program c's tiles on CUDA cores (BLOCK_R covers the rank). ``w_first``, the
+    program's first tile, was loaded before ``prev`` was known. Latency is hidden by occupancy
+    (few registers per program), not by register double buffering."""
+    rr = tl.arange(0, BLOCK_R)
+    if BLOCK_B == 1:
+        p0 = tl.max(prev, 0)
+        h = tl.load(w1 + p0 * R + rr, mask=rr < tl.where(tl.max(live.to(tl.int32), 0) > 0, R, 0),
+                    other=0.0).to(tl.float32)                                          # [BLOCK_R]
+    else:
+        h = tl.load(w1 + prev[:, None] * R + rr[None, :], mask=live[:, None] & (rr < R)[None, :],
+                    other=0.0).to(tl.float32)                                          # [BLOCK_B, BLOCK_R]
+    best = tl.full([BLOCK_B], float("-inf"), tl.float32)
+    arg = tl.full([BLOCK_B], INT_MAX, tl.int32)
+    tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
+    best, arg = _score_tile(_gemv_tile(w_first, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
+                            inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
+    for i in range(1, tl.cdiv(n_tiles - c, C)):
+        tile = _tile_at(i, c, C, n_tiles, rev)
+        w = _w2_tile(w2, tile, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)   # by sweep position
+        best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
+                                inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
     return best, arg
 
 
@@ -87,40 +193,61 @@ def _row_params(anchor, temperature, seed, start, rows, rmask):
 
 
 @triton.jit
+def _grid_wait(counter, target):
+    """Spin until ``target`` programs have arrived at the grid barrier."""
+    seen = tl.atomic_add(counter, 0, sem="acquire")
+    while seen < target:
+        seen = tl.atomic_add(counter, 0, sem="acquire")
+    tl.debug_barrier()
+
+
+@triton.jit
 def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
                          part_val, part_idx, counter,
-                         B, N, V, R, C, K0, K1, stride_ub, stride_uk,
+                         B, N, V, R, C, K0, K1, stride_ub, stride_uk, KEEP_FROM,
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
-                         BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr):
-    """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]."""
+                         BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
+                         GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr):
+    """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
+    step k-1's partials (after the grid barrier when GRID_SYNC)."""
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
     anc, live, greedy, inv_t, sd, st = _row_params(anchor, temperature, seed, start, rows, rmask)
+    n_tiles = tl.cdiv(V, BLOCK_V)
+    total = C * tl.num_programs(1)
     for k in range(K0, K1):
+        rev = (k % 2) * SNAKE == 1
+        if GEMV:                                             # in flight while waiting for prev
+            w0 = _first_tile(w2, c, C, n_tiles, rev, KEEP_FROM, V, R, BLOCK_V, BLOCK_R, L2_HINTS)
         if k == 0:
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
-            prev = _reduce_partials(part_val, part_idx, k - 1, rows, rmask, B, C, BLOCK_C).to(tl.int64)
+            if GRID_SYNC:
+                _grid_wait(counter, total * k)
+            prev = _reduce_partials(part_val, part_idx, (k - 1) * B + rows, rmask, C, BLOCK_B, BLOCK_C)
+            prev = prev.to(tl.int64)
             if c == 0:
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
         key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
-        best, arg = _markov_step(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
-                                 C, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
+        if GEMV:
+            best, arg = _step_gemv(w0, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
+                                   C, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V,
+                                   BLOCK_R, L2_HINTS)
+        else:
+            best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
+                                  C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
         poff = (k * B + rows) * C + c
         tl.store(part_val + poff, best, mask=rmask)
         tl.store(part_idx + poff, arg, mask=rmask)
         tl.debug_barrier()                                   # partials visible to the whole program
-        if GRID_SYNC:                                        # ... and to every program of the grid
-            total = C * tl.num_programs(1)
+        if GRID_SYNC:                                        # ... and, after the wait, to the grid
             tl.atomic_add(counter, 1, sem="release")
-            seen = tl.atomic_add(counter, 0, sem="acquire")
-            while seen < total * (k + 1):
-                seen = tl.atomic_add(counter, 0, sem="acquire")
-            tl.debug_barrier()
     if WRITE_LAST:
         if c == 0:
-            last = _reduce_partials(part_val, part_idx, N - 1, rows, rmask, B, C, BLOCK_C)
+            if GRID_SYNC:
+                _grid_wait(counter, total * N)
+            last = _reduce_partials(part_val, part_idx, (N - 1) * B + rows, rmask, C, BLOCK_B, BLOCK_C)
             tl.store(tokens_out + rows * N + (N - 1), tl.where(live, last, -1).to(tl.int64), mask=rmask)
 
 
@@ -134,78 +261,114 @@ def markov_rows_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     rmask = rows < B
     anc, live, greedy, inv_t, sd, st = _row_params(anchor, temperature, seed, start, rows, rmask)
     prev = tl.maximum(anc, 0).to(tl.int64)
+    n_tiles = tl.cdiv(V, BLOCK_V)
     for k in range(0, N):
         key = row_key(sd, st + k + 1, STREAM_DRAFT)
-        best, arg = _markov_step(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, 0,
-                                 1, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
+        best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, 0, 1,
+                              n_tiles, False, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
         tl.store(tokens_out + rows * N + k, tl.where(live, arg, -1).to(tl.int64), mask=rmask)
         prev = arg.to(tl.int64)
 
 
 @triton.jit
 def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
-                       part_val, part_idx, ticket, B, N, V, R, C, k, stride_ub, stride_uk,
+                       part_val, part_idx, ticket, B, N, V, R, C, k, stride_ub, stride_uk, KEEP_FROM,
                        BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_C: tl.constexpr):
+                       BLOCK_C: tl.constexpr, GEMV: tl.constexpr, SNAKE: tl.constexpr,
+                       L2_HINTS: tl.constexpr):
     """Grid (C, row groups), step k; partials [B, C]; ticket [N, row groups] int32 zeros."""
     c = tl.program_id(0)
     g = tl.program_id(1)
     rows = g * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
     anc, live, greedy, inv_t, sd, st = _row_params(anchor, temperature, seed, start, rows, rmask)
+    n_tiles = tl.cdiv(V, BLOCK_V)
+    rev = (k % 2) * SNAKE == 1
+    if GEMV:
+        w0 = _first_tile(w2, c, C, n_tiles, rev, KEEP_FROM, V, R, BLOCK_V, BLOCK_R, L2_HINTS)
     if k == 0:
         prev = tl.maximum(anc, 0).to(tl.int64)
     else:                                                    # written by the previous launch
         prev = tl.maximum(tl.load(tokens_out + rows * N + (k - 1), mask=rmask, other=0), 0)
     key = row_key(sd, st + k + 1, STREAM_DRAFT)
-    best, arg = _markov_step(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
-                             C, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
+    if GEMV:
+        best, arg = _step_gemv(w0, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
+                               C, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V,
+                               BLOCK_R, L2_HINTS)
+    else:
+        best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
+                              C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
     tl.store(part_val + rows * C + c, best, mask=rmask)
     tl.store(part_idx + rows * C + c, arg, mask=rmask)
     tl.debug_barrier()                                       # every thread's partial is stored
     if tl.atomic_add(ticket + k * tl.num_programs(1) + g, 1, sem="acq_rel") == C - 1:
-        bv = tl.full([BLOCK_B], float("-inf"), tl.float32)  # last program of the group: reduce
-        bi = tl.full([BLOCK_B], 2147483647, tl.int32)
-        for c0 in range(0, C, BLOCK_C):
-            cc = c0 + tl.arange(0, BLOCK_C)
-            m = rmask[:, None] & (cc[None, :] < C)
-            off = rows[:, None] * C + cc[None, :]
-            val = tl.load(part_val + off, mask=m, other=float("-inf"), cache_modifier=".cg")
-            idx = tl.load(part_idx + off, mask=m, other=2147483647, cache_modifier=".cg")
-            cm = tl.max(val, 1)
-            ci = tl.min(tl.where(val == cm[:, None], idx, 2147483647), 1)
-            take = (cm > bv) | ((cm == bv) & (ci < bi))        # ties -> smallest index
-            bi = tl.where(take, ci, bi)
-            bv = tl.maximum(bv, cm)
+        bi = _reduce_partials(part_val, part_idx, rows, rmask, C, BLOCK_B, BLOCK_C)   # last program of the group
         tl.store(tokens_out + rows * N + k, tl.where(live, bi, -1).to(tl.int64), mask=rmask)
 
 
-def num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+# Defaults of the exact sampler's launch (benchmarks/tune_plugins.py measures alternatives).
+# block_v / block_r: W2 tile of the dot body (the gemv body takes the whole rank and, unless given,
+# block_v = GEMV_TILE_ELEMS // rank: 16 KB of bf16 per program, ~64 registers per thread at 8 warps);
+# programs_per_sm: target programs per SM of the per-step schedules (one_launch: one per SM);
+# reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
+# l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
+# the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 50 MB).
+MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, reduce="ticket",
+                       gemv=False, snake=False, l2_keep=0.0, num_warps=None, num_stages=3)
+# Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B (the batch-1 draft step), e.g. the
+# fastest batch-1 config of benchmarks/tune_plugins.py; empty = the same defaults for every batch.
+MARKOV_SMALL_B: dict = {}
+GEMV_MAX_B = 4
+GEMV_TILE_ELEMS = 8192
 
 
-def default_num_programs(device: torch.device) -> int:
-    """Programs per row group of the one-launch schedule: one per SM (all must be resident)."""
-    return num_sms(device)
+EXPORT_ROWS_HINT = 16      # exported engines: row tiles of 16 (batch-independent), per-step schedule
 
 
-def default_step_programs(device: torch.device, n_tiles: int) -> int:
-    """Programs per row group and step of the per-step schedule: ~4 per SM, whole tiles each."""
-    per_program = max(1, n_tiles // (4 * num_sms(device)))
-    return triton.cdiv(n_tiles, per_program)
+def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> dict:
+    """Launch config of the exact sampler from shapes; ``overrides`` (not None) replace defaults.
+    Adds block_b (rows per program), groups, C (programs per row group) and num_warps."""
+    small = MARKOV_SMALL_B if B <= GEMV_MAX_B else {}
+    cfg = {**MARKOV_DEFAULTS, **small, **{k: v for k, v in overrides.items() if v is not None}}
+    one_launch = cfg["one_launch"]
+    if cfg["reduce"] not in ("ticket", "prologue"):
+        raise ValueError(f"markov_sample: reduce must be 'ticket' or 'prologue', got {cfg['reduce']!r}")
+    gemv = bool(cfg["gemv"]) and B <= GEMV_MAX_B
+    cfg["gemv"] = gemv
+    if gemv:
+        cfg["block_b"] = pow2(B)
+        cfg["block_r"] = pow2(R, 16)
+        cfg["block_v"] = (overrides.get("block_v") or small.get("block_v")           # not the dot tile's
+                          or max(16, GEMV_TILE_ELEMS // cfg["block_r"]))
+    else:
+        cfg["block_b"] = min(pow2(B, 16), 64)
+        cfg["block_r"] = min(cfg["block_r"], pow2(R, 16))
+    cfg["groups"] = triton.cdiv(B, cfg["block_b"])
+    n_tiles = triton.cdiv(V, cfg["block_v"])
+    if cfg.get("num_programs"):
+        C = cfg["num_programs"]
+    elif one_launch:                            # all programs resident: one per SM
+        C = max(1, num_sms(device) // cfg["groups"])
+    else:                                       # ~programs_per_sm per SM (one wave), whole tiles each
+        per_program = triton.cdiv(n_tiles, cfg["programs_per_sm"] * num_sms(device))
+        C = triton.cdiv(n_tiles, per_program)
+    cfg["C"] = C
+    cfg["num_warps"] = cfg["num_warps"] or (8 if gemv or cfg["block_b"] > 16 else 4)
+    return cfg
 
 
 def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temperature: Tensor,
-                         seed: Tensor, start: Tensor, one_launch: bool = True, rows_only: bool = False,
-                         num_programs: int | None = None, block_v: int = 128,
-                         block_r: int = 64, num_warps: int | None = None, num_stages: int = 3) -> tuple[Tensor, Tensor]:
+                         seed: Tensor, start: Tensor, one_launch: bool | None = None, rows_only: bool = False,
+                         num_programs: int | None = None, block_v: int | None = None,
+                         block_r: int | None = None, num_warps: int | None = None,
+                         num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
+                         snake: bool | None = None, programs_per_sm: int | None = None,
+                         l2_keep: float | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
-    The grid is (C, ceil(B / 64)): C programs split the vocabulary, axis 1 splits the rows.
-    ``num_programs`` (C) defaults to ~4 programs per SM per step (``one_launch=False``) or to the
-    SM count divided by the number of row groups (``one_launch``: the whole grid must be resident
-    at once, or the grid barrier would dead-lock). ``rows_only`` runs ``markov_rows_kernel`` instead (one program per row group,
-    the schedule of the TensorRT AOT plugin)."""
+    The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
+    and options: see the module doc; unset options come from ``markov_config``. ``rows_only`` runs
+    ``markov_rows_kernel`` (one program per row group, the schedule of the TensorRT AOT plugin)."""
     B, N, V = U.shape
     Rk = w1.shape[1]
     dev = U.device
@@ -215,50 +378,55 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         return tokens, z
     if U.stride(-1) != 1:
         U = U.contiguous()
-    if isinstance(B, int):
-        block_b = min(pow2(B, 16), 64)
-    else:   # traced with a dynamic batch (torch.export): no launch choice may depend on it
-        block_b, one_launch = 16, False
-    groups = triton.cdiv(B, block_b)
+    static = isinstance(B, int)
+    if not static:  # traced with a dynamic batch (torch.export): no launch choice may depend on it
+        one_launch, gemv = False, False
+    cfg = markov_config(B if static else EXPORT_ROWS_HINT, V, Rk, dev, one_launch=one_launch,
+                        num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
+                        num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
+                        snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep)
+    if not static:
+        cfg["groups"] = triton.cdiv(B, cfg["block_b"])
+    block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
     w1c, w2c = (w1.contiguous(), w2.contiguous()) if Rk else (U, U)   # rank 0 (DFlash): never read
-    block_r = min(block_r, pow2(Rk, 16))
-    if rows_only:
-        launcher(markov_rows_kernel)[(groups,)](
-            U, anchor.contiguous(), w1c, w2c, temperature.contiguous(), seed.contiguous(),
-            start.contiguous(), z, tokens, B, N, V, Rk, U.stride(0), U.stride(1), BLOCK_B=block_b,
-            BLOCK_V=block_v, BLOCK_R=block_r, num_warps=num_warps or 4,
-            num_stages=num_stages)
-        return tokens, z
     rowargs = (anchor.contiguous(), w1c, w2c, temperature.contiguous(), seed.contiguous(), start.contiguous())
-    warps = num_warps or (4 if block_b <= 16 else 8)
-    if not one_launch:
-        C = num_programs or default_step_programs(dev, triton.cdiv(V, block_v))
+    tiles = dict(BLOCK_B=block_b, BLOCK_V=cfg["block_v"], BLOCK_R=cfg["block_r"], num_warps=cfg["num_warps"],
+                 num_stages=cfg["num_stages"])
+    if rows_only:
+        launcher(markov_rows_kernel)[(groups,)](U, *rowargs, z, tokens, B, N, V, Rk, U.stride(0), U.stride(1),
+                                                **tiles)
+        return tokens, z
+    hints = cfg["gemv"] and cfg["l2_keep"] > 0
+    flags = dict(GEMV=cfg["gemv"], SNAKE=int(bool(cfg["snake"])), L2_HINTS=hints)
+    n_tiles = triton.cdiv(V, cfg["block_v"])
+    keep_from = n_tiles - int(cfg["l2_keep"] * n_tiles) if hints else n_tiles   # sweep positions kept in L2
+    block_c = max(16, min(pow2(C), 4096 // block_b))             # partials reduced per iteration
+    if not one_launch and cfg["reduce"] == "ticket":
         part_val = torch.empty((B, C), dtype=torch.float32, device=dev)
         part_idx = torch.empty((B, C), dtype=torch.int32, device=dev)
         ticket = torch.zeros((N, groups), dtype=torch.int32, device=dev)
         step = launcher(markov_step_kernel)
         for k in range(N):
             step[(C, groups)](U, *rowargs, z, tokens, part_val, part_idx, ticket, B, N, V, Rk, C, k,
-                              U.stride(0), U.stride(1), BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_R=block_r,
-                              BLOCK_C=128, num_warps=warps, num_stages=num_stages)
+                              U.stride(0), U.stride(1), keep_from, BLOCK_C=block_c, **tiles, **flags)
         return tokens, z
-    C = max(1, (num_programs or default_num_programs(dev)) // groups)
-    if INTERPRET:                               # the interpreter runs programs one after another
+    if INTERPRET and one_launch:                # the interpreter runs programs one after another
         C, one_launch = 1, groups == 1
     part_val = torch.empty((N, B, C), dtype=torch.float32, device=dev)
     part_idx = torch.empty((N, B, C), dtype=torch.int32, device=dev)
-    counter = torch.zeros(1, dtype=torch.int32, device=dev)
-    common = dict(BLOCK_B=block_b, BLOCK_V=block_v, BLOCK_R=block_r, BLOCK_C=pow2(C), num_warps=warps,
-                  num_stages=num_stages)
+    counter = torch.zeros(1, dtype=torch.int32, device=dev) if one_launch else part_idx   # unused per step
     args = (U, *rowargs, z, tokens, part_val, part_idx, counter, B, N, V, Rk, C)
     kernel = launcher(markov_sample_kernel)
+    common = dict(BLOCK_C=block_c, **tiles, **flags)
     if one_launch:
-        kernel[(C, groups)](*args, 0, N, U.stride(0), U.stride(1), GRID_SYNC=True, WRITE_LAST=True, **common)
-    else:                                       # interpreter with several row groups
-        for k in range(N):
-            kernel[(C, groups)](*args, k, k + 1, U.stride(0), U.stride(1), GRID_SYNC=False,
-                                WRITE_LAST=False, **common)
-        kernel[(1, groups)](*args, N, N, U.stride(0), U.stride(1), GRID_SYNC=False, WRITE_LAST=True, **common)
+        kernel[(C, groups)](*args, 0, N, U.stride(0), U.stride(1), keep_from, GRID_SYNC=True, WRITE_LAST=True,
+                            **common)
+        return tokens, z
+    for k in range(N):                          # reduce="prologue"
+        kernel[(C, groups)](*args, k, k + 1, U.stride(0), U.stride(1), keep_from, GRID_SYNC=False,
+                            WRITE_LAST=False, **common)
+    kernel[(1, groups)](*args, N, N, U.stride(0), U.stride(1), keep_from, GRID_SYNC=False, WRITE_LAST=True,
+                        **common)
     return tokens, z
 
 

@@ -1,9 +1,19 @@
-"""Triton kernel of ``dspark::sparse_mla_attention``: gathered MQA over a shared latent KV.
+"""Triton kernels of ``dspark::sparse_mla_attention``: gathered MQA over a shared latent KV.
 
-One program per (query token, tile of BLOCK_H heads). The token's index list is walked in BLOCK_N
-entries: gather ``kv[idx]`` [BLOCK_N, D] once for all heads of the tile, ``s = q · kv`` (fp32
-accumulation), online softmax whose running max starts at the head's sink (so the sink enters the
-denominator as ``e^{sink - m}``), ``o += p · kv[:, :dv]``. Entries with ``idx < 0`` are skipped.
+A program owns (query token t, tile of BLOCK_H heads, BLOCK_DV of the dv output dims, split s of
+the token's index list). It walks its part of the list BLOCK_N entries at a time: gather
+``kv[idx]`` [BLOCK_N, D] once for all heads of the tile, ``s = q · kv`` (fp32 accumulation),
+online softmax whose running max starts at the head's sink (so the sink enters the denominator as
+``e^{sink - m}``), ``o += p · kv[:, dv0:dv0 + BLOCK_DV]`` (the gathered tile itself when
+BLOCK_DV = D). Entries with ``idx < 0`` are skipped. BLOCK_H = 64 makes both products 64-row
+tensor-core (wgmma) tiles; splitting dv in two keeps the fp32 accumulator [64, BLOCK_DV] in
+registers (the scores are computed once per dv tile). Neighbouring tokens share most of their index
+lists (window + block), so the gathered rows mostly come from L2.
+
+* ``NUM_SPLITS == 1``: the program normalises and writes o (``sparse_mla_attention_kernel``, also
+  the TensorRT AOT entry).
+* ``NUM_SPLITS > 1`` (few query tokens): each split writes (m, l, acc) to an fp32 workspace sized
+  from shapes and ``sparse_mla_reduce_kernel`` merges them with the sink (no host sync).
 """
 from __future__ import annotations
 
@@ -12,27 +22,25 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import launcher, pow2
+from .common import launcher, num_sms, pow2
 
 
 @triton.jit
-def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
-                                D: tl.constexpr, DV: tl.constexpr,
-                                BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
-    t = tl.program_id(0)
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    hmask = h < H
+def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, W, H,
+                    D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Online softmax of BLOCK_H heads of token t over index entries [lo, hi), values dims
+    [dv0, dv0 + BLOCK_DV). Returns (m [BLOCK_H] >= sink, l [BLOCK_H], acc [BLOCK_H, BLOCK_DV]
+    unnormalised, sink)."""
     d = tl.arange(0, D)
-    dv = tl.arange(0, DV)
     q_off = (t.to(tl.int64) * H + h) * D
     qt = tl.load(q + q_off[:, None] + d[None, :], mask=hmask[:, None], other=0.0)      # [BLOCK_H, D]
     sink = tl.load(attn_sink + h, mask=hmask, other=0.0).to(tl.float32)
     m_i = sink                                                                         # running max
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, DV], tl.float32)
-    for n0 in range(0, W, BLOCK_N):
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
-        idx = tl.load(indices + t.to(tl.int64) * W + j, mask=j < W, other=-1)
+        idx = tl.load(indices + t.to(tl.int64) * W + j, mask=j < hi, other=-1)
         valid = idx >= 0
         row = tl.maximum(idx, 0).to(tl.int64) * D
         g = tl.load(kv + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)    # [BLOCK_N, D]
@@ -42,25 +50,133 @@ def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        gv = tl.load(kv + row[:, None] + dv[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_N, DV]
+        if BLOCK_DV == D:
+            gv = g
+        else:
+            dv = dv0 + tl.arange(0, BLOCK_DV)
+            gv = tl.load(kv + row[:, None] + dv[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_N, BLOCK_DV]
         acc = acc * alpha[:, None] + tl.dot(p.to(gv.dtype), gv, input_precision="ieee")
         m_i = m_new
+    return m_i, l_i, acc, sink
+
+
+@triton.jit
+def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
+                                D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
+                                BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Grid (T, cdiv(H, BLOCK_H) * DV / BLOCK_DV): the whole index list, normalised output."""
+    t = tl.program_id(0)
+    h = (tl.program_id(1) // (DV // BLOCK_DV)) * BLOCK_H + tl.arange(0, BLOCK_H)
+    dv0 = (tl.program_id(1) % (DV // BLOCK_DV)) * BLOCK_DV
+    hmask = h < H
+    m_i, l_i, acc, sink = _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, 0, W, W, H,
+                                          D, BLOCK_DV, BLOCK_H, BLOCK_N)
     o = acc / (l_i + tl.exp(sink - m_i))[:, None]
+    dv = dv0 + tl.arange(0, BLOCK_DV)
     tl.store(out + (t.to(tl.int64) * H + h)[:, None] * DV + dv[None, :], o.to(out.dtype.element_ty),
              mask=hmask[:, None])
 
 
+@triton.jit
+def sparse_mla_split_kernel(q, kv, indices, attn_sink, part_ml, part_acc, scale, W, H, CHUNK,
+                            D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
+    """Grid (T, cdiv(H, BLOCK_H) * DV / BLOCK_DV, S): entries [s * CHUNK, (s+1) * CHUNK); partials
+    part_ml [T, H, S, 2] (m, l; every dv tile computes the same, the first stores them) and
+    part_acc [T, H, S, DV]."""
+    t = tl.program_id(0)
+    h = (tl.program_id(1) // (DV // BLOCK_DV)) * BLOCK_H + tl.arange(0, BLOCK_H)
+    dv0 = (tl.program_id(1) % (DV // BLOCK_DV)) * BLOCK_DV
+    s = tl.program_id(2)
+    hmask = h < H
+    lo = s * CHUNK
+    m_i, l_i, acc, _ = _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo,
+                                       tl.minimum(lo + CHUNK, W), W, H, D, BLOCK_DV, BLOCK_H, BLOCK_N)
+    slot = (t.to(tl.int64) * H + h) * tl.num_programs(2) + s                        # [BLOCK_H]
+    if dv0 == 0:
+        tl.store(part_ml + slot * 2, m_i, mask=hmask)
+        tl.store(part_ml + slot * 2 + 1, l_i, mask=hmask)
+    dv = dv0 + tl.arange(0, BLOCK_DV)
+    tl.store(part_acc + slot[:, None] * DV + dv[None, :], acc, mask=hmask[:, None])
+
+
+@triton.jit
+def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, DV: tl.constexpr,
+                             BLOCK_S: tl.constexpr):
+    """Grid (T * H,): o = sum_s acc_s e^{m_s - M} / (sum_s l_s e^{m_s - M} + e^{sink - M})."""
+    row = tl.program_id(0).to(tl.int64)
+    sink = tl.load(attn_sink + row % H).to(tl.float32)
+    s = tl.arange(0, BLOCK_S)
+    smask = s < NUM_SPLITS
+    m = tl.load(part_ml + (row * NUM_SPLITS + s) * 2, mask=smask, other=float("-inf"))
+    l_s = tl.load(part_ml + (row * NUM_SPLITS + s) * 2 + 1, mask=smask, other=0.0)
+    dv = tl.arange(0, DV)
+    acc = tl.load(part_acc + (row * NUM_SPLITS + s)[:, None] * DV + dv[None, :], mask=smask[:, None],
+                  other=0.0)                                                        # [BLOCK_S, DV]
+    mx = tl.max(m, 0)                                                               # >= sink (every m_s is)
+    w = tl.exp(m - mx)
+    o = tl.sum(acc * w[:, None], 0) / (tl.sum(l_s * w, 0) + tl.exp(sink - mx))
+    tl.store(out + row * DV + dv, o.to(out.dtype.element_ty))
+
+
+# Defaults (benchmarks/tune_plugins.py measures alternatives). block_h: heads per program (64: the
+# wgmma tile height; the gathered rows are read by H / 64 head tiles instead of H / 16);
+# block_dv: value dims per program (256 of 512 keeps the fp32 accumulator at 64 registers per
+# thread: 189 registers at 8 warps, no spills, ptxas sm_90); programs_per_sm: the index list is
+# split while the grid has fewer programs than this many per SM. (The pre-tuning defaults were
+# block_h 16, block_dv = dv, block_n 32, 8 warps, no split.)
+MLA_DEFAULTS = dict(block_h=64, block_dv=256, block_n=32, num_warps=8, num_stages=2, programs_per_sm=1)
+
+
+def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overrides) -> dict:
+    """Launch config from shapes: block_h, block_dv, block_n, num_warps, num_stages, and the split
+    of the index list: chunk (entries per split) and num_splits (splits actually launched)."""
+    cfg = {**MLA_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
+    cfg["block_h"] = min(cfg["block_h"], pow2(H, 16))
+    cfg["block_dv"] = min(cfg["block_dv"], dv)
+    if cfg["block_dv"] != pow2(cfg["block_dv"]):
+        raise ValueError(f"sparse_mla_attention: block_dv must be a power of two, got {cfg['block_dv']}")
+    if cfg.get("num_splits") is None:
+        tokens = T if isinstance(T, int) else 64                  # symbolic (export): a fixed guess
+        programs = tokens * triton.cdiv(H, cfg["block_h"]) * (dv // cfg["block_dv"])
+        target = cfg["programs_per_sm"] * num_sms(device)
+        cfg["num_splits"] = max(1, min(triton.cdiv(target, programs), triton.cdiv(W, cfg["block_n"])))
+    bn = cfg["block_n"]
+    cfg["chunk"] = max(bn, triton.cdiv(triton.cdiv(W, cfg["num_splits"]), bn) * bn)   # whole BLOCK_N steps
+    cfg["num_splits"] = max(1, triton.cdiv(W, cfg["chunk"]))                        # splits actually used
+    return cfg
+
+
 def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tensor,
-                                scale: float, dv: int) -> Tensor:
+                                scale: float, dv: int, block_h: int | None = None,
+                                block_dv: int | None = None, block_n: int | None = None,
+                                num_splits: int | None = None, num_warps: int | None = None,
+                                num_stages: int | None = None, programs_per_sm: int | None = None) -> Tensor:
+    """Same contract as ``sparse_mla_attention_ref``; unset launch parameters from ``mla_config``."""
     T, H, D = q.shape
     if D != pow2(D) or dv != pow2(dv) or dv > D:
         raise ValueError(f"sparse_mla_attention kernel needs power-of-two D >= dv, got D={D}, dv={dv}")
     out = torch.empty((T, H, dv), dtype=q.dtype, device=q.device)
     if T == 0 or H == 0:
         return out
-    block_h = 16
-    launcher(sparse_mla_attention_kernel)[(T, triton.cdiv(H, block_h))](
-        q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous(), out,
-        float(scale), indices.shape[1], H, D=D, DV=dv, BLOCK_H=block_h,
-        BLOCK_N=32 if D >= 256 else 64, num_warps=8 if D >= 256 else 4)
+    W = indices.shape[1]
+    cfg = mla_config(T, H, D, dv, W, q.device, block_h=block_h, block_dv=block_dv, block_n=block_n,
+                     num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
+                     programs_per_sm=programs_per_sm)
+    bh, bn, bdv = cfg["block_h"], cfg["block_n"], cfg["block_dv"]
+    meta = dict(D=D, DV=dv, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"])
+    tiles = triton.cdiv(H, bh) * (dv // bdv)
+    tensors = (q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous())
+    chunk, S = cfg["chunk"], cfg["num_splits"]
+    if S == 1:
+        launcher(sparse_mla_attention_kernel)[(T, tiles)](
+            *tensors, out, float(scale), W, H, **meta)
+        return out
+    part_ml = torch.empty((T, H, S, 2), dtype=torch.float32, device=q.device)
+    part_acc = torch.empty((T, H, S, dv), dtype=torch.float32, device=q.device)
+    launcher(sparse_mla_split_kernel)[(T, tiles, S)](
+        *tensors, part_ml, part_acc, float(scale), W, H, chunk, **meta)
+    launcher(sparse_mla_reduce_kernel)[(T * H,)](part_ml, part_acc, tensors[3], out, H, S, DV=dv,
+                                                 BLOCK_S=pow2(S), num_warps=4)
     return out

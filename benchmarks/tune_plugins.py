@@ -1,0 +1,207 @@
+"""Time candidate launch configurations of the dspark Triton kernels on a CUDA GPU.
+
+For each op (rejection_sample, markov_sample exact, block_attention, sparse_mla_attention) and each
+issue-target shape, every candidate config (keyword arguments of the op's ``*_triton`` launcher;
+``{}`` is the current default) is checked against the PyTorch reference (tokens and accepted counts
+exact; float outputs within a stated tolerance) and timed like ``benchmarks/plugins.py`` does
+(its helpers: plain median, CUDA-graph replay warm and with L2 flushed; ``bw_frac`` = bytes /
+cold graph time / 4.8 TB/s). A config that fails to compile or launch is recorded with its error.
+Writes tune-plugins-<gpu>-<sha>.json (or into --out) with every measurement and, per shape, the
+fastest correct config. Defaults live in one dict per op: REJECTION_DEFAULTS (kernels/rejection.py),
+MARKOV_DEFAULTS (kernels/markov.py), ATTN_DEFAULTS (kernels/block_attention.py), MLA_DEFAULTS
+(kernels/sparse_mla.py). About 3-4 minutes on one H200.
+
+    python benchmarks/tune_plugins.py [--out DIR] [--ops reject,markov,attn,mla]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from benchmarks.plugins import (PEAK, attention_case, err, graph_time, markov_bytes, markov_inputs,  # noqa: E402
+                                mla_case, rejection_case, timeit)
+from dspark_trt import provenance  # noqa: E402
+from dspark_trt.plugins.block_attention import block_attention_ref  # noqa: E402
+from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm  # noqa: E402
+from dspark_trt.plugins.markov_sample import markov_sample_ref  # noqa: E402
+from dspark_trt.plugins.rejection_sample import rejection_sample_ref  # noqa: E402
+from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
+
+ATOL_BF16 = 2e-2          # bf16 attention outputs (bf16 P in P @ V), as in tests/test_plugins_gpu.py
+ATOL_Z = 1e-3             # Markov z: fp32 sums of bf16 products in a different order
+
+REJECTION_CONFIGS = [
+    {}, {"schedule": "row"},
+    {"block_v": 1024, "num_warps": 4}, {"block_v": 1024, "num_warps": 8}, {"block_v": 4096, "num_warps": 8},
+    {"programs_per_sm": 4}, {"programs_per_sm": 16}, {"max_tiles": 2}, {"max_tiles": 32},
+]
+# {"num_programs": ...}: the per-step grid of the pre-tuning rule (floor instead of ceil), for comparison
+MARKOV_B1 = [
+    {"one_launch": False}, {"one_launch": False, "num_programs": 594}, {"one_launch": True},
+    {"one_launch": False, "reduce": "prologue"},
+    {"one_launch": False, "reduce": "prologue", "snake": True},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 2},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "block_v": 16, "num_warps": 4,
+     "programs_per_sm": 6},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3, "l2_keep": 0.4},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3, "l2_keep": 0.6},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "programs_per_sm": 3},
+    {"one_launch": False, "reduce": "ticket", "gemv": True, "snake": True, "programs_per_sm": 3},
+    {"one_launch": True, "gemv": True, "snake": True},
+]
+MARKOV_B64 = [
+    {"one_launch": False}, {"one_launch": False, "num_programs": 594}, {"one_launch": True},
+    {"one_launch": False, "snake": True},
+    {"one_launch": True, "snake": True}, {"one_launch": False, "reduce": "prologue", "snake": True},
+]
+MARKOV_R512 = [
+    {"one_launch": False}, {"one_launch": False, "num_programs": 1010}, {"one_launch": True},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 4},
+    {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3, "l2_keep": 0.4},
+]
+ATTN_CONFIGS = [
+    {}, {"num_splits": 1}, {"num_splits": 2}, {"num_splits": 4},
+    {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 1},
+    {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 2},
+    {"block_n": 64, "num_warps": 8, "num_stages": 3, "num_splits": 1},
+    {"block_n": 64, "num_warps": 4, "num_stages": 3, "num_splits": 3},
+    {"block_n": 32, "num_warps": 4, "num_stages": 4, "num_splits": 2},
+]
+ATTN_B1 = [{}, {"block_n": 128, "num_warps": 8, "num_stages": 3}, {"num_splits": 16}]
+MLA_CONFIGS = [
+    {}, {"block_h": 16, "block_dv": 512, "block_n": 32, "num_warps": 8, "num_stages": 2, "num_splits": 1},
+    {"block_n": 16}, {"block_n": 16, "num_stages": 3}, {"block_dv": 128},
+    {"block_h": 32, "block_dv": 512}, {"block_h": 32, "block_dv": 256},
+    {"programs_per_sm": 2}, {"num_splits": 1}, {"num_splits": 8},
+]
+
+
+def measure(fn, check, nbytes) -> dict:
+    """Correctness first (a wrong config is not timed), then plain and graph-replay times."""
+    try:
+        parity = check(fn())
+        if not parity.pop("ok"):
+            return dict(ok=False, **parity)
+        plain = timeit(fn)
+        warm, cold = graph_time(fn, plain)
+    except Exception as e:                                   # noqa: BLE001 (compile / launch errors)
+        torch.cuda.synchronize()
+        return dict(ok=False, error=f"{type(e).__name__}: {e}"[:500],
+                    where=traceback.format_exc(limit=3)[-800:])
+    return dict(ok=True, kernel_us=plain * 1e6, graph_us=warm * 1e6, graph_cold_us=cold * 1e6,
+                bw_frac=nbytes / cold / PEAK, **parity)
+
+
+def sweep(results, op, shape, nbytes, configs, run, check):
+    """Measure every config of one (op, shape); keep the fastest correct one."""
+    entries = []
+    for cfg in configs:
+        r = measure(lambda: run(cfg), check, nbytes)
+        entries.append(dict(config=cfg, **r))
+        t = f"{r['graph_cold_us']:9.1f} us {r['bw_frac'] * 100:5.1f}%" if r["ok"] else \
+            f"FAILED {r.get('error', {k: v for k, v in r.items() if k != 'ok'})}"
+        print(f"{op:22s} {shape:30s} {json.dumps(cfg):100s} {t}", flush=True)
+    good = [e for e in entries if e["ok"]]
+    best = min(good, key=lambda e: e["graph_cold_us"]) if good else None
+    results.setdefault(op, {})[shape] = dict(bytes=nbytes, configs=entries, default=entries[0],
+                                             best=best and {k: best[k] for k in ("config", "graph_cold_us", "bw_frac")})
+    if best:
+        gain = entries[0]["graph_cold_us"] / best["graph_cold_us"] if entries[0]["ok"] else float("nan")
+        print(f"  -> best {json.dumps(best['config'])}: {best['graph_cold_us']:.1f} us "
+              f"({best['bw_frac'] * 100:.1f}% of peak), {gain:.2f}x the default", flush=True)
+
+
+def tune_rejection(results):
+    for B in (1, 64):
+        args, nbytes = rejection_case(B)
+        ra, rn = rejection_sample_ref(*args)
+        check = lambda out: dict(ok=bool(torch.equal(out[0], ra) and torch.equal(out[1], rn)))
+        sweep(results, "rejection_sample", f"B={B} N=7 V=151936 fp32", nbytes, REJECTION_CONFIGS,
+              lambda cfg: krj.rejection_sample_triton(*args, **cfg), check)
+
+
+def tune_markov(results):
+    for B, V, r, configs in ((1, 151936, 256, MARKOV_B1), (64, 151936, 256, MARKOV_B64),
+                             (1, 129280, 512, MARKOV_R512)):
+        args = markov_inputs(B, 7, V, r)
+        rt, rz = markov_sample_ref(*args)
+
+        def check(out, rt=rt, rz=rz):
+            e = err(out[1], rz)
+            return dict(ok=bool(torch.equal(out[0], rt)) and e < ATOL_Z, z_max_err=e)
+        sweep(results, "markov_sample", f"B={B} N=7 V={V} r={r}", markov_bytes(B, 7, V, r), configs,
+              lambda cfg: kmk.markov_sample_triton(*args, **cfg), check)
+
+
+def tune_block_attention(results):
+    for B, configs in ((64, ATTN_CONFIGS), (1, ATTN_B1)):
+        args, nbytes = attention_case(B, 4096)
+        ref = block_attention_ref(*args)
+
+        def check(out, ref=ref):
+            e = err(out, ref)
+            return dict(ok=e < ATOL_BF16, max_err=e)
+        sweep(results, "block_attention", f"B={B} ctx=4096 T=8 H=32/8x128", nbytes, configs,
+              lambda cfg: kba.block_attention_triton(*args, **cfg), check)
+        del ref
+
+
+def tune_sparse_mla(results):
+    for B in (64, 1):
+        args, nbytes = mla_case(B)
+        ref = sparse_mla_attention_ref(*args)
+
+        def check(out, ref=ref):
+            e = err(out, ref)
+            return dict(ok=e < ATOL_BF16, max_err=e)
+        sweep(results, "sparse_mla_attention", f"B={B} N=8 H=128 D=512 W={args[2].shape[1]}", nbytes,
+              MLA_CONFIGS, lambda cfg: ksm.sparse_mla_attention_triton(*args, **cfg), check)
+        del ref
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--ops", default="reject,markov,attn,mla", help="comma list: reject,markov,attn,mla")
+    a = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/tune_plugins.py needs a CUDA GPU")
+    torch.manual_seed(0)
+    ops = set(a.ops.split(","))
+    unknown = ops - {"reject", "markov", "attn", "mla"}
+    if unknown:
+        sys.exit(f"unknown --ops {sorted(unknown)}")
+    t0 = time.time()
+    results: dict = {}
+    for name, fn in (("reject", tune_rejection), ("markov", tune_markov), ("attn", tune_block_attention),
+                     ("mla", tune_sparse_mla)):
+        if name in ops:
+            fn(results)
+            torch.cuda.empty_cache()
+    gpu = torch.cuda.get_device_name()
+    sha = provenance.git_sha()
+    doc = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__, peak_bytes_per_s=PEAK,
+               command=" ".join([sys.executable] + sys.argv), seconds=time.time() - t0, ops=results)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"tune-plugins-{gpu.replace(' ', '_')}-{sha}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {path} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Every Triton launch of the op launchers compiles for the H200 (sm_90), on a CPU-only machine.
+
+The interpreter tests check the kernels' arithmetic but not Triton's GPU code generation (layouts
+of 3-D reductions, pointer/branch typing, shared-memory limits). Here each launcher runs on small
+CPU tensors with ``launcher`` replaced by a recorder; every recorded launch (kernel, arguments,
+constexprs, num_warps/num_stages) is then compiled with ``triton.compile`` for
+``GPUTarget("cuda", 90, 32)``. Launch configurations are the GPU defaults plus the tuner's
+candidates that change code generation.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="Triton is not installed")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm  # noqa: E402
+
+from plugins_cases import block_attention_inputs, markov_inputs, rejection_inputs, sparse_mla_inputs  # noqa: E402
+
+TARGET = GPUTarget("cuda", 90, 32)
+_PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
+        torch.int32: "*i32"}
+_OPTIONS = ("num_warps", "num_stages")
+
+
+class _Recorder:
+    """Stands in for ``launcher(kernel)[grid]``: records the launch instead of running it."""
+
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __call__(self, kernel):
+        return _Grid(self.launches, kernel)
+
+
+class _Grid:
+    def __init__(self, launches, kernel):
+        self.launches, self.kernel = launches, kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
+
+
+def record(monkeypatch, module, fn, *args, **kwargs):
+    launches = []
+    monkeypatch.setattr(module, "launcher", _Recorder(launches))
+    fn(*args, **kwargs)
+    assert launches, f"{fn.__name__} launched nothing"
+    return launches
+
+
+def _sig(value):
+    if isinstance(value, torch.Tensor):
+        return _PTR[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton signature for {type(value)}")
+
+
+def compile_launch(kernel, args, kwargs):
+    names = kernel.arg_names
+    consts = {k: v for k, v in kwargs.items() if k not in _OPTIONS}
+    sig = {n: _sig(a) for n, a in zip(names, args)}
+    sig.update({k: "constexpr" for k in consts})
+    missing = [n for n in names if n not in sig]
+    assert not missing, f"{kernel.__name__}: unbound arguments {missing}"
+    # like the JIT launcher: 16-aligned pointers and multiples of 16 get tt.divisibility (vector loads)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(args)
+             if isinstance(a, torch.Tensor) or (isinstance(a, int) and not isinstance(a, bool) and a % 16 == 0)}
+    options = {"ptx_version": 90, **{k: kwargs[k] for k in _OPTIONS if k in kwargs}}
+    src = triton.compiler.ASTSource(fn=kernel, signature={n: sig[n] for n in names}, constexprs=consts,
+                                    attrs=attrs)
+    return triton.compile(src, target=TARGET, options=options)
+
+
+def _cpu(t):
+    return t.to("cpu")
+
+
+def _launches_rejection(monkeypatch):
+    args = rejection_inputs("cpu", V=4096)
+    out = []
+    for kw in ({}, {"block_v": 1024, "num_warps": 4}, {"schedule": "row"}):
+        out += record(monkeypatch, krj, krj.rejection_sample_triton, *args, **kw)
+    return out
+
+
+def _launches_markov(monkeypatch):
+    args = markov_inputs("cpu", torch.bfloat16, B=1, N=2, V=4096, r=256)
+    big = markov_inputs("cpu", torch.bfloat16, B=64, N=2, V=4096, r=256)
+    out = []
+    for a, kw in ((args, dict(one_launch=False)), (args, dict(one_launch=True)),
+                  (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=64)),
+                  (args, dict(one_launch=True, gemv=True, snake=True, block_v=64)),
+                  (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, l2_keep=0.5)),
+                  (big, dict(one_launch=False, snake=True))):
+        out += record(monkeypatch, kmk, kmk.markov_sample_triton, *a, **kw)
+    return out
+
+
+def _launches_block_attention(monkeypatch):
+    q, kc, vc, table, pos, causal, block, scale = block_attention_inputs("cpu", torch.bfloat16, H=32, Hkv=8,
+                                                                          D=128, page=16)
+    out = []
+    for kw in ({}, {"num_splits": 1}, {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 4}):
+        out += record(monkeypatch, kba, kba.block_attention_triton, q, kc, vc, table, pos, block, scale, **kw)
+    return out
+
+
+def _launches_sparse_mla(monkeypatch):
+    q, kv, idx, sink, scale, dv = sparse_mla_inputs("cpu", torch.bfloat16, T=3, H=128, D=512, dv=512, S=300,
+                                                    W=256)
+    out = []
+    for kw in ({}, {"num_splits": 4}, {"block_h": 16, "block_dv": 512, "num_splits": 1},
+               {"block_h": 32, "block_dv": 512, "block_n": 16, "num_splits": 1}):
+        out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **kw)
+    return out
+
+
+@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla"])
+def test_launches_compile_for_sm90(monkeypatch, op):
+    launches = globals()[f"_launches_{op}"](monkeypatch)
+    seen = set()
+    for kernel, args, kwargs in launches:
+        key = (kernel.__name__, tuple(sorted((k, v) for k, v in kwargs.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        k = compile_launch(kernel, args, kwargs)
+        assert k.asm["ptx"].count(".entry") == 1

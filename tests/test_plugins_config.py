@@ -1,0 +1,97 @@
+"""Launch-configuration rules of the Triton ops (pure Python, an H200's 132 SMs assumed)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="Triton is not installed")
+
+from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm  # noqa: E402
+
+SMS = 132
+DEV = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def h200(monkeypatch):
+    for mod in (kba, kmk, krj, ksm):
+        monkeypatch.setattr(mod, "num_sms", lambda device: SMS)
+
+
+@pytest.mark.parametrize("B", [1, 8, 64, 256])
+@pytest.mark.parametrize("V", [151936, 129280, 1000])
+def test_rejection_chunks_cover_the_vocabulary(B, V):
+    N = 7
+    cfg = krj.rejection_config(B, N, V, DEV)
+    for key in ("chunk_tiles", "res_chunk_tiles"):
+        chunk = cfg[key] * cfg["block_v"]
+        S = triton.cdiv(V, chunk)
+        assert (S - 1) * chunk < V <= S * chunk              # no empty chunk, nothing left out
+        assert 1 <= cfg[key] <= krj.REJECTION_DEFAULTS["max_tiles"]
+    if B == 1 and V > 100000:                                # batch 1 spreads over the whole GPU
+        S = triton.cdiv(V, cfg["chunk_tiles"] * cfg["block_v"])
+        assert (2 * N + 1) * S >= 4 * SMS
+
+
+def test_rejection_explicit_splits_and_bad_schedule():
+    cfg = krj.rejection_config(1, 3, 200, DEV, block_v=16, splits=5, res_splits=4)
+    assert triton.cdiv(200, cfg["chunk_tiles"] * 16) == 5 and triton.cdiv(200, cfg["res_chunk_tiles"] * 16) == 4
+    z = torch.zeros(1, 2, 8)
+    with pytest.raises(ValueError, match="schedule"):
+        krj.rejection_sample_triton(z, torch.zeros(1, 1, dtype=torch.long), z[:, :1], torch.zeros(1),
+                                    torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                                    schedule="rows")
+
+
+@pytest.mark.parametrize("gemv", [False, True])
+@pytest.mark.parametrize("B,V,R", [(1, 151936, 256), (1, 129280, 512), (64, 151936, 256)])
+def test_markov_per_step_grid_is_one_wave_of_whole_tiles(B, V, R, gemv):
+    cfg = kmk.markov_config(B, V, R, DEV, one_launch=False, gemv=gemv)
+    n_tiles = triton.cdiv(V, cfg["block_v"])
+    per_program = triton.cdiv(n_tiles, cfg["C"])
+    assert cfg["C"] <= cfg["programs_per_sm"] * SMS                   # fits the targeted residency
+    assert (cfg["C"] - 1) * per_program < n_tiles <= cfg["C"] * per_program
+    assert cfg["gemv"] == (gemv and B <= kmk.GEMV_MAX_B)
+    if cfg["gemv"]:
+        assert cfg["block_b"] == triton.next_power_of_2(B) and cfg["block_r"] >= R
+        assert cfg["block_v"] * cfg["block_r"] == kmk.GEMV_TILE_ELEMS or cfg["block_v"] == 16
+
+
+def test_markov_small_batch_overrides(monkeypatch):
+    monkeypatch.setattr(kmk, "MARKOV_SMALL_B", {"gemv": True, "reduce": "prologue"})
+    small = kmk.markov_config(1, 151936, 256, DEV)
+    assert small["gemv"] and small["reduce"] == "prologue" and small["block_v"] == kmk.GEMV_TILE_ELEMS // 256
+    big = kmk.markov_config(64, 151936, 256, DEV)
+    assert not big["gemv"] and big["reduce"] == kmk.MARKOV_DEFAULTS["reduce"]
+    assert kmk.markov_config(1, 151936, 256, DEV, reduce="ticket")["reduce"] == "ticket"   # explicit wins
+
+
+def test_markov_one_launch_is_resident_and_bad_reduce_raises():
+    assert kmk.markov_config(1, 151936, 256, DEV, one_launch=True)["C"] == SMS
+    assert kmk.markov_config(100, 151936, 256, DEV, one_launch=True)["C"] == SMS // 2   # two row groups
+    with pytest.raises(ValueError, match="reduce"):
+        kmk.markov_config(1, 1000, 16, DEV, one_launch=False, reduce="atomic")
+
+
+@pytest.mark.parametrize("programs", [8, 100, 512, 777, 4096])
+def test_attention_splits_fill_waves(programs):
+    pps = kba.ATTN_DEFAULTS["programs_per_sm"]
+    slots = pps * SMS
+    S = kba.default_num_splits(DEV, programs, 4104, 64, pps)
+    if programs < slots:                                    # below a wave: about two programs per SM
+        assert S == min(triton.cdiv(2 * SMS, programs), triton.cdiv(4104, 64))
+        return
+    fill = lambda s: programs * s / (triton.cdiv(programs * s, slots) * slots)
+    assert fill(S) >= 0.9 or fill(S) == max(fill(s) for s in range(1, 9))
+    assert all(fill(s) < 0.9 for s in range(1, S))          # the fewest splits that reach 90 %
+
+
+def test_mla_splits_only_for_few_tokens():
+    small = ksm.mla_config(8, 128, 512, 512, 256, DEV)       # batch 1: 8 tokens x 2 head x 2 dv tiles
+    assert small["num_splits"] > 1 and 8 * 2 * 2 * small["num_splits"] >= 0.9 * SMS
+    assert (small["num_splits"] - 1) * small["chunk"] < 256 <= small["num_splits"] * small["chunk"]
+    assert ksm.mla_config(512, 128, 512, 512, 256, DEV)["num_splits"] == 1
+    assert ksm.mla_config(8, 16, 64, 32, 24, DEV)["block_dv"] == 32        # never wider than dv
+    with pytest.raises(ValueError, match="block_dv"):
+        ksm.mla_config(8, 128, 512, 512, 256, DEV, block_dv=96)
