@@ -187,20 +187,19 @@ def main():
         sys.exit(f"unknown --ops {sorted(unknown)}")
     t0 = time.time()
     results: dict = {}
+    gpu, sha = torch.cuda.get_device_name(), provenance.git_sha()
+    path = Path(a.out) / f"tune-plugins-{gpu.replace(' ', '_')}-{sha}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     for name, fn in (("reject", tune_rejection), ("markov", tune_markov), ("attn", tune_block_attention),
                      ("mla", tune_sparse_mla)):
         if name in ops:
             fn(results)
             torch.cuda.empty_cache()
-    gpu = torch.cuda.get_device_name()
-    sha = provenance.git_sha()
-    doc = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__, peak_bytes_per_s=PEAK,
-               command=" ".join([sys.executable] + sys.argv), seconds=time.time() - t0, ops=results)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"tune-plugins-{gpu.replace(' ', '_')}-{sha}.json"
-    path.write_text(json.dumps(doc, indent=1))
-    print(f"wrote {path} ({time.time() - t0:.0f} s)")
+            doc = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__,
+                       peak_bytes_per_s=PEAK, command=" ".join([sys.executable] + sys.argv),
+                       seconds=time.time() - t0, ops=results)
+            path.write_text(json.dumps(doc, indent=1))            # after every op: a cut run keeps its part
+            print(f"[tune] {name} done; wrote {path} ({time.time() - t0:.0f} s)", flush=True)
 
 
 if __name__ == "__main__":
