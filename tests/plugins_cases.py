@@ -216,10 +216,10 @@ def run_all(device, dtype=torch.float32) -> dict:
 
     cases = {"sparse_mla_attention": (sparse_mla_inputs(device, dtype), {}),
              # index list split in three (reduce with the sink), a token without valid entries
-             "sparse_mla_attention_split": (sparse_mla_inputs(device, dtype), {"block_n": 8, "num_splits": 3}),
+             "sparse_mla_attention_split": (sparse_mla_inputs(device, dtype), {"block_n": 16, "num_splits": 3}),
              # dv = D in two dv tiles, heads not a multiple of the head tile, split list
              "sparse_mla_attention_dv_tiles": (sparse_mla_inputs(device, dtype, H=24, dv=64),
-                                               {"block_h": 16, "block_dv": 32, "block_n": 8, "num_splits": 2}),
+                                               {"block_h": 16, "block_dv": 32, "block_n": 16, "num_splits": 2}),
              "sparse_mla_attention_dv_eq_d": (sparse_mla_inputs(device, dtype, dv=64), {"block_n": 16})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}

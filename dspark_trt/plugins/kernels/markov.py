@@ -317,7 +317,7 @@ MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_s
                        gemv=False, snake=False, l2_keep=0.0, num_warps=None, num_stages=3)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B (the batch-1 draft step), e.g. the
 # fastest batch-1 config of benchmarks/tune_plugins.py; empty = the same defaults for every batch.
-MARKOV_SMALL_B: dict = {}
+MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
 GEMV_MAX_B = 4
 GEMV_TILE_ELEMS = 8192
 
