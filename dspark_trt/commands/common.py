@@ -26,6 +26,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-seq-len", type=int, default=2048)
     g.add_argument("--tp-size", type=int, default=1,
                    help="tensor-parallel ranks; launch with `torchrun --nproc-per-node TP -m dspark_trt.cli`")
+    g.add_argument("--expert-parallel", action="store_true",
+                   help="with --tp-size: split MoE experts across the ranks by expert (attention "
+                        "stays tensor-parallel); see docs/parallel.md")
 
 
 def default_pair_dirs() -> tuple[Path, Path] | None:
@@ -47,6 +50,10 @@ def load_llm(args):
             raise SystemExit("error: --tp-size > 1 runs the eager modules; engines are single-rank")
         return LLM.from_engine(args.engine, device=device, **kw)
     kw["tp_size"] = tp_size
+    if getattr(args, "expert_parallel", False):
+        if tp_size == 1:
+            raise SystemExit("error: --expert-parallel needs --tp-size > 1 (under torchrun)")
+        kw["expert_parallel"] = True
     if args.checkpoint or args.draft_checkpoint:
         if not (args.checkpoint and args.draft_checkpoint):
             raise SystemExit("error: --checkpoint and --draft-checkpoint go together")
