@@ -18,6 +18,9 @@ class ColumnShardError(ValueError):
     """A dimension that must be split across ranks is not divisible by the world size."""
 
 
+_all_gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor   # renamed in torch 2.13
+
+
 def all_reduce_sum(x: Tensor) -> Tensor:
     """Sum of ``x`` over the ranks of the default group (a new tensor)."""
     return fc.wait_tensor(fc.all_reduce(x, "sum", dist.group.WORLD))
@@ -26,7 +29,7 @@ def all_reduce_sum(x: Tensor) -> Tensor:
 def all_gather_last(x: Tensor, world: int) -> Tensor:
     """[.., n] on every rank -> [.., world * n], rank r's part at columns [r n, (r + 1) n)."""
     lead, n = x.shape[:-1], x.shape[-1]
-    parts = fc.wait_tensor(fc.all_gather_tensor(x.reshape(-1, n).contiguous(), 0, dist.group.WORLD))
+    parts = fc.wait_tensor(_all_gather(x.reshape(-1, n).contiguous(), 0, dist.group.WORLD))
     return parts.view(world, -1, n).permute(1, 0, 2).reshape(*lead, world * n)
 
 
