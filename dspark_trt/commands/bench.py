@@ -51,6 +51,8 @@ def add_parser(sub) -> None:
     p.add_argument("--paper-tau", type=float, default=6.17, help="tau for the projection (Qwen3-8B GSM8K)")
     p.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth for the roofline (H200)")
     p.add_argument("--graph-backend", choices=["cuda-python", "torch"], default=None)
+    p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto",
+                   help="decode steps as CUDA graphs (auto: on for one GPU, off under --tp-size)")
     p.add_argument("--time-budget-s", type=float, default=330.0,
                    help="skip remaining batch sizes past this wall time (HF peer gets its reserve)")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))

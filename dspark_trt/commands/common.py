@@ -42,13 +42,14 @@ def load_llm(args):
     device = args.device or default_device()
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
     kw = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len)
+    graphs = getattr(args, "cuda_graphs", "auto")
+    if graphs != "auto":
+        kw["cuda_graphs"] = graphs == "on"
     tp_size = getattr(args, "tp_size", 1)
     if tp_size > 1 and int(os.environ.get("RANK", "0")) != 0:
         sys.stdout = open(os.devnull, "w")             # every rank runs; rank 0 prints
     if getattr(args, "engine", None):
-        if tp_size > 1:
-            raise SystemExit("error: --tp-size > 1 runs the eager modules; engines are single-rank")
-        return LLM.from_engine(args.engine, device=device, **kw)
+        return LLM.from_engine(args.engine, device=device, tp_size=tp_size, **kw)
     kw["tp_size"] = tp_size
     if getattr(args, "expert_parallel", False):
         if tp_size == 1:

@@ -1,8 +1,11 @@
 """Sharded layers and the two collectives they use (Megatron-style, over torch.distributed).
 
-The collectives are the functional ones (``torch.distributed._functional_collectives``): they run
-eagerly on NCCL and gloo, and ``torch.export`` traces them as ``_c10d_functional`` ops that
-AOTInductor compiles into per-rank engines (builder/build.py, ``--tp-size``).
+The collectives are custom ops (``dspark_tp::all_reduce_sum``, ``dspark_tp::all_gather_last``):
+functional (a new output tensor), run eagerly on NCCL or gloo, and opaque to ``torch.export`` and
+AOTInductor, which call them through the dispatcher inside per-rank engines (builder/build.py,
+``--tp-size``). (``torch.distributed._functional_collectives`` were tried first: AOTInductor
+lowers them to in-place ``all_reduce_`` and, in torch 2.13, can fuse a consumer of the reduced
+value into a kernel scheduled before the collective, which gives wrong logits.)
 
 Slicing helpers return fresh contiguous modules, so the full weights can be freed after sharding.
 """
@@ -10,7 +13,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as fc
 from torch import Tensor, nn
 
 
@@ -18,19 +20,32 @@ class ColumnShardError(ValueError):
     """A dimension that must be split across ranks is not divisible by the world size."""
 
 
-_all_gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor   # renamed in torch 2.13
-
-
+@torch.library.custom_op("dspark_tp::all_reduce_sum", mutates_args=())
 def all_reduce_sum(x: Tensor) -> Tensor:
     """Sum of ``x`` over the ranks of the default group (a new tensor)."""
-    return fc.wait_tensor(fc.all_reduce(x, "sum", dist.group.WORLD))
+    y = x.clone()
+    dist.all_reduce(y)
+    return y
 
 
+@all_reduce_sum.register_fake
+def _(x: Tensor) -> Tensor:
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("dspark_tp::all_gather_last", mutates_args=())
 def all_gather_last(x: Tensor, world: int) -> Tensor:
     """[.., n] on every rank -> [.., world * n], rank r's part at columns [r n, (r + 1) n)."""
-    lead, n = x.shape[:-1], x.shape[-1]
-    parts = fc.wait_tensor(_all_gather(x.reshape(-1, n).contiguous(), 0, dist.group.WORLD))
-    return parts.view(world, -1, n).permute(1, 0, 2).reshape(*lead, world * n)
+    n = x.shape[-1]
+    local = x.reshape(-1, n).contiguous()                                       # [M, n]
+    parts = local.new_empty(world * local.shape[0], n)
+    dist.all_gather_into_tensor(parts, local)
+    return parts.view(world, -1, n).permute(1, 0, 2).reshape(*x.shape[:-1], world * n)
+
+
+@all_gather_last.register_fake
+def _(x: Tensor, world: int) -> Tensor:
+    return x.new_empty(*x.shape[:-1], world * x.shape[-1])
 
 
 def split(n: int, world: int, what: str) -> int:

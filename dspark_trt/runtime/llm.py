@@ -50,7 +50,7 @@ class LLM:
         self.pair, self.target, self.draft = pair, target, draft
         self.tokenizer = tokenizer
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.tp_size = getattr(target, "tp_world", 1)
+        self.tp_size = getattr(target if target is not None else networks, "tp_world", 1)
         self.tp_rank = torch.distributed.get_rank() if self.tp_size > 1 else 0
         p = next(target.parameters()) if target is not None else None
         self.device = torch.device(device or (p.device if p is not None else "cpu"))
@@ -134,9 +134,20 @@ class LLM:
 
     @classmethod
     def from_engine(cls, engine_dir: str | Path, *, device=None, max_batch_size: int | None = None,
-                    max_seq_len: int | None = None, **kw) -> "LLM":
-        """Load an engine directory built by ``dspark-trt build`` (manifest checked first)."""
+                    max_seq_len: int | None = None, tp_size: int | None = None, **kw) -> "LLM":
+        """Load an engine directory built by ``dspark-trt build`` (manifest checked first). A
+        tensor-parallel engine joins the torchrun group (its size must be the engine's tp_size;
+        ``tp_size``, when given, must match too)."""
+        from ..builder.engine_dir import EngineError, read_manifest
         from .engine import EngineNetworks
+        built = read_manifest(engine_dir).get("tp_size", 1)
+        if tp_size is not None and tp_size != built:
+            raise EngineError(f"{engine_dir}: engine built for tp_size={built}, asked for "
+                              f"tp_size={tp_size}: run it with `torchrun --nproc-per-node {built} "
+                              f"-m dspark_trt.cli ... --tp-size {built}`, or rebuild with --tp-size {tp_size}")
+        if built > 1:
+            tp = init_tp(device_type=torch.device(device or default_device()).type)
+            device = tp.device if tp.world == built else device
         nets = EngineNetworks(engine_dir, device=device, max_batch_size=max_batch_size,
                               max_seq_len=max_seq_len, num_pages=kw.pop("num_pages", None))
         tok = kw.pop("tokenizer", None) or load_tokenizer(engine_dir)
