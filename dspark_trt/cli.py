@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         mod.add_parser(sub)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)     # to start more ranks (build --tp-size)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     from .config import ConfigError

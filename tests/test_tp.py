@@ -157,9 +157,16 @@ def test_tp_size_must_match_the_launched_world(monkeypatch):
         LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float64, device="cpu", tp_size=2)
 
 
-def test_build_records_tp_size_and_refuses_per_rank_engines():
-    from dspark_trt.builder.build import BuildOptions
+def test_build_options_for_per_rank_engines(monkeypatch):
+    from dspark_trt.builder.build import BuildOptions, build_engine
     from dspark_trt.config import ConfigError
-    assert BuildOptions(model="qwen3-tiny-dspark", random_weights=True).resolved().tp_size == 1
-    with pytest.raises(ConfigError, match="--tp-size 2: per-rank engines are not built yet"):
-        BuildOptions(model="qwen3-tiny-dspark", random_weights=True, tp_size=2).resolved()
+    opts = dict(model="qwen3-tiny-dspark", random_weights=True, device="cpu")
+    assert BuildOptions(**opts).resolved().tp_size == 1
+    assert "--tp-size 2" in BuildOptions(**opts, tp_size=2).resolved().command_line()
+    with pytest.raises(ConfigError, match="per-rank engines are built with the aoti backend"):
+        BuildOptions(**opts, tp_size=2, backend="tensorrt").resolved()
+    with pytest.raises(ConfigError, match="--expert-parallel needs --tp-size > 1"):
+        BuildOptions(**opts, expert_parallel=True).resolved()
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ConfigError, match="--tp-size 2 but this process group has WORLD_SIZE=1"):
+        build_engine(BuildOptions(**opts, tp_size=2, output="/nonexistent/never-written"))

@@ -4,6 +4,12 @@ Stages (each reported with its elapsed time): load, convert, export <network>, c
 <network>, write. Weights are stored once in ``weights.safetensors`` (tensors shared by several
 networks, e.g. the embedding and lm_head the draft borrows from the target, are deduplicated by
 storage) for the AOTI backend; TensorRT plans carry their own weights.
+
+``tp_size`` > 1 (AOTI): one process per rank (torchrun, or ``dspark-trt build`` starts them);
+each rank shards the models (``parallel.shard_pair_``), exports its networks with their
+collectives (``_c10d_functional`` ops, compiled by AOTInductor) and writes ``rank<r>/`` (its
+packages, weight shard, cache layout); rank 0 writes the one manifest, with ``tp_size`` and a
+``ranks`` list, and renames the directory into place once every rank has succeeded.
 """
 from __future__ import annotations
 
@@ -53,6 +59,7 @@ class BuildOptions:
     device: str | None = None
     seed: int = 0
     tp_size: int = 1                          # tensor-parallel ranks the engine serves
+    expert_parallel: bool = False             # with tp_size > 1: MoE experts split by expert
     check_toolchain: bool = True              # build + load a probe package first (AOTI)
     markov_sampler: str = "exact"             # "exact" or "topk" (models.dspark_qwen3.markov_sampler_op)
 
@@ -66,9 +73,13 @@ class BuildOptions:
         for name in ("max_batch_size", "max_seq_len", "page_size"):
             if getattr(o, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(o, name)}")
-        if o.tp_size != 1:
-            raise ConfigError(f"--tp-size {o.tp_size}: per-rank engines are not built yet; run "
-                              "tensor parallelism eagerly with `generate --tp-size` under torchrun")
+        if o.tp_size < 1:
+            raise ConfigError(f"--tp-size must be >= 1, got {o.tp_size}")
+        if o.tp_size > 1 and o.backend == "tensorrt":
+            raise ConfigError(f"--tp-size {o.tp_size}: per-rank engines are built with the aoti "
+                              "backend (the TensorRT export has no collectives)")
+        if o.expert_parallel and o.tp_size == 1:
+            raise ConfigError("--expert-parallel needs --tp-size > 1")
         if o.markov_sampler not in MARKOV_SAMPLERS:
             raise ConfigError(f"--markov-sampler {o.markov_sampler!r}: choose one of {', '.join(MARKOV_SAMPLERS)}")
         if bool(o.checkpoint) != bool(o.draft_checkpoint):
@@ -86,6 +97,8 @@ class BuildOptions:
             v = getattr(self, name)
             if v is not None:
                 args += [f"--{name.replace('_', '-')}", str(v)]
+        if self.tp_size > 1:
+            args += ["--tp-size", str(self.tp_size)] + (["--expert-parallel"] if self.expert_parallel else [])
         if self.random_weights:
             args.append("--random-weights")
         for ov in self.overrides:
@@ -183,16 +196,23 @@ def _refit_taps(draft, num_layers: int):
     return draft
 
 
-def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device):
-    """-> (pair, target, draft); random weights are initialised directly on ``device``."""
+def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device, tp=None):
+    """-> (pair, target, draft); random weights are initialised directly on ``device``. With
+    ``tp`` (a ``parallel.TPInfo``) the models are sharded for its rank (checkpoints load on the
+    host; only the shard moves to ``device``)."""
     if o.checkpoint:
         from .loaders import load_pair
-        pair, target, draft = load_pair(o.checkpoint, o.draft_checkpoint, dtype, device, o.num_spec_tokens)
+        pair, target, draft = load_pair(o.checkpoint, o.draft_checkpoint, dtype,
+                                        "cpu" if tp else device, o.num_spec_tokens)
         pair.name = o.model
     else:
         from ..models import build_models
         pair = apply_overrides(get_preset(o.model), o.overrides)
         target, draft = build_models(pair, dtype, device, o.num_spec_tokens, o.seed)
+    if tp:
+        from ..parallel import shard_pair_
+        shard_pair_(pair, target, draft, tp.rank, tp.world, o.expert_parallel)
+        target.to(device), draft.to(device)
     draft.markov_sampler = o.markov_sampler
     fuse_projections_(target), fuse_projections_(draft)      # one GEMM for q/k/v and for gate/up
     return pair, target, draft
@@ -225,14 +245,18 @@ def save_weights(weights: dict[str, torch.Tensor], path: Path) -> None:
 
 def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -> dict:
     """Build the engine directory; returns its manifest. Nothing is left at the output path if
-    any stage fails."""
+    any stage fails (on any rank)."""
     o = options.resolved()
-    device, dtype = torch.device(o.device), DTYPES[o.dtype]
+    tp = _join_build_group(o)
+    if tp and tp.rank != 0:
+        report = lambda msg: None  # noqa: E731  (rank 0 reports)
+    device, dtype = (tp.device if tp else torch.device(o.device)), DTYPES[o.dtype]
     backend, why = pick_backend(o.backend)
-    report(f"[build] backend: {backend} ({why}); device {device}, dtype {o.dtype}")
+    report(f"[build] backend: {backend} ({why}); device {device}, dtype {o.dtype}"
+           + (f"; tensor parallel {tp.world} ranks" if tp else ""))
     prog = Progress(report)
     with prog.stage("load"):
-        pair, target, draft = load_models(o, dtype, device)
+        pair, target, draft = load_models(o, dtype, device, tp)
     shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.num_spec_tokens, o.page_size)
     with prog.stage("convert"):
         specs = network_specs(target, draft, shapes, dtype, device)
@@ -245,19 +269,42 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
         "shapes": {**dataclasses.asdict(shapes), "max_pages_per_seq": shapes.max_pages_per_seq},
         "build_options": dataclasses.asdict(o), "build_command": o.command_line(),
         "versions": ed.toolchain_versions(), "device": ed.device_info(device),
-        "caches": layouts, "networks": {}, "tp_size": o.tp_size,
+        "tp_size": o.tp_size,
     }
-    with ed.atomic_engine_dir(o.output) as tmp:
-        if backend == "aoti":
-            _build_aoti(o, specs, device, tmp, manifest, prog, report)
-        else:
-            _build_tensorrt(o, specs, shapes, tmp, manifest, prog)
-        with prog.stage("write"):
-            manifest["tokenizer"] = _copy_tokenizer(o.checkpoint, tmp)
-            manifest["build_stats"] = {"stage_seconds": prog.stages,
-                                       "seconds": round(time.perf_counter() - prog.t0, 2),
-                                       "peak_memory": peak_memory()}
-            manifest = ed.write_manifest(tmp, manifest)
+    part = {"caches": layouts, "networks": {}}          # what differs per rank
+    written = False
+    try:
+        with ed.atomic_engine_dir(o.output) if not tp or tp.rank == 0 else _no_dir() as tmp:
+            tmp = _shared_path(tmp, tp)
+            sub = f"rank{tp.rank}/" if tp else ""
+            try:
+                (tmp / sub).mkdir(exist_ok=True)
+                if backend == "aoti":
+                    _build_aoti(o, specs, device, tmp, part, prog, report, sub)
+                else:
+                    _build_tensorrt(o, specs, shapes, tmp, part, prog)
+                error = None
+            except Exception as e:
+                if not tp:
+                    raise
+                error = e
+            parts = _gather_parts(part, error, tp)          # raises on every rank if one failed
+            if tp and tp.rank != 0:
+                manifest.update(part)
+            else:
+                with prog.stage("write"):
+                    manifest.update({"ranks": parts} if tp else part)
+                    manifest["tokenizer"] = _copy_tokenizer(o.checkpoint, tmp)
+                    manifest["build_stats"] = {"stage_seconds": prog.stages,
+                                               "seconds": round(time.perf_counter() - prog.t0, 2),
+                                               "peak_memory": peak_memory()}
+                    manifest = ed.write_manifest(tmp, manifest)
+        written = True
+    finally:                                  # no rank returns before the directory is in place
+        if tp and not _ranks_agree(written, tp) and written:
+            raise BuildError(f"{o.output}: rank 0 did not write the engine directory")
+    if tp and tp.rank != 0:
+        return manifest
     mem = manifest["build_stats"]["peak_memory"]
     report(f"[build] wrote {o.output} in {manifest['build_stats']['seconds']:.1f} s; peak host memory "
            f"{mem['host_self_gib']:.2f} GiB (compiler processes {mem['host_children_gib']:.2f} GiB)"
@@ -265,7 +312,62 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
     return manifest
 
 
-def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, report) -> None:
+# ---- tensor-parallel builds: one process per rank ----------------------------------------------
+
+def _join_build_group(o: BuildOptions):
+    """None for tp_size 1; else this process's ``TPInfo`` (WORLD_SIZE must equal tp_size)."""
+    if o.tp_size == 1:
+        return None
+    from ..parallel import init_tp
+    tp = init_tp(device_type=torch.device(o.device).type)
+    if tp.world != o.tp_size:
+        raise ConfigError(f"--tp-size {o.tp_size} but this process group has WORLD_SIZE={tp.world}: "
+                          f"run `dspark-trt build --tp-size {o.tp_size}` (it starts the ranks) or "
+                          f"launch with `torchrun --nproc-per-node {o.tp_size}`")
+    return tp
+
+
+@contextmanager
+def _no_dir():
+    yield None
+
+
+def _shared_path(tmp: Path | None, tp) -> Path:
+    """Rank 0's temporary engine directory, on every rank."""
+    if not tp:
+        return tmp
+    import torch.distributed as dist
+    box = [str(tmp) if tmp is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    return Path(box[0])
+
+
+def _ranks_agree(ok: bool, tp) -> bool:
+    import torch.distributed as dist
+    flags = [None] * tp.world
+    dist.all_gather_object(flags, ok)
+    return all(flags)
+
+
+def _gather_parts(part: dict, error: Exception | None, tp) -> list[dict] | None:
+    """Every rank's per-rank manifest part; raises on every rank if any rank failed."""
+    if not tp:
+        return None
+    import torch.distributed as dist
+    parts = [None] * tp.world
+    dist.all_gather_object(parts, {"part": part, "error": None if error is None else
+                                   f"{type(error).__name__}: {error}"})
+    failed = [(r, p["error"]) for r, p in enumerate(parts) if p["error"]]
+    if failed:
+        msg = "; ".join(f"rank {r}: {e}" for r, e in failed)
+        raise BuildError(f"tensor-parallel build failed on {len(failed)} rank(s): {msg}") from error
+    return [p["part"] for p in parts]
+
+
+def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, report,
+                sub: str = "") -> None:
+    """Export + compile ``specs`` into ``tmp/sub`` (``sub``: "" or "rank<r>/"); fills ``manifest``
+    with paths relative to ``tmp``."""
     from .backends import aoti
     cxx = aoti.select_compiler()
     manifest["compiler"] = cxx
@@ -290,17 +392,17 @@ def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, rep
     weights, maps = shared_weights(programs)
     for spec in specs:
         with prog.stage(f"compile {spec.name}"):
-            aoti.compile_network(programs[spec.name], tmp / f"{spec.name}.pt2", cxx)
+            aoti.compile_network(programs[spec.name], tmp / f"{sub}{spec.name}.pt2", cxx)
         manifest["networks"][spec.name] = {
-            "file": f"{spec.name}.pt2", "inputs": spec.input_names + ["caches"],
+            "file": f"{sub}{spec.name}.pt2", "inputs": spec.input_names + ["caches"],
             "outputs": spec.output_names, "cache_group": spec.cache_group, "constants": maps[spec.name]}
     with prog.stage("save weights"):
-        save_weights(weights, tmp / WEIGHTS)
-        manifest["weights"] = WEIGHTS
+        save_weights(weights, tmp / f"{sub}{WEIGHTS}")
+        manifest["weights"] = f"{sub}{WEIGHTS}"
     with prog.stage("check packages load"):
         for spec in specs:       # every constant of every package is provided by the weights file
             consts = {fqn: weights[stored] for fqn, stored in maps[spec.name].items()}
-            aoti.load_network(tmp / f"{spec.name}.pt2", device, consts)
+            aoti.load_network(tmp / f"{sub}{spec.name}.pt2", device, consts)
 
 
 def _build_tensorrt(o, specs, shapes: BuildShapes, tmp: Path, manifest: dict, prog: Progress) -> None:

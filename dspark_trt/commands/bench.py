@@ -51,6 +51,8 @@ def add_parser(sub) -> None:
     p.add_argument("--paper-tau", type=float, default=6.17, help="tau for the projection (Qwen3-8B GSM8K)")
     p.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth for the roofline (H200)")
     p.add_argument("--graph-backend", choices=["cuda-python", "torch"], default=None)
+    p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto",
+                   help="decode steps as CUDA graphs (auto: on for one GPU, off under --tp-size)")
     p.add_argument("--time-budget-s", type=float, default=330.0,
                    help="skip remaining batch sizes past this wall time (HF peer gets its reserve)")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
@@ -91,8 +93,8 @@ def step_latencies(llm, r, iters: int) -> dict:
     from ..runtime.cuda_graphs import CapturedGraph, GraphedSteps
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
-    cuda = isinstance(steps, GraphedSteps)
-    if cuda:
+    graphed = isinstance(steps, GraphedSteps)
+    if graphed:
         Bb = steps.bucket(r.batch_size)
         buf = steps.buffers(Bb)
         g = {k: steps.graph(k, Bb) for k in ("draft", "verify", "ar")}
@@ -119,6 +121,7 @@ def step_latencies(llm, r, iters: int) -> dict:
         U = torch.randn(*z.shape, dtype=nets.dtype, device=z.device)
         fns["markov_sample_ms"] = graph(lambda: plugins.markov_sample(
             U, x.anchor, w1, w2, x.temperature, x.seed, x.start))
+    cuda = nets.device.type == "cuda"          # CUDA events for eager GPU steps too (TP: no graphs)
     out = {k: time_ms(fn, iters, cuda) for k, fn in fns.items()}
     out["verify_over_ar"] = out["verify_step_ms"] / out["ar_step_ms"]
     out["target_verify_over_ar"] = out[f"target_forward_{N + 1}_ms"] / out["target_forward_1_ms"]
@@ -157,11 +160,20 @@ def qwen3_weight_bytes(cfg, num_layers: int, element_size: int, with_head: bool 
     return element_size * (num_layers * layer + d + (cfg.vocab_size * d if with_head else 0))
 
 
+def rank_step_bytes(module: torch.nn.Module) -> int:
+    """Parameters one rank's decode step reads: its shards, the embedding table excluded."""
+    return sum(p.numel() * p.element_size() for n, p in module.named_parameters()
+               if "embed_tokens" not in n)
+
+
 def roofline(llm, B: int, context: int, tbps: float) -> dict:
+    """Per-rank HBM roofline of the Qwen3 steps (under TP: this rank's weight shards and KV heads)."""
     el = torch.empty((), dtype=llm.networks.dtype).element_size()
-    t = llm.pair.target
-    w = qwen3_weight_bytes(t, t.num_hidden_layers, el)
-    kv = B * context * 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * el
+    t, tp = llm.pair.target, llm.tp_size
+    if t.arch != "qwen3":
+        return {"roofline_skipped": f"the roofline counts Qwen3 layers, not '{t.arch}'"}
+    w = qwen3_weight_bytes(t, t.num_hidden_layers, el) if tp == 1 else rank_step_bytes(llm.target)
+    kv = B * context * 2 * t.num_hidden_layers * t.num_key_value_heads // tp * t.head_dim * el
     out = {"target_weight_bytes": w, "target_kv_read_bytes": kv,
            "ar_roofline_ms": (w + kv) / (tbps * 1e12) * 1e3}
     if llm.pair.draft is not None and llm.networks.num_spec_tokens:
@@ -169,7 +181,9 @@ def roofline(llm, B: int, context: int, tbps: float) -> dict:
         dw = qwen3_weight_bytes(dc, dc.num_hidden_layers, el)   # + the shared (target's) head
         dw += el * (len(llm.pair.draft.target_layer_ids) * dc.hidden_size * dc.hidden_size
                     + dc.hidden_size + 2 * dc.vocab_size * llm.pair.draft.markov_rank)  # fc, hidden_norm, W1/W2
-        dkv = B * context * 2 * dc.num_hidden_layers * dc.num_key_value_heads * dc.head_dim * el
+        if tp > 1:
+            dw = rank_step_bytes(llm.draft)
+        dkv = B * context * 2 * dc.num_hidden_layers * dc.num_key_value_heads // tp * dc.head_dim * el
         out.update(draft_weight_bytes=dw, draft_roofline_ms=(dw + dkv) / (tbps * 1e12) * 1e3)
     return out
 
@@ -233,7 +247,7 @@ def run(args) -> int:
     results, skipped = {}, []
     hf_reserve = 120.0 if hf_modes else 0.0
     for B in sorted(sizes):
-        if time.perf_counter() - t_start > args.time_budget_s - hf_reserve:
+        if _rank0_says(time.perf_counter() - t_start > args.time_budget_s - hf_reserve, llm):
             skipped.append(B)
             continue
         prompts = all_prompts[:B]
@@ -245,7 +259,8 @@ def run(args) -> int:
             gen.abort(s.request_id)
         gen.step()
         row.update(roofline(llm, B, args.prompt_len, args.hbm_tbps))
-        row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
+        if "ar_roofline_ms" in row:
+            row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
         spec, ar = end_to_end(llm, prompts, args.gen_len, True), end_to_end(llm, prompts, args.gen_len, False)
         row["speculative"], row["autoregressive"] = spec, ar
         row["spec_host_overhead"] = 1 - (row["draft_step_ms"] + row["verify_step_ms"]) / spec["round_ms"]
@@ -255,8 +270,9 @@ def run(args) -> int:
         row["projection_at_paper_tau"] = {"tau": args.paper_tau, "spec_tokens_per_s": proj,
                                           "speedup_vs_autoregressive": proj / ar["decode_tokens_per_s"]}
         results[B] = row
-        print(f"[bench] B={B:3d} ar {row['ar_step_ms']:.3f} ms ({row['ar_roofline_efficiency']:.0%} of "
-              f"roofline) draft {row['draft_step_ms']:.3f} verify {row['verify_step_ms']:.3f} ms | "
+        eff = row.get("ar_roofline_efficiency")
+        print(f"[bench] B={B:3d} ar {row['ar_step_ms']:.3f} ms ("
+              f"{'n/a' if eff is None else f'{eff:.0%}'} of roofline) draft {row['draft_step_ms']:.3f} verify {row['verify_step_ms']:.3f} ms | "
               f"spec {spec['decode_tokens_per_s']:.0f} tok/s tau {spec['tau']:.2f} | ar "
               f"{ar['decode_tokens_per_s']:.0f} tok/s | projected x{row['projection_at_paper_tau']['speedup_vs_autoregressive']:.2f}",
               flush=True)
@@ -271,6 +287,8 @@ def run(args) -> int:
     report = {
         "git_sha": provenance.git_sha(), "command": " ".join(sys.argv),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu", "versions": versions(),
+        "parallel": {"tp_size": llm.tp_size, "world": _world(),
+                     "expert_parallel": bool(getattr(args, "expert_parallel", False))},
         "model": {"preset": args.model, "checkpoint": args.checkpoint, "engine": args.engine,
                   "random_weights": bool(args.random_weights), "dtype": str(llm.networks.dtype),
                   "num_spec_tokens": llm.networks.num_spec_tokens},
@@ -285,16 +303,33 @@ def run(args) -> int:
                   "random weights: measured tau is that of an untrained draft"],
     }
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     gpu = report["gpu"].replace(" ", "-").replace("/", "-")
-    path = out_dir / f"bench-{gpu}-{report['git_sha']}.json"
-    path.write_text(json.dumps(report, indent=1, default=str))
+    tp_tag = f"-tp{llm.tp_size}" if llm.tp_size > 1 else ""
+    path = out_dir / f"bench-{gpu}{tp_tag}-{report['git_sha']}.json"
+    if llm.tp_rank == 0:                          # one report per run: rank 0 writes it
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=1, default=str))
     for name, t in report["targets_b1"].items():
         v = t["value"]
         state = {True: "MET", False: "NOT MET", None: "n/a"}[t["met"]]
         print(f"[bench] target {name}: {state} ({t['metric']} = {'n/a' if v is None else f'{v:.3f}'})")
     print(f"[bench] wrote {path} in {report['seconds']['total']:.0f} s")
     return 0
+
+
+def _world() -> int:
+    import torch.distributed as dist
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _rank0_says(flag: bool, llm) -> bool:
+    """Under TP every rank must take the same branch (they share collectives): rank 0 decides."""
+    if llm.tp_size == 1:
+        return flag
+    import torch.distributed as dist
+    t = torch.tensor([int(flag)], device=llm.device)
+    dist.broadcast(t, 0)
+    return bool(t.item())
 
 
 def _greedy(n: int):
@@ -305,6 +340,8 @@ def _greedy(n: int):
 def run_hf_peer(llm, all_prompts, sizes: list[int], modes: list[str], args, results) -> dict:
     if not modes:
         return {"skipped": "--hf none"}
+    if llm.tp_size > 1:
+        return {"skipped": "the HF peer runs on one GPU; not compared under tensor parallelism"}
     peer = load_hf_peer()
     if peer is None:
         return {"skipped": "benchmarks/hf_peer.py not found (run from the repository)"}

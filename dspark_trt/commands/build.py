@@ -23,19 +23,35 @@ def add_parser(sub) -> None:
     p.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact",
                    help="draft block sampler compiled in: exact full-vocabulary (default) or topk "
                         "(fast candidate-restricted proposal, still lossless)")
-    p.add_argument("--tp-size", type=int, default=1, help="tensor-parallel ranks (recorded; only 1 builds)")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="tensor-parallel ranks: one engine part per rank (rank0/, rank1/, ...); the "
+                        "ranks are started here unless already launched by torchrun")
+    p.add_argument("--expert-parallel", action="store_true",
+                   help="with --tp-size: split MoE experts across the ranks by expert")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    import os
     from ..builder.backends import BuildError
     from ..builder.build import BuildOptions, build_engine
+    followers = []
+    if args.tp_size > 1 and "WORLD_SIZE" not in os.environ:   # not under torchrun: start the ranks
+        from ..parallel.launch import spawn_ranks
+        followers, env = spawn_ranks(args.tp_size, ["-m", "dspark_trt.cli", *args.argv])
+        os.environ.update(env)
+        rc = _build(args, BuildOptions, build_engine, BuildError)
+        return max([rc] + [p.wait() for p in followers])
+    return _build(args, BuildOptions, build_engine, BuildError)
+
+
+def _build(args, BuildOptions, build_engine, BuildError) -> int:
     opts = BuildOptions(model=args.model, output=args.output, checkpoint=args.checkpoint,
                         draft_checkpoint=args.draft_checkpoint, random_weights=args.random_weights,
                         dtype=args.dtype, backend=args.backend, max_batch_size=args.max_batch_size,
                         max_seq_len=args.max_seq_len, num_spec_tokens=args.num_spec_tokens,
                         page_size=args.page_size, overrides=args.override, device=args.device,
-                        seed=args.seed, tp_size=args.tp_size,
+                        seed=args.seed, tp_size=args.tp_size, expert_parallel=args.expert_parallel,
                         markov_sampler=args.markov_sampler)
     try:
         build_engine(opts, report=lambda msg: print(msg, flush=True))

@@ -29,6 +29,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "have theirs compiled in")
     g.add_argument("--tp-size", type=int, default=1,
                    help="tensor-parallel ranks; launch with `torchrun --nproc-per-node TP -m dspark_trt.cli`")
+    g.add_argument("--expert-parallel", action="store_true",
+                   help="with --tp-size: split MoE experts across the ranks by expert (attention "
+                        "stays tensor-parallel); see docs/parallel.md")
 
 
 def default_pair_dirs() -> tuple[Path, Path] | None:
@@ -43,14 +46,19 @@ def load_llm(args):
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
     kw = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
               markov_sampler=getattr(args, "markov_sampler", None))
+    graphs = getattr(args, "cuda_graphs", "auto")
+    if graphs != "auto":
+        kw["cuda_graphs"] = graphs == "on"
     tp_size = getattr(args, "tp_size", 1)
     if tp_size > 1 and int(os.environ.get("RANK", "0")) != 0:
         sys.stdout = open(os.devnull, "w")             # every rank runs; rank 0 prints
     if getattr(args, "engine", None):
-        if tp_size > 1:
-            raise SystemExit("error: --tp-size > 1 runs the eager modules; engines are single-rank")
-        return LLM.from_engine(args.engine, device=device, **kw)
+        return LLM.from_engine(args.engine, device=device, tp_size=tp_size, **kw)
     kw["tp_size"] = tp_size
+    if getattr(args, "expert_parallel", False):
+        if tp_size == 1:
+            raise SystemExit("error: --expert-parallel needs --tp-size > 1 (under torchrun)")
+        kw["expert_parallel"] = True
     if args.checkpoint or args.draft_checkpoint:
         if not (args.checkpoint and args.draft_checkpoint):
             raise SystemExit("error: --checkpoint and --draft-checkpoint go together")

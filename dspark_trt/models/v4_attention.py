@@ -134,6 +134,7 @@ class V4Attention(nn.Module):
         super().__init__()
         self.cfg, self.ratio = cfg, ratio
         H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+        self.heads, self.groups = H, G        # this rank's (parallel/v4.py splits both by world)
         self.wq_a = nn.Linear(cfg.hidden_size, cfg.q_lora_rank, bias=False)
         self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps)
         self.wq_b = nn.Linear(cfg.q_lora_rank, H * D, bias=False)
@@ -193,7 +194,7 @@ class V4Attention(nn.Module):
         (-1 skip) -> [B, T, d]."""
         cfg = self.cfg
         B, T, _ = x.shape
-        H, D, G = cfg.num_attention_heads, cfg.head_dim, cfg.o_groups
+        H, D, G = self.heads, cfg.head_dim, self.groups
         kv_cache = cache["kv"]
         page = kv_cache.shape[2]
         cos, sin = self.rope(positions, x.dtype)                               # [B, T, rope/2]

@@ -72,6 +72,7 @@ class MoE(nn.Module):
         d, h, lim = cfg.hidden_size, cfg.moe_intermediate_size, cfg.swiglu_limit
         self.gate = Gate(cfg, hashed)
         self.experts = nn.ModuleList(Expert(d, h, lim) for _ in range(cfg.n_routed_experts))
+        self.first_expert = 0          # global id of experts[0] (expert parallelism keeps a block)
         self.shared_experts = Expert(d, h * cfg.n_shared_experts, lim) if cfg.n_shared_experts else None
 
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
@@ -86,12 +87,14 @@ class MoE(nn.Module):
             # its routing weight (0 when not chosen). Exact, but reads every expert's weights.
             dense = torch.zeros(x.shape[0], len(self.experts), dtype=w.dtype, device=x.device)
             dense = dense.scatter(1, idx, w)                                # [M, E]
-            for e, expert in enumerate(self.experts):
-                y = y + expert(x, dense[:, e])
+            for j, expert in enumerate(self.experts):
+                y = y + expert(x, dense[:, self.first_expert + j])
         else:
+            lo, hi = self.first_expert, self.first_expert + len(self.experts)
             for e in idx.unique().tolist():                                 # eager: chosen experts only
-                rows, slot = (idx == e).nonzero(as_tuple=True)
-                y.index_add_(0, rows, self.experts[e](x[rows], w[rows, slot]))
+                if lo <= e < hi:
+                    rows, slot = (idx == e).nonzero(as_tuple=True)
+                    y.index_add_(0, rows, self.experts[e - lo](x[rows], w[rows, slot]))
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)
         return y.view(shape)

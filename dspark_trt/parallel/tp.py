@@ -1,13 +1,14 @@
-"""Megatron-style tensor parallelism for the Qwen3 target and its DSpark draft.
+"""Megatron-style tensor parallelism: process group, the Qwen3 target and its DSpark draft.
 
-Every rank holds the full replicated parts (embedding, norms, the draft's fc / hidden_norm and
-Markov head) and a 1/world slice of the rest, cut *in place* after the weights are loaded:
+Every rank holds the full replicated parts (norms, the draft's fc / hidden_norm and Markov head)
+and a 1/world slice of the rest, cut *in place* after the weights are loaded:
 
   attention   q/k/v_proj column-parallel by heads (local H/world, Hkv/world); o_proj row-parallel
               + all_reduce (``RowParallel``)
   MLP         gate/up column-parallel, down row-parallel + all_reduce
   lm_head     vocabulary-parallel; the logits are all-gathered (``VocabParallelHead``) so the
               sampler and the verifier see exactly the [.., V] logits of the single-GPU path
+  embedding   vocabulary-parallel: out-of-shard ids read zeros, summed by one all_reduce (exact)
 
 KV caches then hold only the local KV heads (``make_cache`` divides by the model's ``tp_world``).
 Every rank runs the same scheduler on the same inputs, so all ranks issue the same collectives in
@@ -20,11 +21,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import nn
 
-
-class ColumnShardError(ValueError):
-    """A dimension that must be split across ranks is not divisible by the world size."""
+from .layers import (RowParallel, VocabParallelEmbedding, VocabParallelHead, cols, rows, split,
+                     vocab_shard)
 
 
 @dataclass(frozen=True)
@@ -52,103 +52,66 @@ def init_tp(backend: str | None = None, device_type: str | None = None) -> TPInf
     return TPInfo(rank, world, local, device)
 
 
-class RowParallel(nn.Module):
-    """A row-parallel ``nn.Linear`` (its input features are this rank's slice): the partial
-    products of all ranks are summed with one all_reduce. [.., in/world] -> [.., out]."""
-
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        self.linear = linear
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = self.linear(x)
-        dist.all_reduce(y)
-        return y
-
-
-class VocabParallelHead(nn.Module):
-    """The LM head with this rank's ``ceil(V / world)`` vocabulary rows; the logits of all ranks
-    are all-gathered: [.., d] -> [.., V] (the last shard may be short; its padding is dropped)."""
-
-    def __init__(self, linear: nn.Linear, vocab_size: int, world: int):
-        super().__init__()
-        self.linear, self.vocab_size, self.world = linear, vocab_size, world
-        self.shard = -(-vocab_size // world)
-
-    @property
-    def weight(self) -> Tensor:
-        """This rank's rows [shard or fewer, d] (dtype/device probes of the draft use it)."""
-        return self.linear.weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        local = self.linear(x)                                                   # [.., <= shard]
-        if local.shape[-1] < self.shard:
-            local = nn.functional.pad(local, (0, self.shard - local.shape[-1]))
-        parts = [torch.empty_like(local) for _ in range(self.world)]
-        dist.all_gather(parts, local.contiguous())
-        return torch.cat(parts, -1)[..., :self.vocab_size]                       # [.., V]
-
-
-def _split(n: int, world: int, what: str) -> int:
-    if n % world:
-        raise ColumnShardError(f"{what} = {n} is not divisible by the tensor-parallel size {world}")
-    return n // world
-
-
-def _rows(linear: nn.Linear, lo: int, hi: int) -> nn.Linear:
-    """Column-parallel slice: output features lo..hi of ``linear`` (a fresh, contiguous module)."""
-    w = linear.weight.data[lo:hi].clone()
-    out = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
-    out.weight = nn.Parameter(w, requires_grad=False)
-    return out
-
-
-def _cols(linear: nn.Linear, lo: int, hi: int) -> nn.Linear:
-    """Row-parallel slice: input features lo..hi of ``linear``."""
-    w = linear.weight.data[:, lo:hi].clone()
-    out = nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
-    out.weight = nn.Parameter(w, requires_grad=False)
-    return out
-
-
 def _shard_decoder_layer_(layer: nn.Module, rank: int, world: int) -> None:
     """One ``Qwen3DecoderLayer``: attention heads and MLP columns/rows of this rank."""
     a = layer.self_attn
-    h, hkv, d = _split(a.h, world, "num_attention_heads"), _split(a.hkv, world, "num_key_value_heads"), a.d
-    a.q_proj = _rows(a.q_proj, rank * h * d, (rank + 1) * h * d)
-    a.k_proj = _rows(a.k_proj, rank * hkv * d, (rank + 1) * hkv * d)
-    a.v_proj = _rows(a.v_proj, rank * hkv * d, (rank + 1) * hkv * d)
-    a.o_proj = RowParallel(_cols(a.o_proj, rank * h * d, (rank + 1) * h * d))
+    h, hkv, d = split(a.h, world, "num_attention_heads"), split(a.hkv, world, "num_key_value_heads"), a.d
+    a.q_proj = rows(a.q_proj, rank * h * d, (rank + 1) * h * d)
+    a.k_proj = rows(a.k_proj, rank * hkv * d, (rank + 1) * hkv * d)
+    a.v_proj = rows(a.v_proj, rank * hkv * d, (rank + 1) * hkv * d)
+    a.o_proj = RowParallel(cols(a.o_proj, rank * h * d, (rank + 1) * h * d))
     a.h, a.hkv = h, hkv
     m = layer.mlp
-    f = _split(m.gate_proj.out_features, world, "intermediate_size")
-    m.gate_proj = _rows(m.gate_proj, rank * f, (rank + 1) * f)
-    m.up_proj = _rows(m.up_proj, rank * f, (rank + 1) * f)
-    m.down_proj = RowParallel(_cols(m.down_proj, rank * f, (rank + 1) * f))
+    f = split(m.gate_proj.out_features, world, "intermediate_size")
+    m.gate_proj = rows(m.gate_proj, rank * f, (rank + 1) * f)
+    m.up_proj = rows(m.up_proj, rank * f, (rank + 1) * f)
+    m.down_proj = RowParallel(cols(m.down_proj, rank * f, (rank + 1) * f))
+
+
+def check_rank(rank: int, world: int) -> None:
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside the tensor-parallel group of size {world}")
 
 
 def shard_qwen3_(target: nn.Module, draft: nn.Module | None, rank: int, world: int) -> None:
     """Shard a loaded ``Qwen3ForCausalLM`` and its ``DSparkQwen3Draft`` in place for ``rank`` of
     ``world``. All divisibility checks run before any module is touched."""
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is outside the tensor-parallel group of size {world}")
+    check_rank(rank, world)
     if world == 1:
         return
     layers = list(target.model.layers) + (list(draft.layers) if draft is not None else [])
     for layer in layers:                                   # validate everything first
-        _split(layer.self_attn.h, world, "num_attention_heads")
-        _split(layer.self_attn.hkv, world, "num_key_value_heads")
-        _split(layer.mlp.gate_proj.out_features, world, "intermediate_size")
+        split(layer.self_attn.h, world, "num_attention_heads")
+        split(layer.self_attn.hkv, world, "num_key_value_heads")
+        split(layer.mlp.gate_proj.out_features, world, "intermediate_size")
+    V = target.config.vocab_size
+    lo, hi = vocab_shard(V, world, rank)
     for layer in layers:
         _shard_decoder_layer_(layer, rank, world)
-    V = target.config.vocab_size
-    shard = -(-V // world)
-    head = VocabParallelHead(_rows(target.lm_head, rank * shard, min(V, (rank + 1) * shard)), V, world)
-    target.lm_head = head
-    target.tp_world = world
-    if draft is not None:
-        draft.lm_head = head                               # the draft shares the target's head
-        draft.tp_world = world
+    embed = VocabParallelEmbedding(target.model.embed_tokens, lo, hi)
+    head = VocabParallelHead(rows(target.lm_head, lo, hi), V, world)
+    if target.config.tie_word_embeddings:
+        head.linear.weight = embed.weight
+    target.model.embed_tokens, target.lm_head, target.tp_world = embed, head, world
+    if draft is not None:                                  # the draft shares embedding and head
+        draft.embed_tokens, draft.lm_head, draft.tp_world = embed, head, world
+
+
+def shard_pair_(pair, target: nn.Module, draft: nn.Module | None, rank: int, world: int,
+                expert_parallel: bool = False) -> None:
+    """Shard target and draft of ``pair`` in place for ``rank`` of ``world`` (by architecture)."""
+    arch = pair.target.arch
+    if arch == "qwen3":
+        if expert_parallel:
+            raise ValueError("expert parallelism needs a mixture-of-experts model; the qwen3 "
+                             "target is dense (use plain tensor parallelism)")
+        shard_qwen3_(target, draft, rank, world)
+    elif arch == "deepseek_v4":
+        from .v4 import shard_v4_
+        shard_v4_(target, draft, rank, world, expert_parallel)
+    else:
+        raise NotImplementedError(f"tensor parallelism supports qwen3 and deepseek_v4 targets, "
+                                  f"not '{arch}'")
 
 
 def shared_seeds(n: int, device) -> list[int]:

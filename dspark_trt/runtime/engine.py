@@ -4,6 +4,9 @@ The manifest is checked first (format version, file checksums, GPU, backend/torc
 runtime owns the KV caches (allocated from the manifest's cache layout) and passes them to the
 compiled networks, which write them in place. The verifier has no weights and runs the
 ``dspark::rejection_sample`` op directly.
+
+A tensor-parallel engine (manifest ``tp_size`` > 1) holds one ``rank<r>/`` part per rank; each
+process of a group of exactly that size loads its own rank's part.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ class EngineNetworks:
         self.engine_dir = Path(engine_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         m = self.manifest = check_engine(self.engine_dir, self.device, verify_checksums)
+        self.tp_world, part = self._rank_part(m)
         s = m["shapes"]
         self.max_batch_size = self._within(max_batch_size, s["max_batch_size"], "max_batch_size")
         self.max_seq_len = self._within(max_seq_len, s["max_seq_len"], "max_seq_len")
@@ -39,9 +43,22 @@ class EngineNetworks:
         self.pair = ModelPair(m["pair"]["name"], config_from_json(m["pair"]["target"]),
                               config_from_json(m["pair"]["draft"]))
         self.vocab_size = self.pair.target.vocab_size
-        self.nets = self._load_networks(m)
-        self.target_cache = allocate_caches(m["caches"]["target"], self.num_pages, self.device)
-        self.draft_cache = allocate_caches(m["caches"]["draft"], self.num_pages, self.device)
+        self.nets = self._load_networks(m["backend"], part)
+        self.target_cache = allocate_caches(part["caches"]["target"], self.num_pages, self.device)
+        self.draft_cache = allocate_caches(part["caches"]["draft"], self.num_pages, self.device)
+
+    def _rank_part(self, m: dict) -> tuple[int, dict]:
+        """(tp_size, this process's part of the manifest: networks, weights, caches)."""
+        tp = m.get("tp_size", 1)
+        if tp == 1:
+            return 1, m
+        import torch.distributed as dist
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world != tp:
+            raise EngineError(f"{self.engine_dir}: engine built for tp_size={tp} (one part per rank), "
+                              f"this process group has WORLD_SIZE={world}: launch with `torchrun "
+                              f"--nproc-per-node {tp} -m dspark_trt.cli ... --tp-size {tp}`")
+        return tp, m["ranks"][dist.get_rank()]
 
     def _within(self, value: int | None, built: int, name: str) -> int:
         if value is not None and value > built:
@@ -49,20 +66,20 @@ class EngineNetworks:
                               f"built for; rebuild with --{name.replace('_', '-')} {value}")
         return value or built
 
-    def _load_networks(self, m: dict) -> dict:
+    def _load_networks(self, backend: str, m: dict) -> dict:
         nets = m["networks"]
-        if m["backend"] == "aoti":
+        if backend == "aoti":
             from safetensors.torch import load_file
             from ..builder.backends import aoti
             weights = load_file(str(self.engine_dir / m["weights"]), device=str(self.device))
             return {name: aoti.load_network(self.engine_dir / n["file"], self.device,
                                             {fqn: weights[w] for fqn, w in n["constants"].items()})
                     for name, n in nets.items()}
-        if m["backend"] == "tensorrt":
+        if backend == "tensorrt":
             from ..builder.backends.tensorrt import TensorRTNetwork
             return {name: TensorRTNetwork(self.engine_dir / n["file"], self.device, n["outputs"], n["inputs"])
                     for name, n in nets.items()}
-        raise EngineError(f"{self.engine_dir}: unknown backend {m['backend']!r} in the manifest")
+        raise EngineError(f"{self.engine_dir}: unknown backend {backend!r} in the manifest")
 
     def _check_rows(self, t: Tensor, what: str) -> None:
         if t.shape[0] > self.max_batch_size:

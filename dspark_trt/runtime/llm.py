@@ -11,7 +11,7 @@ import torch
 from ..config import ModelPair, get_preset
 from ..models import build_models
 from ..models.dspark_qwen3 import markov_sampler_op
-from ..parallel import TPInfo, init_tp, shard_qwen3_, shared_seeds
+from ..parallel import TPInfo, init_tp, shard_pair_, shared_seeds
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
 from .kv_manager import KVBudgetError, cuda_kv_budget, kv_bytes_per_token, pages_from_budget
@@ -50,8 +50,9 @@ class LLM:
     ``graphs_skipped``); ``graph_backend``: "cuda-python" (default when installed) or "torch".
 
     Tensor parallelism (``tp_size`` of the constructors, one process per rank under torchrun):
-    the modules are sharded by ``parallel.shard_qwen3_``; every rank runs this same scheduler on the
-    same inputs. Requests without a seed get one drawn on rank 0 and broadcast.
+    the modules are sharded by ``parallel.shard_pair_`` (``expert_parallel``: MoE experts split
+    by expert instead of by intermediate dim); every rank runs this same scheduler on the same
+    inputs. Requests without a seed get one drawn on rank 0 and broadcast.
 
     ``markov_sampler``: "exact" (default, the full-vocabulary Markov sampler) or "topk" (fast,
     candidate-restricted proposal; lossless, see ``models.dspark_qwen3.markov_sampler_op``). An
@@ -69,7 +70,7 @@ class LLM:
             set_markov_sampler(draft, networks, markov_sampler)
         self.tokenizer = tokenizer
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.tp_size = getattr(target, "tp_world", 1)
+        self.tp_size = getattr(target if target is not None else networks, "tp_world", 1)
         self.tp_rank = torch.distributed.get_rank() if self.tp_size > 1 else 0
         p = next(target.parameters()) if target is not None else None
         self.device = torch.device(device or (p.device if p is not None else "cpu"))
@@ -102,7 +103,7 @@ class LLM:
                 raise KVBudgetError(f"gpu_memory_utilization needs a CUDA device, the model is on "
                                     f"'{self.device}'; give kv_cache_bytes or num_pages")
             kv_cache_bytes = cuda_kv_budget(self.device, gpu_memory_utilization)
-        per_token = kv_bytes_per_token(self.pair, self.dtype, speculative=n > 0) // self.tp_size
+        per_token = self._kv_bytes_per_token(n > 0)
         pages = pages_from_budget(kv_cache_bytes, page_size, per_token, self.max_seq_len + n + 1)
         full = self.max_batch_size * self.max_pages_per_seq
         if pages < full:
@@ -112,23 +113,32 @@ class LLM:
                  pages * page_size * per_token / 2**30)
         return pages
 
+    def _kv_bytes_per_token(self, speculative: bool) -> int:
+        """Cache bytes per token on this rank: the modules' own count when they give one (V4:
+        the shared latent is replicated on every rank), else the pair's K/V heads / tp_size."""
+        mods = [self.target] + ([self.draft] if speculative and self.draft is not None else [])
+        if all(hasattr(m, "kv_bytes_per_token") for m in mods):
+            return sum(m.kv_bytes_per_token(self.dtype) for m in mods)
+        return kv_bytes_per_token(self.pair, self.dtype, speculative) // self.tp_size
+
     # ---- constructors ----------------------------------------------------------------------
     @classmethod
     def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.float32, device=None,
-                    num_spec_tokens: int | None = None, tp_size: int = 1, **kw) -> "LLM":
+                    num_spec_tokens: int | None = None, tp_size: int = 1,
+                    expert_parallel: bool = False, **kw) -> "LLM":
         """Random weights with the preset's dimensions (acceptance will be near 1)."""
         pair = get_preset(name)
         tp = _join_tp(tp_size, device)
         device = tp.device if tp else device or default_device()
         target, draft = build_models(pair, dtype, device, num_spec_tokens, seed)
         if tp:
-            _shard(pair, target, draft, tp)
+            shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
         return cls(pair, target, draft, device=device, dtype=dtype, **kw)
 
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path, *, dtype=torch.float32,
                          device=None, num_spec_tokens: int | None = None, tp_size: int = 1,
-                         **kw) -> "LLM":
+                         expert_parallel: bool = False, **kw) -> "LLM":
         """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
         shard to its device."""
         from ..builder.loaders import load_pair
@@ -137,16 +147,27 @@ class LLM:
         pair, target, draft = load_pair(target_dir, draft_dir, dtype, "cpu" if tp else device,
                                         num_spec_tokens)
         if tp:
-            _shard(pair, target, draft, tp)
+            shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
             target.to(device), draft.to(device)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype, **kw)
 
     @classmethod
     def from_engine(cls, engine_dir: str | Path, *, device=None, max_batch_size: int | None = None,
-                    max_seq_len: int | None = None, **kw) -> "LLM":
-        """Load an engine directory built by ``dspark-trt build`` (manifest checked first)."""
+                    max_seq_len: int | None = None, tp_size: int | None = None, **kw) -> "LLM":
+        """Load an engine directory built by ``dspark-trt build`` (manifest checked first). A
+        tensor-parallel engine joins the torchrun group (its size must be the engine's tp_size;
+        ``tp_size``, when given, must match too)."""
+        from ..builder.engine_dir import EngineError, read_manifest
         from .engine import EngineNetworks
+        built = read_manifest(engine_dir).get("tp_size", 1)
+        if tp_size is not None and tp_size != built:
+            raise EngineError(f"{engine_dir}: engine built for tp_size={built}, asked for "
+                              f"tp_size={tp_size}: run it with `torchrun --nproc-per-node {built} "
+                              f"-m dspark_trt.cli ... --tp-size {built}`, or rebuild with --tp-size {tp_size}")
+        if built > 1:
+            tp = init_tp(device_type=torch.device(device or default_device()).type)
+            device = tp.device if tp.world == built else device
         nets = EngineNetworks(engine_dir, device=device, max_batch_size=max_batch_size,
                               max_seq_len=max_seq_len, num_pages=kw.pop("num_pages", None))
         tok = kw.pop("tokenizer", None) or load_tokenizer(engine_dir)
@@ -272,13 +293,6 @@ def _join_tp(tp_size: int, device) -> TPInfo | None:
         raise ValueError(f"tp_size={tp_size} but this process group has WORLD_SIZE={tp.world}: launch "
                          f"with `torchrun --nproc-per-node {tp_size} ...`")
     return tp
-
-
-def _shard(pair: ModelPair, target, draft, tp: TPInfo) -> None:
-    if pair.target.arch != "qwen3":
-        raise NotImplementedError(f"tensor parallelism supports the qwen3 target only, not "
-                                  f"'{pair.target.arch}'")
-    shard_qwen3_(target, draft, tp.rank, tp.world)
 
 
 def load_tokenizer(ckpt_dir: str | Path):

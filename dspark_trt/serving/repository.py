@@ -56,6 +56,11 @@ def write_repository(output: str | Path, source: ModelSource, *, model_name: str
     if python_env:
         params["EXECUTION_ENV_PATH"] = str(Path(python_env).resolve())
     kind = "KIND_GPU" if source.device.startswith("cuda") else "KIND_CPU"
+    if source.tp_size > 1:                 # one instance leads the ranks on cuda:0..tp_size-1
+        if instance_count != 1:
+            raise ValueError(f"--tp-size {source.tp_size}: serve one instance (it starts the "
+                             f"{source.tp_size} ranks), not --instance-count {instance_count}")
+        kind = "KIND_CPU"
     text = render_config(model_name, params, instance_count, kind)     # validates before any write
     model_dir = Path(output) / model_name
     if model_dir.exists():

@@ -24,6 +24,8 @@ class ModelSource:
     max_batch_size: int = 8              # sequences in the runtime's continuous batch
     max_seq_len: int = 2048
     speculative: bool = True
+    tp_size: int = 1                     # > 1: this instance leads tp_size ranks (parallel/replica.py)
+    expert_parallel: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> "ModelSource":
@@ -35,7 +37,9 @@ class ModelSource:
                   random_weights=bool(getattr(args, "random_weights", False)),
                   dtype=args.dtype or "", device=args.device or "",
                   num_spec_tokens=args.num_spec_tokens or 0, max_batch_size=args.max_batch_size,
-                  max_seq_len=args.max_seq_len, speculative=not getattr(args, "no_speculative", False))
+                  max_seq_len=args.max_seq_len, speculative=not getattr(args, "no_speculative", False),
+                  tp_size=getattr(args, "tp_size", 1) or 1,
+                  expert_parallel=bool(getattr(args, "expert_parallel", False)))
         return src.validate()
 
     def validate(self) -> "ModelSource":
@@ -53,6 +57,8 @@ class ModelSource:
         for p in (self.engine, self.checkpoint, self.draft_checkpoint):
             if p and not Path(p).is_dir():
                 raise SystemExit(f"error: {p} is not a directory")
+        if self.tp_size < 1:
+            raise SystemExit(f"error: --tp-size must be >= 1, got {self.tp_size}")
         if self.max_batch_size <= 0 or self.max_seq_len <= 0:
             raise SystemExit("error: --max-batch-size and --max-seq-len must be positive")
         return self
@@ -84,7 +90,8 @@ class ModelSource:
                                   draft_checkpoint=self.draft_checkpoint or None,
                                   model=self.model or None, dtype=dtype, device=device,
                                   num_spec_tokens=self.num_spec_tokens or None,
-                                  max_batch_size=self.max_batch_size, max_seq_len=self.max_seq_len)
+                                  max_batch_size=self.max_batch_size, max_seq_len=self.max_seq_len,
+                                  tp_size=self.tp_size, expert_parallel=self.expert_parallel)
         return load_llm(args)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 import numpy as np
 
@@ -100,7 +101,16 @@ class DSparkModel:
         device = None
         if args.get("model_instance_kind") == "GPU":
             device = f"cuda:{args['model_instance_device_id']}"
+        self.followers = []
+        if self.source.tp_size > 1:          # this instance is rank 0 and starts the other ranks
+            from ..parallel.launch import spawn_ranks
+            self.followers, env = spawn_ranks(self.source.tp_size,
+                                              ["-m", "dspark_trt.serving.tp_follower", json.dumps(params)])
+            os.environ.update(env)
         self.llm = self.source.load(device)
+        if self.followers:
+            from ..parallel.replica import LeaderLLM
+            self.llm = LeaderLLM(self.llm)
         self._warm_up()
         labels = {"model": config.get("name", args.get("model_name", "")),
                   "version": str(args.get("model_version", ""))}
@@ -114,8 +124,10 @@ class DSparkModel:
         n = min(self.llm.networks.num_spec_tokens + 2, self.llm.max_seq_len - 2)
         if n < 1:
             return
-        self.llm.generate([0, 1], SamplingParams(max_new_tokens=n, seed=0, ignore_eos=True),
-                          speculative=self.source.speculative)
+        gen = self.llm.generator(self.source.speculative)      # (under TP, every rank runs it)
+        gen.add_request([0, 1], SamplingParams(max_new_tokens=n, seed=0, ignore_eos=True))
+        while gen.has_work():
+            gen.step()
 
     def execute(self, requests) -> None:
         tok = self.llm.tokenizer
@@ -137,3 +149,9 @@ class DSparkModel:
 
     def finalize(self) -> None:
         self.worker.shutdown()
+        if self.followers:
+            import torch.distributed as dist
+            self.llm.stop()
+            for p in self.followers:
+                p.wait(timeout=60)
+            dist.destroy_process_group()
