@@ -26,7 +26,7 @@ mkdir -p "$OUT"
   echo "== 2c. bench TP=1, CUDA graphs (single-GPU reference)"
   python -m dspark_trt.cli "${BENCH[@]}" --out-dir "$RUN/tp1-graphs"
   echo "== 2d. bench TP=2 with CUDA graphs (attempt: capture of NCCL collectives)"
-  $TORCHRUN --master-port 29513 -m dspark_trt.cli "${BENCH[@]}" --tp-size 2 --cuda-graphs on \
+  timeout 150 $TORCHRUN --master-port 29513 -m dspark_trt.cli "${BENCH[@]}" --tp-size 2 --cuda-graphs on \
       --out-dir "$RUN/tp2-graphs" || echo "TP=2 with CUDA graphs failed (recorded as absent)"
   python - "$RUN" "$OUT/tp_scaling.json" <<'EOF'
 import glob, json, sys
