@@ -26,7 +26,7 @@ import torch.distributed as dist  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.runtime import LLM, SamplingParams  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
 def run(llm: LLM, prompts: list[list[int]], new: int) -> dict:
@@ -66,16 +66,18 @@ def main() -> int:
     prompts = torch.randint(0, V, (a.batch, a.prompt_len), generator=g).tolist()
     r2 = run(tp2, prompts, a.new_tokens)
     t_tp2 = time.perf_counter() - t0
+    cuda = tp2.device.type == "cuda"
     del tp2
-    torch.cuda.empty_cache()
+    if cuda:
+        torch.cuda.empty_cache()
     if rank == 0:
         t0 = time.perf_counter()
-        tp1 = LLM.from_preset(a.model, tp_size=1, device="cuda:0", **kw)
+        tp1 = LLM.from_preset(a.model, tp_size=1, device="cuda:0" if cuda else "cpu", **kw)
         r1 = run(tp1, prompts, a.new_tokens)
         diff = (r1["logits"] - r2["logits"]).abs()
         top2 = r1["logits"].topk(2, -1).values
         report = {
-            "git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name(), "model": a.model,
+            "git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name() if cuda else "cpu", "model": a.model,
             "dtype": a.dtype, "world": dist.get_world_size(), "batch": a.batch,
             "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
             "logits_max_abs_diff": diff.max().item(), "logits_std": r1["logits"].std().item(),

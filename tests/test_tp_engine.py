@@ -3,7 +3,7 @@ compiles its shard with the collectives inside (``_c10d_functional`` ops), and t
 generates exactly what the single-process eager model generates (greedy, fp32).
 
 The build runs in the same two spawned ranks as the generation (one process start-up). A smaller
-tiny pair (2 target layers, 1 draft layer, N = 2) keeps the six compilations short.
+tiny pair (3 target layers, 1 draft layer, N = 2) keeps the six compilations short.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import os
 
 import pytest
 import torch
+import torch._inductor.config as inductor_config
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -25,7 +26,7 @@ from test_tp import _free_port
 
 WORLD = 2
 MODEL = "qwen3-tiny-dspark"
-OVERRIDES = ["num_hidden_layers=2", "draft.num_hidden_layers=1"]
+OVERRIDES = ["num_hidden_layers=3", "draft.num_hidden_layers=1"]
 N = 2
 SHAPES = dict(max_batch_size=2, max_seq_len=48, page_size=8)
 PROMPTS = [[5, 17, 42, 99, 3], [7, 7, 300, 12]]
@@ -44,6 +45,7 @@ def _worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    inductor_config.compile_threads = 1          # two ranks share the cores: no compile pool
     try:
         build_engine(_options(out), report=lambda m: None)
         llm = LLM.from_engine(out, device="cpu", tp_size=WORLD)
