@@ -20,8 +20,6 @@ class NearTargetNetworks:
         for name in ("num_spec_tokens", "num_pages", "page_size", "device", "dtype", "vocab_size"):
             setattr(self, name, getattr(inner, name))
         self.history: dict[int, dict[int, int]] = {}
-        tm = inner.target_module
-        self.scratch = tm.make_cache(64, 16, inner.dtype, "cpu")
 
     def _record(self, tokens, positions, table):
         for b in range(tokens.shape[0]):
@@ -41,31 +39,37 @@ class NearTargetNetworks:
         return self.inner.verify(*args)
 
     @torch.inference_mode()
-    def _next_logits(self, seq: list[int]) -> torch.Tensor:
+    def _next_logits(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Target logits after each sequence [len(seqs), V]: one padded batch (pad positions -1
+        are inert), every row on pages of its own in a scratch cache."""
         tm = self.inner.target_module
-        table = torch.arange(-(-len(seq) // 16))[None]        # only the pages in use
-        toks = torch.tensor([seq])
-        pos = torch.arange(len(seq))[None]
-        logits, _ = tm(toks, pos, table, self.scratch)
-        return logits[0, -1]
+        B, L = len(seqs), max(map(len, seqs))
+        P = -(-L // 16)
+        toks = torch.tensor([s + [0] * (L - len(s)) for s in seqs])
+        pos = torch.tensor([list(range(len(s))) + [-1] * (L - len(s)) for s in seqs])
+        cache = tm.make_cache(B * P, 16, self.dtype, "cpu")
+        logits, _ = tm(toks, pos, torch.arange(B * P).view(B, P), cache)
+        return logits[torch.arange(B), torch.tensor([len(s) - 1 for s in seqs])]
 
     def draft_block(self, anchor, start, table, temperature, seed):
         B, N = anchor.shape[0], self.num_spec_tokens
         drafts = torch.full((B, N), -1, dtype=torch.int64)
         z_all = torch.zeros(B, N, self.vocab_size, dtype=torch.float32)
-        for b in range(B):
-            if int(anchor[b]) < 0:
-                continue
+        live = torch.nonzero(anchor >= 0)[:, 0]
+        if len(live) == 0:
+            return drafts, z_all
+        seqs = []
+        for b in live.tolist():
             h = self.history[int(table[b, 0])]
-            seq = [h[p] for p in range(int(start[b]))] + [int(anchor[b])]
-            t = float(temperature[b])
-            for k in range(N):
-                z = self._next_logits(seq).float()
-                z = z + self.sigma * torch.randn(z.shape, generator=self.gen)
-                if t <= 0:
-                    x = int(z.argmax())
-                else:
-                    x = int(torch.multinomial(torch.softmax(z / t, -1), 1, generator=self.gen))
-                drafts[b, k], z_all[b, k] = x, z
-                seq.append(x)
+            seqs.append([h[p] for p in range(int(start[b]))] + [int(anchor[b])])
+        t = temperature[live].float()
+        greedy, t = t <= 0, torch.where(t > 0, t, 1.0)[:, None]
+        for k in range(N):                      # all live rows at once, position by position
+            z = self._next_logits(seqs).float()
+            z = z + self.sigma * torch.randn(z.shape, generator=self.gen)
+            sampled = torch.multinomial(torch.softmax(z / t, -1), 1, generator=self.gen)[:, 0]
+            x = torch.where(greedy, z.argmax(-1), sampled)
+            drafts[live, k], z_all[live, k] = x, z
+            for s, xi in zip(seqs, x.tolist()):
+                s.append(xi)
         return drafts, z_all

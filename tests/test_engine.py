@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_trt.builder.build import BuildOptions, build_engine
 from dspark_trt.builder.engine_dir import EngineError, check_engine
 from dspark_trt.runtime import LLM, SamplingParams
 from dspark_trt.runtime.engine import EngineNetworks
 from dspark_trt.runtime.networks import EagerNetworks
+
+from aoti_build import build_cpu_engine
 
 MODEL = "qwen3-tiny-dspark"
 SHAPES = dict(max_batch_size=4, max_seq_len=96, page_size=8)
@@ -21,13 +22,7 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("engines") / MODEL
-    # check_toolchain=False: the probe package costs ~20 s; the three real packages are loaded
-    # by the build's last stage anyway.
-    build_engine(BuildOptions(model=MODEL, output=str(out), random_weights=True, dtype="fp32",
-                              backend="aoti", device="cpu", seed=0, check_toolchain=False, **SHAPES),
-                 report=lambda m: None)
-    return out
+    return build_cpu_engine(MODEL, tmp_path_factory.mktemp("engines") / MODEL, seed=0, **SHAPES)
 
 
 @pytest.fixture(scope="module")
