@@ -22,6 +22,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from dspark_trt import provenance  # noqa: E402
+from dspark_trt.commands.bench import time_ms  # noqa: E402
 from dspark_trt.runtime import SamplingParams  # noqa: E402
 from dspark_trt.runtime.llm import LLM  # noqa: E402
 from dspark_trt.runtime.steps import DeviceInputs  # noqa: E402
@@ -29,16 +30,9 @@ from dspark_trt.runtime.steps import DeviceInputs  # noqa: E402
 
 def profile_fn(fn, reps: int = 5, top: int = 25) -> dict:
     """Kernel table of ``reps`` calls of fn (after 3 warm-ups); times per call in microseconds."""
-    for _ in range(3):
+    for _ in range(2):
         fn()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    torch.cuda.synchronize()
-    wall_us = a.elapsed_time(b) * 1e3 / reps
+    wall_us = time_ms(fn, reps, cuda=True) * 1e3          # one more warm-up, then CUDA events
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             fn()
