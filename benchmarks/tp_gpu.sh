@@ -28,28 +28,9 @@ mkdir -p "$OUT"
   echo "== 2d. bench TP=2 with CUDA graphs (attempt: capture of NCCL collectives)"
   timeout 150 $TORCHRUN --master-port 29513 -m dspark_trt.cli "${BENCH[@]}" --tp-size 2 --cuda-graphs on \
       --out-dir "$RUN/tp2-graphs" || echo "TP=2 with CUDA graphs failed (recorded as absent)"
-  python - "$RUN" "$OUT/tp_scaling.json" <<'EOF'
-import glob, json, sys
-run, out = sys.argv[1], sys.argv[2]
-res, keys = {}, ("verify_step_ms", "draft_step_ms", "ar_step_ms", "target_forward_1_ms")
-for tag in ("tp1-eager", "tp2-eager", "tp1-graphs", "tp2-graphs"):
-    files = glob.glob(f"{run}/{tag}/bench-*.json")
-    if files:
-        r = json.load(open(files[0]))
-        res[tag] = {"parallel": r.get("parallel"), "graphs_skipped": r.get("graphs_skipped"),
-                    "batch": {b: {k: row.get(k) for k in keys} | {
-                        "spec_tokens_per_s": row["speculative"]["decode_tokens_per_s"]}
-                        for b, row in r["batch"].items()}}
-scaling = {}
-for b in res.get("tp1-eager", {}).get("batch", {}):
-    one, two = res["tp1-eager"]["batch"][b], res.get("tp2-eager", {}).get("batch", {}).get(b)
-    if two:
-        scaling[b] = {f"{k}_tp1_over_tp2": one[k] / two[k] for k in keys if one[k] and two[k]}
-json.dump({"runs": res, "eager_scaling_tp1_over_tp2": scaling}, open(out, "w"), indent=1)
-print(json.dumps(scaling, indent=1))
-EOF
   for tag in tp1-eager tp2-eager tp1-graphs tp2-graphs; do
     for f in "$RUN/$tag"/bench-*.json; do [ -f "$f" ] && cp "$f" "$OUT/$tag-$(basename "$f")"; done
   done
+  python benchmarks/tp_scaling.py "$OUT"
   ls -l "$OUT"
 } 2>&1 | tee "$OUT/run.log"
