@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -68,3 +70,26 @@ def _check_smoke(rc, tmp_path, main) -> None:
     assert rep["graphs_skipped"] and rep["git_sha"]
     with pytest.raises(SystemExit, match="--random-weights"):
         main(["bench", "--model", "qwen3-tiny-dspark", "--device", "cpu", "--hf", "none"])
+
+
+def test_heldout_prompts_are_tokenized_stdlib_windows():
+    from dspark_trt.commands.bench import make_prompts
+    from dspark_trt.commands.common import default_pair_dirs
+    dirs = default_pair_dirs()
+    if dirs is None:
+        pytest.skip("the built-in default pair is not in this checkout")
+    pair = LLM.from_checkpoints(*dirs, dtype=torch.float32, device="cpu", max_batch_size=1, max_seq_len=64)
+    p = make_prompts(pair, "heldout", 3, 24, seed=0)
+    assert p.shape == (3, 24) and p.dtype == np.int64
+    assert len({tuple(r) for r in p.tolist()}) == 3                      # three different windows
+    text = pair.tokenizer.decode(p[0].tolist())
+    assert pair.tokenizer.encode(text).ids[:5] == p[0][:5].tolist()       # real text, not noise
+    with pytest.raises(SystemExit, match="tokenizer"):
+        make_prompts(LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu",
+                                     max_batch_size=1, max_seq_len=16), "heldout", 1, 8, 0)
+
+
+def test_trained_pair_criterion_is_judged_only_when_reported():
+    v = check_targets({"speedup_over_step_model": 0.79})
+    assert v["trained_speedup_ge_0.8x_step_model"]["met"] is False
+    assert check_targets({})["trained_speedup_ge_0.8x_step_model"]["met"] is None
