@@ -100,6 +100,25 @@ def draft_and_verify(nets, tokens, pos, table):
             "draft_step": lambda: nets.draft_block(anchor, start, table, temp, seed)}
 
 
+def draft_flips(got: dict, want: dict) -> dict:
+    """Where the drafts of a row first differ: is it a near-tie? At that position both sides had the
+    same earlier tokens, so their z differ only by rounding; a flip is *clear* when the eager top-2
+    margin exceeds twice the max |z diff| over the entries finite on both sides."""
+    diff_rows = (got["drafts"] != want["drafts"]).any(1).nonzero().flatten().tolist()
+    clear, margins, diffs = 0, [], []
+    for b in diff_rows:
+        k = int((got["drafts"][b] != want["drafts"][b]).nonzero()[0])
+        a, w = got["z"][b, k].float(), want["z"][b, k].float()
+        both = torch.isfinite(a) & torch.isfinite(w)
+        d = float((a[both] - w[both]).abs().max()) if both.any() else float("inf")
+        top2 = w.topk(2).values
+        m = float(top2[0] - top2[1])
+        margins.append(m), diffs.append(d)
+        clear += int(m > 2 * d)
+    return {"rows_differing": len(diff_rows), "clear_flips": clear,
+            "first_flip_eager_top2_margin": margins, "first_flip_max_abs_z_diff": diffs}
+
+
 def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dict:
     device = torch.device("cuda")
     nets = EngineNetworks(engine_dir, device=device, max_batch_size=B, max_seq_len=opts.max_seq_len)
@@ -137,6 +156,7 @@ def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dic
            "verify_max_abs_logit_diff": diff("verify_logits"),
            "verify_argmax_equal_fraction": argmax_eq("verify_logits"),
            "argmax_flips_beyond_rounding": clear_flips("prefill_logits") + clear_flips("verify_logits"),
+           "draft_flips": draft_flips(got, want),
            "reference_fallback_networks": nets.manifest.get("reference_fallback", []),
            "draft_step_ms_engine": time_ms(got["draft_step"]),
            "draft_step_ms_eager": time_ms(want["draft_step"])}

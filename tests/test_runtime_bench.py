@@ -93,3 +93,12 @@ def test_trained_pair_criterion_is_judged_only_when_reported():
     v = check_targets({"speedup_over_step_model": 0.79})
     assert v["trained_speedup_ge_0.8x_step_model"]["met"] is False
     assert check_targets({})["trained_speedup_ge_0.8x_step_model"]["met"] is None
+
+
+def test_random_weights_come_from_the_flag_or_the_engine_manifest():
+    from types import SimpleNamespace as NS
+    from dspark_trt.commands.bench import uses_random_weights
+    engine = lambda rw: NS(networks=NS(manifest={"build_options": {"random_weights": rw}}))  # noqa: E731
+    assert uses_random_weights(engine(True), NS(random_weights=False))
+    assert not uses_random_weights(engine(False), NS(random_weights=False))
+    assert uses_random_weights(NS(networks=NS()), NS(random_weights=True))

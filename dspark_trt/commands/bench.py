@@ -156,6 +156,12 @@ def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool) -> dic
             "output_ids_row0": seqs[0].output_ids}
 
 
+def uses_random_weights(llm, args) -> bool:
+    """--random-weights, or an engine built with random weights (its manifest says so)."""
+    manifest = getattr(llm.networks, "manifest", None) or {}
+    return bool(args.random_weights or manifest.get("build_options", {}).get("random_weights"))
+
+
 def make_prompts(llm, kind: str, n: int, length: int, seed: int) -> np.ndarray:
     """[n, length] prompt ids: uniform random ids, or windows of held-out stdlib text."""
     if kind == "random":
@@ -260,6 +266,7 @@ def run(args) -> int:
     t_capture = time.perf_counter() - t0
     print(f"[bench] graphs captured in {t_capture:.1f} s")
 
+    random_weights = uses_random_weights(llm, args)
     all_prompts = make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
     results, skipped = {}, []
     hf_reserve = 120.0 if hf_modes else 0.0
@@ -284,7 +291,7 @@ def run(args) -> int:
         row["ar_host_overhead"] = 1 - row["ar_step_ms"] / ar["round_ms"]
         row["speedup_measured"] = spec["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
         row["step_model_speedup"] = spec["tau"] * row["ar_step_ms"] / (row["draft_step_ms"] + row["verify_step_ms"])
-        if not args.random_weights:              # the criterion is meant for a trained pair
+        if not random_weights:                   # the criterion is meant for a trained pair
             row["speedup_over_step_model"] = row["speedup_measured"] / row["step_model_speedup"]
         proj = B * args.paper_tau / (spec["round_ms"] / 1e3)
         row["projection_at_paper_tau"] = {"tau": args.paper_tau, "spec_tokens_per_s": proj,
@@ -310,7 +317,7 @@ def run(args) -> int:
         "parallel": {"tp_size": llm.tp_size, "world": _world(),
                      "expert_parallel": bool(getattr(args, "expert_parallel", False))},
         "model": {"preset": args.model, "checkpoint": args.checkpoint, "engine": args.engine,
-                  "random_weights": bool(args.random_weights), "dtype": str(llm.networks.dtype),
+                  "random_weights": random_weights, "dtype": str(llm.networks.dtype),
                   "num_spec_tokens": llm.networks.num_spec_tokens},
         "options": {k: v for k, v in vars(args).items() if k != "func"},
         "graph_backend": getattr(llm.steps, "backend", None), "graphs_skipped": llm.graphs_skipped,
