@@ -91,3 +91,12 @@ def test_replayed_round_allocates_no_device_memory(llm):
     for _ in range(3):
         graphed.spec_round(r, False)
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == count
+
+
+@pytest.mark.parametrize("Bb", [1, 2, 3, 5, 8])
+def test_bucket_inputs_are_16_byte_aligned(Bb):
+    """AOTInductor engines assume 16-byte aligned inputs and copy a misaligned one on every call."""
+    from dspark_trt.runtime.cuda_graphs import BucketBuffers
+    x = BucketBuffers(Bb, max_pages=3, device="cuda").inputs
+    for name in ("anchor", "start", "seed", "table", "temperature", "top_p"):
+        assert getattr(x, name).data_ptr() % 16 == 0, name

@@ -139,11 +139,16 @@ class CapturedGraph:
 
 class BucketBuffers:
     """Static inputs of bucket ``Bb``: int64 [anchor | start | seed | table] and f32 [temp | top_p],
-    each one flat device tensor with a pinned host twin; plus pinned output buffers."""
+    each one flat device tensor with a pinned host twin (segments 16-byte aligned); plus pinned
+    output buffers."""
 
     def __init__(self, Bb: int, max_pages: int, device):
         self.Bb, self.P = Bb, max_pages
-        ni, nf = Bb * (3 + max_pages), 2 * Bb
+        # every segment starts on a 16-byte boundary: AOTInductor engines assume aligned inputs
+        # (and copy a misaligned one on every call)
+        si, sf = -(-Bb // 2) * 2, -(-Bb // 4) * 4               # int64 / f32 segment strides
+        self.si, self.sf = si, sf
+        ni, nf = 3 * si + Bb * max_pages, 2 * sf
         self.host_i = torch.empty(ni, dtype=torch.int64, pin_memory=True)
         self.host_f = torch.empty(nf, dtype=torch.float32, pin_memory=True)
         self.dev_i = torch.empty(ni, dtype=torch.int64, device=device)
@@ -151,29 +156,29 @@ class BucketBuffers:
         self._host_out: dict[int, Tensor] = {}            # width -> pinned [Bb, width] int64
         self._hi, self._hf = self.host_i.numpy(), self.host_f.numpy()
         d, f = self.dev_i, self.dev_f
-        self.inputs = DeviceInputs(anchor=d[0:Bb], start=d[Bb:2 * Bb], seed=d[2 * Bb:3 * Bb],
-                                   table=d[3 * Bb:].view(Bb, max_pages),
-                                   temperature=f[0:Bb], top_p=f[Bb:2 * Bb])
+        self.inputs = DeviceInputs(anchor=d[0:Bb], start=d[si:si + Bb], seed=d[2 * si:2 * si + Bb],
+                                   table=d[3 * si:].view(Bb, max_pages),
+                                   temperature=f[0:Bb], top_p=f[sf:sf + Bb])
         self.fill(None)
         self.upload()
 
     def fill(self, r: RoundInputs | None) -> None:
         """Write ``r`` into the pinned staging; rows past ``r.batch_size`` are inert."""
-        Bb, B = self.Bb, (0 if r is None else r.batch_size)
+        Bb, B, si, sf = self.Bb, (0 if r is None else r.batch_size), self.si, self.sf
         hi, hf = self._hi, self._hf
-        hi[:3 * Bb] = -1
-        hi[2 * Bb:3 * Bb] = 0                                   # seed of inert rows
-        table = hi[3 * Bb:].reshape(Bb, self.P)
+        hi[:2 * si] = -1                                        # anchor, start of inert rows
+        hi[2 * si:3 * si] = 0                                   # seed of inert rows
+        table = hi[3 * si:].reshape(Bb, self.P)
         table[:] = -1
-        hf[:Bb] = 0.0
-        hf[Bb:] = 1.0
+        hf[:sf] = 0.0
+        hf[sf:] = 1.0
         if B:
             if r.table.shape[1] != self.P:
                 raise ValueError(f"block table has {r.table.shape[1]} columns, the graphs were "
                                  f"built for {self.P}")
-            hi[0:B], hi[Bb:Bb + B], hi[2 * Bb:2 * Bb + B] = r.anchor, r.start, r.seed
+            hi[0:B], hi[si:si + B], hi[2 * si:2 * si + B] = r.anchor, r.start, r.seed
             table[:B] = r.table
-            hf[0:B], hf[Bb:Bb + B] = r.temperature, r.top_p
+            hf[0:B], hf[sf:sf + B] = r.temperature, r.top_p
 
     def upload(self) -> None:
         self.dev_i.copy_(self.host_i, non_blocking=True)
