@@ -26,10 +26,10 @@ from .common import launcher, num_sms, pow2
 
 
 @triton.jit
-def _kv_rows(block_table, b, P, kpos, end, PAGE_SIZE, PAD_PAGE, kvh, HKV: tl.constexpr, D: tl.constexpr):
+def _kv_rows(block_table, b, P, kpos, PAGE_SIZE, PAD_PAGE, kvh, HKV: tl.constexpr, D: tl.constexpr):
     """Element offsets [BLOCK_N] (int64) of the cache rows of keys ``kpos`` (int32) for KV head
-    ``kvh``; keys >= ``end`` point at row 0 (their loads are masked)."""
-    page = tl.load(block_table + b * P + kpos // PAGE_SIZE, mask=kpos < end, other=0)
+    ``kvh``; keys past the block table point at row 0 (callers mask their K/V loads)."""
+    page = tl.load(block_table + b * P + kpos // PAGE_SIZE, mask=kpos < P * PAGE_SIZE, other=0)
     page = tl.where(page >= 0, page, PAD_PAGE)
     return ((page * PAGE_SIZE + kpos % PAGE_SIZE) * HKV + kvh) * D
 
@@ -71,15 +71,15 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scal
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    kv_next = _kv_rows(block_table, b, P, lo + tl.arange(0, BLOCK_N), end, PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
+    kv_next = _kv_rows(block_table, b, P, lo + tl.arange(0, BLOCK_N), PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
     for n0 in range(lo, end, BLOCK_N):
         kpos = n0 + tl.arange(0, BLOCK_N)
         kmask = kpos < end
         if PREFETCH:
             kv_off = kv_next
-            kv_next = _kv_rows(block_table, b, P, kpos + BLOCK_N, end, PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
+            kv_next = _kv_rows(block_table, b, P, kpos + BLOCK_N, PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
         else:
-            kv_off = _kv_rows(block_table, b, P, kpos, end, PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
+            kv_off = _kv_rows(block_table, b, P, kpos, PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
         kt = tl.load(k_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
         vt = tl.load(v_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
         s = tl.dot(qt, tl.trans(kt), input_precision="ieee").to(tl.float32) * qk_scale   # [BLOCK_M, BLOCK_N]
