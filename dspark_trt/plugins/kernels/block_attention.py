@@ -58,7 +58,7 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scal
     lim = tl.load(kv_limit + b * T + t, mask=tmask, other=-1)
     lim = tl.where(pos >= 0, lim, -1)                        # [BLOCK_M], -1 = inert
     lim = tl.where(first_page >= 0, lim, -1)
-    lim = tl.minimum(lim, P * PAGE_SIZE - 1).to(tl.int32)   # key indices fit int32 (cheap div/mod)
+    lim = tl.minimum(tl.maximum(lim, -1), P * PAGE_SIZE - 1).to(tl.int32)   # int32 key math (cheap div/mod)
 
     d = tl.arange(0, D)
     q_off = ((b * T + t).to(tl.int64) * H + h) * D
