@@ -127,10 +127,10 @@ def paged(B, ctx, Hkv, D, page=16, extra=1):
     return kc, vc, table
 
 
-def attention_case(B, ctx, T=8, H=32, Hkv=8, D=128):
+def attention_case(B, ctx, T=8, H=32, Hkv=8, D=128, page=16):
     """Qwen3-8B verify block (DSpark non-causal: every query sees ctx + T keys) -> (args of
     block_attention_triton, bytes: K and V of every key once, q read, o written)."""
-    kc, vc, table = paged(B, ctx + T, Hkv, D)
+    kc, vc, table = paged(B, ctx + T, Hkv, D, page)
     q = torch.randn(B, T, H, D, device=DEV, dtype=BF16)
     pos = (ctx + torch.arange(T, device=DEV)).expand(B, T).contiguous()
     lim = torch.full_like(pos, ctx + T - 1)

@@ -9,7 +9,8 @@ cold graph time / 4.8 TB/s). A config that fails to compile or launch is recorde
 Writes tune-plugins-<gpu>-<sha>.json (or into --out) with every measurement and, per shape, the
 fastest correct config. Defaults live in one dict per op: REJECTION_DEFAULTS (kernels/rejection.py),
 MARKOV_DEFAULTS (kernels/markov.py), ATTN_DEFAULTS (kernels/block_attention.py), MLA_DEFAULTS
-(kernels/sparse_mla.py). About 3-4 minutes on one H200.
+(kernels/sparse_mla.py). About 3-4 minutes on one H200 (``--ops attn`` alone: about 2; it ends
+with a table of every block_attention config's bandwidth fraction at every shape).
 
     python benchmarks/tune_plugins.py [--out DIR] [--ops reject,markov,attn,mla]
 """
@@ -28,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from benchmarks.plugins import (PEAK, attention_case, err, graph_time, markov_bytes, markov_inputs,  # noqa: E402
+from benchmarks.plugins import (DEV, PEAK, attention_case, err, graph_time, markov_bytes, markov_inputs,  # noqa: E402
                                 mla_case, rejection_case, timeit)
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.plugins.block_attention import block_attention_ref  # noqa: E402
@@ -73,15 +74,29 @@ MARKOV_R512 = [
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 4},
     {"one_launch": False, "reduce": "prologue", "gemv": True, "snake": True, "programs_per_sm": 3, "l2_keep": 0.4},
 ]
+# block_attention: {} and {"num_splits": 2} are the pre-prefetch default and best (plugins-*-de0d854).
+# prefetch=True lets Triton keep num_stages - 1 K/V tiles in flight; programs_per_sm states the
+# occupancy of that tile (ptxas sm_90: bn64 ns3 nw4 198 regs / 76 KB smem -> 2; bn32 ns4 128 regs /
+# 58 KB -> 3; bn128 ns3 nw8 144 KB -> 1) so that default_num_splits sizes the waves right.
+_PF = {"prefetch": True}
 ATTN_CONFIGS = [
-    {}, {"num_splits": 1}, {"num_splits": 2}, {"num_splits": 4},
-    {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 1},
-    {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 2},
-    {"block_n": 64, "num_warps": 8, "num_stages": 3, "num_splits": 1},
-    {"block_n": 64, "num_warps": 4, "num_stages": 3, "num_splits": 3},
-    {"block_n": 32, "num_warps": 4, "num_stages": 4, "num_splits": 2},
+    {}, {"num_splits": 2}, {"kvh_first": True},
+    {**_PF, "num_stages": 3, "programs_per_sm": 2},
+    {**_PF, "num_stages": 3, "programs_per_sm": 2, "kvh_first": True},
+    {**_PF, "num_stages": 3, "num_warps": 8, "programs_per_sm": 2},
+    {**_PF, "num_stages": 3, "num_warps": 8, "programs_per_sm": 2, "kvh_first": True},
+    {**_PF, "num_stages": 3, "num_splits": 2},
+    {**_PF, "num_stages": 4, "programs_per_sm": 2},
+    {**_PF, "num_stages": 4, "num_warps": 8, "programs_per_sm": 2},
+    {**_PF, "block_n": 32, "num_stages": 4, "programs_per_sm": 3},
+    {**_PF, "block_n": 32, "num_stages": 4, "num_splits": 1},
+    {**_PF, "block_n": 32, "num_stages": 5, "programs_per_sm": 3},
+    {**_PF, "block_n": 128, "num_warps": 8, "num_stages": 3, "programs_per_sm": 1},
 ]
-ATTN_B1 = [{}, {"block_n": 128, "num_warps": 8, "num_stages": 3}, {"num_splits": 16}]
+ATTN_B1 = [{"num_splits": 16}, {**_PF, "num_stages": 3, "num_splits": 16}, {**_PF, "num_stages": 3, "num_splits": 64}]
+# (B, context, page size): the issue's targets (page 16 as in benchmarks/plugins.py) and the
+# runtime's default page size 64
+ATTN_SHAPES = [(64, 4096, 16), (64, 1024, 16), (1, 4096, 16), (64, 4096, 64)]
 MLA_CONFIGS = [
     {}, {"block_h": 16, "block_dv": 512, "block_n": 32, "num_warps": 8, "num_stages": 2, "num_splits": 1},
     {"block_n": 16}, {"block_n": 16, "num_stages": 3}, {"block_dv": 128},
@@ -147,17 +162,47 @@ def tune_markov(results):
               lambda cfg: kmk.markov_sample_triton(*args, **cfg), check)
 
 
+def attn_splits(cfg, B, ctx, page, T=8, Hkv=8) -> int:
+    """The split count block_attention_triton resolves for ``cfg`` (recorded with its time)."""
+    if cfg.get("num_splits"):
+        return cfg["num_splits"]
+    keys = (triton.cdiv(ctx + T, page) + 1) * page                  # block table as benchmarks.plugins.paged builds it
+    return kba.default_num_splits(torch.device(DEV), B * Hkv, keys,  # T=8, G=4: one query tile per (row, KV head)
+                                  cfg.get("block_n", kba.ATTN_DEFAULTS["block_n"]),
+                                  cfg.get("programs_per_sm", kba.ATTN_DEFAULTS["programs_per_sm"]))
+
+
 def tune_block_attention(results):
-    for B, configs in ((64, ATTN_CONFIGS), (1, ATTN_B1)):
-        args, nbytes = attention_case(B, 4096)
+    for B, ctx, page in ATTN_SHAPES:
+        args, nbytes = attention_case(B, ctx, page=page)
         ref = block_attention_ref(*args)
+        configs = ATTN_CONFIGS + (ATTN_B1 if B == 1 else [])
 
         def check(out, ref=ref):
             e = err(out, ref)
             return dict(ok=e < ATOL_BF16, max_err=e)
-        sweep(results, "block_attention", f"B={B} ctx=4096 T=8 H=32/8x128", nbytes, configs,
+        shape = f"B={B} ctx={ctx} T=8 H=32/8x128" + ("" if page == 16 else f" page={page}")
+        sweep(results, "block_attention", shape, nbytes, configs,
               lambda cfg: kba.block_attention_triton(*args, **cfg), check)
-        del ref
+        for e in results["block_attention"][shape]["configs"]:
+            e["num_splits"] = attn_splits(e["config"], B, ctx, page)
+        del ref, args
+        torch.cuda.empty_cache()
+    attn_summary(results["block_attention"])
+
+
+def attn_summary(shapes: dict):
+    """One line per config: bandwidth fraction at every shape (the default is picked from this)."""
+    names = list(shapes)
+    cfgs = {json.dumps(e["config"]): None for s in names for e in shapes[s]["configs"]}
+    print("block_attention bw_frac (num_splits) per shape: " + " | ".join(names))
+    for c in cfgs:
+        cells = []
+        for s in names:
+            e = next((e for e in shapes[s]["configs"] if json.dumps(e["config"]) == c), None)
+            cells.append(f"{'-':>10s}" if e is None else f"{e['bw_frac'] * 100:5.1f}% ({e['num_splits']:2d})"
+                         if e["ok"] else f"{'FAILED':>10s}")
+        print(f"  {c:100s} " + " ".join(cells), flush=True)
 
 
 def tune_sparse_mla(results):

@@ -149,9 +149,11 @@ def run_all(device, dtype=torch.float32) -> dict:
     for name, lim in (("causal", causal), ("block", block)):
         ref = block_attention_ref(q, kc, vc, table, pos, lim, scale)
         for splits in (1, 3, 8):                          # 8 splits: some splits get no keys
-            got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=splits,
-                                             block_n=16)
-            out[f"block_attention_{name}_split{splits}"] = {"err": _err(got, ref)}
+            for variant, kw in (("", {}), ("_prefetch", dict(prefetch=True, num_stages=3)),
+                                ("_kvh_first", dict(kvh_first=True))):
+                got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=splits,
+                                                 block_n=16, **kw)
+                out[f"block_attention_{name}{variant}_split{splits}"] = {"err": _err(got, ref)}
 
     args = markov_inputs(device, dtype)
     rt, rz = markov_sample_ref(*args)

@@ -110,9 +110,31 @@ def _launches_block_attention(monkeypatch):
     q, kc, vc, table, pos, causal, block, scale = block_attention_inputs("cpu", torch.bfloat16, H=32, Hkv=8,
                                                                           D=128, page=16)
     out = []
-    for kw in ({}, {"num_splits": 1}, {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 4}):
+    for kw in ({}, {"num_splits": 1}, {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 4},
+               *_PREFETCH_CONFIGS, {"prefetch": True, "num_stages": 3, "num_warps": 8, "kvh_first": True},
+               {"prefetch": True, "block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 1}):
         out += record(monkeypatch, kba, kba.block_attention_triton, q, kc, vc, table, pos, block, scale, **kw)
     return out
+
+
+_PREFETCH_CONFIGS = [{"prefetch": True, "num_stages": 3, "num_splits": s} for s in (1, 2)] + \
+                    [{"prefetch": True, "block_n": 32, "num_stages": 4, "num_splits": 1}]
+
+
+@pytest.mark.parametrize("cfg", _PREFETCH_CONFIGS, ids=lambda c: f"bn{c.get('block_n', 64)}-ns{c['num_stages']}-s{c['num_splits']}")
+def test_block_attention_prefetch_pipelines_kv(monkeypatch, cfg):
+    """The point of ``prefetch``: Triton's pipeliner buffers num_stages - 1 K/V tiles in shared
+    memory (a page-table load in the same iteration as the K/V loads collapses it to one)."""
+    args = block_attention_inputs("cpu", torch.bfloat16, T=8, H=32, Hkv=8, D=128, page=16)
+    q, kc, vc, table, pos, causal, block, scale = args
+    tile = cfg.get("block_n", kba.ATTN_DEFAULTS["block_n"]) * 128 * 2              # one K (or V) tile, bytes
+    shared = {}
+    for prefetch in (False, True):
+        kernel, a, kw = record(monkeypatch, kba, kba.block_attention_triton, q, kc, vc, table, pos, block,
+                               scale, **{**cfg, "prefetch": prefetch})[0]
+        shared[prefetch] = compile_launch(kernel, a, kw).metadata.shared
+    depth = cfg["num_stages"] - 1
+    assert shared[True] >= 2 * depth * tile > shared[False], shared
 
 
 def _launches_sparse_mla(monkeypatch):

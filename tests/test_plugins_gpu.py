@@ -11,6 +11,7 @@ pytestmark = [pytest.mark.gpu,
 
 import dspark_trt.plugins  # noqa: E402,F401
 from dspark_trt.plugins.block_attention import block_attention_ref  # noqa: E402
+from dspark_trt.plugins.kernels.block_attention import block_attention_triton  # noqa: E402
 from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref  # noqa: E402
 from dspark_trt.plugins.rejection_sample import apply_top_p, rejection_sample_ref  # noqa: E402
 from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
@@ -88,6 +89,10 @@ def test_block_attention_qwen_shapes_bf16(B, T, ctx):
         ref = block_attention_ref(q, kc, vc, table, pos, lim, D ** -0.5)
         got = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
         assert (got.float() - ref.float()).abs().max() < 2e-2      # bf16 output, bf16 P in P @ V
+        for cfg in ({"prefetch": True, "num_stages": 3}, {"prefetch": True, "num_stages": 3, "num_splits": 3,
+                                                          "kvh_first": True}):
+            alt = block_attention_triton(q, kc, vc, table, pos, lim, D ** -0.5, **cfg)
+            assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
         g = torch.cuda.CUDAGraph()                                  # split-KV workspace under capture
         with torch.cuda.graph(g):
             out = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)

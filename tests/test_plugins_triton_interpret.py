@@ -39,9 +39,10 @@ def test_kv_cache_write_kernel(results):
 
 
 @pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("variant", ["", "_prefetch", "_kvh_first"])
 @pytest.mark.parametrize("mask", ["causal", "block"])
-def test_block_attention_kernel(results, mask, splits):
-    assert results[f"block_attention_{mask}_split{splits}"]["err"] < 1e-5
+def test_block_attention_kernel(results, mask, variant, splits):
+    assert results[f"block_attention_{mask}{variant}_split{splits}"]["err"] < 1e-5
 
 
 @pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from .kernels.block_attention import block_attention_kernel
+from .kernels.block_attention import ATTN_DEFAULTS, block_attention_kernel
 from .kernels.kv_cache import kv_cache_write_kernel
 from .kernels.markov import markov_rows_kernel
 from .kernels.rejection import rejection_sample_kernel
@@ -41,10 +41,10 @@ def kv_cache_write_aot(k_cache, v_cache, k, v, block_table, positions, T, P, PAG
 @triton.jit
 def block_attention_aot(q, k_cache, v_cache, block_table, positions, kv_limit, T, P, PAGE_SIZE, PAD_PAGE,
                         out, SCALE: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
     """grid (B, Hkv, cdiv(T, BLOCK_T))."""
     block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, out, SCALE, T, P,
-                           PAGE_SIZE, PAD_PAGE, H, HKV, D, BLOCK_T, BLOCK_N)
+                           PAGE_SIZE, PAD_PAGE, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH)
 
 
 @triton.jit
@@ -99,7 +99,7 @@ AOT_KERNELS = {
     "block_attention": AotKernel(block_attention_aot, ("T", "T", "T", I64, I64, I64),
                                  ("T", "P", "PAGE_SIZE", "PAD_PAGE"),
                                  {"SCALE": 128 ** -0.5, "H": 32, "HKV": 8, "D": 128, "BLOCK_T": 8,
-                                  "BLOCK_N": 64}),
+                                  "BLOCK_N": 64, "PREFETCH": ATTN_DEFAULTS["prefetch"]}),
     "markov_sample": AotKernel(markov_sample_aot, ("T", I64, "T", "T", F32, I64, I64),
                                ("B", "N", "V", "R"),
                                {"BLOCK_B": 16, "BLOCK_V": 128, "BLOCK_R": 64}, num_warps=4),

@@ -4,7 +4,9 @@ A program owns (row b, KV head, tile of BLOCK_T queries, KV split s): its BLOCK_
 (G = H / Hkv) share every K/V tile they load. The keys ``[0, hi)`` (hi = 1 + the tile's largest
 ``kv_limit``, read on the device) are cut into NUM_SPLITS equal BLOCK_N-aligned ranges, so a
 decode step at batch 1 still spreads over every SM. Each query masks keys beyond its own limit.
-Online softmax in fp32, fp32 accumulation.
+Online softmax in fp32 (base 2: scale * log2(e) folded into the scores), fp32 accumulation.
+Variants (launch keys ``prefetch``, ``kvh_first``): page-table lookups one tile ahead, so that
+Triton pipelines the K/V loads ``num_stages - 1`` deep; grid with the KV head as fastest axis.
 
 * ``NUM_SPLITS == 1``: the program normalises and writes the output (``block_attention_kernel``,
   also the TensorRT AOT entry).
@@ -24,12 +26,27 @@ from .common import launcher, num_sms, pow2
 
 
 @triton.jit
-def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, scale, b, kvh, t0, split,
+def _kv_rows(block_table, b, P, kpos, PAGE_SIZE, PAD_PAGE, kvh, HKV: tl.constexpr, D: tl.constexpr):
+    """Element offsets [BLOCK_N] (int64) of the cache rows of keys ``kpos`` (int32) for KV head
+    ``kvh``; keys past the block table point at row 0 (callers mask their K/V loads)."""
+    page = tl.load(block_table + b * P + kpos // PAGE_SIZE, mask=kpos < P * PAGE_SIZE, other=0)
+    page = tl.where(page >= 0, page, PAD_PAGE)
+    return ((page * PAGE_SIZE + kpos % PAGE_SIZE) * HKV + kvh) * D
+
+
+@triton.jit
+def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scale, b, kvh, t0, split,
                   T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS,
                   H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_N: tl.constexpr):
-    """Online softmax of the tile's BLOCK_T * G query rows over split ``split`` of the keys.
-    Returns (m [BLOCK_M], l [BLOCK_M], acc [BLOCK_M, D] unnormalised, lim, t, h, tmask)."""
+                  BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+    """Online softmax of the tile's BLOCK_T * G query rows over split ``split`` of the keys, in base 2
+    (``qk_scale`` = scale * log2(e)). Returns (m [BLOCK_M] (log2 domain), l [BLOCK_M],
+    acc [BLOCK_M, D] unnormalised, lim, q_off, t, h, tmask).
+
+    PREFETCH: the page-table lookup of tile i + 1 happens in iteration i, so the K/V addresses of a
+    tile do not depend on a load of the same iteration. Triton's software pipeliner then keeps
+    num_stages - 1 K/V tiles in flight (cp.async); with the lookup in the same iteration it keeps
+    a single buffer whatever num_stages says."""
     G: tl.constexpr = H // HKV
     BLOCK_M: tl.constexpr = BLOCK_T * G
     rows = tl.arange(0, BLOCK_M)
@@ -41,7 +58,7 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, scale, 
     lim = tl.load(kv_limit + b * T + t, mask=tmask, other=-1)
     lim = tl.where(pos >= 0, lim, -1)                        # [BLOCK_M], -1 = inert
     lim = tl.where(first_page >= 0, lim, -1)
-    lim = tl.minimum(lim, P * PAGE_SIZE - 1)
+    lim = tl.minimum(tl.maximum(lim, -1), P * PAGE_SIZE - 1).to(tl.int32)   # int32 key math (cheap div/mod)
 
     d = tl.arange(0, D)
     q_off = ((b * T + t).to(tl.int64) * H + h) * D
@@ -54,36 +71,51 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, scale, 
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
+    kv_next = _kv_rows(block_table, b, P, lo + tl.arange(0, BLOCK_N), PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
     for n0 in range(lo, end, BLOCK_N):
         kpos = n0 + tl.arange(0, BLOCK_N)
         kmask = kpos < end
-        page = tl.load(block_table + b * P + kpos // PAGE_SIZE, mask=kmask, other=0)
-        page = tl.where(page >= 0, page, PAD_PAGE)
-        kv_off = ((page * PAGE_SIZE + kpos % PAGE_SIZE).to(tl.int64) * HKV + kvh) * D
+        if PREFETCH:
+            kv_off = kv_next
+            kv_next = _kv_rows(block_table, b, P, kpos + BLOCK_N, PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
+        else:
+            kv_off = _kv_rows(block_table, b, P, kpos, PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
         kt = tl.load(k_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
         vt = tl.load(v_cache + kv_off[:, None] + d[None, :], mask=kmask[:, None], other=0.0)
-        s = (tl.dot(qt, tl.trans(kt), input_precision="ieee") * scale).to(tl.float32)       # [BLOCK_M, BLOCK_N]
+        s = tl.dot(qt, tl.trans(kt), input_precision="ieee").to(tl.float32) * qk_scale   # [BLOCK_M, BLOCK_N]
         s = tl.where(kpos[None, :] <= lim[:, None], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
         m_i = m_new
     return m_i, l_i, acc, lim, q_off, t, h, tmask
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _row_and_head(KVH_FIRST: tl.constexpr):
+    """(b, kvh) of this program: grid axes (B, Hkv) or, KVH_FIRST, (Hkv, B) so that programs that
+    run at the same time read neighbouring 256-byte head slices of the same cache rows."""
+    if KVH_FIRST:
+        return tl.program_id(1), tl.program_id(0)
+    return tl.program_id(0), tl.program_id(1)
+
+
 @triton.jit
 def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, out, scale,
                            T, P, PAGE_SIZE, PAD_PAGE,
                            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                           BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (B, Hkv, cdiv(T, BLOCK_T)): one split, normalised output."""
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+                           BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                           PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False):
+    """Grid (B, Hkv, cdiv(T, BLOCK_T)) (KVH_FIRST: (Hkv, B, ...)): one split, normalised output."""
+    b, kvh = _row_and_head(KVH_FIRST)
     m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
-        q, k_cache, v_cache, block_table, positions, kv_limit, scale, b, kvh, tl.program_id(2) * BLOCK_T,
-        0, T, P, PAGE_SIZE, PAD_PAGE, 1, H, HKV, D, BLOCK_T, BLOCK_N)
+        q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh,
+        tl.program_id(2) * BLOCK_T, 0, T, P, PAGE_SIZE, PAD_PAGE, 1, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH)
     o = acc / tl.maximum(l_i, 1e-30)[:, None]
     o = tl.where((lim >= 0)[:, None], o, 0.0)
     d = tl.arange(0, D)
@@ -94,16 +126,16 @@ def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit
 def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, part_ml, part_acc,
                                  scale, T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS,
                                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                                 BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Grid (B, Hkv, cdiv(T, BLOCK_T) * NUM_SPLITS); partials part_ml [B, T, H, S, 2] (m, l) and
-    part_acc [B, T, H, S, D], S = NUM_SPLITS."""
-    b = tl.program_id(0)
-    kvh = tl.program_id(1)
+                                 BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                                 PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False):
+    """Grid (B, Hkv, cdiv(T, BLOCK_T) * NUM_SPLITS) (KVH_FIRST: (Hkv, B, ...)); partials
+    part_ml [B, T, H, S, 2] (m in log2 units, l) and part_acc [B, T, H, S, D], S = NUM_SPLITS."""
+    b, kvh = _row_and_head(KVH_FIRST)
     split = tl.program_id(2) % NUM_SPLITS
     t0 = (tl.program_id(2) // NUM_SPLITS) * BLOCK_T
     m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
-        q, k_cache, v_cache, block_table, positions, kv_limit, scale, b, kvh, t0, split,
-        T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS, H, HKV, D, BLOCK_T, BLOCK_N)
+        q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh, t0, split,
+        T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH)
     slot = ((b * T + t).to(tl.int64) * H + h) * NUM_SPLITS + split              # [BLOCK_M]
     tl.store(part_ml + slot * 2, m_i, mask=tmask)
     tl.store(part_ml + slot * 2 + 1, l_i, mask=tmask)
@@ -124,7 +156,7 @@ def block_attention_reduce_kernel(part_ml, part_acc, out, NUM_SPLITS, D: tl.cons
     d = tl.arange(0, D)
     acc = tl.load(part_acc + (row * NUM_SPLITS + s)[:, None] * D + d[None, :], mask=smask[:, None],
                   other=0.0)                                                        # [BLOCK_S, D]
-    w = tl.exp(m - tl.max(m, 0))                                                    # [BLOCK_S]
+    w = tl.exp2(m - tl.max(m, 0))                                                   # [BLOCK_S]
     o = tl.sum(acc * w[:, None], 0) / tl.maximum(tl.sum(l_s * w, 0), 1e-30)
     tl.store(out + row * D + d, o.to(out.dtype.element_ty))
 
@@ -134,7 +166,8 @@ EXPORT_NUM_SPLITS = 8     # fixed split count of exported (dynamic-shape) engine
 # Defaults (benchmarks/tune_plugins.py measures alternatives). programs_per_sm: programs of this
 # tile one SM holds at once (block_n 64, 4 warps: 168 registers x 128 threads -> 3, from ptxas for
 # sm_90); the key range is split so that the grid fills whole waves of that many programs per SM.
-ATTN_DEFAULTS = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=3)
+# prefetch / kvh_first: the PREFETCH / KVH_FIRST kernel variants (see _attend_split, _row_and_head).
+ATTN_DEFAULTS = dict(block_n=64, num_warps=4, num_stages=2, programs_per_sm=3, prefetch=False, kvh_first=False)
 
 
 def default_num_splits(device: torch.device, programs: int, max_keys: int, block_n: int,
@@ -161,7 +194,8 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
                            positions: Tensor, kv_limit: Tensor, scale: float,
                            num_splits: int | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
-                           programs_per_sm: int | None = None) -> Tensor:
+                           programs_per_sm: int | None = None, prefetch: bool | None = None,
+                           kvh_first: bool | None = None) -> Tensor:
     """Same contract as ``block_attention_ref``. Unset launch parameters come from
     ``ATTN_DEFAULTS``; ``num_splits`` (KV splits per query tile) from ``default_num_splits``. The
     actual key range of each split is decided on the device from ``kv_limit``, so the split count
@@ -170,6 +204,8 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
     num_warps = num_warps or ATTN_DEFAULTS["num_warps"]
     num_stages = num_stages or ATTN_DEFAULTS["num_stages"]
     programs_per_sm = programs_per_sm or ATTN_DEFAULTS["programs_per_sm"]
+    prefetch = ATTN_DEFAULTS["prefetch"] if prefetch is None else bool(prefetch)
+    kvh_first = ATTN_DEFAULTS["kvh_first"] if kvh_first is None else bool(kvh_first)
     B, T, H, D = q.shape
     Hkv = k_cache.shape[2]
     G = H // Hkv if Hkv else 0
@@ -190,15 +226,16 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
         S = num_splits or EXPORT_NUM_SPLITS
     tensors = (q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), block_table.contiguous(),
                positions.contiguous(), kv_limit.contiguous())
-    meta = dict(H=H, HKV=Hkv, D=D, BLOCK_T=block_t, BLOCK_N=block_n, num_warps=num_warps,
-                num_stages=num_stages)
+    meta = dict(H=H, HKV=Hkv, D=D, BLOCK_T=block_t, BLOCK_N=block_n, PREFETCH=prefetch, KVH_FIRST=kvh_first,
+                num_warps=num_warps, num_stages=num_stages)
+    rows_heads = (Hkv, B) if kvh_first else (B, Hkv)
     if S == 1:
-        launcher(block_attention_kernel)[(B, Hkv, t_tiles)](
+        launcher(block_attention_kernel)[(*rows_heads, t_tiles)](
             *tensors, out, float(scale), T, P, page, k_cache.shape[0] - 1, **meta)
         return out
     part_ml = torch.empty((B, T, H, S, 2), dtype=torch.float32, device=q.device)
     part_acc = torch.empty((B, T, H, S, D), dtype=torch.float32, device=q.device)
-    launcher(block_attention_split_kernel)[(B, Hkv, t_tiles * S)](
+    launcher(block_attention_split_kernel)[(*rows_heads, t_tiles * S)](
         *tensors, part_ml, part_acc, float(scale), T, P, page, k_cache.shape[0] - 1, S, **meta)
     launcher(block_attention_reduce_kernel)[(B * T * H,)](
         part_ml, part_acc, out, S, D=D, BLOCK_S=pow2(S), num_warps=4)
