@@ -101,21 +101,27 @@ def draft_and_verify(nets, tokens, pos, table):
 
 
 def draft_flips(got: dict, want: dict) -> dict:
-    """Where the drafts of a row first differ: is it a near-tie? At that position both sides had the
-    same earlier tokens, so their z differ only by rounding; a flip is *clear* when the eager top-2
-    margin exceeds twice the max |z diff| over the entries finite on both sides."""
+    """Where the drafts of a row first differ, why? Both sides had the same earlier tokens there, so
+    their z differ by rounding only, except that the top-k sampler's candidate sets (per-chunk top-k
+    of the base logits) can differ at a rounding-level near-tie. A flip is a *candidate-set* flip
+    when either winner is -inf on the other side; else it is *clear* when the eager top-2 margin
+    exceeds twice the max |z diff| over the entries finite on both sides (else a near-tie)."""
     diff_rows = (got["drafts"] != want["drafts"]).any(1).nonzero().flatten().tolist()
-    clear, margins, diffs = 0, [], []
+    clear, cand, margins, diffs = 0, 0, [], []
     for b in diff_rows:
         k = int((got["drafts"][b] != want["drafts"][b]).nonzero()[0])
         a, w = got["z"][b, k].float(), want["z"][b, k].float()
+        ta, tw = int(got["drafts"][b, k]), int(want["drafts"][b, k])
+        if not (torch.isfinite(w[ta]) and torch.isfinite(a[tw])):
+            cand += 1
+            continue
         both = torch.isfinite(a) & torch.isfinite(w)
-        d = float((a[both] - w[both]).abs().max()) if both.any() else float("inf")
+        d = float((a[both] - w[both]).abs().max())
         top2 = w.topk(2).values
         m = float(top2[0] - top2[1])
         margins.append(m), diffs.append(d)
         clear += int(m > 2 * d)
-    return {"rows_differing": len(diff_rows), "clear_flips": clear,
+    return {"rows_differing": len(diff_rows), "candidate_set_flips": cand, "clear_flips": clear,
             "first_flip_eager_top2_margin": margins, "first_flip_max_abs_z_diff": diffs}
 
 
