@@ -248,6 +248,12 @@ def run_all(device, dtype=torch.float32) -> dict:
                                        {"block_m": 32})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(kmoe.moe_experts_triton(*args, **kw), moe_experts_ref(*args))}
+    from dspark_trt.plugins.aot import moe_experts_aot           # the TensorRT entry (token schedule)
+    x, ids, w, w13, w2, first, limit = args = moe_inputs(device, dtype)
+    y = torch.empty_like(x)
+    moe_experts_aot[(x.shape[0], 2)](x, ids, w, w13, w2, first, w13.shape[0], x.shape[1], w2.shape[2], ids.shape[1],
+                                     y, LIMIT=limit, BLOCK_D=32, BLOCK_H=16, BLOCK_K=32)
+    out["moe_experts_aot"] = {"err": _err(y, moe_experts_ref(*args))}
     out["tuner_configs"] = tuner_configs(device, dtype)
     return out
 

@@ -30,6 +30,7 @@ import torch
 from ..config import ConfigError, ModelPair, get_preset
 from ..models.dspark_qwen3 import MARKOV_SAMPLERS
 from ..models.fuse import fuse_projections_
+from ..models.v4_moe import stack_experts_
 from . import engine_dir as ed
 from .backends import BuildError, pick_backend
 from .export import (NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline,
@@ -215,6 +216,7 @@ def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device, tp=No
         target.to(device), draft.to(device)
     draft.markov_sampler = o.markov_sampler
     fuse_projections_(target), fuse_projections_(draft)      # one GEMM for q/k/v and for gate/up
+    stack_experts_(target), stack_experts_(draft)            # V4 MoE: grouped GEMMs of the chosen experts
     return pair, target, draft
 
 

@@ -14,6 +14,11 @@ blocks past the used ones (leading entry -1) exit at once.
 
 The launcher sums ``out`` over the k slots in fp32 (skipped slots count 0) and rounds once. Launch
 choices depend only on static sizes when traced with a dynamic M (``torch.export``).
+
+``moe_experts_token_kernel`` is the one-launch schedule without workspace for the TensorRT AOT
+plugin: a program per (token, BLOCK_D output columns) runs its k experts as GEMVs, recomputing
+the token's gate/up for each column tile (correct, not fast: each expert's w13 is read once per
+column tile and token).
 """
 from __future__ import annotations
 
@@ -90,6 +95,49 @@ def moe_down_kernel(act, expert_ids, w2, sorted_pairs, out, first_expert, D, H,
             acc = tl.dot(a, w, acc, input_precision="ieee")
         tl.store(out + row[:, None] * D + n[None, :], acc.to(out.dtype.element_ty),
                  mask=live[:, None] & nmask[None, :])
+
+
+@triton.jit
+def moe_experts_token_kernel(x, expert_ids, routing_weights, w13, w2, out, first_expert, E, D, H, K,
+                             LIMIT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
+                             BLOCK_K: tl.constexpr):
+    """Grid (M, cdiv(D, BLOCK_D)); same rounding points as the grouped kernels."""
+    m = tl.program_id(0).to(tl.int64)
+    dcol = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    dmask = dcol < D
+    y = tl.zeros([BLOCK_D], tl.float32)
+    for j in range(K):
+        gid = tl.load(expert_ids + m * K + j).to(tl.int64)
+        e = gid - first_expert
+        if (gid >= 0) & (e >= 0) & (e < E):
+            wt = tl.load(routing_weights + m * K + j).to(tl.float32)
+            slot = tl.zeros([BLOCK_D], tl.float32)
+            for h0 in range(0, H, BLOCK_H):
+                hh = h0 + tl.arange(0, BLOCK_H)
+                hmask = hh < H
+                g = tl.zeros([BLOCK_H], tl.float32)
+                u = tl.zeros([BLOCK_H], tl.float32)
+                for k0 in range(0, D, BLOCK_K):
+                    kk = k0 + tl.arange(0, BLOCK_K)
+                    kmask = kk < D
+                    xv = tl.load(x + m * D + kk, mask=kmask, other=0.0).to(tl.float32)
+                    wmask = hmask[:, None] & kmask[None, :]
+                    rows = e * 2 * H + hh
+                    wg = tl.load(w13 + rows[:, None].to(tl.int64) * D + kk[None, :], mask=wmask, other=0.0)
+                    wu = tl.load(w13 + (rows + H)[:, None].to(tl.int64) * D + kk[None, :], mask=wmask, other=0.0)
+                    g += tl.sum(wg.to(tl.float32) * xv[None, :], 1)
+                    u += tl.sum(wu.to(tl.float32) * xv[None, :], 1)
+                g = g.to(x.dtype.element_ty).to(tl.float32)
+                u = u.to(x.dtype.element_ty).to(tl.float32)
+                if LIMIT > 0:
+                    g = tl.minimum(g, LIMIT)
+                    u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
+                a = (g / (1.0 + tl.exp(-g)) * u * wt).to(x.dtype.element_ty).to(tl.float32)
+                w = tl.load(w2 + (e * D + dcol)[:, None].to(tl.int64) * H + hh[None, :],
+                            mask=dmask[:, None] & hmask[None, :], other=0.0)
+                slot += tl.sum(w.to(tl.float32) * a[None, :], 1)
+            y += slot.to(x.dtype.element_ty).to(tl.float32)
+    tl.store(out + m * D + dcol, y.to(out.dtype.element_ty), mask=dmask)
 
 
 def num_blocks(pairs, num_experts: int, block_m: int):
