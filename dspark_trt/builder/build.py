@@ -184,7 +184,7 @@ def _follow_target_depth(old, target, draft):
 
 def _refit_taps(draft, num_layers: int):
     ids = list(getattr(draft, "target_layer_ids", []))
-    if ids and ids[-1] >= num_layers - 1:
+    if ids and ids[-1] >= num_layers:                     # taps that fit (set with draft.*) stay
         m = len(ids)
         if m > num_layers - 1:
             raise ConfigError(f"--override num_hidden_layers={num_layers}: the draft taps {m} target "
