@@ -238,6 +238,31 @@ def v4_latencies(nets, graphs: bool = True, context: bool = True) -> tuple[dict,
     return times, outs
 
 
+MOE_CONFIGS = [{}, {"block_k": 128}, {"block_n": 128, "block_k": 128, "num_warps": 8},
+               {"block_k": 128, "num_stages": 4}, {"block_n": 32, "block_k": 256, "num_stages": 2}]
+
+
+def moe_op_bench(moe) -> dict:
+    """dspark::moe_experts alone on one stacked V4-Flash MoE: median ms per launch config and the
+    bandwidth of the chosen experts' weights (M tokens, k random distinct experts each)."""
+    from dspark_trt.plugins.kernels.moe import moe_experts_triton
+    E, _, d = moe.w13.shape
+    k = moe.gate.cfg.num_experts_per_tok
+    out = {}
+    for M in (1, 5, 80):
+        g = torch.Generator(device="cuda").manual_seed(M)
+        x = torch.randn(M, d, device="cuda", generator=g).to(moe.w13.dtype)
+        ids = torch.rand(M, E, device="cuda", generator=g).topk(k, -1).indices
+        w = torch.rand(M, k, device="cuda", generator=g)
+        read = ids.unique().numel() * (moe.w13[0].numel() + moe.w2[0].numel()) * moe.w13.element_size()
+        for i, cfg in enumerate(MOE_CONFIGS):
+            ms = try_ms(time_ms, lambda: moe_experts_triton(x, ids, w, moe.w13, moe.w2, 0, moe.limit, **cfg))
+            gbs = round(read / ms / 1e6, 1) if isinstance(ms, float) else None
+            out[f"M{M}_cfg{i}"] = {"config": cfg, "ms": ms, "chosen_expert_GB_per_s": gbs}
+    print(json.dumps(out, indent=1), flush=True)
+    return out
+
+
 def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None:
     """Eager draft step with the routed experts per expert, all experts, and stacked (module doc)."""
     from dspark_trt.builder.build import apply_overrides
@@ -263,6 +288,8 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
     r["stack_seconds"] = round(time.perf_counter() - t0, 1)
     r["grouped"], got = v4_latencies(nets, graphs=True, context=True)
     r["grouped_vs_per_expert"] = {B: compare(got[B], ref[B]) for B in V4_BATCHES}
+    save(V4, record)
+    r["moe_op"] = moe_op_bench(draft.layers[0].ffn)
     if engine_outs:
         r["engine_vs_per_expert"] = {B: compare(engine_outs[B], ref[B]) for B in V4_BATCHES}
     r["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / (1 << 30), 2)
