@@ -1,6 +1,6 @@
 """GPU build benchmark: build AOTI engines on CUDA, record time + peak memory, check parity.
 
-    CXX=/usr/bin/g++ python benchmarks/build_gpu.py [qwen3] [v4] [--git-sha SHA]
+    CXX=/usr/bin/g++ python benchmarks/build_gpu.py [qwen3] [v4] [v4-eager] [--git-sha SHA]
 
 * qwen3: ``qwen3-8b-dspark-block7 --random-weights --dtype bf16 --backend aoti`` (weights drawn on
   the GPU), then compiled vs eager on the real shapes with the same seed: a prefill of B=4 x 64
@@ -11,12 +11,13 @@
   keep their real dimensions, the draft taps the one target layer; ~55 GB of bf16 weights, the
   most the 64 GB disk holds), max batch 16: build time, peak memory, engine size, then the draft
   step at real dimensions (draft_block, and the context injection draft_context of N+1 taps) at
-  batch 1 and 16, as eager launches and as CUDA-graph replays; then ``v4_eager``.
-* v4-eager (also run by v4): the same networks as eager modules from the same seed, the routed
+  batch 1 and 16, as eager launches and as CUDA-graph replays; the drafts / logits are saved next
+  to the engine for v4-eager.
+* v4-eager: the same networks as eager modules from the same seed, the routed
   experts (a) per expert (eager loop over the chosen experts, host syncs), (b) all experts over
   every token (what CUDA-graph capture of unstacked modules runs), (c) stacked through
   ``dspark::moe_experts`` (eager and graph): draft_block latency, and the drafts / logits of (c)
-  and of the engine against (a).
+  and of the engine against (a); then the op alone per launch config at M = 1, 5, 80 tokens.
 
 Each model writes ``build-<model>.json`` (git sha, GPU, command, stage times, peaks, parity) to
 $OUT if set, else benchmarks/results/, as soon as it is done.
@@ -298,14 +299,17 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
     save(V4, record)
 
 
-def run_v4(sha: str, markov_sampler: str, build_engine_too: bool, keep: bool) -> None:
+def run_v4(sha: str, markov_sampler: str, engine: bool, eager: bool, keep: bool) -> None:
+    """``engine``: build, engine latencies, outputs saved next to the engine; ``eager``: v4_eager,
+    compared with those outputs when present. Both extend one record (build-<model>.json)."""
     opts = BuildOptions(model=V4, output=str(ENGINES / V4), random_weights=True, dtype="bf16", max_batch_size=16,
                         max_seq_len=256, check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                         backend="aoti", device="cuda", overrides=V4_OVERRIDES, markov_sampler=markov_sampler)
-    record = {"model": V4, "git_sha": sha, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "argv": sys.argv, "overrides": V4_OVERRIDES}
-    engine_outs = None
-    if build_engine_too:
+    path, outputs = RESULTS / f"build-{V4}.json", ENGINES / f"{V4}-engine-outputs.pt"
+    record = json.loads(path.read_text()) if path.exists() and not engine else {}
+    record.update({"model": V4, "git_sha": sha, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                   "argv": sys.argv, "overrides": V4_OVERRIDES})
+    if engine:
         try:
             record["build"] = build(opts)
         except Exception as e:                      # record it; the eager comparison still runs
@@ -319,20 +323,24 @@ def run_v4(sha: str, markov_sampler: str, build_engine_too: bool, keep: bool) ->
                                   verify_checksums=False)       # the build checked them; saves a 55 GB read
             record["engine_load_seconds"] = round(time.perf_counter() - t0, 1)
             record["engine"], outs = v4_latencies(nets)
-            engine_outs = {B: {k: outs[B][k] for k in ("drafts", "z")} for B in V4_BATCHES}
             record["reference_fallback_networks"] = nets.manifest.get("reference_fallback", [])
+            torch.save({B: {k: outs[B][k].cpu() for k in ("drafts", "z")} for B in V4_BATCHES}, outputs)
             save(V4, record)
             del nets, outs
             if not keep:
                 shutil.rmtree(opts.output, ignore_errors=True)
             gc.collect()
             torch.cuda.empty_cache()
-    v4_eager(opts, record, engine_outs)
+    if eager:
+        engine_outs = None
+        if outputs.exists():
+            engine_outs = {B: {k: v.cuda() for k, v in o.items()} for B, o in torch.load(outputs).items()}
+        v4_eager(opts, record, engine_outs)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", default=["qwen3", "v4"], choices=["qwen3", "v4", "v4-eager"])
+    ap.add_argument("which", nargs="*", default=["qwen3", "v4", "v4-eager"], choices=["qwen3", "v4", "v4-eager"])
     ap.add_argument("--git-sha")
     ap.add_argument("--keep", action="store_true", help="keep the engines (for a following bench)")
     ap.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact")
@@ -348,7 +356,7 @@ def main() -> None:
         if V4 not in PRESETS:
             print(f"[bench] preset '{V4}' is not defined on this branch: V4 skipped", flush=True)
             return
-        run_v4(sha, a.markov_sampler, build_engine_too="v4" in a.which, keep=a.keep)
+        run_v4(sha, a.markov_sampler, engine="v4" in a.which, eager="v4-eager" in a.which, keep=a.keep)
 
 
 if __name__ == "__main__":

@@ -167,7 +167,7 @@ def align_by_expert(expert_ids: Tensor, first_expert: int, num_experts: int, blo
 
 
 # Defaults: 16 rows (the smallest tl.dot tile: decode blocks hold a few tokens per expert),
-# 64 x 64 weight tiles; benchmarks/tune_plugins.py-style measurements have not been made yet.
+# 64 x 64 weight tiles. Not tuned on a GPU yet: benchmarks/build_gpu.py v4-eager times alternatives.
 MOE_DEFAULTS = dict(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=3)
 
 
