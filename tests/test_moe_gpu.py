@@ -28,10 +28,11 @@ def flash_weights():
     return w13, w2
 
 
-def _routing(M, first_expert=0, seed=1):
+def _routing(M, seed=1):
+    """x [M, D] bf16, k distinct global expert ids per token (one slot -1), routing weights."""
     g = torch.Generator(device=DEV).manual_seed(seed)
     x = torch.randn(M, D, device=DEV, generator=g).to(torch.bfloat16)
-    ids = torch.rand(M, E, device=DEV, generator=g).topk(K, -1).indices + first_expert
+    ids = torch.rand(M, E, device=DEV, generator=g).topk(K, -1).indices
     ids[0, -1] = -1                                                   # a skipped slot
     w = torch.rand(M, K, device=DEV, generator=g)
     return x, ids, w
