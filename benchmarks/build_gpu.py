@@ -1,18 +1,20 @@
 """GPU build benchmark: build AOTI engines on CUDA, record time + peak memory, check parity.
 
-    CXX=/usr/bin/g++ python benchmarks/build_gpu.py [qwen3] [v4] [v4-eager] [--git-sha SHA]
+    CXX=/usr/bin/g++ python benchmarks/build_gpu.py [qwen3] [v4 | v4-build v4-engine v4-eager] [--git-sha SHA]
 
 * qwen3: ``qwen3-8b-dspark-block7 --random-weights --dtype bf16 --backend aoti`` (weights drawn on
   the GPU), then compiled vs eager on the real shapes with the same seed: a prefill of B=4 x 64
   tokens, one draft step (draft_context + draft_block, greedy) and one verify step (target on
   N+1 tokens): max |logit diff| and token equality; plus the draft-step latency.
-* v4: ``deepseek-v4-flash-dspark --random-weights`` with the target cut to its first layer
+* v4 (= v4-build, v4-engine, v4-eager; run them as separate calls where one call is limited to
+  10 minutes, on one machine: the engine and its outputs stay under $ENGINE_ROOT between them):
+  ``deepseek-v4-flash-dspark --random-weights`` with the target cut to its first layer
   (``--override draft.target_layer_ids=[0] --override num_hidden_layers=1``: the three draft stages
   keep their real dimensions, the draft taps the one target layer; ~55 GB of bf16 weights, the
-  most the 64 GB disk holds), max batch 16: build time, peak memory, engine size, then the draft
+  most the 64 GB disk holds), max batch 16: build time, peak memory, engine size (v4-build), the draft
   step at real dimensions (draft_block, and the context injection draft_context of N+1 taps) at
-  batch 1 and 16, as eager launches and as CUDA-graph replays; the drafts / logits are saved next
-  to the engine for v4-eager.
+  batch 1 and 16, as eager launches and as CUDA-graph replays (v4-engine; the drafts / logits are
+  saved next to the engine for v4-eager).
 * v4-eager: the same networks as eager modules from the same seed, the routed
   experts (a) per expert (eager loop over the chosen experts, host syncs), (b) all experts over
   every token (what CUDA-graph capture of unstacked modules runs), (c) stacked through
@@ -299,17 +301,21 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
     save(V4, record)
 
 
-def run_v4(sha: str, markov_sampler: str, engine: bool, eager: bool, keep: bool) -> None:
-    """``engine``: build, engine latencies, outputs saved next to the engine; ``eager``: v4_eager,
-    compared with those outputs when present. Both extend one record (build-<model>.json)."""
+V4_STEPS = ("v4-build", "v4-engine", "v4-eager")
+
+
+def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
+    """Steps (each fits one 10-minute call; v4 = all three): ``v4-build`` builds the engine under
+    $ENGINE_ROOT; ``v4-engine`` loads it, times the draft step, saves its drafts / logits next to
+    it and removes it (unless --keep); ``v4-eager``: v4_eager, compared with those outputs when
+    present."""
     opts = BuildOptions(model=V4, output=str(ENGINES / V4), random_weights=True, dtype="bf16", max_batch_size=16,
                         max_seq_len=256, check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                         backend="aoti", device="cuda", overrides=V4_OVERRIDES, markov_sampler=markov_sampler)
-    path, outputs = RESULTS / f"build-{V4}.json", ENGINES / f"{V4}-engine-outputs.pt"
-    record = json.loads(path.read_text()) if path.exists() and not engine else {}
-    record.update({"model": V4, "git_sha": sha, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                   "argv": sys.argv, "overrides": V4_OVERRIDES})
-    if engine:
+    outputs = ENGINES / f"{V4}-engine-outputs.pt"
+    record = {"model": V4, "git_sha": sha, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "argv": sys.argv, "overrides": V4_OVERRIDES, "steps": sorted(steps)}
+    if "v4-build" in steps:
         try:
             record["build"] = build(opts)
         except Exception as e:                      # record it; the eager comparison still runs
@@ -317,21 +323,25 @@ def run_v4(sha: str, markov_sampler: str, engine: bool, eager: bool, keep: bool)
         save(V4, record)
         gc.collect()
         torch.cuda.empty_cache()
-        if "build" in record:
-            t0 = time.perf_counter()
-            nets = EngineNetworks(opts.output, device="cuda", max_batch_size=max(V4_BATCHES),
-                                  verify_checksums=False)       # the build checked them; saves a 55 GB read
-            record["engine_load_seconds"] = round(time.perf_counter() - t0, 1)
-            record["engine"], outs = v4_latencies(nets)
-            record["reference_fallback_networks"] = nets.manifest.get("reference_fallback", [])
-            torch.save({B: {k: outs[B][k].cpu() for k in ("drafts", "z")} for B in V4_BATCHES}, outputs)
-            save(V4, record)
-            del nets, outs
-            if not keep:
-                shutil.rmtree(opts.output, ignore_errors=True)
-            gc.collect()
-            torch.cuda.empty_cache()
-    if eager:
+    if "v4-engine" in steps and (Path(opts.output) / "manifest.json").exists():
+        t0 = time.perf_counter()
+        nets = EngineNetworks(opts.output, device="cuda", max_batch_size=max(V4_BATCHES),
+                              verify_checksums=False)           # the build checked them; saves a 55 GB read
+        record["engine_load_seconds"] = round(time.perf_counter() - t0, 1)
+        record["engine_bytes"] = sum(f["bytes"] for f in nets.manifest["files"].values())
+        record["engine"], outs = v4_latencies(nets)
+        record["reference_fallback_networks"] = nets.manifest.get("reference_fallback", [])
+        torch.save({B: {k: outs[B][k].cpu() for k in ("drafts", "z")} for B in V4_BATCHES}, outputs)
+        save(V4, record)
+        del nets, outs
+        if not keep:
+            shutil.rmtree(opts.output, ignore_errors=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+    elif "v4-engine" in steps:
+        record["engine_error"] = f"no engine at {opts.output} (run v4-build first)"
+        save(V4, record)
+    if "v4-eager" in steps:
         engine_outs = None
         if outputs.exists():
             engine_outs = {B: {k: v.cuda() for k, v in o.items()} for B, o in torch.load(outputs).items()}
@@ -340,7 +350,7 @@ def run_v4(sha: str, markov_sampler: str, engine: bool, eager: bool, keep: bool)
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", default=["qwen3", "v4", "v4-eager"], choices=["qwen3", "v4", "v4-eager"])
+    ap.add_argument("which", nargs="*", default=["qwen3", "v4"], choices=["qwen3", "v4", *V4_STEPS])
     ap.add_argument("--git-sha")
     ap.add_argument("--keep", action="store_true", help="keep the engines (for a following bench)")
     ap.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact")
@@ -352,11 +362,12 @@ def main() -> None:
                             check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda", markov_sampler=a.markov_sampler),
             sha, check_parity=True, keep=a.keep)
-    if "v4" in a.which or "v4-eager" in a.which:
+    steps = set(V4_STEPS) if "v4" in a.which else set(a.which) & set(V4_STEPS)
+    if steps:
         if V4 not in PRESETS:
             print(f"[bench] preset '{V4}' is not defined on this branch: V4 skipped", flush=True)
             return
-        run_v4(sha, a.markov_sampler, engine="v4" in a.which, eager="v4-eager" in a.which, keep=a.keep)
+        run_v4(sha, a.markov_sampler, steps, keep=a.keep)
 
 
 if __name__ == "__main__":
