@@ -1,13 +1,25 @@
 """GPU build benchmark: build AOTI engines on CUDA, record time + peak memory, check parity.
 
-    CXX=/usr/bin/g++ python benchmarks/build_gpu.py [qwen3] [v4] [--git-sha SHA]
+    CXX=/usr/bin/g++ python benchmarks/build_gpu.py [qwen3] [v4 | v4-build v4-engine v4-eager] [--git-sha SHA]
 
 * qwen3: ``qwen3-8b-dspark-block7 --random-weights --dtype bf16 --backend aoti`` (weights drawn on
   the GPU), then compiled vs eager on the real shapes with the same seed: a prefill of B=4 x 64
   tokens, one draft step (draft_context + draft_block, greedy) and one verify step (target on
   N+1 tokens): max |logit diff| and token equality; plus the draft-step latency.
-* v4: ``deepseek-v4-flash-dspark --random-weights --override num_hidden_layers=4`` when the
-  preset exists: build time, peak memory and the draft-step latency (median of 20, CUDA events).
+* v4 (= v4-build, v4-engine, v4-eager; run them as separate calls where one call is limited to
+  10 minutes, on one machine: the engine and its outputs stay under $ENGINE_ROOT between them):
+  ``deepseek-v4-flash-dspark --random-weights`` with the target cut to its first layer
+  (``--override draft.target_layer_ids=[0] --override num_hidden_layers=1``: the three draft stages
+  keep their real dimensions, the draft taps the one target layer; ~55 GB of bf16 weights, the
+  most the 64 GB disk holds), max batch 16: build time, peak memory, engine size (v4-build), the draft
+  step at real dimensions (draft_block, and the context injection draft_context of N+1 taps) at
+  batch 1 and 16, as eager launches and as CUDA-graph replays (v4-engine; the drafts / logits are
+  saved next to the engine for v4-eager).
+* v4-eager: the same networks as eager modules from the same seed, the routed
+  experts (a) per expert (eager loop over the chosen experts, host syncs), (b) all experts over
+  every token (what CUDA-graph capture of unstacked modules runs), (c) stacked through
+  ``dspark::moe_experts`` (eager and graph): draft_block latency, and the drafts / logits of (c)
+  and of the engine against (a); then the op alone per launch config at M = 1, 5, 80 tokens.
 
 Each model writes ``build-<model>.json`` (git sha, GPU, command, stage times, peaks, parity) to
 $OUT if set, else benchmarks/results/, as soon as it is done.
@@ -15,8 +27,10 @@ $OUT if set, else benchmarks/results/, as soon as it is done.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -73,6 +87,21 @@ def time_ms(fn, reps: int = 20) -> float:
         torch.cuda.synchronize()
         out.append(a.elapsed_time(b))
     return sorted(out[3:])[reps // 2]
+
+
+def graph_ms(fn, reps: int = 20) -> float:
+    """Median milliseconds of one CUDA-graph replay of fn (captured after two warm-up calls)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn(), fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    ms = time_ms(g.replay, reps)
+    del g
+    return ms
 
 
 def round_inputs(nets, B: int, T: int, device):
@@ -189,9 +218,165 @@ def run(name: str, opts: BuildOptions, sha: str, check_parity: bool, keep: bool 
     torch.cuda.empty_cache()
 
 
+V4 = "deepseek-v4-flash-dspark"
+V4_OVERRIDES = ["draft.target_layer_ids=[0]", "num_hidden_layers=1"]
+V4_BATCHES = (1, 16)
+
+
+def v4_step(nets, B: int, T: int = 64) -> dict:
+    """Prefill B x T tokens, draft context; -> {drafts, z} of one greedy draft block and thunks of
+    the draft step (draft_block) and of a round's context injection (draft_context, N+1 taps)."""
+    device = torch.device("cuda")
+    tokens, pos, table = round_inputs(nets, B, T, device)
+    logits, taps = nets.target(tokens, pos, table)
+    nets.draft_context(taps, pos, table)
+    anchor, start = logits[:, -1].argmax(-1), torch.full((B,), T, device=device)
+    temp, seed = torch.zeros(B, device=device), torch.arange(B, device=device)
+    drafts, z = nets.draft_block(anchor, start, table, temp, seed)
+    N = nets.num_spec_tokens
+    ctx_taps, ctx_pos = taps[:, :N + 1].contiguous(), start[:, None] + torch.arange(N + 1, device=device)
+    return {"drafts": drafts.clone(), "z": z.float().clone(),
+            "block": lambda: nets.draft_block(anchor, start, table, temp, seed),
+            "context": lambda: nets.draft_context(ctx_taps, ctx_pos, table)}
+
+
+def try_ms(timer, fn):
+    try:
+        return timer(fn)
+    except Exception as e:                          # e.g. a capture that fails: record why
+        return f"{type(e).__name__}: {str(e)[:300]}"
+
+
+def compare(got: dict, want: dict) -> dict:
+    return {"drafts_equal_fraction": float((got["drafts"] == want["drafts"]).float().mean()),
+            "max_abs_logit_diff": float((got["z"] - want["z"]).abs().max())}
+
+
+def v4_latencies(nets, graphs: bool = True, context: bool = True) -> tuple[dict, dict]:
+    """-> ({B: {draft_block_ms, [draft_block_graph_ms], [draft_context_ms]}}, {B: outputs})."""
+    times, outs = {}, {}
+    for B in V4_BATCHES:
+        step = v4_step(nets, B)
+        t = {"draft_block_ms": time_ms(step["block"])}
+        if graphs:
+            t["draft_block_graph_ms"] = try_ms(graph_ms, step["block"])
+        if context:
+            t["draft_context_ms"] = time_ms(step["context"])
+        times[B], outs[B] = t, step
+        print(f"[bench] B={B}: {t}", flush=True)
+    return times, outs
+
+
+MOE_CONFIGS = [{}, {"block_k": 128}, {"block_n": 128, "block_k": 128, "num_warps": 8},
+               {"block_k": 128, "num_stages": 4}, {"block_n": 32, "block_k": 256, "num_stages": 2}]
+
+
+def moe_op_bench(moe) -> dict:
+    """dspark::moe_experts alone on one stacked V4-Flash MoE: median ms per launch config and the
+    bandwidth of the chosen experts' weights (M tokens, k random distinct experts each)."""
+    from dspark_trt.plugins.kernels.moe import moe_experts_triton
+    E, _, d = moe.w13.shape
+    k = moe.gate.cfg.num_experts_per_tok
+    out = {}
+    for M in (1, 5, 80):
+        g = torch.Generator(device="cuda").manual_seed(M)
+        x = torch.randn(M, d, device="cuda", generator=g).to(moe.w13.dtype)
+        ids = torch.rand(M, E, device="cuda", generator=g).topk(k, -1).indices
+        w = torch.rand(M, k, device="cuda", generator=g)
+        read = ids.unique().numel() * (moe.w13[0].numel() + moe.w2[0].numel()) * moe.w13.element_size()
+        for i, cfg in enumerate(MOE_CONFIGS):
+            ms = try_ms(time_ms, lambda: moe_experts_triton(x, ids, w, moe.w13, moe.w2, 0, moe.limit, **cfg))
+            gbs = round(read / ms / 1e6, 1) if isinstance(ms, float) else None
+            out[f"M{M}_cfg{i}"] = {"config": cfg, "ms": ms, "chosen_expert_GB_per_s": gbs}
+    print(json.dumps(out, indent=1), flush=True)
+    return out
+
+
+def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None:
+    """Eager draft step with the routed experts per expert, all experts, and stacked (module doc)."""
+    from dspark_trt.builder.build import apply_overrides
+    from dspark_trt.models.v4_moe import stack_experts_
+    o = opts.resolved()
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    target, draft = build_models(apply_overrides(get_preset(o.model), o.overrides), torch.bfloat16, "cuda",
+                                 o.num_spec_tokens, o.seed)
+    draft.markov_sampler = o.markov_sampler
+    pages = -(-(o.max_seq_len + draft.num_spec_tokens + 1) // o.page_size)        # the engine's layout
+    nets = EagerNetworks(target, draft, max(V4_BATCHES) * pages, o.page_size, torch.device("cuda"), torch.bfloat16)
+    nets.max_pages_per_seq = pages
+    r = record.setdefault("eager", {"build_models_seconds": round(time.perf_counter() - t0, 1)})
+    per_expert, ref = v4_latencies(nets, graphs=False, context=False)
+    r["per_expert"] = per_expert
+    save(V4, record)
+    r["all_experts_graph_ms"] = {B: try_ms(graph_ms, ref[B]["block"]) for B in V4_BATCHES}  # capture: dense path
+    print(f"[bench] all experts (graph): {r['all_experts_graph_ms']}", flush=True)
+    save(V4, record)
+    t0 = time.perf_counter()
+    r["stacked_layers"] = stack_experts_(target) + stack_experts_(draft)
+    r["stack_seconds"] = round(time.perf_counter() - t0, 1)
+    r["grouped"], got = v4_latencies(nets, graphs=True, context=True)
+    r["grouped_vs_per_expert"] = {B: compare(got[B], ref[B]) for B in V4_BATCHES}
+    save(V4, record)
+    r["moe_op"] = moe_op_bench(draft.layers[0].ffn)
+    if engine_outs:
+        r["engine_vs_per_expert"] = {B: compare(engine_outs[B], ref[B]) for B in V4_BATCHES}
+    r["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / (1 << 30), 2)
+    r["peak_host_gib_whole_run"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20), 2)
+    print(json.dumps(r, indent=2), flush=True)
+    save(V4, record)
+
+
+V4_STEPS = ("v4-build", "v4-engine", "v4-eager")
+
+
+def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
+    """Steps (each fits one 10-minute call; v4 = all three): ``v4-build`` builds the engine under
+    $ENGINE_ROOT; ``v4-engine`` loads it, times the draft step, saves its drafts / logits next to
+    it and removes it (unless --keep); ``v4-eager``: v4_eager, compared with those outputs when
+    present."""
+    opts = BuildOptions(model=V4, output=str(ENGINES / V4), random_weights=True, dtype="bf16", max_batch_size=16,
+                        max_seq_len=256, check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
+                        backend="aoti", device="cuda", overrides=V4_OVERRIDES, markov_sampler=markov_sampler)
+    outputs = ENGINES / f"{V4}-engine-outputs.pt"
+    record = {"model": V4, "git_sha": sha, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+              "argv": sys.argv, "overrides": V4_OVERRIDES, "steps": sorted(steps)}
+    if "v4-build" in steps:
+        try:
+            record["build"] = build(opts)
+        except Exception as e:                      # record it; the eager comparison still runs
+            record["build_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        save(V4, record)
+        gc.collect()
+        torch.cuda.empty_cache()
+    if "v4-engine" in steps and (Path(opts.output) / "manifest.json").exists():
+        t0 = time.perf_counter()
+        nets = EngineNetworks(opts.output, device="cuda", max_batch_size=max(V4_BATCHES),
+                              verify_checksums=False)           # the build checked them; saves a 55 GB read
+        record["engine_load_seconds"] = round(time.perf_counter() - t0, 1)
+        record["engine_bytes"] = sum(f["bytes"] for f in nets.manifest["files"].values())
+        record["engine"], outs = v4_latencies(nets)
+        record["reference_fallback_networks"] = nets.manifest.get("reference_fallback", [])
+        torch.save({B: {k: outs[B][k].cpu() for k in ("drafts", "z")} for B in V4_BATCHES}, outputs)
+        save(V4, record)
+        del nets, outs
+        if not keep:
+            shutil.rmtree(opts.output, ignore_errors=True)
+        gc.collect()
+        torch.cuda.empty_cache()
+    elif "v4-engine" in steps:
+        record["engine_error"] = f"no engine at {opts.output} (run v4-build first)"
+        save(V4, record)
+    if "v4-eager" in steps:
+        engine_outs = None
+        if outputs.exists():
+            engine_outs = {B: {k: v.cuda() for k, v in o.items()} for B, o in torch.load(outputs).items()}
+        v4_eager(opts, record, engine_outs)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", default=["qwen3", "v4"], choices=["qwen3", "v4"])
+    ap.add_argument("which", nargs="*", default=["qwen3", "v4"], choices=["qwen3", "v4", *V4_STEPS])
     ap.add_argument("--git-sha")
     ap.add_argument("--keep", action="store_true", help="keep the engines (for a following bench)")
     ap.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact")
@@ -203,16 +388,12 @@ def main() -> None:
                             check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda", markov_sampler=a.markov_sampler),
             sha, check_parity=True, keep=a.keep)
-    if "v4" in a.which:
-        m = "deepseek-v4-flash-dspark"
-        if m not in PRESETS:
-            print(f"[bench] preset '{m}' is not defined on this branch: V4 build skipped", flush=True)
+    steps = set(V4_STEPS) if "v4" in a.which else set(a.which) & set(V4_STEPS)
+    if steps:
+        if V4 not in PRESETS:
+            print(f"[bench] preset '{V4}' is not defined on this branch: V4 skipped", flush=True)
             return
-        run(m, BuildOptions(model=m, output=str(ENGINES / m), random_weights=True, dtype="bf16", max_batch_size=64,
-                            check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
-                            backend="aoti", device="cuda", overrides=["num_hidden_layers=4"],
-                            markov_sampler=a.markov_sampler),
-            sha, check_parity=False, keep=a.keep)
+        run_v4(sha, a.markov_sampler, steps, keep=a.keep)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import torch
 from dspark_trt.plugins.block_attention import block_attention_ref
 from dspark_trt.plugins.kv_cache import kv_cache_write_ref
 from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref
+from dspark_trt.plugins.moe_experts import moe_experts_ref
 from dspark_trt.plugins.noncausal_swa_indices import index_width, noncausal_swa_indices_ref
 from dspark_trt.plugins.rejection_sample import rejection_sample_ref
 from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref
@@ -124,6 +125,21 @@ def sparse_mla_inputs(device, dtype=torch.float32, T=3, H=16, D=64, dv=32, S=50,
     return q, kv, idx.to(device), sink, D ** -0.5, dv
 
 
+def moe_inputs(device, dtype=torch.float32, M=7, k=3, E=5, d=48, h=40, first_expert=2, limit=0.7):
+    """Global ids over [0, first_expert + E + 2): slots of other ranks' experts (below first_expert
+    and above the local block), -1 slots, one token repeating an expert, a token with no local slot."""
+    g = _gen(device, 9)
+    gi = torch.Generator().manual_seed(10)
+    ids = torch.randint(0, first_expert + E + 2, (M, k), generator=gi)
+    ids[0, 1] = -1
+    ids[1] = torch.tensor([first_expert + 1] * k)[:k]             # one expert in every slot
+    ids[2] = -1                                                   # no slot at all
+    w = torch.rand(M, k, generator=gi)
+    x = g(M, d, dtype=dtype)
+    w13, w2 = (g(E, 2 * h, d) * d ** -0.5).to(dtype), (g(E, d, h) * h ** -0.5).to(dtype)
+    return x, ids.to(device), w.to(device), w13, w2, first_expert, limit
+
+
 def _err(a, b):
     a, b = a.float(), b.float()
     both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
@@ -225,6 +241,21 @@ def run_all(device, dtype=torch.float32) -> dict:
              "sparse_mla_attention_dv_eq_d": (sparse_mla_inputs(device, dtype, dv=64), {"block_n": 16})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
+    from dspark_trt.plugins.kernels import moe as kmoe
+    cases = {"moe_experts": (moe_inputs(device, dtype), {}),
+             # several blocks per expert (k=2 over 40 tokens), tiles not dividing d / h, no clamp
+             "moe_experts_blocks": (moe_inputs(device, dtype, M=40, k=2, E=3, d=40, h=24, first_expert=0, limit=0.0),
+                                    {"block_n": 16, "block_k": 16}),
+             "moe_experts_int32_ids": (tuple(a.int() if i == 1 else a for i, a in enumerate(moe_inputs(device, dtype))),
+                                       {"block_m": 32})}
+    for name, (args, kw) in cases.items():
+        out[name] = {"err": _err(kmoe.moe_experts_triton(*args, **kw), moe_experts_ref(*args))}
+    from dspark_trt.plugins.aot import moe_experts_aot           # the TensorRT entry (token schedule)
+    x, ids, w, w13, w2, first, limit = args = moe_inputs(device, dtype)
+    y = torch.empty_like(x)
+    moe_experts_aot[(x.shape[0], 2)](x, ids, w, w13, w2, first, w13.shape[0], x.shape[1], w2.shape[2], ids.shape[1],
+                                     y, LIMIT=limit, BLOCK_D=32, BLOCK_H=16, BLOCK_K=32)
+    out["moe_experts_aot"] = {"err": _err(y, moe_experts_ref(*args))}
     out["tuner_configs"] = tuner_configs(device, dtype)
     return out
 

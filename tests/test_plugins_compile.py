@@ -17,14 +17,16 @@ triton = pytest.importorskip("triton", reason="Triton is not installed")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
-from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm  # noqa: E402
+from dspark_trt.plugins.kernels import moe as kmoe, rejection as krj, sparse_mla as ksm  # noqa: E402
 
-from plugins_cases import block_attention_inputs, markov_inputs, rejection_inputs, sparse_mla_inputs  # noqa: E402
+from plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, rejection_inputs,  # noqa: E402
+                           sparse_mla_inputs)
 
 TARGET = GPUTarget("cuda", 90, 32)
 _PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
         torch.int32: "*i32"}
 _OPTIONS = ("num_warps", "num_stages")
+SM90_MAX_SHARED = 232448                  # bytes of shared memory one H100 / H200 block may use
 
 
 class _Recorder:
@@ -147,7 +149,17 @@ def _launches_sparse_mla(monkeypatch):
     return out
 
 
-@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla"])
+def _launches_moe(monkeypatch):
+    out = []
+    big = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4}
+    for dtype, configs in ((torch.bfloat16, ({}, big)), (torch.float32, ({},))):
+        args = moe_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)
+        for kw in configs:
+            out += record(monkeypatch, kmoe, kmoe.moe_experts_triton, *args, **kw)
+    return out
+
+
+@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe"])
 def test_launches_compile_for_sm90(monkeypatch, op):
     launches = globals()[f"_launches_{op}"](monkeypatch)
     seen = set()
@@ -158,3 +170,4 @@ def test_launches_compile_for_sm90(monkeypatch, op):
         seen.add(key)
         k = compile_launch(kernel, args, kwargs)
         assert k.asm["ptx"].count(".entry") == 1
+        assert k.metadata.shared <= SM90_MAX_SHARED, (kernel.__name__, kwargs, k.metadata.shared)

@@ -13,7 +13,7 @@ import dspark_trt.plugins  # noqa: F401  (registers the ops)
 from dspark_trt.plugins.onnx_export import (SPECS, check_node, custom_translation_table,
                                             reference_evaluator_ops)
 
-from plugins_cases import (block_attention_inputs, kv_cache_inputs, markov_inputs, rejection_inputs,
+from plugins_cases import (block_attention_inputs, kv_cache_inputs, markov_inputs, moe_inputs, rejection_inputs,
                            sparse_mla_inputs, swa_inputs)
 
 ops = torch.ops.dspark
@@ -37,6 +37,7 @@ def _cases():
     rj = rejection_inputs("cpu")
     start, table_s, n, page, window, width = swa_inputs("cpu")
     qs, kvs, idx, sink, sscale, dv = sparse_mla_inputs("cpu")
+    *moe, first, limit = moe_inputs("cpu")
     return {
         "kv_cache_write": (Call(ops.kv_cache_update), (kc, vc, k, v, table, pos)),
         "block_attention": (Call(ops.block_attention, scale), (q, kcb, vcb, tb, posb, causal)),
@@ -45,6 +46,7 @@ def _cases():
         "rejection_sample": (Call(ops.rejection_sample), rj),
         "noncausal_swa_indices": (Call(ops.noncausal_swa_indices, n, page, window, width), (start, table_s)),
         "sparse_mla_attention": (Call(ops.sparse_mla_attention, sscale, dv), (qs, kvs, idx, sink)),
+        "moe_experts": (Call(ops.moe_experts, first, limit), tuple(moe)),
     }
 
 

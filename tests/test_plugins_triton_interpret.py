@@ -77,6 +77,11 @@ def test_sparse_mla_attention_kernel(results, case):
     assert results[case]["err"] < 1e-5
 
 
+@pytest.mark.parametrize("case", ["moe_experts", "moe_experts_blocks", "moe_experts_int32_ids", "moe_experts_aot"])
+def test_moe_experts_kernel(results, case):
+    assert results[case]["err"] < 1e-5
+
+
 def test_tuner_candidate_configs(results):
     """benchmarks/tune_plugins.py's candidates all launch and match the reference (so GPU time is
     not spent on a config that cannot work)."""

@@ -80,3 +80,7 @@ def test_override_cuts_v4_target_keeping_layer_kinds_and_draft_stages():
     assert d.target_layer_ids[-1] < 4 and d.num_stages == full.draft.num_stages
     assert (d.backbone.hidden_size, d.backbone.n_routed_experts) == (full.target.hidden_size,
                                                                      full.target.n_routed_experts)
+    # one target layer (benchmarks/build_gpu.py v4): a V4 tap may be the last layer, so [0] stays
+    one = apply_overrides(full, ["draft.target_layer_ids=[0]", "num_hidden_layers=1"])
+    assert one.target.num_hidden_layers == 1 and one.draft.target_layer_ids == [0]
+    assert one.draft.num_stages == 3 and one.draft.backbone.moe_intermediate_size == 2048

@@ -30,6 +30,7 @@ import torch
 from ..config import ConfigError, ModelPair, get_preset
 from ..models.dspark_qwen3 import MARKOV_SAMPLERS
 from ..models.fuse import fuse_projections_
+from ..models.v4_moe import stack_experts_
 from . import engine_dir as ed
 from .backends import BuildError, pick_backend
 from .export import (NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline,
@@ -178,16 +179,20 @@ def _follow_target_depth(old, target, draft):
         target = dataclasses.replace(target, compress_ratios=r[:K] + r[old.num_hidden_layers:],
                                      num_hash_layers=min(target.num_hash_layers, K))
         draft = dataclasses.replace(draft, backbone=dataclasses.replace(target))
-    return target, _refit_taps(draft, K)
+    return target, _refit_taps(draft, K, last_layer_taps=hasattr(target, "compress_ratios"))
 
 
-def _refit_taps(draft, num_layers: int):
+def _refit_taps(draft, num_layers: int, last_layer_taps: bool = False):
+    """Respace taps that no longer fit. Qwen3 taps must lie below the last layer (HF final-norms
+    its hidden state); V4 taps (stream means of a layer's output) may include it."""
     ids = list(getattr(draft, "target_layer_ids", []))
-    if ids and ids[-1] >= num_layers - 1:
+    limit = num_layers if last_layer_taps else num_layers - 1            # taps < limit
+    if ids and ids[-1] >= limit:
         m = len(ids)
-        if m > num_layers - 1:
+        if m > limit:
             raise ConfigError(f"--override num_hidden_layers={num_layers}: the draft taps {m} target "
-                              f"layers, which needs at least {m + 1} layers (or set draft.target_layer_ids)")
+                              f"layers, which needs at least {m + num_layers - limit} layers "
+                              "(or set draft.target_layer_ids)")
         new = [round(i * (num_layers - 2) / max(m - 1, 1)) for i in range(m)] if m > 1 else [0]
         log.warning("draft target_layer_ids %s do not fit %d target layers: using %s", ids, num_layers, new)
         draft = dataclasses.replace(draft, target_layer_ids=new)
@@ -215,6 +220,7 @@ def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device, tp=No
         target.to(device), draft.to(device)
     draft.markov_sampler = o.markov_sampler
     fuse_projections_(target), fuse_projections_(draft)      # one GEMM for q/k/v and for gate/up
+    stack_experts_(target), stack_experts_(draft)            # V4 MoE: grouped GEMMs of the chosen experts
     return pair, target, draft
 
 

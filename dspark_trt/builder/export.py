@@ -210,10 +210,10 @@ class ReferenceOps(TorchFunctionMode):
 
 
 # Triton ops whose launchers choose their launch parameters without specialising on dynamic
-# shapes (the Markov samplers fall back to fixed row tiles and the per-step schedule when traced);
-# the others are compiled from their references.
+# shapes (the Markov samplers fall back to fixed row tiles and the per-step schedule when traced;
+# moe_experts sizes its grid from M symbolically); the others are compiled from their references.
 EXPORT_SAFE_KERNELS = {"dspark::block_attention", "dspark::kv_cache_write", "dspark::markov_sample",
-                       "dspark::markov_sample_topk"}
+                       "dspark::markov_sample_topk", "dspark::moe_experts"}
 
 
 def ops_to_inline(device: torch.device) -> set[str]:

@@ -7,6 +7,11 @@ and multiplied by ``routed_scaling_factor``. How the reference weights hash-rout
 third-party knowledge (doc §8.5 "uncertain"); this follows the same rule as score routing.
 Experts are SwiGLU with ``silu(min(w1 x, L)) * clamp(w3 x, -L, L)`` (L = swiglu_limit) and the
 routing weight applied before ``w2``; one always-on shared expert with the same clamp.
+
+Compiled engines stack the routed experts after loading (``stack_experts_``: ``w13 [E, 2h, d]``,
+``w2 [E, d, h]``, checkpoints keep the per-expert names) and run them through the grouped
+``dspark::moe_experts`` op, which reads only the chosen experts, in eager, export and CUDA-graph
+capture alike. Unstacked modules keep the per-expert code.
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import plugins  # noqa: F401  (registers dspark::moe_experts)
 from ..config_v4 import DeepSeekV4Config
 
 
@@ -73,20 +79,47 @@ class MoE(nn.Module):
         self.gate = Gate(cfg, hashed)
         self.experts = nn.ModuleList(Expert(d, h, lim) for _ in range(cfg.n_routed_experts))
         self.first_expert = 0          # global id of experts[0] (expert parallelism keeps a block)
+        self.limit = lim
+        self.register_parameter("w13", None)       # [E, 2h, d] gate then up rows, once stacked
+        self.register_parameter("w2", None)        # [E, d, h]
         self.shared_experts = Expert(d, h * cfg.n_shared_experts, lim) if cfg.n_shared_experts else None
+
+    @torch.no_grad()
+    def stack_experts_(self) -> None:
+        """Move the routed experts' weights into ``w13``/``w2`` (one expert at a time, so the peak
+        is one expert above the model) and drop ``experts``."""
+        experts = list(self.experts)
+        E, (h, d) = len(experts), experts[0].w1.weight.shape
+        ref = experts[0].w1.weight
+        w13 = torch.empty(E, 2 * h, d, dtype=ref.dtype, device=ref.device)
+        w2 = torch.empty(E, d, h, dtype=ref.dtype, device=ref.device)
+        for j, e in enumerate(experts):
+            w13[j, :h], w13[j, h:], w2[j] = e.w1.weight, e.w3.weight, e.w2.weight
+            e.w1 = e.w2 = e.w3 = None
+        self.w13, self.w2 = nn.Parameter(w13, requires_grad=False), nn.Parameter(w2, requires_grad=False)
+        self.experts = nn.ModuleList()
 
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
         """x [..., d], token_ids [...] -> [..., d]."""
         shape = x.shape
         x, token_ids = x.reshape(-1, shape[-1]), token_ids.reshape(-1)
         w, idx = self.gate(x, token_ids)                                    # [M, k]
+        if self.w13 is not None:                                            # stacked: chosen experts only
+            y = torch.ops.dspark.moe_experts(x, idx, w, self.w13, self.w2, self.first_expert, self.limit)
+        else:
+            y = self._experts_unstacked(x, w, idx)
+        if self.shared_experts is not None:
+            y = y + self.shared_experts(x)
+        return y.view(shape)
+
+    def _experts_unstacked(self, x: Tensor, w: Tensor, idx: Tensor) -> Tensor:
         y = torch.zeros_like(x)
         if (torch.compiler.is_compiling() or torch.compiler.is_exporting()
                 or (x.is_cuda and torch.cuda.is_current_stream_capturing())):
             # Static shapes for export / graph capture: every expert over every token, weighted by
             # its routing weight (0 when not chosen). Exact, but reads every expert's weights.
-            dense = torch.zeros(x.shape[0], len(self.experts), dtype=w.dtype, device=x.device)
-            dense = dense.scatter(1, idx, w)                                # [M, E]
+            dense = torch.zeros(x.shape[0], self.gate.cfg.n_routed_experts, dtype=w.dtype, device=x.device)
+            dense = dense.scatter(1, idx, w)                                # [M, E] global ids
             for j, expert in enumerate(self.experts):
                 y = y + expert(x, dense[:, self.first_expert + j])
         else:
@@ -95,6 +128,13 @@ class MoE(nn.Module):
                 if lo <= e < hi:
                     rows, slot = (idx == e).nonzero(as_tuple=True)
                     y.index_add_(0, rows, self.experts[e - lo](x[rows], w[rows, slot]))
-        if self.shared_experts is not None:
-            y = y + self.shared_experts(x)
-        return y.view(shape)
+        return y
+
+
+def stack_experts_(module: nn.Module) -> int:
+    """Stack the routed experts of every unstacked ``MoE`` inside ``module`` (after loading and
+    after tensor / expert-parallel sharding); returns how many were stacked."""
+    moes = [m for m in module.modules() if isinstance(m, MoE) and m.w13 is None and len(m.experts)]
+    for m in moes:
+        m.stack_experts_()
+    return len(moes)

@@ -6,6 +6,7 @@ keeps each as one node.
 from . import block_attention as _block_attention  # noqa: F401  (registers dspark::block_attention)
 from . import kv_cache as _kv_cache  # noqa: F401
 from . import markov_sample as _markov_sample  # noqa: F401
+from . import moe_experts as _moe_experts  # noqa: F401
 from . import noncausal_swa_indices as _noncausal_swa_indices  # noqa: F401
 from . import rejection_sample as _rejection_sample  # noqa: F401
 from . import sparse_mla_attention as _sparse_mla_attention  # noqa: F401
@@ -21,8 +22,9 @@ kv_cache_update = torch.ops.dspark.kv_cache_update           # functional kv_cac
 rejection_sample = torch.ops.dspark.rejection_sample
 noncausal_swa_indices = torch.ops.dspark.noncausal_swa_indices
 sparse_mla_attention = torch.ops.dspark.sparse_mla_attention
+moe_experts = torch.ops.dspark.moe_experts
 
 __all__ = ["kv_cache_write", "kv_cache_update", "block_attention", "markov_sample", "markov_sample_topk",
            "rejection_sample",
-           "noncausal_swa_indices", "sparse_mla_attention",
+           "noncausal_swa_indices", "sparse_mla_attention", "moe_experts",
            "apply_top_p", "sample_tokens"]

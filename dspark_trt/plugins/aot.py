@@ -22,6 +22,7 @@ from triton.backends.compiler import GPUTarget
 from .kernels.block_attention import ATTN_DEFAULTS, block_attention_kernel
 from .kernels.kv_cache import kv_cache_write_kernel
 from .kernels.markov import markov_rows_kernel
+from .kernels.moe import moe_experts_token_kernel
 from .kernels.rejection import rejection_sample_kernel
 from .kernels.sparse_mla import sparse_mla_attention_kernel
 from .kernels.swa_indices import noncausal_swa_indices_kernel
@@ -79,6 +80,14 @@ def sparse_mla_attention_aot(q, kv, indices, attn_sink, W, H, out, SCALE: tl.con
     sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, SCALE, W, H, D, DV, BLOCK_H, BLOCK_N, DV)
 
 
+@triton.jit
+def moe_experts_aot(x, expert_ids, routing_weights, w13, w2, FIRST_EXPERT, E, D, H, K, out,
+                    LIMIT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """grid (M, cdiv(D, BLOCK_D)): the one-launch token schedule (no workspace in an AOT plugin)."""
+    moe_experts_token_kernel(x, expert_ids, routing_weights, w13, w2, out, FIRST_EXPERT, E, D, H, K,
+                             LIMIT, BLOCK_D, BLOCK_H, BLOCK_K)
+
+
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
         torch.int64: "*i64", torch.int32: "*i32"}
 
@@ -110,11 +119,14 @@ AOT_KERNELS = {
     "sparse_mla_attention": AotKernel(sparse_mla_attention_aot, ("T", "T", I32, F32), ("W", "H"),
                                       {"SCALE": 512 ** -0.5, "D": 512, "DV": 512, "BLOCK_H": 16,
                                        "BLOCK_N": 32}, num_warps=8),
+    "moe_experts": AotKernel(moe_experts_aot, ("T", I64, F32, "T", "T"), ("FIRST_EXPERT", "E", "D", "H", "K"),
+                             {"LIMIT": 10.0, "BLOCK_D": 128, "BLOCK_H": 32, "BLOCK_K": 128}, num_warps=4),
 }
 # output pointer dtypes, after the int scalars
 _OUTPUTS = {
     "kv_cache_write": ("T", "T"), "block_attention": ("T",), "markov_sample": (I64, F32),
     "rejection_sample": (I64, I64), "noncausal_swa_indices": (I32, I32), "sparse_mla_attention": ("T",),
+    "moe_experts": ("T",),
 }
 
 

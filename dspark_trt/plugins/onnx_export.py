@@ -24,6 +24,7 @@ from onnx.defs import OpSchema
 from .block_attention import block_attention_ref
 from .kv_cache import kv_cache_update_ref
 from .markov_sample import markov_sample_ref, markov_sample_topk_ref
+from .moe_experts import moe_experts_ref
 from .noncausal_swa_indices import noncausal_swa_indices_ref
 from .rejection_sample import rejection_sample_ref
 from .sparse_mla_attention import sparse_mla_attention_ref
@@ -84,6 +85,9 @@ SPECS = {s.name: s for s in [
     OpSpec("sparse_mla_attention",
            (("q", "T"), ("kv", "T"), ("indices", "I32"), ("attn_sink", "F")),
            (("out", "T"),), {"scale": FLOAT, "dv": INT}),
+    OpSpec("moe_experts",
+           (("x", "T"), ("expert_ids", "I"), ("routing_weights", "F"), ("w13", "T"), ("w2", "T")),
+           (("out", "T"),), {"first_expert": INT, "swiglu_limit": FLOAT}),
 ]}
 
 # torch op -> ONNX node type (the TensorRT plugin name)
@@ -95,6 +99,7 @@ TORCH_OPS = {
     "rejection_sample": "rejection_sample",
     "noncausal_swa_indices": "noncausal_swa_indices",
     "sparse_mla_attention": "sparse_mla_attention",
+    "moe_experts": "moe_experts",
 }
 
 
@@ -128,6 +133,7 @@ _REFERENCES = {
     "rejection_sample": rejection_sample_ref,
     "noncausal_swa_indices": noncausal_swa_indices_ref,
     "sparse_mla_attention": sparse_mla_attention_ref,
+    "moe_experts": moe_experts_ref,
 }
 
 

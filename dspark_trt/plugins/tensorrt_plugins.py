@@ -9,7 +9,9 @@ runs without Python. Attributes are not serialized into AOT plans: they are bake
 
 Limitations: ``markov_sample`` uses the row-group schedule (one program per <= 16 rows runs all N
 steps; a grid-wide split needs a zeroed workspace that AOT plugins do not get); the fast
-``markov_sample_topk`` is two kernels and has no TensorRT plugin.
+``markov_sample_topk`` is two kernels and has no TensorRT plugin; ``moe_experts`` runs the
+per-token schedule (no workspace for the expert grouping, so each token reads its experts' w13
+once per output tile: correct, not fast).
 """
 from __future__ import annotations
 
@@ -207,5 +209,32 @@ def sparse_mla_attention_aot(q: trtp.TensorDesc, kv: trtp.TensorDesc, indices: t
     return name, ptx, lp, extra
 
 
+# --- moe_experts -----------------------------------------------------------------------------
+@trtp.register(f"{NS}::moe_experts")
+def moe_experts_desc(x: trtp.TensorDesc, expert_ids: trtp.TensorDesc, routing_weights: trtp.TensorDesc,
+                     w13: trtp.TensorDesc, w2: trtp.TensorDesc, first_expert: int,
+                     swiglu_limit: float) -> trtp.TensorDesc:
+    return x.like()
+
+
+@trtp.autotune(f"{NS}::moe_experts")
+def moe_experts_tune(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, outputs):
+    return [trtp.AutoTuneCombination(f"{_FLOAT}, INT64, FP32, {_FLOAT}, {_FLOAT}, {_FLOAT}")]
+
+
+@trtp.aot_impl(f"{NS}::moe_experts")
+def moe_experts_aot(x: trtp.TensorDesc, expert_ids: trtp.TensorDesc, routing_weights: trtp.TensorDesc,
+                    w13: trtp.TensorDesc, w2: trtp.TensorDesc, first_expert: int, swiglu_limit: float,
+                    outputs: Tuple[trtp.TensorDesc], tactic: int) -> AotResult:
+    block_d = AOT_KERNELS["moe_experts"].constants["BLOCK_D"]
+    name, ptx, lp = _ptx("moe_experts", x.dtype, LIMIT=float(swiglu_limit))
+    lp.grid_x, lp.grid_y = x.shape_expr[0], trtp.cdiv(x.shape_expr[1], block_d)
+    E, H = w13.shape_expr[0], w2.shape_expr[2]
+    extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(first_expert), trtp.SymInt32(E),
+                                         trtp.SymInt32(x.shape_expr[1]), trtp.SymInt32(H),
+                                         trtp.SymInt32(expert_ids.shape_expr[1])])
+    return name, ptx, lp, extra
+
+
 PLUGINS = ("kv_cache_write", "block_attention", "markov_sample", "rejection_sample",
-           "noncausal_swa_indices", "sparse_mla_attention")
+           "noncausal_swa_indices", "sparse_mla_attention", "moe_experts")

@@ -1,0 +1,60 @@
+"""dspark::moe_experts — the routed experts of a mixture-of-experts layer, chosen experts only.
+
+For token m: ``y[m] = Σ_j W2_e (silu(min(g, L)) * clamp(u, -L, L) * w[m, j])`` over its k slots j
+with ``e = expert_ids[m, j] - first_expert`` inside ``[0, E)`` (a slot with id -1, or an expert
+held by another expert-parallel rank, is skipped), ``[g; u] = W13_e x[m]`` (w13 holds the gate rows
+then the up rows), ``L = swiglu_limit`` (no clamp when L <= 0). Rounding points follow the eager
+``v4_moe.Expert``: g and u come out of a matmul in x's dtype, the activation and routing weight
+are fp32, the activation is rounded to x's dtype before W2, each slot's output is in x's dtype, and
+the k slot outputs are summed in fp32 (slot order) and rounded once.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .dispatch import use_triton
+
+
+def moe_experts_ref(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Tensor, w2: Tensor,
+                    first_expert: int, swiglu_limit: float) -> Tensor:
+    """x [M, d]; expert_ids [M, k] int (global ids); routing_weights [M, k] f32;
+    w13 [E, 2h, d]; w2 [E, d, h] -> y [M, d]."""
+    E, h = w13.shape[0], w2.shape[2]
+    acc = torch.promote_types(x.dtype, torch.float32)
+    local = expert_ids.long() - first_expert
+    live = (expert_ids >= 0) & (local >= 0) & (local < E)                        # [M, k]
+    e = torch.where(live, local, 0)
+    gu = (w13[e] @ x[:, None, :, None]).squeeze(-1).to(acc)                     # [M, k, 2h]
+    gate, up = gu[..., :h], gu[..., h:]
+    if swiglu_limit > 0:
+        gate, up = gate.clamp(max=swiglu_limit), up.clamp(-swiglu_limit, swiglu_limit)
+    act = (F.silu(gate) * up * routing_weights.to(acc)[..., None]).to(x.dtype)   # [M, k, h]
+    out = (w2[e] @ act[..., None]).squeeze(-1)                                  # [M, k, d]
+    return torch.where(live[..., None], out.to(acc), 0.0).sum(1).to(x.dtype)
+
+
+def check_moe_args(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Tensor, w2: Tensor) -> None:
+    """Raise ValueError naming the argument whose shape does not fit."""
+    M, d = x.shape
+    E, h2, d13 = w13.shape
+    problems = [(expert_ids.dim() != 2 or expert_ids.shape[0] != M, f"expert_ids {tuple(expert_ids.shape)} is not [M={M}, k]"),
+                (routing_weights.shape != expert_ids.shape,
+                 f"routing_weights {tuple(routing_weights.shape)} != expert_ids {tuple(expert_ids.shape)}"),
+                (d13 != d or h2 % 2, f"w13 {tuple(w13.shape)} is not [E, 2h, d={d}]"),
+                (tuple(w2.shape) != (E, d, h2 // 2), f"w2 {tuple(w2.shape)} is not [E={E}, d={d}, h={h2 // 2}]"),
+                (expert_ids.dtype not in (torch.int32, torch.int64), f"expert_ids dtype {expert_ids.dtype} is not int")]
+    for bad, msg in problems:
+        if bad:
+            raise ValueError(f"dspark::moe_experts: {msg}")
+
+
+@torch.library.triton_op("dspark::moe_experts", mutates_args=())
+def moe_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Tensor, w2: Tensor,
+                first_expert: int, swiglu_limit: float) -> Tensor:
+    check_moe_args(x, expert_ids, routing_weights, w13, w2)
+    if use_triton(x):
+        from .kernels.moe import moe_experts_triton
+        return moe_experts_triton(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit)
+    return moe_experts_ref(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit)
