@@ -34,11 +34,11 @@ from .layers import RMSNorm
 from .v4_layers import apply_rope_tail, flat_rows, read_rows, rms, rope_cos_sin, rope_inv_freq, write_rows
 
 
-def layer_inv_freq(cfg: DeepSeekV4Config, ratio: int) -> Tensor:
+def layer_inv_freq(cfg: DeepSeekV4Config, ratio: int, device=None) -> Tensor:
     """SWA-only layers: plain RoPE at rope_theta; compressed layers: compress_rope_theta + YaRN."""
     if ratio == 0:
-        return rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta)
-    return rope_inv_freq(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling)
+        return rope_inv_freq(cfg.qk_rope_head_dim, cfg.rope_theta, device=device)
+    return rope_inv_freq(cfg.qk_rope_head_dim, cfg.compress_rope_theta, cfg.rope_scaling, device)
 
 
 def _zeros(num_pages: int, page: int, dim: int, dtype, device, lead: tuple = ()) -> Tensor:
@@ -145,7 +145,13 @@ class V4Attention(nn.Module):
         self.attn_sink = nn.Parameter(torch.zeros(H))
         self.compressor = Compressor(cfg, ratio, D) if ratio else None
         self.indexer = Indexer(cfg, ratio) if ratio == 4 else None
-        self.inv_freq = layer_inv_freq(cfg, ratio)       # plain tensor: stays float64, not a param
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """[rope_dim / 2] float64, computed where the weights are: a stored tensor would either be
+        cast with the weights or stay on the host, and a host tensor inside a CUDA engine becomes
+        a device copy that AOTInductor names ``_tensor_constant<i>`` (no weight provides it)."""
+        return layer_inv_freq(self.cfg, self.ratio, self.wkv.weight.device)
 
     # ---- cache ---------------------------------------------------------------------------------
     def make_cache(self, num_pages: int, page: int, dtype, device) -> dict[str, Tensor]:

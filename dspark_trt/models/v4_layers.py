@@ -19,10 +19,10 @@ def rms(x: Tensor, eps: float) -> Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def rope_inv_freq(rope_dim: int, theta: float, yarn=None) -> Tensor:
-    """[rope_dim / 2] float64 frequencies; YaRN blends interpolated (/factor) and original ones
-    over the correction range of dims (DeepSeek's ``precompute_freqs_cis``, no mscale)."""
-    freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float64) / rope_dim)
+def rope_inv_freq(rope_dim: int, theta: float, yarn=None, device=None) -> Tensor:
+    """[rope_dim / 2] float64 frequencies on ``device``; YaRN blends interpolated (/factor) and
+    original ones over the correction range of dims (DeepSeek's ``precompute_freqs_cis``, no mscale)."""
+    freq = 1.0 / theta ** (torch.arange(0, rope_dim, 2, dtype=torch.float64, device=device) / rope_dim)
     if yarn is None or yarn.factor == 1.0 or yarn.original_max_position_embeddings <= 0:
         return freq
 
@@ -33,7 +33,7 @@ def rope_inv_freq(rope_dim: int, theta: float, yarn=None) -> Tensor:
     low = max(math.floor(corr_dim(yarn.beta_fast)), 0)
     high = min(math.ceil(corr_dim(yarn.beta_slow)), rope_dim - 1)
     high = high + 0.001 if high == low else high
-    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    ramp = ((torch.arange(rope_dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
     return freq / yarn.factor * ramp + freq * (1 - ramp)
 
 
