@@ -74,3 +74,16 @@ def test_stream_yields_the_final_tokens(llm):
     sp = SamplingParams(max_new_tokens=9, temperature=0.8, seed=3)
     chunks = list(llm.stream([4, 5, 6], sp))
     assert [t for c in chunks for t in c] == llm.generate([[4, 5, 6]], sp)[0].output_ids
+
+
+def test_build_command_maps_flags_to_build_options(monkeypatch):
+    """``dspark-trt build`` flags reach BuildOptions (here: --skip-toolchain-check, the sampler)."""
+    import dspark_trt.builder.build as build
+    from dspark_trt.cli import main
+    seen = {}
+    monkeypatch.setattr(build, "build_engine", lambda opts, report: seen.update(opts=opts))
+    assert main(["build", "--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
+                 "--markov-sampler", "topk", "--skip-toolchain-check"]) == 0
+    assert seen["opts"].check_toolchain is False and seen["opts"].markov_sampler == "topk"
+    main(["build", "--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu"])
+    assert seen["opts"].check_toolchain is True

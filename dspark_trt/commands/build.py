@@ -28,6 +28,9 @@ def add_parser(sub) -> None:
                         "ranks are started here unless already launched by torchrun")
     p.add_argument("--expert-parallel", action="store_true",
                    help="with --tp-size: split MoE experts across the ranks by expert")
+    p.add_argument("--skip-toolchain-check", action="store_true",
+                   help="AOTI: skip building and loading a probe package with the C++ compiler "
+                        "first (it catches compilers whose packages crash at load)")
     p.set_defaults(func=run)
 
 
@@ -52,7 +55,8 @@ def _build(args, BuildOptions, build_engine, BuildError) -> int:
                         max_seq_len=args.max_seq_len, num_spec_tokens=args.num_spec_tokens,
                         page_size=args.page_size, overrides=args.override, device=args.device,
                         seed=args.seed, tp_size=args.tp_size, expert_parallel=args.expert_parallel,
-                        markov_sampler=args.markov_sampler)
+                        markov_sampler=args.markov_sampler,
+                        check_toolchain=not args.skip_toolchain_check)
     try:
         build_engine(opts, report=lambda msg: print(msg, flush=True))
     except BuildError as e:
