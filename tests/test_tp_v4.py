@@ -47,8 +47,8 @@ def _run(llm: LLM) -> dict:
     moe = getattr(moe, "inner", moe)
     return {"logits": logits, "taps": taps,
             "cache_shapes": [tuple(t.shape) for t in nets.target_cache["layers"][1].values()],
-            "layout": (attn.heads, attn.groups, len(moe.experts), moe.first_expert,
-                       moe.experts[0].w1.out_features),
+            "layout": (attn.heads, attn.groups, moe.w13.shape[0], moe.first_expert,   # stacked experts
+                       moe.w13.shape[1] // 2),
             "spec": ids(llm.generate(PROMPTS, greedy, speculative=True)),
             "ar": ids(llm.generate(PROMPTS, greedy, speculative=False)),
             "sampled": ids(llm.generate(PROMPTS, SamplingParams(temperature=1.0, seed=3,

@@ -11,6 +11,7 @@ import torch
 from ..config import ModelPair, get_preset
 from ..models import build_models
 from ..models.dspark_qwen3 import markov_sampler_op
+from ..models.v4_moe import stack_experts_
 from ..parallel import TPInfo, init_tp, shard_pair_, shared_seeds
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
@@ -133,6 +134,7 @@ class LLM:
         target, draft = build_models(pair, dtype, device, num_spec_tokens, seed)
         if tp:
             shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
+        stack_experts_(target), stack_experts_(draft)     # V4: grouped GEMMs of the chosen experts
         return cls(pair, target, draft, device=device, dtype=dtype, **kw)
 
     @classmethod
@@ -149,6 +151,7 @@ class LLM:
         if tp:
             shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
             target.to(device), draft.to(device)
+        stack_experts_(target), stack_experts_(draft)     # V4: grouped GEMMs of the chosen experts
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype, **kw)
 
