@@ -102,3 +102,24 @@ def test_random_weights_come_from_the_flag_or_the_engine_manifest():
     assert uses_random_weights(engine(True), NS(random_weights=False))
     assert not uses_random_weights(engine(False), NS(random_weights=False))
     assert uses_random_weights(NS(networks=NS()), NS(random_weights=True))
+
+
+def test_bench_plot_orders_batches_and_writes_png(tmp_path):
+    import importlib.util
+    import sys
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "plot_bench", Path(__file__).resolve().parent.parent / "benchmarks" / "plot_bench.py")
+    plot_bench = importlib.util.module_from_spec(spec)
+    sys.modules["plot_bench"] = plot_bench
+    spec.loader.exec_module(plot_bench)
+    row = lambda ms: {"ar_step_ms": ms, "verify_step_ms": ms + 1, "draft_step_ms": ms / 4,  # noqa: E731
+                      "ar_roofline_ms": 1.0, "speculative": {"decode_tokens_per_s": 10 * ms},
+                      "autoregressive": {"decode_tokens_per_s": 20 * ms},
+                      "projection_at_paper_tau": {"tau": 6.17, "spec_tokens_per_s": 30 * ms}}
+    report = {"gpu": "cpu", "git_sha": "x", "model": {"preset": "p"}, "batch": {"16": row(4.0), "1": row(2.0)}}
+    s = plot_bench.series(report)
+    assert s["batch"] == [1, 16] and s["ar_ms"] == [2.0, 4.0] and s["spec_tps"] == [20.0, 40.0]
+    pytest.importorskip("matplotlib")
+    out = plot_bench.plot(report, tmp_path / "b.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
