@@ -38,6 +38,14 @@ def test_ptx_targets_the_h200_driver(compiled, name):
     assert entry.count(".param") == n_args + 2
 
 
+def test_aot_kernels_use_wide_loads(compiled):
+    """Pointer arguments are declared 16-byte aligned: the attention entry loads K/V with vector /
+    cp.async loads, not one bf16 at a time (it made 160 two-byte loads without the hint)."""
+    ptx = compiled["block_attention"][1]
+    assert not re.search(r"ld\.global[^\n]*\.b16", ptx)
+    assert re.search(r"cp\.async|ld\.global[^\n]*\.v[24]", ptx)
+
+
 def test_compile_ptx_rejects_unknown_constants():
     with pytest.raises(ValueError, match="BLOCKZ"):
         compile_ptx("kv_cache_write", BLOCKZ=3)
