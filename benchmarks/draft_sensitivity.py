@@ -9,6 +9,7 @@ each first divergence is a near-tie (build_gpu.draft_flips).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from build_gpu import draft_and_verify, draft_flips  # noqa: E402
+from build_gpu import draft_and_verify, draft_flips, round_inputs  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.builder.export import ReferenceOps  # noqa: E402
 from dspark_trt.config import get_preset  # noqa: E402
@@ -48,19 +49,12 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     B, T = 4, 64
-    g = torch.Generator(device="cpu").manual_seed(1)
     results = {}
     for name, fused, refs in (("fused_triton", True, False), ("unfused_triton", False, False),
                               ("unfused_reference", False, True)):
         nets = networks(a.model, a.device, fused, a.markov_sampler, B, T)
-        table = torch.arange(B * nets.max_pages_per_seq, device=a.device).view(B, -1)
-        tokens = torch.randint(0, nets.vocab_size, (B, T), generator=g.manual_seed(1)).to(a.device)
-        pos = torch.arange(T, device=a.device).repeat(B, 1)
-        if refs:
-            with ReferenceOps():
-                out = draft_and_verify(nets, tokens, pos, table)
-        else:
-            out = draft_and_verify(nets, tokens, pos, table)
+        with ReferenceOps() if refs else contextlib.nullcontext():
+            out = draft_and_verify(nets, *round_inputs(nets, B, T, torch.device(a.device)))
         results[name] = {k: out[k] for k in ("drafts", "z", "prefill_logits")}
         del nets
         if a.device == "cuda":
