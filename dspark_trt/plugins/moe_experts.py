@@ -17,14 +17,20 @@ from torch import Tensor
 from .dispatch import use_triton
 
 
+def local_experts(expert_ids: Tensor, first_expert: int, num_experts: int) -> tuple[Tensor, Tensor]:
+    """expert_ids (global, any shape) -> (local ids int64, live mask): a slot is live when its id is
+    not -1 and falls in this rank's block ``[first_expert, first_expert + num_experts)``."""
+    local = expert_ids.long() - first_expert
+    return local, (expert_ids >= 0) & (local >= 0) & (local < num_experts)
+
+
 def moe_experts_ref(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Tensor, w2: Tensor,
                     first_expert: int, swiglu_limit: float) -> Tensor:
     """x [M, d]; expert_ids [M, k] int (global ids); routing_weights [M, k] f32;
     w13 [E, 2h, d]; w2 [E, d, h] -> y [M, d]."""
     E, h = w13.shape[0], w2.shape[2]
     acc = torch.promote_types(x.dtype, torch.float32)
-    local = expert_ids.long() - first_expert
-    live = (expert_ids >= 0) & (local >= 0) & (local < E)                        # [M, k]
+    local, live = local_experts(expert_ids, first_expert, E)                     # [M, k]
     e = torch.where(live, local, 0)
     gu = (w13[e] @ x[:, None, :, None]).squeeze(-1).to(acc)                     # [M, k, 2h]
     gate, up = gu[..., :h], gu[..., h:]

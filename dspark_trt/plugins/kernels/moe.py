@@ -27,6 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ..moe_experts import local_experts
 from .common import launcher
 
 
@@ -149,10 +150,9 @@ def align_by_expert(expert_ids: Tensor, first_expert: int, num_experts: int, blo
     """expert_ids [M, k] -> sorted_pairs [num_blocks * block_m] int32: pair ids ``m * k + j``
     grouped by local expert (ascending, then by pair id), each expert's run padded with -1 to a
     multiple of block_m, unused blocks -1. Skipped pairs (-1 / other ranks' experts) are left out."""
-    ids = expert_ids.reshape(-1).long()
-    P, E, dev = ids.numel(), num_experts, ids.device
-    local = ids - first_expert
-    key = torch.where((ids >= 0) & (local >= 0) & (local < E), local, E)     # skipped pairs sort last
+    local, live = local_experts(expert_ids.reshape(-1), first_expert, num_experts)
+    P, E, dev = local.numel(), num_experts, local.device
+    key = torch.where(live, local, E)                                        # skipped pairs sort last
     counts = torch.zeros(E + 1, dtype=torch.int64, device=dev).scatter_add_(0, key, torch.ones_like(key))
     padded = (counts[:E] + block_m - 1) // block_m * block_m
     run_start = torch.cumsum(padded, 0) - padded                             # padded run of each expert
@@ -194,6 +194,6 @@ def moe_experts_triton(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w
         float(swiglu_limit), D, H, k, HAS_LIMIT=swiglu_limit > 0, **opts)
     launcher(moe_down_kernel)[(blocks, triton.cdiv(D, bn))](
         act, ids, w2.contiguous(), sorted_pairs, out, int(first_expert), D, H, **opts)
-    live = (ids >= 0) & (ids >= first_expert) & (ids < first_expert + E)           # [M, k]
+    live = local_experts(ids, first_expert, E)[1]                                   # [M, k]
     acc = torch.promote_types(x.dtype, torch.float32)
     return torch.where(live[..., None], out.view(M, k, D).to(acc), 0.0).sum(1).to(x.dtype)
