@@ -115,7 +115,8 @@ def round_inputs(nets, B: int, T: int, device):
 
 
 def draft_and_verify(nets, tokens, pos, table):
-    """prefill -> draft_context -> draft_block (greedy) -> verify target on [anchor, drafts]."""
+    """prefill -> draft_context -> draft_block (greedy) -> verify target on [anchor, drafts]; plus
+    thunks of the draft step and of the next round's context injection (the N+1 verified taps)."""
     B, T = tokens.shape
     logits, taps = nets.target(tokens, pos, table)
     anchor = logits[:, -1].argmax(-1)
@@ -124,9 +125,10 @@ def draft_and_verify(nets, tokens, pos, table):
     temp, seed = torch.zeros(B, device=tokens.device), torch.arange(B, device=tokens.device)
     drafts, z = nets.draft_block(anchor, start, table, temp, seed)
     vpos = start[:, None] + torch.arange(drafts.shape[1] + 1, device=tokens.device)
-    vlogits, _ = nets.target(torch.cat([anchor[:, None], drafts], 1), vpos, table)
+    vlogits, vtaps = nets.target(torch.cat([anchor[:, None], drafts], 1), vpos, table)
     return {"prefill_logits": logits, "drafts": drafts, "z": z, "verify_logits": vlogits,
-            "draft_step": lambda: nets.draft_block(anchor, start, table, temp, seed)}
+            "draft_step": lambda: nets.draft_block(anchor, start, table, temp, seed),
+            "context_step": lambda: nets.draft_context(vtaps, vpos, table)}
 
 
 def draft_flips(got: dict, want: dict) -> dict:
@@ -224,20 +226,11 @@ V4_BATCHES = (1, 16)
 
 
 def v4_step(nets, B: int, T: int = 64) -> dict:
-    """Prefill B x T tokens, draft context; -> {drafts, z} of one greedy draft block and thunks of
-    the draft step (draft_block) and of a round's context injection (draft_context, N+1 taps)."""
-    device = torch.device("cuda")
-    tokens, pos, table = round_inputs(nets, B, T, device)
-    logits, taps = nets.target(tokens, pos, table)
-    nets.draft_context(taps, pos, table)
-    anchor, start = logits[:, -1].argmax(-1), torch.full((B,), T, device=device)
-    temp, seed = torch.zeros(B, device=device), torch.arange(B, device=device)
-    drafts, z = nets.draft_block(anchor, start, table, temp, seed)
-    N = nets.num_spec_tokens
-    ctx_taps, ctx_pos = taps[:, :N + 1].contiguous(), start[:, None] + torch.arange(N + 1, device=device)
-    return {"drafts": drafts.clone(), "z": z.float().clone(),
-            "block": lambda: nets.draft_block(anchor, start, table, temp, seed),
-            "context": lambda: nets.draft_context(ctx_taps, ctx_pos, table)}
+    """One round at batch B (``draft_and_verify``): {drafts, z} of the greedy draft block (copied:
+    engine outputs are reused buffers) and thunks of the draft step and the context injection."""
+    out = draft_and_verify(nets, *round_inputs(nets, B, T, nets.device))
+    return {"drafts": out["drafts"].clone(), "z": out["z"].float().clone(),
+            "block": out["draft_step"], "context": out["context_step"]}
 
 
 def try_ms(timer, fn):
