@@ -1,0 +1,124 @@
+"""Exact Markov sampler with part of W2 resident in L2 (persisting access-policy window), H200.
+
+For each shape and launch config, the sampler is captured into a CUDA graph (cuda-python capture,
+as the runtime does) from a stream whose access-policy window covers W2 with ``resident`` MB
+persisting (``dspark_trt.runtime.l2_residency``), and timed warm (replayed back to back) and cold
+(after a 256 MB write that flushes every normal L2 line, as a target step between two draft steps
+would). Tokens and z are checked against the PyTorch reference. Reference in the same run: 7
+``torch.mv`` over W2 (cuBLAS GEMV, the same bytes without the sampling), no window.
+``bw_frac`` = (W2 once per step + U read + z written) / cold time / 4.8 TB/s, as benchmarks/plugins.py.
+
+    python benchmarks/markov_l2.py [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from benchmarks.plugins import PEAK, err, markov_bytes, markov_inputs  # noqa: E402
+from dspark_trt import provenance  # noqa: E402
+from dspark_trt.plugins.kernels import markov as kmk  # noqa: E402
+from dspark_trt.plugins.markov_sample import markov_sample_ref  # noqa: E402
+from dspark_trt.runtime import l2_residency as l2  # noqa: E402
+from dspark_trt.runtime.cuda_graphs import CapturedGraph  # noqa: E402
+
+N = 7
+MB = 1 << 20
+B1_CONFIGS = [{}, {"gemv": True, "block_v": 16, "num_warps": 4, "programs_per_sm": 6},
+              {"gemv": True, "programs_per_sm": 3, "reduce": "ticket"}, {"snake": False}]
+CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside)
+    (1, 151936, 256, B1_CONFIGS, [0, 16, 24, 32, None]),
+    (1, 129280, 512, [{}], [0, None]),
+    (64, 151936, 256, [{}], [0, None]),
+]
+
+
+def graph_times(fn, stream, pool, flush, reps=30) -> tuple[float, float, list[int]]:
+    """(warm, cold) seconds per call of ``fn`` captured from ``stream``; windows of its kernel nodes."""
+    graphs = [CapturedGraph(body, pool, "cuda-python", stream=stream)
+              for body in (fn, lambda: (flush.zero_(), fn()), flush.zero_)]
+    windows = l2.graph_windows(graphs[0]._graph)
+
+    def per_replay(g):
+        ts = []
+        for _ in range(3):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(reps):
+                g.launch()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b) / 1e3 / reps)
+        return sorted(ts)[1]
+    warm, both, flush_only = (per_replay(g) for g in graphs)
+    return warm, max(both - flush_only, 1e-9), windows
+
+
+def run_case(B, V, r, configs, residents, info, flush, pool) -> list[dict]:
+    args = markov_inputs(B, N, V, r)
+    w2 = args[3]
+    rt, rz = markov_sample_ref(*args)
+    nbytes = markov_bytes(B, N, V, r)
+    rows = []
+    for cfg in configs:
+        for mb in residents:
+            want = info["max_persisting_bytes"] if mb is None else mb * MB
+            stream = torch.cuda.Stream()
+            window = l2.set_window(stream, w2, want)
+            out = {}
+            fn = lambda: out.__setitem__("r", kmk.markov_sample_triton(*args, **cfg))   # noqa: E731
+            try:
+                warm, cold, windows = graph_times(fn, stream, pool, flush)
+                tokens, z = out["r"]
+                row = dict(ok=bool(torch.equal(tokens, rt)), z_max_err=err(z, rz), graph_us=warm * 1e6,
+                           graph_cold_us=cold * 1e6, bw_frac=nbytes / cold / PEAK,
+                           kernel_nodes_with_window=sum(w > 0 for w in windows), kernel_nodes=len(windows))
+            except Exception as e:                              # record it, go on
+                row = dict(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
+            l2.clear_window(stream)
+            rows.append(dict(shape=f"B={B} N={N} V={V} r={r}", config=cfg, resident_mb=window.resident_bytes / MB,
+                             hit_ratio=window.hit_ratio, bytes=nbytes, **row))
+            print(json.dumps(rows[-1]), flush=True)
+    # reference: cuBLAS GEMV over the same W2, N times, no window
+    h = torch.randn(r, device="cuda", dtype=w2.dtype)
+    warm, cold, _ = graph_times(lambda: [torch.mv(w2, h) for _ in range(N)], torch.cuda.Stream(), pool, flush)
+    w2_bytes = N * w2.numel() * w2.element_size()
+    rows.append(dict(shape=f"B={B} N={N} V={V} r={r}", config="torch.mv x N (reference)", resident_mb=0,
+                     bytes=w2_bytes, graph_us=warm * 1e6, graph_cold_us=cold * 1e6, bw_frac=w2_bytes / cold / PEAK))
+    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    info = l2.l2_info(0)
+    print(json.dumps(info), flush=True)
+    flush = torch.empty(256 * MB, dtype=torch.uint8, device="cuda")
+    pool = torch.cuda.MemPool()
+    rows = []
+    for B, V, r, configs, residents in CASES:
+        rows += run_case(B, V, r, configs, residents, info, flush, pool)
+    gpu, sha = torch.cuda.get_device_name(), provenance.git_sha()
+    doc = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__, l2=info,
+               peak_bytes_per_s=PEAK, command=" ".join([sys.executable] + sys.argv),
+               seconds=round(time.perf_counter() - t0, 1), rows=rows)
+    path = Path(a.out) / f"markov-l2-{gpu.replace(' ', '_')}-{sha}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
