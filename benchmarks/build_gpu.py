@@ -242,7 +242,8 @@ def try_ms(timer, fn):
 
 def compare(got: dict, want: dict) -> dict:
     return {"drafts_equal_fraction": float((got["drafts"] == want["drafts"]).float().mean()),
-            "max_abs_logit_diff": float((got["z"] - want["z"]).abs().max())}
+            "max_abs_logit_diff": float((got["z"] - want["z"]).abs().max()),
+            "draft_flips": draft_flips(got, want)}
 
 
 def v4_latencies(nets, graphs: bool = True, context: bool = True) -> tuple[dict, dict]:
