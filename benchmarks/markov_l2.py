@@ -33,10 +33,12 @@ from dspark_trt.runtime.cuda_graphs import CapturedGraph  # noqa: E402
 
 N = 7
 MB = 1 << 20
-B1_CONFIGS = [{}, {"gemv": True, "block_v": 16, "num_warps": 4, "programs_per_sm": 6},
-              {"gemv": True, "programs_per_sm": 3, "reduce": "ticket"}, {"snake": False}]
+B1_CONFIGS = [{}, {"gemv": True, "block_v": 16, "num_warps": 4, "programs_per_sm": 6}, {"snake": False},
+              *({"one_launch": True, "gemv": True, "block_v": 16, "num_warps": 4, "resident_per_sm": n}
+                for n in (2, 4, 6, 8)),
+              {"one_launch": True, "gemv": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 4}]
 CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside)
-    (1, 151936, 256, B1_CONFIGS, [0, 16, 24, 32, None]),
+    (1, 151936, 256, B1_CONFIGS, [0, 24, None]),
     (1, 129280, 512, [{}], [0, None]),
     (64, 151936, 256, [{}], [0, None]),
 ]

@@ -68,5 +68,20 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+def resident_per_sm(compiled, device: torch.device) -> int:
+    """Programs of a compiled Triton kernel one SM holds at once: the least of its register, warp,
+    shared-memory and block limits (registers allocated per warp in units of 256)."""
+    compiled._init_handles()
+    props = torch.cuda.get_device_properties(device)
+    warps = compiled.metadata.num_warps
+    regs_per_warp = -(-max(compiled.n_regs, 1) * 32 // 256) * 256
+    fit = min(32, getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps),
+              getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps))
+    shared = compiled.metadata.shared
+    if shared:
+        fit = min(fit, getattr(props, "shared_memory_per_multiprocessor", 233472) // (shared + 1024))
+    return fit
+
+
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(max(int(n), 1)))

@@ -18,8 +18,10 @@ step touched last (still in L2: W2 is larger than L2, a same-order sweep always 
 
 Schedules:
 
-* ``one_launch=True``: a persistent grid (C <= number of SMs, all programs resident) runs the N
-  steps with a grid-wide barrier (atomic counter) between steps. On GPU only C <= SM count is safe.
+* ``one_launch=True``: a persistent grid (``resident_per_sm`` programs per SM, all resident at once)
+  runs the N steps with a grid-wide barrier (atomic counter) between steps. A barrier is only safe
+  when every program is resident, so on a GPU the grid is clamped to what the compiled kernel's
+  registers, warps and shared memory let each SM hold (``common.resident_per_sm``).
 * ``one_launch=False``, ``reduce="ticket"``: one launch of ``markov_step_kernel`` per step; the
   program that finishes a step last (an atomic ticket per row group, no grid barrier) reduces the
   partials and writes the token; the next launch reads ``prev`` from the token output.
@@ -38,7 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import INTERPRET, STREAM_DRAFT, gumbel, launcher, num_sms, pow2, row_key
+from .common import INTERPRET, STREAM_DRAFT, gumbel, launcher, num_sms, pow2, resident_per_sm, row_key
 
 INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 
@@ -309,11 +311,12 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # Defaults of the exact sampler's launch (benchmarks/tune_plugins.py measures alternatives).
 # block_v / block_r: W2 tile of the dot body (the gemv body takes the whole rank and, unless given,
 # block_v = GEMV_TILE_ELEMS // rank: 16 KB of bf16 per program, ~64 registers per thread at 8 warps);
-# programs_per_sm: target programs per SM of the per-step schedules (one_launch: one per SM);
+# programs_per_sm: target programs per SM of the per-step schedules; resident_per_sm: programs per SM
+# of the one-launch schedule (clamped to what fits);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 50 MB).
-MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, reduce="ticket",
+MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1, reduce="ticket",
                        gemv=False, snake=False, l2_keep=0.0, num_warps=None, num_stages=3)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B (the batch-1 draft step), e.g. the
 # fastest batch-1 config of benchmarks/tune_plugins.py; empty = the same defaults for every batch.
@@ -347,8 +350,8 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
     n_tiles = triton.cdiv(V, cfg["block_v"])
     if cfg.get("num_programs"):
         C = cfg["num_programs"]
-    elif one_launch:                            # all programs resident: one per SM
-        C = max(1, num_sms(device) // cfg["groups"])
+    elif one_launch:                            # all programs resident: resident_per_sm per SM
+        C = max(1, cfg["resident_per_sm"] * num_sms(device) // cfg["groups"])
     else:                                       # ~programs_per_sm per SM (one wave), whole tiles each
         per_program = triton.cdiv(n_tiles, cfg["programs_per_sm"] * num_sms(device))
         C = triton.cdiv(n_tiles, per_program)
@@ -363,7 +366,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          block_r: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
                          snake: bool | None = None, programs_per_sm: int | None = None,
-                         l2_keep: float | None = None) -> tuple[Tensor, Tensor]:
+                         l2_keep: float | None = None, resident_per_sm: int | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -384,7 +387,8 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     cfg = markov_config(B if static else EXPORT_ROWS_HINT, V, Rk, dev, one_launch=one_launch,
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
-                        snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep)
+                        snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep,
+                        resident_per_sm=resident_per_sm)
     if not static:
         cfg["groups"] = triton.cdiv(B, cfg["block_b"])
     block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
@@ -419,8 +423,17 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     kernel = launcher(markov_sample_kernel)
     common = dict(BLOCK_C=block_c, **tiles, **flags)
     if one_launch:
-        kernel[(C, groups)](*args, 0, N, U.stride(0), U.stride(1), keep_from, GRID_SYNC=True, WRITE_LAST=True,
-                            **common)
+        launch = (*args, 0, N, U.stride(0), U.stride(1), keep_from)
+        flags1 = dict(GRID_SYNC=True, WRITE_LAST=True, **common)
+        if dev.type == "cuda" and not torch.compiler.is_compiling():     # never a grid that cannot all be resident
+            fit = resident_per_sm(markov_sample_kernel.warmup(*launch, grid=(C, groups), **flags1), dev)
+            if fit * num_sms(dev) < groups:
+                raise RuntimeError(f"markov_sample one_launch: {groups} row groups cannot all be resident "
+                                   f"({fit} programs per SM fit); use the per-step schedule")
+            if C * groups > fit * num_sms(dev):
+                C = max(1, fit * num_sms(dev) // groups)
+                launch = (*args[:-1], C, 0, N, U.stride(0), U.stride(1), keep_from)
+        kernel[(C, groups)](*launch, **flags1)
         return tokens, z
     for k in range(N):                          # reduce="prologue"
         kernel[(C, groups)](*args, k, k + 1, U.stride(0), U.stride(1), keep_from, GRID_SYNC=False,
