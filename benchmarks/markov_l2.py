@@ -110,16 +110,16 @@ def main():
     flush = torch.empty(256 * MB, dtype=torch.uint8, device="cuda")
     pool = torch.cuda.MemPool()
     rows = []
-    for B, V, r, configs, residents in CASES:
-        rows += run_case(B, V, r, configs, residents, info, flush, pool)
     gpu, sha = torch.cuda.get_device_name(), provenance.git_sha()
-    doc = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__, l2=info,
-               peak_bytes_per_s=PEAK, command=" ".join([sys.executable] + sys.argv),
-               seconds=round(time.perf_counter() - t0, 1), rows=rows)
     path = Path(a.out) / f"markov-l2-{gpu.replace(' ', '_')}-{sha}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1))
-    print(f"wrote {path}")
+    for B, V, r, configs, residents in CASES:                  # written after each shape
+        rows += run_case(B, V, r, configs, residents, info, flush, pool)
+        doc = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__, l2=info,
+                   peak_bytes_per_s=PEAK, command=" ".join([sys.executable] + sys.argv),
+                   seconds=round(time.perf_counter() - t0, 1), rows=rows)
+        path.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {path}", flush=True)
 
 
 if __name__ == "__main__":
