@@ -40,7 +40,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import INTERPRET, STREAM_DRAFT, gumbel, launcher, num_sms, pow2, resident_per_sm, row_key
+from . import common
+from .common import INTERPRET, STREAM_DRAFT, gumbel, launcher, num_sms, pow2, row_key
 
 INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 
@@ -426,7 +427,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         launch = (*args, 0, N, U.stride(0), U.stride(1), keep_from)
         flags1 = dict(GRID_SYNC=True, WRITE_LAST=True, **common)
         if dev.type == "cuda" and not torch.compiler.is_compiling():     # never a grid that cannot all be resident
-            fit = resident_per_sm(markov_sample_kernel.warmup(*launch, grid=(C, groups), **flags1), dev)
+            fit = common.resident_per_sm(markov_sample_kernel.warmup(*launch, grid=(C, groups), **flags1), dev)
             if fit * num_sms(dev) < groups:
                 raise RuntimeError(f"markov_sample one_launch: {groups} row groups cannot all be resident "
                                    f"({fit} programs per SM fit); use the per-step schedule")
