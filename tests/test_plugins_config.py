@@ -67,6 +67,23 @@ def test_markov_small_batch_overrides(monkeypatch):
     assert kmk.markov_config(1, 151936, 256, DEV, reduce="ticket")["reduce"] == "ticket"   # explicit wins
 
 
+def test_one_launch_grid_fits_the_sms():
+    from types import SimpleNamespace as NS
+    from dspark_trt.plugins.kernels.common import max_resident_programs
+    props = NS(max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+               shared_memory_per_multiprocessor=233472)
+    kernel = lambda regs, warps, shared: NS(n_regs=regs, metadata=NS(num_warps=warps, shared=shared))  # noqa: E731
+    assert max_resident_programs(kernel(64, 4, 0), None, props) == 8          # registers: 65536 / (64 * 128)
+    assert max_resident_programs(kernel(32, 4, 0), None, props) == 16         # warps: 64 / 4
+    assert max_resident_programs(kernel(40, 1, 0), None, props) == 32         # blocks per SM
+    assert max_resident_programs(kernel(32, 4, 100_000), None, props) == 2    # shared memory
+    assert max_resident_programs(kernel(33, 8, 0), None, props) == 6          # 33 regs -> 40 per thread
+    assert kmk.resident_grid(6 * 132, 1, 5, 132) == 5 * 132
+    assert kmk.resident_grid(100, 2, 5, 132) == 100                            # already fits
+    with pytest.raises(RuntimeError, match="cannot all be resident"):
+        kmk.resident_grid(1, 700, 5, 132)
+
+
 def test_markov_one_launch_is_resident_and_bad_reduce_raises():
     assert kmk.markov_config(1, 151936, 256, DEV, one_launch=True)["C"] == SMS
     assert kmk.markov_config(100, 151936, 256, DEV, one_launch=True)["C"] == SMS // 2   # two row groups

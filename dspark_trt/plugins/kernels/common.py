@@ -68,11 +68,12 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def resident_per_sm(compiled, device: torch.device) -> int:
+def max_resident_programs(compiled, device: torch.device, props=None) -> int:
     """Programs of a compiled Triton kernel one SM holds at once: the least of its register, warp,
     shared-memory and block limits (registers allocated per warp in units of 256)."""
-    compiled._init_handles()
-    props = torch.cuda.get_device_properties(device)
+    if hasattr(compiled, "_init_handles"):
+        compiled._init_handles()                 # fills n_regs
+    props = props or torch.cuda.get_device_properties(device)
     warps = compiled.metadata.num_warps
     regs_per_warp = -(-max(compiled.n_regs, 1) * 32 // 256) * 256
     fit = min(32, getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps),

@@ -21,7 +21,7 @@ Schedules:
 * ``one_launch=True``: a persistent grid (``resident_per_sm`` programs per SM, all resident at once)
   runs the N steps with a grid-wide barrier (atomic counter) between steps. A barrier is only safe
   when every program is resident, so on a GPU the grid is clamped to what the compiled kernel's
-  registers, warps and shared memory let each SM hold (``common.resident_per_sm``).
+  registers, warps and shared memory let each SM hold (``resident_grid``).
 * ``one_launch=False``, ``reduce="ticket"``: one launch of ``markov_step_kernel`` per step; the
   program that finishes a step last (an atomic ticket per row group, no grid barrier) reduces the
   partials and writes the token; the next launch reads ``prev`` from the token output.
@@ -40,8 +40,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import common
-from .common import INTERPRET, STREAM_DRAFT, gumbel, launcher, num_sms, pow2, row_key
+from .common import INTERPRET, STREAM_DRAFT, gumbel, launcher, max_resident_programs, num_sms, pow2, row_key
 
 INT_MAX: tl.constexpr = tl.constexpr(2147483647)
 
@@ -361,6 +360,15 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
     return cfg
 
 
+def resident_grid(C: int, groups: int, fit_per_sm: int, sms: int) -> int:
+    """Programs per row group of a one-launch grid, cut so that all ``C * groups`` are resident at
+    once (a grid barrier over a program that cannot be scheduled never returns)."""
+    if fit_per_sm * sms < groups:
+        raise RuntimeError(f"markov_sample one_launch: {groups} row groups cannot all be resident "
+                           f"({fit_per_sm} programs per SM fit); use the per-step schedule")
+    return min(C, fit_per_sm * sms // groups)
+
+
 def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temperature: Tensor,
                          seed: Tensor, start: Tensor, one_launch: bool | None = None, rows_only: bool = False,
                          num_programs: int | None = None, block_v: int | None = None,
@@ -427,13 +435,9 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         launch = (*args, 0, N, U.stride(0), U.stride(1), keep_from)
         flags1 = dict(GRID_SYNC=True, WRITE_LAST=True, **common)
         if dev.type == "cuda" and not torch.compiler.is_compiling():     # never a grid that cannot all be resident
-            fit = common.resident_per_sm(markov_sample_kernel.warmup(*launch, grid=(C, groups), **flags1), dev)
-            if fit * num_sms(dev) < groups:
-                raise RuntimeError(f"markov_sample one_launch: {groups} row groups cannot all be resident "
-                                   f"({fit} programs per SM fit); use the per-step schedule")
-            if C * groups > fit * num_sms(dev):
-                C = max(1, fit * num_sms(dev) // groups)
-                launch = (*args[:-1], C, 0, N, U.stride(0), U.stride(1), keep_from)
+            compiled = markov_sample_kernel.warmup(*launch, grid=(C, groups), **flags1)
+            C = resident_grid(C, groups, max_resident_programs(compiled, dev), num_sms(dev))
+            launch = (*args[:-1], C, 0, N, U.stride(0), U.stride(1), keep_from)
         kernel[(C, groups)](*launch, **flags1)
         return tokens, z
     for k in range(N):                          # reduce="prologue"
