@@ -7,8 +7,9 @@ they survive the other steps' streaming reads (and the target's weight stream be
 each later step reads them from L2. The set-aside L2 (``cudaLimitPersistingL2CacheSize``) is used
 by normal accesses while no persisting line needs it.
 
-A stream's window is inherited by kernels launched on it and by kernel nodes captured from it, so
-``GraphedSteps`` sets it on its capture stream (``RuntimeOptions.markov_l2_resident_mb``).
+A stream's window is inherited by kernels launched on it and by kernel nodes captured from it
+(``graph_windows`` checks). Measured by ``benchmarks/markov_l2.py``; the runtime does not set it yet
+(its effect on the target step, which loses that share of L2, is not measured).
 """
 from __future__ import annotations
 

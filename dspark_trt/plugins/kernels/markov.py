@@ -320,7 +320,9 @@ MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_s
                        gemv=False, snake=False, l2_keep=0.0, num_warps=None, num_stages=3)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B (the batch-1 draft step), e.g. the
 # fastest batch-1 config of benchmarks/tune_plugins.py; empty = the same defaults for every batch.
-MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
+# H200, B=1 V=151936 r=256 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-4426680.json, cold L2):
+# this one-launch grid 186 us vs 199 us of per-step prologue launches (snake) and 193 us of 7 torch.mv.
+MARKOV_SMALL_B: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True)
 GEMV_MAX_B = 4
 GEMV_TILE_ELEMS = 8192
 
