@@ -85,7 +85,7 @@ def test_one_launch_grid_fits_the_sms():
 
 
 def test_markov_one_launch_is_resident_and_bad_reduce_raises():
-    assert kmk.markov_config(1, 151936, 256, DEV, one_launch=True)["C"] == SMS
+    assert kmk.markov_config(1, 151936, 256, DEV, one_launch=True, resident_per_sm=1)["C"] == SMS
     assert kmk.markov_config(100, 151936, 256, DEV, one_launch=True)["C"] == SMS // 2   # two row groups
     assert kmk.markov_config(1, 151936, 256, DEV, one_launch=True, resident_per_sm=6)["C"] == 6 * SMS
     with pytest.raises(ValueError, match="reduce"):
