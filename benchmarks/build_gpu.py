@@ -6,8 +6,8 @@
   the GPU), then compiled vs eager on the real shapes with the same seed: a prefill of B=4 x 64
   tokens, one draft step (draft_context + draft_block, greedy) and one verify step (target on
   N+1 tokens): max |logit diff| and token equality; plus the draft-step latency.
-* v4 (= v4-build, v4-engine, v4-eager; run them as separate calls where one call is limited to
-  10 minutes, on one machine: the engine and its outputs stay under $ENGINE_ROOT between them):
+* v4 (= v4-build, v4-engine, v4-eager, ~8 minutes on one H200; or separate calls on one machine:
+  the engine and its outputs stay under $ENGINE_ROOT between them):
   ``deepseek-v4-flash-dspark --random-weights`` with the target cut to its first layer
   (``--override draft.target_layer_ids=[0] --override num_hidden_layers=1``: the three draft stages
   keep their real dimensions, the draft taps the one target layer; ~55 GB of bf16 weights, the
@@ -22,7 +22,9 @@
   and of the engine against (a); then the op alone per launch config at M = 1, 5, 80 tokens.
 
 Each model writes ``build-<model>.json`` (git sha, GPU, command, stage times, peaks, parity) to
-$OUT if set, else benchmarks/results/, as soon as it is done.
+$OUT if set, else benchmarks/results/, as soon as it is done; v4-eager writes
+``build-deepseek-v4-flash-dspark-eager.json`` (in a process of its own when v4-engine ran in the
+same call: the loaded engine's memory is not all returned, and both need ~100 GB).
 """
 from __future__ import annotations
 
@@ -302,23 +304,23 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
     r = record.setdefault("eager", {"build_models_seconds": round(time.perf_counter() - t0, 1)})
     per_expert, ref = v4_latencies(nets, graphs=False, context=False)
     r["per_expert"] = per_expert
-    save(V4, record)
+    save(f"{V4}-eager", record)
     r["all_experts_graph_ms"] = {B: try_ms(graph_ms, ref[B]["block"]) for B in V4_BATCHES}  # capture: dense path
     print(f"[bench] all experts (graph): {r['all_experts_graph_ms']}", flush=True)
-    save(V4, record)
+    save(f"{V4}-eager", record)
     t0 = time.perf_counter()
     r["stacked_layers"] = stack_experts_(target) + stack_experts_(draft)
     r["stack_seconds"] = round(time.perf_counter() - t0, 1)
     r["grouped"], got = v4_latencies(nets, graphs=True, context=True)
     r["grouped_vs_per_expert"] = {B: compare(got[B], ref[B]) for B in V4_BATCHES}
-    save(V4, record)
+    save(f"{V4}-eager", record)
     r["moe_op"] = moe_op_bench(draft.layers[0].ffn)
     if engine_outs:
         r["engine_vs_per_expert"] = {B: compare(engine_outs[B], ref[B]) for B in V4_BATCHES}
     r["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / (1 << 30), 2)
     r["peak_host_gib_whole_run"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20), 2)
     print(json.dumps(r, indent=2), flush=True)
-    save(V4, record)
+    save(f"{V4}-eager", record)
 
 
 V4_STEPS = ("v4-build", "v4-engine", "v4-eager")
@@ -361,7 +363,10 @@ def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
     elif "v4-engine" in steps:
         record["engine_error"] = f"no engine at {opts.output} (run v4-build first)"
         save(V4, record)
-    if "v4-eager" in steps:
+    if "v4-eager" in steps and "v4-engine" in steps:     # the engine's memory is not all returned: a fresh process
+        subprocess.run([sys.executable, __file__, "v4-eager", "--git-sha", sha, "--markov-sampler", markov_sampler],
+                       check=True)
+    elif "v4-eager" in steps:
         engine_outs = None
         if outputs.exists():
             engine_outs = {B: {k: v.cuda() for k, v in o.items()} for B, o in torch.load(outputs).items()}
