@@ -36,7 +36,8 @@ MB = 1 << 20
 B1_CONFIGS = [{}, {"gemv": True, "block_v": 16, "num_warps": 4, "programs_per_sm": 6},
               *({"one_launch": True, "gemv": True, "block_v": 16, "num_warps": 4, "resident_per_sm": n}
                 for n in (2, 4, 6, 8)),
-              {"one_launch": True, "gemv": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 4}]
+              {"one_launch": True, "gemv": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 4},
+              {"pipeline": True}, {"pipeline": True, "resident_per_sm": 4}, {"pipeline": True, "block_v": 32}]
 CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside)
     (1, 151936, 256, B1_CONFIGS, [0, 24, None]),
     (1, 129280, 512, [{}], [0, None]),

@@ -62,6 +62,8 @@ MARKOV_B1 = [
     {"one_launch": False, "reduce": "prologue", "gemv": True, "programs_per_sm": 3},
     {"one_launch": False, "reduce": "ticket", "gemv": True, "snake": True, "programs_per_sm": 3},
     {"one_launch": True, "gemv": True, "snake": True},
+    {"one_launch": True, "gemv": True, "snake": True, "block_v": 16, "num_warps": 4, "resident_per_sm": 6,
+     "pipeline": True},
 ]
 MARKOV_B64 = [
     {"one_launch": False}, {"one_launch": False, "num_programs": 594}, {"one_launch": True},

@@ -179,7 +179,9 @@ def run_all(device, dtype=torch.float32) -> dict:
                  "dot_snake": dict(one_launch=False, snake=True),
                  "gemv": dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=32),
                  "gemv_ticket": dict(one_launch=False, gemv=True, snake=True, block_v=32, l2_keep=0.4),
-                 "one_gemv": dict(one_launch=True, gemv=True, snake=True, block_v=32)}
+                 "one_gemv": dict(one_launch=True, gemv=True, snake=True, block_v=32),
+                 "one_gemv_pipeline": dict(one_launch=True, gemv=True, snake=True, block_v=32, pipeline=True),
+                 "gemv_ticket_pipeline": dict(one_launch=False, gemv=True, block_v=32, pipeline=True, l2_keep=0.4)}
     for name, kw in schedules.items():
         tt, tz = kmk.markov_sample_triton(*args, **{**tiles, **kw})
         out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
@@ -197,9 +199,10 @@ def run_all(device, dtype=torch.float32) -> dict:
     out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=1, N=4)                 # gemv with one row: the 1-D body
     rt, rz = markov_sample_ref(*args)
-    tt, tz = kmk.markov_sample_triton(*args, one_launch=False, reduce="prologue", gemv=True, snake=True,
-                                      num_programs=3, block_v=32, l2_keep=0.5)
-    out["markov_sample_gemv_b1"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    for name, pipe in (("gemv_b1", False), ("gemv_b1_pipeline", True)):
+        tt, tz = kmk.markov_sample_triton(*args, one_launch=False, reduce="prologue", gemv=True, snake=True,
+                                          num_programs=3, block_v=32, l2_keep=0.5, pipeline=pipe)
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=70, N=2, V=200)       # two row groups of 64: one ticket each
     rt, rz = markov_sample_ref(*args)
     for name, kw in (("per_step_groups", {}), ("prologue_groups", dict(reduce="prologue", snake=True))):

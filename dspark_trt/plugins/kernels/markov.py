@@ -9,8 +9,9 @@ like ``torch.argmax``). Two tile bodies:
 
 * ``gemv=False``: ``tl.dot`` over BLOCK_R slices of the rank (tensor cores; rows padded to 16).
 * ``gemv=True`` (batch <= GEMV_MAX_B): whole-rank tiles, ``sum(W2_tile * h)`` on CUDA cores, few registers
-  (many resident programs keep the loads in flight); the first tile of a step is loaded before the
-  program waits for the previous token, hiding that dependency.
+  (many resident programs keep the loads in flight; ``pipeline=True`` also loads tile i+1 before
+  reducing tile i); the first tile of a step is loaded before the program waits for the previous
+  token, hiding that dependency.
 
 ``snake=True`` walks the tiles in reverse on odd steps, so a step starts on the tiles the previous
 step touched last (still in L2: W2 is larger than L2, a same-order sweep always misses);
@@ -157,10 +158,11 @@ def _gemv_tile(w, h, BLOCK_B: tl.constexpr):
 @triton.jit
 def _step_gemv(w_first, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c, C, n_tiles,
                rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
-               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
     """Step k over program c's tiles on CUDA cores (BLOCK_R covers the rank). ``w_first``, the
-    program's first tile, was loaded before ``prev`` was known. Latency is hidden by occupancy
-    (few registers per program), not by register double buffering."""
+    program's first tile, was loaded before ``prev`` was known. Without PIPELINE, latency is hidden
+    by occupancy only (few registers per program); with it, tile i+1 is loaded before tile i is
+    reduced (two tiles in flight per program)."""
     rr = tl.arange(0, BLOCK_R)
     if BLOCK_B == 1:
         p0 = tl.max(prev, 0)
@@ -172,13 +174,24 @@ def _step_gemv(w_first, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key,
     best = tl.full([BLOCK_B], float("-inf"), tl.float32)
     arg = tl.full([BLOCK_B], INT_MAX, tl.int32)
     tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
-    best, arg = _score_tile(_gemv_tile(w_first, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
-                            inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
-    for i in range(1, tl.cdiv(n_tiles - c, C)):
-        tile = _tile_at(i, c, C, n_tiles, rev)
-        w = _w2_tile(w2, tile, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)   # by sweep position
+    if PIPELINE:
+        w = w_first
+        for i in range(1, tl.cdiv(n_tiles - c, C)):
+            nxt = _tile_at(i, c, C, n_tiles, rev)
+            w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
+            best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
+                                    inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
+            w, tile = w_next, nxt
         best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
                                 inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
+    else:
+        best, arg = _score_tile(_gemv_tile(w_first, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
+                                inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
+        for i in range(1, tl.cdiv(n_tiles - c, C)):
+            tile = _tile_at(i, c, C, n_tiles, rev)
+            w = _w2_tile(w2, tile, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)   # by sweep position
+            best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
+                                    inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
     return best, arg
 
 
@@ -209,7 +222,8 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
                          B, N, V, R, C, K0, K1, stride_ub, stride_uk, KEEP_FROM,
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
-                         GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr):
+                         GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr,
+                         PIPELINE: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
     step k-1's partials (after the grid barrier when GRID_SYNC)."""
     c = tl.program_id(0)
@@ -235,7 +249,7 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
         if GEMV:
             best, arg = _step_gemv(w0, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                    C, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V,
-                                   BLOCK_R, L2_HINTS)
+                                   BLOCK_R, L2_HINTS, PIPELINE)
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -277,7 +291,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
                        part_val, part_idx, ticket, B, N, V, R, C, k, stride_ub, stride_uk, KEEP_FROM,
                        BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                        BLOCK_C: tl.constexpr, GEMV: tl.constexpr, SNAKE: tl.constexpr,
-                       L2_HINTS: tl.constexpr):
+                       L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
     """Grid (C, row groups), step k; partials [B, C]; ticket [N, row groups] int32 zeros."""
     c = tl.program_id(0)
     g = tl.program_id(1)
@@ -296,7 +310,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     if GEMV:
         best, arg = _step_gemv(w0, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                C, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V,
-                               BLOCK_R, L2_HINTS)
+                               BLOCK_R, L2_HINTS, PIPELINE)
     else:
         best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                               C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -314,10 +328,12 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # programs_per_sm: target programs per SM of the per-step schedules; resident_per_sm: programs per SM
 # of the one-launch schedule (clamped to what fits);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
+# pipeline (gemv): load the next tile before reducing the current one (not yet timed on a GPU);
 # l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
-# the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 50 MB).
-MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1, reduce="ticket",
-                       gemv=False, snake=False, l2_keep=0.0, num_warps=None, num_stages=3)
+# the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 60 MB).
+MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
+                       reduce="ticket", gemv=False, pipeline=False, snake=False, l2_keep=0.0, num_warps=None,
+                       num_stages=3)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B (the batch-1 draft step), e.g. the
 # fastest batch-1 config of benchmarks/tune_plugins.py; empty = the same defaults for every batch.
 # H200, B=1 V=151936 r=256 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-4426680.json, cold L2):
@@ -377,7 +393,8 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          block_r: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
                          snake: bool | None = None, programs_per_sm: int | None = None,
-                         l2_keep: float | None = None, resident_per_sm: int | None = None) -> tuple[Tensor, Tensor]:
+                         l2_keep: float | None = None, resident_per_sm: int | None = None,
+                         pipeline: bool | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -399,7 +416,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
                         snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep,
-                        resident_per_sm=resident_per_sm)
+                        resident_per_sm=resident_per_sm, pipeline=pipeline)
     if not static:
         cfg["groups"] = triton.cdiv(B, cfg["block_b"])
     block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
@@ -412,7 +429,8 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                                                 **tiles)
         return tokens, z
     hints = cfg["gemv"] and cfg["l2_keep"] > 0
-    flags = dict(GEMV=cfg["gemv"], SNAKE=int(bool(cfg["snake"])), L2_HINTS=hints)
+    flags = dict(GEMV=cfg["gemv"], SNAKE=int(bool(cfg["snake"])), L2_HINTS=hints,
+                 PIPELINE=bool(cfg["gemv"] and cfg["pipeline"]))
     n_tiles = triton.cdiv(V, cfg["block_v"])
     keep_from = n_tiles - int(cfg["l2_keep"] * n_tiles) if hints else n_tiles   # sweep positions kept in L2
     block_c = max(16, min(pow2(C), 4096 // block_b))             # partials reduced per iteration
