@@ -41,6 +41,7 @@ from dspark_trt.plugins.rejection_sample import rejection_sample_ref  # noqa: E4
 from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
 
 PEAK = 4.8e12
+PEAK_FLOPS = 790e12          # H200 dense bf16 tensor throughput
 DEV = "cuda"
 BF16 = torch.bfloat16
 
@@ -104,13 +105,16 @@ def err(a, b) -> float:
     return float(torch.where(same_inf, 0.0, (a - b).abs()).max())
 
 
-def record(rows, op, shape, fn, ref_s, nbytes, **parity):
-    """Time ``fn`` plainly and in CUDA graphs, append a row and print it."""
+def record(rows, op, shape, fn, ref_s, nbytes, flops=None, **parity):
+    """Time ``fn`` plainly and in CUDA graphs, append a row and print it; with ``flops`` also the
+    fraction of the bf16 tensor peak and the time the bytes / the flops need at peak."""
     kernel_s = timeit(fn)
     warm_s, cold_s = graph_time(fn, kernel_s)
+    compute = {} if flops is None else dict(flops=flops, tflops_frac=flops / cold_s / PEAK_FLOPS,
+                                            hbm_bound_us=nbytes / PEAK * 1e6, compute_bound_us=flops / PEAK_FLOPS * 1e6)
     rows.append(dict(op=op, shape=shape, kernel_us=kernel_s * 1e6, graph_us=warm_s * 1e6,
                      graph_cold_us=cold_s * 1e6, ref_us=ref_s * 1e6 if ref_s else None, bytes=nbytes,
-                     bw_frac=nbytes / cold_s / PEAK, bw_frac_plain=nbytes / kernel_s / PEAK, **parity))
+                     bw_frac=nbytes / cold_s / PEAK, bw_frac_plain=nbytes / kernel_s / PEAK, **compute, **parity))
     r = rows[-1]
     ref = f"{r['ref_us']:9.1f}" if r["ref_us"] else "        -"
     par = " ".join(f"{k}={v}" for k, v in parity.items())
@@ -148,6 +152,11 @@ def bench_block_attention(rows, batches, contexts):
                    nbytes, max_err=err(f(), g()) if small else None)
 
 
+def mla_flops(B, H=128, D=512, N=8, width=256) -> int:
+    """QK^T and PV over every index slot (padded width): 2 * 2 * width * D per query head."""
+    return 4 * B * N * H * width * D
+
+
 def mla_case(B, H=128, D=512, N=8, Wn=128, page=64, ctx=1000):
     """DeepSeek-V4-Pro sparse MLA of a verify block (window Wn + block N, padded index width)
     -> (args of sparse_mla_attention_triton, bytes: gathered rows once per batch row, q, o, indices)."""
@@ -170,7 +179,7 @@ def bench_sparse_mla(rows, batches):
         f = lambda: ksm.sparse_mla_attention_triton(*args)
         g = lambda: sparse_mla_attention_ref(*args)
         record(rows, "sparse_mla_attention", f"B={B} N=8 H=128 D=512 W={args[2].shape[1]}", f, timeit(g, 1, 3),
-               nbytes, max_err=err(f(), g()))
+               nbytes, flops=mla_flops(B, width=args[2].shape[1]), max_err=err(f(), g()))
 
 
 def markov_bytes(B, N, V, r):
