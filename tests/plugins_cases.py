@@ -125,6 +125,16 @@ def sparse_mla_inputs(device, dtype=torch.float32, T=3, H=16, D=64, dv=32, S=50,
     return q, kv, idx.to(device), sink, D ** -0.5, dv
 
 
+def sparse_mla_padded_inputs(device, dtype=torch.float32):
+    """A 64-wide list padded with -1 like the V4 index lists: row 0 valid up to 20, then one valid
+    entry at 40 after a whole -1 tile (the walk must reach it), row 1 valid in its first tile only."""
+    q, kv, idx, sink, scale, dv = sparse_mla_inputs(device, dtype, W=64)
+    idx[0, 20:] = -1
+    idx[0, 40] = 7
+    idx[1, 16:] = -1
+    return q, kv, idx, sink, scale, dv
+
+
 def moe_inputs(device, dtype=torch.float32, M=7, k=3, E=5, d=48, h=40, first_expert=2, limit=0.7):
     """Global ids over [0, first_expert + E + 2): slots of other ranks' experts (below first_expert
     and above the local block), -1 slots, one token repeating an expert, a token with no local slot."""
@@ -241,7 +251,11 @@ def run_all(device, dtype=torch.float32) -> dict:
              # dv = D in two dv tiles, heads not a multiple of the head tile, split list
              "sparse_mla_attention_dv_tiles": (sparse_mla_inputs(device, dtype, H=24, dv=64),
                                                {"block_h": 16, "block_dv": 32, "block_n": 16, "num_splits": 2}),
-             "sparse_mla_attention_dv_eq_d": (sparse_mla_inputs(device, dtype, dv=64), {"block_n": 16})}
+             "sparse_mla_attention_dv_eq_d": (sparse_mla_inputs(device, dtype, dv=64), {"block_n": 16}),
+             "sparse_mla_attention_padded": (sparse_mla_padded_inputs(device, dtype),
+                                             {"block_n": 16, "num_splits": 1}),
+             "sparse_mla_attention_padded_split": (sparse_mla_padded_inputs(device, dtype),
+                                                   {"block_n": 16, "num_splits": 3})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
     from dspark_trt.plugins.kernels import moe as kmoe

@@ -5,7 +5,9 @@ the token's index list). It walks its part of the list BLOCK_N entries at a time
 ``kv[idx]`` [BLOCK_N, D] once for all heads of the tile, ``s = q · kv`` (fp32 accumulation),
 online softmax whose running max starts at the head's sink (so the sink enters the denominator as
 ``e^{sink - m}``), ``o += p · kv[:, dv0:dv0 + BLOCK_DV]`` (the gathered tile itself when
-BLOCK_DV = D). Entries with ``idx < 0`` are skipped. BLOCK_H = 64 makes both products 64-row
+BLOCK_DV = D). Entries with ``idx < 0`` are skipped, and the walk ends at the last valid entry (a
+cheap pass over the index list first), so the -1 padding of the 128-multiple width (120 of 256
+entries for a 128 window + 8-token block) costs no tensor-core work. BLOCK_H = 64 makes both products 64-row
 tensor-core (wgmma) tiles; splitting dv in two keeps the fp32 accumulator [64, BLOCK_DV] in
 registers (the scores are computed once per dv tile). Neighbouring tokens share most of their index
 lists (window + block), so the gathered rows mostly come from L2.
@@ -38,7 +40,12 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, 
     m_i = sink                                                                         # running max
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    last = t * 0 + lo                   # end of the last valid entry: trailing -1 tiles are not walked
     for n0 in range(lo, hi, BLOCK_N):
+        j = n0 + tl.arange(0, BLOCK_N)
+        idx = tl.load(indices + t.to(tl.int64) * W + j, mask=j < hi, other=-1)
+        last = tl.maximum(last, tl.max(tl.where(idx >= 0, j + 1, lo), 0))
+    for n0 in range(lo, last, BLOCK_N):
         j = n0 + tl.arange(0, BLOCK_N)
         idx = tl.load(indices + t.to(tl.int64) * W + j, mask=j < hi, other=-1)
         valid = idx >= 0
