@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from benchmarks.plugins import PEAK, err, markov_bytes, markov_inputs  # noqa: E402
+from benchmarks.plugins import PEAK, err, markov_bytes, markov_inputs, replay_seconds  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.plugins.kernels import markov as kmk  # noqa: E402
 from dspark_trt.plugins.markov_sample import markov_sample_ref  # noqa: E402
@@ -51,18 +51,7 @@ def graph_times(fn, stream, pool, flush, reps=30) -> tuple[float, float, list[in
               for body in (fn, lambda: (flush.zero_(), fn()), flush.zero_)]
     windows = l2.graph_windows(graphs[0]._graph)
 
-    def per_replay(g):
-        ts = []
-        for _ in range(3):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                g.launch()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3 / reps)
-        return sorted(ts)[1]
-    warm, both, flush_only = (per_replay(g) for g in graphs)
+    warm, both, flush_only = (replay_seconds(g.launch, reps) for g in graphs)
     return warm, max(both - flush_only, 1e-9), windows
 
 

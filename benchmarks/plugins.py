@@ -65,6 +65,20 @@ def timeit(fn, warmup=3, reps=10) -> float:
 _FLUSH: list[torch.Tensor] = []
 
 
+def replay_seconds(launch, reps: int) -> float:
+    """Median over 3 batches of ``reps`` back-to-back ``launch()`` calls: seconds per call."""
+    ts = []
+    for _ in range(3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            launch()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 1e3 / reps)
+    return sorted(ts)[1]
+
+
 def graph_time(fn, plain_s: float) -> tuple[float, float]:
     """(warm, cold) seconds per call of ``fn`` replayed in a CUDA graph (see the module doc)."""
     if not _FLUSH:
@@ -82,19 +96,7 @@ def graph_time(fn, plain_s: float) -> tuple[float, float]:
         torch.cuda.synchronize()
         graphs.append(g)
 
-    def per_replay(g):
-        ts = []
-        for _ in range(3):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) / 1e3 / reps)
-        return sorted(ts)[1]
-
-    warm, flush_and_fn, flush_only = (per_replay(g) for g in graphs)
+    warm, flush_and_fn, flush_only = (replay_seconds(g.replay, reps) for g in graphs)
     del graphs
     return warm, max(flush_and_fn - flush_only, 1e-9)
 
