@@ -22,9 +22,10 @@
   and of the engine against (a); then the op alone per launch config at M = 1, 5, 80 tokens.
 
 Each model writes ``build-<model>.json`` (git sha, GPU, command, stage times, peaks, parity) to
-$OUT if set, else benchmarks/results/, as soon as it is done; v4-eager writes
-``build-deepseek-v4-flash-dspark-eager.json`` (in a process of its own when v4-engine ran in the
-same call: the loaded engine's memory is not all returned, and both need ~100 GB).
+$OUT if set, else benchmarks/results/, as soon as it is done (v4-engine adds to v4-build's file);
+v4-eager writes ``build-deepseek-v4-flash-dspark-eager.json``. Several V4 steps in one call run as
+one child process each (the loaded engine's GPU memory is not all returned, and the engine and the
+eager modules each need ~100 GB).
 """
 from __future__ import annotations
 
@@ -135,10 +136,13 @@ def draft_and_verify(nets, tokens, pos, table):
 
 def draft_flips(got: dict, want: dict) -> dict:
     """Where the drafts of a row first differ, why? Both sides had the same earlier tokens there, so
-    their z differ by rounding only, except that the top-k sampler's candidate sets (per-chunk top-k
-    of the base logits) can differ at a rounding-level near-tie. A flip is a *candidate-set* flip
-    when either winner is -inf on the other side; else it is *clear* when the eager top-2 margin
-    exceeds twice the max |z diff| over the entries finite on both sides (else a near-tie)."""
+    their z differ only by what the networks compute differently at that position: rounding, or a
+    discrete choice inside them (an MoE routing near-tie changes a token's experts; the top-k
+    sampler's candidate sets, per-chunk top-k of the base logits, can change at a near-tie). A flip
+    is a *candidate-set* flip when either winner is -inf on the other side; else it is *clear* when
+    the eager top-2 margin exceeds twice the max |z diff| over the entries finite on both sides
+    (else the z differ by more than the margin: read ``first_flip_max_abs_z_diff`` to tell
+    rounding from a changed hidden state)."""
     diff_rows = (got["drafts"] != want["drafts"]).any(1).nonzero().flatten().tolist()
     clear, cand, margins, diffs = 0, 0, [], []
     for b in diff_rows:
@@ -327,16 +331,24 @@ V4_STEPS = ("v4-build", "v4-engine", "v4-eager")
 
 
 def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
-    """Steps (each fits one 10-minute call; v4 = all three): ``v4-build`` builds the engine under
-    $ENGINE_ROOT; ``v4-engine`` loads it, times the draft step, saves its drafts / logits next to
-    it and removes it (unless --keep); ``v4-eager``: v4_eager, compared with those outputs when
+    """Steps (v4 = all three; several run as one child process each): ``v4-build`` builds the engine
+    under $ENGINE_ROOT; ``v4-engine`` loads it, times the draft step, saves its drafts / logits next
+    to it and removes it (unless --keep); ``v4-eager``: v4_eager, compared with those outputs when
     present."""
     opts = BuildOptions(model=V4, output=str(ENGINES / V4), random_weights=True, dtype="bf16", max_batch_size=16,
                         max_seq_len=256, check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                         backend="aoti", device="cuda", overrides=V4_OVERRIDES, markov_sampler=markov_sampler)
     outputs = ENGINES / f"{V4}-engine-outputs.pt"
+    if len(steps) > 1:            # one process per step: a loaded engine's GPU memory is not all returned
+        for step in (st for st in V4_STEPS if st in steps):
+            subprocess.run([sys.executable, __file__, step, "--git-sha", sha, "--markov-sampler", markov_sampler,
+                            *(["--keep"] if keep else [])], check=True)
+        return
     record = {"model": V4, "git_sha": sha, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "argv": sys.argv, "overrides": V4_OVERRIDES, "steps": sorted(steps)}
+    earlier = RESULTS / f"build-{V4}.json"                   # v4-engine adds to what v4-build wrote
+    if "v4-engine" in steps and earlier.exists() and json.loads(earlier.read_text()).get("git_sha") == sha:
+        record = {**json.loads(earlier.read_text()), "argv": sys.argv, "steps": ["v4-build", "v4-engine"]}
     if "v4-build" in steps:
         try:
             record["build"] = build(opts)
@@ -363,10 +375,7 @@ def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
     elif "v4-engine" in steps:
         record["engine_error"] = f"no engine at {opts.output} (run v4-build first)"
         save(V4, record)
-    if "v4-eager" in steps and "v4-engine" in steps:     # the engine's memory is not all returned: a fresh process
-        subprocess.run([sys.executable, __file__, "v4-eager", "--git-sha", sha, "--markov-sampler", markov_sampler],
-                       check=True)
-    elif "v4-eager" in steps:
+    if "v4-eager" in steps:
         engine_outs = None
         if outputs.exists():
             engine_outs = {B: {k: v.cuda() for k, v in o.items()} for B, o in torch.load(outputs).items()}

@@ -33,7 +33,10 @@ from dspark_trt.runtime.cuda_graphs import CapturedGraph  # noqa: E402
 
 N = 7
 MB = 1 << 20
-B1_CONFIGS = [{}, {"gemv": True, "block_v": 16, "num_warps": 4, "programs_per_sm": 6},
+# {} = the batch-1 default (kernels/markov.py MARKOV_B1); a config naming one_launch or gemv is
+# taken whole (MARKOV_DEFAULTS + MARKOV_SMALL_B + it). One-launch grids are cut to what fits.
+B1_CONFIGS = [{}, {"one_launch": False, "reduce": "prologue", "snake": True},
+              {"gemv": True, "block_v": 16, "num_warps": 4, "programs_per_sm": 6},
               *({"one_launch": True, "gemv": True, "block_v": 16, "num_warps": 4, "resident_per_sm": n}
                 for n in (2, 4, 6, 8)),
               {"one_launch": True, "gemv": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 4},

@@ -41,7 +41,7 @@ from dspark_trt.plugins.rejection_sample import rejection_sample_ref  # noqa: E4
 from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
 
 PEAK = 4.8e12
-PEAK_FLOPS = 790e12          # H200 dense bf16 tensor throughput
+PEAK_FLOPS = 790e12          # H200 bf16 tensor limit this project compares against (datasheet: 989e12 dense)
 DEV = "cuda"
 BF16 = torch.bfloat16
 

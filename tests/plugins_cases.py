@@ -126,10 +126,11 @@ def sparse_mla_inputs(device, dtype=torch.float32, T=3, H=16, D=64, dv=32, S=50,
 
 
 def sparse_mla_padded_inputs(device, dtype=torch.float32):
-    """A 64-wide list padded with -1 like the V4 index lists: row 0 valid up to 20, then one valid
-    entry at 40 after a whole -1 tile (the walk must reach it), row 1 valid in its first tile only."""
+    """A 64-wide list padded with -1 like the V4 index lists: row 0 valid in its first 16-entry tile,
+    then one valid entry at 40 after a whole -1 tile (the walk must reach it), row 1 valid in its
+    first tile only."""
     q, kv, idx, sink, scale, dv = sparse_mla_inputs(device, dtype, W=64)
-    idx[0, 20:] = -1
+    idx[0, 16:] = -1
     idx[0, 40] = 7
     idx[1, 16:] = -1
     return q, kv, idx, sink, scale, dv
@@ -255,7 +256,7 @@ def run_all(device, dtype=torch.float32) -> dict:
              "sparse_mla_attention_padded": (sparse_mla_padded_inputs(device, dtype),
                                              {"block_n": 16, "num_splits": 1}),
              "sparse_mla_attention_padded_split": (sparse_mla_padded_inputs(device, dtype),
-                                                   {"block_n": 16, "num_splits": 3})}
+                                                   {"block_n": 16, "num_splits": 4})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
     from dspark_trt.plugins.kernels import moe as kmoe

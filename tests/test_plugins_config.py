@@ -60,11 +60,23 @@ def test_markov_per_step_grid_is_one_wave_of_whole_tiles(B, V, R, gemv):
 
 def test_markov_small_batch_overrides(monkeypatch):
     monkeypatch.setattr(kmk, "MARKOV_SMALL_B", {"gemv": True, "reduce": "prologue"})
+    monkeypatch.setattr(kmk, "MARKOV_B1", {})
     small = kmk.markov_config(1, 151936, 256, DEV)
     assert small["gemv"] and small["reduce"] == "prologue" and small["block_v"] == kmk.GEMV_TILE_ELEMS // 256
     big = kmk.markov_config(64, 151936, 256, DEV)
     assert not big["gemv"] and big["reduce"] == kmk.MARKOV_DEFAULTS["reduce"]
     assert kmk.markov_config(1, 151936, 256, DEV, reduce="ticket")["reduce"] == "ticket"   # explicit wins
+
+
+def test_markov_batch1_schedule_applies_only_when_not_chosen():
+    b1 = kmk.markov_config(1, 151936, 256, DEV)
+    assert {k: b1[k] for k in kmk.MARKOV_B1} == kmk.MARKOV_B1
+    assert b1["C"] == kmk.MARKOV_B1["resident_per_sm"] * SMS
+    b2 = kmk.markov_config(2, 151936, 256, DEV)                    # batches 2..4: not timed with it
+    assert not b2["one_launch"] and b2["reduce"] == kmk.MARKOV_SMALL_B["reduce"]
+    for chosen in (dict(one_launch=False), dict(gemv=False)):      # a schedule the caller picks stays whole
+        cfg = kmk.markov_config(1, 151936, 256, DEV, **chosen)
+        assert not cfg["one_launch"] and cfg["block_v"] != kmk.MARKOV_B1["block_v"]
 
 
 def test_one_launch_grid_fits_the_sms():

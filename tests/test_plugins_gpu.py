@@ -42,14 +42,21 @@ def _markov_args(B=5, N=7, V=151936, r=256):
     return U, anchor, w1, w2, temp, seed, start
 
 
-@pytest.mark.parametrize("schedule", [dict(one_launch=True), dict(one_launch=False), dict(rows_only=True),
-                                      dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=64)],
-                         ids=["one_launch", "per_step", "rows", "one_launch_gemv_clamped"])
-def test_markov_real_vocab_tokens_exact(schedule):
-    """one_launch_gemv_clamped asks for 64 programs per SM: without the residency clamp the grid
-    barrier would wait forever for programs that cannot be scheduled."""
+ONE_GEMV = dict(one_launch=True, gemv=True, block_v=16, num_warps=4)
+
+
+@pytest.mark.parametrize("B, schedule", [(5, dict(one_launch=True)), (5, dict(one_launch=False)),
+                                         (5, dict(rows_only=True)), (1, {}),
+                                         (1, dict(ONE_GEMV, resident_per_sm=64)),
+                                         (1, dict(ONE_GEMV, resident_per_sm=6, pipeline=True)),
+                                         (4, dict(ONE_GEMV, resident_per_sm=64))],
+                         ids=["one_launch", "per_step", "rows", "b1_default", "b1_gemv_clamped", "b1_gemv_pipeline",
+                              "b4_gemv_clamped"])
+def test_markov_real_vocab_tokens_exact(B, schedule):
+    """*_clamped ask for 64 programs per SM: without the residency clamp the grid barrier would
+    wait forever for programs that cannot be scheduled."""
     from dspark_trt.plugins.kernels.markov import markov_sample_triton
-    args = _markov_args()
+    args = _markov_args(B=B)
     rt, rz = markov_sample_ref(*args)
     t, z = markov_sample_triton(*args, **schedule)
     assert torch.equal(t, rt)

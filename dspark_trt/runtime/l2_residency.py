@@ -1,7 +1,7 @@
 """Keep part of one weight resident in the GPU's L2 across kernels (CUDA access-policy window).
 
 The exact Markov sampler reads the whole W2 [V, r] once per draft step (78 MB for Qwen3-8B, more
-than the H200's 50 MB L2), so a plain sweep misses L2 every step. A persisting access-policy window
+than the H200's 60 MB L2), so a plain sweep misses L2 every step. A persisting access-policy window
 over W2 with ``hitRatio = resident / W2 bytes`` marks that share of W2's cache lines persisting:
 they survive the other steps' streaming reads (and the target's weight stream between rounds), and
 each later step reads them from L2. The set-aside L2 (``cudaLimitPersistingL2CacheSize``) is used
@@ -82,13 +82,14 @@ def set_window(stream: torch.cuda.Stream, weight: torch.Tensor, resident_bytes: 
 
 
 def clear_window(stream: torch.cuda.Stream) -> None:
-    """Remove ``stream``'s window and return the persisting lines to normal."""
+    """Remove ``stream``'s window, return the persisting lines to normal and the set-aside to 0."""
     rt = _rt()
     value = rt.cudaStreamAttrValue()
     value.accessPolicyWindow.num_bytes = 0
     _check(rt.cudaStreamSetAttribute(stream.cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow,
                                      value), "cudaStreamSetAttribute(accessPolicyWindow)")
     _check(rt.cudaCtxResetPersistingL2Cache(), "cudaCtxResetPersistingL2Cache")
+    _check(rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize, 0), "cudaDeviceSetLimit")
 
 
 def graph_windows(graph) -> list[int]:

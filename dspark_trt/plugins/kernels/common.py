@@ -68,6 +68,10 @@ def num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
+# resident blocks per SM where the CUDA occupancy table says fewer than 32 (compute capability)
+MAX_BLOCKS_PER_SM = {(7, 5): 16, (8, 6): 16, (8, 7): 16, (8, 9): 24}
+
+
 def max_resident_programs(compiled, device: torch.device, props=None) -> int:
     """Programs of a compiled Triton kernel one SM holds at once: the least of its register, warp,
     shared-memory and block limits (registers allocated per warp in units of 256)."""
@@ -76,7 +80,8 @@ def max_resident_programs(compiled, device: torch.device, props=None) -> int:
     props = props or torch.cuda.get_device_properties(device)
     warps = compiled.metadata.num_warps
     regs_per_warp = -(-max(compiled.n_regs, 1) * 32 // 256) * 256
-    fit = min(32, getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps),
+    blocks = MAX_BLOCKS_PER_SM.get((getattr(props, "major", 9), getattr(props, "minor", 0)), 32)
+    fit = min(blocks, getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps),
               getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps))
     shared = compiled.metadata.shared
     if shared:

@@ -334,11 +334,13 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
                        reduce="ticket", gemv=False, pipeline=False, snake=False, l2_keep=0.0, num_warps=None,
                        num_stages=3)
-# Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B (the batch-1 draft step), e.g. the
-# fastest batch-1 config of benchmarks/tune_plugins.py; empty = the same defaults for every batch.
-# H200, B=1 V=151936 r=256 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-4426680.json, cold L2):
-# this one-launch grid 186 us vs 199 us of per-step prologue launches (snake) and 193 us of 7 torch.mv.
-MARKOV_SMALL_B: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True)
+# Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
+MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
+# The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1
+# V=151936 r=256 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-4426680.json, cold L2): 186 us vs
+# 199 us of MARKOV_SMALL_B's per-step launches and 193 us of 7 torch.mv. Batches 2..4 are not timed
+# with it (more registers per program: fewer resident programs), so they keep MARKOV_SMALL_B.
+MARKOV_B1: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True)
 GEMV_MAX_B = 4
 GEMV_TILE_ELEMS = 8192
 
@@ -349,8 +351,10 @@ EXPORT_ROWS_HINT = 16      # exported engines: row tiles of 16 (batch-independen
 def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> dict:
     """Launch config of the exact sampler from shapes; ``overrides`` (not None) replace defaults.
     Adds block_b (rows per program), groups, C (programs per row group) and num_warps."""
+    given = {k: v for k, v in overrides.items() if v is not None}
     small = MARKOV_SMALL_B if B <= GEMV_MAX_B else {}
-    cfg = {**MARKOV_DEFAULTS, **small, **{k: v for k, v in overrides.items() if v is not None}}
+    b1 = MARKOV_B1 if B == 1 and not {"one_launch", "gemv"} & set(given) else {}
+    cfg = {**MARKOV_DEFAULTS, **small, **b1, **given}
     one_launch = cfg["one_launch"]
     if cfg["reduce"] not in ("ticket", "prologue"):
         raise ValueError(f"markov_sample: reduce must be 'ticket' or 'prologue', got {cfg['reduce']!r}")
@@ -359,7 +363,7 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
     if gemv:
         cfg["block_b"] = pow2(B)
         cfg["block_r"] = pow2(R, 16)
-        cfg["block_v"] = (overrides.get("block_v") or small.get("block_v")           # not the dot tile's
+        cfg["block_v"] = (given.get("block_v") or b1.get("block_v") or small.get("block_v")   # not the dot tile's
                           or max(16, GEMV_TILE_ELEMS // cfg["block_r"]))
     else:
         cfg["block_b"] = min(pow2(B, 16), 64)
@@ -376,6 +380,24 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
     cfg["C"] = C
     cfg["num_warps"] = cfg["num_warps"] or (8 if gemv or cfg["block_b"] > 16 else 4)
     return cfg
+
+
+_FIT_CACHE: dict = {}
+
+
+def _resident_c(head, C, groups, dev, N, strides, meta) -> int:
+    """C cut to what the compiled one-launch kernel lets every SM hold; compiled again for the new C
+    (Triton specialises integer arguments on divisibility by 16, which may change its registers)."""
+    for _ in range(3):
+        key = (dev.index, C % 16 == 0, tuple(sorted(meta.items())), str(head[0].dtype), str(head[3].dtype))
+        if key not in _FIT_CACHE:
+            compiled = markov_sample_kernel.warmup(*head, C, 0, N, *strides, grid=(C, groups), **meta)
+            _FIT_CACHE[key] = max_resident_programs(compiled, dev)
+        cut = resident_grid(C, groups, _FIT_CACHE[key], num_sms(dev))
+        if cut == C:
+            return C
+        C = cut
+    return C
 
 
 def resident_grid(C: int, groups: int, fit_per_sm: int, sms: int) -> int:
@@ -412,6 +434,9 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     static = isinstance(B, int)
     if not static:  # traced with a dynamic batch (torch.export): no launch choice may depend on it
         one_launch, gemv = False, False
+    if rows_only or torch.compiler.is_compiling():
+        # traced (export / compile): the grid cannot be checked against residency -> per-step
+        one_launch = False
     cfg = markov_config(B if static else EXPORT_ROWS_HINT, V, Rk, dev, one_launch=one_launch,
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
@@ -448,23 +473,19 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     part_val = torch.empty((N, B, C), dtype=torch.float32, device=dev)
     part_idx = torch.empty((N, B, C), dtype=torch.int32, device=dev)
     counter = torch.zeros(1, dtype=torch.int32, device=dev) if one_launch else part_idx   # unused per step
-    args = (U, *rowargs, z, tokens, part_val, part_idx, counter, B, N, V, Rk, C)
+    head = (U, *rowargs, z, tokens, part_val, part_idx, counter, B, N, V, Rk)   # then C and the step range
     kernel = launcher(markov_sample_kernel)
-    common = dict(BLOCK_C=block_c, **tiles, **flags)
+    meta = dict(BLOCK_C=block_c, **tiles, **flags)
+    strides = (U.stride(0), U.stride(1), keep_from)
     if one_launch:
-        launch = (*args, 0, N, U.stride(0), U.stride(1), keep_from)
-        flags1 = dict(GRID_SYNC=True, WRITE_LAST=True, **common)
-        if dev.type == "cuda" and not torch.compiler.is_compiling():     # never a grid that cannot all be resident
-            compiled = markov_sample_kernel.warmup(*launch, grid=(C, groups), **flags1)
-            C = resident_grid(C, groups, max_resident_programs(compiled, dev), num_sms(dev))
-            launch = (*args[:-1], C, 0, N, U.stride(0), U.stride(1), keep_from)
-        kernel[(C, groups)](*launch, **flags1)
+        meta1 = dict(GRID_SYNC=True, WRITE_LAST=True, **meta)
+        if dev.type == "cuda":                  # never a grid that cannot all be resident
+            C = _resident_c(head, C, groups, dev, N, strides, meta1)
+        kernel[(C, groups)](*head, C, 0, N, *strides, **meta1)
         return tokens, z
     for k in range(N):                          # reduce="prologue"
-        kernel[(C, groups)](*args, k, k + 1, U.stride(0), U.stride(1), keep_from, GRID_SYNC=False,
-                            WRITE_LAST=False, **common)
-    kernel[(1, groups)](*args, N, N, U.stride(0), U.stride(1), keep_from, GRID_SYNC=False, WRITE_LAST=True,
-                        **common)
+        kernel[(C, groups)](*head, C, k, k + 1, *strides, GRID_SYNC=False, WRITE_LAST=False, **meta)
+    kernel[(1, groups)](*head, C, N, N, *strides, GRID_SYNC=False, WRITE_LAST=True, **meta)
     return tokens, z
 
 
