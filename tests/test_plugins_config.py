@@ -96,6 +96,30 @@ def test_one_launch_grid_fits_the_sms():
         kmk.resident_grid(1, 700, 5, 132)
 
 
+def test_resident_c_checks_the_grid_it_launches(monkeypatch):
+    """The fit is taken from the kernel compiled for the C that will launch (Triton specialises C
+    on divisibility by 16), and cached per variant."""
+    from types import SimpleNamespace as NS
+    compiled_for = []
+
+    def warmup(*args, grid, **meta):
+        C = args[16]                          # after 12 tensors and B, N, V, R (markov_sample_kernel)
+        assert grid[0] == C
+        compiled_for.append(C)
+        return NS(divisible=C % 16 == 0)
+    monkeypatch.setattr(kmk.markov_sample_kernel, "warmup", warmup)
+    monkeypatch.setattr(kmk, "max_resident_programs", lambda k, dev: 5 if k.divisible else 4)
+    monkeypatch.setattr(kmk, "num_sms", lambda dev: 132)
+    monkeypatch.setattr(kmk, "_FIT_CACHE", {})
+    t = torch.zeros(1)
+    head = (t,) * 12 + (1, 7, 151936, 256)
+    meta = dict(BLOCK_B=1, GRID_SYNC=True)
+    assert kmk._resident_c(head, 792, 1, torch.device("cpu"), 7, (0, 0, 0), meta) == 528   # 792: 4 fit -> 528: 5 fit
+    assert compiled_for == [792, 528]
+    assert kmk._resident_c(head, 792, 1, torch.device("cpu"), 7, (0, 0, 0), meta) == 528
+    assert compiled_for == [792, 528]                                   # cached
+
+
 def test_markov_one_launch_is_resident_and_bad_reduce_raises():
     assert kmk.markov_config(1, 151936, 256, DEV, one_launch=True, resident_per_sm=1)["C"] == SMS
     assert kmk.markov_config(100, 151936, 256, DEV, one_launch=True)["C"] == SMS // 2   # two row groups
