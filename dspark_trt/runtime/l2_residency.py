@@ -60,9 +60,10 @@ def set_window(stream: torch.cuda.Stream, weight: torch.Tensor, resident_bytes: 
     """Mark ``resident_bytes`` of ``weight`` (spread over it by the hit ratio) persisting for kernels
     launched on / captured from ``stream``; the rest of the window streams. Clamped to what the
     device allows. ``resident_bytes <= 0`` clears the stream's window."""
-    rt = _rt()
     if not weight.is_cuda or not weight.is_contiguous():
-        raise ValueError("set_window: the weight must be a contiguous CUDA tensor")
+        raise ValueError(f"set_window: the weight must be a contiguous CUDA tensor, got a "
+                         f"{'contiguous' if weight.is_contiguous() else 'strided'} tensor on {weight.device}")
+    rt = _rt()
     if resident_bytes <= 0:
         clear_window(stream)
         return L2Window(weight.data_ptr(), 0, 0.0, 0)
