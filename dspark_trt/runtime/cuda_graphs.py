@@ -59,7 +59,8 @@ def default_backend() -> str:
 
 # ---- one captured graph --------------------------------------------------------------------------
 
-def _check(ret, what: str):
+def cuda_check(ret, what: str):
+    """The result(s) of a cuda-python runtime call, or RuntimeError naming ``what`` and the error."""
     from cuda.bindings import runtime as rt
     err, *rest = ret if isinstance(ret, tuple) else (ret,)
     if err != rt.cudaError_t.cudaSuccess:
@@ -98,7 +99,7 @@ class CapturedGraph:
         from cuda.bindings import runtime as rt
         handle = stream.cuda_stream
         with torch.cuda.stream(stream), torch.cuda.use_mem_pool(pool):
-            _check(rt.cudaStreamBeginCapture(
+            cuda_check(rt.cudaStreamBeginCapture(
                 handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")
             try:
                 self.outputs = fn()
@@ -106,9 +107,9 @@ class CapturedGraph:
                 rt.cudaStreamEndCapture(handle)
                 rt.cudaGetLastError()
                 raise
-            graph = _check(rt.cudaStreamEndCapture(handle), "cudaStreamEndCapture")
+            graph = cuda_check(rt.cudaStreamEndCapture(handle), "cudaStreamEndCapture")
         self._graph = graph
-        self._exec = _check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
+        self._exec = cuda_check(rt.cudaGraphInstantiate(graph, 0), "cudaGraphInstantiate")
         self._rt = rt
         self._prime()
 
@@ -123,7 +124,7 @@ class CapturedGraph:
         if self.backend == "torch":
             self._graph.replay()
         else:
-            _check(self._rt.cudaGraphLaunch(self._exec, torch.cuda.current_stream().cuda_stream),
+            cuda_check(self._rt.cudaGraphLaunch(self._exec, torch.cuda.current_stream().cuda_stream),
                    "cudaGraphLaunch")
 
     def __del__(self):

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .cuda_graphs import cuda_check
+
 
 @dataclass(frozen=True)
 class L2Window:
@@ -37,20 +39,12 @@ def _rt():
     return rt
 
 
-def _check(ret, what: str):
-    rt = _rt()
-    err, *rest = ret if isinstance(ret, tuple) else (ret,)
-    if err != rt.cudaError_t.cudaSuccess:
-        raise RuntimeError(f"{what} failed: {rt.cudaGetErrorName(err)[1].decode()}")
-    return rest[0] if len(rest) == 1 else (rest or None)
-
-
 def l2_info(device: torch.device | int | None = None) -> dict:
     """L2 size, the largest persisting set-aside and the largest window of ``device`` (bytes)."""
     rt = _rt()
     index = torch.device("cuda", device).index if isinstance(device, int) else getattr(device, "index", None)
     index = torch.cuda.current_device() if index is None else index
-    attr = lambda a: int(_check(rt.cudaDeviceGetAttribute(a, index), f"cudaDeviceGetAttribute({a.name})"))  # noqa: E731
+    attr = lambda a: int(cuda_check(rt.cudaDeviceGetAttribute(a, index), f"cudaDeviceGetAttribute({a.name})"))  # noqa: E731
     return {"l2_bytes": attr(rt.cudaDeviceAttr.cudaDevAttrL2CacheSize),
             "max_persisting_bytes": attr(rt.cudaDeviceAttr.cudaDevAttrMaxPersistingL2CacheSize),
             "max_window_bytes": attr(rt.cudaDeviceAttr.cudaDevAttrMaxAccessPolicyWindowSize)}
@@ -69,7 +63,7 @@ def set_window(stream: torch.cuda.Stream, weight: torch.Tensor, resident_bytes: 
         return L2Window(weight.data_ptr(), 0, 0.0, 0)
     info = l2_info(weight.device)
     limit = min(int(resident_bytes), info["max_persisting_bytes"])
-    _check(rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize, limit), "cudaDeviceSetLimit")
+    cuda_check(rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize, limit), "cudaDeviceSetLimit")
     num_bytes = min(weight.numel() * weight.element_size(), info["max_window_bytes"])
     window = L2Window(weight.data_ptr(), num_bytes, min(1.0, limit / num_bytes), limit)
     value = rt.cudaStreamAttrValue()
@@ -77,7 +71,7 @@ def set_window(stream: torch.cuda.Stream, weight: torch.Tensor, resident_bytes: 
     w.base_ptr, w.num_bytes, w.hitRatio = window.base_ptr, window.num_bytes, window.hit_ratio
     w.hitProp = rt.cudaAccessProperty.cudaAccessPropertyPersisting
     w.missProp = rt.cudaAccessProperty.cudaAccessPropertyStreaming
-    _check(rt.cudaStreamSetAttribute(stream.cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow,
+    cuda_check(rt.cudaStreamSetAttribute(stream.cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow,
                                      value), "cudaStreamSetAttribute(accessPolicyWindow)")
     return window
 
@@ -87,22 +81,22 @@ def clear_window(stream: torch.cuda.Stream) -> None:
     rt = _rt()
     value = rt.cudaStreamAttrValue()
     value.accessPolicyWindow.num_bytes = 0
-    _check(rt.cudaStreamSetAttribute(stream.cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow,
+    cuda_check(rt.cudaStreamSetAttribute(stream.cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow,
                                      value), "cudaStreamSetAttribute(accessPolicyWindow)")
-    _check(rt.cudaCtxResetPersistingL2Cache(), "cudaCtxResetPersistingL2Cache")
-    _check(rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize, 0), "cudaDeviceSetLimit")
+    cuda_check(rt.cudaCtxResetPersistingL2Cache(), "cudaCtxResetPersistingL2Cache")
+    cuda_check(rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize, 0), "cudaDeviceSetLimit")
 
 
 def graph_windows(graph) -> list[int]:
     """num_bytes of the access-policy window of every kernel node of a captured ``cudaGraph_t``
     (0 where none): shows whether capture carried the stream's window into the nodes."""
     rt = _rt()
-    nodes, count = _check(rt.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")
-    nodes, _ = _check(rt.cudaGraphGetNodes(graph, count), "cudaGraphGetNodes")
+    nodes, count = cuda_check(rt.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")
+    nodes, _ = cuda_check(rt.cudaGraphGetNodes(graph, count), "cudaGraphGetNodes")
     out = []
     for n in nodes:
-        if _check(rt.cudaGraphNodeGetType(n), "cudaGraphNodeGetType") == rt.cudaGraphNodeType.cudaGraphNodeTypeKernel:
-            v = _check(rt.cudaGraphKernelNodeGetAttribute(
+        if cuda_check(rt.cudaGraphNodeGetType(n), "cudaGraphNodeGetType") == rt.cudaGraphNodeType.cudaGraphNodeTypeKernel:
+            v = cuda_check(rt.cudaGraphKernelNodeGetAttribute(
                 n, rt.cudaKernelNodeAttrID.cudaLaunchAttributeAccessPolicyWindow), "cudaGraphKernelNodeGetAttribute")
             out.append(int(v.accessPolicyWindow.num_bytes))
     return out
