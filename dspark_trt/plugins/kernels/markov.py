@@ -174,24 +174,18 @@ def _step_gemv(w_first, U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key,
     best = tl.full([BLOCK_B], float("-inf"), tl.float32)
     arg = tl.full([BLOCK_B], INT_MAX, tl.int32)
     tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
-    if PIPELINE:
-        w = w_first
-        for i in range(1, tl.cdiv(n_tiles - c, C)):
-            nxt = _tile_at(i, c, C, n_tiles, rev)
+    w = w_first
+    for i in range(1, tl.cdiv(n_tiles - c, C)):
+        nxt = _tile_at(i, c, C, n_tiles, rev)
+        if PIPELINE:                                         # next tile in flight while this one is reduced
             w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
-            best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
-                                    inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
-            w, tile = w_next, nxt
         best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
                                 inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
-    else:
-        best, arg = _score_tile(_gemv_tile(w_first, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
-                                inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
-        for i in range(1, tl.cdiv(n_tiles - c, C)):
-            tile = _tile_at(i, c, C, n_tiles, rev)
-            w = _w2_tile(w2, tile, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)   # by sweep position
-            best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
-                                    inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
+        if not PIPELINE:
+            w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)  # by sweep position
+        w, tile = w_next, nxt
+    best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), U, z_out, rows, rmask, live, greedy,
+                            inv_t, key, k, tile, best, arg, N, V, stride_ub, stride_uk, BLOCK_V)
     return best, arg
 
 
@@ -433,10 +427,9 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         U = U.contiguous()
     static = isinstance(B, int)
     if not static:  # traced with a dynamic batch (torch.export): no launch choice may depend on it
-        one_launch, gemv = False, False
-    if rows_only or torch.compiler.is_compiling():
-        # traced (export / compile): the grid cannot be checked against residency -> per-step
-        one_launch = False
+        gemv = False
+    if not static or rows_only or torch.compiler.is_compiling():
+        one_launch = False      # traced: the grid cannot be checked against residency -> per step
     cfg = markov_config(B if static else EXPORT_ROWS_HINT, V, Rk, dev, one_launch=one_launch,
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
