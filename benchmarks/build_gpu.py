@@ -227,6 +227,7 @@ def run(name: str, opts: BuildOptions, sha: str, check_parity: bool, keep: bool 
 
 
 V4 = "deepseek-v4-flash-dspark"
+V4_EAGER = f"{V4}-eager"                   # v4-eager's results file: build-<V4_EAGER>.json
 V4_OVERRIDES = ["draft.target_layer_ids=[0]", "num_hidden_layers=1"]
 V4_BATCHES = (1, 16)
 
@@ -308,23 +309,23 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
     r = record.setdefault("eager", {"build_models_seconds": round(time.perf_counter() - t0, 1)})
     per_expert, ref = v4_latencies(nets, graphs=False, context=False)
     r["per_expert"] = per_expert
-    save(f"{V4}-eager", record)
+    save(V4_EAGER, record)
     r["all_experts_graph_ms"] = {B: try_ms(graph_ms, ref[B]["block"]) for B in V4_BATCHES}  # capture: dense path
     print(f"[bench] all experts (graph): {r['all_experts_graph_ms']}", flush=True)
-    save(f"{V4}-eager", record)
+    save(V4_EAGER, record)
     t0 = time.perf_counter()
     r["stacked_layers"] = stack_experts_(target) + stack_experts_(draft)
     r["stack_seconds"] = round(time.perf_counter() - t0, 1)
     r["grouped"], got = v4_latencies(nets, graphs=True, context=True)
     r["grouped_vs_per_expert"] = {B: compare(got[B], ref[B]) for B in V4_BATCHES}
-    save(f"{V4}-eager", record)
+    save(V4_EAGER, record)
     r["moe_op"] = moe_op_bench(draft.layers[0].ffn)
     if engine_outs:
         r["engine_vs_per_expert"] = {B: compare(engine_outs[B], ref[B]) for B in V4_BATCHES}
     r["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / (1 << 30), 2)
     r["peak_host_gib_whole_run"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20), 2)
     print(json.dumps(r, indent=2), flush=True)
-    save(f"{V4}-eager", record)
+    save(V4_EAGER, record)
 
 
 V4_STEPS = ("v4-build", "v4-engine", "v4-eager")
@@ -347,8 +348,9 @@ def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
     record = {"model": V4, "git_sha": sha, "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "argv": sys.argv, "overrides": V4_OVERRIDES, "steps": sorted(steps)}
     earlier = RESULTS / f"build-{V4}.json"                   # v4-engine adds to what v4-build wrote
-    if "v4-engine" in steps and earlier.exists() and json.loads(earlier.read_text()).get("git_sha") == sha:
-        record = {**json.loads(earlier.read_text()), "argv": sys.argv, "steps": ["v4-build", "v4-engine"]}
+    built = json.loads(earlier.read_text()) if "v4-engine" in steps and earlier.exists() else {}
+    if built.get("git_sha") == sha:
+        record = {**built, "argv": sys.argv, "steps": ["v4-build", "v4-engine"]}
     if "v4-build" in steps:
         try:
             record["build"] = build(opts)
