@@ -37,6 +37,7 @@ from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm, swa_
 from dspark_trt.plugins.kv_cache import kv_cache_write_ref  # noqa: E402
 from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref  # noqa: E402
 from dspark_trt.plugins.noncausal_swa_indices import index_width, noncausal_swa_indices_ref  # noqa: E402
+from dspark_trt.commands.bench import time_ms  # noqa: E402
 from dspark_trt.plugins.rejection_sample import rejection_sample_ref  # noqa: E402
 from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
 
@@ -66,17 +67,9 @@ _FLUSH: list[torch.Tensor] = []
 
 
 def replay_seconds(launch, reps: int) -> float:
-    """Median over 3 batches of ``reps`` back-to-back ``launch()`` calls: seconds per call."""
-    ts = []
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            launch()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / 1e3 / reps)
-    return sorted(ts)[1]
+    """Median over 3 batches of ``reps`` back-to-back ``launch()`` calls (``dspark-trt bench``'s
+    CUDA-event timer, each batch after one warm-up call): seconds per call."""
+    return sorted(time_ms(launch, reps, cuda=True) for _ in range(3))[1] / 1e3
 
 
 def graph_time(fn, plain_s: float) -> tuple[float, float]:
