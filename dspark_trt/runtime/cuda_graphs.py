@@ -125,7 +125,7 @@ class CapturedGraph:
             self._graph.replay()
         else:
             cuda_check(self._rt.cudaGraphLaunch(self._exec, torch.cuda.current_stream().cuda_stream),
-                   "cudaGraphLaunch")
+                       "cudaGraphLaunch")
 
     def __del__(self):
         if getattr(self, "backend", None) == "cuda-python" and hasattr(self, "_exec"):
