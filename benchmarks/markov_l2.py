@@ -36,15 +36,18 @@ MB = 1 << 20
 # {} = the batch-1 default (kernels/markov.py MARKOV_B1); a config naming one_launch or gemv is
 # taken whole (MARKOV_DEFAULTS + MARKOV_SMALL_B + it). One-launch grids are cut to what fits.
 B1_CONFIGS = [{}, {"one_launch": False, "reduce": "prologue", "snake": True},
-              {"gemv": True, "block_v": 16, "num_warps": 4, "programs_per_sm": 6},
-              *({"one_launch": True, "gemv": True, "block_v": 16, "num_warps": 4, "resident_per_sm": n}
-                for n in (2, 4, 6, 8)),
-              {"one_launch": True, "gemv": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 4},
-              {"pipeline": True}, {"pipeline": True, "resident_per_sm": 4}, {"pipeline": True, "block_v": 32}]
-CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside)
-    (1, 151936, 256, B1_CONFIGS, [0, 24, None]),
-    (1, 129280, 512, [{}], [0, None]),
-    (64, 151936, 256, [{}], [0, None]),
+              {"pipeline": True}, {"poll_load": True}, {"pipeline": True, "poll_load": True},
+              *({"pipeline": True, "poll_load": True, "register_tiles": n} for n in (1, 2)),
+              {"pipeline": True, "poll_load": True, "register_tiles": 2, "resident_per_sm": 4},
+              {"pipeline": True, "poll_load": True, "resident_per_sm": 8},
+              {"pipeline": True, "poll_load": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 4},
+              {"pipeline": True, "poll_load": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 3,
+               "register_tiles": 2}]
+CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside, steps)
+    (1, 151936, 256, B1_CONFIGS, [0, None], N),
+    (1, 151936, 256, [{}, {"pipeline": True, "poll_load": True}], [0], 1),   # fixed cost of a call
+    (1, 129280, 512, [{}, {"pipeline": True, "poll_load": True}], [0, None], N),
+    (64, 151936, 256, [{}], [0, None], N),
 ]
 
 
@@ -58,11 +61,12 @@ def graph_times(fn, stream, pool, flush, reps=30) -> tuple[float, float, list[in
     return warm, max(both - flush_only, 1e-9), windows
 
 
-def run_case(B, V, r, configs, residents, info, flush, pool) -> list[dict]:
-    args = markov_inputs(B, N, V, r)
+def run_case(B, V, r, configs, residents, steps, info, flush, pool) -> list[dict]:
+    args = markov_inputs(B, steps, V, r)
     w2 = args[3]
     rt, rz = markov_sample_ref(*args)
-    nbytes = markov_bytes(B, N, V, r)
+    nbytes = markov_bytes(B, steps, V, r)
+    shape = f"B={B} N={steps} V={V} r={r}"
     rows = []
     for cfg in configs:
         for mb in residents:
@@ -70,26 +74,30 @@ def run_case(B, V, r, configs, residents, info, flush, pool) -> list[dict]:
             stream = torch.cuda.Stream()
             window = l2.set_window(stream, w2, want)
             out = {}
+            fits = dict(kmk._FIT_CACHE)
             fn = lambda: out.__setitem__("r", kmk.markov_sample_triton(*args, **cfg))   # noqa: E731
             try:
                 warm, cold, windows = graph_times(fn, stream, pool, flush)
                 tokens, z = out["r"]
                 row = dict(ok=bool(torch.equal(tokens, rt)), z_max_err=err(z, rz), graph_us=warm * 1e6,
                            graph_cold_us=cold * 1e6, bw_frac=nbytes / cold / PEAK,
-                           kernel_nodes_with_window=sum(w > 0 for w in windows), kernel_nodes=len(windows))
+                           kernel_nodes_with_window=sum(w > 0 for w in windows), kernel_nodes=len(windows),
+                           fit_per_sm=[v for k, v in kmk._FIT_CACHE.items() if k not in fits])
             except Exception as e:                              # record it, go on
                 row = dict(ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
             l2.clear_window(stream)
-            rows.append(dict(shape=f"B={B} N={N} V={V} r={r}", config=cfg, resident_mb=window.resident_bytes / MB,
+            rows.append(dict(shape=shape, config=cfg, resident_mb=window.resident_bytes / MB,
                              hit_ratio=window.hit_ratio, bytes=nbytes, **row))
             print(json.dumps(rows[-1]), flush=True)
-    # reference: cuBLAS GEMV over the same W2, N times, no window
+    # references, no window: cuBLAS GEMV over the same W2 and a plain read of it (torch.sum), N times
     h = torch.randn(r, device="cuda", dtype=w2.dtype)
-    warm, cold, _ = graph_times(lambda: [torch.mv(w2, h) for _ in range(N)], torch.cuda.Stream(), pool, flush)
-    w2_bytes = N * w2.numel() * w2.element_size()
-    rows.append(dict(shape=f"B={B} N={N} V={V} r={r}", config="torch.mv x N (reference)", resident_mb=0,
-                     bytes=w2_bytes, graph_us=warm * 1e6, graph_cold_us=cold * 1e6, bw_frac=w2_bytes / cold / PEAK))
-    print(json.dumps(rows[-1]), flush=True)
+    w2_bytes = steps * w2.numel() * w2.element_size()
+    for name, ref in (("torch.mv x N (reference)", lambda: [torch.mv(w2, h) for _ in range(steps)]),
+                      ("torch.sum(W2) x N (read only)", lambda: [w2.sum(dtype=torch.float32) for _ in range(steps)])):
+        warm, cold, _ = graph_times(ref, torch.cuda.Stream(), pool, flush)
+        rows.append(dict(shape=shape, config=name, resident_mb=0, bytes=w2_bytes, graph_us=warm * 1e6,
+                         graph_cold_us=cold * 1e6, bw_frac=w2_bytes / cold / PEAK))
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
@@ -106,8 +114,8 @@ def main():
     gpu, sha = torch.cuda.get_device_name(), provenance.git_sha()
     path = Path(a.out) / f"markov-l2-{gpu.replace(' ', '_')}-{sha}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    for B, V, r, configs, residents in CASES:                  # written after each shape
-        rows += run_case(B, V, r, configs, residents, info, flush, pool)
+    for B, V, r, configs, residents, steps in CASES:           # written after each shape
+        rows += run_case(B, V, r, configs, residents, steps, info, flush, pool)
         doc = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__, l2=info,
                    peak_bytes_per_s=PEAK, command=" ".join([sys.executable] + sys.argv),
                    seconds=round(time.perf_counter() - t0, 1), rows=rows)

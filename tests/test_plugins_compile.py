@@ -102,6 +102,8 @@ def _launches_markov(monkeypatch):
     for a, kw in ((args, dict(one_launch=False)), (args, dict(one_launch=True)),
                   (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=64)),
                   (args, dict(one_launch=True, gemv=True, snake=True, block_v=64)),
+                  (args, dict(one_launch=True, gemv=True, snake=True, block_v=16, num_warps=4, pipeline=True,
+                              poll_load=True, register_tiles=2)),
                   (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, l2_keep=0.5)),
                   (big, dict(one_launch=False, snake=True))):
         out += record(monkeypatch, kmk, kmk.markov_sample_triton, *a, **kw)
@@ -144,7 +146,8 @@ def _launches_sparse_mla(monkeypatch):
                                                     W=256)
     out = []
     for kw in ({}, {"num_splits": 4}, {"block_h": 16, "block_dv": 512, "num_splits": 1},
-               {"block_h": 32, "block_dv": 512, "block_n": 16, "num_splits": 1}):
+               {"block_h": 32, "block_dv": 512, "block_n": 16, "num_splits": 1},
+               {"prefetch": True, "num_splits": 1}, {"prefetch": True, "num_stages": 3}):
         out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **kw)
     return out
 

@@ -49,9 +49,12 @@ ONE_GEMV = dict(one_launch=True, gemv=True, block_v=16, num_warps=4)
                                          (5, dict(rows_only=True)), (1, {}),
                                          (1, dict(ONE_GEMV, resident_per_sm=64)),
                                          (1, dict(ONE_GEMV, resident_per_sm=6, pipeline=True)),
-                                         (4, dict(ONE_GEMV, resident_per_sm=64))],
+                                         (1, dict(ONE_GEMV, resident_per_sm=6, pipeline=True, poll_load=True,
+                                                  register_tiles=2)),
+                                         (4, dict(ONE_GEMV, resident_per_sm=64)),
+                                         (4, dict(ONE_GEMV, resident_per_sm=4, poll_load=True, register_tiles=1))],
                          ids=["one_launch", "per_step", "rows", "b1_default", "b1_gemv_clamped", "b1_gemv_pipeline",
-                              "b4_gemv_clamped"])
+                              "b1_gemv_regs_poll", "b4_gemv_clamped", "b4_gemv_regs_poll"])
 def test_markov_real_vocab_tokens_exact(B, schedule):
     """*_clamped ask for 64 programs per SM: without the residency clamp the grid barrier would
     wait forever for programs that cannot be scheduled."""
@@ -122,6 +125,10 @@ def test_sparse_mla_v4_shapes_bf16(Tq):
     ref = sparse_mla_attention_ref(q, kv, idx, sink, D ** -0.5, D)
     got = torch.ops.dspark.sparse_mla_attention(q, kv, idx, sink, D ** -0.5, D)
     assert (got.float() - ref.float()).abs().max() < 2e-2
+    from dspark_trt.plugins.kernels.sparse_mla import sparse_mla_attention_triton
+    for cfg in ({"prefetch": True}, {"prefetch": True, "num_stages": 3}, {"prefetch": True, "block_n": 64}):
+        alt = sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D, **cfg)
+        assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
 
 
 def _rejection_args(B, N=7, V=151936, top_p=None):

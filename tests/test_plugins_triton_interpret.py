@@ -46,7 +46,8 @@ def test_block_attention_kernel(results, mask, variant, splits):
 
 
 @pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",
-                                      "one_gemv", "one_gemv_pipeline", "gemv_ticket_pipeline", "gemv_b1_pipeline",
+                                      "one_gemv", "one_gemv_pipeline", "one_gemv_poll", "one_gemv_regs",
+                                      "gemv_ticket_pipeline", "gemv_b1_pipeline", "gemv_b1_regs",
                                       "per_step_groups", "prologue_groups", "rows", "aot", "topk", "topk_wide"])
 def test_markov_sample_kernel(results, schedule):
     r = results[f"markov_sample_{schedule}"]
@@ -73,7 +74,8 @@ def test_noncausal_swa_indices_kernel(results):
 
 @pytest.mark.parametrize("case", ["sparse_mla_attention", "sparse_mla_attention_split",
                                   "sparse_mla_attention_dv_tiles", "sparse_mla_attention_dv_eq_d",
-                                  "sparse_mla_attention_padded", "sparse_mla_attention_padded_split"])
+                                  "sparse_mla_attention_padded", "sparse_mla_attention_padded_split",
+                                  "sparse_mla_attention_prefetch", "sparse_mla_attention_prefetch_split"])
 def test_sparse_mla_attention_kernel(results, case):
     assert results[case]["err"] < 1e-5
 

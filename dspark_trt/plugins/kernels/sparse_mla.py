@@ -29,10 +29,14 @@ from .common import launcher, num_sms, pow2
 
 @triton.jit
 def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, W, H,
-                    D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr):
+                    D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_SCAN: tl.constexpr, PREFETCH: tl.constexpr):
     """Online softmax of BLOCK_H heads of token t over index entries [lo, hi), values dims
     [dv0, dv0 + BLOCK_DV). Returns (m [BLOCK_H] >= sink, l [BLOCK_H], acc [BLOCK_H, BLOCK_DV]
-    unnormalised, sink)."""
+    unnormalised, sink). The end of the walk comes from a scan of BLOCK_SCAN entries per load (one
+    load for the whole list when BLOCK_SCAN >= hi - lo). PREFETCH: the indices of tile i+1 are
+    loaded in iteration i, so the gather address is loop-carried and Triton's pipeliner can issue
+    the gather num_stages - 1 tiles ahead."""
     d = tl.arange(0, D)
     q_off = (t.to(tl.int64) * H + h) * D
     qt = tl.load(q + q_off[:, None] + d[None, :], mask=hmask[:, None], other=0.0)      # [BLOCK_H, D]
@@ -40,14 +44,21 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, 
     m_i = sink                                                                         # running max
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    ibase = indices + t.to(tl.int64) * W
     last = t * 0 + lo                   # end of the last valid entry: trailing -1 tiles are not walked
-    for n0 in range(lo, hi, BLOCK_N):
-        j = n0 + tl.arange(0, BLOCK_N)
-        idx = tl.load(indices + t.to(tl.int64) * W + j, mask=j < hi, other=-1)
+    for n0 in range(lo, hi, BLOCK_SCAN):
+        j = n0 + tl.arange(0, BLOCK_SCAN)
+        idx = tl.load(ibase + j, mask=j < hi, other=-1)
         last = tl.maximum(last, tl.max(tl.where(idx >= 0, j + 1, lo), 0))
+    j = lo + tl.arange(0, BLOCK_N)
+    idx = tl.load(ibase + j, mask=j < hi, other=-1)
     for n0 in range(lo, last, BLOCK_N):
-        j = n0 + tl.arange(0, BLOCK_N)
-        idx = tl.load(indices + t.to(tl.int64) * W + j, mask=j < hi, other=-1)
+        if PREFETCH:
+            j_next = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
+            idx_next = tl.load(ibase + j_next, mask=j_next < hi, other=-1)
+        else:
+            j = n0 + tl.arange(0, BLOCK_N)
+            idx = tl.load(ibase + j, mask=j < hi, other=-1)
         valid = idx >= 0
         row = tl.maximum(idx, 0).to(tl.int64) * D
         g = tl.load(kv + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)    # [BLOCK_N, D]
@@ -64,20 +75,23 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, 
             gv = tl.load(kv + row[:, None] + dv[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_N, BLOCK_DV]
         acc = acc * alpha[:, None] + tl.dot(p.to(gv.dtype), gv, input_precision="ieee")
         m_i = m_new
+        if PREFETCH:
+            idx = idx_next
     return m_i, l_i, acc, sink
 
 
 @triton.jit
 def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
                                 D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
-                                BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
+                                BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_SCAN: tl.constexpr = 32,
+                                PREFETCH: tl.constexpr = False):
     """Grid (T, cdiv(H, BLOCK_H) * DV / BLOCK_DV): the whole index list, normalised output."""
     t = tl.program_id(0)
     h = (tl.program_id(1) // (DV // BLOCK_DV)) * BLOCK_H + tl.arange(0, BLOCK_H)
     dv0 = (tl.program_id(1) % (DV // BLOCK_DV)) * BLOCK_DV
     hmask = h < H
     m_i, l_i, acc, sink = _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, 0, W, W, H,
-                                          D, BLOCK_DV, BLOCK_H, BLOCK_N)
+                                          D, BLOCK_DV, BLOCK_H, BLOCK_N, BLOCK_SCAN, PREFETCH)
     o = acc / (l_i + tl.exp(sink - m_i))[:, None]
     dv = dv0 + tl.arange(0, BLOCK_DV)
     tl.store(out + (t.to(tl.int64) * H + h)[:, None] * DV + dv[None, :], o.to(out.dtype.element_ty),
@@ -87,7 +101,8 @@ def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
 @triton.jit
 def sparse_mla_split_kernel(q, kv, indices, attn_sink, part_ml, part_acc, scale, W, H, CHUNK,
                             D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
-                            BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr):
+                            BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_SCAN: tl.constexpr,
+                            PREFETCH: tl.constexpr):
     """Grid (T, cdiv(H, BLOCK_H) * DV / BLOCK_DV, S): entries [s * CHUNK, (s+1) * CHUNK); partials
     part_ml [T, H, S, 2] (m, l; every dv tile computes the same, the first stores them) and
     part_acc [T, H, S, DV]."""
@@ -98,7 +113,8 @@ def sparse_mla_split_kernel(q, kv, indices, attn_sink, part_ml, part_acc, scale,
     hmask = h < H
     lo = s * CHUNK
     m_i, l_i, acc, _ = _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo,
-                                       tl.minimum(lo + CHUNK, W), W, H, D, BLOCK_DV, BLOCK_H, BLOCK_N)
+                                       tl.minimum(lo + CHUNK, W), W, H, D, BLOCK_DV, BLOCK_H, BLOCK_N,
+                                       BLOCK_SCAN, PREFETCH)
     slot = (t.to(tl.int64) * H + h) * tl.num_programs(2) + s                        # [BLOCK_H]
     if dv0 == 0:
         tl.store(part_ml + slot * 2, m_i, mask=hmask)
@@ -132,7 +148,9 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
 # thread: 189 registers at 8 warps, no spills, ptxas sm_90); programs_per_sm: the index list is
 # split while the grid has fewer programs than this many per SM. (The pre-tuning defaults were
 # block_h 16, block_dv = dv, block_n 32, 8 warps, no split.)
-MLA_DEFAULTS = dict(block_h=64, block_dv=256, block_n=32, num_warps=8, num_stages=2, programs_per_sm=1)
+MLA_DEFAULTS = dict(block_h=64, block_dv=256, block_n=32, num_warps=8, num_stages=2, programs_per_sm=1,
+                    prefetch=False)
+MAX_SCAN = 512             # index entries per load of the end-of-list scan
 
 
 def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overrides) -> dict:
@@ -158,7 +176,8 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
                                 scale: float, dv: int, block_h: int | None = None,
                                 block_dv: int | None = None, block_n: int | None = None,
                                 num_splits: int | None = None, num_warps: int | None = None,
-                                num_stages: int | None = None, programs_per_sm: int | None = None) -> Tensor:
+                                num_stages: int | None = None, programs_per_sm: int | None = None,
+                                prefetch: bool | None = None) -> Tensor:
     """Same contract as ``sparse_mla_attention_ref``; unset launch parameters from ``mla_config``."""
     T, H, D = q.shape
     if D != pow2(D) or dv != pow2(dv) or dv > D:
@@ -169,10 +188,11 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
     W = indices.shape[1]
     cfg = mla_config(T, H, D, dv, W, q.device, block_h=block_h, block_dv=block_dv, block_n=block_n,
                      num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
-                     programs_per_sm=programs_per_sm)
+                     programs_per_sm=programs_per_sm, prefetch=prefetch)
     bh, bn, bdv = cfg["block_h"], cfg["block_n"], cfg["block_dv"]
     meta = dict(D=D, DV=dv, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, num_warps=cfg["num_warps"],
-                num_stages=cfg["num_stages"])
+                num_stages=cfg["num_stages"], BLOCK_SCAN=max(bn, min(pow2(cfg["chunk"]), MAX_SCAN)),
+                PREFETCH=bool(cfg["prefetch"]))
     tiles = triton.cdiv(H, bh) * (dv // bdv)
     tensors = (q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous())
     chunk, S = cfg["chunk"], cfg["num_splits"]
