@@ -35,19 +35,19 @@ N = 7
 MB = 1 << 20
 # {} = the batch-1 default (kernels/markov.py MARKOV_B1); a config naming one_launch or gemv is
 # taken whole (MARKOV_DEFAULTS + MARKOV_SMALL_B + it). One-launch grids are cut to what fits.
-B1_CONFIGS = [{}, {"one_launch": False, "reduce": "prologue", "snake": True},
-              {"pipeline": True}, {"poll_load": True}, {"pipeline": True, "poll_load": True},
-              *({"pipeline": True, "poll_load": True, "register_tiles": n} for n in (1, 2)),
-              {"pipeline": True, "poll_load": True, "register_tiles": 2, "resident_per_sm": 4},
-              {"pipeline": True, "poll_load": True, "resident_per_sm": 8},
-              {"pipeline": True, "poll_load": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 4},
-              {"pipeline": True, "poll_load": True, "block_v": 32, "num_warps": 8, "resident_per_sm": 3,
-               "register_tiles": 2}]
+B1_CONFIGS = [{}, {"pipeline": False}, {"one_launch": False, "reduce": "prologue", "snake": True},
+              *({"resident_per_sm": n} for n in (4, 5, 8)), {"num_warps": 2, "resident_per_sm": 12},
+              {"block_v": 32, "num_warps": 8, "resident_per_sm": 4}, {"block_v": 8, "resident_per_sm": 8}]
+ONE_LAUNCH_B4 = {"one_launch": True, "gemv": True, "block_v": 16, "num_warps": 4, "resident_per_sm": 6, "snake": True,
+                 "pipeline": True}
+B64_CONFIGS = [{}, {"one_launch": True}, {"block_v": 64}, {"programs_per_sm": 2}, {"num_stages": 4},
+               {"block_v": 256, "num_warps": 8}]
 CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside, steps)
     (1, 151936, 256, B1_CONFIGS, [0, None], N),
-    (1, 151936, 256, [{}, {"pipeline": True, "poll_load": True}], [0], 1),   # fixed cost of a call
-    (1, 129280, 512, [{}, {"pipeline": True, "poll_load": True}], [0, None], N),
-    (64, 151936, 256, [{}], [0, None], N),
+    (1, 151936, 256, [{}], [0], 1),                            # the fixed cost of a call
+    (1, 129280, 512, [{}, {"pipeline": False}], [0, None], N),
+    (4, 151936, 256, [{}, ONE_LAUNCH_B4], [0], N),
+    (64, 151936, 256, B64_CONFIGS, [0], N),
 ]
 
 

@@ -192,10 +192,6 @@ def run_all(device, dtype=torch.float32) -> dict:
                  "gemv_ticket": dict(one_launch=False, gemv=True, snake=True, block_v=32, l2_keep=0.4),
                  "one_gemv": dict(one_launch=True, gemv=True, snake=True, block_v=32),
                  "one_gemv_pipeline": dict(one_launch=True, gemv=True, snake=True, block_v=32, pipeline=True),
-                 "one_gemv_poll": dict(one_launch=True, gemv=True, snake=True, block_v=32, pipeline=True,
-                                       poll_load=True),
-                 "one_gemv_regs": dict(one_launch=True, gemv=True, snake=True, block_v=32, pipeline=True,
-                                       register_tiles=2),
                  "gemv_ticket_pipeline": dict(one_launch=False, gemv=True, block_v=32, pipeline=True, l2_keep=0.4)}
     for name, kw in schedules.items():
         tt, tz = kmk.markov_sample_triton(*args, **{**tiles, **kw})
@@ -218,9 +214,6 @@ def run_all(device, dtype=torch.float32) -> dict:
         tt, tz = kmk.markov_sample_triton(*args, one_launch=False, reduce="prologue", gemv=True, snake=True,
                                           num_programs=3, block_v=32, l2_keep=0.5, pipeline=pipe)
         out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
-    tt, tz = kmk.markov_sample_triton(*args, one_launch=True, gemv=True, snake=True, block_v=32, l2_keep=0.5,
-                                      pipeline=True, register_tiles=1)
-    out["markov_sample_gemv_b1_regs"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=70, N=2, V=200)       # two row groups of 64: one ticket each
     rt, rz = markov_sample_ref(*args)
     for name, kw in (("per_step_groups", {}), ("prologue_groups", dict(reduce="prologue", snake=True))):

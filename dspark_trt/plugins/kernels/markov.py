@@ -67,11 +67,10 @@ def _reduce_partials(part_val, part_idx, rows, rmask, C, BLOCK_B: tl.constexpr, 
 
 
 @triton.jit
-def _tile_at(i, c, C, n_tiles, rev, base):
-    """Vocabulary tile of program c's i-th iteration over the sweep of tiles [base, base + n_tiles)
-    (reversed order when ``rev``)."""
+def _tile_at(i, c, C, n_tiles, rev):
+    """Vocabulary tile of program c's i-th iteration (reversed order when ``rev``)."""
     t = c + i * C
-    return base + tl.where(rev, n_tiles - 1 - t, t)
+    return tl.where(rev, n_tiles - 1 - t, t)
 
 
 @triton.jit
@@ -103,10 +102,10 @@ def _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V: tl.constex
 
 
 @triton.jit
-def _first_tile(w2, U, rows, live, k, c, C, base, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
+def _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
-    """Program c's first W2 and U_k tiles of step k's sweep: neither depends on the previous token."""
-    tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev, base), base + n_tiles)   # past the end: masked
+    """Program c's first W2 and U_k tiles of step k: neither depends on the previous token."""
+    tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
     return (_w2_tile(w2, tile, V, R, c >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS),
             _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V))
 
@@ -138,7 +137,7 @@ def _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, 
     arg = tl.full([BLOCK_B], INT_MAX, tl.int32)
     rr0 = tl.arange(0, BLOCK_R)
     for i in range(0, tl.cdiv(n_tiles - c, C)):
-        tile = _tile_at(i, c, C, n_tiles, rev, 0)
+        tile = _tile_at(i, c, C, n_tiles, rev)
         cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
         cmask = cols < V
         u = _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V)
@@ -181,31 +180,51 @@ def _w1_rows(w1, prev, live, R, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _step_gemv(w_first, u_first, h, best, arg, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k, c, C,
-               base, n_tiles, rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr,
-               BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
-    """Step k over program c's tiles of the sweep [base, base + n_tiles) on CUDA cores (BLOCK_R
-    covers the rank), folded into (best, arg). ``w_first`` and ``u_first``, the program's first W2
-    and U_k tiles, were loaded before the previous token was known. Without PIPELINE, latency is
-    hidden by occupancy only (few registers per program); with it, the W2 and U tiles i+1 are
-    loaded before tile i is reduced (two tiles in flight per program)."""
-    tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev, base), base + n_tiles)
+def _score_lanes(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
+                 BLOCK_V: tl.constexpr):
+    """``_score_tile`` without the per-tile reduction: (best, arg) [BLOCK_B, BLOCK_V] keep the best
+    score of each lane (column position in a tile) over the tiles seen; no cross-warp traffic."""
+    cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+    cmask = cols < V
+    m2 = live[:, None] & cmask[None, :]
+    z = u + acc                                                                    # bias first, like the reference
+    tl.store(z_out + (rows.to(tl.int64) * N + k)[:, None] * V + cols[None, :],
+             tl.where(m2, z, 0.0), mask=rmask[:, None] & cmask[None, :])
+    score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
+    score = tl.where(cmask[None, :], score, float("-inf"))
+    take = (score > best) | ((score == best) & (cols[None, :] < arg))              # tiles come in any order
+    return tl.maximum(best, score), tl.where(take, cols[None, :], arg)
+
+
+@triton.jit
+def _step_gemv(w_first, u_first, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k, c, C, n_tiles,
+               rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
+    """Step k over program c's tiles on CUDA cores (BLOCK_R covers the rank): the best (score,
+    index) per row, reduced across lanes once at the end. ``w_first`` and ``u_first``, the
+    program's first W2 and U_k tiles, were loaded before the previous token (h = W1[prev]) was
+    known. Without PIPELINE, latency is hidden by occupancy only (few registers per program); with
+    it, the W2 and U tiles i+1 are loaded before tile i is reduced (two tiles in flight)."""
+    best = tl.full([BLOCK_B, BLOCK_V], float("-inf"), tl.float32)
+    arg = tl.full([BLOCK_B, BLOCK_V], INT_MAX, tl.int32)
+    tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
     w = w_first
     u = u_first
     for i in range(1, tl.cdiv(n_tiles - c, C)):
-        nxt = _tile_at(i, c, C, n_tiles, rev, base)
+        nxt = _tile_at(i, c, C, n_tiles, rev)
         if PIPELINE:                                         # next tiles in flight while this one is reduced
             w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
             u_next = _u_tile(U, rows, live, k, nxt, V, stride_ub, stride_uk, BLOCK_V)
-        best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
-                                inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
+        best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
+                                 inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
         if not PIPELINE:
             w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)  # by sweep position
             u_next = _u_tile(U, rows, live, k, nxt, V, stride_ub, stride_uk, BLOCK_V)
         w, u, tile = w_next, u_next, nxt
-    best, arg = _score_tile(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
-                            inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
-    return best, arg
+    best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
+                             inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
+    top = tl.max(best, 1)
+    return top, tl.min(tl.where(best == top[:, None], arg, INT_MAX), 1)
 
 
 @triton.jit
@@ -221,14 +240,8 @@ def _row_params(anchor, temperature, seed, start, rows, rmask):
 
 
 @triton.jit
-def _grid_wait(counter, target, POLL_LOAD: tl.constexpr):
-    """Spin until ``target`` programs have arrived at the grid barrier. POLL_LOAD: poll with plain
-    volatile loads (no read-modify-write traffic on the counter's L2 line while hundreds of programs
-    wait), then one acquiring atomic orders the reads that follow."""
-    if POLL_LOAD:
-        seen = tl.load(counter, volatile=True)
-        while seen < target:
-            seen = tl.load(counter, volatile=True)
+def _grid_wait(counter, target):
+    """Spin until ``target`` programs have arrived at the grid barrier."""
     seen = tl.atomic_add(counter, 0, sem="acquire")
     while seen < target:
         seen = tl.atomic_add(counter, 0, sem="acquire")
@@ -242,57 +255,34 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
                          GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr,
-                         PIPELINE: tl.constexpr, POLL_LOAD: tl.constexpr, REG_TILES: tl.constexpr):
+                         PIPELINE: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
-    step k-1's partials (after the grid barrier when GRID_SYNC). REG_TILES (gemv, one launch):
-    program c keeps W2 tiles c + j * C, j < REG_TILES, in registers for all N steps; the sweep
-    streams the rest."""
+    step k-1's partials (after the grid barrier when GRID_SYNC)."""
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
     anc, live, greedy, inv_t, sd, st = _row_params(anchor, temperature, seed, start, rows, rmask)
-    n_all = tl.cdiv(V, BLOCK_V)
-    n_reg = tl.minimum(REG_TILES * C, n_all)                # tiles [0, n_reg) never leave registers
-    n_tiles = n_all - n_reg                                   # the swept ones
-    reg0 = tl.where(c < n_reg, c, n_all)                      # past the end: masked
-    reg1 = tl.where(c + C < n_reg, c + C, n_all)
-    if REG_TILES >= 1:
-        wr0 = _w2_tile(w2, reg0, V, R, False, BLOCK_V, BLOCK_R, False)
-    if REG_TILES >= 2:
-        wr1 = _w2_tile(w2, reg1, V, R, False, BLOCK_V, BLOCK_R, False)
+    n_tiles = tl.cdiv(V, BLOCK_V)
     total = C * tl.num_programs(1)
     for k in range(K0, K1):
         rev = (k % 2) * SNAKE == 1
         if GEMV:                                             # in flight while waiting for prev
-            w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_reg, n_tiles, rev, KEEP_FROM, V, R, stride_ub,
+            w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub,
                                  stride_uk, BLOCK_V, BLOCK_R, L2_HINTS)
-            if REG_TILES >= 1:
-                ur0 = _u_tile(U, rows, live, k, reg0, V, stride_ub, stride_uk, BLOCK_V)
-            if REG_TILES >= 2:
-                ur1 = _u_tile(U, rows, live, k, reg1, V, stride_ub, stride_uk, BLOCK_V)
         if k == 0:
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
             if GRID_SYNC:
-                _grid_wait(counter, total * k, POLL_LOAD)
+                _grid_wait(counter, total * k)
             prev = _reduce_partials(part_val, part_idx, (k - 1) * B + rows, rmask, C, BLOCK_B, BLOCK_C)
             prev = prev.to(tl.int64)
             if c == 0:
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
         key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
         if GEMV:
-            h = _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R)
-            best = tl.full([BLOCK_B], float("-inf"), tl.float32)
-            arg = tl.full([BLOCK_B], INT_MAX, tl.int32)
-            if REG_TILES >= 1:
-                best, arg = _score_tile(_gemv_tile(wr0, h, BLOCK_B), ur0, z_out, rows, rmask, live, greedy,
-                                        inv_t, key, k, reg0, best, arg, N, V, BLOCK_V)
-            if REG_TILES >= 2:
-                best, arg = _score_tile(_gemv_tile(wr1, h, BLOCK_B), ur1, z_out, rows, rmask, live, greedy,
-                                        inv_t, key, k, reg1, best, arg, N, V, BLOCK_V)
-            best, arg = _step_gemv(w0, u0, h, best, arg, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k,
-                                   c, C, n_reg, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B,
-                                   BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
+            best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
+                                   rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
+                                   stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -305,7 +295,7 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
     if WRITE_LAST:
         if c == 0:
             if GRID_SYNC:
-                _grid_wait(counter, total * N, POLL_LOAD)
+                _grid_wait(counter, total * N)
             last = _reduce_partials(part_val, part_idx, (N - 1) * B + rows, rmask, C, BLOCK_B, BLOCK_C)
             tl.store(tokens_out + rows * N + (N - 1), tl.where(live, last, -1).to(tl.int64), mask=rmask)
 
@@ -344,7 +334,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     n_tiles = tl.cdiv(V, BLOCK_V)
     rev = (k % 2) * SNAKE == 1
     if GEMV:
-        w0, u0 = _first_tile(w2, U, rows, live, k, c, C, 0, n_tiles, rev, KEEP_FROM, V, R, stride_ub, stride_uk,
+        w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub, stride_uk,
                              BLOCK_V, BLOCK_R, L2_HINTS)
     if k == 0:
         prev = tl.maximum(anc, 0).to(tl.int64)
@@ -352,10 +342,8 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
         prev = tl.maximum(tl.load(tokens_out + rows * N + (k - 1), mask=rmask, other=0), 0)
     key = row_key(sd, st + k + 1, STREAM_DRAFT)
     if GEMV:
-        best = tl.full([BLOCK_B], float("-inf"), tl.float32)
-        arg = tl.full([BLOCK_B], INT_MAX, tl.int32)
-        best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), best, arg, U, w2, z_out,
-                               rows, rmask, live, greedy, inv_t, key, k, c, C, 0, n_tiles, rev, KEEP_FROM, N, V, R,
+        best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
+                               rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
                                stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
     else:
         best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
@@ -375,20 +363,19 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # of the one-launch schedule (clamped to what fits);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # pipeline (gemv): load the next W2 and U tiles before reducing the current one;
-# poll_load (one_launch): wait at the grid barrier with plain loads instead of atomics;
-# register_tiles (one_launch gemv, 0..2): W2 tiles per program held in registers for all N steps;
 # l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 60 MB).
 MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
                        reduce="ticket", gemv=False, pipeline=False, snake=False, l2_keep=0.0, num_warps=None,
-                       num_stages=3, poll_load=False, register_tiles=0)
+                       num_stages=3)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
 # The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1
-# V=151936 r=256 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-4426680.json, cold L2): 186 us vs
-# 199 us of MARKOV_SMALL_B's per-step launches and 193 us of 7 torch.mv. Batches 2..4 are not timed
-# with it (more registers per program: fewer resident programs), so they keep MARKOV_SMALL_B.
-MARKOV_B1: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True)
+# V=151936 r=256 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-ac3085e.json, cold L2): 169 us
+# with pipeline, 173 us without, 194 us of MARKOV_SMALL_B's per-step launches, 169 us of 7 torch.mv
+# and 185 us of 7 plain reads of W2 (torch.sum). Batches 2..4 keep MARKOV_SMALL_B.
+MARKOV_B1: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True,
+                       pipeline=True)
 GEMV_MAX_B = 4
 GEMV_TILE_ELEMS = 8192
 
@@ -404,14 +391,10 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
     b1 = MARKOV_B1 if B == 1 and not {"one_launch", "gemv"} & set(given) else {}
     cfg = {**MARKOV_DEFAULTS, **small, **b1, **given}
     one_launch = cfg["one_launch"]
-    if cfg["register_tiles"] not in (0, 1, 2):
-        raise ValueError(f"markov_sample: register_tiles must be 0, 1 or 2, got {cfg['register_tiles']!r}")
     if cfg["reduce"] not in ("ticket", "prologue"):
         raise ValueError(f"markov_sample: reduce must be 'ticket' or 'prologue', got {cfg['reduce']!r}")
     gemv = bool(cfg["gemv"]) and B <= GEMV_MAX_B
     cfg["gemv"] = gemv
-    if not (gemv and one_launch):                # registers outlive a step only in the one-launch grid
-        cfg["register_tiles"] = 0
     if gemv:
         cfg["block_b"] = pow2(B)
         cfg["block_r"] = pow2(R, 16)
@@ -468,8 +451,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
-                         pipeline: bool | None = None, poll_load: bool | None = None,
-                         register_tiles: int | None = None) -> tuple[Tensor, Tensor]:
+                         pipeline: bool | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -493,8 +475,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
                         snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep,
-                        resident_per_sm=resident_per_sm, pipeline=pipeline, poll_load=poll_load,
-                        register_tiles=register_tiles)
+                        resident_per_sm=resident_per_sm, pipeline=pipeline)
     if not static:
         cfg["groups"] = triton.cdiv(B, cfg["block_b"])
     block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
@@ -528,20 +509,17 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
     counter = torch.zeros(1, dtype=torch.int32, device=dev) if one_launch else part_idx   # unused per step
     head = (U, *rowargs, z, tokens, part_val, part_idx, counter, B, N, V, Rk)   # then C and the step range
     kernel = launcher(markov_sample_kernel)
-    meta = dict(BLOCK_C=block_c, POLL_LOAD=bool(cfg["poll_load"]), **tiles, **flags)
+    meta = dict(BLOCK_C=block_c, **tiles, **flags)
     strides = (U.stride(0), U.stride(1), keep_from)
     if one_launch:
-        meta1 = dict(GRID_SYNC=True, WRITE_LAST=True, REG_TILES=cfg["register_tiles"], **meta)
+        meta1 = dict(GRID_SYNC=True, WRITE_LAST=True, **meta)
         if dev.type == "cuda":                  # never a grid that cannot all be resident
             C = _resident_c(head, C, groups, dev, N, strides, meta1)
-        if hints and cfg["register_tiles"]:     # kept positions counted along the shorter sweep
-            swept = n_tiles - min(cfg["register_tiles"] * C, n_tiles)
-            strides = (U.stride(0), U.stride(1), swept - int(cfg["l2_keep"] * swept))
         kernel[(C, groups)](*head, C, 0, N, *strides, **meta1)
         return tokens, z
     for k in range(N):                          # reduce="prologue"
-        kernel[(C, groups)](*head, C, k, k + 1, *strides, GRID_SYNC=False, WRITE_LAST=False, REG_TILES=0, **meta)
-    kernel[(1, groups)](*head, C, N, N, *strides, GRID_SYNC=False, WRITE_LAST=True, REG_TILES=0, **meta)
+        kernel[(C, groups)](*head, C, k, k + 1, *strides, GRID_SYNC=False, WRITE_LAST=False, **meta)
+    kernel[(1, groups)](*head, C, N, N, *strides, GRID_SYNC=False, WRITE_LAST=True, **meta)
     return tokens, z
 
 

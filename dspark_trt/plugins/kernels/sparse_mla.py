@@ -144,12 +144,15 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
 
 # Defaults (benchmarks/tune_plugins.py measures alternatives). block_h: heads per program (64: the
 # wgmma tile height; the gathered rows are read by H / 64 head tiles instead of H / 16);
-# block_dv: value dims per program (256 of 512 keeps the fp32 accumulator at 64 registers per
-# thread: 189 registers at 8 warps, no spills, ptxas sm_90); programs_per_sm: the index list is
-# split while the grid has fewer programs than this many per SM. (The pre-tuning defaults were
-# block_h 16, block_dv = dv, block_n 32, 8 warps, no split.)
-MLA_DEFAULTS = dict(block_h=64, block_dv=256, block_n=32, num_warps=8, num_stages=2, programs_per_sm=1,
-                    prefetch=False)
+# block_dv: value dims per program (256 of 512: the scores are computed twice, the fp32
+# accumulator stays in registers); programs_per_sm: the index list is split while the grid has
+# fewer programs than this many per SM; num_warps (None): 4 for whole lists (255 registers, an
+# 8-byte spill), 8 for split ones;
+# prefetch: indices one tile ahead. H200, B=64 (tune-plugins-NVIDIA_H200-ac3085e.json): prefetch
+# with 4 warps 229 us, the earlier default (8 warps, no prefetch) 307 us; B=1 (split): 15-16 us
+# either way.
+MLA_DEFAULTS = dict(block_h=64, block_dv=256, block_n=32, num_warps=None, num_stages=2, programs_per_sm=1,
+                    prefetch=True)
 MAX_SCAN = 512             # index entries per load of the end-of-list scan
 
 
@@ -169,6 +172,7 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
     bn = cfg["block_n"]
     cfg["chunk"] = max(bn, triton.cdiv(triton.cdiv(W, cfg["num_splits"]), bn) * bn)   # whole BLOCK_N steps
     cfg["num_splits"] = max(1, triton.cdiv(W, cfg["chunk"]))                        # splits actually used
+    cfg["num_warps"] = cfg["num_warps"] or (8 if cfg["num_splits"] > 1 else 4)
     return cfg
 
 
