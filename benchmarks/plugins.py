@@ -200,7 +200,7 @@ def bench_markov(rows, batches, shapes, N=7):
             rt, rz = markov_sample_ref(*args)
             ref_s = timeit(lambda: markov_sample_ref(*args), 1, 3)
             nbytes = markov_bytes(B, N, V, r)
-            scheds = {"one_launch": dict(one_launch=True), "per_step": dict(one_launch=False)}
+            scheds = {"default": {}, "one_launch": dict(one_launch=True), "per_step": dict(one_launch=False)}
             if B == 1:
                 scheds["rows (trt aot)"] = dict(rows_only=True)
             for name, kw in scheds.items():

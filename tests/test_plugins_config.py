@@ -79,6 +79,14 @@ def test_markov_batch1_schedule_applies_only_when_not_chosen():
         assert not cfg["one_launch"] and cfg["block_v"] != kmk.MARKOV_B1["block_v"]
 
 
+def test_markov_batch1_pipelines_small_tiles_only():
+    """Two 16 KB tiles in flight (r=512) cost a program per SM, measured slower: no pipeline
+    there unless asked for."""
+    assert kmk.markov_config(1, 151936, 256, DEV)["pipeline"] == kmk.MARKOV_B1["pipeline"]
+    assert not kmk.markov_config(1, 129280, 512, DEV)["pipeline"]
+    assert kmk.markov_config(1, 129280, 512, DEV, pipeline=True)["pipeline"]
+
+
 def test_one_launch_grid_fits_the_sms():
     from types import SimpleNamespace as NS
     from dspark_trt.plugins.kernels.common import max_resident_programs

@@ -124,7 +124,7 @@ def test_sparse_mla_v4_shapes_bf16(Tq):
     got = torch.ops.dspark.sparse_mla_attention(q, kv, idx, sink, D ** -0.5, D)
     assert (got.float() - ref.float()).abs().max() < 2e-2
     from dspark_trt.plugins.kernels.sparse_mla import sparse_mla_attention_triton
-    for cfg in ({"prefetch": True}, {"prefetch": True, "num_stages": 3}, {"prefetch": True, "block_n": 64}):
+    for cfg in ({"prefetch": True}, {"prefetch": True, "num_stages": 3}, {"prefetch": False, "num_warps": 8}):
         alt = sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D, **cfg)
         assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
 

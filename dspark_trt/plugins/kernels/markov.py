@@ -370,12 +370,16 @@ MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_s
                        num_stages=3)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
-# The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1
-# V=151936 r=256 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-ac3085e.json, cold L2): 169 us
-# with pipeline, 173 us without, 194 us of MARKOV_SMALL_B's per-step launches, 169 us of 7 torch.mv
-# and 185 us of 7 plain reads of W2 (torch.sum). Batches 2..4 keep MARKOV_SMALL_B.
+# The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7
+# (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-f4e9738.json, cold L2): V=151936 r=256 160 us
+# (72% of 4.8 TB/s) with pipeline, 164 us without; 196 us of MARKOV_SMALL_B's per-step launches,
+# 169 us of 7 torch.mv (cuBLAS GEMV) and 186 us of 7 plain reads of W2 (torch.sum). Pipelining
+# only pays while two tiles in flight still leave room for enough programs: V=129280 r=512 (16 KB
+# tiles) 237 us without, 254 us with (3 programs per SM instead of 4). Batches 2..4 keep
+# MARKOV_SMALL_B (B=4 in one launch: 741 vs 348 us).
 MARKOV_B1: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True,
                        pipeline=True)
+PIPELINE_MAX_TILE = 4096   # W2 elements per gemv tile up to which MARKOV_B1 pipelines (8 KB of bf16)
 GEMV_MAX_B = 4
 GEMV_TILE_ELEMS = 8192
 
@@ -400,6 +404,8 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
         cfg["block_r"] = pow2(R, 16)
         cfg["block_v"] = (given.get("block_v") or b1.get("block_v") or small.get("block_v")   # not the dot tile's
                           or max(16, GEMV_TILE_ELEMS // cfg["block_r"]))
+        if b1 and "pipeline" not in given and cfg["block_v"] * cfg["block_r"] > PIPELINE_MAX_TILE:
+            cfg["pipeline"] = False
     else:
         cfg["block_b"] = min(pow2(B, 16), 64)
         cfg["block_r"] = min(cfg["block_r"], pow2(R, 16))
