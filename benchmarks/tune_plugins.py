@@ -100,10 +100,10 @@ ATTN_B1 = [{"num_splits": 16}, {**_PF, "num_stages": 3, "num_splits": 16}, {**_P
 # runtime's default page size 64
 ATTN_SHAPES = [(64, 4096, 16), (64, 1024, 16), (1, 4096, 16), (64, 4096, 64)]
 MLA_CONFIGS = [
-    {}, {"prefetch": True}, {"prefetch": True, "num_stages": 3}, {"block_n": 64}, {"prefetch": True, "block_n": 64},
-    {"prefetch": True, "num_warps": 4}, {"prefetch": True, "block_h": 32, "block_dv": 512},
-    {"block_h": 16, "block_dv": 512, "block_n": 32, "num_warps": 8, "num_stages": 2, "num_splits": 1},
-    {"prefetch": True, "block_h": 16, "block_dv": 512, "num_splits": 1}, {"programs_per_sm": 2},
+    {}, {"prefetch": False, "num_warps": 8}, {"num_warps": 8}, {"num_stages": 3},
+    {"block_n": 64, "num_stages": 1}, {"block_n": 64, "num_stages": 1, "num_warps": 8},
+    {"block_h": 32, "block_dv": 512}, {"block_h": 16, "block_dv": 512, "num_splits": 1},
+    {"block_n": 16, "num_stages": 3}, {"programs_per_sm": 2},
 ]
 
 
