@@ -100,10 +100,9 @@ ATTN_B1 = [{"num_splits": 16}, {**_PF, "num_stages": 3, "num_splits": 16}, {**_P
 # runtime's default page size 64
 ATTN_SHAPES = [(64, 4096, 16), (64, 1024, 16), (1, 4096, 16), (64, 4096, 64)]
 MLA_CONFIGS = [
-    {}, {"prefetch": False, "num_warps": 8}, {"num_warps": 8}, {"num_stages": 3},
-    {"block_n": 64, "num_stages": 1}, {"block_n": 64, "num_stages": 1, "num_warps": 8},
-    {"block_h": 32, "block_dv": 512}, {"block_h": 16, "block_dv": 512, "num_splits": 1},
-    {"block_n": 16, "num_stages": 3}, {"programs_per_sm": 2},
+    {}, {"num_stages": 3}, {"block_n": 16}, {"block_n": 16, "num_stages": 3}, {"block_h": 16},
+    {"block_h": 16, "num_splits": 1}, {"num_warps": 8}, {"block_h": 64, "block_dv": 256},
+    {"prefetch": False}, {"programs_per_sm": 2},
 ]
 
 

@@ -5,12 +5,14 @@ the token's index list). It walks its part of the list BLOCK_N entries at a time
 ``kv[idx]`` [BLOCK_N, D] once for all heads of the tile, ``s = q · kv`` (fp32 accumulation),
 online softmax whose running max starts at the head's sink (so the sink enters the denominator as
 ``e^{sink - m}``), ``o += p · kv[:, dv0:dv0 + BLOCK_DV]`` (the gathered tile itself when
-BLOCK_DV = D). Entries with ``idx < 0`` are skipped, and the walk ends at the last valid entry (a
-cheap pass over the index list first), so the -1 padding of the 128-multiple width (120 of 256
-entries for a 128 window + 8-token block) costs no tensor-core work. BLOCK_H = 64 makes both products 64-row
-tensor-core (wgmma) tiles; splitting dv in two keeps the fp32 accumulator [64, BLOCK_DV] in
-registers (the scores are computed once per dv tile). Neighbouring tokens share most of their index
-lists (window + block), so the gathered rows mostly come from L2.
+BLOCK_DV = D). Entries with ``idx < 0`` are skipped, and the walk ends at the last valid entry (one
+load scans the index list first), so the -1 padding of the 128-multiple width (120 of 256 entries
+for a 128 window + 8-token block) costs no tensor-core work. With PREFETCH the indices of the next
+tile are loaded one iteration ahead, so the gather's address does not wait on a load of the same
+iteration and Triton's pipeliner overlaps it with the previous tile's products. Launch defaults
+(``MLA_DEFAULTS``): 32 heads x all 512 value dims per program, whose scores are computed once.
+Neighbouring tokens share most of their index lists (window + block), so the gathered rows mostly
+come from L2.
 
 * ``NUM_SPLITS == 1``: the program normalises and writes o (``sparse_mla_attention_kernel``, also
   the TensorRT AOT entry).
@@ -142,16 +144,14 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
     tl.store(out + row * DV + dv, o.to(out.dtype.element_ty))
 
 
-# Defaults (benchmarks/tune_plugins.py measures alternatives). block_h: heads per program (64: the
-# wgmma tile height; the gathered rows are read by H / 64 head tiles instead of H / 16);
-# block_dv: value dims per program (256 of 512: the scores are computed twice, the fp32
-# accumulator stays in registers); programs_per_sm: the index list is split while the grid has
-# fewer programs than this many per SM; num_warps (None): 4 for whole lists (255 registers, an
-# 8-byte spill), 8 for split ones;
-# prefetch: indices one tile ahead. H200, B=64 (tune-plugins-NVIDIA_H200-ac3085e.json): prefetch
-# with 4 warps 229 us, the earlier default (8 warps, no prefetch) 307 us; B=1 (split): 15-16 us
-# either way.
-MLA_DEFAULTS = dict(block_h=64, block_dv=256, block_n=32, num_warps=None, num_stages=2, programs_per_sm=1,
+# Defaults (benchmarks/tune_plugins.py measures alternatives). block_h: heads per program;
+# block_dv: value dims per program (all 512: the scores are computed once); programs_per_sm: the
+# index list is split while the grid has fewer programs than this many per SM; num_warps (None):
+# 4 for whole lists, 8 for split ones; prefetch: indices one tile ahead. H200, batch 64
+# (tune-plugins-NVIDIA_H200-26d611d.json): 32 heads x 512 dims, 4 warps (255 registers, a 28-byte
+# spill; 66 KB of shared memory, two programs per SM) 167 us; 64 heads x 256 dims 231 us with 4
+# warps and prefetch, 311 us with 8 warps without (the earlier default); batch 1 (split) 15 us.
+MLA_DEFAULTS = dict(block_h=32, block_dv=512, block_n=32, num_warps=None, num_stages=2, programs_per_sm=1,
                     prefetch=True)
 MAX_SCAN = 512             # index entries per load of the end-of-list scan
 
