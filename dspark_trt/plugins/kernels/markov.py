@@ -111,9 +111,10 @@ def _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, strid
 
 
 @triton.jit
-def _score_tile(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
-                BLOCK_V: tl.constexpr):
-    """z = U_k tile ``u`` + acc: store it, score it, fold the tile's argmax into (best, arg)."""
+def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
+                       BLOCK_V: tl.constexpr):
+    """z = U_k tile ``u`` + acc: store it; return (cols, score) of the tile ([BLOCK_V] and
+    [BLOCK_B, BLOCK_V]; -inf past V)."""
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     cmask = cols < V
     m2 = live[:, None] & cmask[None, :]
@@ -121,7 +122,14 @@ def _score_tile(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, b
     tl.store(z_out + (rows.to(tl.int64) * N + k)[:, None] * V + cols[None, :],
              tl.where(m2, z, 0.0), mask=rmask[:, None] & cmask[None, :])
     score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
-    score = tl.where(cmask[None, :], score, float("-inf"))
+    return cols, tl.where(cmask[None, :], score, float("-inf"))
+
+
+@triton.jit
+def _score_tile(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
+                BLOCK_V: tl.constexpr):
+    """Store and score a tile, fold its argmax into (best, arg) [BLOCK_B]."""
+    _, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V, BLOCK_V)
     tmax = tl.max(score, 1)
     targ = tile * BLOCK_V + tl.argmax(score, 1, tie_break_left=True)
     take = (tmax > best) | ((tmax == best) & (targ < arg))                         # tiles come in any order
@@ -184,14 +192,8 @@ def _score_lanes(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, 
                  BLOCK_V: tl.constexpr):
     """``_score_tile`` without the per-tile reduction: (best, arg) [BLOCK_B, BLOCK_V] keep the best
     score of each lane (column position in a tile) over the tiles seen; no cross-warp traffic."""
-    cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-    cmask = cols < V
-    m2 = live[:, None] & cmask[None, :]
-    z = u + acc                                                                    # bias first, like the reference
-    tl.store(z_out + (rows.to(tl.int64) * N + k)[:, None] * V + cols[None, :],
-             tl.where(m2, z, 0.0), mask=rmask[:, None] & cmask[None, :])
-    score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
-    score = tl.where(cmask[None, :], score, float("-inf"))
+    cols, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
+                                     BLOCK_V)
     take = (score > best) | ((score == best) & (cols[None, :] < arg))              # tiles come in any order
     return tl.maximum(best, score), tl.where(take, cols[None, :], arg)
 
