@@ -192,9 +192,6 @@ def run_all(device, dtype=torch.float32) -> dict:
                  "gemv_ticket": dict(one_launch=False, gemv=True, snake=True, block_v=32, l2_keep=0.4),
                  "one_gemv": dict(one_launch=True, gemv=True, snake=True, block_v=32),
                  "one_gemv_pipeline": dict(one_launch=True, gemv=True, snake=True, block_v=32, pipeline=True),
-                 "one_gemv_pipeline2": dict(one_launch=True, gemv=True, snake=True, block_v=32, pipeline=2),
-                 "gemv_ticket_pipeline2": dict(one_launch=False, gemv=True, snake=True, block_v=32, pipeline=2,
-                                               l2_keep=0.4),
                  "gemv_ticket_pipeline": dict(one_launch=False, gemv=True, block_v=32, pipeline=True, l2_keep=0.4)}
     for name, kw in schedules.items():
         tt, tz = kmk.markov_sample_triton(*args, **{**tiles, **kw})
@@ -213,7 +210,7 @@ def run_all(device, dtype=torch.float32) -> dict:
     out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=1, N=4)                 # gemv with one row: the 1-D body
     rt, rz = markov_sample_ref(*args)
-    for name, pipe in (("gemv_b1", False), ("gemv_b1_pipeline", True), ("gemv_b1_pipeline2", 2)):
+    for name, pipe in (("gemv_b1", False), ("gemv_b1_pipeline", True)):
         tt, tz = kmk.markov_sample_triton(*args, one_launch=False, reduce="prologue", gemv=True, snake=True,
                                           num_programs=3, block_v=32, l2_keep=0.5, pipeline=pipe)
         out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}

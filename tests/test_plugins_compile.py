@@ -103,7 +103,6 @@ def _launches_markov(monkeypatch):
                   (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=64)),
                   (args, dict(one_launch=True, gemv=True, snake=True, block_v=64)),
                   (args, dict(one_launch=True, gemv=True, snake=True, block_v=16, num_warps=4, pipeline=True)),
-                  (args, dict(one_launch=True, gemv=True, snake=True, block_v=16, num_warps=4, pipeline=2)),
                   (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, l2_keep=0.5)),
                   (big, dict(one_launch=False, snake=True))):
         out += record(monkeypatch, kmk, kmk.markov_sample_triton, *a, **kw)

@@ -85,8 +85,6 @@ def test_markov_batch1_pipelines_small_tiles_only():
     assert kmk.markov_config(1, 151936, 256, DEV)["pipeline"] == kmk.MARKOV_B1["pipeline"]
     assert not kmk.markov_config(1, 129280, 512, DEV)["pipeline"]
     assert kmk.markov_config(1, 129280, 512, DEV, pipeline=True)["pipeline"]
-    with pytest.raises(ValueError, match="pipeline must be 0, 1 or 2"):
-        kmk.markov_config(1, 151936, 256, DEV, pipeline=3)
 
 
 def test_one_launch_grid_fits_the_sms():

@@ -49,11 +49,10 @@ ONE_GEMV = dict(one_launch=True, gemv=True, block_v=16, num_warps=4)
                                          (5, dict(rows_only=True)), (1, {}),
                                          (1, dict(ONE_GEMV, resident_per_sm=64)),
                                          (1, dict(ONE_GEMV, resident_per_sm=6, pipeline=True)),
-                                         (1, dict(ONE_GEMV, resident_per_sm=6, pipeline=2)),
                                          (4, dict(ONE_GEMV, resident_per_sm=64)),
                                          (4, dict(one_launch=False, gemv=True, reduce="prologue", pipeline=True))],
                          ids=["one_launch", "per_step", "rows", "b1_default", "b1_gemv_clamped", "b1_gemv_pipeline",
-                              "b1_gemv_pipeline2", "b4_gemv_clamped", "b4_gemv_prologue_pipeline"])
+                              "b4_gemv_clamped", "b4_gemv_prologue_pipeline"])
 def test_markov_real_vocab_tokens_exact(B, schedule):
     """*_clamped ask for 64 programs per SM: without the residency clamp the grid barrier would
     wait forever for programs that cannot be scheduled."""

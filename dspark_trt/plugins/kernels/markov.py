@@ -9,10 +9,9 @@ like ``torch.argmax``). Two tile bodies:
 
 * ``gemv=False``: ``tl.dot`` over BLOCK_R slices of the rank (tensor cores; rows padded to 16).
 * ``gemv=True`` (batch <= GEMV_MAX_B): whole-rank tiles, ``sum(W2_tile * h)`` on CUDA cores, few registers
-  (many resident programs keep the loads in flight; ``pipeline=1`` also loads the W2 and U tiles
-  i+1 before reducing tile i, ``pipeline=2`` tiles i+2); the first tile of a step (the first two
-  with ``pipeline=2``) is loaded before the program waits for the previous token, hiding that
-  dependency. Each lane keeps its own running argmax; lanes are reduced once per step.
+  (many resident programs keep the loads in flight; ``pipeline=True`` also loads tile i+1 before
+  reducing tile i); the first tile of a step is loaded before the program waits for the previous
+  token, hiding that dependency.
 
 ``snake=True`` walks the tiles in reverse on odd steps, so a step starts on the tiles the previous
 step touched last (still in L2: W2 is larger than L2, a same-order sweep always misses);
@@ -103,13 +102,11 @@ def _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V: tl.constex
 
 
 @triton.jit
-def _sweep_tile(w2, U, rows, live, k, c, C, n_tiles, rev, j, keep_from, V, R, stride_ub, stride_uk,
+def _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
-    """Program c's j-th tile of step k: (tile, W2 tile, U_k tile); neither load depends on the
-    previous token. Past the end of the sweep: tile n_tiles, whose loads are masked."""
-    pos = c + j * C
-    tile = tl.where(pos < n_tiles, _tile_at(j, c, C, n_tiles, rev), n_tiles)
-    return (tile, _w2_tile(w2, tile, V, R, pos >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS),
+    """Program c's first W2 and U_k tiles of step k: neither depends on the previous token."""
+    tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
+    return (_w2_tile(w2, tile, V, R, c >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS),
             _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V))
 
 
@@ -126,20 +123,6 @@ def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, 
              tl.where(m2, z, 0.0), mask=rmask[:, None] & cmask[None, :])
     score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
     return cols, tl.where(cmask[None, :], score, float("-inf"))
-
-
-@triton.jit
-def _step_head(w2, U, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
-               BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
-    """The W2 and U_k tiles program c loads before it knows the previous token: its first, and
-    with PIPELINE == 2 its second (else the first again)."""
-    _, w0, u0 = _sweep_tile(w2, U, rows, live, k, c, C, n_tiles, rev, 0, keep_from, V, R, stride_ub, stride_uk,
-                            BLOCK_V, BLOCK_R, L2_HINTS)
-    w_2nd, u_2nd = w0, u0
-    if PIPELINE == 2:
-        _, w_2nd, u_2nd = _sweep_tile(w2, U, rows, live, k, c, C, n_tiles, rev, 1, keep_from, V, R, stride_ub,
-                                      stride_uk, BLOCK_V, BLOCK_R, L2_HINTS)
-    return w0, u0, w_2nd, u_2nd
 
 
 @triton.jit
@@ -216,40 +199,30 @@ def _score_lanes(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, 
 
 
 @triton.jit
-def _step_gemv(w_first, u_first, w_second, u_second, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key,
-               k, c, C, n_tiles, rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr,
-               BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
+def _step_gemv(w_first, u_first, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k, c, C, n_tiles,
+               rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
     """Step k over program c's tiles on CUDA cores (BLOCK_R covers the rank): the best (score,
-    index) per row, reduced across lanes once at the end. The program's first W2 and U_k tiles
-    (and with PIPELINE == 2 its second) were loaded before the previous token (h = W1[prev]) was
-    known. PIPELINE 0: latency hidden by occupancy only (few registers per program); 1: tiles
-    i+1 are loaded before tile i is reduced; 2: tiles i+2."""
+    index) per row, reduced across lanes once at the end. ``w_first`` and ``u_first``, the
+    program's first W2 and U_k tiles, were loaded before the previous token (h = W1[prev]) was
+    known. Without PIPELINE, latency is hidden by occupancy only (few registers per program); with
+    it, the W2 and U tiles i+1 are loaded before tile i is reduced (two tiles in flight)."""
     best = tl.full([BLOCK_B, BLOCK_V], float("-inf"), tl.float32)
     arg = tl.full([BLOCK_B, BLOCK_V], INT_MAX, tl.int32)
     tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
     w = w_first
     u = u_first
-    if PIPELINE == 2:
-        w_n, u_n = w_second, u_second
-        for i in range(1, tl.cdiv(n_tiles - c, C)):
-            _, w_n2, u_n2 = _sweep_tile(w2, U, rows, live, k, c, C, n_tiles, rev, i + 1, keep_from, V, R,
-                                        stride_ub, stride_uk, BLOCK_V, BLOCK_R, L2_HINTS)
-            best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
-                                     inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
-            w, u, tile = w_n, u_n, _tile_at(i, c, C, n_tiles, rev)
-            w_n, u_n = w_n2, u_n2
-    else:
-        for i in range(1, tl.cdiv(n_tiles - c, C)):
-            nxt = _tile_at(i, c, C, n_tiles, rev)
-            if PIPELINE == 1:                                # next tiles in flight while this one is reduced
-                w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
-                u_next = _u_tile(U, rows, live, k, nxt, V, stride_ub, stride_uk, BLOCK_V)
-            best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
-                                     inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
-            if PIPELINE == 0:                                # keep flag by sweep position
-                w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
-                u_next = _u_tile(U, rows, live, k, nxt, V, stride_ub, stride_uk, BLOCK_V)
-            w, u, tile = w_next, u_next, nxt
+    for i in range(1, tl.cdiv(n_tiles - c, C)):
+        nxt = _tile_at(i, c, C, n_tiles, rev)
+        if PIPELINE:                                         # next tiles in flight while this one is reduced
+            w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
+            u_next = _u_tile(U, rows, live, k, nxt, V, stride_ub, stride_uk, BLOCK_V)
+        best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
+                                 inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
+        if not PIPELINE:
+            w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)  # by sweep position
+            u_next = _u_tile(U, rows, live, k, nxt, V, stride_ub, stride_uk, BLOCK_V)
+        w, u, tile = w_next, u_next, nxt
     best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
                              inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
     top = tl.max(best, 1)
@@ -296,8 +269,8 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
     for k in range(K0, K1):
         rev = (k % 2) * SNAKE == 1
         if GEMV:                                             # in flight while waiting for prev
-            w0, u0, w_2nd, u_2nd = _step_head(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R,
-                                              stride_ub, stride_uk, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
+            w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub,
+                                 stride_uk, BLOCK_V, BLOCK_R, L2_HINTS)
         if k == 0:
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
@@ -309,10 +282,9 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
         key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
         if GEMV:
-            h = _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R)
-            best, arg = _step_gemv(w0, u0, w_2nd, u_2nd, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key,
-                                   k, c, C, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V,
-                                   BLOCK_R, L2_HINTS, PIPELINE)
+            best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
+                                   rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
+                                   stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -364,18 +336,17 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     n_tiles = tl.cdiv(V, BLOCK_V)
     rev = (k % 2) * SNAKE == 1
     if GEMV:
-        w0, u0, w_2nd, u_2nd = _step_head(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R,
-                                          stride_ub, stride_uk, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
+        w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub, stride_uk,
+                             BLOCK_V, BLOCK_R, L2_HINTS)
     if k == 0:
         prev = tl.maximum(anc, 0).to(tl.int64)
     else:                                                    # written by the previous launch
         prev = tl.maximum(tl.load(tokens_out + rows * N + (k - 1), mask=rmask, other=0), 0)
     key = row_key(sd, st + k + 1, STREAM_DRAFT)
     if GEMV:
-        h = _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R)
-        best, arg = _step_gemv(w0, u0, w_2nd, u_2nd, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k,
-                               c, C, n_tiles, rev, KEEP_FROM, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R,
-                               L2_HINTS, PIPELINE)
+        best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
+                               rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
+                               stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
     else:
         best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                               C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -393,8 +364,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # programs_per_sm: target programs per SM of the per-step schedules; resident_per_sm: programs per SM
 # of the one-launch schedule (clamped to what fits);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
-# pipeline (gemv): load the next W2 and U tiles before reducing the current one (2: the ones
-# after the next, and the first two of a step before waiting for its previous token);
+# pipeline (gemv): load the next W2 and U tiles before reducing the current one;
 # l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 60 MB).
 MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
@@ -427,8 +397,6 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
     b1 = MARKOV_B1 if B == 1 and not {"one_launch", "gemv"} & set(given) else {}
     cfg = {**MARKOV_DEFAULTS, **small, **b1, **given}
     one_launch = cfg["one_launch"]
-    if int(cfg["pipeline"]) not in (0, 1, 2):
-        raise ValueError(f"markov_sample: pipeline must be 0, 1 or 2 (tiles loaded ahead), got {cfg['pipeline']!r}")
     if cfg["reduce"] not in ("ticket", "prologue"):
         raise ValueError(f"markov_sample: reduce must be 'ticket' or 'prologue', got {cfg['reduce']!r}")
     gemv = bool(cfg["gemv"]) and B <= GEMV_MAX_B
@@ -491,7 +459,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
-                         pipeline: bool | int | None = None) -> tuple[Tensor, Tensor]:
+                         pipeline: bool | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -529,7 +497,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         return tokens, z
     hints = cfg["gemv"] and cfg["l2_keep"] > 0
     flags = dict(GEMV=cfg["gemv"], SNAKE=int(bool(cfg["snake"])), L2_HINTS=hints,
-                 PIPELINE=int(cfg["pipeline"]) if cfg["gemv"] else 0)
+                 PIPELINE=bool(cfg["gemv"] and cfg["pipeline"]))
     n_tiles = triton.cdiv(V, cfg["block_v"])
     keep_from = n_tiles - int(cfg["l2_keep"] * n_tiles) if hints else n_tiles   # sweep positions kept in L2
     block_c = max(16, min(pow2(C), 4096 // block_b))             # partials reduced per iteration
