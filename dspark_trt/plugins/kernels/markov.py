@@ -102,12 +102,20 @@ def _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V: tl.constex
 
 
 @triton.jit
+def _tile_pair(w2, U, rows, live, k, tile, keep, V, R, stride_ub, stride_uk, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
+    """The W2 and U_k tiles of one vocabulary tile; neither depends on the previous token."""
+    return (_w2_tile(w2, tile, V, R, keep, BLOCK_V, BLOCK_R, L2_HINTS),
+            _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V))
+
+
+@triton.jit
 def _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
                 BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
-    """Program c's first W2 and U_k tiles of step k: neither depends on the previous token."""
+    """Program c's first W2 and U_k tiles of step k."""
     tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
-    return (_w2_tile(w2, tile, V, R, c >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS),
-            _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V))
+    return _tile_pair(w2, U, rows, live, k, tile, c >= keep_from, V, R, stride_ub, stride_uk, BLOCK_V, BLOCK_R,
+                      L2_HINTS)
 
 
 @triton.jit
@@ -214,14 +222,15 @@ def _step_gemv(w_first, u_first, h, U, w2, z_out, rows, rmask, live, greedy, inv
     u = u_first
     for i in range(1, tl.cdiv(n_tiles - c, C)):
         nxt = _tile_at(i, c, C, n_tiles, rev)
+        keep = c + i * C >= keep_from                        # by sweep position
         if PIPELINE:                                         # next tiles in flight while this one is reduced
-            w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)
-            u_next = _u_tile(U, rows, live, k, nxt, V, stride_ub, stride_uk, BLOCK_V)
+            w_next, u_next = _tile_pair(w2, U, rows, live, k, nxt, keep, V, R, stride_ub, stride_uk, BLOCK_V,
+                                        BLOCK_R, L2_HINTS)
         best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
                                  inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
         if not PIPELINE:
-            w_next = _w2_tile(w2, nxt, V, R, c + i * C >= keep_from, BLOCK_V, BLOCK_R, L2_HINTS)  # by sweep position
-            u_next = _u_tile(U, rows, live, k, nxt, V, stride_ub, stride_uk, BLOCK_V)
+            w_next, u_next = _tile_pair(w2, U, rows, live, k, nxt, keep, V, R, stride_ub, stride_uk, BLOCK_V,
+                                        BLOCK_R, L2_HINTS)
         w, u, tile = w_next, u_next, nxt
     best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
                              inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
