@@ -257,11 +257,11 @@ def run_all(device, dtype=torch.float32) -> dict:
                                              {"block_n": 16, "num_splits": 1}),
              "sparse_mla_attention_padded_split": (sparse_mla_padded_inputs(device, dtype),
                                                    {"block_n": 16, "num_splits": 4}),
-             # indices of the next tile loaded one iteration ahead, whole and split lists
-             "sparse_mla_attention_prefetch": (sparse_mla_padded_inputs(device, dtype),
-                                               {"block_n": 16, "num_splits": 1, "prefetch": True}),
-             "sparse_mla_attention_prefetch_split": (sparse_mla_inputs(device, dtype),
-                                                     {"block_n": 16, "num_splits": 3, "prefetch": True})}
+             # the default loads a tile's indices one iteration ahead; without it, in the iteration
+             "sparse_mla_attention_no_prefetch": (sparse_mla_padded_inputs(device, dtype),
+                                                  {"block_n": 16, "num_splits": 1, "prefetch": False}),
+             "sparse_mla_attention_no_prefetch_split": (sparse_mla_inputs(device, dtype),
+                                                        {"block_n": 16, "num_splits": 3, "prefetch": False})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
     from dspark_trt.plugins.kernels import moe as kmoe

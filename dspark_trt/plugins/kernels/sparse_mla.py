@@ -52,8 +52,9 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, 
         j = n0 + tl.arange(0, BLOCK_SCAN)
         idx = tl.load(ibase + j, mask=j < hi, other=-1)
         last = tl.maximum(last, tl.max(tl.where(idx >= 0, j + 1, lo), 0))
-    j = lo + tl.arange(0, BLOCK_N)
-    idx = tl.load(ibase + j, mask=j < hi, other=-1)
+    if PREFETCH:                        # the first tile's indices; later ones one iteration ahead
+        j = lo + tl.arange(0, BLOCK_N)
+        idx = tl.load(ibase + j, mask=j < hi, other=-1)
     for n0 in range(lo, last, BLOCK_N):
         if PREFETCH:
             j_next = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
