@@ -71,8 +71,7 @@ def set_window(stream: torch.cuda.Stream, weight: torch.Tensor, resident_bytes: 
     w.base_ptr, w.num_bytes, w.hitRatio = window.base_ptr, window.num_bytes, window.hit_ratio
     w.hitProp = rt.cudaAccessProperty.cudaAccessPropertyPersisting
     w.missProp = rt.cudaAccessProperty.cudaAccessPropertyStreaming
-    cuda_check(rt.cudaStreamSetAttribute(stream.cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow,
-                                     value), "cudaStreamSetAttribute(accessPolicyWindow)")
+    _set_stream_window(stream, value)
     return window
 
 
@@ -81,10 +80,15 @@ def clear_window(stream: torch.cuda.Stream) -> None:
     rt = _rt()
     value = rt.cudaStreamAttrValue()
     value.accessPolicyWindow.num_bytes = 0
-    cuda_check(rt.cudaStreamSetAttribute(stream.cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow,
-                                     value), "cudaStreamSetAttribute(accessPolicyWindow)")
+    _set_stream_window(stream, value)
     cuda_check(rt.cudaCtxResetPersistingL2Cache(), "cudaCtxResetPersistingL2Cache")
     cuda_check(rt.cudaDeviceSetLimit(rt.cudaLimit.cudaLimitPersistingL2CacheSize, 0), "cudaDeviceSetLimit")
+
+
+def _set_stream_window(stream: torch.cuda.Stream, value) -> None:
+    rt = _rt()
+    cuda_check(rt.cudaStreamSetAttribute(stream.cuda_stream, rt.cudaStreamAttrID.cudaLaunchAttributeAccessPolicyWindow,
+                                         value), "cudaStreamSetAttribute(accessPolicyWindow)")
 
 
 def graph_windows(graph) -> list[int]:
