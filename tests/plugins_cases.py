@@ -6,8 +6,11 @@ runs a kernel launcher against the reference and returns numbers (max abs error,
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 from dspark_trt.plugins.block_attention import block_attention_ref
+from dspark_trt.plugins.kernels.markov import _pack_best, _unpack_index
 from dspark_trt.plugins.kv_cache import kv_cache_write_ref
 from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref
 from dspark_trt.plugins.moe_experts import moe_experts_ref
@@ -157,6 +160,37 @@ def _err(a, b):
     return float(torch.where(both_inf, 0.0, (a - b).abs()).max()) if a.numel() else 0.0
 
 
+@triton.jit
+def _fold_packed(scores, slot, M, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    s = tl.load(scores + i, mask=i < M)
+    tl.atomic_max(slot + 0 * i, _pack_best(s, i), mask=i < M, sem="relaxed")
+
+
+@triton.jit
+def _unpack_packed(slot, out):
+    tl.store(out + tl.program_id(0), _unpack_index(tl.load(slot + tl.program_id(0))))
+
+
+def packed_argmax_case(device) -> dict:
+    """``atomic_max`` of ``markov._pack_best`` from several programs equals ``torch.argmax`` (first
+    index on ties): negative scores, -inf, the maximum at several indices, -0.0 tied with +0.0."""
+    g = torch.Generator().manual_seed(3)
+    rows = [-torch.rand(40, generator=g) - 1.0, torch.randn(40, generator=g), torch.full((40,), float("-inf"))]
+    tied = torch.randn(40, generator=g)
+    tied[[7, 23, 31]] = tied.max() + 1.0                       # the maximum in three programs' blocks
+    zeros = torch.full((40,), -1.0)
+    zeros[[5, 30]] = torch.tensor([-0.0, 0.0])
+    rows += [tied, zeros]
+    scores = torch.stack(rows).to(device)                      # [5, 40]: one slot per row
+    slots = torch.zeros(len(rows), dtype=torch.int64, device=device)
+    got = torch.empty(len(rows), dtype=torch.int64, device=device)
+    for r in range(len(rows)):
+        _fold_packed[(5,)](scores[r], slots[r:], 40, BLOCK=8)
+    _unpack_packed[(len(rows),)](slots, got)
+    return {"tokens_equal": bool(torch.equal(got.cpu(), scores.cpu().argmax(1)))}
+
+
 def run_all(device, dtype=torch.float32) -> dict:
     """Every kernel launcher against its reference; returns {case: {metric: value}}."""
     from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov as kmk
@@ -192,7 +226,8 @@ def run_all(device, dtype=torch.float32) -> dict:
                  "gemv_ticket": dict(one_launch=False, gemv=True, snake=True, block_v=32, l2_keep=0.4),
                  "one_gemv": dict(one_launch=True, gemv=True, snake=True, block_v=32),
                  "one_gemv_pipeline": dict(one_launch=True, gemv=True, snake=True, block_v=32, pipeline=True),
-                 "gemv_ticket_pipeline": dict(one_launch=False, gemv=True, block_v=32, pipeline=True, l2_keep=0.4)}
+                 "gemv_ticket_pipeline": dict(one_launch=False, gemv=True, block_v=32, pipeline=True, l2_keep=0.4),
+                 "one_unpacked": dict(one_launch=True, packed=False)}
     for name, kw in schedules.items():
         tt, tz = kmk.markov_sample_triton(*args, **{**tiles, **kw})
         out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
@@ -223,6 +258,8 @@ def run_all(device, dtype=torch.float32) -> dict:
     rt, rz = markov_sample_topk_ref(*args, 128, 3)
     tt, tz = kmk.markov_sample_topk_triton(*args, 128, 3)
     out["markov_sample_topk_wide"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+
+    out["markov_packed_argmax"] = packed_argmax_case(device)
 
     # split schedule: default launch, then several vocabulary chunks per row (partial last chunk)
     L, drafts, z, temp, seed, start = rejection_inputs(device, dtype)

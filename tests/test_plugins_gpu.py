@@ -50,9 +50,11 @@ ONE_GEMV = dict(one_launch=True, gemv=True, block_v=16, num_warps=4)
                                          (1, dict(ONE_GEMV, resident_per_sm=64)),
                                          (1, dict(ONE_GEMV, resident_per_sm=6, pipeline=True)),
                                          (4, dict(ONE_GEMV, resident_per_sm=64)),
-                                         (4, dict(one_launch=False, gemv=True, reduce="prologue", pipeline=True))],
+                                         (4, dict(one_launch=False, gemv=True, reduce="prologue", pipeline=True)),
+                                         (5, dict(one_launch=True, packed=False)), (1, dict(poll_ns=100))],
                          ids=["one_launch", "per_step", "rows", "b1_default", "b1_gemv_clamped", "b1_gemv_pipeline",
-                              "b4_gemv_clamped", "b4_gemv_prologue_pipeline"])
+                              "b4_gemv_clamped", "b4_gemv_prologue_pipeline", "one_launch_partials",
+                              "b1_poll_sleep"])
 def test_markov_real_vocab_tokens_exact(B, schedule):
     """*_clamped ask for 64 programs per SM: without the residency clamp the grid barrier would
     wait forever for programs that cannot be scheduled."""

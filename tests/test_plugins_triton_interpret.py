@@ -47,11 +47,15 @@ def test_block_attention_kernel(results, mask, variant, splits):
 
 @pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",
                                       "one_gemv", "one_gemv_pipeline", "gemv_ticket_pipeline",
-                                      "gemv_b1_pipeline",
+                                      "gemv_b1_pipeline", "one_unpacked",
                                       "per_step_groups", "prologue_groups", "rows", "aot", "topk", "topk_wide"])
 def test_markov_sample_kernel(results, schedule):
     r = results[f"markov_sample_{schedule}"]
     assert r["tokens_equal"] and r["err"] < 1e-5
+
+
+def test_markov_packed_argmax_is_torch_argmax(results):
+    assert results["markov_packed_argmax"]["tokens_equal"]
 
 
 @pytest.mark.parametrize("case", ["rejection_sample", "rejection_sample_row", "rejection_sample_split",

@@ -67,6 +67,23 @@ def _reduce_partials(part_val, part_idx, rows, rmask, C, BLOCK_B: tl.constexpr, 
 
 
 @triton.jit
+def _pack_best(score, idx):
+    """(fp32 score, int32 index >= 0) -> int64 > 0 ordered like the argmax: higher score, then
+    smaller index (ties -> smallest index, like ``torch.argmax``); 0 is below every packed value."""
+    bits = tl.where(score == 0, 0.0, score).to(tl.int32, bitcast=True).to(tl.int64)   # -0.0 ties +0.0
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits) + tl.full([], 1 << 31, tl.int64)   # [0, 2^32)
+    low = tl.full([], 2147483647, tl.int64) - idx.to(tl.int64)                           # smaller index, larger
+    return (ordered << 31) | low
+
+
+@triton.jit
+def _unpack_index(packed):
+    """Index of a ``_pack_best`` value (int64)."""
+    low = tl.full([], 2147483647, tl.int64)
+    return low - (packed & low)
+
+
+@triton.jit
 def _tile_at(i, c, C, n_tiles, rev):
     """Vocabulary tile of program c's i-th iteration (reversed order when ``rev``)."""
     t = c + i * C
@@ -251,24 +268,48 @@ def _row_params(anchor, temperature, seed, start, rows, rmask):
 
 
 @triton.jit
-def _grid_wait(counter, target):
-    """Spin until ``target`` programs have arrived at the grid barrier."""
+def _token_of_step(part_val, part_idx, slots, k, B, rows, rmask, C, BLOCK_B: tl.constexpr,
+                   BLOCK_C: tl.constexpr, PACKED: tl.constexpr):
+    """Token of step k per row, int64: read back from ``slots`` (PACKED) or reduced from the C
+    partials."""
+    if PACKED:
+        return _unpack_index(tl.load(slots + k * B + rows, mask=rmask, other=0, cache_modifier=".cg"))
+    else:
+        return _reduce_partials(part_val, part_idx, k * B + rows, rmask, C, BLOCK_B, BLOCK_C).to(tl.int64)
+
+
+@triton.jit
+def _nanosleep(ns):
+    """Suspend the warp for about ``ns`` (int32 tensor) nanoseconds (PTX ``nanosleep``)."""
+    return tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _grid_wait(counter, target, POLL_NS: tl.constexpr):
+    """Spin until ``target`` programs have arrived at the grid barrier; with POLL_NS > 0 a poll
+    that finds the barrier closed sleeps that long before the next (fewer atomics on the counter
+    while the last programs try to arrive)."""
     seen = tl.atomic_add(counter, 0, sem="acquire")
     while seen < target:
+        if POLL_NS > 0:
+            seen += _nanosleep(seen.to(tl.int32) * 0 + POLL_NS).to(seen.dtype)   # adds 0
         seen = tl.atomic_add(counter, 0, sem="acquire")
     tl.debug_barrier()
 
 
 @triton.jit
 def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
-                         part_val, part_idx, counter,
+                         part_val, part_idx, counter, slots,
                          B, N, V, R, C, K0, K1, stride_ub, stride_uk, KEEP_FROM,
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
                          GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr,
-                         PIPELINE: tl.constexpr):
+                         PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
-    step k-1's partials (after the grid barrier when GRID_SYNC)."""
+    step k-1's partials (after the grid barrier when GRID_SYNC). With PACKED (GRID_SYNC only) a
+    program folds its best into ``slots`` [N, B] (int64 zeros) with one ``atomic_max`` of the
+    packed (score, index) instead, and step k > 0 reads the token back with one load."""
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
@@ -284,9 +325,8 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
             if GRID_SYNC:
-                _grid_wait(counter, total * k)
-            prev = _reduce_partials(part_val, part_idx, (k - 1) * B + rows, rmask, C, BLOCK_B, BLOCK_C)
-            prev = prev.to(tl.int64)
+                _grid_wait(counter, total * k, POLL_NS)
+            prev = _token_of_step(part_val, part_idx, slots, k - 1, B, rows, rmask, C, BLOCK_B, BLOCK_C, PACKED)
             if c == 0:
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
         key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
@@ -297,18 +337,21 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
-        poff = (k * B + rows) * C + c
-        tl.store(part_val + poff, best, mask=rmask)
-        tl.store(part_idx + poff, arg, mask=rmask)
+        if PACKED:
+            tl.atomic_max(slots + k * B + rows, _pack_best(best, arg), mask=rmask, sem="relaxed")
+        else:
+            poff = (k * B + rows) * C + c
+            tl.store(part_val + poff, best, mask=rmask)
+            tl.store(part_idx + poff, arg, mask=rmask)
         tl.debug_barrier()                                   # partials visible to the whole program
         if GRID_SYNC:                                        # ... and, after the wait, to the grid
             tl.atomic_add(counter, 1, sem="release")
     if WRITE_LAST:
         if c == 0:
             if GRID_SYNC:
-                _grid_wait(counter, total * N)
-            last = _reduce_partials(part_val, part_idx, (N - 1) * B + rows, rmask, C, BLOCK_B, BLOCK_C)
-            tl.store(tokens_out + rows * N + (N - 1), tl.where(live, last, -1).to(tl.int64), mask=rmask)
+                _grid_wait(counter, total * N, POLL_NS)
+            last = _token_of_step(part_val, part_idx, slots, N - 1, B, rows, rmask, C, BLOCK_B, BLOCK_C, PACKED)
+            tl.store(tokens_out + rows * N + (N - 1), tl.where(live, last, -1), mask=rmask)
 
 
 @triton.jit
@@ -372,13 +415,16 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # block_v = GEMV_TILE_ELEMS // rank: 16 KB of bf16 per program, ~64 registers per thread at 8 warps);
 # programs_per_sm: target programs per SM of the per-step schedules; resident_per_sm: programs per SM
 # of the one-launch schedule (clamped to what fits);
+# packed (one_launch): step tokens by one atomic_max of packed (score, index) per program instead of
+# per-program partials that every program reduces after the barrier;
+# poll_ns (one_launch): sleep between polls of a closed grid barrier (0 = spin);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # pipeline (gemv): load the next W2 and U tiles before reducing the current one;
 # l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 60 MB).
 MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
                        reduce="ticket", gemv=False, pipeline=False, snake=False, l2_keep=0.0, num_warps=None,
-                       num_stages=3)
+                       num_stages=3, packed=True, poll_ns=0)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
 # The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7
@@ -390,6 +436,7 @@ MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=15193
 # MARKOV_SMALL_B (B=4 in one launch: 741 vs 348 us).
 MARKOV_B1: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True,
                        pipeline=True)
+SLOTS_OFFSET = 16         # int64s between the barrier counter and the packed slots: another 128-byte line
 PIPELINE_MAX_TILE = 4096   # W2 elements per gemv tile up to which MARKOV_B1 pipelines (8 KB of bf16)
 GEMV_MAX_B = 4
 GEMV_TILE_ELEMS = 8192
@@ -468,7 +515,8 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
-                         pipeline: bool | None = None) -> tuple[Tensor, Tensor]:
+                         pipeline: bool | None = None, packed: bool | None = None,
+                         poll_ns: int | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -492,7 +540,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
                         snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep,
-                        resident_per_sm=resident_per_sm, pipeline=pipeline)
+                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed, poll_ns=poll_ns)
     if not static:
         cfg["groups"] = triton.cdiv(B, cfg["block_b"])
     block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
@@ -521,12 +569,19 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         return tokens, z
     if INTERPRET and one_launch:                # the interpreter runs programs one after another
         C, one_launch = 1, groups == 1
-    part_val = torch.empty((N, B, C), dtype=torch.float32, device=dev)
-    part_idx = torch.empty((N, B, C), dtype=torch.int32, device=dev)
-    counter = torch.zeros(1, dtype=torch.int32, device=dev) if one_launch else part_idx   # unused per step
-    head = (U, *rowargs, z, tokens, part_val, part_idx, counter, B, N, V, Rk)   # then C and the step range
+    packed = one_launch and bool(cfg["packed"])
+    if packed:                                  # [counter, slots [N, B]]: one zeroed buffer, no partials
+        ws = torch.zeros(SLOTS_OFFSET + N * B, dtype=torch.int64, device=dev)
+        counter, slots = ws[:1], ws[SLOTS_OFFSET:]
+        part_val = part_idx = slots             # unused
+    else:
+        part_val = torch.empty((N, B, C), dtype=torch.float32, device=dev)
+        part_idx = torch.empty((N, B, C), dtype=torch.int32, device=dev)
+        counter = torch.zeros(1, dtype=torch.int32, device=dev) if one_launch else part_idx   # unused per step
+        slots = part_idx                        # unused
+    head = (U, *rowargs, z, tokens, part_val, part_idx, counter, slots, B, N, V, Rk)   # then C and the step range
     kernel = launcher(markov_sample_kernel)
-    meta = dict(BLOCK_C=block_c, **tiles, **flags)
+    meta = dict(BLOCK_C=block_c, PACKED=packed, POLL_NS=int(cfg["poll_ns"]) if one_launch else 0, **tiles, **flags)
     strides = (U.stride(0), U.stride(1), keep_from)
     if one_launch:
         meta1 = dict(GRID_SYNC=True, WRITE_LAST=True, **meta)
