@@ -36,13 +36,15 @@ N = 7
 MB = 1 << 20
 # {} = the batch-1 default (kernels/markov.py MARKOV_B1); a config naming one_launch or gemv is
 # taken whole (MARKOV_DEFAULTS + MARKOV_SMALL_B + it). One-launch grids are cut to what fits.
-B1_CONFIGS = [{}, {"packed": False}, {"poll_ns": 100}, {"poll_ns": 400}, {"pipeline": False}, {"snake": False},
+B1_CONFIGS = [{}, {"packed": 0}, {"packed": 8}, {"packed": 32}, {"packed": 8, "poll_ns": 100},
+              {"pipeline": False},
               {"one_launch": False, "reduce": "prologue", "snake": True}]
 CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside, steps)
     (1, 151936, 256, B1_CONFIGS, [0, None], N),
-    (1, 151936, 256, [{}], [0], 1),                            # the fixed cost of a call
+    (1, 151936, 256, [{}, {"packed": 0}, {"packed": 8}], [0], 1),   # the fixed cost of a call
     (1, 129280, 512, [{}, {"pipeline": True}], [0, None], N),
-    (64, 151936, 256, [{}, {"one_launch": True}, {"one_launch": True, "packed": False}], [0], N),
+    (64, 151936, 256, [{}, {"one_launch": True}, {"one_launch": True, "packed": 0},
+                       {"one_launch": True, "packed": 8}], [0], N),
 ]
 
 

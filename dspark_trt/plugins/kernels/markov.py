@@ -268,12 +268,21 @@ def _row_params(anchor, temperature, seed, start, rows, rmask):
 
 
 @triton.jit
+def _slot_rows(B):
+    """Row stride of the packed slots: B rounded up to 16 int64 (each copy on its own 128-byte lines)."""
+    return tl.cdiv(B, 16) * 16
+
+
+@triton.jit
 def _token_of_step(part_val, part_idx, slots, k, B, rows, rmask, C, BLOCK_B: tl.constexpr,
                    BLOCK_C: tl.constexpr, PACKED: tl.constexpr):
-    """Token of step k per row, int64: read back from ``slots`` (PACKED) or reduced from the C
-    partials."""
+    """Token of step k per row, int64: the best of the PACKED copies in ``slots`` or, without
+    PACKED, the reduction of the C partials."""
     if PACKED:
-        return _unpack_index(tl.load(slots + k * B + rows, mask=rmask, other=0, cache_modifier=".cg"))
+        g = tl.arange(0, PACKED)
+        off = (k * PACKED + g[None, :]) * _slot_rows(B) + rows[:, None]
+        best = tl.max(tl.load(slots + off, mask=rmask[:, None], other=0, cache_modifier=".cg"), 1)
+        return _unpack_index(best)
     else:
         return _reduce_partials(part_val, part_idx, k * B + rows, rmask, C, BLOCK_B, BLOCK_C).to(tl.int64)
 
@@ -307,9 +316,10 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
                          GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr,
                          PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
-    step k-1's partials (after the grid barrier when GRID_SYNC). With PACKED (GRID_SYNC only) a
-    program folds its best into ``slots`` [N, B] (int64 zeros) with one ``atomic_max`` of the
-    packed (score, index) instead, and step k > 0 reads the token back with one load."""
+    step k-1's partials (after the grid barrier when GRID_SYNC). With PACKED > 0 (GRID_SYNC only)
+    a program folds its best into ``slots`` [N, PACKED, B rounded up to 16] (int64 zeros) with one
+    ``atomic_max`` of the packed (score, index) on copy c % PACKED instead (PACKED copies: fewer
+    atomics on one address), and step k > 0 reads the token back with one load of the copies."""
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
@@ -338,7 +348,8 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
         if PACKED:
-            tl.atomic_max(slots + k * B + rows, _pack_best(best, arg), mask=rmask, sem="relaxed")
+            tl.atomic_max(slots + (k * PACKED + c % PACKED) * _slot_rows(B) + rows, _pack_best(best, arg),
+                          mask=rmask, sem="relaxed")
         else:
             poff = (k * B + rows) * C + c
             tl.store(part_val + poff, best, mask=rmask)
@@ -415,8 +426,9 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # block_v = GEMV_TILE_ELEMS // rank: 16 KB of bf16 per program, ~64 registers per thread at 8 warps);
 # programs_per_sm: target programs per SM of the per-step schedules; resident_per_sm: programs per SM
 # of the one-launch schedule (clamped to what fits);
-# packed (one_launch): step tokens by one atomic_max of packed (score, index) per program instead of
-# per-program partials that every program reduces after the barrier;
+# packed (one_launch): copies of the step token's slot; > 0: a program folds its best (score, index)
+# into one copy with one atomic_max and the next step reads the copies back, 0: per-program partials
+# that every program reduces after the barrier;
 # poll_ns (one_launch): sleep between polls of a closed grid barrier (0 = spin);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # pipeline (gemv): load the next W2 and U tiles before reducing the current one;
@@ -515,7 +527,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
-                         pipeline: bool | None = None, packed: bool | None = None,
+                         pipeline: bool | None = None, packed: int | None = None,
                          poll_ns: int | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
@@ -569,9 +581,11 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         return tokens, z
     if INTERPRET and one_launch:                # the interpreter runs programs one after another
         C, one_launch = 1, groups == 1
-    packed = one_launch and bool(cfg["packed"])
-    if packed:                                  # [counter, slots [N, B]]: one zeroed buffer, no partials
-        ws = torch.zeros(SLOTS_OFFSET + N * B, dtype=torch.int64, device=dev)
+    packed = int(cfg["packed"]) if one_launch else 0
+    if packed:                                  # [counter, slots [N, packed, B16]]: one zeroed buffer
+        if packed != pow2(packed):
+            raise ValueError(f"markov_sample: packed must be 0 or a power of two, got {packed}")
+        ws = torch.zeros(SLOTS_OFFSET + N * packed * triton.cdiv(B, 16) * 16, dtype=torch.int64, device=dev)
         counter, slots = ws[:1], ws[SLOTS_OFFSET:]
         part_val = part_idx = slots             # unused
     else:
