@@ -80,7 +80,12 @@ def compile_launch(kernel, args, kwargs):
     options = {"ptx_version": 90, **{k: kwargs[k] for k in _OPTIONS if k in kwargs}}
     src = triton.compiler.ASTSource(fn=kernel, signature={n: sig[n] for n in names}, constexprs=consts,
                                     attrs=attrs)
-    return triton.compile(src, target=TARGET, options=options)
+    try:
+        return triton.compile(src, target=TARGET, options=options)
+    except Exception as e:                # Triton < 3.9 ships a ptxas (CUDA 12.8) older than PTX 9.0
+        if "Unsupported .version" not in str(e):
+            raise
+        pytest.skip(f"Triton {triton.__version__}'s ptxas cannot assemble PTX 9.0 (the 580 driver's version)")
 
 
 def _cpu(t):

@@ -126,6 +126,9 @@ def test_resident_c_checks_the_grid_it_launches(monkeypatch):
     assert compiled_for == [792, 528]
     assert kmk._resident_c(head, 792, 1, torch.device("cpu"), 7, (0, 0, 0), meta) == 528
     assert compiled_for == [792, 528]                                   # cached
+    one_step = (t,) * 13 + (1, 1, 151936, 256)                          # N = 1: Triton specialises it
+    assert kmk._resident_c(one_step, 792, 1, torch.device("cpu"), 1, (0, 0, 0), meta) == 528
+    assert compiled_for == [792, 528, 792, 528]                         # its own kernels, its own fit
 
 
 def test_markov_one_launch_is_resident_and_bad_reduce_raises():
