@@ -146,7 +146,13 @@ def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, 
     z = u + acc                                                                    # bias first, like the reference
     tl.store(z_out + (rows.to(tl.int64) * N + k)[:, None] * V + cols[None, :],
              tl.where(m2, z, 0.0), mask=rmask[:, None] & cmask[None, :])
-    score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
+    if rows.shape[0] == 1:              # one row: a greedy row skips the Gumbel noise (a branch, not a select)
+        if tl.max(greedy.to(tl.int32), 0) == 1:
+            score = z
+        else:
+            score = z * inv_t[:, None] + gumbel(key[:, None], cols[None, :])
+    else:
+        score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
     return cols, tl.where(cmask[None, :], score, float("-inf"))
 
 
@@ -295,13 +301,6 @@ def _nanosleep(ns):
 
 
 @triton.jit
-def _prefetch_l2(ptrs):
-    """Fetch the 128-byte lines at ``ptrs`` into L2 without waiting (PTX ``prefetch.global.L2``)."""
-    return tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _grid_wait(counter, target, POLL_NS: tl.constexpr):
     """Spin until ``target`` programs have arrived at the grid barrier; with POLL_NS > 0 a poll
     that finds the barrier closed sleeps that long before the next (fewer atomics on the counter
@@ -321,16 +320,12 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
                          GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr,
-                         PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr,
-                         W1_LINES: tl.constexpr, LINE_ELEMS: tl.constexpr):
+                         PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
     step k-1's partials (after the grid barrier when GRID_SYNC). With PACKED > 0 (GRID_SYNC only)
     a program folds its best into ``slots`` [N, PACKED, B rounded up to 16] (int64 zeros) with one
     ``atomic_max`` of the packed (score, index) on copy c % PACKED instead (PACKED copies: fewer
-    atomics on one address), and step k > 0 reads the token back with one load of the copies.
-    W1_LINES > 0: before arriving at the barrier a program prefetches into L2 the W1 row of its own
-    best token (W1_LINES lines of LINE_ELEMS elements); the step's token is one of these, so the
-    next step's ``W1[prev]`` load, the one load that must wait for the barrier, hits L2."""
+    atomics on one address), and step k > 0 reads the token back with one load of the copies."""
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
@@ -358,11 +353,6 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
-        if W1_LINES > 0:
-            if k + 1 < K1:
-                line = tl.minimum(tl.arange(0, W1_LINES) * LINE_ELEMS, R - 1)
-                tok = tl.where(live & (arg < V), arg, 0).to(tl.int64)
-                _prefetch_l2(w1 + tok[:, None] * R + line[None, :])
         if PACKED:
             tl.atomic_max(slots + (k * PACKED + c % PACKED) * _slot_rows(B) + rows, _pack_best(best, arg),
                           mask=rmask, sem="relaxed")
@@ -445,8 +435,6 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # packed (one_launch): copies of the step token's slot; > 0: a program folds its best (score, index)
 # into one copy with one atomic_max and the next step reads the copies back, 0: per-program partials
 # that every program reduces after the barrier;
-# w1_prefetch (one_launch): each program prefetches the W1 row of its best token into L2 before the
-# barrier (the next step's W1[prev] then hits L2; not under the interpreter: inline PTX);
 # poll_ns (one_launch): sleep between polls of a closed grid barrier (0 = spin);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # pipeline (gemv): load the next W2 and U tiles before reducing the current one;
@@ -454,7 +442,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 60 MB).
 MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
                        reduce="ticket", gemv=False, pipeline=False, snake=False, l2_keep=0.0, num_warps=None,
-                       num_stages=3, packed=1, poll_ns=0, w1_prefetch=True)
+                       num_stages=3, packed=1, poll_ns=0)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
 # The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7
@@ -554,7 +542,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
                          pipeline: bool | None = None, packed: int | None = None,
-                         poll_ns: int | None = None, w1_prefetch: bool | None = None) -> tuple[Tensor, Tensor]:
+                         poll_ns: int | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -578,8 +566,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
                         snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep,
-                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed, poll_ns=poll_ns,
-                        w1_prefetch=w1_prefetch)
+                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed, poll_ns=poll_ns)
     if not static:
         cfg["groups"] = triton.cdiv(B, cfg["block_b"])
     block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
@@ -622,10 +609,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         slots = part_idx                        # unused
     head = (U, *rowargs, z, tokens, part_val, part_idx, counter, slots, B, N, V, Rk)   # then C and the step range
     kernel = launcher(markov_sample_kernel)
-    line_elems = 128 // w1c.element_size()
-    w1_lines = pow2(triton.cdiv(Rk, line_elems)) if one_launch and cfg["w1_prefetch"] and Rk and not INTERPRET else 0
-    meta = dict(BLOCK_C=block_c, PACKED=packed, POLL_NS=int(cfg["poll_ns"]) if one_launch else 0,
-                W1_LINES=w1_lines, LINE_ELEMS=line_elems, **tiles, **flags)
+    meta = dict(BLOCK_C=block_c, PACKED=packed, POLL_NS=int(cfg["poll_ns"]) if one_launch else 0, **tiles, **flags)
     strides = (U.stride(0), U.stride(1), keep_from)
     if one_launch:
         meta1 = dict(GRID_SYNC=True, WRITE_LAST=True, **meta)
