@@ -36,15 +36,15 @@ N = 7
 MB = 1 << 20
 # {} = the batch-1 default (kernels/markov.py MARKOV_B1); a config naming one_launch or gemv is
 # taken whole (MARKOV_DEFAULTS + MARKOV_SMALL_B + it). One-launch grids are cut to what fits.
-B1_CONFIGS = [{}, {"packed": 0}, {"packed": 8}, {"packed": 32}, {"packed": 8, "poll_ns": 100},
-              {"pipeline": False},
+B1_CONFIGS = [{}, {"packed": 0}, {"packed": 8}, {"pipeline": False},
               {"one_launch": False, "reduce": "prologue", "snake": True}]
-CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside, steps)
-    (1, 151936, 256, B1_CONFIGS, [0, None], N),
-    (1, 151936, 256, [{}, {"packed": 0}, {"packed": 8}], [0], 1),   # the fixed cost of a call
-    (1, 129280, 512, [{}, {"pipeline": True}], [0, None], N),
-    (64, 151936, 256, [{}, {"one_launch": True}, {"one_launch": True, "packed": 0},
-                       {"one_launch": True, "packed": 8}], [0], N),
+CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside, steps, temperature;
+    #          None = rows alternate greedy / 0.8 starting greedy, as benchmarks/plugins.py)
+    (1, 151936, 256, B1_CONFIGS, [0, None], N, None),
+    (1, 151936, 256, [{}, {"noise": False}, {"packed": 0}], [0, None], N, 0.8),   # batch 1 sampled
+    (1, 151936, 256, [{}, {"packed": 0}], [0], 1, None),       # the fixed cost of a call
+    (1, 129280, 512, [{}, {"pipeline": True}], [0, None], N, None),
+    (64, 151936, 256, [{}, {"one_launch": True}, {"one_launch": True, "packed": 0}], [0], N, None),
 ]
 
 
@@ -58,12 +58,14 @@ def graph_times(fn, stream, pool, flush, reps=30) -> tuple[float, float, list[in
     return warm, max(both - flush_only, 1e-9), windows
 
 
-def run_case(B, V, r, configs, residents, steps, info, flush, pool) -> list[dict]:
+def run_case(B, V, r, configs, residents, steps, temperature, info, flush, pool) -> list[dict]:
     args = markov_inputs(B, steps, V, r)
+    if temperature is not None:
+        args = (*args[:4], torch.full_like(args[4], temperature), *args[5:])
     w2 = args[3]
     rt, rz = markov_sample_ref(*args)
     nbytes = markov_bytes(B, steps, V, r)
-    shape = f"B={B} N={steps} V={V} r={r}"
+    shape = f"B={B} N={steps} V={V} r={r}" + ("" if temperature is None else f" T={temperature}")
     rows = []
     for cfg in configs:
         for mb in residents:
@@ -117,8 +119,8 @@ def main():
                      graph_us=read_s * 1e6, bw_frac=big.numel() * 2 / read_s / PEAK))
     print(json.dumps(rows[-1]), flush=True)
     del big
-    for B, V, r, configs, residents, steps in CASES:           # written after each shape
-        rows += run_case(B, V, r, configs, residents, steps, info, flush, pool)
+    for B, V, r, configs, residents, steps, temperature in CASES:       # written after each shape
+        rows += run_case(B, V, r, configs, residents, steps, temperature, info, flush, pool)
         doc = dict(git_sha=sha, gpu=gpu, torch=torch.__version__, triton=triton.__version__, l2=info,
                    peak_bytes_per_s=PEAK, command=" ".join([sys.executable] + sys.argv),
                    seconds=round(time.perf_counter() - t0, 1), rows=rows)

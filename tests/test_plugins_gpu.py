@@ -67,6 +67,19 @@ def test_markov_real_vocab_tokens_exact(B, schedule):
     assert (z - rz).abs().max() < 1e-3                  # fp32 sums of bf16 products, different order
 
 
+@pytest.mark.parametrize("noise", [True, False])
+def test_markov_b1_sampled_tokens_exact(noise):
+    """Batch 1, temperature > 0, the one-launch grid: the Gumbel noise written before the barrier
+    (double-buffered by step parity) gives the reference's tokens."""
+    from dspark_trt.plugins.kernels.markov import markov_sample_triton
+    args = _markov_args(B=1)
+    args = (*args[:4], torch.full((1,), 0.8, device=DEV), *args[5:])
+    rt, rz = markov_sample_ref(*args)
+    t, z = markov_sample_triton(*args, noise=noise)
+    assert torch.equal(t, rt)
+    assert (z - rz).abs().max() < 1e-3
+
+
 def test_markov_fast_mode_matches_its_reference():
     from dspark_trt.plugins.kernels.markov import markov_sample_topk_triton
     args = _markov_args()

@@ -136,10 +136,11 @@ def _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, strid
 
 
 @triton.jit
-def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
-                       BLOCK_V: tl.constexpr):
+def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V, noise,
+                       BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
     """z = U_k tile ``u`` + acc: store it; return (cols, score) of the tile ([BLOCK_V] and
-    [BLOCK_B, BLOCK_V]; -inf past V)."""
+    [BLOCK_B, BLOCK_V]; -inf past V). NOISE (one row): the Gumbel noise of the columns is read from
+    ``noise`` [V] (``_write_noise``) instead of computed."""
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     cmask = cols < V
     m2 = live[:, None] & cmask[None, :]
@@ -150,7 +151,11 @@ def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, 
         if tl.max(greedy.to(tl.int32), 0) == 1:
             score = z
         else:
-            score = z * inv_t[:, None] + gumbel(key[:, None], cols[None, :])
+            if NOISE:
+                g = tl.load(noise + cols[None, :], mask=cmask[None, :], other=0.0)
+            else:
+                g = gumbel(key[:, None], cols[None, :])
+            score = z * inv_t[:, None] + g
     else:
         score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
     return cols, tl.where(cmask[None, :], score, float("-inf"))
@@ -160,7 +165,8 @@ def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, 
 def _score_tile(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
                 BLOCK_V: tl.constexpr):
     """Store and score a tile, fold its argmax into (best, arg) [BLOCK_B]."""
-    _, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V, BLOCK_V)
+    _, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V, z_out,
+                                  BLOCK_V, False)
     tmax = tl.max(score, 1)
     targ = tile * BLOCK_V + tl.argmax(score, 1, tie_break_left=True)
     take = (tmax > best) | ((tmax == best) & (targ < arg))                         # tiles come in any order
@@ -219,20 +225,20 @@ def _w1_rows(w1, prev, live, R, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _score_lanes(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
-                 BLOCK_V: tl.constexpr):
+def _score_lanes(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V, noise,
+                 BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
     """``_score_tile`` without the per-tile reduction: (best, arg) [BLOCK_B, BLOCK_V] keep the best
     score of each lane (column position in a tile) over the tiles seen; no cross-warp traffic."""
     cols, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
-                                     BLOCK_V)
+                                     noise, BLOCK_V, NOISE)
     take = (score > best) | ((score == best) & (cols[None, :] < arg))              # tiles come in any order
     return tl.maximum(best, score), tl.where(take, cols[None, :], arg)
 
 
 @triton.jit
 def _step_gemv(w_first, u_first, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k, c, C, n_tiles,
-               rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
-               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
+               rev, keep_from, N, V, R, stride_ub, stride_uk, noise, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr, NOISE: tl.constexpr):
     """Step k over program c's tiles on CUDA cores (BLOCK_R covers the rank): the best (score,
     index) per row, reduced across lanes once at the end. ``w_first`` and ``u_first``, the
     program's first W2 and U_k tiles, were loaded before the previous token (h = W1[prev]) was
@@ -250,13 +256,13 @@ def _step_gemv(w_first, u_first, h, U, w2, z_out, rows, rmask, live, greedy, inv
             w_next, u_next = _tile_pair(w2, U, rows, live, k, nxt, keep, V, R, stride_ub, stride_uk, BLOCK_V,
                                         BLOCK_R, L2_HINTS)
         best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
-                                 inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
+                                 inv_t, key, k, tile, best, arg, N, V, noise, BLOCK_V, NOISE)
         if not PIPELINE:
             w_next, u_next = _tile_pair(w2, U, rows, live, k, nxt, keep, V, R, stride_ub, stride_uk, BLOCK_V,
                                         BLOCK_R, L2_HINTS)
         w, u, tile = w_next, u_next, nxt
     best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
-                             inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
+                             inv_t, key, k, tile, best, arg, N, V, noise, BLOCK_V, NOISE)
     top = tl.max(best, 1)
     return top, tl.min(tl.where(best == top[:, None], arg, INT_MAX), 1)
 
@@ -301,6 +307,18 @@ def _nanosleep(ns):
 
 
 @triton.jit
+def _write_noise(noise, key, c, C, n_tiles, rev, V, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr = 256):
+    """Gumbel noise of program c's tiles (in the order of ``rev``) for one row: noise[col] [V]; a
+    flat layout, one column per lane."""
+    count = tl.cdiv(n_tiles - c, C)
+    for e0 in range(0, count * BLOCK_V, CHUNK):
+        e = e0 + tl.arange(0, CHUNK)
+        i = e // BLOCK_V
+        col = _tile_at(i, c, C, n_tiles, rev) * BLOCK_V + e % BLOCK_V
+        tl.store(noise + col, gumbel(key, col), mask=(i < count) & (col < V))
+
+
+@triton.jit
 def _grid_wait(counter, target, POLL_NS: tl.constexpr):
     """Spin until ``target`` programs have arrived at the grid barrier; with POLL_NS > 0 a poll
     that finds the barrier closed sleeps that long before the next (fewer atomics on the counter
@@ -315,17 +333,22 @@ def _grid_wait(counter, target, POLL_NS: tl.constexpr):
 
 @triton.jit
 def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
-                         part_val, part_idx, counter, slots,
+                         part_val, part_idx, counter, slots, noise,
                          B, N, V, R, C, K0, K1, stride_ub, stride_uk, KEEP_FROM,
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
                          GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr,
-                         PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr):
+                         PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr,
+                         NOISE: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
     step k-1's partials (after the grid barrier when GRID_SYNC). With PACKED > 0 (GRID_SYNC only)
     a program folds its best into ``slots`` [N, PACKED, B rounded up to 16] (int64 zeros) with one
     ``atomic_max`` of the packed (score, index) on copy c % PACKED instead (PACKED copies: fewer
-    atomics on one address), and step k > 0 reads the token back with one load of the copies."""
+    atomics on one address), and step k > 0 reads the token back with one load of the copies.
+    NOISE (GEMV, one row): a sampled row's Gumbel noise of step k is written to ``noise`` [2, V]
+    (by step parity: a program writes step k's before the barrier, while others may still read step
+    k-1's) for the program's own tiles, where it waits anyway, in a layout without the replication
+    of a tile's reduced row (``_write_noise``), and read back per tile."""
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
@@ -337,6 +360,11 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
         if GEMV:                                             # in flight while waiting for prev
             w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub,
                                  stride_uk, BLOCK_V, BLOCK_R, L2_HINTS)
+        key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
+        if NOISE:
+            if tl.max(greedy.to(tl.int32), 0) == 0:
+                _write_noise(noise + (k % 2) * V, key, c, C, n_tiles, rev, V, BLOCK_V)
+            tl.debug_barrier()                               # the program's noise before its tiles read it
         if k == 0:
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
@@ -345,11 +373,11 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
             prev = _token_of_step(part_val, part_idx, slots, k - 1, B, rows, rmask, C, BLOCK_B, BLOCK_C, PACKED)
             if c == 0:
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
-        key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
         if GEMV:
             best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
                                    rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
-                                   stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
+                                   stride_ub, stride_uk, noise + (k % 2) * V, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS,
+                                   PIPELINE, NOISE)
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -415,7 +443,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     if GEMV:
         best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
                                rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
-                               stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
+                               stride_ub, stride_uk, z_out, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE, False)
     else:
         best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                               C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -435,6 +463,8 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # packed (one_launch): copies of the step token's slot; > 0: a program folds its best (score, index)
 # into one copy with one atomic_max and the next step reads the copies back, 0: per-program partials
 # that every program reduces after the barrier;
+# noise (one_launch, gemv, batch 1): a sampled row's Gumbel noise written once per column before
+# the barrier and read per tile, instead of computed by every thread that holds the tile's row;
 # poll_ns (one_launch): sleep between polls of a closed grid barrier (0 = spin);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # pipeline (gemv): load the next W2 and U tiles before reducing the current one;
@@ -442,7 +472,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 60 MB).
 MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
                        reduce="ticket", gemv=False, pipeline=False, snake=False, l2_keep=0.0, num_warps=None,
-                       num_stages=3, packed=1, poll_ns=0)
+                       num_stages=3, packed=1, poll_ns=0, noise=True)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
 # The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7
@@ -542,7 +572,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
                          pipeline: bool | None = None, packed: int | None = None,
-                         poll_ns: int | None = None) -> tuple[Tensor, Tensor]:
+                         poll_ns: int | None = None, noise: bool | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -566,7 +596,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
                         snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep,
-                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed, poll_ns=poll_ns)
+                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed, poll_ns=poll_ns, noise=noise)
     if not static:
         cfg["groups"] = triton.cdiv(B, cfg["block_b"])
     block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
@@ -607,9 +637,12 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         part_idx = torch.empty((N, B, C), dtype=torch.int32, device=dev)
         counter = torch.zeros(1, dtype=torch.int32, device=dev) if one_launch else part_idx   # unused per step
         slots = part_idx                        # unused
-    head = (U, *rowargs, z, tokens, part_val, part_idx, counter, slots, B, N, V, Rk)   # then C and the step range
+    noise_rows = one_launch and cfg["gemv"] and block_b == 1 and bool(cfg["noise"])
+    noise = torch.empty((2, V), dtype=torch.float32, device=dev) if noise_rows else z   # z: unused
+    head = (U, *rowargs, z, tokens, part_val, part_idx, counter, slots, noise, B, N, V, Rk)   # then C, step range
     kernel = launcher(markov_sample_kernel)
-    meta = dict(BLOCK_C=block_c, PACKED=packed, POLL_NS=int(cfg["poll_ns"]) if one_launch else 0, **tiles, **flags)
+    meta = dict(BLOCK_C=block_c, PACKED=packed, POLL_NS=int(cfg["poll_ns"]) if one_launch else 0, NOISE=noise_rows,
+                **tiles, **flags)
     strides = (U.stride(0), U.stride(1), keep_from)
     if one_launch:
         meta1 = dict(GRID_SYNC=True, WRITE_LAST=True, **meta)
