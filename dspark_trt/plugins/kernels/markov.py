@@ -119,28 +119,34 @@ def _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V: tl.constex
 
 
 @triton.jit
-def _tile_pair(w2, U, rows, live, k, tile, keep, V, R, stride_ub, stride_uk, BLOCK_V: tl.constexpr,
-               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
-    """The W2 and U_k tiles of one vocabulary tile; neither depends on the previous token."""
-    return (_w2_tile(w2, tile, V, R, keep, BLOCK_V, BLOCK_R, L2_HINTS),
-            _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V))
+def _tile_pair(w2, U, noise, rows, live, k, tile, keep, V, R, stride_ub, stride_uk, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, NOISE: tl.constexpr):
+    """The W2, U_k and (NOISE) Gumbel-noise tiles of one vocabulary tile; none depends on the
+    previous token. Without NOISE the third is the U_k tile again (nothing loaded)."""
+    u = _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V)
+    if NOISE:
+        cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
+        g = tl.load(noise + cols[None, :], mask=(cols < V)[None, :], other=0.0)
+    else:
+        g = u
+    return _w2_tile(w2, tile, V, R, keep, BLOCK_V, BLOCK_R, L2_HINTS), u, g
 
 
 @triton.jit
-def _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
-                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
-    """Program c's first W2 and U_k tiles of step k."""
+def _first_tile(w2, U, noise, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
+                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, NOISE: tl.constexpr):
+    """Program c's first W2, U_k and noise tiles of step k."""
     tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
-    return _tile_pair(w2, U, rows, live, k, tile, c >= keep_from, V, R, stride_ub, stride_uk, BLOCK_V, BLOCK_R,
-                      L2_HINTS)
+    return _tile_pair(w2, U, noise, rows, live, k, tile, c >= keep_from, V, R, stride_ub, stride_uk, BLOCK_V,
+                      BLOCK_R, L2_HINTS, NOISE)
 
 
 @triton.jit
-def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V, noise,
+def _store_z_and_score(acc, u, g, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
                        BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
     """z = U_k tile ``u`` + acc: store it; return (cols, score) of the tile ([BLOCK_V] and
-    [BLOCK_B, BLOCK_V]; -inf past V). NOISE (one row): the Gumbel noise of the columns is read from
-    ``noise`` [V] (``_write_noise``) instead of computed."""
+    [BLOCK_B, BLOCK_V]; -inf past V). NOISE (one row): ``g`` is the tile's Gumbel noise, loaded
+    (``_write_noise``) instead of computed."""
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     cmask = cols < V
     m2 = live[:, None] & cmask[None, :]
@@ -151,9 +157,7 @@ def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, 
         if tl.max(greedy.to(tl.int32), 0) == 1:
             score = z
         else:
-            if NOISE:
-                g = tl.load(noise + cols[None, :], mask=cmask[None, :], other=0.0)
-            else:
+            if not NOISE:
                 g = gumbel(key[:, None], cols[None, :])
             score = z * inv_t[:, None] + g
     else:
@@ -165,7 +169,7 @@ def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, 
 def _score_tile(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
                 BLOCK_V: tl.constexpr):
     """Store and score a tile, fold its argmax into (best, arg) [BLOCK_B]."""
-    _, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V, z_out,
+    _, score = _store_z_and_score(acc, u, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
                                   BLOCK_V, False)
     tmax = tl.max(score, 1)
     targ = tile * BLOCK_V + tl.argmax(score, 1, tie_break_left=True)
@@ -225,44 +229,43 @@ def _w1_rows(w1, prev, live, R, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _score_lanes(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V, noise,
+def _score_lanes(acc, u, g, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
                  BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
     """``_score_tile`` without the per-tile reduction: (best, arg) [BLOCK_B, BLOCK_V] keep the best
     score of each lane (column position in a tile) over the tiles seen; no cross-warp traffic."""
-    cols, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
-                                     noise, BLOCK_V, NOISE)
+    cols, score = _store_z_and_score(acc, u, g, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
+                                     BLOCK_V, NOISE)
     take = (score > best) | ((score == best) & (cols[None, :] < arg))              # tiles come in any order
     return tl.maximum(best, score), tl.where(take, cols[None, :], arg)
 
 
 @triton.jit
-def _step_gemv(w_first, u_first, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k, c, C, n_tiles,
+def _step_gemv(first, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k, c, C, n_tiles,
                rev, keep_from, N, V, R, stride_ub, stride_uk, noise, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
                BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr, NOISE: tl.constexpr):
     """Step k over program c's tiles on CUDA cores (BLOCK_R covers the rank): the best (score,
-    index) per row, reduced across lanes once at the end. ``w_first`` and ``u_first``, the
-    program's first W2 and U_k tiles, were loaded before the previous token (h = W1[prev]) was
+    index) per row, reduced across lanes once at the end. ``first``, the program's first W2, U_k
+    and noise tiles (``_tile_pair``), was loaded before the previous token (h = W1[prev]) was
     known. Without PIPELINE, latency is hidden by occupancy only (few registers per program); with
-    it, the W2 and U tiles i+1 are loaded before tile i is reduced (two tiles in flight)."""
+    it, the tiles i+1 are loaded before tile i is reduced (two tiles in flight)."""
     best = tl.full([BLOCK_B, BLOCK_V], float("-inf"), tl.float32)
     arg = tl.full([BLOCK_B, BLOCK_V], INT_MAX, tl.int32)
     tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
-    w = w_first
-    u = u_first
+    w, u, g = first
     for i in range(1, tl.cdiv(n_tiles - c, C)):
         nxt = _tile_at(i, c, C, n_tiles, rev)
         keep = c + i * C >= keep_from                        # by sweep position
         if PIPELINE:                                         # next tiles in flight while this one is reduced
-            w_next, u_next = _tile_pair(w2, U, rows, live, k, nxt, keep, V, R, stride_ub, stride_uk, BLOCK_V,
-                                        BLOCK_R, L2_HINTS)
-        best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
-                                 inv_t, key, k, tile, best, arg, N, V, noise, BLOCK_V, NOISE)
+            w_next, u_next, g_next = _tile_pair(w2, U, noise, rows, live, k, nxt, keep, V, R, stride_ub,
+                                                stride_uk, BLOCK_V, BLOCK_R, L2_HINTS, NOISE)
+        best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, g, z_out, rows, rmask, live, greedy,
+                                 inv_t, key, k, tile, best, arg, N, V, BLOCK_V, NOISE)
         if not PIPELINE:
-            w_next, u_next = _tile_pair(w2, U, rows, live, k, nxt, keep, V, R, stride_ub, stride_uk, BLOCK_V,
-                                        BLOCK_R, L2_HINTS)
-        w, u, tile = w_next, u_next, nxt
-    best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
-                             inv_t, key, k, tile, best, arg, N, V, noise, BLOCK_V, NOISE)
+            w_next, u_next, g_next = _tile_pair(w2, U, noise, rows, live, k, nxt, keep, V, R, stride_ub,
+                                                stride_uk, BLOCK_V, BLOCK_R, L2_HINTS, NOISE)
+        w, u, g, tile = w_next, u_next, g_next, nxt
+    best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, g, z_out, rows, rmask, live, greedy,
+                             inv_t, key, k, tile, best, arg, N, V, BLOCK_V, NOISE)
     top = tl.max(best, 1)
     return top, tl.min(tl.where(best == top[:, None], arg, INT_MAX), 1)
 
@@ -357,14 +360,15 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
     total = C * tl.num_programs(1)
     for k in range(K0, K1):
         rev = (k % 2) * SNAKE == 1
-        if GEMV:                                             # in flight while waiting for prev
-            w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub,
-                                 stride_uk, BLOCK_V, BLOCK_R, L2_HINTS)
         key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
+        noise_k = noise + (k % 2) * V
         if NOISE:
             if tl.max(greedy.to(tl.int32), 0) == 0:
-                _write_noise(noise + (k % 2) * V, key, c, C, n_tiles, rev, V, BLOCK_V)
+                _write_noise(noise_k, key, c, C, n_tiles, rev, V, BLOCK_V)
             tl.debug_barrier()                               # the program's noise before its tiles read it
+        if GEMV:                                             # in flight while waiting for prev
+            first = _first_tile(w2, U, noise_k, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub,
+                                stride_uk, BLOCK_V, BLOCK_R, L2_HINTS, NOISE)
         if k == 0:
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
@@ -374,10 +378,10 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
             if c == 0:
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
         if GEMV:
-            best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
+            best, arg = _step_gemv(first, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
                                    rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
-                                   stride_ub, stride_uk, noise + (k % 2) * V, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS,
-                                   PIPELINE, NOISE)
+                                   stride_ub, stride_uk, noise_k, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE,
+                                   NOISE)
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -433,17 +437,17 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     n_tiles = tl.cdiv(V, BLOCK_V)
     rev = (k % 2) * SNAKE == 1
     if GEMV:
-        w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub, stride_uk,
-                             BLOCK_V, BLOCK_R, L2_HINTS)
+        first = _first_tile(w2, U, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub, stride_uk,
+                            BLOCK_V, BLOCK_R, L2_HINTS, False)
     if k == 0:
         prev = tl.maximum(anc, 0).to(tl.int64)
     else:                                                    # written by the previous launch
         prev = tl.maximum(tl.load(tokens_out + rows * N + (k - 1), mask=rmask, other=0), 0)
     key = row_key(sd, st + k + 1, STREAM_DRAFT)
     if GEMV:
-        best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
+        best, arg = _step_gemv(first, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
                                rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
-                               stride_ub, stride_uk, z_out, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE, False)
+                               stride_ub, stride_uk, U, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE, False)
     else:
         best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                               C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
