@@ -41,7 +41,7 @@ B1_CONFIGS = [{}, {"packed": 0}, {"packed": 8}, {"pipeline": False},
 CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside, steps, temperature;
     #          None = rows alternate greedy / 0.8 starting greedy, as benchmarks/plugins.py)
     (1, 151936, 256, B1_CONFIGS, [0, None], N, None),
-    (1, 151936, 256, [{}, {"noise": False}, {"packed": 0}], [0, None], N, 0.8),   # batch 1 sampled
+    (1, 151936, 256, [{}, {"packed": 0}], [0, None], N, 0.8),   # batch 1 sampled
     (1, 151936, 256, [{}, {"packed": 0}], [0], 1, None),       # the fixed cost of a call
     (1, 129280, 512, [{}, {"pipeline": True}], [0, None], N, None),
     (64, 151936, 256, [{}, {"one_launch": True}, {"one_launch": True, "packed": 0}], [0], N, None),

@@ -251,11 +251,10 @@ def run_all(device, dtype=torch.float32) -> dict:
                                           num_programs=3, block_v=32, l2_keep=0.5, pipeline=pipe)
         out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=1, N=4)
-    args = (*args[:4], torch.full((1,), 0.9, device=device), *args[5:])   # one sampled row: noise written once
+    args = (*args[:4], torch.full((1,), 0.9, device=device), *args[5:])   # one sampled row: the Gumbel branch
     rt, rz = markov_sample_ref(*args)
-    for name, noise in (("one_gemv_b1_sampled", True), ("one_gemv_b1_sampled_no_noise", False)):
-        tt, tz = kmk.markov_sample_triton(*args, one_launch=True, gemv=True, snake=True, block_v=32, noise=noise)
-        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    tt, tz = kmk.markov_sample_triton(*args, one_launch=True, gemv=True, snake=True, block_v=32)
+    out["markov_sample_one_gemv_b1_sampled"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=70, N=2, V=200)       # two row groups of 64: one ticket each
     rt, rz = markov_sample_ref(*args)
     for name, kw in (("per_step_groups", {}), ("prologue_groups", dict(reduce="prologue", snake=True))):

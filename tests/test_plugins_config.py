@@ -111,7 +111,7 @@ def test_resident_c_checks_the_grid_it_launches(monkeypatch):
     compiled_for = []
 
     def warmup(*args, grid, **meta):
-        C = args[18]                          # after 14 tensors and B, N, V, R (markov_sample_kernel)
+        C = args[17]                          # after 13 tensors and B, N, V, R (markov_sample_kernel)
         assert grid[0] == C
         compiled_for.append(C)
         return NS(divisible=C % 16 == 0)
@@ -120,13 +120,13 @@ def test_resident_c_checks_the_grid_it_launches(monkeypatch):
     monkeypatch.setattr(kmk, "num_sms", lambda dev: 132)
     monkeypatch.setattr(kmk, "_FIT_CACHE", {})
     t = torch.zeros(1)
-    head = (t,) * 14 + (1, 7, 151936, 256)
+    head = (t,) * 13 + (1, 7, 151936, 256)
     meta = dict(BLOCK_B=1, GRID_SYNC=True)
     assert kmk._resident_c(head, 792, 1, torch.device("cpu"), 7, (0, 0, 0), meta) == 528   # 792: 4 fit -> 528: 5 fit
     assert compiled_for == [792, 528]
     assert kmk._resident_c(head, 792, 1, torch.device("cpu"), 7, (0, 0, 0), meta) == 528
     assert compiled_for == [792, 528]                                   # cached
-    one_step = (t,) * 14 + (1, 1, 151936, 256)                          # N = 1: Triton specialises it
+    one_step = (t,) * 13 + (1, 1, 151936, 256)                          # N = 1: Triton specialises it
     assert kmk._resident_c(one_step, 792, 1, torch.device("cpu"), 1, (0, 0, 0), meta) == 528
     assert compiled_for == [792, 528, 792, 528]                         # its own kernels, its own fit
 

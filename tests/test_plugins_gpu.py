@@ -67,15 +67,14 @@ def test_markov_real_vocab_tokens_exact(B, schedule):
     assert (z - rz).abs().max() < 1e-3                  # fp32 sums of bf16 products, different order
 
 
-@pytest.mark.parametrize("noise", [True, False])
-def test_markov_b1_sampled_tokens_exact(noise):
-    """Batch 1, temperature > 0, the one-launch grid: the Gumbel noise written before the barrier
-    (double-buffered by step parity) gives the reference's tokens."""
+def test_markov_b1_sampled_tokens_exact():
+    """Batch 1, temperature > 0, the default one-launch grid (its greedy rows skip the noise, so the
+    sampled branch needs its own case)."""
     from dspark_trt.plugins.kernels.markov import markov_sample_triton
     args = _markov_args(B=1)
     args = (*args[:4], torch.full((1,), 0.8, device=DEV), *args[5:])
     rt, rz = markov_sample_ref(*args)
-    t, z = markov_sample_triton(*args, noise=noise)
+    t, z = markov_sample_triton(*args)
     assert torch.equal(t, rt)
     assert (z - rz).abs().max() < 1e-3
 

@@ -119,34 +119,27 @@ def _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V: tl.constex
 
 
 @triton.jit
-def _tile_pair(w2, U, noise, rows, live, k, tile, keep, V, R, stride_ub, stride_uk, BLOCK_V: tl.constexpr,
-               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, NOISE: tl.constexpr):
-    """The W2, U_k and (NOISE) Gumbel-noise tiles of one vocabulary tile; none depends on the
-    previous token. Without NOISE the third is the U_k tile again (nothing loaded)."""
-    u = _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V)
-    if NOISE:
-        cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
-        g = tl.load(noise + cols[None, :], mask=(cols < V)[None, :], other=0.0)
-    else:
-        g = u
-    return _w2_tile(w2, tile, V, R, keep, BLOCK_V, BLOCK_R, L2_HINTS), u, g
+def _tile_pair(w2, U, rows, live, k, tile, keep, V, R, stride_ub, stride_uk, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
+    """The W2 and U_k tiles of one vocabulary tile; neither depends on the previous token."""
+    return (_w2_tile(w2, tile, V, R, keep, BLOCK_V, BLOCK_R, L2_HINTS),
+            _u_tile(U, rows, live, k, tile, V, stride_ub, stride_uk, BLOCK_V))
 
 
 @triton.jit
-def _first_tile(w2, U, noise, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
-                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, NOISE: tl.constexpr):
-    """Program c's first W2, U_k and noise tiles of step k."""
+def _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, keep_from, V, R, stride_ub, stride_uk,
+                BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr):
+    """Program c's first W2 and U_k tiles of step k."""
     tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
-    return _tile_pair(w2, U, noise, rows, live, k, tile, c >= keep_from, V, R, stride_ub, stride_uk, BLOCK_V,
-                      BLOCK_R, L2_HINTS, NOISE)
+    return _tile_pair(w2, U, rows, live, k, tile, c >= keep_from, V, R, stride_ub, stride_uk, BLOCK_V, BLOCK_R,
+                      L2_HINTS)
 
 
 @triton.jit
-def _store_z_and_score(acc, u, g, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
-                       BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
+def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
+                       BLOCK_V: tl.constexpr):
     """z = U_k tile ``u`` + acc: store it; return (cols, score) of the tile ([BLOCK_V] and
-    [BLOCK_B, BLOCK_V]; -inf past V). NOISE (one row): ``g`` is the tile's Gumbel noise, loaded
-    (``_write_noise``) instead of computed."""
+    [BLOCK_B, BLOCK_V]; -inf past V)."""
     cols = tile * BLOCK_V + tl.arange(0, BLOCK_V)
     cmask = cols < V
     m2 = live[:, None] & cmask[None, :]
@@ -157,9 +150,7 @@ def _store_z_and_score(acc, u, g, z_out, rows, rmask, live, greedy, inv_t, key, 
         if tl.max(greedy.to(tl.int32), 0) == 1:
             score = z
         else:
-            if not NOISE:
-                g = gumbel(key[:, None], cols[None, :])
-            score = z * inv_t[:, None] + g
+            score = z * inv_t[:, None] + gumbel(key[:, None], cols[None, :])
     else:
         score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
     return cols, tl.where(cmask[None, :], score, float("-inf"))
@@ -169,8 +160,7 @@ def _store_z_and_score(acc, u, g, z_out, rows, rmask, live, greedy, inv_t, key, 
 def _score_tile(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
                 BLOCK_V: tl.constexpr):
     """Store and score a tile, fold its argmax into (best, arg) [BLOCK_B]."""
-    _, score = _store_z_and_score(acc, u, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
-                                  BLOCK_V, False)
+    _, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V, BLOCK_V)
     tmax = tl.max(score, 1)
     targ = tile * BLOCK_V + tl.argmax(score, 1, tie_break_left=True)
     take = (tmax > best) | ((tmax == best) & (targ < arg))                         # tiles come in any order
@@ -229,43 +219,44 @@ def _w1_rows(w1, prev, live, R, BLOCK_B: tl.constexpr, BLOCK_R: tl.constexpr):
 
 
 @triton.jit
-def _score_lanes(acc, u, g, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
-                 BLOCK_V: tl.constexpr, NOISE: tl.constexpr):
+def _score_lanes(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, best, arg, N, V,
+                 BLOCK_V: tl.constexpr):
     """``_score_tile`` without the per-tile reduction: (best, arg) [BLOCK_B, BLOCK_V] keep the best
     score of each lane (column position in a tile) over the tiles seen; no cross-warp traffic."""
-    cols, score = _store_z_and_score(acc, u, g, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
-                                     BLOCK_V, NOISE)
+    cols, score = _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, tile, N, V,
+                                     BLOCK_V)
     take = (score > best) | ((score == best) & (cols[None, :] < arg))              # tiles come in any order
     return tl.maximum(best, score), tl.where(take, cols[None, :], arg)
 
 
 @triton.jit
-def _step_gemv(first, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k, c, C, n_tiles,
-               rev, keep_from, N, V, R, stride_ub, stride_uk, noise, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
-               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr, NOISE: tl.constexpr):
+def _step_gemv(w_first, u_first, h, U, w2, z_out, rows, rmask, live, greedy, inv_t, key, k, c, C, n_tiles,
+               rev, keep_from, N, V, R, stride_ub, stride_uk, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr,
+               BLOCK_R: tl.constexpr, L2_HINTS: tl.constexpr, PIPELINE: tl.constexpr):
     """Step k over program c's tiles on CUDA cores (BLOCK_R covers the rank): the best (score,
-    index) per row, reduced across lanes once at the end. ``first``, the program's first W2, U_k
-    and noise tiles (``_tile_pair``), was loaded before the previous token (h = W1[prev]) was
+    index) per row, reduced across lanes once at the end. ``w_first`` and ``u_first``, the
+    program's first W2 and U_k tiles, were loaded before the previous token (h = W1[prev]) was
     known. Without PIPELINE, latency is hidden by occupancy only (few registers per program); with
-    it, the tiles i+1 are loaded before tile i is reduced (two tiles in flight)."""
+    it, the W2 and U tiles i+1 are loaded before tile i is reduced (two tiles in flight)."""
     best = tl.full([BLOCK_B, BLOCK_V], float("-inf"), tl.float32)
     arg = tl.full([BLOCK_B, BLOCK_V], INT_MAX, tl.int32)
     tile = tl.where(c < n_tiles, _tile_at(0, c, C, n_tiles, rev), n_tiles)   # past the end: masked
-    w, u, g = first
+    w = w_first
+    u = u_first
     for i in range(1, tl.cdiv(n_tiles - c, C)):
         nxt = _tile_at(i, c, C, n_tiles, rev)
         keep = c + i * C >= keep_from                        # by sweep position
         if PIPELINE:                                         # next tiles in flight while this one is reduced
-            w_next, u_next, g_next = _tile_pair(w2, U, noise, rows, live, k, nxt, keep, V, R, stride_ub,
-                                                stride_uk, BLOCK_V, BLOCK_R, L2_HINTS, NOISE)
-        best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, g, z_out, rows, rmask, live, greedy,
-                                 inv_t, key, k, tile, best, arg, N, V, BLOCK_V, NOISE)
+            w_next, u_next = _tile_pair(w2, U, rows, live, k, nxt, keep, V, R, stride_ub, stride_uk, BLOCK_V,
+                                        BLOCK_R, L2_HINTS)
+        best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
+                                 inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
         if not PIPELINE:
-            w_next, u_next, g_next = _tile_pair(w2, U, noise, rows, live, k, nxt, keep, V, R, stride_ub,
-                                                stride_uk, BLOCK_V, BLOCK_R, L2_HINTS, NOISE)
-        w, u, g, tile = w_next, u_next, g_next, nxt
-    best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, g, z_out, rows, rmask, live, greedy,
-                             inv_t, key, k, tile, best, arg, N, V, BLOCK_V, NOISE)
+            w_next, u_next = _tile_pair(w2, U, rows, live, k, nxt, keep, V, R, stride_ub, stride_uk, BLOCK_V,
+                                        BLOCK_R, L2_HINTS)
+        w, u, tile = w_next, u_next, nxt
+    best, arg = _score_lanes(_gemv_tile(w, h, BLOCK_B), u, z_out, rows, rmask, live, greedy,
+                             inv_t, key, k, tile, best, arg, N, V, BLOCK_V)
     top = tl.max(best, 1)
     return top, tl.min(tl.where(best == top[:, None], arg, INT_MAX), 1)
 
@@ -310,18 +301,6 @@ def _nanosleep(ns):
 
 
 @triton.jit
-def _write_noise(noise, key, c, C, n_tiles, rev, V, BLOCK_V: tl.constexpr, CHUNK: tl.constexpr = 256):
-    """Gumbel noise of program c's tiles (in the order of ``rev``) for one row: noise[col] [V]; a
-    flat layout, one column per lane."""
-    count = tl.cdiv(n_tiles - c, C)
-    for e0 in range(0, count * BLOCK_V, CHUNK):
-        e = e0 + tl.arange(0, CHUNK)
-        i = e // BLOCK_V
-        col = _tile_at(i, c, C, n_tiles, rev) * BLOCK_V + e % BLOCK_V
-        tl.store(noise + col, gumbel(key, col), mask=(i < count) & (col < V))
-
-
-@triton.jit
 def _grid_wait(counter, target, POLL_NS: tl.constexpr):
     """Spin until ``target`` programs have arrived at the grid barrier; with POLL_NS > 0 a poll
     that finds the barrier closed sleeps that long before the next (fewer atomics on the counter
@@ -336,22 +315,17 @@ def _grid_wait(counter, target, POLL_NS: tl.constexpr):
 
 @triton.jit
 def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tokens_out,
-                         part_val, part_idx, counter, slots, noise,
+                         part_val, part_idx, counter, slots,
                          B, N, V, R, C, K0, K1, stride_ub, stride_uk, KEEP_FROM,
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
                          GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr,
-                         PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr,
-                         NOISE: tl.constexpr):
+                         PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
     step k-1's partials (after the grid barrier when GRID_SYNC). With PACKED > 0 (GRID_SYNC only)
     a program folds its best into ``slots`` [N, PACKED, B rounded up to 16] (int64 zeros) with one
     ``atomic_max`` of the packed (score, index) on copy c % PACKED instead (PACKED copies: fewer
-    atomics on one address), and step k > 0 reads the token back with one load of the copies.
-    NOISE (GEMV, one row): a sampled row's Gumbel noise of step k is written to ``noise`` [2, V]
-    (by step parity: a program writes step k's before the barrier, while others may still read step
-    k-1's) for the program's own tiles, where it waits anyway, in a layout without the replication
-    of a tile's reduced row (``_write_noise``), and read back per tile."""
+    atomics on one address), and step k > 0 reads the token back with one load of the copies."""
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
@@ -360,15 +334,9 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
     total = C * tl.num_programs(1)
     for k in range(K0, K1):
         rev = (k % 2) * SNAKE == 1
-        key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
-        noise_k = noise + (k % 2) * V
-        if NOISE:
-            if tl.max(greedy.to(tl.int32), 0) == 0:
-                _write_noise(noise_k, key, c, C, n_tiles, rev, V, BLOCK_V)
-            tl.debug_barrier()                               # the program's noise before its tiles read it
         if GEMV:                                             # in flight while waiting for prev
-            first = _first_tile(w2, U, noise_k, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub,
-                                stride_uk, BLOCK_V, BLOCK_R, L2_HINTS, NOISE)
+            w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub,
+                                 stride_uk, BLOCK_V, BLOCK_R, L2_HINTS)
         if k == 0:
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
@@ -377,11 +345,11 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
             prev = _token_of_step(part_val, part_idx, slots, k - 1, B, rows, rmask, C, BLOCK_B, BLOCK_C, PACKED)
             if c == 0:
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
+        key = row_key(sd, st + k + 1, STREAM_DRAFT)                                   # [BLOCK_B]
         if GEMV:
-            best, arg = _step_gemv(first, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
+            best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
                                    rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
-                                   stride_ub, stride_uk, noise_k, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE,
-                                   NOISE)
+                                   stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
         else:
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -437,17 +405,17 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
     n_tiles = tl.cdiv(V, BLOCK_V)
     rev = (k % 2) * SNAKE == 1
     if GEMV:
-        first = _first_tile(w2, U, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub, stride_uk,
-                            BLOCK_V, BLOCK_R, L2_HINTS, False)
+        w0, u0 = _first_tile(w2, U, rows, live, k, c, C, n_tiles, rev, KEEP_FROM, V, R, stride_ub, stride_uk,
+                             BLOCK_V, BLOCK_R, L2_HINTS)
     if k == 0:
         prev = tl.maximum(anc, 0).to(tl.int64)
     else:                                                    # written by the previous launch
         prev = tl.maximum(tl.load(tokens_out + rows * N + (k - 1), mask=rmask, other=0), 0)
     key = row_key(sd, st + k + 1, STREAM_DRAFT)
     if GEMV:
-        best, arg = _step_gemv(first, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
+        best, arg = _step_gemv(w0, u0, _w1_rows(w1, prev, live, R, BLOCK_B, BLOCK_R), U, w2, z_out, rows,
                                rmask, live, greedy, inv_t, key, k, c, C, n_tiles, rev, KEEP_FROM, N, V, R,
-                               stride_ub, stride_uk, U, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE, False)
+                               stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R, L2_HINTS, PIPELINE)
     else:
         best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                               C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
@@ -467,8 +435,6 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # packed (one_launch): copies of the step token's slot; > 0: a program folds its best (score, index)
 # into one copy with one atomic_max and the next step reads the copies back, 0: per-program partials
 # that every program reduces after the barrier;
-# noise (one_launch, gemv, batch 1): a sampled row's Gumbel noise written once per column before
-# the barrier and read per tile, instead of computed by every thread that holds the tile's row;
 # poll_ns (one_launch): sleep between polls of a closed grid barrier (0 = spin);
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # pipeline (gemv): load the next W2 and U tiles before reducing the current one;
@@ -476,7 +442,7 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 60 MB).
 MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
                        reduce="ticket", gemv=False, pipeline=False, snake=False, l2_keep=0.0, num_warps=None,
-                       num_stages=3, packed=1, poll_ns=0, noise=True)
+                       num_stages=3, packed=1, poll_ns=0)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
 # The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7
@@ -576,7 +542,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
                          pipeline: bool | None = None, packed: int | None = None,
-                         poll_ns: int | None = None, noise: bool | None = None) -> tuple[Tensor, Tensor]:
+                         poll_ns: int | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -600,7 +566,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
                         snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep,
-                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed, poll_ns=poll_ns, noise=noise)
+                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed, poll_ns=poll_ns)
     if not static:
         cfg["groups"] = triton.cdiv(B, cfg["block_b"])
     block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
@@ -641,12 +607,9 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         part_idx = torch.empty((N, B, C), dtype=torch.int32, device=dev)
         counter = torch.zeros(1, dtype=torch.int32, device=dev) if one_launch else part_idx   # unused per step
         slots = part_idx                        # unused
-    noise_rows = one_launch and cfg["gemv"] and block_b == 1 and bool(cfg["noise"])
-    noise = torch.empty((2, V), dtype=torch.float32, device=dev) if noise_rows else z   # z: unused
-    head = (U, *rowargs, z, tokens, part_val, part_idx, counter, slots, noise, B, N, V, Rk)   # then C, step range
+    head = (U, *rowargs, z, tokens, part_val, part_idx, counter, slots, B, N, V, Rk)   # then C and the step range
     kernel = launcher(markov_sample_kernel)
-    meta = dict(BLOCK_C=block_c, PACKED=packed, POLL_NS=int(cfg["poll_ns"]) if one_launch else 0, NOISE=noise_rows,
-                **tiles, **flags)
+    meta = dict(BLOCK_C=block_c, PACKED=packed, POLL_NS=int(cfg["poll_ns"]) if one_launch else 0, **tiles, **flags)
     strides = (U.stride(0), U.stride(1), keep_from)
     if one_launch:
         meta1 = dict(GRID_SYNC=True, WRITE_LAST=True, **meta)
