@@ -44,6 +44,7 @@ CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-asi
     (1, 151936, 256, [{}, {"packed": 0}], [0, None], N, 0.8),   # batch 1 sampled
     (1, 151936, 256, [{}, {"packed": 0}], [0], 1, None),       # the fixed cost of a call
     (1, 129280, 512, [{}, {"pipeline": True}], [0, None], N, None),
+    *[(B, 151936, 256, [{}, {"one_launch": True}], [0], N, None) for B in (8, 16, 32)],
     (64, 151936, 256, [{}, {"one_launch": True}, {"one_launch": True, "packed": 0}], [0], N, None),
 ]
 
