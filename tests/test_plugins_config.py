@@ -79,6 +79,13 @@ def test_markov_batch1_schedule_applies_only_when_not_chosen():
         assert not cfg["one_launch"] and cfg["block_v"] != kmk.MARKOV_B1["block_v"]
 
 
+@pytest.mark.parametrize("B", [2, 16, 31, 32, 64, 65])
+def test_markov_one_launch_for_the_measured_large_batches(B):
+    lo, hi = kmk.ONE_LAUNCH_B
+    assert kmk.markov_config(B, 151936, 256, DEV)["one_launch"] == (lo <= B <= hi)
+    assert not kmk.markov_config(B, 151936, 256, DEV, one_launch=False)["one_launch"]   # the caller's choice
+
+
 def test_markov_batch1_pipelines_small_tiles_only():
     """Two 16 KB tiles in flight (r=512) cost a program per SM, measured slower: no pipeline
     there unless asked for."""

@@ -35,8 +35,8 @@ def _markov_args(B=5, N=7, V=151936, r=256):
     U = torch.randn(B, N, V, device=DEV, generator=g).to(torch.bfloat16) * 3
     w1 = (torch.randn(V, r, device=DEV, generator=g) * 0.1).to(torch.bfloat16)
     w2 = (torch.randn(V, r, device=DEV, generator=g) * 0.1).to(torch.bfloat16)
-    anchor = torch.tensor([3, -1, 77, 151000, 9][:B], device=DEV)
-    temp = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.5][:B], device=DEV)
+    anchor = torch.tensor([3, -1, 77, 151000, 9], device=DEV).repeat(-(-B // 5))[:B]   # a dead row (-1) in each 5
+    temp = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.5], device=DEV).repeat(-(-B // 5))[:B]
     seed = torch.arange(B, device=DEV) + (1 << 40)
     start = torch.arange(B, device=DEV) * 100
     return U, anchor, w1, w2, temp, seed, start
@@ -52,10 +52,10 @@ ONE_GEMV = dict(one_launch=True, gemv=True, block_v=16, num_warps=4)
                                          (4, dict(ONE_GEMV, resident_per_sm=64)),
                                          (4, dict(one_launch=False, gemv=True, reduce="prologue", pipeline=True)),
                                          (5, dict(one_launch=True, packed=0)), (1, dict(poll_ns=100)),
-                                         (5, dict(one_launch=True, packed=8)), (1, dict(packed=8))],
+                                         (5, dict(one_launch=True, packed=8)), (1, dict(packed=8)), (64, {})],
                          ids=["one_launch", "per_step", "rows", "b1_default", "b1_gemv_clamped", "b1_gemv_pipeline",
                               "b4_gemv_clamped", "b4_gemv_prologue_pipeline", "one_launch_partials",
-                              "b1_poll_sleep", "one_launch_packed8", "b1_packed8"])
+                              "b1_poll_sleep", "one_launch_packed8", "b1_packed8", "b64_default"])
 def test_markov_real_vocab_tokens_exact(B, schedule):
     """*_clamped ask for 64 programs per SM: without the residency clamp the grid barrier would
     wait forever for programs that cannot be scheduled."""

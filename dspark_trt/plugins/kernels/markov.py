@@ -445,15 +445,20 @@ MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_s
                        num_stages=3, packed=1, poll_ns=0)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
-# The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7
-# (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-f4e9738.json, cold L2): V=151936 r=256 160 us
-# (72% of 4.8 TB/s) with pipeline, 164 us without; 196 us of MARKOV_SMALL_B's per-step launches,
-# 169 us of 7 torch.mv (cuBLAS GEMV) and 186 us of 7 plain reads of W2 (torch.sum). Pipelining
-# only pays while two tiles in flight still leave room for enough programs: V=129280 r=512 (16 KB
-# tiles) 237 us without, 254 us with (3 programs per SM instead of 4). Batches 2..4 keep
-# MARKOV_SMALL_B (B=4 in one launch: 741 vs 348 us).
+# The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7, cold
+# L2 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-1471c02.json): V=151936 r=256 138 us greedy
+# (83% of 4.8 TB/s), 146 us sampled (T=0.8); 151 us with per-program partials instead of the packed
+# atomic_max (packed=0), 144 us without pipeline, 198 us of MARKOV_SMALL_B's per-step launches;
+# 169 us of 7 torch.mv (cuBLAS GEMV), 186 us of 7 plain reads of W2 (torch.sum). Pipelining only
+# pays while two tiles in flight leave room for enough programs: V=129280 r=512 (16 KB tiles) 229 us
+# without, 230 us with (3 programs per SM instead of 4). Batches 2..4 keep MARKOV_SMALL_B (B=4 in one
+# launch: 741 vs 348 us, markov-l2-NVIDIA_H200-f4e9738.json).
 MARKOV_B1: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True,
                        pipeline=True)
+# Batches ONE_LAUNCH_B[0]..ONE_LAUNCH_B[1] run the tensor-core body in one launch (same file,
+# V=151936 r=256: B=32 480 vs 548 us per step, B=64 644 vs 856 us; B=16 408 vs 364 and B=8 398 vs
+# 355 us stay per step; larger batches are not measured).
+ONE_LAUNCH_B = (32, 64)
 SLOTS_OFFSET = 16         # int64s between the barrier counter and the packed slots: another 128-byte line
 PIPELINE_MAX_TILE = 4096   # W2 elements per gemv tile up to which MARKOV_B1 pipelines (8 KB of bf16)
 GEMV_MAX_B = 4
@@ -469,7 +474,8 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
     given = {k: v for k, v in overrides.items() if v is not None}
     small = MARKOV_SMALL_B if B <= GEMV_MAX_B else {}
     b1 = MARKOV_B1 if B == 1 and not {"one_launch", "gemv"} & set(given) else {}
-    cfg = {**MARKOV_DEFAULTS, **small, **b1, **given}
+    large = dict(one_launch=True) if ONE_LAUNCH_B[0] <= B <= ONE_LAUNCH_B[1] else {}
+    cfg = {**MARKOV_DEFAULTS, **small, **large, **b1, **given}
     one_launch = cfg["one_launch"]
     if cfg["reduce"] not in ("ticket", "prologue"):
         raise ValueError(f"markov_sample: reduce must be 'ticket' or 'prologue', got {cfg['reduce']!r}")
