@@ -4,8 +4,10 @@
 Exact mode. Step k reads W2 [V, r] once for *all* rows: the vocabulary is cut into BLOCK_V tiles
 dealt round-robin to C programs; a program computes ``z = U_k + W1[prev] @ W2_tile^T`` for every
 row, stores z, scores it (``z`` at T = 0, else ``z / T + Gumbel``) and keeps its best (score,
-index) per row. The token of step k is the reduction of the C partials (ties -> smallest index,
-like ``torch.argmax``). Two tile bodies:
+index) per row. The token of step k is the best of the C programs' (ties -> smallest index, like
+``torch.argmax``): one ``atomic_max`` per program of the packed (score, index) (``_pack_best``) in
+the one-launch schedule, a reduction of per-program partials in the per-step ones. A batch-1 greedy
+row skips the Gumbel noise. Two tile bodies:
 
 * ``gemv=False``: ``tl.dot`` over BLOCK_R slices of the rank (tensor cores; rows padded to 16).
 * ``gemv=True`` (batch <= GEMV_MAX_B): whole-rank tiles, ``sum(W2_tile * h)`` on CUDA cores, few registers
