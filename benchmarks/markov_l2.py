@@ -36,16 +36,16 @@ N = 7
 MB = 1 << 20
 # {} = the batch-1 default (kernels/markov.py MARKOV_B1); a config naming one_launch or gemv is
 # taken whole (MARKOV_DEFAULTS + MARKOV_SMALL_B + it). One-launch grids are cut to what fits.
-B1_CONFIGS = [{}, {"packed": 0}, {"packed": 8}, {"pipeline": False},
+B1_CONFIGS = [{}, {"packed": False}, {"pipeline": False},
               {"one_launch": False, "reduce": "prologue", "snake": True}]
 CASES = [  # (B, V, r, configs, resident MB; None = the device's largest set-aside, steps, temperature;
     #          None = rows alternate greedy / 0.8 starting greedy, as benchmarks/plugins.py)
     (1, 151936, 256, B1_CONFIGS, [0, None], N, None),
-    (1, 151936, 256, [{}, {"packed": 0}], [0, None], N, 0.8),   # batch 1 sampled
-    (1, 151936, 256, [{}, {"packed": 0}], [0], 1, None),       # the fixed cost of a call
+    (1, 151936, 256, [{}, {"packed": False}], [0, None], N, 0.8),   # batch 1 sampled
+    (1, 151936, 256, [{}, {"packed": False}], [0], 1, None),       # the fixed cost of a call
     (1, 129280, 512, [{}, {"pipeline": True}], [0, None], N, None),
     *[(B, 151936, 256, [{}, {"one_launch": True}], [0], N, None) for B in (8, 16, 32)],
-    (64, 151936, 256, [{}, {"one_launch": True}, {"one_launch": True, "packed": 0}], [0], N, None),
+    (64, 151936, 256, [{}, {"one_launch": True}, {"one_launch": True, "packed": False}], [0], N, None),
 ]
 
 

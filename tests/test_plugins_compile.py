@@ -105,8 +105,7 @@ def _launches_markov(monkeypatch):
     big = markov_inputs("cpu", torch.bfloat16, B=64, N=2, V=4096, r=256)
     out = []
     for a, kw in ((args, dict(one_launch=False)), (args, dict(one_launch=True)),
-                  (args, dict(one_launch=True, packed=0)), (args, dict(one_launch=True, poll_ns=100)),
-                  (args, dict(one_launch=True, gemv=True, block_v=16, packed=8)),
+                  (args, dict(one_launch=True, packed=False)),
                   (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=64)),
                   (args, dict(one_launch=True, gemv=True, snake=True, block_v=64)),
                   (args, dict(one_launch=True, gemv=True, snake=True, block_v=16, num_warps=4, pipeline=True)),

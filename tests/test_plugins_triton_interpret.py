@@ -47,7 +47,7 @@ def test_block_attention_kernel(results, mask, variant, splits):
 
 @pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",
                                       "one_gemv", "one_gemv_pipeline", "gemv_ticket_pipeline",
-                                      "gemv_b1_pipeline", "one_unpacked", "one_packed4",
+                                      "gemv_b1_pipeline", "one_unpacked",
                                       "one_gemv_b1_sampled",
                                       "per_step_groups", "prologue_groups", "rows", "aot", "topk", "topk_wide"])
 def test_markov_sample_kernel(results, schedule):

@@ -277,40 +277,28 @@ def _row_params(anchor, temperature, seed, start, rows, rmask):
 
 @triton.jit
 def _slot_rows(B):
-    """Row stride of the packed slots: B rounded up to 16 int64 (each copy on its own 128-byte lines)."""
+    """Row stride of the packed slots: B rounded up to 16 int64 (each step's slots on their own
+    128-byte lines)."""
     return tl.cdiv(B, 16) * 16
 
 
 @triton.jit
 def _token_of_step(part_val, part_idx, slots, k, B, rows, rmask, C, BLOCK_B: tl.constexpr,
                    BLOCK_C: tl.constexpr, PACKED: tl.constexpr):
-    """Token of step k per row, int64: the best of the PACKED copies in ``slots`` or, without
-    PACKED, the reduction of the C partials."""
+    """Token of step k per row, int64: read back from ``slots`` (PACKED) or reduced from the C
+    partials."""
     if PACKED:
-        g = tl.arange(0, PACKED)
-        off = (k * PACKED + g[None, :]) * _slot_rows(B) + rows[:, None]
-        best = tl.max(tl.load(slots + off, mask=rmask[:, None], other=0, cache_modifier=".cg"), 1)
-        return _unpack_index(best)
+        packed = tl.load(slots + k * _slot_rows(B) + rows, mask=rmask, other=0, cache_modifier=".cg")
+        return _unpack_index(packed)
     else:
         return _reduce_partials(part_val, part_idx, k * B + rows, rmask, C, BLOCK_B, BLOCK_C).to(tl.int64)
 
 
 @triton.jit
-def _nanosleep(ns):
-    """Suspend the warp for about ``ns`` (int32 tensor) nanoseconds (PTX ``nanosleep``)."""
-    return tl.inline_asm_elementwise("nanosleep.u32 $1;\n\tmov.u32 $0, 0;", "=r,r", [ns], dtype=tl.int32,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _grid_wait(counter, target, POLL_NS: tl.constexpr):
-    """Spin until ``target`` programs have arrived at the grid barrier; with POLL_NS > 0 a poll
-    that finds the barrier closed sleeps that long before the next (fewer atomics on the counter
-    while the last programs try to arrive)."""
+def _grid_wait(counter, target):
+    """Spin until ``target`` programs have arrived at the grid barrier."""
     seen = tl.atomic_add(counter, 0, sem="acquire")
     while seen < target:
-        if POLL_NS > 0:
-            seen += _nanosleep(seen.to(tl.int32) * 0 + POLL_NS).to(seen.dtype)   # adds 0
         seen = tl.atomic_add(counter, 0, sem="acquire")
     tl.debug_barrier()
 
@@ -322,12 +310,12 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
                          BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_C: tl.constexpr, GRID_SYNC: tl.constexpr, WRITE_LAST: tl.constexpr,
                          GEMV: tl.constexpr, SNAKE: tl.constexpr, L2_HINTS: tl.constexpr,
-                         PIPELINE: tl.constexpr, PACKED: tl.constexpr, POLL_NS: tl.constexpr):
+                         PIPELINE: tl.constexpr, PACKED: tl.constexpr):
     """Grid (C, row groups); steps K0..K1-1; partials [N, B, C]. Step k > 0 starts by reducing
-    step k-1's partials (after the grid barrier when GRID_SYNC). With PACKED > 0 (GRID_SYNC only)
-    a program folds its best into ``slots`` [N, PACKED, B rounded up to 16] (int64 zeros) with one
-    ``atomic_max`` of the packed (score, index) on copy c % PACKED instead (PACKED copies: fewer
-    atomics on one address), and step k > 0 reads the token back with one load of the copies."""
+    step k-1's partials (after the grid barrier when GRID_SYNC). With PACKED (GRID_SYNC only) a
+    program folds its best into ``slots`` [N, B rounded up to 16] (int64 zeros) with one
+    ``atomic_max`` of the packed (score, index) instead, and step k > 0 reads the token back with
+    one load."""
     c = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
     rmask = rows < B
@@ -343,7 +331,7 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
             prev = tl.maximum(anc, 0).to(tl.int64)
         else:
             if GRID_SYNC:
-                _grid_wait(counter, total * k, POLL_NS)
+                _grid_wait(counter, total * k)
             prev = _token_of_step(part_val, part_idx, slots, k - 1, B, rows, rmask, C, BLOCK_B, BLOCK_C, PACKED)
             if c == 0:
                 tl.store(tokens_out + rows * N + (k - 1), tl.where(live, prev, -1), mask=rmask)
@@ -356,8 +344,7 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
             best, arg = _step_dot(U, w1, w2, z_out, rows, rmask, live, greedy, inv_t, key, prev, k, c,
                                   C, n_tiles, rev, N, V, R, stride_ub, stride_uk, BLOCK_B, BLOCK_V, BLOCK_R)
         if PACKED:
-            tl.atomic_max(slots + (k * PACKED + c % PACKED) * _slot_rows(B) + rows, _pack_best(best, arg),
-                          mask=rmask, sem="relaxed")
+            tl.atomic_max(slots + k * _slot_rows(B) + rows, _pack_best(best, arg), mask=rmask, sem="relaxed")
         else:
             poff = (k * B + rows) * C + c
             tl.store(part_val + poff, best, mask=rmask)
@@ -368,7 +355,7 @@ def markov_sample_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, tok
     if WRITE_LAST:
         if c == 0:
             if GRID_SYNC:
-                _grid_wait(counter, total * N, POLL_NS)
+                _grid_wait(counter, total * N)
             last = _token_of_step(part_val, part_idx, slots, N - 1, B, rows, rmask, C, BLOCK_B, BLOCK_C, PACKED)
             tl.store(tokens_out + rows * N + (N - 1), tl.where(live, last, -1), mask=rmask)
 
@@ -434,23 +421,22 @@ def markov_step_kernel(U, anchor, w1, w2, temperature, seed, start, z_out, token
 # block_v = GEMV_TILE_ELEMS // rank: 16 KB of bf16 per program, ~64 registers per thread at 8 warps);
 # programs_per_sm: target programs per SM of the per-step schedules; resident_per_sm: programs per SM
 # of the one-launch schedule (clamped to what fits);
-# packed (one_launch): copies of the step token's slot; > 0: a program folds its best (score, index)
-# into one copy with one atomic_max and the next step reads the copies back, 0: per-program partials
-# that every program reduces after the barrier;
-# poll_ns (one_launch): sleep between polls of a closed grid barrier (0 = spin);
+# packed (one_launch): a program folds its best (score, index) into the step's slot with one
+# atomic_max and the next step reads it back with one load; False: per-program partials that every
+# program reduces after the barrier;
 # reduce: "ticket" or "prologue" (per-step schedules); gemv: CUDA-core body for batches <= GEMV_MAX_B;
 # pipeline (gemv): load the next W2 and U tiles before reducing the current one;
 # l2_keep (gemv): fraction of each step's sweep loaded evict_last, the rest evict_first (with snake,
 # the next step starts on the kept tiles; W2 of Qwen3-8B is 78 MB, the H200's L2 60 MB).
 MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_sm=4, resident_per_sm=1,
                        reduce="ticket", gemv=False, pipeline=False, snake=False, l2_keep=0.0, num_warps=None,
-                       num_stages=3, packed=1, poll_ns=0)
+                       num_stages=3, packed=True)
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
 # The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7, cold
 # L2 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-1471c02.json): V=151936 r=256 138 us greedy
 # (83% of 4.8 TB/s), 146 us sampled (T=0.8); 151 us with per-program partials instead of the packed
-# atomic_max (packed=0), 144 us without pipeline, 198 us of MARKOV_SMALL_B's per-step launches;
+# atomic_max (packed=False), 144 us without pipeline, 198 us of MARKOV_SMALL_B's per-step launches;
 # 169 us of 7 torch.mv (cuBLAS GEMV), 186 us of 7 plain reads of W2 (torch.sum). Pipelining only
 # pays while two tiles in flight leave room for enough programs: V=129280 r=512 (16 KB tiles) 229 us
 # without, 230 us with (3 programs per SM instead of 4). Batches 2..4 keep MARKOV_SMALL_B (B=4 in one
@@ -549,8 +535,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
-                         pipeline: bool | None = None, packed: int | None = None,
-                         poll_ns: int | None = None) -> tuple[Tensor, Tensor]:
+                         pipeline: bool | None = None, packed: bool | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
@@ -574,7 +559,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                         num_programs=num_programs, block_v=block_v, block_r=block_r, num_warps=num_warps,
                         num_stages=num_stages, reduce=reduce, gemv=False if rows_only else gemv,
                         snake=snake, programs_per_sm=programs_per_sm, l2_keep=l2_keep,
-                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed, poll_ns=poll_ns)
+                        resident_per_sm=resident_per_sm, pipeline=pipeline, packed=packed)
     if not static:
         cfg["groups"] = triton.cdiv(B, cfg["block_b"])
     block_b, groups, C, one_launch = cfg["block_b"], cfg["groups"], cfg["C"], cfg["one_launch"]
@@ -603,11 +588,9 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         return tokens, z
     if INTERPRET and one_launch:                # the interpreter runs programs one after another
         C, one_launch = 1, groups == 1
-    packed = int(cfg["packed"]) if one_launch else 0
-    if packed:                                  # [counter, slots [N, packed, B16]]: one zeroed buffer
-        if packed != pow2(packed):
-            raise ValueError(f"markov_sample: packed must be 0 or a power of two, got {packed}")
-        ws = torch.zeros(SLOTS_OFFSET + N * packed * triton.cdiv(B, 16) * 16, dtype=torch.int64, device=dev)
+    packed = one_launch and bool(cfg["packed"])
+    if packed:                                  # [counter, slots [N, B16]]: one zeroed buffer, no partials
+        ws = torch.zeros(SLOTS_OFFSET + N * triton.cdiv(B, 16) * 16, dtype=torch.int64, device=dev)
         counter, slots = ws[:1], ws[SLOTS_OFFSET:]
         part_val = part_idx = slots             # unused
     else:
@@ -617,7 +600,7 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
         slots = part_idx                        # unused
     head = (U, *rowargs, z, tokens, part_val, part_idx, counter, slots, B, N, V, Rk)   # then C and the step range
     kernel = launcher(markov_sample_kernel)
-    meta = dict(BLOCK_C=block_c, PACKED=packed, POLL_NS=int(cfg["poll_ns"]) if one_launch else 0, **tiles, **flags)
+    meta = dict(BLOCK_C=block_c, PACKED=packed, **tiles, **flags)
     strides = (U.stride(0), U.stride(1), keep_from)
     if one_launch:
         meta1 = dict(GRID_SYNC=True, WRITE_LAST=True, **meta)
