@@ -76,7 +76,8 @@ def build(opts: BuildOptions) -> dict:
     m = build_engine(opts, report=lambda s: print(s, flush=True))
     return {"command": opts.command_line(), "wall_seconds": round(time.perf_counter() - t0, 1),
             "stage_seconds": m["build_stats"]["stage_seconds"], "peak_memory": m["build_stats"]["peak_memory"],
-            "engine_bytes": sum(f["bytes"] for f in m["files"].values())}
+            "engine_bytes": sum(f["bytes"] for f in m["files"].values()),
+            "ops": {net: spec.get("ops") for net, spec in m.get("networks", {}).items()}}
 
 
 def time_ms(fn, reps: int = 20) -> float:
@@ -200,7 +201,8 @@ def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dic
            "verify_argmax_equal_fraction": argmax_eq("verify_logits"),
            "argmax_flips_beyond_rounding": clear_flips("prefill_logits") + clear_flips("verify_logits"),
            "draft_flips": draft_flips(got, want),
-           "reference_fallback_networks": nets.manifest.get("reference_fallback", []),
+           "ops_as_references": sorted({op for spec in nets.manifest["networks"].values()
+                                        for op, how in spec.get("ops", {}).items() if how != "triton kernel"}),
            "draft_step_ms_engine": time_ms(got["draft_step"]),
            "draft_step_ms_eager": time_ms(want["draft_step"])}
     print(json.dumps(out, indent=2), flush=True)
@@ -227,6 +229,9 @@ def run(name: str, opts: BuildOptions, sha: str, check_parity: bool, keep: bool 
 
 
 V4 = "deepseek-v4-flash-dspark"
+# GPU smoke builds (benchmarks/gpu_smoke.sh): name -> (preset, overrides, max batch)
+SMOKE = {"qwen3-8b-6layers": ("qwen3-8b-dspark-block7", ("num_hidden_layers=6",), 16),
+         "v4-tiny": ("deepseek-v4-tiny-dspark", (), 16)}
 V4_EAGER = f"{V4}-eager"                   # v4-eager's results file: build-<V4_EAGER>.json
 V4_OVERRIDES = ["draft.target_layer_ids=[0]", "num_hidden_layers=1"]
 V4_BATCHES = (1, 16)
@@ -366,7 +371,8 @@ def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
         record["engine_load_seconds"] = round(time.perf_counter() - t0, 1)
         record["engine_bytes"] = sum(f["bytes"] for f in nets.manifest["files"].values())
         record["engine"], outs = v4_latencies(nets)
-        record["reference_fallback_networks"] = nets.manifest.get("reference_fallback", [])
+        record["ops_as_references"] = sorted({op for spec in nets.manifest["networks"].values()
+                                             for op, how in spec.get("ops", {}).items() if how != "triton kernel"})
         torch.save({B: {k: outs[B][k].cpu() for k in ("drafts", "z")} for B in V4_BATCHES}, outputs)
         save(V4, record)
         del nets, outs
@@ -386,7 +392,8 @@ def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", nargs="*", default=["qwen3", "v4"], choices=["qwen3", "v4", *V4_STEPS])
+    ap.add_argument("which", nargs="*", default=["qwen3", "v4"],
+                    choices=["qwen3", "v4", *V4_STEPS, *SMOKE])
     ap.add_argument("--git-sha")
     ap.add_argument("--keep", action="store_true", help="keep the engines (for a following bench)")
     ap.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact")
@@ -398,6 +405,14 @@ def main() -> None:
                             check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda", markov_sampler=a.markov_sampler),
             sha, check_parity=True, keep=a.keep)
+    for name in SMOKE:
+        if name in a.which:
+            model, overrides, batch = SMOKE[name]
+            run(name, BuildOptions(model=model, output=str(ENGINES / name), random_weights=True, dtype="bf16",
+                                   max_batch_size=batch, overrides=list(overrides), backend="aoti",
+                                   device="cuda", markov_sampler=a.markov_sampler,
+                                   check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1"),
+                sha, check_parity=True, keep=a.keep)
     steps = set(V4_STEPS) if "v4" in a.which else set(a.which) & set(V4_STEPS)
     if steps:
         if V4 not in PRESETS:

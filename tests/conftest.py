@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import os
 
 import pytest
 import torch
@@ -60,3 +62,6 @@ class _RoomyStack:
 
 def pytest_configure(config):
     config.pluginmanager.register(_RoomyStack(), "dspark-roomy-stack")
+    if os.environ.get("CI") == "true" and importlib.util.find_spec("triton") is None:
+        raise pytest.UsageError("CI=true but Triton is not installed: every kernel test would be skipped "
+                                "(install the test extra: pip install -e \".[test]\")")

@@ -6,11 +6,8 @@ runs a kernel launcher against the reference and returns numbers (max abs error,
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from dspark_trt.plugins.block_attention import block_attention_ref
-from dspark_trt.plugins.kernels.markov import _pack_best, _unpack_index
 from dspark_trt.plugins.kv_cache import kv_cache_write_ref
 from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref
 from dspark_trt.plugins.moe_experts import moe_experts_ref
@@ -160,18 +157,6 @@ def _err(a, b):
     return float(torch.where(both_inf, 0.0, (a - b).abs()).max()) if a.numel() else 0.0
 
 
-@triton.jit
-def _fold_packed(scores, slot, M, BLOCK: tl.constexpr):
-    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    s = tl.load(scores + i, mask=i < M)
-    tl.atomic_max(slot + 0 * i, _pack_best(s, i), mask=i < M, sem="relaxed")
-
-
-@triton.jit
-def _unpack_packed(slot, out):
-    tl.store(out + tl.program_id(0), _unpack_index(tl.load(slot + tl.program_id(0))))
-
-
 def packed_argmax_case(device) -> dict:
     """``atomic_max`` of ``markov._pack_best`` from several programs equals ``torch.argmax`` (first
     index on ties): negative scores, -inf, the maximum at several indices, -0.0 tied with +0.0."""
@@ -185,9 +170,10 @@ def packed_argmax_case(device) -> dict:
     scores = torch.stack(rows).to(device)                      # [5, 40]: one slot per row
     slots = torch.zeros(len(rows), dtype=torch.int64, device=device)
     got = torch.empty(len(rows), dtype=torch.int64, device=device)
+    from plugins_packed import fold_packed as fold, unpack_packed as unpack     # imports Triton
     for r in range(len(rows)):
-        _fold_packed[(5,)](scores[r], slots[r:], 40, BLOCK=8)
-    _unpack_packed[(len(rows),)](slots, got)
+        fold[(5,)](scores[r], slots[r:], 40, BLOCK=8)
+    unpack[(len(rows),)](slots, got)
     return {"tokens_equal": bool(torch.equal(got.cpu(), scores.cpu().argmax(1)))}
 
 

@@ -49,7 +49,7 @@ def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(aoti, "compile_network", fail_on_second)
     # no real export (the engine tests cover it): weightless programs reach the compile stage at once
     monkeypatch.setattr(build_mod, "export_network",
-                        lambda spec, inline: SimpleNamespace(state_dict={}, constants={}))
+                        lambda spec, inline: (SimpleNamespace(state_dict={}, constants={}), {}))
     out = tmp_path / "engines" / TINY
     with pytest.raises(KeyboardInterrupt):
         build_engine(BuildOptions(model=TINY, output=str(out), random_weights=True, device="cpu",
@@ -189,3 +189,14 @@ def test_memory_estimate_counts_shared_parameters_once():
     c = get_preset(TINY).target
     assert est["kv_bytes_per_token"]["target"] == 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2
     assert memory_estimate("qwen3-8b-dspark-block7", torch.bfloat16, 8, 2048)["h200_count"] == 1
+
+
+def test_info_model_shows_the_architecture():
+    from dspark_trt.commands.info import memory_estimate
+    arch = memory_estimate("qwen3-8b-dspark-block7", torch.bfloat16, 1, 128)["architecture"]
+    t, d = arch["target"], arch["draft"]
+    assert (t["hidden_size"], t["num_hidden_layers"], t["num_attention_heads"], t["num_key_value_heads"],
+            t["head_dim"], t["vocab_size"]) == (4096, 36, 32, 8, 128, 151936)
+    assert d["block_size"] == 7 and d["num_hidden_layers"] == 5 and len(d["target_layer_ids"]) == 5
+    v4 = memory_estimate("deepseek-v4-tiny-dspark", torch.bfloat16, 1, 128)["architecture"]
+    assert v4["target"]["n_routed_experts"] > 0 and "num_stages" in v4["draft"]

@@ -78,6 +78,18 @@ def test_manifest_records_build_and_stores_shared_weights_once(engine):
     assert not any(k.startswith("draft.embed_tokens") or k.startswith("draft.lm_head") for k in stored)
 
 
+def test_manifest_says_how_each_dspark_op_was_compiled(engine):
+    """Every dspark op a network calls is listed, with why it is a reference (CPU: no Triton)."""
+    nets = json.loads((engine / "manifest.json").read_text())["networks"]
+    assert set(nets["target"]["ops"]) == {"dspark::kv_cache_write", "dspark::block_attention"}
+    assert set(nets["draft_context"]["ops"]) == {"dspark::kv_cache_write"}
+    assert set(nets["draft_block"]["ops"]) == {"dspark::kv_cache_write", "dspark::block_attention",
+                                               "dspark::markov_sample"}
+    for net in nets.values():
+        assert set(net["ops"].values()) == {"pytorch reference: CPU build: inductor compiles no Triton "
+                                            "kernels on CPU"}
+
+
 @pytest.fixture
 def engine_copy(engine, tmp_path) -> Path:
     dst = tmp_path / "copy"
@@ -128,3 +140,4 @@ def test_info_command_prints_and_checks_engine(engine, capsys):
     assert main(["info", str(engine)]) == 0
     out = capsys.readouterr().out
     assert '"format_version": 1' in out and "check: ok" in out
+    assert "ops target: dspark::" in out and "= pytorch reference: CPU build" in out

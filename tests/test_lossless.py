@@ -80,3 +80,41 @@ def test_temperature_outputs_are_reproducible_per_seed():
     c = llm.generate(p, SamplingParams(temperature=1.0, seed=12, max_new_tokens=20))[0]
     assert a.output_ids == b.output_ids
     assert a.output_ids != c.output_ids
+
+
+def _near_target_run(llm, prompts, sp, seed):
+    nets = NearTargetNetworks(llm.networks, sigma=0.5, seed=seed)
+    return Generator(nets, len(prompts), llm.max_seq_len, llm.pair.target.vocab_size).run(
+        [(p, sp) for p in prompts])
+
+
+def test_round_cut_by_stop_token_counts_committed_tokens():
+    """A stop token accepted mid-block ends the round there: that round's tau counts the tokens it
+    committed (no bonus) and its proposal length is cut at the stop token (DeepSpec metrics_row)."""
+    block = 6
+    llm = _llm(block, seed=21)
+    prompt = [[3, 1, 4, 1, 5]]
+    free = _near_target_run(llm, prompt, SamplingParams(max_new_tokens=40, ignore_eos=True), seed=5)[0]
+    # a round whose accepted drafts include a token not seen before: stop there, mid-block
+    pos, stop = 1, None                               # output_ids[0] comes from prefill
+    for a, c in zip(free.stats.accepted, free.stats.committed):
+        fresh = [off for off in range(a - 1)          # an accepted draft with a later draft accepted
+                 if free.output_ids[pos + off] not in free.output_ids[:pos + off]]
+        if fresh:
+            stop = free.output_ids[pos + fresh[0]]
+            break
+        pos += c
+    assert stop is not None, "no mid-block accepted draft to stop at"
+    out = _near_target_run(llm, prompt, SamplingParams(max_new_tokens=40, stop_token_ids=[stop]), seed=5)[0]
+    st = out.stats
+    assert out.finish_reason == "stop" and out.output_ids[-1] == stop
+    assert out.output_ids == free.output_ids[:len(out.output_ids)]
+    assert sum(st.committed) == len(out.output_ids) - 1          # every committed token counted once
+    assert st.committed[-1] == st.accepted[-1] == st.proposed[-1] < block + 1
+    assert st.committed[-1] < free.stats.committed[st.rounds - 1]
+    assert st.tau == pytest.approx((len(out.output_ids) - 1) / st.rounds)
+    rates = st.acceptance_per_position()
+    last = st.committed[-1]
+    reached = [sum(p > k for p in st.proposed) for k in range(block)]
+    assert reached[last] == st.rounds - 1                          # the cut round proposed no further
+    assert rates == [sum(a > k for a in st.accepted) / r if r else 0.0 for k, r in enumerate(reached)]

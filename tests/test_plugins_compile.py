@@ -55,7 +55,9 @@ def record(monkeypatch, module, fn, *args, **kwargs):
     return launches
 
 
-def _sig(value):
+def _sig(value, float_type="fp32"):
+    if value is None:                     # passed as a constexpr instead
+        return "constexpr"
     if isinstance(value, torch.Tensor):
         return _PTR[value.dtype]
     if isinstance(value, bool):
@@ -63,14 +65,14 @@ def _sig(value):
     if isinstance(value, int):
         return "i32" if -2**31 <= value < 2**31 else "i64"
     if isinstance(value, float):
-        return "fp32"
+        return float_type
     raise TypeError(f"no Triton signature for {type(value)}")
 
 
-def compile_launch(kernel, args, kwargs):
+def compile_launch(kernel, args, kwargs, float_type="fp32"):
     names = kernel.arg_names
     consts = {k: v for k, v in kwargs.items() if k not in _OPTIONS}
-    sig = {n: _sig(a) for n, a in zip(names, args)}
+    sig = {n: _sig(a, float_type) for n, a in zip(names, args)}
     sig.update({k: "constexpr" for k in consts})
     missing = [n for n in names if n not in sig]
     assert not missing, f"{kernel.__name__}: unbound arguments {missing}"
@@ -179,3 +181,39 @@ def test_launches_compile_for_sm90(monkeypatch, op):
         k = compile_launch(kernel, args, kwargs)
         assert k.asm["ptx"].count(".entry") == 1
         assert k.metadata.shared <= SM90_MAX_SHARED, (kernel.__name__, kwargs, k.metadata.shared)
+
+
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe"])
+def test_float_scalars_passed_as_fp64_compile(monkeypatch, op):
+    """AOTInductor (Triton 3.6) passes Python-float arguments (scales, limits) as fp64: each kernel
+    with a float argument casts it, so no fp64 reaches a loop-carried fp32 value. Uncast, the
+    frontend fails ("Loop-carried variable m_i has initial type fp32 but is re-assigned to fp64")."""
+    launches = globals()[f"_launches_{op}"](monkeypatch)
+    firsts = {}
+    for kernel, args, kwargs in launches:        # the default launch of each kernel
+        if any(isinstance(a, float) for a in args):
+            firsts.setdefault(kernel.__name__, (kernel, args, kwargs))
+    assert firsts, f"{op}: no launch with a float argument"
+    for kernel, args, kwargs in firsts.values():
+        k = compile_launch(kernel, args, kwargs, float_type="fp64")
+        assert k.asm["ptx"].count(".entry") == 1
+
+
+
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe"])
+def test_float_scalars_passed_as_constants_compile(monkeypatch, op):
+    """torch's mutation analysis of a user Triton kernel (torch.export / AOTInductor, torch 2.11)
+    generates its TTIR with Python-float arguments as plain Python floats: a kernel that calls a
+    tensor method on one (``scale.to(...)``) fails there; torch only warns, assumes every input is
+    mutated, and the package returns extra outputs (seen on the H200: 3 leaves for 1)."""
+    launches = globals()[f"_launches_{op}"](monkeypatch)
+    firsts = {}
+    for kernel, args, kwargs in launches:
+        if any(isinstance(a, float) for a in args):
+            firsts.setdefault(kernel.__name__, (kernel, args, kwargs))
+    assert firsts
+    for kernel, args, kwargs in firsts.values():
+        floats = {n: a for n, a in zip(kernel.arg_names, args) if isinstance(a, float)}
+        rest = [None if n in floats else a for n, a in zip(kernel.arg_names, args)]
+        k = compile_launch(kernel, rest, {**kwargs, **floats})
+        assert k.asm["ptx"].count(".entry") == 1

@@ -31,10 +31,11 @@ from ..config import ConfigError, ModelPair, get_preset
 from ..models.dspark_qwen3 import MARKOV_SAMPLERS
 from ..models.fuse import fuse_projections_
 from ..models.v4_moe import stack_experts_
+from ..progress import bar
 from . import engine_dir as ed
 from .backends import BuildError, pick_backend
 from .export import (NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline,
-                     reference_impls)
+                     reference_impls, reference_reason)
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -63,6 +64,7 @@ class BuildOptions:
     expert_parallel: bool = False             # with tp_size > 1: MoE experts split by expert
     check_toolchain: bool = True              # build + load a probe package first (AOTI)
     markov_sampler: str = "exact"             # "exact" or "topk" (models.dspark_qwen3.markov_sampler_op)
+    allow_reference_ops: bool = False         # a failed Triton-kernel build falls back to references
 
     def resolved(self) -> "BuildOptions":
         o = dataclasses.replace(self)
@@ -102,6 +104,8 @@ class BuildOptions:
             args += ["--tp-size", str(self.tp_size)] + (["--expert-parallel"] if self.expert_parallel else [])
         if self.random_weights:
             args.append("--random-weights")
+        if self.allow_reference_ops:
+            args.append("--allow-reference-ops")
         for ov in self.overrides:
             args += ["--override", ov]
         return shlex.join(args)
@@ -110,14 +114,19 @@ class BuildOptions:
 # ---- progress ------------------------------------------------------------------------------------
 
 class Progress:
+    """Build stages: a report line at each start and end (with times) and a progress bar."""
+
     def __init__(self, report: Callable[[str], None]):
         self.report, self.t0, self.stages = report, time.perf_counter(), {}
+        self.bar = bar(desc="build", unit="stage")
 
     @contextmanager
     def stage(self, name: str):
         t = time.perf_counter()
         self.report(f"[build] {name} ...")
+        self.bar.set_description(f"build: {name}")
         yield
+        self.bar.update()
         self.stages[name] = round(time.perf_counter() - t, 2)
         self.report(f"[build] {name} done in {self.stages[name]:.1f} s "
                     f"(total {time.perf_counter() - self.t0:.1f} s)")
@@ -373,35 +382,60 @@ def _gather_parts(part: dict, error: Exception | None, tp) -> list[dict] | None:
 def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, report,
                 sub: str = "") -> None:
     """Export + compile ``specs`` into ``tmp/sub`` (``sub``: "" or "rank<r>/"); fills ``manifest``
-    with paths relative to ``tmp``."""
+    with paths relative to ``tmp`` and, per network, which dspark ops are compiled Triton kernels
+    and which PyTorch references (with the reason)."""
     from .backends import aoti
     cxx = aoti.select_compiler()
     manifest["compiler"] = cxx
     if o.check_toolchain:
         with prog.stage(f"check compiler {cxx}"):
-            aoti.check_toolchain(cxx, device)
+            if aoti.check_toolchain(cxx, device):
+                report(f"[build] compiler {cxx} passed this check before (cached)")
     inline = ops_to_inline(device)
-    report(f"[build] dspark ops inlined as PyTorch references: {sorted(inline) or 'none'}")
-    programs = {}
+    every_op = set(reference_impls())
+    try:
+        _export_and_compile(specs, device, tmp, manifest, prog, sub, cxx, inline, {})
+    except Exception as e:
+        if inline >= every_op:
+            raise
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        if not o.allow_reference_ops:
+            raise BuildError(f"building the networks with the Triton plugin kernels failed ({why}); "
+                             "nothing was written. Rebuild with --allow-reference-ops to compile "
+                             "every dspark op from its PyTorch reference instead (slower).") from e
+        report(f"[build] WARNING: building with the Triton plugin kernels failed ({why}); "
+               "--allow-reference-ops: compiling every dspark op from its PyTorch reference")
+        manifest["networks"].clear()
+        _export_and_compile(specs, device, tmp, manifest, prog, sub, cxx, every_op,
+                            {op: f"--allow-reference-ops after a kernel build failure ({why})"
+                             for op in every_op})
+    ops = {}
+    for net in manifest["networks"].values():
+        ops.update(net["ops"])
+    kernels = sorted(op for op, how in ops.items() if how == "triton kernel")
+    refs = [f"{op} ({how.removeprefix('pytorch reference: ')})" for op, how in sorted(ops.items())
+            if how != "triton kernel"]
+    report(f"[build] dspark ops as Triton kernels: {', '.join(kernels) or 'none'}")
+    report(f"[build] dspark ops as PyTorch references: {'; '.join(refs) or 'none'}")
+
+
+def _export_and_compile(specs, device, tmp: Path, manifest: dict, prog: Progress, sub: str, cxx: str,
+                        inline: set[str], reasons: dict[str, str]) -> None:
+    from .backends import aoti
+    programs, used = {}, {}
     for spec in specs:
         with prog.stage(f"export {spec.name}"):
-            try:
-                programs[spec.name] = export_network(spec, inline)
-            except Exception as e:          # a kernel launcher that specialises dynamic shapes
-                if inline >= set(reference_impls()):
-                    raise
-                report(f"[build] WARNING: exporting {spec.name} with Triton plugin kernels failed "
-                       f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); exporting it with "
-                       "every dspark op as its PyTorch reference instead")
-                programs[spec.name] = export_network(spec, set(reference_impls()))
-                manifest.setdefault("reference_fallback", []).append(spec.name)
+            programs[spec.name], used[spec.name] = export_network(spec, inline)
     weights, maps = shared_weights(programs)
     for spec in specs:
         with prog.stage(f"compile {spec.name}"):
             aoti.compile_network(programs[spec.name], tmp / f"{sub}{spec.name}.pt2", cxx)
         manifest["networks"][spec.name] = {
             "file": f"{sub}{spec.name}.pt2", "inputs": spec.input_names + ["caches"],
-            "outputs": spec.output_names, "cache_group": spec.cache_group, "constants": maps[spec.name]}
+            "outputs": spec.output_names, "cache_group": spec.cache_group, "constants": maps[spec.name],
+            "ops": {op: "triton kernel" if how == "kernel" else
+                    f"pytorch reference: {reasons.get(op) or reference_reason(op, device)}"
+                    for op, how in used[spec.name].items()}}
     with prog.stage("save weights"):
         save_weights(weights, tmp / f"{sub}{WEIGHTS}")
         manifest["weights"] = f"{sub}{WEIGHTS}"

@@ -13,6 +13,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from ..progress import bar
+
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 
@@ -59,13 +61,16 @@ def read_tensors(ckpt_dir: str | Path, names: list[str] | None = None) -> dict[s
             raise CheckpointError(f"tensor '{n}' is missing from checkpoint {ckpt_dir}")
         by_file.setdefault(files[n], []).append(n)
     out = {}
+    progress = bar(total=len(wanted), desc=f"loading {Path(ckpt_dir).name}", unit="tensor")
     for path, ns in by_file.items():
         try:
             with safe_open(str(path), framework="pt") as f:
                 for n in ns:
                     out[n] = f.get_tensor(n)
+                    progress.update()
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"{path}: cannot read tensor(s) {ns[:3]}... ({e})") from None
+    progress.close()
     return out
 
 

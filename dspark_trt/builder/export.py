@@ -198,22 +198,37 @@ def triton_ops() -> set[str]:
 
 class ReferenceOps(TorchFunctionMode):
     """While active, calls to dspark ops (except ``keep``) run their PyTorch reference instead, so
-    export traces plain aten ops that any inductor backend (CPU included) can compile."""
+    export traces plain aten ops that any inductor backend (CPU included) can compile. Records
+    which dspark ops the traced code called (``kept``: as ops, ``inlined``: as references)."""
 
     def __init__(self, keep: set[str] = frozenset()):
         super().__init__()
         self.refs = {n: f for n, f in reference_impls().items() if n not in keep}
+        self.kept: set[str] = set()
+        self.inlined: set[str] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        ref = self.refs.get(op_name(func))
+        name = op_name(func)
+        ref = self.refs.get(name)
+        if name:
+            (self.inlined if ref else self.kept).add(name)
         return (ref or func)(*args, **(kwargs or {}))
 
 
 # Triton ops whose launchers choose their launch parameters without specialising on dynamic
-# shapes (the Markov samplers fall back to fixed row tiles and the per-step schedule when traced;
-# moe_experts sizes its grid from M symbolically); the others are compiled from their references.
+# shapes (the Markov samplers fall back to fixed row tiles and the per-step schedule when traced,
+# sparse MLA to a fixed split for a symbolic token count; moe_experts sizes its grid from M
+# symbolically); the others are compiled from their references, for the reason given here.
 EXPORT_SAFE_KERNELS = {"dspark::block_attention", "dspark::kv_cache_write", "dspark::markov_sample",
-                       "dspark::markov_sample_topk", "dspark::moe_experts"}
+                       "dspark::markov_sample_topk", "dspark::moe_experts", "dspark::sparse_mla_attention",
+                       "dspark::noncausal_swa_indices"}
+REFERENCE_REASONS = {
+    "dspark::kv_cache_update": "functional twin of kv_cache_write for ONNX export; AOTI networks "
+                               "write caches in place with kv_cache_write",
+    "dspark::rejection_sample": "the verifier has no weights: the runtime calls the op directly, "
+                                "outside the compiled networks",
+}
+CPU_REASON = "CPU build: inductor compiles no Triton kernels on CPU"
 
 
 def ops_to_inline(device: torch.device) -> set[str]:
@@ -223,9 +238,19 @@ def ops_to_inline(device: torch.device) -> set[str]:
     return all_ops if device.type == "cpu" else all_ops - (triton_ops() & EXPORT_SAFE_KERNELS)
 
 
-def export_network(spec: ExportSpec, inline: set[str]) -> torch.export.ExportedProgram:
-    """torch.export with the dspark ops in ``inline`` replaced by their references."""
+def reference_reason(op: str, device: torch.device) -> str:
+    if device.type == "cpu":
+        return CPU_REASON
+    if op not in triton_ops():
+        return "no Triton kernel registered (Triton not installed?)"
+    return REFERENCE_REASONS.get(op, "its launcher specialises on dynamic shapes")
+
+
+def export_network(spec: ExportSpec, inline: set[str]) -> tuple[torch.export.ExportedProgram, dict]:
+    """torch.export with the dspark ops in ``inline`` replaced by their references. Returns the
+    program and ``{op: "kernel" | "reference"}`` for every dspark op the network calls."""
     keep = set(reference_impls()) - set(inline)
-    with torch.no_grad(), ReferenceOps(keep):
-        return torch.export.export(spec.module, spec.args, dynamic_shapes=spec.dynamic_shapes,
-                                   strict=False)
+    mode = ReferenceOps(keep)
+    with torch.no_grad(), mode:
+        ep = torch.export.export(spec.module, spec.args, dynamic_shapes=spec.dynamic_shapes, strict=False)
+    return ep, {**{n: "kernel" for n in sorted(mode.kept)}, **{n: "reference" for n in sorted(mode.inlined)}}

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .common import add_model_args, load_llm
+from ..progress import bar
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = {  # name -> (metric key, bound, "le"/"ge"); all at batch 1
@@ -150,9 +151,9 @@ def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool) -> dic
         rounds += 1
     dt = time.perf_counter() - t0
     tokens = sum(len(s.output_ids) - 1 for s in seqs)
-    acc = [a for s in seqs for a in s.stats.accepted]
+    committed = [c for s in seqs for c in s.stats.committed]
     return {"decode_tokens_per_s": tokens / dt, "rounds": rounds, "round_ms": dt / max(rounds, 1) * 1e3,
-            "tau": (sum(acc) + len(acc)) / len(acc) if acc else None,
+            "tau": sum(committed) / len(committed) if committed else None,
             "output_ids_row0": seqs[0].output_ids}
 
 
@@ -270,7 +271,7 @@ def run(args) -> int:
     all_prompts = make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
     results, skipped = {}, []
     hf_reserve = 120.0 if hf_modes else 0.0
-    for B in sorted(sizes):
+    for B in bar(sorted(sizes), desc="bench batch sizes", unit="batch"):
         if _rank0_says(time.perf_counter() - t_start > args.time_budget_s - hf_reserve, llm):
             skipped.append(B)
             continue

@@ -28,6 +28,10 @@ def add_parser(sub) -> None:
                         "ranks are started here unless already launched by torchrun")
     p.add_argument("--expert-parallel", action="store_true",
                    help="with --tp-size: split MoE experts across the ranks by expert")
+    p.add_argument("--allow-reference-ops", action="store_true",
+                   help="if building with the Triton plugin kernels fails, compile every dspark op "
+                        "from its PyTorch reference instead of failing (slower engine; the manifest "
+                        "and `dspark-trt info` say so)")
     p.add_argument("--skip-toolchain-check", action="store_true",
                    help="AOTI: skip building and loading a probe package with the C++ compiler "
                         "first (it catches compilers whose packages crash at load)")
@@ -55,7 +59,7 @@ def _build(args, BuildOptions, build_engine, BuildError) -> int:
                         max_seq_len=args.max_seq_len, num_spec_tokens=args.num_spec_tokens,
                         page_size=args.page_size, overrides=args.override, device=args.device,
                         seed=args.seed, tp_size=args.tp_size, expert_parallel=args.expert_parallel,
-                        markov_sampler=args.markov_sampler,
+                        markov_sampler=args.markov_sampler, allow_reference_ops=args.allow_reference_ops,
                         check_toolchain=not args.skip_toolchain_check)
     try:
         build_engine(opts, report=lambda msg: print(msg, flush=True))

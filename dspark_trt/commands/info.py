@@ -31,6 +31,8 @@ def run(args) -> int:
     from ..builder.engine_dir import EngineError, check_engine, read_manifest
     m = read_manifest(args.engine_dir)
     print(json.dumps(m, indent=2))
+    for line in ops_summary(m):
+        print(line)
     built_for = torch.device("cuda" if m.get("device", {}).get("type") == "cuda" else "cpu")
     try:
         if built_for.type == "cuda" and not torch.cuda.is_available():
@@ -42,6 +44,38 @@ def run(args) -> int:
         print(f"check: FAILED: {e}")
         return 2
     return 0
+
+
+def ops_summary(manifest: dict) -> list[str]:
+    """One line per network (and rank): its dspark ops as Triton kernels or PyTorch references."""
+    parts = manifest.get("ranks") or [manifest]
+    lines = []
+    for r, part in enumerate(parts):
+        for net, spec in part.get("networks", {}).items():
+            ops = spec.get("ops")
+            if ops is None:
+                continue
+            where = f"{net} (rank {r})" if len(parts) > 1 else net
+            lines.append(f"ops {where}: " + ("; ".join(f"{op} = {how}" for op, how in ops.items()) or "none"))
+    return lines
+
+
+ARCH_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "intermediate_size", "q_lora_rank", "o_lora_rank", "sliding_window", "index_topk",
+               "n_routed_experts", "num_experts_per_tok", "n_shared_experts", "moe_intermediate_size", "hc_mult",
+               "max_position_embeddings")
+DRAFT_FIELDS = ("num_hidden_layers", "num_stages", "block_size", "target_layer_ids", "markov_rank",
+                "mask_token_id", "enable_confidence_head")
+
+
+def architecture(pair) -> dict:
+    """The dimensions a user compares against the model card (fields the config has)."""
+    pick = lambda cfg, names: {n: getattr(cfg, n) for n in names if hasattr(cfg, n)}  # noqa: E731
+    draft = pick(pair.draft, DRAFT_FIELDS)
+    draft["backbone"] = pick(pair.draft.backbone, ("hidden_size", "num_attention_heads", "num_key_value_heads",
+                                                    "head_dim", "intermediate_size"))
+    return {"target": {"arch": pair.target.arch, **pick(pair.target, ARCH_FIELDS)},
+            "draft": {"arch": pair.draft.arch, **draft}}
 
 
 def kv_bytes_per_token(model: torch.nn.Module, dtype: torch.dtype) -> int:
@@ -74,7 +108,7 @@ def memory_estimate(name: str, dtype: torch.dtype, max_batch_size: int, max_seq_
     kv_full = sum(kv.values()) * max_batch_size * max_seq_len
     total = weight_bytes + kv_full
     return {"model": name, "dtype": str(dtype).removeprefix("torch."),
-            "parameters": params, "parameters_by_dtype": by_dtype,
+            "architecture": architecture(pair), "parameters": params, "parameters_by_dtype": by_dtype,
             "weight_bytes": weight_bytes, "weight_gb": round(weight_bytes / 1e9, 3),
             "kv_bytes_per_token": kv,
             "kv_gb_full_batch": round(kv_full / 1e9, 3),

@@ -3,6 +3,13 @@
 Importing this package registers the ops with torch. Call them through these names so torch.export
 keeps each as one node.
 """
+import logging
+
+from .dispatch import HAVE_TRITON
+
+if not HAVE_TRITON:     # torch logs "Triton not available" for every triton_op; expected on such a CPU machine
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+
 from . import block_attention as _block_attention  # noqa: F401  (registers dspark::block_attention)
 from . import kv_cache as _kv_cache  # noqa: F401
 from . import markov_sample as _markov_sample  # noqa: F401

@@ -205,8 +205,8 @@ class Generator:
         top_p = any(s.params.top_p < 1 for s in seqs)
         host = self.steps.spec_round(self._round_inputs(seqs), top_p)                # [B, 2+N]
         for s, (a, t, *x) in zip(seqs, host.tolist()):
-            s.stats.accepted.append(a)
-            s.commit(x[:a] + [t], s.stop_ids(self.eos))
+            new = s.commit(x[:a] + [t], s.stop_ids(self.eos))
+            s.stats.record(a, len(new))
             s.anchor, s.position = t, s.position + a + 1
 
     # ---- convenience ---------------------------------------------------------------------------

@@ -31,32 +31,51 @@ class SamplingParams:
 
 @dataclass
 class SpecStats:
-    """Speculative statistics (DeepSpec definitions, algorithm doc §4.2).
+    """Speculative statistics (DeepSpec definitions, algorithm doc §4.2), one entry per round.
 
-    ``accepted[i]`` is the number of drafts the verifier accepted in round i; tau counts the bonus /
-    corrected token, so tau = mean(accepted + 1) and 1 <= tau <= N + 1.
+    ``accepted[i]``: drafts of round i that the verifier accepted and the request committed;
+    ``committed[i]``: tokens round i committed, bonus / correction token included;
+    ``proposed[i]``: the round's proposal length (N, or where the round was cut).
+    A round cut by a stop token (or the length limit) inside the accepted drafts commits the
+    drafts up to and including it and no bonus, and its proposal length is cut there (DeepSpec's
+    ``metrics_row``). tau = mean(committed), so 1 <= tau <= N + 1.
     """
 
     num_spec_tokens: int = 0
     accepted: list[int] = field(default_factory=list)
+    committed: list[int] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)
+
+    def record(self, accepted: int, committed: int) -> None:
+        """One round: the verifier accepted ``accepted`` drafts and the request committed
+        ``committed`` tokens (fewer than accepted + 1 when a stop token or the length cut it)."""
+        if committed > accepted:                        # the bonus / correction token was committed
+            self.accepted.append(accepted)
+            self.proposed.append(self.num_spec_tokens)
+        else:                                           # cut inside the accepted drafts
+            self.accepted.append(committed)
+            self.proposed.append(committed)
+        self.committed.append(committed)
 
     @property
     def rounds(self) -> int:
-        return len(self.accepted)
+        return len(self.committed)
 
     @property
     def tau(self) -> float:
-        return (sum(self.accepted) + self.rounds) / self.rounds if self.rounds else 0.0
+        return sum(self.committed) / self.rounds if self.rounds else 0.0
 
     def acceptance_per_position(self) -> list[float]:
-        """Position k: rounds with >= k+1 accepted drafts / rounds (every round proposes N)."""
-        if not self.rounds:
-            return [0.0] * self.num_spec_tokens
-        return [sum(a > k for a in self.accepted) / self.rounds for k in range(self.num_spec_tokens)]
+        """Position k: rounds with >= k+1 accepted drafts / rounds whose proposal reached k."""
+        rates = []
+        for k in range(self.num_spec_tokens):
+            reached = sum(p > k for p in self.proposed)
+            rates.append(sum(a > k for a in self.accepted) / reached if reached else 0.0)
+        return rates
 
     def merge(self, other: "SpecStats") -> "SpecStats":
-        return SpecStats(max(self.num_spec_tokens, other.num_spec_tokens),
-                         self.accepted + other.accepted)
+        return SpecStats(max(self.num_spec_tokens, other.num_spec_tokens), self.accepted + other.accepted,
+                         self.committed + other.committed, self.proposed + other.proposed)
 
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "tau": self.tau, "num_spec_tokens": self.num_spec_tokens,

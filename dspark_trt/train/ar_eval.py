@@ -85,6 +85,6 @@ def ar_speculative_generate(target, draft, prompts: list[list[int]], num_spec_to
             L = int(lens[b])
             buf[b, L:L + len(new)] = torch.tensor(new, device=dev)
             lens[b] = L + len(new)
-            stats[b].accepted.append(a)
+            stats[b].record(a, a + 1)
     return [(buf[b, int(plen[b]):int(plen[b]) + max_new_tokens].tolist(), stats[b])
             for b in range(B)]

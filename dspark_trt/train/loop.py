@@ -8,6 +8,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..progress import bar
 from .objective import lr_at
 from .recipe import Schedule
 
@@ -65,6 +66,7 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
     step = 0
     log(f"[train] {name}: {hist.trainable_params / 1e6:.2f} M trainable parameters, "
         + (f"{total} steps" if sched.steps is not None else f"budget {budget_s:.0f} s"))
+    progress = bar(total=total, desc=f"train {name}", unit="step")
     while step < total:
         if sched.steps is None and step in CALIBRATE:
             _sync(device)
@@ -75,6 +77,7 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
                 left = budget_s - (time.perf_counter() - t0)
                 # ~5 % of the budget goes to evaluations and logging
                 total = max(step + 1, step + int(0.95 * left / hist.step_seconds))
+                progress.total = total
                 eval_every = max(1, total // sched.eval_points)
                 log(f"[train] {name}: {hist.step_seconds * 1e3:.1f} ms/step -> {total} steps")
         lr = lr_at(step, total, sched.lr, sched.warmup)
@@ -89,6 +92,7 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
         hist.steps.append(step)
         hist.lr.append(lr)
         step += 1
+        progress.update()
         if step % eval_every == 0 or step == total:
             hist.train_loss += torch.stack(losses).float().cpu().tolist()
             losses = []
@@ -103,6 +107,7 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
                 hist.stopped_by_time = True
                 log(f"[train] {name}: time budget exceeded, stopping at step {step}")
                 break
+    progress.close()
     if losses:
         hist.train_loss += torch.stack(losses).float().cpu().tolist()
     _sync(device)

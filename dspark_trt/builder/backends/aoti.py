@@ -9,6 +9,8 @@ tiny probe package is built and loaded in a subprocess before the real networks.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -73,8 +75,34 @@ sys.exit(0 if bool((y == 2.5).all()) else 3)
 """
 
 
-def check_toolchain(cxx: str, device: torch.device) -> None:
-    """Build a tiny package with ``cxx`` and load + run it in a subprocess (a crash stays there)."""
+def _toolchain_stamp(cxx: str, device: torch.device) -> Path:
+    """Cache file that marks (compiler binary, torch, Triton, device) as checked."""
+    exe = Path(shutil.which(cxx) or cxx).resolve()
+    st = exe.stat()
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    triton = importlib.util.find_spec("triton")
+    key = "|".join([str(exe), str(st.st_size), str(st.st_mtime_ns), torch.__version__, device.type, gpu,
+                    str(triton.origin if triton else None), sys.version])
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dspark_trt" / "toolchain"
+    return root / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def check_toolchain(cxx: str, device: torch.device) -> bool:
+    """Build a tiny package with ``cxx`` and load + run it in a subprocess (a crash stays there).
+    Returns True if the same compiler, torch, Triton and device passed before (cached; no build)."""
+    stamp = _toolchain_stamp(cxx, device)
+    if stamp.exists():
+        return True
+    _probe_toolchain(cxx, device)
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(f"{cxx} passed the AOTI probe\n")
+    except OSError:                       # a read-only home: check again next time
+        pass
+    return False
+
+
+def _probe_toolchain(cxx: str, device: torch.device) -> None:
     with tempfile.TemporaryDirectory(prefix="dspark-aoti-probe-") as d:
         probe = _Probe().to(device)
         ep = torch.export.export(probe, (torch.ones(3, 4, device=device),))

@@ -49,6 +49,7 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scal
     a single buffer whatever num_stages says."""
     G: tl.constexpr = H // HKV
     BLOCK_M: tl.constexpr = BLOCK_T * G
+    qk_scale = tl.cast(qk_scale, tl.float32)  # AOTInductor passes Python floats as fp64 (Triton 3.6)
     rows = tl.arange(0, BLOCK_M)
     t = t0 + rows // G                                       # query token of each row
     h = kvh * G + rows % G                                   # query head of each row

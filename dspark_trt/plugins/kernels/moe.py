@@ -67,8 +67,9 @@ def moe_gate_up_kernel(x, expert_ids, routing_weights, w13, sorted_pairs, act, f
         gate = acc_g.to(x.dtype.element_ty).to(tl.float32)       # the eager matmul's rounding
         up = acc_u.to(x.dtype.element_ty).to(tl.float32)
         if HAS_LIMIT:
-            gate = tl.minimum(gate, limit)
-            up = tl.minimum(tl.maximum(up, -limit), limit)
+            lim = tl.cast(limit, tl.float32)      # AOTInductor passes Python floats as fp64 (Triton 3.6)
+            gate = tl.minimum(gate, lim)
+            up = tl.minimum(tl.maximum(up, -lim), lim)
         wt = tl.load(routing_weights + tl.maximum(pair, 0), mask=live, other=0.0).to(tl.float32)
         h = gate / (1.0 + tl.exp(-gate)) * up * wt[:, None]
         out = act + tl.maximum(pair, 0).to(tl.int64)[:, None] * H + n[None, :]

@@ -39,6 +39,7 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, 
     load for the whole list when BLOCK_SCAN >= hi - lo). PREFETCH: the indices of tile i+1 are
     loaded in iteration i, so the gather address is loop-carried and Triton's pipeliner can issue
     the gather num_stages - 1 tiles ahead."""
+    scale = tl.cast(scale, tl.float32)        # AOTInductor passes Python floats as fp64 (Triton 3.6)
     d = tl.arange(0, D)
     q_off = (t.to(tl.int64) * H + h) * D
     qt = tl.load(q + q_off[:, None] + d[None, :], mask=hmask[:, None], other=0.0)      # [BLOCK_H, D]
