@@ -39,8 +39,9 @@ def run(args) -> int:
     stats = out.stats.to_dict()
     if args.json:
         print(json.dumps({"output_ids": out.output_ids, "text": out.text, "stats": stats,
-                          "seconds": dt, "finish_reason": out.finish_reason}))
-        return 0
+                          "seconds": dt, "finish_reason": out.finish_reason,
+                          **({"error": out.error} if out.error else {})}))
+        return _report_error(out)
     if isinstance(prompt, str):
         print(prompt + (out.text or ""))
     else:
@@ -53,4 +54,13 @@ def run(args) -> int:
         acc = ", ".join(f"{a:.2f}" for a in stats["acceptance_per_position"])
         print(f"--- speculative: {stats['rounds']} rounds, mean accepted length tau = {stats['tau']:.2f} "
               f"(bonus included), acceptance per position: [{acc}]")
-    return 0
+    return _report_error(out)
+
+
+def _report_error(out) -> int:
+    """A request that ended with finish_reason "error": its message on stderr, exit code 1."""
+    if out.finish_reason != "error":
+        return 0
+    import sys
+    print(f"error: {out.error}", file=sys.stderr)
+    return 1

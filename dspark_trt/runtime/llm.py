@@ -268,7 +268,7 @@ class LLM:
                 last = next((c for c in reversed(pending) if c.request_id == s.request_id), None)
                 if last is None:
                     pending.append(last := StreamChunk(index[s.request_id], s.request_id, []))
-                last.finish_reason = s.finish_reason
+                last.finish_reason, last.error = s.finish_reason, s.error
             yield from pending
             pending.clear()
 

@@ -68,9 +68,10 @@ class RequestOutput:
     request_id: int
     prompt_ids: list[int]
     output_ids: list[int]
-    finish_reason: str                  # "stop" | "length"
+    finish_reason: str                  # "stop" | "length" | "abort" | "error"
     stats: SpecStats
     text: str | None = None
+    error: str | None = None            # why, when finish_reason is "error"
 
 
 @dataclass
@@ -78,10 +79,12 @@ class StreamChunk:
     """New tokens of one request of a batch, as a round commits them.
 
     ``index`` is the request's place in the prompt list; ``finish_reason`` is set on the request's
-    last chunk ("stop" | "length" | "abort") and None before it.
+    last chunk ("stop" | "length" | "abort" | "error") and None before it; ``error`` says why
+    when it is "error".
     """
 
     index: int
     request_id: int
     token_ids: list[int]
     finish_reason: str | None = None
+    error: str | None = None
