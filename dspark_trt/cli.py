@@ -76,12 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     except user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
-    except SystemExit as e:
-        if not isinstance(e.code, str):              # sys.exit(n): as is
-            raise
-        msg = e.code if e.code.startswith("error:") else f"error: {e.code}"
-        print(msg, file=sys.stderr)                  # raise SystemExit("error: ...") in a command
-        return USAGE_ERROR
+    except SystemExit as e:                          # raise SystemExit("error: ...") in a command:
+        if isinstance(e.code, str):                  # the message once, exit code 2 (str(e) keeps it)
+            print(e.code if e.code.startswith("error:") else f"error: {e.code}", file=sys.stderr)
+            e.code = USAGE_ERROR
+        raise
     except KeyboardInterrupt as e:                   # interrupts.Interrupted says which signal
         print(f"interrupted by {getattr(e, 'signal_name', 'SIGINT')}", file=sys.stderr)
         return getattr(e, "exit_code", 130)
