@@ -85,6 +85,15 @@ def test_unknown_model_is_an_error_before_the_random_weights_notice(capsys):
         assert out == ""
 
 
+def test_build_refuses_a_max_seq_len_beyond_the_context_before_loading(capsys, monkeypatch, tmp_path):
+    from dspark_trt.builder import build as build_mod
+    monkeypatch.setattr(build_mod, "load_models", _refuse)
+    rc, out, err = run_cli(capsys, "build", "--model", TINY, "--random-weights", "--device", "cpu",
+                           "--max-seq-len", "99999", "--output", str(tmp_path / "e"))
+    assert_error_line(rc, err, "max_seq_len=99999 exceeds the model's context of 4096")
+    assert out == "" and os.listdir(tmp_path) == []
+
+
 def test_random_weights_notice_matches_the_measured_acceptance(capsys):
     rc, out, _ = run_cli(capsys, *GEN, "--prompt-ids", "1,2,3", "--max-new-tokens", "48", "--json")
     notice, result = out.strip().splitlines()[0], json.loads(out.strip().splitlines()[-1])

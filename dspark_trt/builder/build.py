@@ -95,8 +95,10 @@ class BuildOptions:
             raise ConfigError("no weights: pass --checkpoint and --draft-checkpoint, or --random-weights")
         if o.checkpoint and o.overrides:
             raise ConfigError("--override edits a preset's config; it cannot be combined with --checkpoint")
-        if not o.checkpoint:
-            get_preset(o.model)                                   # unknown preset: say so now
+        if not o.checkpoint:                                      # unknown preset, too long: say so now
+            pair = get_preset(o.model)
+            if not o.overrides:                                   # (else checked once loaded)
+                pair.check_limits(o.max_batch_size, o.max_seq_len)
         path, o.output_note = choose_output(o.output or Path("engines") / o.model, o.model, o.force)
         o.output = str(path)
         return o
@@ -278,6 +280,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
     prog = Progress(report)
     with prog.stage("load"):
         pair, target, draft = load_models(o, dtype, device, tp)
+    pair.check_limits(o.max_batch_size, o.max_seq_len)    # an engine that could never load
     shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.num_spec_tokens, o.page_size)
     with prog.stage("convert"):
         specs = network_specs(target, draft, shapes, dtype, device)

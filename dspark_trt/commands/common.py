@@ -58,7 +58,7 @@ def load_llm(args):
     Names and the device are checked before anything loads (``ConfigError``)."""
     from ..config import get_preset
     from ..devices import resolve_device
-    from ..runtime.llm import LLM, check_limits
+    from ..runtime.llm import LLM
     device = str(resolve_device(args.device))
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     kw = dict(max_batch_size=given(args.max_batch_size), max_seq_len=given(args.max_seq_len),
@@ -89,7 +89,7 @@ def load_llm(args):
         return LLM.from_checkpoints(t, d, dtype=dtype, device=device,
                                     num_spec_tokens=args.num_spec_tokens, **kw)
     name = args.model or FALLBACK_PRESET
-    check_limits(get_preset(name), kw["max_batch_size"], kw["max_seq_len"])   # before the notice
+    get_preset(name).check_limits(kw["max_batch_size"], kw["max_seq_len"])   # before the notice
     print(f"[dspark-trt] no checkpoint given: preset '{name}' with RANDOM weights on {device} "
           f"({RANDOM_WEIGHTS_NOTE})")
     return LLM.from_preset(name, dtype=dtype, device=device, num_spec_tokens=args.num_spec_tokens, **kw)

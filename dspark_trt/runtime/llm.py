@@ -45,19 +45,6 @@ def check_engine_sampler(built: str, mode: str | None) -> None:
 DEFAULT_MAX_SEQ_LEN = 2048            # or the model's context, if shorter
 
 
-def check_limits(pair: ModelPair, max_batch_size: int | None, max_seq_len: int | None) -> None:
-    """Batch and sequence limits are positive and the sequence fits the model's context."""
-    if max_batch_size is not None and max_batch_size < 1:
-        raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    if max_seq_len is not None:
-        context = getattr(pair.target, "max_position_embeddings", None)
-        if max_seq_len < 1:
-            raise ConfigError(f"max_seq_len must be >= 1, got {max_seq_len}")
-        if context is not None and max_seq_len > context:
-            raise ConfigError(f"max_seq_len={max_seq_len} exceeds the model's context of {context} "
-                              "tokens (max_position_embeddings)")
-
-
 class LLM:
     """Target + DSpark draft with their caches, ready to generate.
 
@@ -87,7 +74,7 @@ class LLM:
                  cuda_graphs: bool | None = None, graph_backend: str | None = None,
                  markov_sampler: str | None = None):
         self.pair, self.target, self.draft = pair, target, draft
-        check_limits(pair, max_batch_size, max_seq_len)
+        pair.check_limits(max_batch_size, max_seq_len)
         if markov_sampler is not None:
             set_markov_sampler(draft, networks, markov_sampler)
         self.tokenizer = tokenizer
@@ -155,7 +142,7 @@ class LLM:
                     expert_parallel: bool = False, **kw) -> "LLM":
         """Random weights with the preset's dimensions (acceptance will be low: tau near 1)."""
         pair = get_preset(name)
-        check_limits(pair, kw.get("max_batch_size"), kw.get("max_seq_len"))
+        pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
         device = resolve_device(device)
         tp = _join_tp(tp_size, device)
         device = tp.device if tp else device
