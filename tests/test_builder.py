@@ -12,7 +12,8 @@ import torch
 from dspark_trt.builder import build as build_mod
 from dspark_trt.builder.backends import BuildError, pick_backend, tensorrt_available
 from dspark_trt.builder.build import BuildOptions, apply_overrides, build_engine
-from dspark_trt.builder.engine_dir import atomic_engine_dir, config_from_json, config_to_json
+from dspark_trt.builder.engine_dir import config_from_json, config_to_json, write_manifest
+from dspark_trt.builder.output_dir import atomic_engine_dir
 from dspark_trt.builder.export import BuildShapes, network_specs
 from dspark_trt.config import PRESETS, ConfigError, get_preset
 from dspark_trt.models import build_models
@@ -30,6 +31,7 @@ def test_atomic_dir_failure_keeps_previous_engine(tmp_path):
     out = tmp_path / "eng"
     with atomic_engine_dir(out) as d:
         (d / "a").write_text("old")
+        write_manifest(d, {"backend": "aoti"})        # an engine of ours: it may be replaced
     with pytest.raises(RuntimeError, match="boom"):
         with atomic_engine_dir(out) as d:
             (d / "a").write_text("new, half written")

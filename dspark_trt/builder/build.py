@@ -31,9 +31,11 @@ from ..config import ConfigError, ModelPair, get_preset
 from ..models.dspark_qwen3 import MARKOV_SAMPLERS
 from ..models.fuse import fuse_projections_
 from ..models.v4_moe import stack_experts_
+from ..devices import resolve_device
 from ..progress import bar
 from . import engine_dir as ed
 from .backends import BuildError, pick_backend
+from .output_dir import atomic_engine_dir, choose_output, clean_stale_temp_dirs
 from .export import (NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline,
                      reference_impls, reference_reason)
 
@@ -65,12 +67,16 @@ class BuildOptions:
     check_toolchain: bool = True              # build + load a probe package first (AOTI)
     markov_sampler: str = "exact"             # "exact" or "topk" (models.dspark_qwen3.markov_sampler_op)
     allow_reference_ops: bool = False         # a failed Triton-kernel build falls back to references
+    force: bool = False                       # output holds other files: build into output/<model>
 
     def resolved(self) -> "BuildOptions":
+        """Defaults filled in and every option checked, before anything loads: ``ConfigError``
+        names the option; ``output_dir.OutputError`` refuses an output directory that holds
+        files that are not an engine (``force``: ``output/<model>`` instead, said in
+        ``output_note``)."""
         o = dataclasses.replace(self)
-        o.device = o.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        o.device = str(resolve_device(o.device))
         o.dtype = o.dtype or ("bf16" if o.device.startswith("cuda") else "fp32")
-        o.output = o.output or str(Path("engines") / o.model)
         if o.dtype not in DTYPES:
             raise ConfigError(f"--dtype {o.dtype!r}: choose one of {', '.join(DTYPES)}")
         for name in ("max_batch_size", "max_seq_len", "page_size"):
@@ -91,6 +97,12 @@ class BuildOptions:
             raise ConfigError("no weights: pass --checkpoint and --draft-checkpoint, or --random-weights")
         if o.checkpoint and o.overrides:
             raise ConfigError("--override edits a preset's config; it cannot be combined with --checkpoint")
+        if not o.checkpoint:                                      # unknown preset, too long: say so now
+            pair = get_preset(o.model)
+            if not o.overrides:                                   # (else checked once loaded)
+                pair.check_limits(o.max_batch_size, o.max_seq_len)
+        path, o.output_note = choose_output(o.output or Path("engines") / o.model, o.model, o.force)
+        o.output = str(path)
         return o
 
     def command_line(self) -> str:
@@ -265,6 +277,11 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
     tp = _join_build_group(o)
     if tp and tp.rank != 0:
         report = lambda msg: None  # noqa: E731  (rank 0 reports)
+    else:
+        if o.output_note:
+            report(f"[build] {o.output_note}")
+        for d in clean_stale_temp_dirs(o.output):
+            report(f"[build] removed {d}, left by a build that is no longer running")
     device, dtype = (tp.device if tp else torch.device(o.device)), DTYPES[o.dtype]
     backend, why = pick_backend(o.backend)
     report(f"[build] backend: {backend} ({why}); device {device}, dtype {o.dtype}"
@@ -272,6 +289,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
     prog = Progress(report)
     with prog.stage("load"):
         pair, target, draft = load_models(o, dtype, device, tp)
+    pair.check_limits(o.max_batch_size, o.max_seq_len)    # an engine that could never load
     shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.num_spec_tokens, o.page_size)
     with prog.stage("convert"):
         specs = network_specs(target, draft, shapes, dtype, device)
@@ -289,7 +307,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
     part = {"caches": layouts, "networks": {}}          # what differs per rank
     written = False
     try:
-        with ed.atomic_engine_dir(o.output) if not tp or tp.rank == 0 else _no_dir() as tmp:
+        with atomic_engine_dir(o.output) if not tp or tp.rank == 0 else _no_dir() as tmp:
             tmp = _shared_path(tmp, tp)
             sub = f"rank{tp.rank}/" if tp else ""
             try:

@@ -104,6 +104,22 @@ def write_checkpoint(ckpt_dir: str | Path, config: dict, tensors: dict[str, torc
         (d / name).write_text(text)
 
 
+def check_finite(t: torch.Tensor, what: str, chunk: int = 1 << 24) -> None:
+    """Raise ``CheckpointError`` naming ``what`` if the float tensor ``t`` holds NaN or Inf (one
+    ``isfinite`` pass, in chunks so the mask stays small; 1-byte floats are checked as fp32)."""
+    if not t.is_floating_point():
+        return
+    flat = t.detach().reshape(-1)
+    for i in range(0, flat.numel(), chunk):
+        part = flat[i:i + chunk]
+        part = part.float() if part.element_size() == 1 else part
+        ok = torch.isfinite(part)
+        if not bool(ok.all()):
+            first = i + int((~ok).nonzero()[0, 0])
+            raise CheckpointError(f"tensor {what} holds non-finite values (NaN or Inf; the first at "
+                                  f"flat index {first}): the checkpoint is corrupt, nothing was loaded")
+
+
 def load_into_module(module: torch.nn.Module, ckpt_dir: str | Path,
                      rename: Callable[[str], str | None] = lambda n: n,
                      skip: Callable[[str], bool] = lambda n: False,
@@ -113,7 +129,7 @@ def load_into_module(module: torch.nn.Module, ckpt_dir: str | Path,
     ``rename`` maps checkpoint names to module names (None drops the tensor); ``skip(module_name)``
     marks module parameters that the checkpoint need not provide (e.g. shared embeddings).
     Returns the dropped tensors by checkpoint name. Raises ``CheckpointError`` naming the tensor and
-    file for a missing, unexpected, mis-shaped or wrongly typed tensor.
+    file for a missing, unexpected, mis-shaped or wrongly typed tensor, or one holding NaN / Inf.
     """
     files = checkpoint_files(ckpt_dir)
     params = dict(module.named_parameters(remove_duplicate=False))
@@ -142,6 +158,7 @@ def load_into_module(module: torch.nn.Module, ckpt_dir: str | Path,
                                   f"expected {expect_dtype}")
         if not t.is_floating_point():
             raise CheckpointError(f"tensor '{cname}' in {files[cname]} has non-float dtype {t.dtype}")
+        check_finite(t, f"'{cname}' in {files[cname]}")
     with torch.no_grad():
         for pname, cname in mapping.items():
             params[pname].copy_(tensors[cname])

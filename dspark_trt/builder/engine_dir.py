@@ -1,7 +1,8 @@
 """Engine directory format: manifest.json + compiled networks + weights (+ tokenizer files).
 
-An engine directory is complete or absent: it is written into a temporary sibling directory and
-renamed into place as the last step. ``check_engine`` refuses, with a message saying how to
+An engine directory is complete or absent: ``output_dir.atomic_engine_dir`` writes it into a
+temporary sibling directory and renames it into place as the last step (and never replaces a
+directory that is not an engine). ``check_engine`` refuses, with a message saying how to
 rebuild, an engine of another format version, with a missing or corrupted file, or built for
 another GPU, backend version or torch version.
 """
@@ -9,12 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import torch
 
@@ -51,30 +47,6 @@ def toolchain_versions() -> dict:
         except Exception:                    # not installed (or broken): recorded as absent
             out[mod] = None
     return out
-
-
-@contextmanager
-def atomic_engine_dir(output: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory next to ``output``; on success it replaces ``output``.
-
-    Any exception inside the block removes the temporary directory and leaves ``output`` as it
-    was (absent, or the previous engine).
-    """
-    output = Path(output).resolve()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output.name}.building-", dir=output.parent))
-    try:
-        yield tmp
-        old = None
-        if output.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old-", dir=output.parent))
-            os.replace(output, old / output.name)
-        os.replace(tmp, output)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def write_manifest(engine_dir: Path, manifest: dict) -> dict:

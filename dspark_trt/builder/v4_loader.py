@@ -20,7 +20,7 @@ import torch
 from ..config import ModelPair, read_json
 from ..config_v4 import DeepSeekV4Config, DSparkV4Config
 from ..models import build_models
-from .checkpoint import CheckpointError, checkpoint_files, read_tensors
+from .checkpoint import CheckpointError, check_finite, checkpoint_files, read_tensors
 from .quant import QuantFormatError, dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
 
 HEAD_LEVEL = ("main_proj.", "main_norm.", "norm.", "hc_head_fn", "hc_head_base", "hc_head_scale",
@@ -94,6 +94,7 @@ def _load(module: torch.nn.Module, tensors: dict[str, tuple[str, torch.Tensor, P
                                   f"expected {tuple(p.shape)}")
         if p.is_floating_point() != v.is_floating_point():
             raise CheckpointError(f"tensor '{files[n]} has dtype {v.dtype}, expected {p.dtype}")
+        check_finite(v, f"'{files[n]} (dequantised)")
     with torch.no_grad():
         for n, v in values.items():
             targets[n].copy_(v)

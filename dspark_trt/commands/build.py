@@ -17,7 +17,11 @@ def add_parser(sub) -> None:
     p.add_argument("--page-size", type=int, default=64, help="KV cache page size in tokens")
     p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="edit the target config (draft.KEY=VALUE edits the draft), repeatable")
-    p.add_argument("--output", help="engine directory (default engines/MODEL)")
+    p.add_argument("--output", help="engine directory (default engines/MODEL); an existing directory "
+                                    "is replaced only if it is empty or holds an engine")
+    p.add_argument("--force", action="store_true",
+                   help="--output holds other files: build into OUTPUT/MODEL instead (nothing in "
+                        "OUTPUT is deleted)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None)
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact",
@@ -39,20 +43,42 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    """Build; SIGINT / SIGTERM stop it with nothing written (one line, exit code 130 / 143)."""
     import os
-    from ..builder.backends import BuildError
+    import sys
+    from ..interrupts import Interrupted, signals_raise_interrupted
+    followers, rc = [], None
+    try:
+        with signals_raise_interrupted():
+            if args.tp_size > 1 and "WORLD_SIZE" not in os.environ:   # not under torchrun: start the ranks
+                from ..parallel.launch import spawn_ranks
+                followers, env = spawn_ranks(args.tp_size, ["-m", "dspark_trt.cli", *args.argv])
+                os.environ.update(env)
+            rc = _build(args)
+    except Interrupted as e:
+        print(f"interrupted by {e.signal_name}: build stopped; its temporary files were removed "
+              "and nothing was written", file=sys.stderr)
+        rc = e.exit_code
+    finally:
+        if rc != 0:                     # failed or interrupted: the other ranks stop too
+            _stop(followers)
+    return max([rc] + [p.wait() for p in followers])
+
+
+def _stop(procs, grace_s: float = 10.0) -> None:
+    import subprocess
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _build(args) -> int:
     from ..builder.build import BuildOptions, build_engine
-    followers = []
-    if args.tp_size > 1 and "WORLD_SIZE" not in os.environ:   # not under torchrun: start the ranks
-        from ..parallel.launch import spawn_ranks
-        followers, env = spawn_ranks(args.tp_size, ["-m", "dspark_trt.cli", *args.argv])
-        os.environ.update(env)
-        rc = _build(args, BuildOptions, build_engine, BuildError)
-        return max([rc] + [p.wait() for p in followers])
-    return _build(args, BuildOptions, build_engine, BuildError)
-
-
-def _build(args, BuildOptions, build_engine, BuildError) -> int:
     opts = BuildOptions(model=args.model, output=args.output, checkpoint=args.checkpoint,
                         draft_checkpoint=args.draft_checkpoint, random_weights=args.random_weights,
                         dtype=args.dtype, backend=args.backend, max_batch_size=args.max_batch_size,
@@ -60,10 +86,7 @@ def _build(args, BuildOptions, build_engine, BuildError) -> int:
                         page_size=args.page_size, overrides=args.override, device=args.device,
                         seed=args.seed, tp_size=args.tp_size, expert_parallel=args.expert_parallel,
                         markov_sampler=args.markov_sampler, allow_reference_ops=args.allow_reference_ops,
+                        force=args.force,
                         check_toolchain=not args.skip_toolchain_check)
-    try:
-        build_engine(opts, report=lambda msg: print(msg, flush=True))
-    except BuildError as e:
-        print(f"error: {e}")
-        return 2
+    build_engine(opts, report=lambda msg: print(msg, flush=True))
     return 0

@@ -11,6 +11,16 @@ import torch
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp64": torch.float64}
 DEFAULT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "default"
 FALLBACK_PRESET = "qwen3-tiny-dspark"
+RANDOM_WEIGHTS_NOTE = "acceptance will be low, tau near 1; text is noise"
+
+
+class Unset(int):
+    """A default the user did not give (an int like any other): an engine's own limit wins."""
+
+
+def given(value):
+    """``value`` if the user gave it, else None."""
+    return None if isinstance(value, Unset) else value
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -21,9 +31,13 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", help="engine directory built by `dspark-trt build`")
     g.add_argument("--dtype", choices=sorted(DTYPES), default=None)
     g.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    g.add_argument("--num-spec-tokens", type=int, default=None, help="N drafts per round")
-    g.add_argument("--max-batch-size", type=int, default=8)
-    g.add_argument("--max-seq-len", type=int, default=2048)
+    g.add_argument("--num-spec-tokens", type=int, default=None,
+                   help="N drafts per round (default: the draft's block size; an engine's is fixed)")
+    g.add_argument("--max-batch-size", type=int, default=Unset(8),
+                   help="default: %(default)s (an engine's own)")
+    g.add_argument("--max-seq-len", type=int, default=Unset(2048),
+                   help="prompt + new tokens (default: %(default)s or the model's context if "
+                        "shorter; an engine's own)")
     g.add_argument("--markov-sampler", choices=["exact", "topk"], default=None,
                    help="draft block sampler: exact (default) or topk (fast, lossless); engines "
                         "have theirs compiled in")
@@ -40,11 +54,14 @@ def default_pair_dirs() -> tuple[Path, Path] | None:
 
 
 def load_llm(args):
-    """Build an LLM from --engine, --checkpoint/--draft-checkpoint, --model, or the default."""
-    from ..runtime.llm import LLM, default_device
-    device = args.device or default_device()
-    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device == "cuda" else torch.float32)
-    kw = dict(max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
+    """Build an LLM from --engine, --checkpoint/--draft-checkpoint, --model, or the default.
+    Names and the device are checked before anything loads (``ConfigError``)."""
+    from ..config import get_preset
+    from ..devices import resolve_device
+    from ..runtime.llm import LLM
+    device = str(resolve_device(args.device))
+    dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    kw = dict(max_batch_size=given(args.max_batch_size), max_seq_len=given(args.max_seq_len),
               markov_sampler=getattr(args, "markov_sampler", None))
     graphs = getattr(args, "cuda_graphs", "auto")
     if graphs != "auto":
@@ -53,7 +70,9 @@ def load_llm(args):
     if tp_size > 1 and int(os.environ.get("RANK", "0")) != 0:
         sys.stdout = open(os.devnull, "w")             # every rank runs; rank 0 prints
     if getattr(args, "engine", None):
-        return LLM.from_engine(args.engine, device=device, tp_size=tp_size, **kw)
+        return LLM.from_engine(args.engine, device=device, tp_size=tp_size,
+                               num_spec_tokens=args.num_spec_tokens, **kw)
+    kw["max_batch_size"] = kw["max_batch_size"] or int(args.max_batch_size)   # the default
     kw["tp_size"] = tp_size
     if getattr(args, "expert_parallel", False):
         if tp_size == 1:
@@ -70,6 +89,7 @@ def load_llm(args):
         return LLM.from_checkpoints(t, d, dtype=dtype, device=device,
                                     num_spec_tokens=args.num_spec_tokens, **kw)
     name = args.model or FALLBACK_PRESET
+    get_preset(name).check_limits(kw["max_batch_size"], kw["max_seq_len"])   # before the notice
     print(f"[dspark-trt] no checkpoint given: preset '{name}' with RANDOM weights on {device} "
-          "(acceptance will be near 1, text is noise)")
+          f"({RANDOM_WEIGHTS_NOTE})")
     return LLM.from_preset(name, dtype=dtype, device=device, num_spec_tokens=args.num_spec_tokens, **kw)

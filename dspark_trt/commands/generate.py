@@ -5,12 +5,16 @@ import json
 import time
 
 from .common import add_model_args, load_llm
+from .request_args import check_generate_args
+
+DEFAULT_PROMPT, DEFAULT_IDS = "def fibonacci(n):", [1, 2, 3, 4]
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text with speculative decoding")
     add_model_args(p)
-    p.add_argument("--prompt", default="def fibonacci(n):", help="prompt text (needs a tokenizer)")
+    p.add_argument("--prompt", default=None, help=f"prompt text (needs a tokenizer; default: "
+                   f"{DEFAULT_PROMPT!r}, or ids {DEFAULT_IDS} for a model without one)")
     p.add_argument("--prompt-ids", help="comma-separated prompt token ids (instead of --prompt)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -27,16 +31,15 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from ..runtime.sampling_params import SamplingParams
-    llm = load_llm(args)
-    if args.prompt_ids:
-        prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
-    elif llm.tokenizer is None:
-        prompt = [1, 2, 3, 4]
-        print("[dspark-trt] model has no tokenizer: using prompt ids [1, 2, 3, 4]")
-    else:
-        prompt = args.prompt
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
+    prompt = check_generate_args(args, sp)          # before anything loads
+    llm = load_llm(args)
+    if prompt is None and llm.tokenizer is None:
+        prompt = DEFAULT_IDS
+        print(f"[dspark-trt] model has no tokenizer: using prompt ids {DEFAULT_IDS}")
+    elif prompt is None:
+        prompt = DEFAULT_PROMPT
     speculative = not args.no_speculative
     warmup = None
     if llm.device.type == "cuda" and not args.no_warmup:
@@ -50,8 +53,8 @@ def run(args) -> int:
         print(json.dumps({"output_ids": out.output_ids, "text": out.text, "stats": stats,
                           "seconds": dt, "prefill_seconds": run["prefill_seconds"],
                           "decode_seconds": run["decode_seconds"], "warmup_seconds": warmup,
-                          "finish_reason": out.finish_reason}))
-        return 0
+                          "finish_reason": out.finish_reason, **({"error": out.error} if out.error else {})}))
+        return _report_error(out)
     if isinstance(prompt, str):
         print(prompt + (out.text or ""))
     else:
@@ -66,7 +69,16 @@ def run(args) -> int:
         acc = ", ".join(f"{a:.2f}" for a in stats["acceptance_per_position"])
         print(f"--- speculative: {stats['rounds']} rounds, mean accepted length tau = {stats['tau']:.2f} "
               f"(bonus included), acceptance per position: [{acc}]")
-    return 0
+    return _report_error(out)
+
+
+def _report_error(out) -> int:
+    """A request that ended with finish_reason "error": its message on stderr, exit code 1."""
+    if out.finish_reason != "error":
+        return 0
+    import sys
+    print(f"error: {out.error}", file=sys.stderr)
+    return 1
 
 
 def _timed(llm, prompt, sp, speculative: bool) -> dict:

@@ -8,6 +8,9 @@ Per round, for every running sequence with anchor at position P (``steps.py`` ha
   host          one copy of (a, next, x) [B, 2+N] -- the round's only synchronisation
                 commit x[:a] + next; P += a + 1; anchor = next
 Rejected KV positions need no copy: the next round overwrites them before anything reads them.
+A row whose target logits are not finite (NaN / Inf: broken weights, overflow) comes back flagged
+(accepted -1, or token -1; ``steps.py``) and its request ends with finish_reason "error" and
+``NONFINITE_LOGITS`` as its error, never as a made-up token or stop.
 Requests join (prefill, eager) and leave (finish or abort) between rounds; each sequence owns the
 cache pages it reserved at admission (``PagedKVManager``). The steps run eagerly
 (``DecodeSteps``) or from CUDA graphs per batch bucket (``cuda_graphs.GraphedSteps``).
@@ -27,6 +30,9 @@ from .kv_manager import PagedKVManager
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
 from .steps import DecodeSteps, RoundInputs
 
+NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
+                    "generation stopped (check the weights and the dtype)")
+
 
 @dataclass
 class Sequence:
@@ -41,9 +47,14 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     on_tokens: Callable[[list[int]], None] | None = None
     table_row: np.ndarray | None = None  # [max_pages] int64 page ids (-1 padded), set at admission
+    error: str | None = None            # why, when finish_reason is "error"
 
     def stop_ids(self, eos: Iterable[int]) -> set[int]:
         return set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
+
+    def fail(self, message: str) -> None:
+        """End the request with finish_reason "error" (its committed tokens stay)."""
+        self.finish_reason, self.error = "error", message
 
     def commit(self, tokens: list[int], stop_ids: set[int]) -> list[int]:
         """Append tokens up to the first stop token (inclusive) or the length limit."""
@@ -182,15 +193,19 @@ class Generator:
         logits, taps = self.nets.target(tokens, positions, table)
         lens = self._tensor([len(s.prompt_ids) for s in seqs])
         last = logits[torch.arange(len(seqs), device=self.device), lens - 1]        # [B, V]
+        finite = torch.isfinite(last).all(dim=-1)
         temp, top_p, seed = self._row_params(seqs)
         if any(s.params.top_p < 1 for s in seqs):
             last = plugins.apply_top_p(last, temp, top_p)
-        first = plugins.sample_tokens(last, temp, seed, lens)
+        first = torch.where(finite, plugins.sample_tokens(last, temp, seed, lens), -1)
         if self.speculative:
             self.nets.draft_context(taps, positions, table)
         for s, t in zip(seqs, first.tolist()):
             s.anchor, s.position = t, len(s.prompt_ids)
-            s.commit([t], s.stop_ids(self.eos))
+            if t < 0:
+                s.fail(NONFINITE_LOGITS)
+            else:
+                s.commit([t], s.stop_ids(self.eos))
             self.running.append(s)
 
     def _ar_round(self, seqs: list[Sequence]) -> None:
@@ -198,6 +213,9 @@ class Generator:
         top_p = any(s.params.top_p < 1 for s in seqs)
         host = self.steps.ar_round(self._round_inputs(seqs), top_p)                  # [B, 1]
         for s, (t,) in zip(seqs, host.tolist()):
+            if t < 0:
+                s.fail(NONFINITE_LOGITS)
+                continue
             s.anchor, s.position = t, s.position + 1
             s.commit([t], s.stop_ids(self.eos))
 
@@ -205,6 +223,9 @@ class Generator:
         top_p = any(s.params.top_p < 1 for s in seqs)
         host = self.steps.spec_round(self._round_inputs(seqs), top_p)                # [B, 2+N]
         for s, (a, t, *x) in zip(seqs, host.tolist()):
+            if a < 0:
+                s.fail(NONFINITE_LOGITS)
+                continue
             new = s.commit(x[:a] + [t], s.stop_ids(self.eos))
             s.stats.record(a, len(new))
             s.anchor, s.position = t, s.position + a + 1
@@ -220,4 +241,4 @@ class Generator:
 
 def to_output(s: Sequence) -> RequestOutput:
     return RequestOutput(s.request_id, s.prompt_ids, list(s.output_ids), s.finish_reason or "",
-                         s.stats)
+                         s.stats, error=s.error)

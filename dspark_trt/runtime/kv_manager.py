@@ -46,6 +46,28 @@ def pages_from_budget(budget_bytes: int, page_size: int, bytes_per_token: int,
     return pages
 
 
+def device_memory_bytes(device) -> int | None:
+    """Total memory of ``device`` (the GPU's, or the host's physical memory for cpu), if known."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        import os
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_kv_fits(num_pages: int, page_size: int, bytes_per_token: int, device) -> None:
+    """``KVBudgetError`` when caches of ``num_pages`` (+ the pad page) exceed the device's memory."""
+    need, have = (num_pages + 1) * page_size * bytes_per_token, device_memory_bytes(device)
+    if have is not None and need > have:
+        raise KVBudgetError(f"KV caches of {num_pages} pages x {page_size} tokens need "
+                            f"{need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB of "
+                            f"{torch.device(device).type} memory: lower max_batch_size or max_seq_len, "
+                            "or give num_pages / kv_cache_bytes")
+
+
 def cuda_kv_budget(device, gpu_memory_utilization: float) -> int:
     """Bytes left for KV caches if the process may use ``gpu_memory_utilization`` of the GPU:
     ``utilization * total - (memory in use now, weights included)``."""

@@ -8,15 +8,17 @@ from typing import Callable, Iterator, Sequence as Seq
 
 import torch
 
-from ..config import ModelPair, get_preset
+from ..config import ConfigError, ModelPair, get_preset
+from ..devices import default_device, resolve_device  # noqa: F401  (default_device: re-exported)
 from ..models import build_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..models.v4_moe import stack_experts_
 from ..parallel import TPInfo, init_tp, shard_pair_, shared_seeds
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
-from .kv_manager import KVBudgetError, cuda_kv_budget, kv_bytes_per_token, pages_from_budget
+from .kv_manager import KVBudgetError, check_kv_fits, cuda_kv_budget, kv_bytes_per_token, pages_from_budget
 from .networks import EagerNetworks
+from .prompts import check_text, is_single_prompt, token_ids
 from .sampling_params import RequestError, RequestOutput, SamplingParams, StreamChunk
 from .steps import DecodeSteps
 
@@ -29,14 +31,18 @@ def set_markov_sampler(draft, networks, mode: str) -> None:
     if draft is not None:
         draft.markov_sampler = mode
         return
-    built = getattr(networks, "markov_sampler", "exact")
-    if built != mode:
-        raise ValueError(f"this engine samples drafts with markov_sampler={built!r}; rebuild with "
-                         f"`dspark-trt build --markov-sampler {mode}` to use {mode!r}")
+    check_engine_sampler(getattr(networks, "markov_sampler", "exact"), mode)
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+def check_engine_sampler(built: str, mode: str | None) -> None:
+    """An engine has its draft sampler compiled in: asking for another one is an error."""
+    if mode is not None and built != mode:
+        from ..builder.engine_dir import EngineError
+        raise EngineError(f"this engine samples drafts with markov_sampler={built!r} (compiled in); "
+                          f"rebuild with `dspark-trt build --markov-sampler {mode}` to use {mode!r}")
+
+
+DEFAULT_MAX_SEQ_LEN = 2048            # or the model's context, if shorter
 
 
 class LLM:
@@ -46,7 +52,8 @@ class LLM:
 
     KV cache size: ``num_pages`` explicitly, or from a memory budget (``kv_cache_bytes``, or
     ``gpu_memory_utilization`` of the GPU minus what is in use), or by default enough pages for
-    ``max_batch_size`` sequences of ``max_seq_len``. ``cuda_graphs``: replay the decode steps from
+    ``max_batch_size`` sequences of ``max_seq_len`` (default: 2048, or the model's context if
+    shorter; a larger one than the context is refused). ``cuda_graphs``: replay the decode steps from
     CUDA graphs per batch bucket (default: on for CUDA; on CPU they are skipped, with the reason in
     ``graphs_skipped``); ``graph_backend``: "cuda-python" (default when installed) or "torch".
 
@@ -61,15 +68,19 @@ class LLM:
     """
 
     def __init__(self, pair: ModelPair, target, draft, *, networks=None, tokenizer=None,
-                 max_batch_size: int = 8, max_seq_len: int = 2048, page_size: int = 64,
+                 max_batch_size: int = 8, max_seq_len: int | None = None, page_size: int = 64,
                  num_pages: int | None = None, device=None, dtype=None,
                  kv_cache_bytes: int | None = None, gpu_memory_utilization: float | None = None,
                  cuda_graphs: bool | None = None, graph_backend: str | None = None,
                  markov_sampler: str | None = None):
         self.pair, self.target, self.draft = pair, target, draft
+        pair.check_limits(max_batch_size, max_seq_len)
         if markov_sampler is not None:
             set_markov_sampler(draft, networks, markov_sampler)
         self.tokenizer = tokenizer
+        if max_seq_len is None:
+            max_seq_len = min(DEFAULT_MAX_SEQ_LEN, getattr(pair.target, "max_position_embeddings",
+                                                           DEFAULT_MAX_SEQ_LEN))
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.tp_size = getattr(target if target is not None else networks, "tp_world", 1)
         self.tp_rank = torch.distributed.get_rank() if self.tp_size > 1 else 0
@@ -81,6 +92,8 @@ class LLM:
         self.max_pages_per_seq = -(-(max_seq_len + n + 1) // page_size)
         if num_pages is None:
             num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n)
+        if networks is None:
+            check_kv_fits(num_pages, page_size, self._kv_bytes_per_token(n > 0), self.device)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
                                                   self.device, self.dtype)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)
@@ -127,10 +140,12 @@ class LLM:
     def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.float32, device=None,
                     num_spec_tokens: int | None = None, tp_size: int = 1,
                     expert_parallel: bool = False, **kw) -> "LLM":
-        """Random weights with the preset's dimensions (acceptance will be near 1)."""
+        """Random weights with the preset's dimensions (acceptance will be low: tau near 1)."""
         pair = get_preset(name)
+        pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
+        device = resolve_device(device)
         tp = _join_tp(tp_size, device)
-        device = tp.device if tp else device or default_device()
+        device = tp.device if tp else device
         target, draft = build_models(pair, dtype, device, num_spec_tokens, seed)
         if tp:
             shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
@@ -144,8 +159,9 @@ class LLM:
         """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
         shard to its device."""
         from ..builder.loaders import load_pair
+        device = resolve_device(device)
         tp = _join_tp(tp_size, device)
-        device = tp.device if tp else device or default_device()
+        device = tp.device if tp else device
         pair, target, draft = load_pair(target_dir, draft_dir, dtype, "cpu" if tp else device,
                                         num_spec_tokens)
         if tp:
@@ -157,19 +173,30 @@ class LLM:
 
     @classmethod
     def from_engine(cls, engine_dir: str | Path, *, device=None, max_batch_size: int | None = None,
-                    max_seq_len: int | None = None, tp_size: int | None = None, **kw) -> "LLM":
+                    max_seq_len: int | None = None, tp_size: int | None = None,
+                    num_spec_tokens: int | None = None, **kw) -> "LLM":
         """Load an engine directory built by ``dspark-trt build`` (manifest checked first). A
         tensor-parallel engine joins the torchrun group (its size must be the engine's tp_size;
-        ``tp_size``, when given, must match too)."""
+        ``tp_size``, when given, must match too). ``num_spec_tokens`` and ``markov_sampler`` are
+        compiled in: when given they must be the engine's."""
         from ..builder.engine_dir import EngineError, read_manifest
         from .engine import EngineNetworks
-        built = read_manifest(engine_dir).get("tp_size", 1)
+        device = resolve_device(device)
+        manifest = read_manifest(engine_dir)
+        built_n = manifest.get("shapes", {}).get("num_spec_tokens")
+        if num_spec_tokens is not None and num_spec_tokens != built_n:
+            raise EngineError(f"{engine_dir}: the engine was built with num_spec_tokens={built_n} "
+                              f"(compiled into its draft); omit --num-spec-tokens, or rebuild with "
+                              f"`dspark-trt build --num-spec-tokens {num_spec_tokens}`")
+        check_engine_sampler(manifest.get("build_options", {}).get("markov_sampler", "exact"),
+                             kw.get("markov_sampler"))
+        built = manifest.get("tp_size", 1)
         if tp_size is not None and tp_size != built:
             raise EngineError(f"{engine_dir}: engine built for tp_size={built}, asked for "
                               f"tp_size={tp_size}: run it with `torchrun --nproc-per-node {built} "
                               f"-m dspark_trt.cli ... --tp-size {built}`, or rebuild with --tp-size {tp_size}")
         if built > 1:
-            tp = init_tp(device_type=torch.device(device or default_device()).type)
+            tp = init_tp(device_type=device.type)
             device = tp.device if tp.world == built else device
         nets = EngineNetworks(engine_dir, device=device, max_batch_size=max_batch_size,
                               max_seq_len=max_seq_len, num_pages=kw.pop("num_pages", None))
@@ -181,11 +208,13 @@ class LLM:
 
     # ---- generation ------------------------------------------------------------------------
     def encode(self, prompt: str | Seq[int]) -> list[int]:
+        """Text (needs a tokenizer) or token ids (a sequence of ints, or a 1-D integer numpy array
+        or tensor) -> token ids; ``RequestError`` otherwise."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise RequestError("text prompt given but this model has no tokenizer; pass token ids")
-            return self.tokenizer.encode(prompt).ids
-        return [int(t) for t in prompt]
+            return self.tokenizer.encode(check_text(prompt)).ids
+        return token_ids(prompt)
 
     def decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer else None
@@ -236,7 +265,7 @@ class LLM:
         return self._drive(gen, seqs)
 
     def _requests(self, prompts, params) -> tuple[list, list[SamplingParams]]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if is_single_prompt(prompts):
             prompts = [prompts]
         params = params or SamplingParams()
         plist = params if isinstance(params, list) else [params] * len(prompts)
@@ -268,7 +297,7 @@ class LLM:
                 last = next((c for c in reversed(pending) if c.request_id == s.request_id), None)
                 if last is None:
                     pending.append(last := StreamChunk(index[s.request_id], s.request_id, []))
-                last.finish_reason = s.finish_reason
+                last.finish_reason, last.error = s.finish_reason, s.error
             yield from pending
             pending.clear()
 
@@ -288,12 +317,12 @@ class LLM:
 def _join_tp(tp_size: int, device) -> TPInfo | None:
     """Join the torchrun process group for ``tp_size`` > 1 (None for a single process)."""
     if tp_size < 1:
-        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+        raise ConfigError(f"tp_size must be >= 1, got {tp_size}")
     if tp_size == 1:
         return None
-    tp = init_tp(device_type=torch.device(device or default_device()).type)
+    tp = init_tp(device_type=resolve_device(device).type)
     if tp.world != tp_size:
-        raise ValueError(f"tp_size={tp_size} but this process group has WORLD_SIZE={tp.world}: launch "
+        raise ConfigError(f"tp_size={tp_size} but this process group has WORLD_SIZE={tp.world}: launch "
                          f"with `torchrun --nproc-per-node {tp_size} ...`")
     return tp
 

@@ -1,6 +1,8 @@
 """Per-request sampling settings and the statistics returned with each output."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 
@@ -18,15 +20,28 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def validate(self) -> "SamplingParams":
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens <= 0:
+        """Raise ``RequestError`` (a ``ValueError``) naming the first invalid field; -> self."""
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens <= 0:
             raise RequestError(f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
-        if not (self.temperature >= 0):
-            raise RequestError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not (0 < self.top_p <= 1):
+        if not _is_real(self.temperature) or not (0 <= self.temperature < math.inf):
+            raise RequestError(f"temperature must be >= 0 and finite (0 = greedy), got "
+                               f"{self.temperature!r}")
+        if not _is_real(self.top_p) or not (0 < self.top_p <= 1):
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.seed is not None and not (0 <= int(self.seed) < 2**63):
-            raise RequestError(f"seed must be in [0, 2**63), got {self.seed!r}")
+        if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**63):
+            raise RequestError(f"seed must be in [0, 2**63) (an integer), got {self.seed!r}")
+        bad = [t for t in self.stop_token_ids if not _is_int(t) or t < 0]
+        if bad:
+            raise RequestError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
         return self
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass
@@ -87,9 +102,10 @@ class RequestOutput:
     request_id: int
     prompt_ids: list[int]
     output_ids: list[int]
-    finish_reason: str                  # "stop" | "length"
+    finish_reason: str                  # "stop" | "length" | "abort" | "error"
     stats: SpecStats
     text: str | None = None
+    error: str | None = None            # why, when finish_reason is "error"
 
 
 @dataclass
@@ -97,10 +113,12 @@ class StreamChunk:
     """New tokens of one request of a batch, as a round commits them.
 
     ``index`` is the request's place in the prompt list; ``finish_reason`` is set on the request's
-    last chunk ("stop" | "length" | "abort") and None before it.
+    last chunk ("stop" | "length" | "abort" | "error") and None before it; ``error`` says why
+    when it is "error".
     """
 
     index: int
     request_id: int
     token_ids: list[int]
     finish_reason: str | None = None
+    error: str | None = None

@@ -12,6 +12,8 @@ one CUDA graph, see ``cuda_graphs.py``):
 The context injection ends the verify step (rather than starting the next draft step) so that no
 device state is carried between rounds: rows may join, leave or reorder freely between rounds.
 Rows with ``start < 0`` are inert (they write nothing and return -1 / 0 accepted).
+A live row whose target logits hold NaN or Inf returns accepted = -1 (verify) or token -1 (AR):
+one ``isfinite`` reduction of the logits per step, read back with the tokens.
 """
 from __future__ import annotations
 
@@ -79,12 +81,14 @@ class DecodeSteps:
         live = (x.start >= 0)[:, None]
         pos = torch.where(live, x.start[:, None] + offs, -1)                       # [B, N+1]
         logits, taps = self.nets.target(torch.cat([x.anchor[:, None], drafts], 1), pos, x.table)
+        finite = torch.isfinite(logits).all(dim=-1).all(dim=-1)                   # [B]
         if use_top_p:
             logits = plugins.apply_top_p(logits, x.temperature, x.top_p)
         accepted, nxt = self.nets.verify(logits, drafts, z, x.temperature, x.seed, x.start)
         ctx_pos = torch.where(offs[None, :] <= accepted[:, None], pos, -1)          # [B, N+1]
         self.nets.draft_context(taps, ctx_pos, x.table)
-        return torch.cat([accepted[:, None], nxt[:, None], drafts], 1)
+        flagged = torch.where(finite, accepted, -1)                                 # -1: not finite
+        return torch.cat([flagged[:, None], nxt[:, None], drafts], 1)
 
     @torch.inference_mode()
     def ar_step(self, x: DeviceInputs, use_top_p: bool) -> Tensor:
@@ -92,18 +96,19 @@ class DecodeSteps:
         pos = torch.where(x.start >= 0, x.start, -1)[:, None]                       # [B, 1]
         logits, _ = self.nets.target(x.anchor[:, None], pos, x.table)
         logits = logits[:, 0]
+        finite = torch.isfinite(logits).all(dim=-1)                                 # [B]
         if use_top_p:
             logits = plugins.apply_top_p(logits, x.temperature, x.top_p)
         nxt = plugins.sample_tokens(logits, x.temperature, x.seed, x.start + 1)
-        return torch.where(x.start >= 0, nxt, -1)[:, None]
+        return torch.where((x.start >= 0) & finite, nxt, -1)[:, None]
 
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
     def spec_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
-        """-> [B, 2 + N] int64 on the host: accepted, next token, drafts."""
+        """-> [B, 2 + N] int64 on the host: accepted (-1: non-finite logits), next token, drafts."""
         x = DeviceInputs.from_host(r, self.device)
         drafts, z = self.draft_step(x)
         return self.verify_step(x, drafts, z, use_top_p).cpu().numpy()
 
     def ar_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
-        """-> [B, 1] int64 on the host: the next token."""
+        """-> [B, 1] int64 on the host: the next token (-1: non-finite logits)."""
         return self.ar_step(DeviceInputs.from_host(r, self.device), use_top_p).cpu().numpy()
