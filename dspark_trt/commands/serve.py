@@ -2,8 +2,8 @@
 
 It runs ``serving.stack.ServingStack``: tritonserver, an HTTP gateway in front of Triton's HTTP
 (request size limit, 400s for bad JSON) and a supervisor that probes the model and restarts a
-broken server. Exit status: 0 after SIGINT/SIGTERM, 1 when serving could not go on (the reason is
-printed).
+broken server. Exit status: 0 after SIGINT/SIGTERM (everything stopped, within
+``--shutdown-timeout`` plus a few seconds), 1 when serving could not go on (the reason is printed).
 """
 from __future__ import annotations
 
@@ -98,7 +98,11 @@ def run(args) -> int:
                       file=sys.stderr, flush=True)
                 return 1
         print("[dspark-trt] stopping", flush=True)
-        return 0 if stack.stop(args.shutdown_timeout) == 0 else 1
+        rc = stack.stop(args.shutdown_timeout)
+        if rc != 0:       # e.g. requests still in flight after Triton's exit timeout: it exits non-zero
+            print(f"[dspark-trt] tritonserver exited with {rc} (requests still in flight were dropped)",
+                  flush=True)
+        return 0
     finally:
         stack.stop(args.shutdown_timeout)
         if tmp is not None:

@@ -129,6 +129,13 @@ def close_bounded(client, timeout: float = 5.0) -> bool:
     return not t.is_alive()
 
 
+def _error_request_id(error, open_ids: set[str]) -> str:
+    """tritonclient drops the id of an error response; it is known only when one request is open."""
+    if len(open_ids) == 1:
+        return next(iter(open_ids))
+    raise RuntimeError(f"stream error for an unknown request (send one request per stream to tell): {error}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="gRPC host:port")

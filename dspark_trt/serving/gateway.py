@@ -44,6 +44,11 @@ DRAIN_LIMIT = 64 << 20          # an oversized body is read and dropped up to th
 Health = Callable[[], "tuple[bool, str]"]
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True            # a stuck connection never holds up shutdown
+    request_queue_size = 1024        # listen backlog (socketserver's 5 resets bursts of clients)
+
+
 class HttpGateway:
     """Serve ``host:port`` and forward to Triton's HTTP at ``upstream`` (``host:port``).
 
@@ -59,8 +64,7 @@ class HttpGateway:
         self.max_request_bytes, self.health = max_request_bytes, health
         self.upstream_timeout = upstream_timeout
         handler = type("Handler", (_Handler,), {"gateway": self, "timeout": client_timeout})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _Server((host, port), handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                        name="dspark-http-gateway", daemon=True)
 

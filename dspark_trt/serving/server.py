@@ -76,7 +76,8 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _children(pid: int) -> list[int]:
+def descendants(pid: int) -> list[int]:
+    """Children of ``pid``, their children, and so on (from /proc)."""
     kids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
@@ -86,7 +87,7 @@ def _children(pid: int) -> list[int]:
                 continue
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 kids.append(int(d.name))
-    return kids + [g for k in kids for g in _children(k)]
+    return kids + [g for k in kids for g in descendants(k)]
 
 
 def _is_gone(pid: int) -> bool:
@@ -196,14 +197,14 @@ class TritonServer:
     def _wait_ready(self, deadline: float, abort: threading.Event | None) -> None:
         url = f"{self.http_url}/v2/health/ready"
         while True:
-            self._shm |= _shm_regions([self.proc.pid, *_children(self.proc.pid)])
+            self._shm |= _shm_regions([self.proc.pid, *descendants(self.proc.pid)])
             if self.proc.poll() is not None:
                 raise RuntimeError(f"tritonserver exited with {self.proc.returncode} before it was ready; "
                                    f"log {self.log_path}:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=1) as r:
                     if r.status == 200:
-                        kids = _children(self.proc.pid)
+                        kids = descendants(self.proc.pid)
                         self._shm |= _shm_regions([self.proc.pid, *kids])
                         self.stubs = {k: c for k in kids if STUB_NAME in (c := _cmdline(k))}
                         return
@@ -236,7 +237,7 @@ class TritonServer:
             return None
         kids = {}
         if self.proc.poll() is None:
-            kids = {k: _cmdline(k) for k in _children(self.proc.pid)}
+            kids = {k: _cmdline(k) for k in descendants(self.proc.pid)}
             self._shm |= _shm_regions([self.proc.pid, *kids])
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -253,19 +254,19 @@ class TritonServer:
             return None
         kids = {}
         if self.proc.poll() is None:
-            kids = {k: _cmdline(k) for k in _children(self.proc.pid)}
+            kids = {k: _cmdline(k) for k in descendants(self.proc.pid)}
             self._shm |= _shm_regions([self.proc.pid, *kids])
             self.proc.kill()
             self.proc.wait()
-        return self._reap(kids)
+        return self._reap(kids, grace=0.0)          # a stopped (SIGSTOP) stub would never exit itself
 
-    def _reap(self, kids: dict[int, str]) -> int | None:
-        """Kill what is left of our own children (stubs exit by themselves when the server dies,
-        within a second or so) and remove the shm regions our processes had mapped."""
+    def _reap(self, kids: dict[int, str], grace: float = 3.0) -> int | None:
+        """Kill what is left of our own children after ``grace`` s (stubs exit by themselves when
+        the server dies, within a second or so) and remove the shm regions our processes mapped."""
         kids = {**self.stubs, **kids}                   # stubs outlive a server that crashed
         def running() -> list[int]:                     # the same processes (no reused pids)
             return [k for k, cmd in kids.items() if not _is_gone(k) and _cmdline(k) == cmd]
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + grace
         while running() and time.monotonic() < deadline:
             time.sleep(0.05)
         _kill(running())
