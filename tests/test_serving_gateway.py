@@ -196,6 +196,22 @@ def test_oversized_and_chunked_bodies_are_refused_before_forwarding(gateway, ups
     assert request(gateway, "GET", "/v2/health/ready")[0] == 200        # the gateway still serves
 
 
+def test_expect_100_continue_with_an_oversized_body_is_refused_before_the_upload(gateway, upstream):
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST " + GEN.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n"
+                  b"Expect: 100-continue\r\n\r\n")                       # and no body
+        reply = http.client.HTTPResponse(s)                               # the answer comes at once
+        reply.begin()
+        assert reply.status == 413 and b"over the limit" in reply.read()
+    assert upstream.seen == []
+
+
+def test_compressed_generate_body_is_refused(gateway, upstream):
+    status, data = request(gateway, "POST", GEN, b"\x1f\x8b junk", {"Content-Encoding": "gzip"})
+    assert status == 415 and upstream.seen == []
+
+
 def test_unavailable_model_gets_503_with_the_reason(gateway, upstream, health):
     health["state"] = (False, "the model worker process died")
     status, data = request(gateway, "POST", GEN, b'{"input_ids": [1]}')

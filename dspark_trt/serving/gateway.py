@@ -39,7 +39,7 @@ GENERATE = re.compile(r"^/v2/models/[^/]+(?:/versions/[^/]+)?/(generate|generate
 LIST_OUTPUTS = ("output_ids", "acceptance_per_position")
 # headers that describe one connection, not the message (RFC 9110 7.6.1), or that we set ourselves
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding",
-              "upgrade", "host", "content-length", "proxy-authenticate", "proxy-authorization"}
+              "upgrade", "host", "content-length", "proxy-authenticate", "proxy-authorization", "expect"}
 DRAIN_LIMIT = 64 << 20          # an oversized body is read and dropped up to this, so the 413 arrives
 Health = Callable[[], "tuple[bool, str]"]
 
@@ -97,6 +97,15 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._handle()
 
+    def handle_expect_100(self) -> bool:
+        """``Expect: 100-continue`` (curl, for large bodies): refuse an oversized body before it is sent."""
+        length = self._declared_length()
+        if length is not None and length > self.gateway.max_request_bytes:
+            self.close_connection = True
+            self._error(413, self._too_large(length))
+            return False
+        return super().handle_expect_100()
+
     def do_POST(self) -> None:
         self._handle()
 
@@ -114,11 +123,15 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(503, f"the model is unavailable: {reason}")
         route = GENERATE.match(urlsplit(self.path).path)
         if route:
+            if self.headers.get("Content-Encoding", "identity").lower() != "identity":
+                return self._error(415, "send generate bodies uncompressed (no Content-Encoding)")
             try:
                 check_generate_body(body, stream_endpoint=route.group(1) == "generate_stream")
             except BadRequest as e:
                 return self._error(400, str(e))
         headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        if route:                                       # plain JSON back, so list outputs can be fixed
+            headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
         if self.command == "POST" and not self._keeps_content_type():
             headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
             headers["Content-Type"] = "application/json"     # never a form: evhtp would parse it
@@ -148,22 +161,28 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self._error(411, "send the body with a Content-Length (chunked bodies are not accepted)")
             return None
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-            if length < 0:
-                raise ValueError
-        except ValueError:
+        length = self._declared_length()
+        if length is None:
             self.close_connection = True
             self._error(400, "bad Content-Length")
             return None
-        limit = self.gateway.max_request_bytes
-        if length > limit:
+        if length > self.gateway.max_request_bytes:
             self.close_connection = True
             self._drain(length)
-            self._error(413, f"the request body has {length} bytes, over the limit of {limit} bytes "
-                             "(dspark-trt serve --max-request-bytes)")
+            self._error(413, self._too_large(length))
             return None
         return self.rfile.read(length) if length else b""
+
+    def _declared_length(self) -> int | None:
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError:
+            return None
+        return length if length >= 0 else None
+
+    def _too_large(self, length: int) -> str:
+        return (f"the request body has {length} bytes, over the limit of {self.gateway.max_request_bytes} "
+                "bytes (dspark-trt serve --max-request-bytes)")
 
     def _drain(self, length: int) -> None:
         """Read and drop an oversized body (bounded), so the client gets to read our 413."""
