@@ -406,9 +406,13 @@ def test_sigterm_under_load_exits_quickly_and_leaves_nothing(serve, capsys):
     assert took < 10 and rc == 0, serve.logs()
     assert not any(_running(p) and (_comm(p) == "tritonserver" or _is_stub(p)) for p in processes), serve.logs()
     assert not any(Path(r).exists() for r in regions)
-    for c in (*sse, *plain):                             # every client ended (an error), none hangs
+    for c in (*sse, *plain):                             # every client got an error, none hangs
         c.join(ERROR_BOUND)
-        assert not c.is_alive()
+        assert not c.is_alive() and c.ended_at - t_term < 10
+    for c in sse:
+        assert c.failure is None and "error" in c.events[-1], (c.failure, c.events[-2:])
+    for c in plain:
+        assert c.result and c.result[0] == 503 and "error" in c.result[1], (c.failure, c.result)
     for p in grpc:
         assert grpc_result(p, ERROR_BOUND)[0] == 1
     with capsys.disabled():

@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import socket
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
@@ -48,6 +49,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True            # a stuck connection never holds up shutdown
     request_queue_size = 1024        # listen backlog (socketserver's 5 resets bursts of clients)
 
+    def handle_error(self, request, client_address) -> None:
+        """A connection that broke mid-request (reset, timeout): one log line, not a traceback."""
+        log.info("connection from %s ended with %s", client_address[0], sys.exc_info()[1])
+
 
 class HttpGateway:
     """Serve ``host:port`` and forward to Triton's HTTP at ``upstream`` (``host:port``).
@@ -63,6 +68,8 @@ class HttpGateway:
         self.upstream_host, self.upstream_port = upstream.rsplit(":", 1)
         self.max_request_bytes, self.health = max_request_bytes, health
         self.upstream_timeout = upstream_timeout
+        self._connections = 0
+        self._idle = threading.Condition()
         handler = type("Handler", (_Handler,), {"gateway": self, "timeout": client_timeout})
         self.httpd = _Server((host, port), handler)
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
@@ -84,6 +91,16 @@ class HttpGateway:
             self.thread.join(5)
         self.httpd.server_close()
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no connection is open (e.g. until each got its error after Triton stopped)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._connections == 0, timeout)
+
+    def _count(self, delta: int) -> None:
+        with self._idle:
+            self._connections += delta
+            self._idle.notify_all()
+
     def upstream_connection(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.upstream_host, int(self.upstream_port),
                                           timeout=self.upstream_timeout)
@@ -93,6 +110,13 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     gateway: HttpGateway                                # set by HttpGateway
     server_version = "dspark-gateway"
+
+    def handle(self) -> None:
+        self.gateway._count(+1)
+        try:
+            super().handle()
+        finally:
+            self.gateway._count(-1)
 
     def do_GET(self) -> None:
         self._handle()

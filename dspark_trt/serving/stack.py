@@ -66,7 +66,10 @@ class ServingStack:
         return self.ready_seconds
 
     def stop(self, timeout: float = 8.0) -> int | None:
-        """Stop all three, each bounded; tritonserver gets SIGTERM, SIGKILL after ``timeout`` s."""
+        """Stop all three, each bounded; tritonserver gets SIGTERM, SIGKILL after ``timeout`` s.
+        HTTP requests still open then get their error from the gateway (up to 2 s more)."""
         self.supervisor.stop()
         self.gateway.stop()
-        return self.triton.stop(timeout)
+        rc = self.triton.stop(timeout)
+        self.gateway.wait_idle(2.0)
+        return rc
