@@ -52,7 +52,7 @@ class Serve:
                "OMP_NUM_THREADS": "1"}
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=ROOT)
-        self.http_url = self.grpc_url = ""
+        self.http_url = self.grpc_url = self.metrics_url = ""
 
     def wait_ready(self, timeout: float) -> float:
         t0 = time.monotonic()
@@ -67,6 +67,8 @@ class Serve:
                 self.http_url = words[1]
             elif words[:1] == ["gRPC"]:
                 self.grpc_url = words[1]
+            elif words[:1] == ["metrics"]:
+                self.metrics_url = words[1]
         assert self.http_url and self.grpc_url, self.logs()
         return time.monotonic() - t0
 
@@ -150,6 +152,15 @@ def http_post(url: str, path: str, body: bytes, content_type: str = "application
 
 def generate(serve: Serve, body: dict, timeout: float = 60) -> tuple[int, dict]:
     return http_post(serve.http_url, f"/v2/models/{MODEL}/generate", json.dumps(body).encode(), timeout=timeout)
+
+
+def cancelled_requests(serve: Serve) -> float:
+    """dspark_requests_total{outcome="cancelled"} (the model drops a request its client left)."""
+    with urllib.request.urlopen(serve.metrics_url, timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("dspark_requests_total{") and 'outcome="cancelled"' in line:
+                return float(line.split()[-1])
+    return 0.0
 
 
 def ready(serve: Serve) -> int:
@@ -251,6 +262,9 @@ def test_oversized_body_is_refused_and_the_server_stays_up(serve):
 
 
 def test_client_that_stops_reading_a_stream_does_not_block_others(serve):
+    """Three clients start long streams and never read them; others are served meanwhile; when
+    the three hang up, their requests are cancelled (batch slots and KV pages freed)."""
+    cancelled_before = cancelled_requests(serve)
     host, port = serve.http_url.removeprefix("http://").rsplit(":", 1)
     stalled = []
     for _ in range(3):
@@ -281,6 +295,10 @@ def test_client_that_stops_reading_a_stream_does_not_block_others(serve):
     finally:
         for conn in stalled:
             conn.close()
+    t0 = time.monotonic()
+    while cancelled_requests(serve) < cancelled_before + len(stalled):
+        assert time.monotonic() - t0 < 20, "the abandoned streams were not cancelled"
+        time.sleep(0.2)
 
 
 def _in_flight(serve: Serve):
@@ -305,10 +323,10 @@ def _assert_all_failed_fast(grpc, sse, plain, t_fault: float) -> None:
     for c in sse:                     # the stream ends with an error event (or the connection drops)
         assert c.failure or "error" in c.events[-1], c.events[-3:]
     for c in plain:
-        assert c.failure or (c.result[0] == 503 and "error" in c.result[1]), c.result
-    for p in grpc:
+        assert c.failure or (c.result[0] >= 400 and "error" in c.result[1]), c.result
+    for p in grpc:        # the stream broke (exit 1), or the server failed the request first (exit 0)
         rc, lines = grpc_result(p, max(1.0, t_fault + ERROR_BOUND - time.monotonic()))
-        assert rc == 1 and "error" in lines[-1], lines[-3:]
+        assert "error" in lines[-1], (rc, lines[-3:])
 
 
 def _wait_recovered(serve: Serve, old_triton: int, t_fault: float) -> float:
@@ -412,8 +430,9 @@ def test_sigterm_under_load_exits_quickly_and_leaves_nothing(serve, capsys):
     for c in sse:
         assert c.failure is None and "error" in c.events[-1], (c.failure, c.events[-2:])
     for c in plain:
-        assert c.result and c.result[0] == 503 and "error" in c.result[1], (c.failure, c.result)
+        assert c.result and c.result[0] >= 400 and "error" in c.result[1], (c.failure, c.result)
     for p in grpc:
-        assert grpc_result(p, ERROR_BOUND)[0] == 1
+        rc, lines = grpc_result(p, ERROR_BOUND)
+        assert "error" in lines[-1], (rc, lines[-3:])
     with capsys.disabled():
         print(f"\n[faults] SIGTERM under load: serve exited in {took:.1f} s")

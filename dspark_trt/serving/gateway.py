@@ -55,17 +55,18 @@ class _Server(ThreadingHTTPServer):
 
 
 class HttpGateway:
-    """Serve ``host:port`` and forward to Triton's HTTP at ``upstream`` (``host:port``).
+    """Serve ``host:port`` and forward to Triton's HTTP at ``upstream`` (``host:port``; may be set
+    after construction, before ``start``).
 
     ``health()`` -> (available, reason); ``client_timeout``: seconds a client socket may stall
     (reading a request, or taking a response); ``upstream_timeout``: seconds to wait on Triton
     for a response (the whole generation for /generate, the gap between chunks for a stream).
     """
 
-    def __init__(self, upstream: str, *, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, upstream: str | None, *, host: str = "127.0.0.1", port: int = 0,
                  max_request_bytes: int = 1 << 20, health: Health = lambda: (True, ""),
                  client_timeout: float = 60.0, upstream_timeout: float = 600.0):
-        self.upstream_host, self.upstream_port = upstream.rsplit(":", 1)
+        self.upstream = upstream
         self.max_request_bytes, self.health = max_request_bytes, health
         self.upstream_timeout = upstream_timeout
         self._connections = 0
@@ -102,8 +103,8 @@ class HttpGateway:
             self._idle.notify_all()
 
     def upstream_connection(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(self.upstream_host, int(self.upstream_port),
-                                          timeout=self.upstream_timeout)
+        host, port = self.upstream.rsplit(":", 1)
+        return http.client.HTTPConnection(host, int(port), timeout=self.upstream_timeout)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -14,7 +14,7 @@ from typing import Callable
 
 from .gateway import HttpGateway
 from .server import TritonInstall, TritonServer
-from .supervisor import Supervisor, _stderr
+from .supervisor import Supervisor, report_to_stderr
 
 MIB = 1 << 20
 
@@ -30,13 +30,13 @@ class ServingStack:
                  host: str = "127.0.0.1", http_port: int = 0, grpc_port: int = 0, metrics_port: int = 0,
                  max_request_bytes: int = MIB, log_path: str | Path | None = None,
                  probe_interval: float = 2.0, probe_timeout: float = 60.0, max_restarts: int = 5,
-                 ready_timeout: float = 300.0, report: Callable[[str], None] = _stderr):
+                 ready_timeout: float = 300.0, report: Callable[[str], None] = report_to_stderr):
         self.triton = TritonServer(repository, install, host=host, http_host="127.0.0.1",
                                    grpc_port=grpc_port, metrics_port=metrics_port, log_path=log_path)
         self.supervisor = Supervisor(self.triton, model_name, interval=probe_interval,
                                      probe_timeout=probe_timeout, max_restarts=max_restarts,
                                      ready_timeout=ready_timeout, report=report)
-        self.gateway = HttpGateway("127.0.0.1:0", host=host, port=http_port,   # upstream set in start
+        self.gateway = HttpGateway(None, host=host, port=http_port,           # upstream: see start()
                                    max_request_bytes=max_request_bytes, health=self.supervisor.health)
         self.ready_timeout = ready_timeout
         self.ready_seconds: float | None = None
@@ -60,7 +60,7 @@ class ServingStack:
     def start(self) -> float:
         """Start tritonserver (wait for ready), the gateway, the supervisor; seconds to ready."""
         self.ready_seconds = self.triton.start(timeout=self.ready_timeout, abort=self.supervisor.stopping)
-        self.gateway.upstream_host, self.gateway.upstream_port = "127.0.0.1", str(self.triton.ports["http"])
+        self.gateway.upstream = f"127.0.0.1:{self.triton.ports['http']}"      # kept across restarts
         self.gateway.start()
         self.supervisor.start()
         return self.ready_seconds

@@ -25,7 +25,7 @@ from .probe import ProbeResult, probe_model
 from .server import TritonServer
 
 
-def _stderr(line: str) -> None:
+def report_to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
@@ -33,7 +33,7 @@ class Supervisor:
     def __init__(self, server: TritonServer, model: str, *, interval: float = 2.0,
                  probe_timeout: float = 60.0, failures: int = 2, poll: float = 0.5,
                  max_restarts: int = 5, restart_window: float = 600.0, ready_timeout: float = 300.0,
-                 report: Callable[[str], None] = _stderr):
+                 report: Callable[[str], None] = report_to_stderr):
         self.server, self.model, self.report = server, model, report
         self.interval, self.probe_timeout, self.failures, self.poll = interval, probe_timeout, failures, poll
         self.max_restarts, self.restart_window, self.ready_timeout = max_restarts, restart_window, ready_timeout
