@@ -31,7 +31,8 @@ class ProbeEndpoint:
                 if ep.mode == "hang":
                     ep.release.wait(30)
                     return
-                status, body = (200, {"output_ids": [7]}) if ep.mode == "ok" else (400, {"error": "Stub is not healthy"})
+                ok = ep.mode == "ok"
+                status, body = (200, {"output_ids": [7]}) if ok else (400, {"error": "Stub is not healthy"})
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
