@@ -121,6 +121,13 @@ def test_parse_rejects_bad_input(inputs, encoder, message):
         parse_request(getter(**inputs), encoder)
 
 
+def test_parse_names_max_tokens_over_the_context():
+    get = getter(input_ids=np.array([1, 2, 3]), max_tokens=np.array([126], np.int32))
+    with pytest.raises(RequestError, match=r"prompt \(3 tokens\) \+ max_tokens \(126\) = 129 exceeds max_seq_len 128"):
+        parse_request(get, encode, max_seq_len=128)
+    assert parse_request(get, encode, max_seq_len=129).params.max_new_tokens == 126
+
+
 # ---- incremental text ---------------------------------------------------------------------------
 
 def chunks(ids, rng):
@@ -334,6 +341,21 @@ def test_stop_string_over_the_model(model, llm):
     assert resp.outputs["finish_reason"][0] == b"stop"
     ids = resp.outputs["output_ids"].tolist()
     assert ids == base.output_ids[:len(ids)] and stop in llm.decode(ids)
+
+
+def test_probe_requests_stay_out_of_the_metrics(model):
+    """The supervisor's 1-token probe (request parameter dspark_probe) is answered, not counted."""
+    fams = {f.name: f for f in FakePB.MetricFamily.created}
+    before = {n: sum(m.value for m in f.metrics) for n, f in fams.items()}
+    probes = [ids_request([0], 1), ids_request([0], 10 ** 6)]      # a good one and a bad one
+    for r in probes:
+        r.parameters = lambda: '{"dspark_probe": true}'
+    model.execute(probes)
+    (ok,), (bad,) = probes[0].wait(), probes[1].wait()
+    assert ok.error is None and len(ok.outputs["output_ids"]) == 1
+    assert "exceeds max_seq_len" in bad.error.message
+    after = {n: sum(m.value for m in f.metrics) for n, f in fams.items()}
+    assert after == before
 
 
 def test_metrics_count_finished_requests(model):

@@ -83,13 +83,24 @@ def test_existing_model_dir_needs_overwrite(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "qwen3-tiny-dspark"], "--random-weights"),
-    ([], "exactly one model source"),
     (["--checkpoint", "."], "go together"),
     (["--model", "qwen3-tiny-dspark", "--random-weights", "--engine", "."], "exactly one model source"),
     (["--engine", "/nonexistent/engine"], "is not a directory")])
 def test_cli_rejects_bad_model_source(tmp_path, argv, message):
     with pytest.raises(SystemExit, match=message):
         main(["triton-repo", "--output", str(tmp_path), *argv])
+
+
+def test_cli_without_a_model_source_uses_the_default_pair(tmp_path, capsys):
+    """Like `dspark-trt generate`: no --engine/--checkpoint/--model means the built-in pair."""
+    from dspark_trt.commands.common import default_pair_dirs
+    pair = default_pair_dirs()
+    if pair is None:
+        pytest.skip("the built-in default pair is not in this checkout")
+    assert main(["triton-repo", "--output", str(tmp_path)]) == 0
+    params = parameters((tmp_path / "dspark" / "config.pbtxt").read_text())
+    assert (params["checkpoint"], params["draft_checkpoint"]) == tuple(str(p.resolve()) for p in pair)
+    assert "default pair" in capsys.readouterr().out
 
 
 def test_cli_writes_checkpoint_repository_with_absolute_paths(tmp_path, monkeypatch):

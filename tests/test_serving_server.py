@@ -1,4 +1,5 @@
-"""A real tritonserver (nvidia-pytriton 2.51, CPU) serving a repository made by write_repository.
+"""A real tritonserver (nvidia-pytriton 2.51, CPU) serving a repository made by write_repository,
+run as `dspark-trt serve` runs it (ServingStack: HTTP through the gateway, the supervisor probing).
 
 Needs the serving venv (scripts/setup_triton_env.sh; .ci/run creates it); skipped without it.
 The model is the tiny preset with random weights (fixed seed) saved as HF checkpoints with a tiny
@@ -21,8 +22,9 @@ import torch
 
 from dspark_trt.runtime.sampling_params import SamplingParams
 from dspark_trt.serving.repository import write_repository
-from dspark_trt.serving.server import ServingEnvError, TritonInstall, TritonServer
+from dspark_trt.serving.server import ServingEnvError, TritonInstall
 from dspark_trt.serving.source import ModelSource
+from dspark_trt.serving.stack import ServingStack
 
 from test_serving_model import make_tiny_text_pair
 
@@ -61,10 +63,12 @@ def server(install, source, tmp_path_factory):
     root = tmp_path_factory.mktemp("triton")
     write_repository(root / "model_repository", source, model_name=MODEL, default_max_tokens=16,
                      cpu_threads=1)
-    srv = TritonServer(root / "model_repository", install, log_path=root / "tritonserver.log")
-    srv.ready_seconds = srv.start(timeout=120)
+    srv = ServingStack(root / "model_repository", install, MODEL, log_path=root / "tritonserver.log",
+                       ready_timeout=120)
+    srv.start()
     yield srv
     srv.stop()
+    assert srv.supervisor.restarts == [], "the supervisor restarted a healthy server"
 
 
 def report(capsys, line: str) -> None:
@@ -84,7 +88,8 @@ def generate(srv, body: dict, timeout: float = 60) -> tuple[int, dict]:
 
 
 def as_list(v):
-    return v if isinstance(v, list) else [v]          # a shape-[1] output comes back as a scalar
+    assert isinstance(v, list), f"a list output came back as {v!r}"      # the gateway makes it a list
+    return v
 
 
 def reference(llm, prompt: str, max_tokens: int, temperature: float, seed: int):
@@ -175,15 +180,17 @@ def test_concurrent_clients_get_their_own_answers(server, llm, capsys):
 
 @pytest.mark.parametrize("body, message", [
     ({"max_tokens": 4}, "missing input"),
-    ({"text_input": "ab", "max_tokens": "four"}, "Unable to parse"),                  # wrong dtype (core)
-    ({"text_input": "ab", "temperature": "hot"}, "Unable to parse"),
+    ({"text_input": "ab", "max_tokens": "four"}, "'max_tokens' must be an integer"),   # the gateway's check
+    ({"text_input": "ab", "temperature": "hot"}, "'temperature' must be a number"),
+    ({"text_input": "ab", "max_tokens": 99999999999}, "'max_tokens' = 99999999999 is out of range"),
+    ({"text_input": "ab", "max_tokens": 1 << 20}, "max_tokens (1048576)"),
     ({"text_input": "ab", "max_tokens": -3}, "max_tokens must be a positive integer"),
     ({"input_ids": list(range(MAX_SEQ_LEN + 5)), "max_tokens": 4}, "exceeds max_seq_len"),
     ({"input_ids": [1, 2], "text_input": "ab"}, "not both"),
 ])
 def test_malformed_requests_get_errors_and_the_server_keeps_serving(server, llm, body, message):
     status, got = generate(server, body)
-    assert status >= 400 and message in got["error"], got
+    assert status == 400 and message in got["error"], got
     status, got = generate(server, {"input_ids": [5, 6], "max_tokens": 3, "seed": 1, "temperature": 1.0})
     assert status == 200
     assert as_list(got["output_ids"]) == llm.generate(
@@ -222,11 +229,18 @@ def test_grpc_cancellation_frees_the_request(install, server):
     assert status == 200
 
 
+def test_one_token_answer_is_a_list(server):
+    status, got = generate(server, {"input_ids": [4, 2], "max_tokens": 1})
+    assert status == 200 and isinstance(got["output_ids"], list) and len(got["output_ids"]) == 1
+
+
 def test_clean_shutdown(server):
     """Last test of the module: SIGTERM to our pid, exit 0, Triton removed its shm regions itself."""
-    pid, regions = server.proc.pid, set(server._shm)
+    pid, regions = server.triton.proc.pid, set(server.triton._shm)
     assert regions, "the python backend's shm regions were not seen"
+    t0 = time.monotonic()
     assert server.stop() == 0
+    assert time.monotonic() - t0 < 8
     assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
-    assert server.leaked == []
+    assert server.triton.leaked == []
     assert not any(Path(r).exists() for r in regions)

@@ -1,7 +1,14 @@
-"""``dspark-trt serve``: write a model repository and run tritonserver on it until interrupted."""
+"""``dspark-trt serve``: write a model repository and serve it until interrupted.
+
+It runs ``serving.stack.ServingStack``: tritonserver, an HTTP gateway in front of Triton's HTTP
+(request size limit, 400s for bad JSON) and a supervisor that probes the model and restarts a
+broken server. Exit status: 0 after SIGINT/SIGTERM (everything stopped, within
+``--shutdown-timeout`` plus a few seconds), 1 when serving could not go on (the reason is printed).
+"""
 from __future__ import annotations
 
 import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -22,15 +29,31 @@ def add_parser(sub) -> None:
     g.add_argument("--grpc-port", type=int, default=0, help="0 = a free port")
     g.add_argument("--metrics-port", type=int, default=0, help="0 = a free port")
     g.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for readiness")
+    g.add_argument("--max-request-bytes", type=int, default=None,
+                   help="largest HTTP request body; larger ones get 413 (default: 64 bytes per "
+                        "token of --max-seq-len, at least 1 MiB)")
+    g.add_argument("--probe-interval", type=float, default=2.0,
+                   help="seconds between the supervisor's 1-token probe requests")
+    g.add_argument("--probe-timeout", type=float, default=60.0,
+                   help="a probe unanswered this long means the model hangs: restart (it waits for a "
+                        "batch slot like any request, so keep it above the longest wait under load)")
+    g.add_argument("--max-restarts", type=int, default=5,
+                   help="restarts allowed within 10 minutes before serve gives up and exits 1")
+    g.add_argument("--shutdown-timeout", type=float, default=8.0,
+                   help="seconds tritonserver gets after SIGTERM before SIGKILL")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from ..serving.server import ServingEnvError, TritonInstall, TritonServer
+    from ..serving.server import ServingEnvError, TritonInstall
+    from ..serving.stack import ServingStack, default_max_request_bytes
     try:
         install = TritonInstall.find(args.triton_env)
     except ServingEnvError as e:
         raise SystemExit(f"error: {e}") from None
+    max_bytes = args.max_request_bytes or default_max_request_bytes(args.max_seq_len)
+    if max_bytes < 1:
+        raise SystemExit(f"error: --max-request-bytes must be positive, got {max_bytes}")
     tmp = None
     if args.output is None:
         tmp = tempfile.TemporaryDirectory(prefix="dspark-triton-")
@@ -38,31 +61,49 @@ def run(args) -> int:
     else:
         output = Path(args.output)
     model_dir = write_from_args(args, output)
-    server = TritonServer(output, install, host=args.host, http_port=args.http_port,
-                          grpc_port=args.grpc_port, metrics_port=args.metrics_port,
-                          log_path=output.parent / "tritonserver.log")
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    name = args.model_name
     try:
-        print(f"[dspark-trt] repository {model_dir.parent}; starting tritonserver (log {server.log_path})")
+        stack = ServingStack(output, install, name, host=args.host, http_port=args.http_port,
+                             grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+                             max_request_bytes=max_bytes, log_path=output.parent / "tritonserver.log",
+                             probe_interval=args.probe_interval, probe_timeout=args.probe_timeout,
+                             max_restarts=args.max_restarts, ready_timeout=args.ready_timeout)
+    except OSError as e:                                 # the HTTP port is taken
+        raise SystemExit(f"error: cannot listen on {args.host}:{args.http_port}: {e}") from None
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        stop.set()
+        stack.supervisor.stopping.set()                  # also ends a start or restart in progress
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        print(f"[dspark-trt] repository {model_dir.parent}; starting tritonserver (log {stack.log_path})",
+              flush=True)
         try:
-            ready = server.start(timeout=args.ready_timeout)
+            ready = stack.start()
         except RuntimeError as e:
+            if stop.is_set():
+                print("[dspark-trt] interrupted before tritonserver was ready", flush=True)
+                return 0
             raise SystemExit(f"error: {e}") from None
-        name = args.model_name
-        print(f"[dspark-trt] ready in {ready:.1f} s")
-        print(f"  HTTP     {server.http_url}   (POST /v2/models/{name}/generate, /generate_stream)")
-        print(f"  gRPC     {server.grpc_url}")
-        print(f"  metrics  {server.metrics_url}")
+        print(f"[dspark-trt] ready in {ready:.1f} s", flush=True)
+        print(f"  HTTP     {stack.http_url}   (POST /v2/models/{name}/generate, /generate_stream; "
+              f"bodies up to {max_bytes} bytes)")
+        print(f"  gRPC     {stack.grpc_url}")
+        print(f"  metrics  {stack.metrics_url}", flush=True)
         while not stop.wait(0.5):
-            if server.proc.poll() is not None:
-                print(f"error: tritonserver exited with {server.proc.returncode}; log {server.log_path}:\n"
-                      f"{server.log_tail()}")
+            if stack.supervisor.failed.is_set():
+                print(f"error: {stack.supervisor.reason}; log {stack.log_path}:\n{stack.triton.log_tail()}",
+                      file=sys.stderr, flush=True)
                 return 1
-        print("[dspark-trt] stopping tritonserver")
-        return 0 if server.stop() == 0 else 1
+        print("[dspark-trt] stopping", flush=True)
+        rc = stack.stop(args.shutdown_timeout)
+        if rc != 0:       # e.g. requests still in flight after Triton's exit timeout: it exits non-zero
+            print(f"[dspark-trt] tritonserver exited with {rc} (requests still in flight were dropped)",
+                  flush=True)
+        return 0
     finally:
-        server.stop()
+        stack.stop(args.shutdown_timeout)
         if tmp is not None:
             tmp.cleanup()

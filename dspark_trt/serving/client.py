@@ -4,6 +4,11 @@ Standalone on purpose (imports neither torch nor dspark_trt):
     .venv-triton/bin/python dspark_trt/serving/client.py --url 127.0.0.1:8001 \
         --request '{"text_input": "hello", "max_tokens": 16, "stream": true}'
 prints one JSON object per response ({"error": ...} for an error), in arrival order.
+
+It never waits forever: each response must come within ``--timeout`` seconds, otherwise the
+requests still open get a "timed out" error; the stream is always closed with cancellation (the
+server drops those requests), and that close is bounded too. Exit status 1 when a request got no
+final answer from the server (timeout, connection lost), 0 otherwise (server errors included).
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import argparse
 import json
 import queue
 import sys
+import threading
 
 import numpy as np
 
@@ -57,23 +63,37 @@ def stream(url: str, model: str, requests: list[dict], cancel_after: int | None 
     """Send requests on one gRPC stream; returns each request's responses in arrival order.
 
     ``cancel_after``: close the stream with cancellation after that many responses in total.
+    ``timeout``: seconds to wait for each response; then every open request gets an entry
+    ``{"error": ..., "client_error": true}`` (so does each one open when the stream breaks).
     """
     import tritonclient.grpc as grpcclient
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
-    client.start_stream(callback=lambda result, error: q.put((result, error)))
     out: dict[str, list[dict]] = {str(i): [] for i in range(len(requests))}
     open_ids = set(out)
+
+    def fail_open(message: str) -> None:
+        for rid in sorted(open_ids, key=int):
+            out[rid].append({"error": message, "client_error": True})
+        open_ids.clear()
     try:
+        client.start_stream(callback=lambda result, error: q.put((result, error)))
         for i, r in enumerate(requests):
             client.async_stream_infer(model, make_inputs(grpcclient, r), request_id=str(i),
                                       outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
                                       enable_empty_final_response=True)
         received = 0
         while open_ids:
-            result, error = q.get(timeout=timeout)
-            if error is not None:          # the stream reports the failing request's id
-                rid = getattr(error, "request_id", None) or _error_request_id(error, open_ids)
+            try:
+                result, error = q.get(timeout=timeout)
+            except queue.Empty:
+                fail_open(f"no response within {timeout:g} s (timed out; the request was cancelled)")
+                break
+            if error is not None:
+                if error.status() is not None:      # a gRPC status: the stream itself broke
+                    fail_open(f"the stream failed: {error}")
+                    break
+                rid = _error_request_id(error, open_ids)   # an error response for one request
                 out[rid].append({"error": str(error)})
                 open_ids.discard(rid)
                 continue
@@ -87,18 +107,33 @@ def stream(url: str, model: str, requests: list[dict], cancel_after: int | None 
                 open_ids.discard(rid)
             received += 1
             if cancel_after is not None and received >= cancel_after:
-                client.stop_stream(cancel_requests=True)
                 break
     finally:
-        client.stop_stream()
-        client.close()
+        close_bounded(client)
     return [out[str(i)] for i in range(len(requests))]
 
 
+def close_bounded(client, timeout: float = 5.0) -> bool:
+    """Cancel whatever is still in flight and close the client, waiting at most ``timeout`` s.
+
+    ``stop_stream()`` without cancellation joins the stream thread until the server has answered
+    every request, which is forever when the server stopped answering; with ``cancel_requests``
+    the call is cancelled first. It runs in a daemon thread so even a stuck join cannot hold us.
+    """
+    def close():
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    t = threading.Thread(target=close, name="dspark-client-close", daemon=True)
+    t.start()
+    t.join(timeout)
+    return not t.is_alive()
+
+
 def _error_request_id(error, open_ids: set[str]) -> str:
+    """tritonclient drops the id of an error response; it is known only when one request is open."""
     if len(open_ids) == 1:
         return next(iter(open_ids))
-    raise RuntimeError(f"stream error for an unknown request: {error}")
+    raise RuntimeError(f"stream error for an unknown request (send one request per stream to tell): {error}")
 
 
 def main(argv=None) -> int:
@@ -107,12 +142,14 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="dspark")
     p.add_argument("--request", action="append", required=True, help="JSON object of inputs (repeatable)")
     p.add_argument("--cancel-after", type=int, help="cancel the stream after this many responses")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each response")
     args = p.parse_args(argv)
-    results = stream(args.url, args.model, [json.loads(r) for r in args.request], args.cancel_after)
+    results = stream(args.url, args.model, [json.loads(r) for r in args.request], args.cancel_after,
+                     args.timeout)
     for i, responses in enumerate(results):
         for r in responses:
-            print(json.dumps({"request": i, **r}))
-    return 0
+            print(json.dumps({"request": i, **r}), flush=True)
+    return 1 if any(r.get("client_error") for responses in results for r in responses) else 0
 
 
 if __name__ == "__main__":

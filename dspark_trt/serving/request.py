@@ -23,6 +23,7 @@ class ServingRequest:
     params: SamplingParams
     stream: bool = False
     stop: list[str] = field(default_factory=list)       # stop strings (matched on the text)
+    probe: bool = False                                 # a health probe: left out of the metrics
 
 
 def _text(value, name: str) -> str:
@@ -65,11 +66,12 @@ def _int_list(get: Getter, name: str) -> list[int] | None:
 
 
 def parse_request(get: Getter, encode: Callable[[str], list[int]] | None,
-                  default_max_tokens: int = 64) -> ServingRequest:
+                  default_max_tokens: int = 64, max_seq_len: int | None = None) -> ServingRequest:
     """Build a ``ServingRequest`` from input tensors; raises ``RequestError`` naming the bad input.
 
     ``get(name)`` returns the input as a numpy array or None when absent; ``encode`` tokenizes text
-    (None when the model has no tokenizer).
+    (None when the model has no tokenizer); ``max_seq_len``: the model's context, which the prompt
+    plus ``max_tokens`` must fit.
     """
     text = get("text_input")
     ids = _int_list(get, "input_ids")
@@ -100,5 +102,8 @@ def parse_request(get: Getter, encode: Callable[[str], list[int]] | None,
     )
     if params.max_new_tokens <= 0:
         raise RequestError(f"max_tokens must be a positive integer, got {params.max_new_tokens}")
+    if max_seq_len is not None and len(ids) + params.max_new_tokens > max_seq_len:
+        raise RequestError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_new_tokens}) = "
+                           f"{len(ids) + params.max_new_tokens} exceeds max_seq_len {max_seq_len}")
     params.validate()
     return ServingRequest(ids, params, bool(_scalar(get, "stream", "b", False)), stop)

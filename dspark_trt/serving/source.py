@@ -2,7 +2,7 @@
 
 The model is built by ``commands.common.load_llm``, the same code path as ``dspark-trt generate``:
 ``--engine DIR`` (``LLM.from_engine``), ``--checkpoint DIR --draft-checkpoint DIR``, or
-``--model PRESET --random-weights``.
+``--model PRESET --random-weights``; with none of them, the built-in default pair (as ``generate``).
 """
 from __future__ import annotations
 
@@ -32,8 +32,18 @@ class ModelSource:
         """From ``add_model_args`` options; paths become absolute, the choice is checked."""
         def path(p):
             return str(Path(p).resolve()) if p else ""
-        src = cls(engine=path(args.engine), checkpoint=path(args.checkpoint),
-                  draft_checkpoint=path(args.draft_checkpoint), model=args.model or "",
+        checkpoint, draft = args.checkpoint, args.draft_checkpoint
+        if not (args.engine or checkpoint or draft or args.model):
+            from ..commands.common import DEFAULT_ASSETS, default_pair_dirs
+            pair = default_pair_dirs()
+            if pair is None:
+                raise SystemExit("error: give a model source: --engine DIR, --checkpoint DIR "
+                                 f"--draft-checkpoint DIR, or --model PRESET --random-weights (the built-in "
+                                 f"default pair is not in {DEFAULT_ASSETS})")
+            checkpoint, draft = pair
+            print(f"[dspark-trt] no model source given: the built-in default pair ({DEFAULT_ASSETS})")
+        src = cls(engine=path(args.engine), checkpoint=path(checkpoint),
+                  draft_checkpoint=path(draft), model=args.model or "",
                   random_weights=bool(getattr(args, "random_weights", False)),
                   dtype=args.dtype or "", device=args.device or "",
                   num_spec_tokens=args.num_spec_tokens or 0, max_batch_size=args.max_batch_size,

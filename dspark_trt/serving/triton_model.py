@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from ..runtime.sampling_params import RequestError, SpecStats
+from .probe import PROBE_PARAMETER
 from .request import parse_request
 from .source import ModelSource
 from .worker import GenerationWorker
@@ -87,6 +88,15 @@ class Metrics:
             self.tau.set((self._accepted + self._rounds) / self._rounds)
 
 
+def _is_probe(request) -> bool:
+    """The supervisor's probe (probe.py) sets the request parameter ``dspark_probe``."""
+    try:
+        params = json.loads(request.parameters() or "{}")
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return isinstance(params, dict) and params.get(PROBE_PARAMETER) is True
+
+
 class DSparkModel:
     def __init__(self, pb, args: dict):
         self.pb = pb
@@ -138,12 +148,15 @@ class DSparkModel:
             def get(name, request=request):
                 t = self.pb.get_input_tensor_by_name(request, name)
                 return None if t is None else t.as_numpy()
+            probe = _is_probe(request)
             try:
-                req = parse_request(get, encode, self.default_max_tokens)
+                req = parse_request(get, encode, self.default_max_tokens, self.llm.max_seq_len)
             except RequestError as e:
                 sink.fail(str(e))
-                self.metrics.on_finish("error", 0, None)
+                if not probe:
+                    self.metrics.on_finish("error", 0, None)
                 continue
+            req.probe = probe
             self.worker.submit(req, sink)
         return None
 

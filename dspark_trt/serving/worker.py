@@ -93,7 +93,7 @@ class GenerationWorker:
             except queue.Empty:
                 break
             if item is not None:
-                self._fail(item[1], "the model is shutting down")
+                self._fail(item[0], item[1], "the model is shutting down")
 
     def _admit(self, block: bool) -> None:
         try:
@@ -107,7 +107,7 @@ class GenerationWorker:
                 act.seq = self.gen.add_request(req.prompt_ids, req.params, on_tokens=act.new_ids.extend)
                 self.active[act.seq.request_id] = act
             except RequestError as e:
-                self._fail(sink, str(e))
+                self._fail(req, sink, str(e))
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
@@ -128,7 +128,7 @@ class GenerationWorker:
             if cancelled:
                 self.gen.abort(rid, "cancelled")
                 del self.active[rid]
-                self._fail(act.sink, "request cancelled", cancelled=True)
+                self._fail(act.req, act.sink, "request cancelled", cancelled=True)
 
     def _emit(self, finished_ids: set[int]) -> None:
         for rid, act in list(self.active.items()):
@@ -151,7 +151,7 @@ class GenerationWorker:
                 act.seq.finish_reason = "stop"
             if done:
                 del self.active[rid]
-                self.on_finish("success", len(act.ids), act.seq.stats)   # before the client hears
+                self._finished(act.req, "success", len(act.ids), act.seq.stats)   # before the client hears
             if act.req.stream:
                 sent = self._send(act, new, delta, done)
             else:
@@ -159,7 +159,7 @@ class GenerationWorker:
             if not sent and not done:                   # the client is gone: stop generating
                 self.gen.abort(rid, "error")
                 del self.active[rid]
-                self.on_finish("error", len(act.ids), None)
+                self._finished(act.req, "error", len(act.ids), None)
 
     def _send(self, act: _Active, ids: list[int], text: str, final: bool) -> bool:
         reason = (act.seq.finish_reason or "") if final else ""
@@ -173,12 +173,16 @@ class GenerationWorker:
     def _fail_all(self, message: str) -> None:
         for rid, act in list(self.active.items()):
             self.gen.abort(rid, "error")
-            self._fail(act.sink, message)
+            self._fail(act.req, act.sink, message)
         self.active.clear()
 
-    def _fail(self, sink: Sink, message: str, cancelled: bool = False) -> None:
+    def _fail(self, req: ServingRequest, sink: Sink, message: str, cancelled: bool = False) -> None:
         try:
             sink.fail(message, cancelled=cancelled)
         except Exception as e:
             log.warning("sending an error response failed: %s", e)
-        self.on_finish("cancelled" if cancelled else "error", 0, None)
+        self._finished(req, "cancelled" if cancelled else "error", 0, None)
+
+    def _finished(self, req: ServingRequest, outcome: str, num_tokens: int, stats: SpecStats | None) -> None:
+        if not req.probe:                               # health probes stay out of the metrics
+            self.on_finish(outcome, num_tokens, stats)
