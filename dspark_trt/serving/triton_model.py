@@ -65,7 +65,7 @@ class Metrics:
             "rounds": fam("dspark_spec_rounds_total", "Draft-verify rounds run (finished requests)", counter),
             "accepted": fam("dspark_accepted_drafts_total", "Draft tokens accepted by the target", counter),
             "tau": fam("dspark_mean_accepted_length",
-                       "Mean accepted length tau over finished requests (bonus token included)", gauge),
+                       "Mean tokens committed per round (tau, bonus included) over finished requests", gauge),
             "requests": fam("dspark_requests_total", "Requests by outcome", counter),
         }
         self.tokens = self.families["tokens"].Metric(labels=labels)
@@ -74,7 +74,7 @@ class Metrics:
         self.tau = self.families["tau"].Metric(labels=labels)
         self.outcomes = {o: self.families["requests"].Metric(labels={**labels, "outcome": o})
                          for o in ("success", "error", "cancelled")}
-        self._rounds = self._accepted = 0
+        self._rounds = self._committed = 0
 
     def on_finish(self, outcome: str, num_tokens: int, stats: SpecStats | None) -> None:
         self.outcomes[outcome].increment(1)
@@ -82,10 +82,10 @@ class Metrics:
             self.tokens.increment(num_tokens)
         if stats is not None and stats.rounds:
             self._rounds += stats.rounds
-            self._accepted += sum(stats.accepted)
+            self._committed += sum(stats.committed)
             self.rounds.increment(stats.rounds)
             self.accepted.increment(sum(stats.accepted))
-            self.tau.set((self._accepted + self._rounds) / self._rounds)
+            self.tau.set(self._committed / self._rounds)
 
 
 def _is_probe(request) -> bool:
