@@ -233,32 +233,28 @@ class TritonServer:
         Triton waits ``exit_timeout`` s for in-flight requests, then unloads the model, which
         fails what is left; ``timeout`` only matters when that hangs (e.g. a dead stub).
         """
+        return self._end(signal.SIGTERM, timeout, grace=3.0)
+
+    def kill(self) -> int | None:
+        """SIGKILL at once: every open connection drops, so in-flight requests fail instead of
+        waiting on a worker that will never answer. Then clean up (see ``_reap``); no grace for
+        the stubs: a stopped (SIGSTOP) one would never exit itself."""
+        return self._end(signal.SIGKILL, None, grace=0.0)
+
+    def _end(self, sig: int, timeout: float | None, grace: float) -> int | None:
         if self.proc is None:
             return None
         kids = {}
         if self.proc.poll() is None:
             kids = {k: _cmdline(k) for k in descendants(self.proc.pid)}
             self._shm |= _shm_regions([self.proc.pid, *kids])
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        return self._reap(kids)
-
-    def kill(self) -> int | None:
-        """SIGKILL at once: every open connection drops, so in-flight requests fail instead of
-        waiting on a worker that will never answer. Then clean up (see ``_reap``)."""
-        if self.proc is None:
-            return None
-        kids = {}
-        if self.proc.poll() is None:
-            kids = {k: _cmdline(k) for k in descendants(self.proc.pid)}
-            self._shm |= _shm_regions([self.proc.pid, *kids])
-            self.proc.kill()
-            self.proc.wait()
-        return self._reap(kids, grace=0.0)          # a stopped (SIGSTOP) stub would never exit itself
+        return self._reap(kids, grace=grace)
 
     def _reap(self, kids: dict[int, str], grace: float = 3.0) -> int | None:
         """Kill what is left of our own children after ``grace`` s (stubs exit by themselves when
