@@ -216,13 +216,19 @@ class ReferenceOps(TorchFunctionMode):
 
 
 # Triton ops whose launchers choose their launch parameters without specialising on dynamic
-# shapes (the Markov samplers fall back to fixed row tiles and the per-step schedule when traced,
-# sparse MLA to a fixed split for a symbolic token count; moe_experts sizes its grid from M
-# symbolically); the others are compiled from their references, for the reason given here.
+# shapes (the Markov samplers fall back to fixed row tiles and the per-step schedule when traced;
+# moe_experts sizes its grid from M symbolically); the others are compiled from their references,
+# for the reason given here.
 EXPORT_SAFE_KERNELS = {"dspark::block_attention", "dspark::kv_cache_write", "dspark::markov_sample",
-                       "dspark::markov_sample_topk", "dspark::moe_experts", "dspark::sparse_mla_attention",
-                       "dspark::noncausal_swa_indices"}
+                       "dspark::markov_sample_topk", "dspark::moe_experts"}
 REFERENCE_REASONS = {
+    "dspark::sparse_mla_attention": "its launcher sizes the split and scan tiles from the index-list "
+                                    "width, which the V4 networks derive from the dynamic pages_per_seq: "
+                                    "export with the kernel fails with a constraint violation "
+                                    "(H200, benchmarks/results/gpu-smoke-217075e.log)",
+    "dspark::noncausal_swa_indices": "index arithmetic only (int32 writes, no weights); its launcher "
+                                     "takes the block table's width as a kernel argument and has not "
+                                     "been exported with a dynamic pages_per_seq",
     "dspark::kv_cache_update": "functional twin of kv_cache_write for ONNX export; AOTI networks "
                                "write caches in place with kv_cache_write",
     "dspark::rejection_sample": "the verifier has no weights: the runtime calls the op directly, "
