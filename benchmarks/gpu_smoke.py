@@ -96,9 +96,9 @@ def main() -> int:
     gen = run("generate", [py, "-m", "dspark_trt.cli", "generate", "--max-new-tokens", "128", "--json"], 60, steps)
     try:
         g = json.loads(gen.strip().splitlines()[-1])
-        steps["generate"].update({k: g.get(k) for k in ("seconds", "prefill_seconds", "decode_seconds",
-                                                         "warmup_seconds", "stats")})
-        steps["generate"]["tokens"] = len(g["output_ids"])
+        steps["generate"]["result"] = {**{k: g.get(k) for k in ("seconds", "prefill_seconds", "decode_seconds",
+                                                                 "warmup_seconds", "stats", "finish_reason")},
+                                       "tokens": len(g["output_ids"])}
     except (json.JSONDecodeError, IndexError, KeyError):
         pass
     ok = all(s["exit"] == 0 for s in steps.values())
