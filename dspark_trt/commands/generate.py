@@ -34,7 +34,7 @@ def run(args) -> int:
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
     prompt = check_generate_args(args, sp)          # before anything loads
-    llm = load_llm(args)
+    llm = load_llm(args, say_dtype=True)
     if prompt is None and llm.tokenizer is None:
         prompt = DEFAULT_IDS
         print(f"[dspark-trt] model has no tokenizer: using prompt ids {DEFAULT_IDS}")
