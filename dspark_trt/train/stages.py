@@ -44,8 +44,19 @@ SUMMARY = "train_summary.json"
 DRAFTS = {"dspark": "draft", "dflash": "dflash", "ar_draft": "ar_draft"}     # name -> directory
 
 
+OUTPUTS = {"target": ["target/config.json", "tokenizer.json", MANIFEST],
+           "distill": ["distill/train.pt", "distill/eval.pt"],
+           "drafts": [f"{d}/config.json" for d in DRAFTS.values()],
+           "eval": ["eval.json"]}
+OUTPUTS.update({f"drafts.{n}": [f"{d}/config.json"] for n, d in DRAFTS.items()})
+
+
 class StageError(RuntimeError):
     """A stage cannot run on this directory (missing inputs, other recipe)."""
+
+
+class OutOfTime(Exception):
+    """A stage stopped between units of work because this call's time budget ran out."""
 
 
 def recipe_sha256(r: TrainRecipe) -> str:
@@ -70,7 +81,10 @@ class RunDir:
         self.state.setdefault("done", {})
 
     def done(self, key: str) -> bool:
-        return key in self.state["done"]
+        """Marked done and its outputs are here (a directory carried without, say, the
+        distilled data re-runs that stage)."""
+        return key in self.state["done"] and all((self.path / f).exists()
+                                                 for f in OUTPUTS.get(key, []))
 
     def mark(self, key: str, info: dict) -> None:
         self.state["done"][key] = info
@@ -254,12 +268,16 @@ def stage_drafts(rd: RunDir, run: Run, deadline: float) -> dict:
     held = DistillSet(held.tokens[:k], held.label_mask[:k], held.prompt_len[:k], held.greedy[:k])
     target = _load_target(rd, run)
     info = {}
+    last_s = 0.0
     for name, sub in DRAFTS.items():
         key = f"drafts.{name}"
         if rd.done(key):
             run.log(f"[train] {name}: done already ({rd.path / sub}), skipped")
             info[name] = rd.state["done"][key]
             continue
+        if time.time() + 1.15 * last_s > deadline:
+            raise OutOfTime(f"{name} would not finish in this call's budget (the last draft took "
+                            f"{last_s:.0f} s)")
         model = _draft_model(rd, name, target)
         data = DistillSampler(train, s.batch_size, r.seed + 1, run.device)     # same batches
         gen = torch.Generator().manual_seed(r.seed + 2)                         # same anchors
@@ -283,6 +301,7 @@ def stage_drafts(rd: RunDir, run: Run, deadline: float) -> dict:
         rd.write_json(f"history_{name}.json", hist.to_dict())
         info[name] = {"steps": hist.total_steps, "seconds": hist.seconds,
                       "final_eval": hist.eval[-1] if hist.eval else {}}
+        last_s = hist.seconds
         rd.mark(key, info[name])
     steps = {n: v["steps"] for n, v in info.items()}
     if len(set(steps.values())) != 1:
@@ -383,7 +402,11 @@ def run_stages(recipe: TrainRecipe, output: str | Path, stages: list[str], devic
             break
         t0 = time.time()
         log(f"[train] stage {name}: start")
-        info = funcs[name]()
+        try:
+            info = funcs[name]()
+        except OutOfTime as e:
+            log(f"[train] stage {name}: stopped, {e}; run again to resume")
+            break
         info["seconds"] = time.time() - t0
         rd.mark(name, info)
         log(f"[train] stage {name}: done in {info['seconds']:.0f} s")
