@@ -16,6 +16,11 @@ def add_parser(sub) -> None:
                    help="wall-clock budget of this call: no stage starts after it, and the target "
                         "stage stops training in time (default: none)")
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--draft-steps", type=int, default=None,
+                   help="steps of every draft (default: the preset's; part of the recipe, so give "
+                        "it to every call of a run)")
+    p.add_argument("--target-minutes", type=float, default=None,
+                   help="training-time cap of the target (default: the preset's; part of the recipe)")
     p.add_argument("--no-autocast", action="store_true", help="fp32 training on CUDA")
     p.add_argument("--corpus-root", action="append", default=None, metavar="NAME=DIR",
                    help="corpus roots instead of the stdlib + installed packages (repeatable; "
@@ -24,6 +29,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    import dataclasses
+
     import torch
     from ..train.recipe import get_recipe
     from ..train.stages import StageError, run_stages
@@ -33,6 +40,13 @@ def run(args) -> int:
         raise SystemExit(f"error: {e}") from None
     if args.seed is not None:
         recipe.seed = args.seed
+    if args.draft_steps is not None:
+        if args.draft_steps < 1:
+            raise SystemExit(f"error: --draft-steps must be >= 1, got {args.draft_steps}")
+        recipe.drafts = dataclasses.replace(recipe.drafts, steps=args.draft_steps)
+        recipe.dspark = recipe.dflash = recipe.ar = recipe.drafts
+    if args.target_minutes is not None:
+        recipe.target = dataclasses.replace(recipe.target, minutes=args.target_minutes)
     roots = None
     if args.corpus_root:
         bad = [r for r in args.corpus_root if "=" not in r]

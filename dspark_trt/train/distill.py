@@ -68,18 +68,16 @@ def cut_prompts(stream: Tensor, n: int, min_len: int, max_len: int, seed: int) -
     return out
 
 
-def _generator(target, batch: int, max_seq_len: int, device, dtype) -> Generator:
+def _generator(target, batch: int, max_seq_len: int, device, dtype, graphs: bool) -> Generator:
+    """A target-only Generator; ``graphs``: replay its decode step from CUDA graphs."""
     page = 64 if max_seq_len >= 256 else 16
     pages_per_seq = -(-(max_seq_len + 1) // page)
     nets = EagerNetworks(target, None, batch * pages_per_seq, page, device, dtype)
     steps = None
-    if torch.device(device).type == "cuda":
-        try:
-            from ..runtime.cuda_graphs import GraphedSteps
-            from ..runtime.steps import DecodeSteps
-            steps = GraphedSteps(DecodeSteps(nets), batch, pages_per_seq)
-        except RuntimeError:
-            steps = None
+    if graphs:
+        from ..runtime.cuda_graphs import GraphedSteps
+        from ..runtime.steps import DecodeSteps
+        steps = GraphedSteps(DecodeSteps(nets), batch, pages_per_seq)
     return Generator(nets, batch, max_seq_len, target.config.vocab_size, [EOS_ID],
                      speculative=False, steps=steps)
 
@@ -89,14 +87,21 @@ def continue_prompts(target, prompts: list[list[int]], spec: DistillSpec, seed: 
     """Generate the continuations (batches of ``spec.batch_size``) -> DistillSet."""
     n_greedy = round(spec.greedy_frac * len(prompts))
     L = max(len(p) for p in prompts) + spec.new_tokens
-    gen = _generator(target, min(spec.batch_size, len(prompts)), L + 1, device, dtype)
+    B = min(spec.batch_size, len(prompts))
     reqs = []
     for i, p in enumerate(prompts):
         greedy = i < n_greedy
         reqs.append((p, SamplingParams(temperature=0.0 if greedy else spec.temperature,
                                        top_p=1.0 if greedy else spec.top_p,
                                        max_new_tokens=spec.new_tokens, seed=seed * 1_000_003 + i)))
-    outs = gen.run(reqs)                       # continuous batching over all prompts
+    graphs = torch.device(device).type == "cuda"
+    try:                                       # continuous batching over all prompts
+        outs = _generator(target, B, L + 1, device, dtype, graphs).run(reqs)
+    except RuntimeError as e:
+        if not graphs:
+            raise
+        log(f"[train] distill: CUDA graphs failed ({e}); generating eagerly")
+        outs = _generator(target, B, L + 1, device, dtype, False).run(reqs)
     tokens = torch.full((len(prompts), L), EOS_ID, dtype=torch.int32)
     mask = torch.zeros(len(prompts), L, dtype=torch.bool)
     for i, (p, o) in enumerate(zip(prompts, outs)):

@@ -75,8 +75,9 @@ class RunDir:
         sha = recipe_sha256(recipe)
         if self.state.get("recipe_sha256", sha) != sha:
             raise StageError(f"{self.path} was trained with recipe '{self.state.get('recipe')}' "
-                             f"(sha256 {self.state['recipe_sha256'][:12]}); this recipe differs: "
-                             "use a new --output directory")
+                             f"(sha256 {self.state['recipe_sha256'][:12]}); this recipe differs "
+                             "(--seed, --draft-steps and --target-minutes must be the same in "
+                             "every call of a run): use a new --output directory")
         self.state.update(recipe=recipe.name, recipe_sha256=sha)
         self.state.setdefault("done", {})
 
