@@ -16,18 +16,32 @@ def test_bf16_flags_parsed_from_cpuinfo():
     assert cpu_bf16_flags("flags : fpu sse2 avx2\n") == []
 
 
-def test_default_dtype_policy(capsys, monkeypatch):
-    assert common.default_dtype("cuda:0", say=True, flags=[]) == torch.bfloat16
-    assert common.default_dtype("cpu", say=True, flags=[]) == torch.float32
-    assert capsys.readouterr().err == ""                    # nothing to say without native bf16
+def test_default_dtype_policy_and_note(monkeypatch):
+    assert common.default_dtype("cuda:0", flags=[]) == torch.bfloat16
+    assert common.default_dtype("cpu", flags=[]) == torch.float32
+    assert common.cpu_dtype_note(torch.float32, flags=[]) is None   # nothing to say
     monkeypatch.setattr(common, "CPU_BF16_DEFAULT", False)
-    assert common.default_dtype("cpu", say=True, flags=["avx512_bf16"]) == torch.float32
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "avx512_bf16" in err and "--dtype bf16" in err
+    assert common.default_dtype("cpu", flags=["avx512_bf16"]) == torch.float32
+    note = common.cpu_dtype_note(torch.float32, flags=["avx512_bf16"])
+    assert "\n" not in note and "avx512_bf16" in note and "--dtype bf16" in note
     monkeypatch.setattr(common, "CPU_BF16_DEFAULT", True)
-    assert common.default_dtype("cpu", say=True, flags=["amx_bf16"]) == torch.bfloat16
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "using bf16" in err and "--dtype fp32" in err
+    assert common.default_dtype("cpu", flags=["amx_bf16"]) == torch.bfloat16
+    note = common.cpu_dtype_note(torch.bfloat16, flags=["amx_bf16"])
+    assert "\n" not in note and "using bf16" in note and "--dtype fp32" in note
+
+
+def test_generate_says_the_cpu_dtype_in_one_line(capsys, monkeypatch):
+    from dspark_trt.cli import main
+    import dspark_trt.devices as devices
+    monkeypatch.setattr(devices, "cpu_bf16_flags", lambda cpuinfo=None: ["avx512_bf16"])
+    args = ["generate", "--model", "qwen3-tiny-dspark", "--device", "cpu", "--prompt-ids", "1,2",
+            "--max-new-tokens", "4"]
+    assert main(args) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "native bf16" in ln]
+    assert len(lines) == 1 and "fp32 is the default" in lines[0]
+    monkeypatch.setattr(devices, "cpu_bf16_flags", lambda cpuinfo=None: [])
+    assert main(args + ["--dtype", "bf16"]) == 0
+    assert "native bf16" not in capsys.readouterr().out
 
 
 @pytest.mark.skipif(not common.CPU_BF16_DEFAULT or common.default_pair_dirs() is None,

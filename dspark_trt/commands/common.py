@@ -58,38 +58,38 @@ def default_pair_dirs() -> tuple[Path, Path] | None:
     return (t, d) if (t / "config.json").exists() and (d / "config.json").exists() else None
 
 
-def default_dtype(device: str, say: bool = False, flags: list[str] | None = None) -> torch.dtype:
-    """bf16 on CUDA; on a CPU fp32, or bf16 where the CPU has native bf16 and
-    ``CPU_BF16_DEFAULT`` is on. ``say``: one line on stderr about the CPU choice when the CPU has
-    native bf16 (``flags``: its bf16 instruction sets, default: read from /proc/cpuinfo)."""
+def default_dtype(device: str, flags: list[str] | None = None) -> torch.dtype:
+    """bf16 on CUDA; on a CPU fp32, or bf16 where the CPU has native bf16 (``flags``: its bf16
+    instruction sets, default: read from /proc/cpuinfo) and ``CPU_BF16_DEFAULT`` is on."""
     if device.startswith("cuda"):
         return torch.bfloat16
     from ..devices import cpu_bf16_flags
     flags = cpu_bf16_flags() if flags is None else flags
+    return torch.bfloat16 if flags and CPU_BF16_DEFAULT else torch.float32
+
+
+def cpu_dtype_note(dtype: torch.dtype, flags: list[str] | None = None) -> str | None:
+    """One line saying which dtype a CPU run uses by default and why, on a CPU with native bf16
+    (None elsewhere: fp32 needs no word)."""
+    from ..devices import cpu_bf16_flags
+    flags = cpu_bf16_flags() if flags is None else flags
     if not flags:
-        return torch.float32
-    if CPU_BF16_DEFAULT:
-        if say:
-            print(f"[dspark-trt] CPU has native bf16 ({', '.join(flags)}): using bf16 "
-                  "(--dtype fp32 for fp32)", file=sys.stderr)
-        return torch.bfloat16
-    if say:
-        print(f"[dspark-trt] CPU has native bf16 ({', '.join(flags)}) but fp32 is the default: in "
-              "bf16, greedy speculative output can differ from plain decoding on near-ties "
-              "(--dtype bf16 for speed)", file=sys.stderr)
-    return torch.float32
+        return None
+    if dtype == torch.bfloat16:
+        return f"[dspark-trt] CPU has native bf16 ({', '.join(flags)}): using bf16 (--dtype fp32 for fp32)"
+    return (f"[dspark-trt] CPU has native bf16 ({', '.join(flags)}) but fp32 is the default: in "
+            "bf16, greedy speculative output can differ from plain decoding on near-ties "
+            "(--dtype bf16 for speed)")
 
 
-def load_llm(args, say_dtype: bool = False):
+def load_llm(args):
     """Build an LLM from --engine, --checkpoint/--draft-checkpoint, --model, or the default.
-    Names and the device are checked before anything loads (``ConfigError``). ``say_dtype``:
-    print the CPU dtype choice when --dtype is not given (``default_dtype``)."""
+    Names and the device are checked before anything loads (``ConfigError``)."""
     from ..config import get_preset
     from ..devices import resolve_device
     from ..runtime.llm import LLM
     device = str(resolve_device(args.device))
-    dtype = DTYPES[args.dtype] if args.dtype else default_dtype(
-        device, say=say_dtype and not getattr(args, "engine", None))
+    dtype = DTYPES[args.dtype] if args.dtype else default_dtype(device)
     kw = dict(max_batch_size=given(args.max_batch_size), max_seq_len=given(args.max_seq_len),
               markov_sampler=getattr(args, "markov_sampler", None))
     graphs = getattr(args, "cuda_graphs", "auto")
