@@ -103,6 +103,18 @@ def speed(run: Path, prompts, args, log) -> dict:
     log(f"batch-1 speed (N={n}, greedy, {len(sub)} prompts): speculative "
         f"{res['speculative']['tokens_per_s']:.1f} tok/s, autoregressive "
         f"{res['autoregressive']['tokens_per_s']:.1f} tok/s, speedup {res['speedup']:.2f}x")
+    for b in args.speed_batches:                       # whole batches at once (b prompts)
+        if b <= 1 or b > len(prompts):
+            continue
+        batch = prompts[:b]
+        run_runtime(llm, batch, 0.0, args)              # warm-up (graphs of this bucket)
+        tps = {}
+        for mode, spec in (("speculative", True), ("autoregressive", False)):
+            outs, dt = run_runtime(llm, batch, 0.0, args, speculative=spec)
+            tps[mode] = sum(len(o.output_ids) for o in outs) / dt
+        res[f"batch{b}"] = tps | {"speedup": tps["speculative"] / tps["autoregressive"]}
+        log(f"batch-{b} speed: speculative {tps['speculative']:.1f} tok/s, autoregressive "
+            f"{tps['autoregressive']:.1f} tok/s, speedup {res[f'batch{b}']['speedup']:.2f}x")
     return res
 
 
@@ -139,11 +151,14 @@ def main(argv=None) -> int:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--speed-prompts", type=int, default=8, help="prompts for the batch-1 timing "
                                                                   "(0: skip)")
+    ap.add_argument("--speed-batches", default="16",
+                    help="further batch sizes timed as one batch of prompts (comma list; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default=None, help="result file suffix (default: device kind)")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     args.block_sizes = [int(x) for x in args.block_sizes.split(",")]
+    args.speed_batches = [int(x) for x in args.speed_batches.split(",")]
     temps = [float(x) for x in args.temperatures.split(",")]
     args.dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     run = Path(args.run_dir)
