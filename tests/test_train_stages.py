@@ -201,3 +201,27 @@ def test_default_recipe_fits_the_shipping_budget():
     sizes = [t.numel() * 2 for t in tensors]
     assert sum(sizes) <= 60e6 and max(sizes) <= checkpoints.SHARD_BYTES
     assert r.dspark.steps == r.dflash.steps == r.ar.steps == r.drafts.steps
+
+
+def test_confidence_head_learns_the_acceptance_target(run_dir):
+    """BCE towards c* = 1 - ½‖p_d - p_t‖₁: a few steps on the head alone shrink |c - c*|; the
+    trained head is saved beside the DSpark draft (outside the index the runtime reads)."""
+    from dspark_trt.train.confidence import ConfidenceHead, confidence_loss, load_confidence
+    out, _, _ = run_dir
+    r = get_recipe("smoke")
+    saved = load_confidence(out / "draft", r, "cpu")
+    assert saved is not None and saved.proj.weight.shape == (1, r.hidden_size + r.markov_rank)
+    assert "confidence" not in (out / "draft" / "model.safetensors.index.json").read_text()
+    g = torch.Generator().manual_seed(0)
+    h, w1 = torch.randn(4, 3, 7, 16, generator=g), torch.randn(4, 3, 7, 8, generator=g)
+    target = torch.sigmoid(h[..., :2].sum(-1) - w1[..., 0])                   # learnable c*
+    w = torch.ones(4, 3, 7)
+    head = ConfidenceHead(16, 8)
+    opt = torch.optim.Adam(head.parameters(), lr=0.05)
+    first = confidence_loss(head(h, w1), target, w)["abs_err"].item()
+    for _ in range(60):
+        loss = confidence_loss(head(h, w1), target, w)["bce"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert confidence_loss(head(h, w1), target, w)["abs_err"].item() < 0.5 * first

@@ -24,6 +24,7 @@ class LossWeights:
     ce: float = 0.1
     l1: float = 0.9
     decay: float = 4.0          # w_k = exp(-k / decay); 0 disables the decay
+    confidence: float = 1.0     # weight of the confidence BCE (when a confidence head trains)
 
 
 def sample_anchors(batch: int, seq_len: int, num_anchors: int, generator: torch.Generator,
@@ -96,10 +97,13 @@ def position_weights(valid: Tensor, decay: float) -> Tensor:
 
 def block_loss(draft, U: Tensor, tokens: Tensor, anchors: Tensor, target_logits: Tensor,
                weights: LossWeights, label_mask: Tensor | None = None,
-               anchor_ok: Tensor | None = None) -> dict[str, Tensor]:
+               anchor_ok: Tensor | None = None, confidence=None,
+               hidden: Tensor | None = None) -> dict[str, Tensor]:
     """U [B, A, N, V] base draft logits; target_logits [B, T, V] of the frozen target.
     label_mask [B, T] (optional): only these tokens are labels; a block row counts while all its
-    labels so far are in the mask. anchor_ok [B, A] (optional): unused anchors weigh nothing."""
+    labels so far are in the mask. anchor_ok [B, A] (optional): unused anchors weigh nothing.
+    confidence (a ``ConfidenceHead``, with hidden [B, A, N, d]): adds DeepSpec's confidence BCE
+    with weight ``weights.confidence``."""
     B, A, N, V = U.shape
     T = tokens.shape[1]
     labels, valid = block_labels(tokens, anchors, N)
@@ -110,11 +114,19 @@ def block_loss(draft, U: Tensor, tokens: Tensor, anchors: Tensor, target_logits:
     if anchor_ok is not None:
         valid = valid & anchor_ok[..., None]
     z = U
+    prev = markov_prev(tokens, anchors, labels)
     if getattr(draft, "markov_head", None) is not None:
-        z = U.float() + draft.markov_head.bias(markov_prev(tokens, anchors, labels)).float()
+        z = U.float() + draft.markov_head.bias(prev).float()
     rows = (anchors[..., None] + torch.arange(N, device=U.device)).clamp(max=T - 1)     # a + k
     tl = target_logits.gather(1, rows.flatten(1)[..., None].expand(B, A * N, V)).view(B, A, N, V)
-    out = distill_loss(z, labels, tl, position_weights(valid, weights.decay), weights)
+    w = position_weights(valid, weights.decay)
+    out = distill_loss(z, labels, tl, w, weights)
+    if confidence is not None:
+        from .confidence import confidence_loss
+        c = confidence_loss(confidence(hidden, draft.markov_head.markov_w1(prev)),
+                            out["accept_rows"], w)
+        out["conf_bce"], out["conf_abs_err"] = c["bce"], c["abs_err"]
+        out["loss"] = out["loss"] + weights.confidence * c["bce"]
     acc = out.pop("accept_rows") * valid     # teacher-forced expected tau at T = 1 (DeepSpec's
     tau = acc.cumprod(-1).sum(-1) + 1                                 # tau_probabilistic) [B, A]
     # greedy teacher-forced tau: drafts accepted while argmax(z_k) == argmax(target row)

@@ -91,6 +91,7 @@ class TrainRecipe:
     split: SplitSpec = field(default_factory=SplitSpec)
     distill: DistillSpec = field(default_factory=DistillSpec)
     drafts: Schedule | None = None      # DSpark, DFlash and AR drafts: same steps, same batches
+    confidence_head: bool = True        # DSpark: train DeepSpec's confidence head alongside
     target_eval_windows: int = 64
 
     def target_config(self) -> Qwen3Config:

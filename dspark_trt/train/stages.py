@@ -28,6 +28,7 @@ import torch
 from . import checkpoints, plots
 from .batches import WindowSampler, encode_files, fixed_windows, token_stream
 from .best import BestCheckpoint
+from .confidence import ConfidenceHead, load_confidence
 from .dense import causal_lm_forward, draft_block_logits
 from .distill import DistillSampler, DistillSet, continue_prompts, cut_prompts
 from .loop import History, run_training
@@ -225,8 +226,9 @@ def _weights(name: str) -> LossWeights:
 
 
 def draft_losses(rd: RunDir, run: Run, name: str, model, target, tokens, label_mask,
-                 anchor_gen: torch.Generator, num_anchors: int) -> dict:
-    """One batch: tokens, label_mask [B, L] -> the draft's loss dict."""
+                 anchor_gen: torch.Generator, num_anchors: int, confidence=None) -> dict:
+    """One batch: tokens, label_mask [B, L] -> the draft's loss dict (``confidence``: a
+    ``ConfidenceHead`` trained with the DSpark draft)."""
     with torch.no_grad(), run.amp():
         t_logits, taps = causal_lm_forward(target, tokens, target.tap_layer_ids)
     w = _weights(name)
@@ -236,12 +238,12 @@ def draft_losses(rd: RunDir, run: Run, name: str, model, target, tokens, label_m
         return ar_draft_loss(logits, tokens, t_logits, w, rd.r.block_size, label_mask)
     anchors, ok = sample_masked_anchors(label_mask, num_anchors, anchor_gen)
     with run.amp():
-        U = draft_block_logits(model, taps, tokens, anchors)
-    return block_loss(model, U, tokens, anchors, t_logits, w, label_mask, ok)
+        U, h = draft_block_logits(model, taps, tokens, anchors, return_hidden=True)
+    return block_loss(model, U, tokens, anchors, t_logits, w, label_mask, ok, confidence, h)
 
 
 def teacher_forced(rd: RunDir, run: Run, name: str, model, target, data: DistillSet,
-                   batch: int, num_anchors: int) -> dict:
+                   batch: int, num_anchors: int, confidence=None) -> dict:
     """Held-out metrics over all of ``data`` (fixed anchors), weighted by blocks per batch."""
     gen = torch.Generator().manual_seed(rd.r.seed + 99)
     acc: dict[str, float] = {}
@@ -253,7 +255,8 @@ def teacher_forced(rd: RunDir, run: Run, name: str, model, target, data: Distill
             n = float(mask[:, 1:].sum())
             if n == 0:
                 continue
-            out = draft_losses(rd, run, name, model, target, tokens, mask, gen, num_anchors)
+            out = draft_losses(rd, run, name, model, target, tokens, mask, gen, num_anchors,
+                               confidence)
             for k, v in out.items():
                 if k != "loss":
                     acc[k] = acc.get(k, 0.0) + float(v) * n
@@ -280,25 +283,33 @@ def stage_drafts(rd: RunDir, run: Run, deadline: float) -> dict:
             raise OutOfTime(f"{name} would not finish in this call's budget (the last draft took "
                             f"{last_s:.0f} s)")
         model = _draft_model(rd, name, target)
+        conf = None
+        if name == "dspark" and r.confidence_head:
+            torch.manual_seed(r.seed + 11)
+            conf = ConfidenceHead(r.hidden_size, r.markov_rank).to(run.device)
         data = DistillSampler(train, s.batch_size, r.seed + 1, run.device)     # same batches
         gen = torch.Generator().manual_seed(r.seed + 2)                         # same anchors
         model.train()
 
-        def step(model=model, data=data, gen=gen, name=name):
+        def step(model=model, data=data, gen=gen, name=name, conf=conf):
             tokens, mask = data.next()
-            return draft_losses(rd, run, name, model, target, tokens, mask, gen, s.num_anchors)["loss"]
+            return draft_losses(rd, run, name, model, target, tokens, mask, gen, s.num_anchors,
+                                conf)["loss"]
 
-        def evaluate(model=model, name=name):
+        def evaluate(model=model, name=name, conf=conf):
             model.eval()
-            out = teacher_forced(rd, run, name, model, target, held, s.batch_size, s.num_anchors)
+            out = teacher_forced(rd, run, name, model, target, held, s.batch_size, s.num_anchors,
+                                 conf)
             model.train()
             return out
 
-        hist = run_training(name, list(model.parameters()), step, evaluate, s, 1e9, run.device,
-                            run.log)
+        params = list(model.parameters()) + (list(conf.parameters()) if conf else [])
+        hist = run_training(name, params, step, evaluate, s, 1e9, run.device, run.log)
         model.requires_grad_(False).eval()
         save = checkpoints.save_ar_draft if name == "ar_draft" else checkpoints.save_draft
         save(rd.path / sub, model, checkpoints.SHARD_BYTES)
+        if conf is not None:
+            conf.save(rd.path / sub)
         rd.write_json(f"history_{name}.json", hist.to_dict())
         info[name] = {"steps": hist.total_steps, "seconds": hist.seconds,
                       "final_eval": hist.eval[-1] if hist.eval else {}}
@@ -347,7 +358,9 @@ def stage_eval(rd: RunDir, run: Run, deadline: float) -> dict:
         else:
             from ..builder.loaders import load_pair
             _, _, model = load_pair(rd.path / "target", rd.path / sub, torch.float32, run.device)
-        tf[name] = teacher_forced(rd, run, name, model, target, held, r.drafts.batch_size, 10**9)
+        conf = load_confidence(rd.path / sub, r, run.device) if name == "dspark" else None
+        tf[name] = teacher_forced(rd, run, name, model, target, held, r.drafts.batch_size, 10**9,
+                                  conf)
         run.log(f"[train] eval {name}: teacher-forced {tf[name]}")
     prompts = [held.tokens[i, :int(held.prompt_len[i])].tolist()
                for i in range(min(held.tokens.shape[0], 64))]
