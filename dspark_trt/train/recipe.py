@@ -47,7 +47,7 @@ class DistillSpec:
     ``eval_prompts`` more prompts from the eval split give the held-out generated text.
     """
 
-    num_prompts: int = 4096
+    num_prompts: int = 8192
     eval_prompts: int = 256
     prompt_min: int = 32
     prompt_max: int = 256

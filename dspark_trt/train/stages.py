@@ -190,7 +190,7 @@ def _load_target(rd: RunDir, run: Run):
 
 
 def stage_distill(rd: RunDir, run: Run, deadline: float) -> dict:
-    r, d = rd.r, rd.r.distill
+    d = rd.r.distill
     man, tok = _manifest(rd), _tokenizer(rd)
     target = _load_target(rd, run)
     dtype = torch.bfloat16 if run.device.type == "cuda" else torch.float32
