@@ -225,3 +225,25 @@ def test_confidence_head_learns_the_acceptance_target(run_dir):
         loss.backward()
         opt.step()
     assert confidence_loss(head(h, w1), target, w)["abs_err"].item() < 0.5 * first
+
+
+def test_no_stage_or_draft_starts_after_the_budget(run_dir, roots, tmp_path):
+    import time
+    from dspark_trt.train.pipeline import Run
+    from dspark_trt.train.stages import OutOfTime, RunDir, stage_drafts
+    src, _, _ = run_dir
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    state = json.loads((out / "stages.json").read_text())
+    for k in ("drafts", "drafts.dspark", "drafts.dflash", "drafts.ar_draft", "eval"):
+        state["done"].pop(k, None)
+    (out / "stages.json").write_text(json.dumps(state))
+    log = []
+    run_stages(get_recipe("smoke"), out, ["all"], device="cpu", roots=roots, minutes=-1,
+               log=log.append)
+    assert any("no time left" in m for m in log)
+    assert "drafts" not in json.loads((out / "stages.json").read_text())["done"]
+    rd = RunDir(out, get_recipe("smoke"))
+    with pytest.raises(OutOfTime):
+        stage_drafts(rd, Run(rd.r, "cpu", False, log.append), deadline=time.time() - 1)
+    assert not any(k.startswith("drafts") for k in rd.state["done"])

@@ -279,7 +279,7 @@ def stage_drafts(rd: RunDir, run: Run, deadline: float) -> dict:
             run.log(f"[train] {name}: done already ({rd.path / sub}), skipped")
             info[name] = rd.state["done"][key]
             continue
-        if time.time() + 1.15 * last_s > deadline:
+        if time.time() + 1.15 * last_s >= deadline:
             raise OutOfTime(f"{name} would not finish in this call's budget (the last draft took "
                             f"{last_s:.0f} s)")
         model = _draft_model(rd, name, target)
