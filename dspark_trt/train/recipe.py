@@ -178,6 +178,24 @@ def _staged_h200() -> TrainRecipe:
         packages=DEFAULT_PACKAGES, distill=DistillSpec(), eval_windows=32, target_eval_windows=64)
 
 
+def _staged_cpu() -> TrainRecipe:
+    """Minutes on a 2-core CPU (stdlib only): a ~1.3 M-parameter target and 1-layer drafts, to
+    see the recipe learn (tau well above 1, DSpark vs DFlash) without a GPU."""
+    drafts = deepspec_draft_schedule(steps=300, batch_size=8, seq_len=160, num_anchors=64,
+                                     eval_points=3)
+    drafts = dataclasses.replace(drafts, lr=1.5e-3)       # 300 steps: a higher peak than 6e-4
+    return TrainRecipe(
+        name="cpu", vocab_size=2048, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+        head_dim=32, intermediate_size=384, tap_layer_ids=[1, 2], draft_layers=1, block_size=7,
+        markov_rank=32, ar_layers=1,
+        target=Schedule(budget_share=0.0, batch_size=16, seq_len=256, lr=2e-3, warmup=50,
+                        eval_points=12, minutes=3.0),
+        dspark=drafts, dflash=drafts, ar=drafts, drafts=drafts, minutes_budget=10.0,
+        distill=DistillSpec(num_prompts=512, eval_prompts=48, prompt_min=32, prompt_max=96,
+                            new_tokens=64, batch_size=64),
+        eval_windows=16, target_eval_windows=32)
+
+
 def _staged_smoke() -> TrainRecipe:
     """Seconds per stage on a CPU: exercises every stage, learns little."""
     drafts = deepspec_draft_schedule(steps=4, batch_size=4, seq_len=48, num_anchors=16,
@@ -195,7 +213,7 @@ def _staged_smoke() -> TrainRecipe:
         split=SplitSpec(eval_frac=0.3, distill_frac=0.3))
 
 
-PRESETS = {"h200": _staged_h200, "smoke": _staged_smoke,       # the staged pipeline (#18)
+PRESETS = {"h200": _staged_h200, "smoke": _staged_smoke, "cpu": _staged_cpu,   # staged (#18)
            "v1-h200": _h200, "v1-smoke": _smoke}                # the one-shot ``train_all`` recipe
 
 
