@@ -8,7 +8,9 @@
 # The run directory travels between calls as an ignored, carried path (RUN_DIR=runs/h200):
 #   call 1:  STAGES="target"                    MINUTES=8.5  (corpus, tokenizer, target)
 #   call 2:  STAGES="distill drafts eval"       MINUTES=8.5  (+ the acceptance table)
-# Finished stages are skipped, so repeating a call resumes where the last one stopped. cache/
+# Finished stages are skipped, so repeating a call resumes where the last one stopped; TRAIN_ARGS
+# (e.g. "--draft-steps 1500") go to `dspark-trt train` (a stage already done with other values
+# is refused; the draft step count may change until the drafts stage has run). cache/
 # (token streams) is never packed; distill/ is packed but may be left behind: a missing output
 # re-runs its stage.
 # CPU smoke: OUT=/tmp/o RUN_DIR=/tmp/r PRESET=smoke DEVICE=cpu CORPUS="std=/path/to/dir" \
@@ -60,7 +62,7 @@ corpus_args=()
 for c in ${CORPUS:-}; do corpus_args+=(--corpus-root "$c"); done
 # shellcheck disable=SC2086
 python -m dspark_trt.cli train --output "$RUN_DIR" --preset "$PRESET" --device "$DEVICE" \
-  --minutes "$MINUTES" --stage $STAGES "${corpus_args[@]}" 2>&1 | tee -a "$LOG"
+  --minutes "$MINUTES" --stage $STAGES "${corpus_args[@]}" ${TRAIN_ARGS:-} 2>&1 | tee -a "$LOG"
 echo "== training took $(( $(date +%s) - start )) s" | tee -a "$LOG"
 
 left=$(python -c "print(int($MINUTES * 60 - ($(date +%s) - $start)))")

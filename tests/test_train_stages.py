@@ -134,8 +134,26 @@ def test_resume_skips_finished_stages(run_dir, roots):
     assert any(m.startswith("[train] dflash step") for m in log2)
     assert "[train] stage eval: done already, skipped" in log2
     other = dataclasses.replace(get_recipe("smoke"), seed=5)
-    with pytest.raises(StageError, match="recipe"):
+    with pytest.raises(StageError, match="stage target was run with another recipe"):
         run_stages(other, out, ["all"], device="cpu", roots=roots, log=log2.append)
+    longer = dataclasses.replace(get_recipe("smoke"), drafts=dataclasses.replace(
+        get_recipe("smoke").drafts, steps=5))
+    with pytest.raises(StageError, match="stage drafts"):
+        run_stages(longer, out, ["all"], device="cpu", roots=roots, log=log2.append)
+
+
+def test_draft_steps_may_change_until_the_drafts_train(run_dir, roots, tmp_path):
+    src, _, _ = run_dir
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    state = json.loads((out / "stages.json").read_text())
+    state["done"] = {k: v for k, v in state["done"].items() if k in ("target", "distill")}
+    (out / "stages.json").write_text(json.dumps(state))
+    r = get_recipe("smoke")
+    longer = dataclasses.replace(r, drafts=dataclasses.replace(r.drafts, steps=r.drafts.steps + 2))
+    run_stages(longer, out, ["drafts"], device="cpu", roots=roots, log=lambda m: None)
+    steps = {json.loads((out / f"history_{n}.json").read_text())["total_steps"] for n in DRAFTS}
+    assert steps == {r.drafts.steps + 2}
 
 
 def test_distilled_labels_are_exactly_the_generated_tokens(run_dir):

@@ -60,27 +60,37 @@ class OutOfTime(Exception):
     """A stage stopped between units of work because this call's time budget ran out."""
 
 
-def recipe_sha256(r: TrainRecipe) -> str:
-    return hashlib.sha256(json.dumps(dataclasses.asdict(r), sort_keys=True, default=str)
-                          .encode()).hexdigest()
+# recipe fields a stage does not depend on (so they may still change before it runs)
+DRAFT_FIELDS = {"distill", "drafts", "dspark", "dflash", "ar", "confidence_head", "eval_windows",
+                "markov_rank", "draft_layers", "ar_layers", "block_size", "minutes_budget", "name"}
+INDEPENDENT = {"target": DRAFT_FIELDS, "distill": DRAFT_FIELDS - {"distill"}}
+
+
+def recipe_sha256(r: TrainRecipe, stage: str | None = None) -> str:
+    """Hash of the recipe fields ``stage`` depends on (all fields for None / later stages)."""
+    d = {k: v for k, v in dataclasses.asdict(r).items() if k not in INDEPENDENT.get(stage, ())}
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class RunDir:
-    """The output directory and its stage state (``stages.json``)."""
+    """The output directory and its stage state (``stages.json``). Each finished stage records
+    the hash of the recipe fields it depends on; resuming with a recipe that changes one of them
+    is refused (a draft's step count may change until the drafts train, say)."""
 
     def __init__(self, path: Path, recipe: TrainRecipe):
         self.path, self.r = Path(path), recipe
         self.path.mkdir(parents=True, exist_ok=True)
         self.state_path = self.path / STATE
         self.state = json.loads(self.state_path.read_text()) if self.state_path.exists() else {}
-        sha = recipe_sha256(recipe)
-        if self.state.get("recipe_sha256", sha) != sha:
-            raise StageError(f"{self.path} was trained with recipe '{self.state.get('recipe')}' "
-                             f"(sha256 {self.state['recipe_sha256'][:12]}); this recipe differs "
-                             "(--seed, --draft-steps and --target-minutes must be the same in "
-                             "every call of a run): use a new --output directory")
-        self.state.update(recipe=recipe.name, recipe_sha256=sha)
         self.state.setdefault("done", {})
+        for key, info in self.state["done"].items():
+            stage = key.split(".")[0]
+            if info.get("recipe_sha256") not in (None, recipe_sha256(recipe, stage)):
+                raise StageError(f"{self.path}: stage {key} was run with another recipe "
+                                 f"('{self.state.get('recipe')}'; --seed, --draft-steps and "
+                                 "--target-minutes count): use the same options, or a new "
+                                 "--output directory")
+        self.state["recipe"] = recipe.name
 
     def done(self, key: str) -> bool:
         """Marked done and its outputs are here (a directory carried without, say, the
@@ -89,7 +99,7 @@ class RunDir:
                                                  for f in OUTPUTS.get(key, []))
 
     def mark(self, key: str, info: dict) -> None:
-        self.state["done"][key] = info
+        self.state["done"][key] = info | {"recipe_sha256": recipe_sha256(self.r, key.split(".")[0])}
         self.save()
 
     def save(self) -> None:
