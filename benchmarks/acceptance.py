@@ -28,11 +28,20 @@ from dspark_trt.train.ar_eval import ar_speculative_generate  # noqa: E402
 from dspark_trt.train.batches import encode_files, eval_prompts  # noqa: E402
 from dspark_trt.train.checkpoints import load_ar_draft  # noqa: E402
 from dspark_trt.train.corpus import HELDOUT, read_stdlib  # noqa: E402
+from dspark_trt.train.sources import MANIFEST, Manifest, read_texts  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def load_prompts(llm: LLM, args) -> tuple[list[list[int]], str]:
+    """Prompts from the run's recorded eval split (staged runs: corpus_manifest.json), else from
+    the held-out stdlib modules (one-shot runs)."""
+    man_path = Path(args.run_dir) / MANIFEST
+    if man_path.exists():
+        man = Manifest.from_json(man_path.read_text())
+        ids = encode_files(llm.tokenizer, read_texts(man, "eval"))
+        prompts = eval_prompts(ids, args.num_prompts, args.min_len, args.max_len, seed=args.seed)
+        return prompts, man.sha256("eval")
     _, held, manifest = read_stdlib(heldout=HELDOUT)
     ids = encode_files(llm.tokenizer, [f.text for f in held])
     prompts = eval_prompts(ids, args.num_prompts, args.min_len, args.max_len, seed=args.seed)
@@ -44,7 +53,11 @@ def summarize(stats: list[SpecStats], seconds: float, tokens: int) -> dict:
     for s in stats[1:]:
         merged = merged.merge(s)
     d = merged.to_dict()
-    d.update(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds if seconds else 0.0)
+    taus = [s.tau for s in stats if s.rounds]
+    mean = sum(taus) / len(taus) if taus else 0.0
+    var = sum((t - mean) ** 2 for t in taus) / (len(taus) - 1) if len(taus) > 1 else 0.0
+    d.update(seconds=seconds, tokens=tokens, tokens_per_s=tokens / seconds if seconds else 0.0,
+             tau_ci95=1.96 * (var / len(taus)) ** 0.5 if taus else 0.0)   # over prompts
     return d
 
 
@@ -90,15 +103,28 @@ def speed(run: Path, prompts, args, log) -> dict:
     log(f"batch-1 speed (N={n}, greedy, {len(sub)} prompts): speculative "
         f"{res['speculative']['tokens_per_s']:.1f} tok/s, autoregressive "
         f"{res['autoregressive']['tokens_per_s']:.1f} tok/s, speedup {res['speedup']:.2f}x")
+    for b in args.speed_batches:                       # whole batches at once (b prompts)
+        if b <= 1 or b > len(prompts):
+            continue
+        batch = prompts[:b]
+        run_runtime(llm, batch, 0.0, args)              # warm-up (graphs of this bucket)
+        tps = {}
+        for mode, spec in (("speculative", True), ("autoregressive", False)):
+            outs, dt = run_runtime(llm, batch, 0.0, args, speculative=spec)
+            tps[mode] = sum(len(o.output_ids) for o in outs) / dt
+        res[f"batch{b}"] = tps | {"speedup": tps["speculative"] / tps["autoregressive"]}
+        log(f"batch-{b} speed: speculative {tps['speculative']:.1f} tok/s, autoregressive "
+            f"{tps['autoregressive']:.1f} tok/s, speedup {res[f'batch{b}']['speedup']:.2f}x")
     return res
 
 
 def table(rows: list[dict], blocks: list[int], temps: list[float]) -> str:
-    lines = ["| draft | N | T | tau | acceptance per position |", "|---|---|---|---|---|"]
+    lines = ["| draft | N | T | tau (95 % CI over prompts) | acceptance per position |",
+             "|---|---|---|---|---|"]
     for r in rows:
         acc = " ".join(f"{a:.2f}" for a in r["acceptance_per_position"])
         lines.append(f"| {r['draft']} | {r['num_spec_tokens']} | {r['temperature']:g} | "
-                     f"{r['tau']:.2f} | {acc} |")
+                     f"{r['tau']:.2f} ± {r.get('tau_ci95', 0.0):.2f} | {acc} |")
     by = {(r["draft"], r["num_spec_tokens"], r["temperature"]): r["tau"] for r in rows}
     lines.append("")
     for n in blocks:
@@ -125,11 +151,14 @@ def main(argv=None) -> int:
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--speed-prompts", type=int, default=8, help="prompts for the batch-1 timing "
                                                                   "(0: skip)")
+    ap.add_argument("--speed-batches", default="16",
+                    help="further batch sizes timed as one batch of prompts (comma list; 0: none)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default=None, help="result file suffix (default: device kind)")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
     args.block_sizes = [int(x) for x in args.block_sizes.split(",")]
+    args.speed_batches = [int(x) for x in args.speed_batches.split(",")]
     temps = [float(x) for x in args.temperatures.split(",")]
     args.dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
     run = Path(args.run_dir)
@@ -145,8 +174,11 @@ def main(argv=None) -> int:
     base = make_llm(run, "draft", max(args.block_sizes), args)
     prompts, files_sha = load_prompts(base, args)
     train_summary = run / "train_summary.json"
-    train_sha = (json.loads(train_summary.read_text())["data"]["corpus"]["heldout_sha256"]
-                 if train_summary.exists() else None)
+    train_sha = None
+    if (run / MANIFEST).exists():
+        train_sha = files_sha                      # prompts come from the recorded eval split
+    elif train_summary.exists():
+        train_sha = json.loads(train_summary.read_text())["data"]["corpus"]["heldout_sha256"]
     if train_sha and train_sha != files_sha:
         log("note: this interpreter's held-out stdlib files differ from the training run's "
             f"(sha256 {files_sha[:12]} vs {train_sha[:12]}); prompts come from this one")

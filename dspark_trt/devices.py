@@ -30,3 +30,22 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
             raise ConfigError(f"device {str(device)!r}: this machine has {torch.cuda.device_count()} "
                               "CUDA device(s)")
     return d
+
+
+BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_bf16_flags(cpuinfo: str | None = None) -> list[str]:
+    """The CPU's native bf16 instruction sets (AMX-BF16, AVX512-BF16) from ``/proc/cpuinfo``
+    (``torch.backends.cpu.get_cpu_capability()`` says "AVX512" either way); [] when unknown."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return []
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[-1].split())
+    return [f for f in BF16_CPU_FLAGS if f in flags]

@@ -33,7 +33,7 @@ def test_block_mask_general_rule():
 
 @pytest.fixture(scope="module")
 def tiny_pair():
-    r = dataclasses.replace(get_recipe("smoke"), init_std=0.2, block_size=4)
+    r = dataclasses.replace(get_recipe("v1-smoke"), init_std=0.2, block_size=4)
     target = build_target(r, "cpu", seed=0).eval().requires_grad_(False)
     draft = build_block_draft(r, target, markov_rank=8, seed=1).eval().requires_grad_(False)
     return target, draft

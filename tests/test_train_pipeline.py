@@ -29,7 +29,7 @@ def run_dir(tmp_path_factory):
         shutil.copy(stdlib_dir() / name, root / name)
     sched = Schedule(budget_share=0.25, batch_size=4, seq_len=64, lr=3e-3, warmup=2, steps=3,
                      num_anchors=8, eval_points=1)
-    recipe = dataclasses.replace(get_recipe("smoke"), vocab_size=400, target=sched, dspark=sched,
+    recipe = dataclasses.replace(get_recipe("v1-smoke"), vocab_size=400, target=sched, dspark=sched,
                                  dflash=sched, ar=sched, eval_windows=2)
     out = tmp_path_factory.mktemp("run")
     train_all(recipe, out, device="cpu", stdlib_root=root, log=lambda m: None)

@@ -26,7 +26,7 @@ def _stream(n_segments=400, vocab=64, seed=0) -> torch.Tensor:
 def run():
     sched = Schedule(budget_share=0.25, batch_size=8, seq_len=32, lr=1e-2, warmup=3, steps=STEPS,
                      num_anchors=8, eval_points=1)
-    r = dataclasses.replace(get_recipe("smoke"), vocab_size=64, hidden_size=32, num_layers=3,
+    r = dataclasses.replace(get_recipe("v1-smoke"), vocab_size=64, hidden_size=32, num_layers=3,
                             num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
                             tap_layer_ids=[0, 1], block_size=4, markov_rank=8, target=sched,
                             dspark=sched, dflash=sched, ar=sched).validate()

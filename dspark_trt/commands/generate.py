@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 
-from .common import add_model_args, load_llm
+from .common import add_model_args, cpu_dtype_note, load_llm
 from .request_args import check_generate_args
 
 DEFAULT_PROMPT, DEFAULT_IDS = "def fibonacci(n):", [1, 2, 3, 4]
@@ -35,6 +35,10 @@ def run(args) -> int:
                         max_new_tokens=args.max_new_tokens, seed=args.seed)
     prompt = check_generate_args(args, sp)          # before anything loads
     llm = load_llm(args)
+    if args.dtype is None and not args.engine and llm.device.type == "cpu":
+        note = cpu_dtype_note(llm.dtype)
+        if note:
+            print(note)
     if prompt is None and llm.tokenizer is None:
         prompt = DEFAULT_IDS
         print(f"[dspark-trt] model has no tokenizer: using prompt ids {DEFAULT_IDS}")

@@ -83,8 +83,10 @@ def block_tokens(tokens: Tensor, anchors: Tensor, block_size: int, mask_token_id
     return ids, pos
 
 
-def draft_block_logits(draft, taps: Tensor, tokens: Tensor, anchors: Tensor) -> Tensor:
-    """Base logits U [B, A, N, V] of the blocks anchored at anchors [B, A] (no Markov bias).
+def draft_block_logits(draft, taps: Tensor, tokens: Tensor, anchors: Tensor,
+                       return_hidden: bool = False):
+    """Base logits U [B, A, N, V] of the blocks anchored at anchors [B, A] (no Markov bias);
+    with ``return_hidden`` also the post-norm hidden states [B, A, N, d] (confidence head input).
 
     taps [B, T, m*d] are the frozen target's features of tokens [B, T] at positions 0..T-1.
     """
@@ -101,4 +103,6 @@ def draft_block_logits(draft, taps: Tensor, tokens: Tensor, anchors: Tensor) -> 
     for layer in draft.layers:
         kv_ctx = layer.self_attn.kv(ctx, ccos, csin)
         x = _layer(layer, x, cos, sin, mask, kv_ctx)
-    return draft.lm_head(draft.norm(x)).view(B, A, N, -1)
+    h = draft.norm(x)
+    U = draft.lm_head(h).view(B, A, N, -1)
+    return (U, h.view(B, A, N, -1)) if return_hidden else U

@@ -40,26 +40,36 @@ def _sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+def _optimizer(params: list[torch.nn.Parameter], sched: Schedule) -> torch.optim.AdamW:
+    """AdamW with the schedule's betas; weight decay on matrices only."""
     decay = [p for p in params if p.dim() >= 2]
     rest = [p for p in params if p.dim() < 2]
     fused = all(p.is_cuda for p in params)
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                              {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95),
-                             fused=fused)
+    return torch.optim.AdamW([{"params": decay, "weight_decay": sched.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=sched.lr,
+                             betas=tuple(sched.betas), fused=fused)
+
+
+def warmup_steps(sched: Schedule, total: int) -> int:
+    return max(1, round(sched.warmup_frac * total)) if sched.warmup_frac is not None else sched.warmup
 
 
 def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callable[[], Tensor],
                  evaluate: Callable[[], dict], sched: Schedule, budget_s: float, device,
-                 log: Callable[[str], None] = print) -> History:
+                 log: Callable[[str], None] = print,
+                 on_eval: Callable[[int, dict], None] | None = None) -> History:
     """Minimise ``step_loss()`` (one fresh batch per call) for ``sched.steps`` steps, or for as many
-    as fit in ``budget_s`` seconds (the step time is measured over steps 5..15); ``evaluate()``
-    runs at ``sched.eval_points`` evenly spaced steps and at the end."""
+    as fit in ``budget_s`` seconds (the step time is measured over steps 5..15, evaluations
+    excluded); ``evaluate()`` runs at ``sched.eval_points`` evenly spaced steps and at the end,
+    and ``on_eval(step, metrics)`` after each (e.g. to keep the best checkpoint)."""
     params = [p for p in params if p.requires_grad]
     hist = History(name, trainable_params=sum(p.numel() for p in params))
-    opt = _optimizer(params, sched.lr)
-    total = sched.steps if sched.steps is not None else max(CALIBRATE[1] + 1, sched.warmup * 2)
-    eval_every = max(1, total // sched.eval_points)
+    opt = _optimizer(params, sched)
+    calibrating = sched.steps is None
+    total = sched.steps if not calibrating else max(CALIBRATE[1] + 1, sched.warmup * 2)
+    # no evaluation before the step time is known: it would be timed as training (#18)
+    eval_every = max(1, total // sched.eval_points) if not calibrating else total + 1
+    eval_s = 0.0                                  # seconds spent in evaluate() so far
     losses: list[Tensor] = []
     t0 = time.perf_counter()
     t_cal = t0
@@ -71,16 +81,17 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
         if sched.steps is None and step in CALIBRATE:
             _sync(device)
             if step == CALIBRATE[0]:
-                t_cal = time.perf_counter()
+                t_cal, eval_cal = time.perf_counter(), eval_s
             else:
-                hist.step_seconds = (time.perf_counter() - t_cal) / (CALIBRATE[1] - CALIBRATE[0])
+                window = time.perf_counter() - t_cal - (eval_s - eval_cal)
+                hist.step_seconds = window / (CALIBRATE[1] - CALIBRATE[0])
                 left = budget_s - (time.perf_counter() - t0)
                 # ~5 % of the budget goes to evaluations and logging
                 total = max(step + 1, step + int(0.95 * left / hist.step_seconds))
                 progress.total = total
                 eval_every = max(1, total // sched.eval_points)
                 log(f"[train] {name}: {hist.step_seconds * 1e3:.1f} ms/step -> {total} steps")
-        lr = lr_at(step, total, sched.lr, sched.warmup)
+        lr = lr_at(step, total, sched.lr, warmup_steps(sched, total), sched.lr_floor)
         for g in opt.param_groups:
             g["lr"] = lr
         loss = step_loss()
@@ -96,9 +107,14 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
         if step % eval_every == 0 or step == total:
             hist.train_loss += torch.stack(losses).float().cpu().tolist()
             losses = []
+            t_eval = time.perf_counter()
             metrics = evaluate()
+            _sync(device)
+            eval_s += time.perf_counter() - t_eval
             hist.eval_steps.append(step)
             hist.eval.append(metrics)
+            if on_eval is not None:
+                on_eval(step, metrics)
             elapsed = time.perf_counter() - t0
             shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
             log(f"[train] {name} step {step}/{total} ({elapsed:.0f} s): train loss "

@@ -24,6 +24,7 @@ class LossWeights:
     ce: float = 0.1
     l1: float = 0.9
     decay: float = 4.0          # w_k = exp(-k / decay); 0 disables the decay
+    confidence: float = 1.0     # weight of the confidence BCE (when a confidence head trains)
 
 
 def sample_anchors(batch: int, seq_len: int, num_anchors: int, generator: torch.Generator,
@@ -34,6 +35,24 @@ def sample_anchors(batch: int, seq_len: int, num_anchors: int, generator: torch.
         raise ValueError(f"num_anchors {num_anchors} must be in [1, seq_len - 1 = {seq_len - 1}]")
     keys = torch.rand(batch, seq_len - 1, generator=generator)
     return keys.argsort(1)[:, :num_anchors].sort(1).values.to(device)
+
+
+def sample_masked_anchors(label_mask: Tensor, num_anchors: int,
+                          generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Anchors where the loss mask allows: anchor ``a`` needs ``label_mask[a + 1]`` (its first
+    label is a trained-on token, e.g. a generated one). label_mask [B, T] bool ->
+    anchors [B, A] (sorted; 0 where unused) and ok [B, A] bool, A = min(num_anchors, the most
+    allowed anchors of a row): each row takes min(num_anchors, its allowed count) anchors
+    uniformly without replacement."""
+    B, T = label_mask.shape
+    allowed = label_mask[:, 1:].cpu()                                          # [B, T-1]
+    A = max(1, min(num_anchors, int(allowed.sum(1).max())))
+    keys = torch.where(allowed, torch.rand(B, T - 1, generator=generator), 2.0)
+    idx = keys.argsort(1)[:, :A]                                               # allowed first
+    ok = allowed.gather(1, idx)
+    anchors = torch.where(ok, idx, T).sort(1).values                           # unused last
+    ok = anchors < T
+    return torch.where(ok, anchors, 0).to(label_mask.device), ok.to(label_mask.device)
 
 
 def block_labels(tokens: Tensor, anchors: Tensor, block_size: int) -> tuple[Tensor, Tensor]:
@@ -77,19 +96,45 @@ def position_weights(valid: Tensor, decay: float) -> Tensor:
 
 
 def block_loss(draft, U: Tensor, tokens: Tensor, anchors: Tensor, target_logits: Tensor,
-               weights: LossWeights) -> dict[str, Tensor]:
-    """U [B, A, N, V] base draft logits; target_logits [B, T, V] of the frozen target."""
+               weights: LossWeights, label_mask: Tensor | None = None,
+               anchor_ok: Tensor | None = None, confidence=None,
+               hidden: Tensor | None = None) -> dict[str, Tensor]:
+    """U [B, A, N, V] base draft logits; target_logits [B, T, V] of the frozen target.
+    label_mask [B, T] (optional): only these tokens are labels; a block row counts while all its
+    labels so far are in the mask. anchor_ok [B, A] (optional): unused anchors weigh nothing.
+    confidence (a ``ConfidenceHead``, with hidden [B, A, N, d]): adds DeepSpec's confidence BCE
+    with weight ``weights.confidence``."""
     B, A, N, V = U.shape
     T = tokens.shape[1]
     labels, valid = block_labels(tokens, anchors, N)
+    if label_mask is not None:
+        idx = (anchors[..., None] + 1 + torch.arange(N, device=U.device)).clamp(max=T - 1)
+        in_mask = label_mask.gather(1, idx.flatten(1)).view_as(idx)
+        valid = (valid & in_mask).int().cumprod(-1).bool()
+    if anchor_ok is not None:
+        valid = valid & anchor_ok[..., None]
     z = U
+    prev = markov_prev(tokens, anchors, labels)
     if getattr(draft, "markov_head", None) is not None:
-        z = U.float() + draft.markov_head.bias(markov_prev(tokens, anchors, labels)).float()
+        z = U.float() + draft.markov_head.bias(prev).float()
     rows = (anchors[..., None] + torch.arange(N, device=U.device)).clamp(max=T - 1)     # a + k
     tl = target_logits.gather(1, rows.flatten(1)[..., None].expand(B, A * N, V)).view(B, A, N, V)
-    out = distill_loss(z, labels, tl, position_weights(valid, weights.decay), weights)
+    w = position_weights(valid, weights.decay)
+    out = distill_loss(z, labels, tl, w, weights)
+    if confidence is not None:
+        from .confidence import confidence_loss
+        c = confidence_loss(confidence(hidden, draft.markov_head.markov_w1(prev)),
+                            out["accept_rows"], w)
+        out["conf_bce"], out["conf_abs_err"] = c["bce"], c["abs_err"]
+        out["loss"] = out["loss"] + weights.confidence * c["bce"]
     acc = out.pop("accept_rows") * valid     # teacher-forced expected tau at T = 1 (DeepSpec's
-    out["tau_t1"] = (acc.cumprod(-1).sum(-1) + 1).mean()             # tau_probabilistic)
+    tau = acc.cumprod(-1).sum(-1) + 1                                 # tau_probabilistic) [B, A]
+    # greedy teacher-forced tau: drafts accepted while argmax(z_k) == argmax(target row)
+    hit = (z.argmax(-1) == tl.argmax(-1)) & valid
+    tau0 = hit.int().cumprod(-1).sum(-1) + 1.0
+    used = valid[..., 0].float()                                      # blocks with >= 1 label
+    out["tau_t1"] = (tau * used).sum() / used.sum().clamp(min=1)
+    out["tau_t0"] = (tau0 * used).sum() / used.sum().clamp(min=1)
     return out
 
 
@@ -99,19 +144,30 @@ def causal_lm_loss(logits: Tensor, tokens: Tensor) -> Tensor:
 
 
 def ar_draft_loss(logits: Tensor, tokens: Tensor, target_logits: Tensor, weights: LossWeights,
-                  block_size: int = 7) -> dict[str, Tensor]:
-    """The autoregressive draft's objective: the same CE/L1 mix at every position. ``tau_t1`` is
-    the teacher-forced expected tau at T = 1 of blocks of ``block_size`` drafts starting anywhere
-    (comparable with ``block_loss``'s)."""
-    w = torch.ones_like(tokens[:, :-1], dtype=torch.float32)
-    out = distill_loss(logits[:, :-1], tokens[:, 1:], target_logits[:, :-1], w, weights)
-    acc = out.pop("accept_rows")                                     # [B, T-1]
-    out["tau_t1"] = (acc.unfold(1, block_size, 1).cumprod(-1).sum(-1) + 1).mean()
+                  block_size: int = 7, label_mask: Tensor | None = None) -> dict[str, Tensor]:
+    """The autoregressive draft's objective: the same CE/L1 mix at every position whose label is
+    in ``label_mask`` [B, T] (all positions without one). ``tau_t1`` / ``tau_t0`` are the
+    teacher-forced expected tau at T = 1 / greedy tau of blocks of ``block_size`` drafts starting
+    at every such position (comparable with ``block_loss``'s)."""
+    if label_mask is None:
+        label_mask = torch.ones_like(tokens, dtype=torch.bool)
+    m = label_mask[:, 1:]                                            # [B, T-1]
+    out = distill_loss(logits[:, :-1], tokens[:, 1:], target_logits[:, :-1], m.float(), weights)
+    acc = out.pop("accept_rows") * m                                 # [B, T-1]
+    hit = (logits[:, :-1].argmax(-1) == target_logits[:, :-1].argmax(-1)) & m
+    pad = block_size - 1                           # blocks near the end see zeros past T
+    acc, hit = F.pad(acc, (0, pad)), F.pad(hit.int(), (0, pad))
+    used = m.float()
+    tau1 = acc.unfold(1, block_size, 1).cumprod(-1).sum(-1) + 1      # [B, T-1]
+    tau0 = hit.unfold(1, block_size, 1).cumprod(-1).sum(-1) + 1.0
+    out["tau_t1"] = (tau1 * used).sum() / used.sum().clamp(min=1)
+    out["tau_t0"] = (tau0 * used).sum() / used.sum().clamp(min=1)
     return out
 
 
 def lr_at(step: int, total: int, peak: float, warmup: int, floor: float = 0.1) -> float:
-    """Linear warmup to ``peak`` then cosine decay to ``floor * peak`` at ``total``."""
+    """Linear warmup to ``peak`` then cosine decay to ``floor * peak`` at ``total``
+    (``floor`` 0: DeepSpec's cosine to 0)."""
     if step < warmup:
         return peak * (step + 1) / warmup
     frac = min(1.0, (step - warmup) / max(1, total - warmup))

@@ -50,6 +50,9 @@ def plot_histories(models: dict[str, dict], path: str | Path) -> Path | None:
             if "l1" in h["eval"][0] and name != "target":
                 ax.plot(h["eval_steps"], [e["l1"] for e in h["eval"]], "s-", ms=3,
                         label="held-out L1(p_d, p_t)")
+        if h.get("best_step") is not None and h["best_step"] >= 0:
+            ax.axvline(h["best_step"], color="gray", ls="--", lw=1,
+                       label=f"kept: step {h['best_step']}")
         ax.set_title(f"{name} ({h['total_steps']} steps, {h['seconds']:.0f} s)")
         ax.set_xlabel("step")
         ax.set_yscale("log")
