@@ -17,8 +17,16 @@ from .triton_repo import add_repo_args, write_from_args
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve the model with a real Triton Inference Server")
+    p = sub.add_parser("serve", help="serve the model with a real Triton Inference Server, or with "
+                       "--openai an OpenAI-compatible HTTP API")
     add_repo_args(p)
+    o = p.add_argument_group("OpenAI-compatible server (--openai)")
+    o.add_argument("--openai", action="store_true",
+                   help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics "
+                        "with uvicorn instead of Triton (docs/serving.md)")
+    o.add_argument("--port", type=int, default=8000, help="with --openai: listen port (default: 8000)")
+    o.add_argument("--api-key", default=None,
+                   help="with --openai: require 'Authorization: Bearer KEY' on /v1/ endpoints")
     g = p.add_argument_group("server")
     g.add_argument("--output", help="repository directory (default: a temporary one)")
     g.add_argument("--force", action="store_true", help="replace an existing model directory")
@@ -31,7 +39,7 @@ def add_parser(sub) -> None:
     g.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for readiness")
     g.add_argument("--max-request-bytes", type=int, default=None,
                    help="largest HTTP request body; larger ones get 413 (default: 64 bytes per "
-                        "token of --max-seq-len, at least 1 MiB)")
+                        "token of --max-seq-len, at least 1 MiB; with --openai 1 MiB)")
     g.add_argument("--probe-interval", type=float, default=2.0,
                    help="seconds between the supervisor's 1-token probe requests")
     g.add_argument("--probe-timeout", type=float, default=60.0,
@@ -45,6 +53,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if args.openai:
+        from ..openai_server.launch import serve_from_args
+        return serve_from_args(args)
     from ..serving.server import ServingEnvError, TritonInstall
     from ..serving.stack import ServingStack, default_max_request_bytes
     try:

@@ -1,0 +1,106 @@
+"""One request's generation as seen from the event loop: submit, stream text, finish.
+
+``RequestRun`` turns the engine's token events into text deltas (incremental detokenizer, then
+stop strings), records latency metrics, and on a stop-string match or a disconnect aborts the
+sequence in the engine so its KV pages are freed.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+from ..runtime.sampling_params import SamplingParams, SpecStats
+from .detokenizer import IncrementalDetokenizer
+from .engine import Admitted, EngineThread, Finished, Rejected, RequestHandle, Tokens
+from .errors import APIError
+from .metrics import ServerMetrics
+from .stop_strings import StopStringMatcher
+
+
+def spec_summary(stats: SpecStats) -> dict:
+    """The ``dspark`` extension field of a response: this request's speculative statistics."""
+    return {"tau": stats.tau, "acceptance_per_position": stats.acceptance_per_position(),
+            "rounds": stats.rounds, "num_spec_tokens": stats.num_spec_tokens,
+            "accepted": sum(stats.accepted), "proposed": sum(stats.proposed),
+            "committed": sum(stats.committed)}
+
+
+class RequestRun:
+    def __init__(self, engine: EngineThread, metrics: ServerMetrics, tokenizer, prompt_ids: list[int],
+                 params: SamplingParams, stop: list[str]):
+        self.engine, self.metrics = engine, metrics
+        self.prompt_ids = prompt_ids
+        self.handle = RequestHandle(prompt_ids, params, asyncio.get_running_loop())
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.stop = StopStringMatcher(stop)
+        self.arrival = time.perf_counter()
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.error: str | None = None
+        self.stats = SpecStats()
+        self._last_token_time: float | None = None
+
+    async def start(self) -> None:
+        """Submit and wait for admission; a request the generator refuses becomes a 400."""
+        self.engine.submit(self.handle)
+        event = await self.handle.events.get()
+        if isinstance(event, Rejected):
+            param = "max_tokens" if "max_new_tokens" in event.message else None
+            raise APIError(event.message, param=param)
+        assert isinstance(event, Admitted), event
+
+    def abort(self, reason: str = "abort") -> None:
+        if self.finish_reason is None:
+            self.engine.abort(self.handle, reason)
+
+    async def text_deltas(self):
+        """Yield text as it is decoded; afterwards ``finish_reason``, ``token_ids``, ``stats`` are
+        final. Cancelled (client gone) -> the sequence is aborted in the engine."""
+        stopped = False
+        try:
+            while True:
+                event = await self.handle.events.get()
+                if isinstance(event, Tokens) and not stopped:
+                    self._observe_latency(len(event.token_ids))
+                    for token in event.token_ids:
+                        self.token_ids.append(token)
+                        text = self.stop.feed(self.detokenizer.add([token]))
+                        if text:
+                            yield text
+                        if self.stop.matched is not None:
+                            stopped = True
+                            self.engine.abort(self.handle, "stop")
+                            break
+                elif isinstance(event, Finished):
+                    self.stats, self.error = event.stats, event.error
+                    if not stopped:
+                        tail = self.stop.flush()
+                        if tail:
+                            yield tail
+                    self.finish_reason = "stop" if stopped else event.finish_reason
+                    self._record_finished()
+                    return
+        finally:
+            if self.finish_reason is None:              # cancelled or closed early: free the pages
+                self.engine.abort(self.handle, "abort")
+
+    def _observe_latency(self, num_tokens: int) -> None:
+        """TTFT for the first token; one inter-token interval per later token (the tokens of one
+        round arrive together: the first of them waited, the others 0)."""
+        now = time.perf_counter()
+        if self._last_token_time is None:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            self.metrics.itl.observe(now - self._last_token_time)
+        for _ in range(num_tokens - 1):
+            self.metrics.itl.observe(0.0)
+        self._last_token_time = now
+
+    def _record_finished(self) -> None:
+        self.metrics.e2e.observe(time.perf_counter() - self.arrival)
+        self.metrics.record_finished(self.finish_reason, len(self.prompt_ids), len(self.token_ids),
+                                     self.stats)
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.token_ids),
+                "total_tokens": len(self.prompt_ids) + len(self.token_ids)}

@@ -1,0 +1,81 @@
+"""Run the OpenAI front end with uvicorn: from CLI arguments (``serve_from_args``) or in a thread
+of the current process (``UvicornThread``, for tests and embedding)."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+from .app import DEFAULT_MAX_REQUEST_BYTES, OpenAIServer, build_app
+from .chat_template import ChatTemplate
+
+
+def template_dir_from_args(args) -> Path | None:
+    """Where the chat template lives: the engine or target checkpoint directory, or the default
+    pair's target (what ``load_llm`` loads when no model is named)."""
+    from ..commands.common import default_pair_dirs
+    if getattr(args, "engine", None):
+        return Path(args.engine)
+    if getattr(args, "checkpoint", None):
+        return Path(args.checkpoint)
+    if getattr(args, "model", None) is None and default_pair_dirs() is not None:
+        return default_pair_dirs()[0]
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class UvicornThread:
+    """A uvicorn server for ``app`` in a daemon thread; ``start`` waits until it accepts requests."""
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int | None = None):
+        import uvicorn
+        self.host, self.port = host, port or free_port(host)
+        config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning",
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "UvicornThread":
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+def serve_from_args(args) -> int:
+    """``dspark-trt serve --openai``: load the model as ``generate`` does and serve until interrupted."""
+    import uvicorn
+
+    from ..commands.common import load_llm
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
+        print(f"[dspark-trt] warning: listening on {args.host} without --api-key", flush=True)
+    max_bytes = args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
+    if max_bytes < 1:
+        raise SystemExit(f"error: --max-request-bytes must be positive, got {max_bytes}")
+    llm = load_llm(args)
+    template = ChatTemplate.from_dir(template_dir_from_args(args))
+    server = OpenAIServer(llm, model_name=args.model_name, chat_template=template,
+                          speculative=not getattr(args, "no_speculative", False))
+    app = build_app(server, max_request_bytes=max_bytes, api_key=args.api_key)
+    print(f"[dspark-trt] OpenAI-compatible server for '{args.model_name}' on http://{args.host}:{args.port}/v1 "
+          f"(chat template: {'yes' if template else 'none'}; bodies up to {max_bytes} bytes; "
+          f"metrics at /metrics)", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    return 0
