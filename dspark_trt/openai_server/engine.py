@@ -151,6 +151,7 @@ class EngineThread:
             return                                     # not admitted yet, or already finished
         seq = self.generator.abort(handle.request_id, reason)
         self._handles.pop(handle.request_id, None)
+        self._update_gauges()                          # before the client can hear it finished
         if seq is not None:
             handle.push(Finished(reason, copy_stats(seq.stats)))
 
@@ -165,6 +166,7 @@ class EngineThread:
             self._handles.clear()
             self.generator = self.llm.generator(self.speculative)
             return
+        self._update_gauges()                          # before the clients can hear they finished
         for seq in done:
             handle = self._handles.pop(seq.request_id, None)
             if handle is not None:

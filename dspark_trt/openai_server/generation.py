@@ -17,6 +17,9 @@ from .metrics import ServerMetrics
 from .stop_strings import StopStringMatcher
 
 
+_BACKGROUND: set[asyncio.Task] = set()       # tasks that must not be garbage-collected early
+
+
 def spec_summary(stats: SpecStats) -> dict:
     """The ``dspark`` extension field of a response: this request's speculative statistics."""
     return {"tau": stats.tau, "acceptance_per_position": stats.acceptance_per_position(),
@@ -83,6 +86,17 @@ class RequestRun:
         finally:
             if self.finish_reason is None:              # cancelled or closed early: free the pages
                 self.engine.abort(self.handle, "abort")
+                task = asyncio.get_running_loop().create_task(self._record_abort())
+                _BACKGROUND.add(task)
+                task.add_done_callback(_BACKGROUND.discard)
+
+    async def _record_abort(self) -> None:
+        """After a disconnect: wait for the engine's Finished event and count the request."""
+        while not isinstance(event := await self.handle.events.get(), Finished):
+            if isinstance(event, Tokens):
+                self.token_ids.extend(event.token_ids)
+        self.stats, self.finish_reason = event.stats, "abort"
+        self._record_finished()
 
     def _observe_latency(self, num_tokens: int) -> None:
         """TTFT for the first token; one inter-token interval per later token (the tokens of one
