@@ -291,3 +291,45 @@ def test_metrics_match_the_responses(http, client):
     assert after[("dspark:num_requests_waiting", None)] == 0
     assert after[("dspark:kv_cache_pages_in_use", None)] == 0
     assert after[("dspark:kv_cache_pages_total", None)] > 0
+
+
+# ---- the CLI --------------------------------------------------------------------------------------
+def test_cli_serve_openai_process_answers_and_stops_on_sigint(tmp_path):
+    """``dspark-trt serve --openai`` as a real process on loopback: health, one completion with the
+    bearer key, then SIGINT ends it with status 0."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from dspark_trt.openai_server.launch import free_port
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli", "serve", "--openai", "--port", str(port),
+                             "--api-key", "k", "--max-batch-size", "2", "--max-seq-len", "256",
+                             "--model-name", "tiny"], stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 45
+        while True:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        c = openai.OpenAI(base_url=url + "/v1", api_key="k", max_retries=0, timeout=30)
+        r = c.completions.create(model="tiny", prompt="Hello", max_tokens=6)
+        assert r.usage.completion_tokens == 6 and r.choices[0].finish_reason == "length"
+        assert c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                         max_tokens=3).usage.completion_tokens == 3
+        r = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 300},
+                       headers={"Authorization": "Bearer k"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens"    # 256 context
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=20)
+    assert rc == 0, (tmp_path / "serve.log").read_text()
