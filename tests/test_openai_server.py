@@ -240,6 +240,7 @@ def test_client_disconnect_mid_stream_frees_sequence_and_pages(served, http):
     engine = served[0].engine
     total = engine.kv_pages_total()
     assert engine.kv_pages_free() == total
+    aborted_before = aborted_count(http)
     body = {"model": MODEL, "prompt": PROMPTS[3], "max_tokens": 1500, "ignore_eos": True, "stream": True}
     with http.stream("POST", "/v1/completions", json=body) as r:
         lines = r.iter_lines()
@@ -251,9 +252,31 @@ def test_client_disconnect_mid_stream_frees_sequence_and_pages(served, http):
         time.sleep(0.02)
     assert engine.kv_pages_free() == total and engine.num_active() == 0
     assert not engine.generator.running and not engine.generator.waiting
-    while scrape(http, "finished_reason").get(("dspark:request_success_total", "abort")) != 1.0:
-        assert time.monotonic() < deadline, "the aborted request was never counted"
+    wait_for_aborted_count(http, aborted_before + 1, deadline)
+
+
+def aborted_count(http) -> float:
+    return scrape(http, "finished_reason").get(("dspark:request_success_total", "abort"), 0.0)
+
+
+def wait_for_aborted_count(http, expected: float, deadline: float) -> None:
+    while aborted_count(http) != expected:
+        assert time.monotonic() < deadline, f"aborted requests: {aborted_count(http)}, expected {expected}"
         time.sleep(0.02)
+
+
+def test_client_that_gives_up_on_a_non_streaming_request_frees_its_pages(served, http):
+    engine = served[0].engine
+    total = engine.kv_pages_total()
+    aborted_before = aborted_count(http)
+    body = {"model": MODEL, "prompt": PROMPTS[5], "max_tokens": 1500, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        http.post("/v1/completions", json=body, timeout=0.5)
+    deadline = time.monotonic() + 5                    # far less than the 1,500 tokens would take
+    while (engine.kv_pages_free() != total or engine.num_active()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.kv_pages_free() == total and engine.num_active() == 0
+    wait_for_aborted_count(http, aborted_before + 1, deadline)
 
 
 # ---- metrics -----------------------------------------------------------------------------------------
