@@ -117,6 +117,15 @@ def test_chat_equals_generate_on_the_rendered_template(client, reference_llm):
     assert chunks[-1].usage.completion_tokens == len(ids)
 
 
+def test_seeded_sampling_equals_generate_with_the_same_params(client, reference_llm):
+    params = SamplingParams(temperature=0.9, top_p=0.8, seed=1234, max_new_tokens=30)
+    expected = reference_llm.generate(PROMPTS[6], params)[0]
+    greedy = reference(reference_llm, PROMPTS[6], 30)[0]
+    r = client.completions.create(model=MODEL, prompt=PROMPTS[6], max_tokens=30, temperature=0.9,
+                                  top_p=0.8, seed=1234, extra_body={"return_token_ids": True})
+    assert r.choices[0].token_ids == expected.output_ids != greedy       # sampled, and the same draw
+
+
 def test_raw_sse_ends_with_done(http):
     with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 5,
                                                       "stream": True}) as r:
