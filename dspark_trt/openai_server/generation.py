@@ -65,15 +65,16 @@ class RequestRun:
                 event = await self.handle.events.get()
                 if isinstance(event, Tokens) and not stopped:
                     self._observe_latency(len(event.token_ids))
+                    parts = []                          # one delta per round: its tokens together
                     for token in event.token_ids:
                         self.token_ids.append(token)
-                        text = self.stop.feed(self.detokenizer.add([token]))
-                        if text:
-                            yield text
+                        parts.append(self.stop.feed(self.detokenizer.add([token])))
                         if self.stop.matched is not None:
                             stopped = True
                             self.engine.abort(self.handle, "stop")
                             break
+                    if "".join(parts):
+                        yield "".join(parts)
                 elif isinstance(event, Finished):
                     self.stats, self.error = event.stats, event.error
                     if not stopped:
