@@ -94,7 +94,7 @@ def main() -> None:
               "ttft": percentiles(ttft), "inter_chunk_latency": percentiles(itl),
               "note": "client-side times; one chunk per draft-verify round that produced text, so "
                       "a chunk may carry several tokens (completion_tokens / chunks: tokens per chunk)"}
-    out = Path(args.output_dir) / f"openai-load-{args.device}-{commit}.json"
+    out = Path(args.output_dir) / f"openai-load-{args.device}-b{args.max_batch_size}-c{args.clients}x{args.requests}-{commit}.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(f"written to {out}")
