@@ -244,6 +244,19 @@ def test_chat_without_template_is_a_clear_400(served, http):
     assert r.status_code == 400 and "chat template" in r.json()["error"]["message"]
 
 
+def test_an_engine_failure_fails_its_requests_and_the_next_ones_are_served(served, http):
+    engine = served[0].engine
+
+    def broken_step():
+        raise RuntimeError("injected step failure")
+    engine.generator.step = broken_step              # the engine replaces a generator that fails
+    r = http.post("/v1/completions", json=OK)
+    assert r.status_code == 500 and "injected step failure" in r.json()["error"]["message"]
+    r = http.post("/v1/completions", json=OK)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    assert engine.kv_pages_free() == engine.kv_pages_total()
+
+
 # ---- disconnects free KV pages -------------------------------------------------------------------
 def test_client_disconnect_mid_stream_frees_sequence_and_pages(served, http):
     engine = served[0].engine
