@@ -313,10 +313,14 @@ def scrape(http, label: str = "position") -> dict:
 
 
 def test_metrics_match_the_responses(http, client):
+    full = client.completions.create(model=MODEL, prompt=PROMPTS[8], max_tokens=24).choices[0].text
     before = scrape(http)
     responses = [client.completions.create(model=MODEL, prompt=p, max_tokens=24) for p in PROMPTS[4:8]]
     responses.append(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "yo"}],
                                                     max_tokens=20))
+    responses.append(client.completions.create(model=MODEL, prompt=PROMPTS[8], max_tokens=24,
+                                               stop=full[len(full) // 2:len(full) // 2 + 3]))
+    assert responses[-1].choices[0].finish_reason == "stop"            # a request cut by a stop string
     after = scrape(http)
     delta = lambda name, pos=None: after.get((name, pos), 0.0) - before.get((name, pos), 0.0)
     accepted = sum(r.dspark["accepted"] for r in responses)

@@ -52,10 +52,6 @@ class RequestRun:
             raise APIError(event.message, param=param)
         assert isinstance(event, Admitted), event
 
-    def abort(self, reason: str = "abort") -> None:
-        if self.finish_reason is None:
-            self.engine.abort(self.handle, reason)
-
     async def text_deltas(self):
         """Yield text as it is decoded; afterwards ``finish_reason``, ``token_ids``, ``stats`` are
         final. Cancelled (client gone) -> the sequence is aborted in the engine."""
@@ -64,7 +60,6 @@ class RequestRun:
             while True:
                 event = await self.handle.events.get()
                 if isinstance(event, Tokens) and not stopped:
-                    self._observe_latency(len(event.token_ids))
                     parts = []                          # one delta per round: its tokens together
                     for token in event.token_ids:
                         self.token_ids.append(token)
@@ -73,6 +68,7 @@ class RequestRun:
                             stopped = True
                             self.engine.abort(self.handle, "stop")
                             break
+                    self._observe_latency(len(parts))   # the tokens this response delivers
                     if "".join(parts):
                         yield "".join(parts)
                 elif isinstance(event, Finished):
