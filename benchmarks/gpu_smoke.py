@@ -67,6 +67,9 @@ def run(name: str, cmd: list[str], limit_s: float, steps: dict) -> str:
 
 
 def main() -> int:
+    """``--only gpu_tests,generate`` runs a subset (the default: every step)."""
+    only = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
+    wanted = lambda name: only is None or name in only  # noqa: E731
     OUT.mkdir(parents=True, exist_ok=True)
     LOG.write_text("")
     log(f"[smoke] git {SHA} on {provenance.gpu_name()}, CXX={os.environ.get('CXX')}, engines in {ENGINES}")
@@ -75,12 +78,13 @@ def main() -> int:
     os.environ.setdefault("DSPARK_CHECK_TOOLCHAIN", "0")      # the build's load stage checks the packages
     os.environ["OUT"] = str(OUT)
     builds = start("builds", [py, "benchmarks/build_gpu.py", "qwen3-8b-6layers", "v4-tiny", "--keep",
-                              "--git-sha", SHA])
+                              "--git-sha", SHA]) if wanted("builds") else None
     tests = run("gpu_tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/", "-p", "no:cacheprovider"],
                 330, steps)
     steps["gpu_tests"]["summary"] = next((ln for ln in reversed(tests.splitlines()) if " passed" in ln
                                           or " failed" in ln), None)
-    finish("builds", builds, 400, steps)
+    if builds is not None:
+        finish("builds", builds, 400, steps)
     for name in ("qwen3-8b-6layers", "v4-tiny"):
         f = OUT / f"build-{name}.json"
         if f.exists():
@@ -88,7 +92,7 @@ def main() -> int:
             steps["builds"][name] = {"wall_seconds": rec["build"]["wall_seconds"],
                                      "ops": rec["build"].get("ops"), "parity": rec.get("parity")}
     engine = ENGINES / "qwen3-8b-6layers"
-    if engine.exists():
+    if engine.exists() and wanted("bench"):
         bench = run("bench", [py, "-m", "dspark_trt.cli", "bench", "--engine", str(engine), "--batch-sizes",
                               "1,16", "--hf", "none", "--gen-len", "64", "--time-budget-s", "120",
                               "--out-dir", str(OUT)], 120, steps)

@@ -4,4 +4,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export CXX=${CXX:-/usr/bin/g++} PYTHONUNBUFFERED=1
 export DSPARK_GIT_SHA=${DSPARK_GIT_SHA:-$(git rev-parse --short HEAD 2>/dev/null || echo nogit)}
-exec python3 benchmarks/gpu_smoke.py
+exec python3 benchmarks/gpu_smoke.py "$@"
