@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import tempfile
 
 import pytest
 import torch
@@ -62,6 +63,8 @@ class _RoomyStack:
 
 def pytest_configure(config):
     config.pluginmanager.register(_RoomyStack(), "dspark-roomy-stack")
+    # the project's own caches (the AOTI compiler check) go to a directory of this test session
+    os.environ.setdefault("DSPARK_CACHE_DIR", tempfile.mkdtemp(prefix="dspark-test-cache-"))
     if os.environ.get("CI") == "true" and importlib.util.find_spec("triton") is None:
         raise pytest.UsageError("CI=true but Triton is not installed: every kernel test would be skipped "
                                 "(install the test extra: pip install -e \".[test]\")")

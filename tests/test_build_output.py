@@ -116,6 +116,11 @@ def test_an_existing_engine_is_replaced_unless_it_holds_other_files(tmp_path, st
     with pytest.raises(OutputError, match="notes.txt"):
         build(out)
     assert snapshot(out) == before
+    (out / "notes.txt").unlink()
+    (out / "my-empty-dir").mkdir()                  # an empty directory of the user's counts too
+    with pytest.raises(OutputError, match="my-empty-dir"):
+        build(out)
+    assert (out / "my-empty-dir").is_dir()
     assert sorted(os.listdir(tmp_path)) == ["eng"]
 
 
@@ -139,20 +144,22 @@ def test_stale_temporary_directories_of_dead_builds_are_removed(tmp_path, stub_c
     out = tmp_path / "eng"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        dead = tmp_path / f".eng.building-{_HOST}-{_dead_pid()}-abc123"
-        live = tmp_path / f".eng.building-{_HOST}-{sleeper.pid}-def456"
-        other_host = tmp_path / ".eng.building-otherhost-1-ghi789"        # not ours to judge
-        old_style = tmp_path / ".eng.building-jkl_01"                      # older builds' names
+        dead = tmp_path / f".eng.building-{_HOST}-{_dead_pid()}-abc12345"
+        live = tmp_path / f".eng.building-{_HOST}-{sleeper.pid}-def45678"
+        other_host = tmp_path / ".eng.building-otherhost-1-ghi78901"      # not ours to judge
+        old_style = tmp_path / ".eng.building-jkl_0123"                    # older builds' names
         unrelated = tmp_path / ".engine2.building-x"
-        for d in (dead, live, other_host, old_style, unrelated):
+        users = tmp_path / ".eng.old-mystuff"                              # not our name pattern
+        for d in (dead, live, other_host, old_style, unrelated, users):
             d.mkdir()
             (d / "target.pt2").write_bytes(b"partial")
         week_ago = time.time() - 7 * 24 * 3600
-        os.utime(old_style, (week_ago, week_ago))
+        for d in (old_style, live, users):         # age alone never removes a live build's directory
+            os.utime(d, (week_ago, week_ago))
         assert stale_temp_dirs(out) == sorted([dead, old_style])
         said = build(out)
         assert not dead.exists() and not old_style.exists()
-        assert live.exists() and other_host.exists() and unrelated.exists()
+        assert live.exists() and other_host.exists() and unrelated.exists() and users.exists()
         assert sum("removed" in m for m in said) == 2
         assert holds_engine(out)
     finally:

@@ -202,3 +202,32 @@ def test_info_model_shows_the_architecture():
     assert d["block_size"] == 7 and d["num_hidden_layers"] == 5 and len(d["target_layer_ids"]) == 5
     v4 = memory_estimate("deepseek-v4-tiny-dspark", torch.bfloat16, 1, 128)["architecture"]
     assert v4["target"]["n_routed_experts"] > 0 and "num_stages" in v4["draft"]
+
+
+def test_kernel_build_failure_is_an_error_unless_references_are_allowed(tmp_path, monkeypatch):
+    """No silent fallback: a network that fails to build with a Triton kernel compiled in stops the
+    build (the real error, with a note naming --allow-reference-ops); with the flag, every op is
+    compiled from its reference and the manifest says why."""
+    from dspark_trt.builder.backends import aoti
+    every = set(build_mod.reference_impls())
+    monkeypatch.setattr(build_mod, "ops_to_inline", lambda device: every - {"dspark::block_attention"})
+
+    def export(spec, inline):                 # as on a GPU whose kernel launcher cannot be exported
+        if inline != every:
+            raise RuntimeError("kernel launcher specialised a dynamic dim")
+        return SimpleNamespace(state_dict={}, constants={}), {"dspark::block_attention": "reference"}
+    monkeypatch.setattr(build_mod, "export_network", export)
+    monkeypatch.setattr(aoti, "compile_network", lambda ep, path, cxx: path.write_bytes(b"package"))
+    monkeypatch.setattr(aoti, "load_network", lambda *a, **k: None)
+    opts = dict(model=TINY, random_weights=True, device="cpu", backend="aoti", max_seq_len=64, page_size=8,
+                check_toolchain=False)
+    with pytest.raises(RuntimeError, match="specialised") as err:
+        build_engine(BuildOptions(output=str(tmp_path / "strict"), **opts), report=lambda m: None)
+    assert any("--allow-reference-ops" in note for note in err.value.__notes__)
+    assert not (tmp_path / "strict").exists()
+    said = []
+    m = build_engine(BuildOptions(output=str(tmp_path / "refs"), allow_reference_ops=True, **opts),
+                     report=said.append)
+    how = m["networks"]["target"]["ops"]["dspark::block_attention"]
+    assert how.startswith("pytorch reference: --allow-reference-ops") and "specialised" in how
+    assert any("WARNING" in line for line in said) and "--allow-reference-ops" in m["build_command"]

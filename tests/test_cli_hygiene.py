@@ -34,21 +34,22 @@ def test_cpu_machine_without_triton_prints_no_triton_warnings():
 
 def test_toolchain_check_is_cached_per_compiler(tmp_path, monkeypatch):
     from dspark_trt.builder.backends import aoti
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path))
     probes = []
     monkeypatch.setattr(aoti, "_probe_toolchain", lambda cxx, device: probes.append(cxx))
     cxx = aoti.select_compiler()
     cpu = torch.device("cpu")
     assert aoti.check_toolchain(cxx, cpu) is False and probes == [cxx]        # probed, then stamped
     assert aoti.check_toolchain(cxx, cpu) is True and probes == [cxx]         # cached: no probe
-    other = tmp_path / "g++-copy"                                              # another binary: probed
-    other.write_bytes(Path(aoti.shutil.which(cxx) or cxx).read_bytes()[:64])
+    other = tmp_path / "g++-other"                                             # another compiler: probed
+    other.write_text("#!/bin/sh\necho other-g++ 1.0\n")
+    other.chmod(0o755)
     assert aoti.check_toolchain(str(other), cpu) is False and len(probes) == 2
 
 
 def test_failed_probe_is_not_cached(tmp_path, monkeypatch):
     from dspark_trt.builder.backends import BuildError, aoti
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path))
 
     def crash(cxx, device):
         raise BuildError("probe package does not load")

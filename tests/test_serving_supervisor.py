@@ -173,3 +173,18 @@ def test_gives_up_when_the_restart_fails(endpoint):
     wait_for(sup.failed.is_set)
     sup.stop()
     assert "the restart failed: tritonserver exited with 1" in sup.reason and "error" in lines[-1]
+
+
+def test_an_unexpected_error_in_the_supervisor_gives_up_instead_of_dying_silently(endpoint):
+    """E.g. an OSError while killing or starting tritonserver: the watch ends with ``failed`` set
+    (``serve`` exits with the reason), never a dead thread behind a gateway answering 503."""
+    server = FakeServer(endpoint)
+
+    def kill():
+        raise OSError(28, "No space left on device")
+    server.kill = kill
+    sup, lines = supervise(server)
+    server.proc.returncode = -9
+    wait_for(sup.failed.is_set)
+    sup.stop()
+    assert "No space left on device" in sup.reason and not sup.thread.is_alive()

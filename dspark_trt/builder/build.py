@@ -417,10 +417,11 @@ def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, rep
         if inline >= every_op:
             raise
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
-        if not o.allow_reference_ops:
-            raise BuildError(f"building the networks with the Triton plugin kernels failed ({why}); "
-                             "nothing was written. Rebuild with --allow-reference-ops to compile "
-                             "every dspark op from its PyTorch reference instead (slower).") from e
+        if not o.allow_reference_ops:     # the real error and its traceback, with what to try
+            e.add_note("dspark-trt build: the networks were built with the Triton plugin kernels "
+                       "compiled in; nothing was written. If a kernel is the cause, rebuild with "
+                       "--allow-reference-ops to compile every dspark op from its PyTorch reference.")
+            raise
         report(f"[build] WARNING: building with the Triton plugin kernels failed ({why}); "
                "--allow-reference-ops: compiling every dspark op from its PyTorch reference")
         manifest["networks"].clear()

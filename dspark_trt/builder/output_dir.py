@@ -52,9 +52,16 @@ def unlisted_files(engine_dir: Path) -> list[str] | None:
             and "backend" in m):
         return None
     listed = set(m["files"]) | {MANIFEST}
-    present = (p for p in engine_dir.rglob("*") if not p.is_dir() or p.is_symlink())
-    return sorted(str(p.relative_to(engine_dir)) for p in present
-                  if str(p.relative_to(engine_dir)) not in listed)
+    holders = {str(parent) for f in listed for parent in Path(f).parents}       # dirs of listed files
+    extra = []
+    for p in engine_dir.rglob("*"):
+        rel = str(p.relative_to(engine_dir))
+        if p.is_dir() and not p.is_symlink():
+            if rel not in holders:                  # e.g. an (empty) directory of the user's
+                extra.append(rel)
+        elif rel not in listed:
+            extra.append(rel)
+    return sorted(extra)
 
 
 def holds_engine(path: Path) -> bool:
@@ -135,8 +142,12 @@ def _temp_owner(output: Path, entry: Path) -> tuple[str, str | None, int | None]
     for kind in _TEMP_KINDS:
         head = f".{output.name}.{kind}-"
         if entry.name.startswith(head):
-            m = re.fullmatch(r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[a-z0-9_]+", entry.name[len(head):])
-            return (kind, m["host"], int(m["pid"])) if m else (kind, None, None)
+            rest = entry.name[len(head):]
+            m = re.fullmatch(r"(?P<host>[A-Za-z0-9._]+)-(?P<pid>\d+)-[a-z0-9_]{8}", rest)
+            if m:
+                return kind, m["host"], int(m["pid"])
+            if kind == "building" and re.fullmatch(r"[a-z0-9_]{8}", rest):   # tempfile's suffix
+                return kind, None, None
     return None
 
 
@@ -165,12 +176,14 @@ def stale_temp_dirs(output: str | Path, max_age_s: float = STALE_AFTER_S) -> lis
         kind, host, pid = owner
         if kind == "old" and not output.exists():
             continue
-        dead = host == _HOST and pid is not None and pid != os.getpid() and not _alive(pid)
+        mine = host == _HOST and pid is not None
+        if mine and (pid == os.getpid() or _alive(pid)):
+            continue                                  # a live build on this host: never stale
         try:
             old = now - entry.stat().st_mtime > max_age_s
         except FileNotFoundError:
             continue
-        if dead or old:
+        if mine or old:                               # its process is gone, or age decides
             out.append(entry)
     return sorted(out)
 

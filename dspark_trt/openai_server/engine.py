@@ -88,6 +88,9 @@ class EngineThread:
         self._thread.join(timeout)
 
     def submit(self, handle: RequestHandle) -> None:
+        if self._stopping.is_set():                    # stopped, or the thread failed: answer now
+            handle.push(Rejected("the engine is not running"))
+            return
         self._commands.put(("submit", handle))
 
     def abort(self, handle: RequestHandle, reason: str = "abort") -> None:
@@ -109,13 +112,28 @@ class EngineThread:
 
     # ---- the engine thread -------------------------------------------------------------------
     def _run(self) -> None:
-        while not self._stopping.is_set():
-            self._drain_commands(block=not self.generator.has_work())
-            if self.generator.has_work():
-                self._step()
-            self._update_gauges()
-        for handle in list(self._handles.values()):
-            handle.push(Finished("abort", SpecStats(), "the server is shutting down"))
+        reason = "the server is shutting down"
+        try:
+            while not self._stopping.is_set():
+                self._drain_commands(block=not self.generator.has_work())
+                if self.generator.has_work():
+                    self._step()
+                self._update_gauges()
+        except Exception as e:                         # the thread ends: nobody may wait for it
+            log.exception("the engine thread failed")
+            reason = f"internal error in the engine: {type(e).__name__}: {e}"
+        finally:
+            self._stopping.set()
+            for handle in list(self._handles.values()):
+                handle.push(Finished("abort", SpecStats(), reason))
+            self._handles.clear()
+            while True:                                # requests queued but never admitted
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if command is not None and command[0] == "submit":
+                    command[1].push(Rejected(reason))
 
     def _drain_commands(self, block: bool) -> None:
         try:
@@ -147,8 +165,8 @@ class EngineThread:
 
     def _abort(self, handle: RequestHandle, reason: str) -> None:
         handle.abort_reason = reason
-        if handle.request_id is None or handle.request_id not in self._handles:
-            return                                     # not admitted yet, or already finished
+        if handle.request_id is None or self._handles.get(handle.request_id) is not handle:
+            return      # not admitted yet, finished, or from a generator replaced after a failed step
         seq = self.generator.abort(handle.request_id, reason)
         self._handles.pop(handle.request_id, None)
         self._update_gauges()                          # before the client can hear it finished

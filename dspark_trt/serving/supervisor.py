@@ -68,12 +68,17 @@ class Supervisor:
 
     # ---- the thread ---------------------------------------------------------------------------
     def _loop(self) -> None:
-        while not self._stop.wait(self.poll):
-            why = self._fault()
-            if why and not self._stop.is_set():
-                self._restart(why)
-            if self.failed.is_set():
-                return
+        """Watch until stopped; anything unexpected here gives up (``serve`` exits with the
+        reason) rather than leaving a server nobody watches."""
+        try:
+            while not self._stop.wait(self.poll):
+                why = self._fault()
+                if why and not self._stop.is_set():
+                    self._restart(why)
+                if self.failed.is_set():
+                    return
+        except Exception as e:           # e.g. OSError starting tritonserver or removing its shm
+            self._give_up(f"the supervisor failed: {type(e).__name__}: {e}")
 
     def _fault(self) -> str | None:
         proc = self.server.proc
@@ -130,7 +135,7 @@ class Supervisor:
         self.server.kill()
         try:
             seconds = self.server.start(timeout=self.ready_timeout, abort=self._stop)
-        except RuntimeError as e:
+        except (RuntimeError, OSError) as e:
             if self._stop.is_set():
                 return
             return self._give_up(f"{why}; the restart failed: {e}")

@@ -10,7 +10,7 @@ tiny probe package is built and loaded in a subprocess before the real networks.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -76,15 +76,22 @@ sys.exit(0 if bool((y == 2.5).all()) else 3)
 
 
 def _toolchain_stamp(cxx: str, device: torch.device) -> Path:
-    """Cache file that marks (compiler binary, torch, Triton, device) as checked."""
+    """Cache file that marks (compiler binary and what it runs, torch, Triton, device) as checked;
+    under ``$DSPARK_CACHE_DIR`` (default ``$XDG_CACHE_HOME/dspark_trt`` or ``~/.cache/dspark_trt``)."""
     exe = Path(shutil.which(cxx) or cxx).resolve()
     st = exe.stat()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    triton = importlib.util.find_spec("triton")
-    key = "|".join([str(exe), str(st.st_size), str(st.st_mtime_ns), torch.__version__, device.type, gpu,
-                    str(triton.origin if triton else None), sys.version])
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dspark_trt" / "toolchain"
-    return root / hashlib.sha256(key.encode()).hexdigest()[:24]
+    try:
+        triton = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    tools = [subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=30).stdout.strip()
+             for args in (["--version"], ["-print-prog-name=cc1plus"], ["-print-prog-name=ld"])]
+    key = "|".join([str(exe), str(st.st_size), str(st.st_mtime_ns), *tools, torch.__version__, device.type, gpu,
+                    str(triton), sys.version])
+    root = Path(os.environ.get("DSPARK_CACHE_DIR") or
+                Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dspark_trt")
+    return root / "toolchain" / hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
 def check_toolchain(cxx: str, device: torch.device) -> bool:
