@@ -79,10 +79,11 @@ def main() -> int:
     os.environ["OUT"] = str(OUT)
     builds = start("builds", [py, "benchmarks/build_gpu.py", "qwen3-8b-6layers", "v4-tiny", "--keep",
                               "--git-sha", SHA]) if wanted("builds") else None
-    tests = run("gpu_tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/", "-p", "no:cacheprovider"],
-                330, steps)
-    steps["gpu_tests"]["summary"] = next((ln for ln in reversed(tests.splitlines()) if " passed" in ln
-                                          or " failed" in ln), None)
+    if wanted("gpu_tests"):
+        tests = run("gpu_tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/", "-p", "no:cacheprovider"],
+                    330, steps)
+        steps["gpu_tests"]["summary"] = next((ln for ln in reversed(tests.splitlines()) if " passed" in ln
+                                              or " failed" in ln), None)
     if builds is not None:
         finish("builds", builds, 400, steps)
     for name in ("qwen3-8b-6layers", "v4-tiny"):
@@ -97,14 +98,15 @@ def main() -> int:
                               "1,16", "--hf", "none", "--gen-len", "64", "--time-budget-s", "120",
                               "--out-dir", str(OUT)], 120, steps)
         steps["bench"]["lines"] = [ln for ln in bench.splitlines() if ln.startswith("[bench] B=")]
-    gen = run("generate", [py, "-m", "dspark_trt.cli", "generate", "--max-new-tokens", "128", "--json"], 60, steps)
-    try:
-        g = json.loads(gen.strip().splitlines()[-1])
-        steps["generate"]["result"] = {**{k: g.get(k) for k in ("seconds", "prefill_seconds", "decode_seconds",
-                                                                 "warmup_seconds", "stats", "finish_reason")},
-                                       "tokens": len(g["output_ids"])}
-    except (json.JSONDecodeError, IndexError, KeyError):
-        pass
+    if wanted("generate"):
+        gen = run("generate", [py, "-m", "dspark_trt.cli", "generate", "--max-new-tokens", "128", "--json"], 60, steps)
+        try:
+            g = json.loads(gen.strip().splitlines()[-1])
+            steps["generate"]["result"] = {**{k: g.get(k) for k in ("seconds", "prefill_seconds", "decode_seconds",
+                                                                     "warmup_seconds", "stats", "finish_reason")},
+                                           "tokens": len(g["output_ids"])}
+        except (json.JSONDecodeError, IndexError, KeyError):
+            pass
     ok = all(s["exit"] == 0 for s in steps.values())
     report = {"git_sha": SHA, "ok": ok, "gpu": provenance.gpu_name(), "command": " ".join(sys.argv),
               "versions": provenance.versions(), "steps": steps}

@@ -72,3 +72,18 @@ def test_weight_loading_shows_progress_when_asked(tmp_path, monkeypatch, capsys)
     monkeypatch.setenv("DSPARK_PROGRESS", "0")
     read_tensors(tmp_path / "ckpt")
     assert "loading" not in capsys.readouterr().err
+
+
+def test_a_compiler_that_cannot_run_goes_to_the_probe_not_a_traceback(tmp_path, monkeypatch):
+    """No cache key for a compiler that cannot be asked its version: the probe runs (and its
+    BuildError names the problem) rather than an OSError from computing the key."""
+    from dspark_trt.builder.backends import BuildError, aoti
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path))
+    broken = tmp_path / "g++-not-executable"
+    broken.write_text("not a program")
+
+    def probe(cxx, device):
+        raise BuildError(f"AOTInductor cannot compile a probe network with CXX={cxx}")
+    monkeypatch.setattr(aoti, "_probe_toolchain", probe)
+    with pytest.raises(BuildError, match="g\\+\\+-not-executable"):
+        aoti.check_toolchain(str(broken), torch.device("cpu"))

@@ -183,18 +183,22 @@ def test_launches_compile_for_sm90(monkeypatch, op):
         assert k.metadata.shared <= SM90_MAX_SHARED, (kernel.__name__, kwargs, k.metadata.shared)
 
 
+def _float_launches(op: str, monkeypatch) -> list:
+    """The default launch of each of ``op``'s kernels that takes a Python-float argument."""
+    firsts = {}
+    for kernel, args, kwargs in globals()[f"_launches_{op}"](monkeypatch):
+        if any(isinstance(a, float) for a in args):
+            firsts.setdefault(kernel.__name__, (kernel, args, kwargs))
+    assert firsts, f"{op}: no launch with a float argument"
+    return list(firsts.values())
+
+
 @pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe"])
 def test_float_scalars_passed_as_fp64_compile(monkeypatch, op):
     """AOTInductor (Triton 3.6) passes Python-float arguments (scales, limits) as fp64: each kernel
     with a float argument casts it, so no fp64 reaches a loop-carried fp32 value. Uncast, the
     frontend fails ("Loop-carried variable m_i has initial type fp32 but is re-assigned to fp64")."""
-    launches = globals()[f"_launches_{op}"](monkeypatch)
-    firsts = {}
-    for kernel, args, kwargs in launches:        # the default launch of each kernel
-        if any(isinstance(a, float) for a in args):
-            firsts.setdefault(kernel.__name__, (kernel, args, kwargs))
-    assert firsts, f"{op}: no launch with a float argument"
-    for kernel, args, kwargs in firsts.values():
+    for kernel, args, kwargs in _float_launches(op, monkeypatch):
         k = compile_launch(kernel, args, kwargs, float_type="fp64")
         assert k.asm["ptx"].count(".entry") == 1
 
@@ -206,13 +210,7 @@ def test_float_scalars_passed_as_constants_compile(monkeypatch, op):
     generates its TTIR with Python-float arguments as plain Python floats: a kernel that calls a
     tensor method on one (``scale.to(...)``) fails there; torch only warns, assumes every input is
     mutated, and the package returns extra outputs (seen on the H200: 3 leaves for 1)."""
-    launches = globals()[f"_launches_{op}"](monkeypatch)
-    firsts = {}
-    for kernel, args, kwargs in launches:
-        if any(isinstance(a, float) for a in args):
-            firsts.setdefault(kernel.__name__, (kernel, args, kwargs))
-    assert firsts
-    for kernel, args, kwargs in firsts.values():
+    for kernel, args, kwargs in _float_launches(op, monkeypatch):
         floats = {n: a for n, a in zip(kernel.arg_names, args) if isinstance(a, float)}
         rest = [None if n in floats else a for n, a in zip(kernel.arg_names, args)]
         k = compile_launch(kernel, rest, {**kwargs, **floats})

@@ -12,13 +12,15 @@ import re
 import socket
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from dspark_trt.serving.gateway import HttpGateway
 from dspark_trt.serving.generate_body import INPUTS, BadRequest, check_generate_body
 from dspark_trt.serving.repository import TEMPLATES
+
+from http_stub import send_json, serve_in_thread
 
 
 # ---- the body check --------------------------------------------------------------------------------
@@ -103,16 +105,10 @@ class Upstream:
                     self.wfile.flush()
                     self.close_connection = True
                     return
-                data = json.dumps({"output_ids": 297, "acceptance_per_position": 0.25, "text_output": "é"}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, 200, {"output_ids": 297, "acceptance_per_position": 0.25, "text_output": "é"},
+                          "application/json")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = serve_in_thread(Handler)
 
     @property
     def address(self) -> str:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from dspark_trt.serving.probe import PROBE_PARAMETER, probe_model
 from dspark_trt.serving.supervisor import Supervisor
+
+from http_stub import send_json, serve_in_thread
 
 
 class ProbeEndpoint:
@@ -33,15 +35,9 @@ class ProbeEndpoint:
                     return
                 ok = ep.mode == "ok"
                 status, body = (200, {"output_ids": [7]}) if ok else (400, {"error": "Stub is not healthy"})
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.httpd = serve_in_thread(Handler)
         self.url = "http://127.0.0.1:%d" % self.httpd.server_address[1]
 
 

@@ -51,16 +51,21 @@ class Run:
 
 # ---- per-model steps -------------------------------------------------------------------------
 
-def train_target(run: Run, budget_s: float):
-    r, s = run.r, run.r.target
-    target = build_target(r, run.device, r.seed)
-    data, held = run.sampler(s, r.seed + 1), run.heldout(s)
-
+def target_lm_step(run: Run, target, data: WindowSampler) -> Callable[[], torch.Tensor]:
+    """One next-token loss of the target on a fresh batch of ``data`` (``run_training``'s step)."""
     def step():
         tokens = data.next()
         with run.amp():
             logits, _ = causal_lm_forward(target, tokens)
         return causal_lm_loss(logits, tokens)
+    return step
+
+
+def train_target(run: Run, budget_s: float):
+    r, s = run.r, run.r.target
+    target = build_target(r, run.device, r.seed)
+    data, held = run.sampler(s, r.seed + 1), run.heldout(s)
+    step = target_lm_step(run, target, data)
 
     @torch.no_grad()
     def evaluate():

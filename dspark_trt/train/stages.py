@@ -34,7 +34,7 @@ from .distill import DistillSampler, DistillSet, continue_prompts, cut_prompts
 from .loop import History, run_training
 from .modules import build_ar_draft, build_block_draft, build_target
 from .objective import LossWeights, ar_draft_loss, block_loss, causal_lm_loss, sample_masked_anchors
-from .pipeline import Run
+from .pipeline import Run, target_lm_step
 from .recipe import TrainRecipe
 from .sources import MANIFEST, Manifest, default_roots, load_or_scan, read_texts
 from .tokenizer import tokenizer_sha256, train_tokenizer
@@ -161,12 +161,7 @@ def stage_target(rd: RunDir, run: Run, roots, deadline: float) -> dict:
     target = build_target(r, run.device, r.seed)
     data = WindowSampler(train, s.seq_len, s.batch_size, r.seed + 1, run.device)
     held_w = fixed_windows(held, s.seq_len, r.target_eval_windows).to(run.device)
-
-    def step():
-        tokens = data.next()
-        with run.amp():
-            logits, _ = causal_lm_forward(target, tokens)
-        return causal_lm_loss(logits, tokens)
+    step = target_lm_step(run, target, data)
 
     @torch.no_grad()
     def evaluate():

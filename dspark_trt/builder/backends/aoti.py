@@ -75,18 +75,22 @@ sys.exit(0 if bool((y == 2.5).all()) else 3)
 """
 
 
-def _toolchain_stamp(cxx: str, device: torch.device) -> Path:
+def _toolchain_stamp(cxx: str, device: torch.device) -> Path | None:
     """Cache file that marks (compiler binary and what it runs, torch, Triton, device) as checked;
-    under ``$DSPARK_CACHE_DIR`` (default ``$XDG_CACHE_HOME/dspark_trt`` or ``~/.cache/dspark_trt``)."""
+    under ``$DSPARK_CACHE_DIR`` (default ``$XDG_CACHE_HOME/dspark_trt`` or ``~/.cache/dspark_trt``).
+    None when the compiler cannot even be asked its version (the probe then says what is wrong)."""
     exe = Path(shutil.which(cxx) or cxx).resolve()
-    st = exe.stat()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
     try:
         triton = importlib.metadata.version("triton")
     except importlib.metadata.PackageNotFoundError:
         triton = None
-    tools = [subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=30).stdout.strip()
-             for args in (["--version"], ["-print-prog-name=cc1plus"], ["-print-prog-name=ld"])]
+    try:
+        st = exe.stat()
+        tools = [subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=30).stdout.strip()
+                 for args in (["--version"], ["-print-prog-name=cc1plus"], ["-print-prog-name=ld"])]
+    except (OSError, subprocess.SubprocessError):
+        return None
     key = "|".join([str(exe), str(st.st_size), str(st.st_mtime_ns), *tools, torch.__version__, device.type, gpu,
                     str(triton), sys.version])
     root = Path(os.environ.get("DSPARK_CACHE_DIR") or
@@ -98,14 +102,15 @@ def check_toolchain(cxx: str, device: torch.device) -> bool:
     """Build a tiny package with ``cxx`` and load + run it in a subprocess (a crash stays there).
     Returns True if the same compiler, torch, Triton and device passed before (cached; no build)."""
     stamp = _toolchain_stamp(cxx, device)
-    if stamp.exists():
+    if stamp is not None and stamp.exists():
         return True
     _probe_toolchain(cxx, device)
-    try:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(f"{cxx} passed the AOTI probe\n")
-    except OSError:                       # a read-only home: check again next time
-        pass
+    if stamp is not None:
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(f"{cxx} passed the AOTI probe\n")
+        except OSError:                   # a read-only home: check again next time
+            pass
     return False
 
 
