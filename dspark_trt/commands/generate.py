@@ -1,6 +1,7 @@
 """``dspark-trt generate``: prompt in, text and acceptance statistics out."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -8,6 +9,7 @@ from .common import add_model_args, cpu_dtype_note, load_llm
 from .request_args import check_generate_args
 
 DEFAULT_PROMPT, DEFAULT_IDS = "def fibonacci(n):", [1, 2, 3, 4]
+WARMUP_TOKENS = 16          # a few rounds: the prefill, the decode steps and their graphs, compiled once
 
 
 def add_parser(sub) -> None:
@@ -47,7 +49,8 @@ def run(args) -> int:
     speculative = not args.no_speculative
     warmup = None
     if llm.device.type == "cuda" and not args.no_warmup:
-        warmup = _timed(llm, prompt, sp, speculative)["seconds"]
+        short = dataclasses.replace(sp, max_new_tokens=min(sp.max_new_tokens, WARMUP_TOKENS))
+        warmup = _timed(llm, prompt, short, speculative)["seconds"]      # every kernel and graph once
         print(f"[dspark-trt] warm-up {warmup:.2f} s (Triton JIT compilation and CUDA-graph capture; "
               f"CUDA graphs {'off: ' + llm.graphs_skipped if llm.graphs_skipped else 'on'})")
     run = _timed(llm, prompt, sp, speculative)
