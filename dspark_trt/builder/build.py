@@ -412,7 +412,7 @@ def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, rep
     inline = ops_to_inline(device)
     every_op = set(reference_impls())
     try:
-        _export_and_compile(specs, device, tmp, manifest, prog, sub, cxx, inline, {})
+        _export_and_compile(specs, device, tmp, manifest, prog, sub, cxx, inline)
     except Exception as e:
         if inline >= every_op:
             raise
@@ -426,8 +426,7 @@ def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, rep
                "--allow-reference-ops: compiling every dspark op from its PyTorch reference")
         manifest["networks"].clear()
         _export_and_compile(specs, device, tmp, manifest, prog, sub, cxx, every_op,
-                            {op: f"--allow-reference-ops after a kernel build failure ({why})"
-                             for op in every_op})
+                            reason=f"--allow-reference-ops after a kernel build failure ({why})")
     ops = {}
     for net in manifest["networks"].values():
         ops.update(net["ops"])
@@ -439,7 +438,9 @@ def _build_aoti(o, specs, device, tmp: Path, manifest: dict, prog: Progress, rep
 
 
 def _export_and_compile(specs, device, tmp: Path, manifest: dict, prog: Progress, sub: str, cxx: str,
-                        inline: set[str], reasons: dict[str, str]) -> None:
+                        inline: set[str], reason: str | None = None) -> None:
+    """Export and compile every network with the ops in ``inline`` as references (``reason``:
+    why, for all of them; else each op's own); weights once; packages checked to load."""
     from .backends import aoti
     programs, used = {}, {}
     for spec in specs:
@@ -453,7 +454,7 @@ def _export_and_compile(specs, device, tmp: Path, manifest: dict, prog: Progress
             "file": f"{sub}{spec.name}.pt2", "inputs": spec.input_names + ["caches"],
             "outputs": spec.output_names, "cache_group": spec.cache_group, "constants": maps[spec.name],
             "ops": {op: "triton kernel" if how == "kernel" else
-                    f"pytorch reference: {reasons.get(op) or reference_reason(op, device)}"
+                    f"pytorch reference: {reason or reference_reason(op, device)}"
                     for op, how in used[spec.name].items()}}
     with prog.stage("save weights"):
         save_weights(weights, tmp / f"{sub}{WEIGHTS}")
