@@ -163,6 +163,12 @@ def draft_flips(got: dict, want: dict) -> dict:
             "first_flip_eager_top2_margin": margins, "first_flip_max_abs_z_diff": diffs}
 
 
+def ops_as_references(manifest: dict) -> list[str]:
+    """The dspark ops that some network of the engine runs as PyTorch references."""
+    return sorted({op for spec in manifest["networks"].values()
+                   for op, how in spec.get("ops", {}).items() if how != "triton kernel"})
+
+
 def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dict:
     device = torch.device("cuda")
     nets = EngineNetworks(engine_dir, device=device, max_batch_size=B, max_seq_len=opts.max_seq_len)
@@ -201,8 +207,7 @@ def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dic
            "verify_argmax_equal_fraction": argmax_eq("verify_logits"),
            "argmax_flips_beyond_rounding": clear_flips("prefill_logits") + clear_flips("verify_logits"),
            "draft_flips": draft_flips(got, want),
-           "ops_as_references": sorted({op for spec in nets.manifest["networks"].values()
-                                        for op, how in spec.get("ops", {}).items() if how != "triton kernel"}),
+           "ops_as_references": ops_as_references(nets.manifest),
            "draft_step_ms_engine": time_ms(got["draft_step"]),
            "draft_step_ms_eager": time_ms(want["draft_step"])}
     print(json.dumps(out, indent=2), flush=True)
@@ -371,8 +376,7 @@ def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
         record["engine_load_seconds"] = round(time.perf_counter() - t0, 1)
         record["engine_bytes"] = sum(f["bytes"] for f in nets.manifest["files"].values())
         record["engine"], outs = v4_latencies(nets)
-        record["ops_as_references"] = sorted({op for spec in nets.manifest["networks"].values()
-                                             for op, how in spec.get("ops", {}).items() if how != "triton kernel"})
+        record["ops_as_references"] = ops_as_references(nets.manifest)
         torch.save({B: {k: outs[B][k].cpu() for k in ("drafts", "z")} for B in V4_BATCHES}, outputs)
         save(V4, record)
         del nets, outs
