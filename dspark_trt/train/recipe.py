@@ -173,7 +173,7 @@ def _staged_h200() -> TrainRecipe:
         num_kv_heads=4, head_dim=64, intermediate_size=1408, tap_layer_ids=[1, 3, 4],
         draft_layers=2, block_size=7, markov_rank=64, ar_layers=1,
         target=Schedule(budget_share=0.0, batch_size=64, seq_len=512, lr=1.5e-3, warmup=200,
-                        eval_points=40, minutes=5.5),
+                        eval_points=40, minutes=7.0),
         dspark=drafts, dflash=drafts, ar=drafts, drafts=drafts, minutes_budget=15.0,
         packages=DEFAULT_PACKAGES, distill=DistillSpec(), eval_windows=32, target_eval_windows=64)
 
