@@ -11,7 +11,8 @@
 # Finished stages are skipped, so repeating a call resumes where the last one stopped; TRAIN_ARGS
 # (e.g. "--draft-steps 1500") go to `dspark-trt train` (a stage already done with other values
 # is refused; the draft step count may change until the drafts stage has run). cache/
-# (token streams) is never packed; distill/ is packed but may be left behind: a missing output
+# (token streams) is never packed, nor the run-dir folders named in PACK_SKIP (e.g. "distill
+# dflash ar_draft", to keep what comes back under the 64 MiB a call returns); distill/ is packed but may be left behind: a missing output
 # re-runs its stage.
 # CPU smoke: OUT=/tmp/o RUN_DIR=/tmp/r PRESET=smoke DEVICE=cpu CORPUS="std=/path/to/dir" \
 #            ACCEPTANCE=0 bash benchmarks/train_gpu.sh
@@ -35,7 +36,9 @@ start=$(date +%s)
 pack() {
   local list
   list=$(mktemp)
-  (cd "$RUN_DIR" && find . -type f -newer "$MARK" ! -path './cache/*' | sort) > "$list"
+  local skip=(! -path './cache/*')
+  for d in ${PACK_SKIP:-}; do skip+=(! -path "./$d/*"); done
+  (cd "$RUN_DIR" && find . -type f -newer "$MARK" "${skip[@]}" | sort) > "$list"
   if [ -s "$list" ]; then
     tar -cf - -C "$RUN_DIR" -T "$list" | split -b "$PART_BYTES" - "$OUT/state.tar.part-"
   fi
