@@ -432,3 +432,18 @@ def test_scheduled_rounds_from_cuda_graphs_match_eager():
         out = graphed.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode=mode,
                                                        confidence_threshold=0.6))
         assert [o.output_ids for o in out] == [a.output_ids for a in ar], mode
+
+
+def test_bench_reports_each_verify_mode(tmp_path):
+    tdir, ddir = _head_checkpoints(tmp_path)
+    rc = main(["bench", "--checkpoint", str(tdir), "--draft-checkpoint", str(ddir), "--device", "cpu",
+               "--batch-sizes", "1,2", "--prompt-len", "8", "--gen-len", "8", "--iters", "1", "--hf", "none",
+               "--verify-modes", "fixed,threshold,scheduled", "--out-dir", str(tmp_path / "out")])
+    assert rc == 0
+    report = json.loads(next((tmp_path / "out").glob("bench-*.json")).read_text())
+    for B in ("1", "2"):
+        row = report["batch"][B]
+        for mode in ("threshold", "scheduled"):
+            e2e = row[f"speculative_{mode}"]
+            assert e2e["decode_tokens_per_s"] > 0 and 1 <= e2e["verified_per_round"] <= 5
+            assert e2e["output_ids_row0"] == row["speculative"]["output_ids_row0"]   # greedy: lossless

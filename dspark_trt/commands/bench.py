@@ -63,6 +63,9 @@ def add_parser(sub) -> None:
                    help="skip remaining batch sizes past this wall time (HF peer gets its reserve)")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verify-modes", default="fixed",
+                   help="end-to-end speculative runs per verify mode (fixed,threshold,scheduled; "
+                        "the last two need a confidence head): 'speculative_<mode>' in the JSON")
     p.add_argument("--cost-curve", action="store_true",
                    help="only measure the verify cost curve (verify-step latency vs total verified "
                         "tokens, for --batch-sizes x widths 1..N+1) of the confidence scheduler and "
@@ -197,11 +200,12 @@ def run_cost_curve(llm, args, sizes: list[int]) -> int:
     return 0
 
 
-def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool) -> dict:
+def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool,
+               verify_mode: str = "fixed") -> dict:
     """Greedy decoding of ``prompts`` [B, T]; decode throughput excludes the prefill step."""
     from ..runtime import SamplingParams
     gen = llm.generator(speculative)
-    sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True)
+    sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=verify_mode)
     seqs = [gen.add_request(p.tolist(), sp) for p in prompts]
     gen.step()                                   # admission + prefill (+ first token)
     if llm.device.type == "cuda":
@@ -215,6 +219,8 @@ def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool) -> dic
     committed = [c for s in seqs for c in s.stats.committed]
     return {"decode_tokens_per_s": tokens / dt, "rounds": rounds, "round_ms": dt / max(rounds, 1) * 1e3,
             "tau": sum(committed) / len(committed) if committed else None,
+            "verified_per_round": (sum(p for s in seqs for p in s.stats.proposed) / len(committed) + 1
+                                   if committed else None),
             "output_ids_row0": seqs[0].output_ids}
 
 
@@ -351,6 +357,13 @@ def run(args) -> int:
             row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
         spec, ar = end_to_end(llm, prompts, args.gen_len, True), end_to_end(llm, prompts, args.gen_len, False)
         row["speculative"], row["autoregressive"] = spec, ar
+        for mode in [m.strip() for m in args.verify_modes.split(",") if m.strip() not in ("", "fixed")]:
+            row[f"speculative_{mode}"] = e2e = end_to_end(llm, prompts, args.gen_len, True, mode)
+            e2e["speedup_vs_fixed"] = e2e["decode_tokens_per_s"] / spec["decode_tokens_per_s"]
+            e2e["speedup_vs_autoregressive"] = e2e["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
+            print(f"[bench] B={B:3d} {mode}: {e2e['decode_tokens_per_s']:.0f} tok/s "
+                  f"(x{e2e['speedup_vs_fixed']:.2f} fixed N), {e2e['verified_per_round']:.2f} verified "
+                  f"per round, tau {e2e['tau']:.2f}", flush=True)
         row["spec_host_overhead"] = 1 - (row["draft_step_ms"] + row["verify_step_ms"]) / spec["round_ms"]
         row["ar_host_overhead"] = 1 - row["ar_step_ms"] / ar["round_ms"]
         row["speedup_measured"] = spec["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
