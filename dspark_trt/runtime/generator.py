@@ -253,7 +253,9 @@ class Generator:
             s.stats.record(a, len(new), lims[i])
             if conf is not None:
                 n = s.stats.proposed[-1]          # verified drafts (cut at a stop token / the limit)
-                s.confidence = (s.confidence or []) + [(conf[i].tolist(), n, s.stats.accepted[-1])]
+                if s.confidence is None:
+                    s.confidence = []
+                s.confidence.append((conf[i].tolist(), n, s.stats.accepted[-1]))
             s.anchor, s.position = t, s.position + a + 1
 
     # ---- convenience ---------------------------------------------------------------------------
