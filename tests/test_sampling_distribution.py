@@ -102,3 +102,33 @@ def test_broken_verifier_is_detected(llm, monkeypatch):
     monkeypatch.setattr(llm.networks, "verify", accept_all)
     pvals = marginal_pvalues(sample_tokens(llm), law)
     assert min(pvals.values()) < ALPHA, pvals
+
+
+@pytest.fixture(scope="module")
+def llm_conf():
+    """The same pair with a confidence head whose confidences spread over (0, 1), and a cost curve
+    (latency = 3000 + verified tokens) under which a batch of M rows admits about half the drafts."""
+    from dspark_trt.runtime.confidence import CostCurve
+    pair = tiny_pair(vocab=V, hidden=16, layers=2, heads=2, kv_heads=1, block=3, rank=4, taps=(0,))
+    pair.draft.enable_confidence_head = True
+    target, draft = build_models(pair, torch.float64, "cpu", seed=5)
+    scale_weights_(target, 3.0)
+    with torch.no_grad():
+        draft.confidence_head.proj.weight.mul_(4.0)
+        draft.confidence_head.proj.bias.fill_(2.0)
+    return LLM(pair, target, draft, max_batch_size=M, max_seq_len=16, page_size=16,
+               verify_cost=CostCurve([1, 12000], [3001.0, 15000.0], "test"))
+
+
+@pytest.mark.parametrize("mode", ["scheduled", "threshold"])
+def test_confidence_modes_sample_the_target_distribution(llm_conf, mode):
+    """Verifying only an admitted prefix (Algorithm 1 across the batch, or the per-step threshold)
+    keeps every token's law the target's; the rounds did verify varying numbers of drafts."""
+    law = exact_law(llm_conf)
+    gen = Generator(llm_conf.networks, M, llm_conf.max_seq_len, V, steps=llm_conf.steps)
+    outs = gen.run([(PROMPT, SamplingParams(temperature=T, seed=s, max_new_tokens=3, verify_mode=mode,
+                                            confidence_threshold=0.6)) for s in range(M)])
+    proposed = [p for o in outs for p in o.stats.proposed]
+    assert {0, 2, 3} <= set(proposed), sorted(set(proposed))
+    pvals = marginal_pvalues(np.array([o.output_ids for o in outs]), law)
+    assert min(pvals.values()) > ALPHA, pvals

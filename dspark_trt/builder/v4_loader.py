@@ -4,7 +4,8 @@
 * Draft: ``mtp.{s}.*`` (read from ``draft_dir``, which may be the target directory itself):
   head-level names (``main_proj.``, ``main_norm.``, ``norm.``, ``hc_head_*``, ``markov_head.``)
   go to the draft module whatever the stage, everything else to stage ``layers.{s}.``;
-  ``confidence_head.*`` is accepted and ignored.
+  ``confidence_head.proj.weight`` ([1, d + r], no bias, on the pre-norm ``hc_head`` output) is
+  loaded from any stage (the release has it on the last, some loaders put it on ``mtp.0``).
 * ``.scale`` is aliased to ``.weight_scale`` for fp4 routed experts (MXFP4, per-32 scales) and to
   ``.weight_scale_inv`` everywhere else (128x128 block fp8); a weight with a scale is dequantised
   to the model dtype (reference path). ``hc_{attn,ffn,head}_{fn,base,scale}`` map onto the
@@ -41,7 +42,7 @@ def remap_name(name: str, expert_dtype: str = "fp4") -> tuple[str, str] | None:
     else:
         stage, rest = m.groups()
         if rest.startswith("confidence_head."):
-            return None
+            return "draft", rest
         side = "draft"
         if not rest.startswith(HEAD_LEVEL):
             rest = f"layers.{stage}.{rest}"
@@ -124,7 +125,13 @@ def load_v4_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dty
     target, draft = build_models(pair, dtype=dtype, device=device, num_spec_tokens=num_spec_tokens)
     ed = pair.target.expert_dtype
     _load(target, _collect(target_dir, "target", ed))
-    _load(draft, _collect(draft_dir, "draft", ed), skip_prefixes=("embed.", "head."))
+    tensors = _collect(draft_dir, "draft", ed)
+    if any(n.startswith("confidence_head.") for n in tensors) and draft.confidence_head is None:
+        if draft.markov_head is None:
+            raise CheckpointError(f"draft {draft_dir} ships confidence_head.* but has no Markov head "
+                                  f"(dspark_markov_rank 0)")
+        draft.add_confidence_head()
+    _load(draft, tensors, skip_prefixes=("embed.", "head."))
     return pair, target, draft
 
 

@@ -63,6 +63,16 @@ def add_parser(sub) -> None:
                    help="skip remaining batch sizes past this wall time (HF peer gets its reserve)")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verify-modes", default="fixed",
+                   help="end-to-end speculative runs per verify mode (fixed,threshold,scheduled; "
+                        "the last two need a confidence head): 'speculative_<mode>' in the JSON")
+    p.add_argument("--cost-curve", action="store_true",
+                   help="only measure the verify cost curve (verify-step latency vs total verified "
+                        "tokens, for --batch-sizes x widths 1..N+1) of the confidence scheduler and "
+                        "write verify_cost.json (to --cost-curve-out)")
+    p.add_argument("--cost-curve-out", default=None,
+                   help="directory for verify_cost.json (default: the draft checkpoint or engine "
+                        "directory)")
     p.set_defaults(func=run)
 
 
@@ -136,11 +146,66 @@ def step_latencies(llm, r, iters: int) -> dict:
     return out
 
 
-def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool) -> dict:
+def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
+    """Verify-step latency (target over [B, w] + acceptance; graph replays on CUDA) for every
+    batch size B of ``sizes`` (rows of ``r``) and width w = 1 .. N+1 -> ``CostCurve`` points:
+    total tokens B * w, latency made non-decreasing in tokens (the smallest latency measured at
+    that many tokens or more)."""
+    from ..runtime.cuda_graphs import CapturedGraph, GraphedSteps
+    from ..runtime.steps import DeviceInputs
+    steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
+    eager = steps.steps if isinstance(steps, GraphedSteps) else steps
+    cuda = nets.device.type == "cuda"
+    x_all = DeviceInputs.from_host(r, nets.device)
+    drafts_all, z_all = eager.draft_step(x_all)
+    points = {}
+    for B in sorted(sizes):
+        x = DeviceInputs(*(getattr(x_all, f)[:B] for f in ("anchor", "start", "seed", "temperature",
+                                                            "top_p", "table")))
+        for w in range(1, N + 1):
+            d, z = drafts_all[:B, :w].contiguous(), z_all[:B, :w].contiguous()
+            fn = lambda: eager.verify_step(x, d, z, False)  # noqa: E731
+            if isinstance(steps, GraphedSteps):
+                fn = CapturedGraph(fn, steps.pool, steps.backend, steps.capture_stream).launch
+            ms = time_ms(fn, iters, cuda)
+            points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
+    tokens = sorted(points)
+    lat = [points[t] for t in tokens]
+    for i in range(len(lat) - 2, -1, -1):            # non-decreasing: min over >= this many tokens
+        lat[i] = min(lat[i], lat[i + 1])
+    return {"tokens": tokens, "latency_ms": lat}
+
+
+def run_cost_curve(llm, args, sizes: list[int]) -> int:
+    from ..runtime.confidence import CostCurve
+    prompts = make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
+    gen = llm.generator()
+    seqs = [gen.add_request(p.tolist(), _greedy(args.gen_len)) for p in prompts]
+    gen.step()                                                       # prefill: a real context
+    pts = cost_curve(llm, gen._round_inputs(seqs), sizes, args.iters)
+    for s in seqs:
+        gen.abort(s.request_id)
+    device = torch.cuda.get_device_name() if llm.device.type == "cuda" else "cpu"
+    curve = CostCurve(pts["tokens"], pts["latency_ms"],
+                      f"dspark-trt bench --cost-curve, {device}, {provenance.git_sha()}, "
+                      f"batch sizes {sizes}, N={llm.networks.num_spec_tokens}")
+    out = args.cost_curve_out or args.draft_checkpoint or args.engine
+    for t, ms in zip(curve.tokens, curve.latency_ms):
+        print(f"[bench] verify {t:5d} tokens: {ms:.3f} ms")
+    if out and llm.tp_rank == 0:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        print(f"[bench] wrote {curve.save(out)}")
+    else:
+        print("[bench] cost curve not written (no --cost-curve-out and no checkpoint / engine directory)")
+    return 0
+
+
+def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool,
+               verify_mode: str = "fixed") -> dict:
     """Greedy decoding of ``prompts`` [B, T]; decode throughput excludes the prefill step."""
     from ..runtime import SamplingParams
     gen = llm.generator(speculative)
-    sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True)
+    sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=verify_mode)
     seqs = [gen.add_request(p.tolist(), sp) for p in prompts]
     gen.step()                                   # admission + prefill (+ first token)
     if llm.device.type == "cuda":
@@ -154,6 +219,8 @@ def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool) -> dic
     committed = [c for s in seqs for c in s.stats.committed]
     return {"decode_tokens_per_s": tokens / dt, "rounds": rounds, "round_ms": dt / max(rounds, 1) * 1e3,
             "tau": sum(committed) / len(committed) if committed else None,
+            "verified_per_round": (sum(p for s in seqs for p in s.stats.proposed) / len(committed) + 1
+                                   if committed else None),
             "output_ids_row0": seqs[0].output_ids}
 
 
@@ -260,6 +327,8 @@ def run(args) -> int:
     cuda = llm.device.type == "cuda"
     t_load = time.perf_counter() - t_start
     print(f"[bench] model ready in {t_load:.1f} s; graphs: {llm.graphs_skipped or 'on'}")
+    if args.cost_curve:
+        return run_cost_curve(llm, args, sizes)
 
     t0 = time.perf_counter()
     for spec in (True, False):
@@ -288,6 +357,13 @@ def run(args) -> int:
             row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
         spec, ar = end_to_end(llm, prompts, args.gen_len, True), end_to_end(llm, prompts, args.gen_len, False)
         row["speculative"], row["autoregressive"] = spec, ar
+        for mode in [m.strip() for m in args.verify_modes.split(",") if m.strip() not in ("", "fixed")]:
+            row[f"speculative_{mode}"] = e2e = end_to_end(llm, prompts, args.gen_len, True, mode)
+            e2e["speedup_vs_fixed"] = e2e["decode_tokens_per_s"] / spec["decode_tokens_per_s"]
+            e2e["speedup_vs_autoregressive"] = e2e["decode_tokens_per_s"] / ar["decode_tokens_per_s"]
+            print(f"[bench] B={B:3d} {mode}: {e2e['decode_tokens_per_s']:.0f} tok/s "
+                  f"(x{e2e['speedup_vs_fixed']:.2f} fixed N), {e2e['verified_per_round']:.2f} verified "
+                  f"per round, tau {e2e['tau']:.2f}", flush=True)
         row["spec_host_overhead"] = 1 - (row["draft_step_ms"] + row["verify_step_ms"]) / spec["round_ms"]
         row["ar_host_overhead"] = 1 - row["ar_step_ms"] / ar["round_ms"]
         row["speedup_measured"] = spec["decode_tokens_per_s"] / ar["decode_tokens_per_s"]

@@ -23,6 +23,11 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-speculative", action="store_true", help="plain autoregressive decoding")
+    p.add_argument("--verify-mode", choices=["fixed", "threshold", "scheduled"], default="fixed",
+                   help="drafts verified per round: fixed (all N), threshold (before the first "
+                        "confidence below --confidence-threshold), scheduled (load-aware, paper "
+                        "Algorithm 1); the last two need a draft with a confidence head")
+    p.add_argument("--confidence-threshold", type=float, default=0.5)
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto",
                    help="replay the decode steps from CUDA graphs (auto: on for CUDA)")
     p.add_argument("--no-warmup", action="store_true",
@@ -34,7 +39,8 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from ..runtime.sampling_params import SamplingParams
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p,
-                        max_new_tokens=args.max_new_tokens, seed=args.seed)
+                        max_new_tokens=args.max_new_tokens, seed=args.seed,
+                        verify_mode=args.verify_mode, confidence_threshold=args.confidence_threshold)
     prompt = check_generate_args(args, sp)          # before anything loads
     llm = load_llm(args)
     if args.dtype is None and not args.engine and llm.device.type == "cpu":

@@ -5,10 +5,14 @@
 * ``block``: N tokens ``[anchor, mask × (N-1)]`` at positions ``P .. P+N-1`` run through the draft
   layers; every query sees the whole context and the whole block (non-causal), then
   ``U = lm_head(norm(h))`` with the target's frozen head.
-* ``forward`` (the draft_block network): block + Markov sampler -> drafts [B, N], logits z [B, N, V].
+* ``forward`` (the draft_block network): block + Markov sampler -> drafts [B, N], logits z [B, N, V];
+  with ``with_confidence`` also the confidence logits [B, N] of the confidence head (paper eq. 7):
+  ``c_k = sigmoid(proj([h_k ; W1[x_{k-1}]]))`` on the post-norm hidden h_k and the Markov head's
+  embedding of the previous sampled token (the anchor for k = 0), computed in the same forward.
 
 Parameter names equal the published DSpark checkpoint names (``fc.weight``, ``layers.0...``,
-``markov_head.markov_w1.weight``); ``embed_tokens``/``lm_head`` are the target's modules.
+``markov_head.markov_w1.weight``, ``confidence_head.proj.{weight,bias}``); ``embed_tokens``/``lm_head``
+are the target's modules.
 """
 from __future__ import annotations
 
@@ -41,6 +45,40 @@ def markov_weights(head: MarkovHead | None, vocab_size: int, like: Tensor) -> tu
         w = like.new_zeros(vocab_size, 0)
         return w, w
     return head.markov_w1.weight, head.markov_w2.weight
+
+
+class ConfidenceHead(nn.Module):
+    """DeepSpec's confidence head: ``proj`` [1, d + r] on ``[h_k ; W1[x_{k-1}]]`` (bias: Qwen3 yes,
+    DeepSeek-V4 no). ``forward`` returns the logit; ``c_k = sigmoid(logit)`` (calibrated:
+    ``sigmoid(logit / T_k)``, ``runtime/confidence.py``)."""
+
+    def __init__(self, in_features: int, bias: bool = True):
+        super().__init__()
+        self.proj = nn.Linear(in_features, 1, bias=bias)
+
+    def forward(self, h: Tensor, w1_prev: Tensor) -> Tensor:
+        """h [..., d], w1_prev [..., r] -> confidence logits [...] float32."""
+        x = torch.cat([h, w1_prev.to(h.dtype)], -1)
+        return self.proj(x.to(self.proj.weight.dtype)).squeeze(-1).float()
+
+
+def confidence_logits(head: ConfidenceHead, markov: MarkovHead, h: Tensor, anchor: Tensor,
+                      drafts: Tensor) -> Tensor:
+    """Confidence logits [B, N] of a sampled block: row k uses h_k and W1[x_{k-1}] (x_{-1} = anchor);
+    inert rows (anchor < 0) get -inf (c = 0)."""
+    prev = torch.cat([anchor[:, None], drafts[:, :-1]], 1).clamp(min=0)
+    c = head(h, markov.markov_w1(prev))
+    return torch.where((anchor >= 0)[:, None], c, float("-inf"))
+
+
+def check_confidence_head(head: ConfidenceHead, d: int, r: int, bias: bool, where: str) -> None:
+    """A head of the published shape: proj [1, d + r] (+ bias [1] when ``bias``)."""
+    w = tuple(head.proj.weight.shape)
+    if w != (1, d + r):
+        raise ValueError(f"{where}: confidence_head.proj.weight has shape {w}, expected (1, {d + r}) "
+                         f"(hidden {d} + markov rank {r})")
+    if bias != (head.proj.bias is not None):
+        raise ValueError(f"{where}: confidence_head.proj.bias is {'missing' if bias else 'unexpected'}")
 
 
 MARKOV_SAMPLERS = ("exact", "topk")
@@ -84,6 +122,19 @@ class DSparkQwen3Draft(nn.Module):
         self.layers = nn.ModuleList(Qwen3DecoderLayer(lc) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(d, lc.rms_norm_eps)
         self.markov_head = MarkovHead(lc.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
+        self.confidence_head = None
+        if cfg.enable_confidence_head and cfg.markov_rank:
+            self.add_confidence_head()
+
+    def add_confidence_head(self) -> ConfidenceHead:
+        """Attach a (randomly initialised) head: ``proj`` [1, d + r] with bias. Needs a Markov head."""
+        if self.markov_head is None:
+            raise ValueError("a confidence head needs the Markov head (markov_rank > 0): its input "
+                             "is [h_k ; W1[x_{k-1}]]")
+        p = self.fc.weight
+        d, r = self.config.backbone.hidden_size, self.config.markov_rank
+        self.confidence_head = ConfidenceHead(d + r, bias=True).to(device=p.device, dtype=p.dtype)
+        return self.confidence_head
 
     def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
         c = self.config.layer_config()              # this rank's KV heads only
@@ -104,6 +155,10 @@ class DSparkQwen3Draft(nn.Module):
 
     def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
         """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1)."""
+        return self.lm_head(self.block_hidden(anchor, start, block_table, cache))
+
+    def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
+        """The post-norm hidden states h [B, N, d] of the block (``U = lm_head(h)``)."""
         B, N = anchor.shape[0], self.num_spec_tokens
         offs = torch.arange(N, device=anchor.device)
         mask = torch.full((B, N - 1), self.config.mask_token_id, dtype=anchor.dtype,
@@ -117,11 +172,16 @@ class DSparkQwen3Draft(nn.Module):
         cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache["k"][i], cache["v"][i], block_table, positions, kv_limit)
-        return self.lm_head(self.norm(x))
+        return self.norm(x)
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
-                seed: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
-        """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]."""
-        U = self.block(anchor, start, block_table, cache)
+                seed: Tensor, cache: dict, with_confidence: bool = False):
+        """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
+        (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``)."""
+        h = self.block_hidden(anchor, start, block_table, cache)
+        U = self.lm_head(h)
         w1, w2 = self.markov_weights()
-        return markov_sampler_op(self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = markov_sampler_op(self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
+        if not with_confidence:
+            return drafts, z
+        return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

@@ -7,7 +7,10 @@
   run through the SWA-only stages (``V4Block`` with ratio 0, score-routed MoE). Every query
   attends to the same non-causal list ``[max(P - W, 0), P + N)`` built by
   ``dspark::noncausal_swa_indices``; then ``U = head(norm(hc_head(x)))`` with the target's head.
-* ``forward`` (draft_block network): block + ``dspark::markov_sample`` -> drafts, logits z.
+* ``forward`` (draft_block network): block + ``dspark::markov_sample`` -> drafts, logits z (+ the
+  confidence logits with ``with_confidence``: ``proj`` [1, d + r], no bias, on the pre-norm
+  ``hc_head`` output concatenated with ``W1[x_{k-1}]``; checkpoint name
+  ``mtp.{s}.confidence_head.proj.weight``, any stage).
 
 Names follow vLLM's remap of the checkpoint's ``mtp.{s}.*``: stages are ``layers.{s}.*``; head-
 level tensors (``main_proj``, ``main_norm``, ``norm``, ``hc_head``, ``markov_head``) sit on the
@@ -22,7 +25,7 @@ from .. import plugins
 from ..config_v4 import DSparkV4Config
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
-from .dspark_qwen3 import MarkovHead, markov_sampler_op, markov_weights
+from .dspark_qwen3 import ConfidenceHead, MarkovHead, confidence_logits, markov_sampler_op, markov_weights
 from .layers import RMSNorm
 from .v4_hc import HyperHead
 from .v4_layers import check_rows, same_rows
@@ -45,6 +48,16 @@ class DSparkV4Draft(nn.Module):
         self.hc_head = HyperHead(b.hc_mult, d, b.hc_eps, b.rms_norm_eps)
         self.norm = RMSNorm(d, b.rms_norm_eps)
         self.markov_head = MarkovHead(b.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
+        self.confidence_head = None           # attached by the loader when the checkpoint has one
+
+    def add_confidence_head(self) -> ConfidenceHead:
+        """Attach a head ``proj`` [1, d + r] without bias (DeepSeek-V4). Needs a Markov head."""
+        if self.markov_head is None:
+            raise ValueError("a confidence head needs the Markov head (markov_rank > 0)")
+        p = self.main_proj.weight
+        d, r = self.config.backbone.hidden_size, self.config.markov_rank
+        self.confidence_head = ConfidenceHead(d + r, bias=False).to(device=p.device, dtype=p.dtype)
+        return self.confidence_head
 
     def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
         return {"layers": [s.attn.make_cache(num_pages, page_size, dtype, device) for s in self.layers]}
@@ -65,6 +78,10 @@ class DSparkV4Draft(nn.Module):
 
     def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
         """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1)."""
+        return self.head(self.norm(self.block_hidden(anchor, start, block_table, cache)))
+
+    def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
+        """The pre-norm ``hc_head`` output h [B, N, d] (``U = head(norm(h))``)."""
         check_rows(block_table, anchor=anchor, start=start)
         start = same_rows(anchor, start)
         B, N = anchor.shape[0], self.num_spec_tokens
@@ -83,11 +100,16 @@ class DSparkV4Draft(nn.Module):
         x = x[:, :, None, :].expand(-1, -1, b.hc_mult, -1).contiguous()         # [B, N, hc, d]
         for s, stage in enumerate(self.layers):
             x = stage(x, tokens, positions, block_table, cache["layers"][s], idx)
-        return self.head(self.norm(self.hc_head(x)))
+        return self.hc_head(x)
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
-                seed: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
-        """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]."""
-        U = self.block(anchor, start, block_table, cache)
+                seed: Tensor, cache: dict, with_confidence: bool = False):
+        """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
+        (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``)."""
+        h = self.block_hidden(anchor, start, block_table, cache)
+        U = self.head(self.norm(h))
         w1, w2 = self.markov_weights()
-        return markov_sampler_op(self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = markov_sampler_op(self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
+        if not with_confidence:
+            return drafts, z
+        return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

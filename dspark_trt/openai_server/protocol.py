@@ -11,7 +11,7 @@ import json
 import numbers
 from dataclasses import dataclass, field
 
-from ..runtime.sampling_params import SamplingParams
+from ..runtime.sampling_params import VERIFY_MODES, SamplingParams
 from .errors import APIError
 
 # field -> its neutral value (accepted, ignored); any other value is refused as unsupported
@@ -24,7 +24,8 @@ NEUTRAL_UNSUPPORTED = {"top_k": (None, 0, -1), "min_p": (None, 0, 0.0),
                        "min_tokens": (None, 0)}
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 COMMON = {"model", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed", "stop",
-          "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "return_token_ids"}
+          "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "return_token_ids",
+          "verify_mode", "confidence_threshold"}      # the last two: dspark_trt's extension
 COMPLETION_FIELDS = COMMON | {"prompt"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "add_generation_prompt"}
 MAX_STOP_STRINGS = 16
@@ -122,10 +123,16 @@ def _common(body: dict, req: ParsedRequest) -> None:
             raise APIError("'stream_options.include_usage' must be a boolean", param="stream_options")
         req.include_usage = bool(include)
     req.return_token_ids = bool(_expect(body, "return_token_ids", lambda v: isinstance(v, bool), "a boolean"))
+    verify_mode = _expect(body, "verify_mode", lambda v: v in VERIFY_MODES,
+                          f"one of {', '.join(VERIFY_MODES)}")
+    threshold = _expect(body, "confidence_threshold", lambda v: _is_number(v) and 0 <= v <= 1,
+                        "a number in [0, 1]")
     req.stop = stop
     req.params = SamplingParams(temperature=float(0.0 if temperature is None else temperature),
                                 top_p=float(1.0 if top_p is None else top_p), seed=seed,
-                                stop_token_ids=list(stop_ids or []), ignore_eos=bool(ignore_eos))
+                                stop_token_ids=list(stop_ids or []), ignore_eos=bool(ignore_eos),
+                                verify_mode=verify_mode or "fixed",
+                                confidence_threshold=float(0.5 if threshold is None else threshold))
 
 
 def parse_completion(body: dict, served_name: str) -> ParsedRequest:

@@ -8,6 +8,11 @@ rows copies the host inputs into pinned staging (rows ``B..Bb`` inert: anchor / 
 does two H2D copies, launches the draft and verify graphs, one D2H copy of ``[B, 2 + N]`` int64,
 and synchronises once. Nothing is allocated on the device or in pinned memory per round.
 
+Confidence modes (``spec_round_admitted``): the draft graph with the confidence head ("draft_conf")
+runs, the admission (``confidence.admitted_lengths``) runs eagerly on its outputs into a static
+limit buffer, one small D2H copy gives the widest admitted proposal w, and the verify graph of
+(bucket, w) replays: verify graphs bucket on the verified width (w + 1 tokens per row).
+
 Capture uses cuda-python (``cuda.bindings.runtime``: cudaStreamBeginCapture on a non-default torch
 stream, cudaStreamEndCapture, cudaGraphInstantiate, cudaGraphLaunch on torch's current stream);
 torch's allocator is pointed at one private ``torch.cuda.MemPool`` during capture so the graphs'
@@ -216,6 +221,7 @@ class GraphedSteps:
         self.capture_stream = torch.cuda.Stream()
         self._buffers: dict[int, BucketBuffers] = {}
         self._graphs: dict[tuple, CapturedGraph] = {}
+        self._limits: dict[int, Tensor] = {}
 
     def bucket(self, B: int) -> int:
         for b in self.buckets:
@@ -228,17 +234,32 @@ class GraphedSteps:
             self._buffers[Bb] = BucketBuffers(Bb, self.max_pages, self.device)
         return self._buffers[Bb]
 
-    def graph(self, kind: str, Bb: int, use_top_p: bool = False) -> CapturedGraph:
-        """The graph ``kind`` in {"draft", "verify", "ar"} of bucket ``Bb`` (captured on first use)."""
-        key = (kind, Bb, use_top_p if kind != "draft" else False)
+    def limit_buffer(self, Bb: int) -> Tensor:
+        if Bb not in self._limits:
+            self._limits[Bb] = torch.zeros(Bb, dtype=torch.int64, device=self.device)
+        return self._limits[Bb]
+
+    def graph(self, kind: str, Bb: int, use_top_p: bool = False, width: int | None = None) -> CapturedGraph:
+        """The graph ``kind`` in {"draft", "draft_conf", "verify", "verify_limited", "ar"} of bucket
+        ``Bb`` (captured on first use); "verify_limited" verifies the first ``width`` drafts of the
+        "draft_conf" graph with the bucket's limit buffer."""
+        key = (kind, Bb, use_top_p if kind not in ("draft", "draft_conf") else False, width)
         if key in self._graphs:
             return self._graphs[key]
         x = self.buffers(Bb).inputs
         if kind == "draft":
             fn = lambda: self.steps.draft_step(x)  # noqa: E731
+        elif kind == "draft_conf":
+            fn = lambda: self.steps.draft_step_confidence(x)  # noqa: E731
         elif kind == "verify":
             drafts, z = self.graph("draft", Bb).outputs
             fn = lambda: self.steps.verify_step(x, drafts, z, use_top_p)  # noqa: E731
+        elif kind == "verify_limited":
+            drafts, z, _ = self.graph("draft_conf", Bb).outputs
+            lim = self.limit_buffer(Bb)
+            lim.zero_()
+            fn = lambda: self.steps.verify_step(x, drafts[:, :width], z[:, :width], use_top_p,  # noqa: E731
+                                                lim)
         elif kind == "ar":
             fn = lambda: self.steps.ar_step(x, use_top_p)  # noqa: E731
         else:
@@ -266,6 +287,43 @@ class GraphedSteps:
         draft.launch()
         verify.launch()
         return buf.download(verify.outputs, B)
+
+    def spec_round_admitted(self, r: RoundInputs, use_top_p: bool, want_confidence: bool = False):
+        """As ``DecodeSteps.spec_round_admitted`` (fixed rounds: the plain graphs)."""
+        from .steps import confidence_inputs
+        B, N = r.batch_size, self.num_spec_tokens
+        if not (r.uses_confidence or want_confidence):
+            return self.spec_round(r, use_top_p), np.where(r.start >= 0, N, 0), None
+        Bb = self.bucket(B)
+        draft = self.graph("draft_conf", Bb)
+        buf = self.buffers(Bb)
+        buf.fill(r)
+        buf.upload()
+        draft.launch()
+        conf = draft.outputs[2]
+        if r.uses_confidence:
+            mode, thr = confidence_inputs(r, self.device)
+            pad = Bb - B
+            mode = torch.nn.functional.pad(mode, (0, pad))
+            thr = torch.nn.functional.pad(thr, (0, pad))
+            limit = self.steps.admit(buf.inputs, conf, mode, thr)          # inert rows: 0
+            lim_host = limit.cpu().numpy()
+            w = max(1, int(lim_host.max(initial=0)))
+        else:
+            limit, lim_host, w = None, np.where(np.arange(Bb) < B, N, 0), N
+        fresh = ("verify_limited", Bb, use_top_p, w) not in self._graphs
+        verify = self.graph("verify_limited", Bb, use_top_p, w)
+        if fresh:                               # a capture ran on inert inputs: restore the round's
+            buf.fill(r)
+            buf.upload()
+        lim_buf = self.limit_buffer(Bb)
+        if limit is None:
+            lim_buf.fill_(N)
+        else:
+            lim_buf.copy_(limit)
+        conf_host = conf[:B].cpu().numpy() if want_confidence else None
+        verify.launch()
+        return buf.download(verify.outputs, B), lim_host[:B], conf_host
 
     def ar_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
         B = r.batch_size

@@ -11,6 +11,9 @@ Rejected KV positions need no copy: the next round overwrites them before anythi
 A row whose target logits are not finite (NaN / Inf: broken weights, overflow) comes back flagged
 (accepted -1, or token -1; ``steps.py``) and its request ends with finish_reason "error" and
 ``NONFINITE_LOGITS`` as its error, never as a made-up token or stop.
+Confidence modes (``SamplingParams.verify_mode``, ``confidence.py``): the round also drafts the
+confidence logits, each row verifies only its admitted prefix of ``l <= N`` drafts (exact), and the
+request's ``SpecStats`` records ``l`` as the round's proposal length.
 Requests join (prefill, eager) and leave (finish or abort) between rounds; each sequence owns the
 cache pages it reserved at admission (``PagedKVManager``). The steps run eagerly
 (``DecodeSteps``) or from CUDA graphs per batch bucket (``cuda_graphs.GraphedSteps``).
@@ -27,6 +30,7 @@ import torch
 
 from .. import plugins
 from .kv_manager import PagedKVManager
+from .confidence import MODE_IDS
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
 from .steps import DecodeSteps, RoundInputs
 
@@ -48,6 +52,8 @@ class Sequence:
     on_tokens: Callable[[list[int]], None] | None = None
     table_row: np.ndarray | None = None  # [max_pages] int64 page ids (-1 padded), set at admission
     error: str | None = None            # why, when finish_reason is "error"
+    confidence: list | None = None      # per round: (confidence logits [N], verified, accepted)
+                                        # when the generator records them (calibration data)
 
     def stop_ids(self, eos: Iterable[int]) -> set[int]:
         return set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
@@ -77,8 +83,10 @@ class Generator:
     """Schedules requests over the paged caches of ``networks`` and runs rounds on them."""
 
     def __init__(self, networks, max_batch_size: int, max_seq_len: int, vocab_size: int,
-                 eos_token_ids: Iterable[int] = (), speculative: bool = True, steps=None):
-        """``steps``: ``DecodeSteps(networks)`` (default, eager) or a ``GraphedSteps`` over it."""
+                 eos_token_ids: Iterable[int] = (), speculative: bool = True, steps=None,
+                 record_confidence: bool = False):
+        """``steps``: ``DecodeSteps(networks)`` (default, eager) or a ``GraphedSteps`` over it.
+        ``record_confidence``: keep each round's confidence logits in ``Sequence.confidence``."""
         self.nets = networks
         self.steps = steps or DecodeSteps(networks)
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
@@ -89,6 +97,9 @@ class Generator:
         self.headroom = networks.num_spec_tokens + 1           # verify writes up to P + N
         self.kv = PagedKVManager(networks.num_pages, networks.page_size,
                                  -(-(max_seq_len + self.headroom) // networks.page_size))
+        self.record_confidence = record_confidence and self.speculative
+        if self.record_confidence and not getattr(networks, "has_confidence", False):
+            raise RequestError("record_confidence: this draft has no confidence head")
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._next_id = 0
@@ -111,6 +122,10 @@ class Generator:
         if not self.kv.fits_ever(need + self.headroom):
             raise RequestError(f"request needs {self.kv.pages_for(need + self.headroom)} KV pages, the "
                                f"cache has {self.kv.num_pages}: it can never be scheduled")
+        if (params.verify_mode != "fixed" and self.speculative
+                and not getattr(self.nets, "has_confidence", False)):
+            raise RequestError(f"verify_mode {params.verify_mode!r} needs a draft with a confidence "
+                               f"head (confidence_head.proj); this one has none: use 'fixed'")
         seed = params.seed if params.seed is not None else random.getrandbits(62)
         seq = Sequence(self._next_id, prompt_ids, params, int(seed), on_tokens=on_tokens)
         seq.stats.num_spec_tokens = self.nets.num_spec_tokens if self.speculative else 0
@@ -181,7 +196,9 @@ class Generator:
             seed=np.array([s.seed for s in seqs], dtype=np.int64),
             temperature=np.array([s.params.temperature for s in seqs], dtype=np.float32),
             top_p=np.array([s.params.top_p for s in seqs], dtype=np.float32),
-            table=np.stack([s.table_row for s in seqs]))
+            table=np.stack([s.table_row for s in seqs]),
+            verify_mode=np.array([MODE_IDS[s.params.verify_mode] for s in seqs], dtype=np.int64),
+            threshold=np.array([s.params.confidence_threshold for s in seqs], dtype=np.float32))
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         """Target over the prompts (right-padded, pad position -1), first token, draft context."""
@@ -221,13 +238,24 @@ class Generator:
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
         top_p = any(s.params.top_p < 1 for s in seqs)
-        host = self.steps.spec_round(self._round_inputs(seqs), top_p)                # [B, 2+N]
-        for s, (a, t, *x) in zip(seqs, host.tolist()):
+        r = self._round_inputs(seqs)
+        if not (r.uses_confidence or self.record_confidence):
+            host = self.steps.spec_round(r, top_p)                                   # [B, 2+N]
+            lims, conf = [None] * len(seqs), None
+        else:
+            host, lims, conf = self.steps.spec_round_admitted(r, top_p, self.record_confidence)
+            lims = lims.tolist()
+        for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):
             if a < 0:
                 s.fail(NONFINITE_LOGITS)
                 continue
             new = s.commit(x[:a] + [t], s.stop_ids(self.eos))
-            s.stats.record(a, len(new))
+            s.stats.record(a, len(new), lims[i])
+            if conf is not None:
+                n = s.stats.proposed[-1]          # verified drafts (cut at a stop token / the limit)
+                if s.confidence is None:
+                    s.confidence = []
+                s.confidence.append((conf[i].tolist(), n, s.stats.accepted[-1]))
             s.anchor, s.position = t, s.position + a + 1
 
     # ---- convenience ---------------------------------------------------------------------------

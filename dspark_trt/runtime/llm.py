@@ -14,6 +14,7 @@ from ..models import build_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..models.v4_moe import stack_experts_
 from ..parallel import TPInfo, init_tp, shard_pair_, shared_seeds
+from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
 from .kv_manager import KVBudgetError, check_kv_fits, cuda_kv_budget, kv_bytes_per_token, pages_from_budget
@@ -65,6 +66,11 @@ class LLM:
     ``markov_sampler``: "exact" (default, the full-vocabulary Markov sampler) or "topk" (fast,
     candidate-restricted proposal; lossless, see ``models.dspark_qwen3.markov_sampler_op``). An
     engine has its sampler compiled in (``dspark-trt build --markov-sampler``).
+
+    Confidence modes (``SamplingParams.verify_mode``; ``runtime/confidence.py``): need a draft with
+    a confidence head. ``calibration`` (STS temperatures) and ``verify_cost`` (the cost curve of the
+    scheduler) default to ``confidence_calibration.json`` / ``verify_cost.json`` found in the draft
+    checkpoint or engine directory (none: uncalibrated, the default curve).
     """
 
     def __init__(self, pair: ModelPair, target, draft, *, networks=None, tokenizer=None,
@@ -72,7 +78,8 @@ class LLM:
                  num_pages: int | None = None, device=None, dtype=None,
                  kv_cache_bytes: int | None = None, gpu_memory_utilization: float | None = None,
                  cuda_graphs: bool | None = None, graph_backend: str | None = None,
-                 markov_sampler: str | None = None):
+                 markov_sampler: str | None = None, calibration: Calibration | None = None,
+                 verify_cost: CostCurve | None = None):
         self.pair, self.target, self.draft = pair, target, draft
         pair.check_limits(max_batch_size, max_seq_len)
         if markov_sampler is not None:
@@ -104,6 +111,7 @@ class LLM:
         if self.tp_size > 1 and not cuda_graphs and not self.graphs_skipped:
             self.graphs_skipped = "tensor parallel: collectives are not captured by default (cuda_graphs=True to try)"
         self.graph_backend = graph_backend
+        self.calibration, self.verify_cost = calibration, verify_cost or CostCurve.default()
         self._steps = None
 
     def _pages_from_budget(self, kv_cache_bytes, gpu_memory_utilization, page_size: int,
@@ -169,6 +177,8 @@ class LLM:
             target.to(device), draft.to(device)
         stack_experts_(target), stack_experts_(draft)     # V4: grouped GEMMs of the chosen experts
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
+        kw.setdefault("calibration", Calibration.find(draft_dir))
+        kw.setdefault("verify_cost", CostCurve.find(draft_dir))
         return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype, **kw)
 
     @classmethod
@@ -201,6 +211,8 @@ class LLM:
         nets = EngineNetworks(engine_dir, device=device, max_batch_size=max_batch_size,
                               max_seq_len=max_seq_len, num_pages=kw.pop("num_pages", None))
         tok = kw.pop("tokenizer", None) or load_tokenizer(engine_dir)
+        kw.setdefault("calibration", Calibration.find(engine_dir))
+        kw.setdefault("verify_cost", CostCurve.find(engine_dir))
         return cls(nets.pair, None, None, networks=nets, tokenizer=tok,
                    max_batch_size=nets.max_batch_size, max_seq_len=nets.max_seq_len,
                    page_size=nets.page_size, num_pages=nets.num_pages, device=nets.device,
@@ -223,7 +235,10 @@ class LLM:
     def steps(self):
         """The decode steps every generator shares: CUDA graphs (captured lazily) or eager."""
         if self._steps is None:
-            eager = DecodeSteps(self.networks)
+            n = self.networks.num_spec_tokens
+            sched = VerifyScheduler(n, self.max_batch_size * (n + 1), self.networks.device,
+                                    self.calibration, self.verify_cost) if n else None
+            eager = DecodeSteps(self.networks, sched)
             self._steps = eager if self.graphs_skipped else GraphedSteps(
                 eager, self.max_batch_size, self.max_pages_per_seq, self.graph_backend)
         return self._steps
@@ -233,11 +248,11 @@ class LLM:
         if isinstance(self.steps, GraphedSteps):
             self.steps.capture(speculative)
 
-    def generator(self, speculative: bool = True) -> Generator:
+    def generator(self, speculative: bool = True, record_confidence: bool = False) -> Generator:
         """A fresh scheduler over this model's caches (continuous batching: add_request + step)."""
         return Generator(self.networks, self.max_batch_size, self.max_seq_len,
                          self.pair.target.vocab_size, self.pair.target.eos_token_id, speculative,
-                         steps=self.steps)
+                         steps=self.steps, record_confidence=record_confidence)
 
     def generate(self, prompts: str | Seq[int] | list, params: SamplingParams | list | None = None,
                  speculative: bool = True,

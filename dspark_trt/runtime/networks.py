@@ -23,6 +23,7 @@ class EagerNetworks:
         self.num_pages, self.page_size = num_pages, page_size
         self.target_cache = target.make_cache(num_pages, page_size, dtype, device)
         self.draft_cache = draft.make_cache(num_pages, page_size, dtype, device) if draft else None
+        self.has_confidence = getattr(draft, "confidence_head", None) is not None
 
     @torch.inference_mode()
     def target(self, tokens: Tensor, positions: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:
@@ -37,6 +38,13 @@ class EagerNetworks:
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                     seed: Tensor) -> tuple[Tensor, Tensor]:
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache)
+
+    @torch.inference_mode()
+    def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
+                               temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """draft_block + the confidence logits [B, N] of the block, from the same forward."""
+        return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
+                                 with_confidence=True)
 
     @torch.inference_mode()
     def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,

@@ -5,6 +5,8 @@ import math
 import numbers
 from dataclasses import dataclass, field
 
+VERIFY_MODES = ("fixed", "threshold", "scheduled")        # = confidence.VERIFY_MODES
+
 
 class RequestError(ValueError):
     """A request is invalid (the message names the field); other requests are unaffected."""
@@ -18,6 +20,11 @@ class SamplingParams:
     seed: int | None = None             # None: drawn at admission
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # how many of the N drafts a round verifies (runtime/confidence.py): "fixed" (all N),
+    # "threshold" (before the first raw confidence < confidence_threshold, DeepSpec), "scheduled"
+    # (the paper's load-aware Algorithm 1); the last two need a draft with a confidence head
+    verify_mode: str = "fixed"
+    confidence_threshold: float = 0.5
 
     def validate(self) -> "SamplingParams":
         """Raise ``RequestError`` (a ``ValueError``) naming the first invalid field; -> self."""
@@ -30,6 +37,11 @@ class SamplingParams:
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**63):
             raise RequestError(f"seed must be in [0, 2**63) (an integer), got {self.seed!r}")
+        if self.verify_mode not in VERIFY_MODES:
+            raise RequestError(f"verify_mode must be one of {', '.join(VERIFY_MODES)}, got "
+                               f"{self.verify_mode!r}")
+        if not _is_real(self.confidence_threshold) or not 0 <= self.confidence_threshold <= 1:
+            raise RequestError(f"confidence_threshold must be in [0, 1], got {self.confidence_threshold!r}")
         bad = [t for t in self.stop_token_ids if not _is_int(t) or t < 0]
         if bad:
             raise RequestError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
@@ -50,7 +62,8 @@ class SpecStats:
 
     ``accepted[i]``: drafts of round i that the verifier accepted and the request committed;
     ``committed[i]``: tokens round i committed, bonus / correction token included;
-    ``proposed[i]``: the round's proposal length (N, or where the round was cut).
+    ``proposed[i]``: the round's proposal length (the drafts it verified: N, or the admitted
+    length under a confidence mode, or where the round was cut).
     A round cut by a stop token (or the length limit) inside the accepted drafts commits the
     drafts up to and including it and no bonus, and its proposal length is cut there (DeepSpec's
     ``metrics_row``). tau = mean(committed), so 1 <= tau <= N + 1.
@@ -61,12 +74,13 @@ class SpecStats:
     committed: list[int] = field(default_factory=list)
     proposed: list[int] = field(default_factory=list)
 
-    def record(self, accepted: int, committed: int) -> None:
-        """One round: the verifier accepted ``accepted`` drafts and the request committed
-        ``committed`` tokens (fewer than accepted + 1 when a stop token or the length cut it)."""
+    def record(self, accepted: int, committed: int, proposed: int | None = None) -> None:
+        """One round: the verifier accepted ``accepted`` of ``proposed`` (default N) verified
+        drafts and the request committed ``committed`` tokens (fewer than accepted + 1 when a stop
+        token or the length cut it)."""
         if committed > accepted:                        # the bonus / correction token was committed
             self.accepted.append(accepted)
-            self.proposed.append(self.num_spec_tokens)
+            self.proposed.append(self.num_spec_tokens if proposed is None else proposed)
         else:                                           # cut inside the accepted drafts
             self.accepted.append(committed)
             self.proposed.append(committed)
@@ -92,9 +106,22 @@ class SpecStats:
         return SpecStats(max(self.num_spec_tokens, other.num_spec_tokens), self.accepted + other.accepted,
                          self.committed + other.committed, self.proposed + other.proposed)
 
+    @property
+    def verified_per_round(self) -> float:
+        """Mean tokens verified per round (admitted drafts + the anchor row)."""
+        return sum(self.proposed) / self.rounds + 1 if self.rounds else 0.0
+
+    @property
+    def admitted_acceptance(self) -> float:
+        """Accepted drafts / verified drafts."""
+        n = sum(self.proposed)
+        return sum(self.accepted) / n if n else 0.0
+
     def to_dict(self) -> dict:
         return {"rounds": self.rounds, "tau": self.tau, "num_spec_tokens": self.num_spec_tokens,
-                "acceptance_per_position": self.acceptance_per_position()}
+                "acceptance_per_position": self.acceptance_per_position(),
+                "verified_per_round": self.verified_per_round,
+                "admitted_acceptance": self.admitted_acceptance}
 
 
 @dataclass

@@ -9,6 +9,14 @@ one CUDA graph, see ``cuda_graphs.py``):
                context injection of verify rows 0..a (rows > a at position -1: fixed shape N+1)
   ar_step      (anchor, start, table, temperature, top_p, seed) -> out [B, 1] = next token
 
+Confidence modes (``confidence.py``): when a row verifies only an admitted prefix of ``l`` drafts
+(``limit``), the draft step also returns the confidence logits, ``admitted_lengths`` picks ``l`` per
+row on the device, the verify runs on the first ``w = max(1, max l)`` drafts only (the target is
+causal, so row ``l``'s logits do not depend on later drafts), acceptance is clamped to ``l`` and a
+row that accepts all its ``l`` drafts takes its next token from the target row ``l`` (a bonus:
+argmax, or a sample of ``p_l`` with the RESIDUAL stream at ``P + l + 1``), which is exactly
+speculative sampling of an ``l``-token proposal.
+
 The context injection ends the verify step (rather than starting the next draft step) so that no
 device state is carried between rounds: rows may join, leave or reorder freely between rounds.
 Rows with ``start < 0`` are inert (they write nothing and return -1 / 0 accepted).
@@ -36,6 +44,12 @@ class RoundInputs:
     temperature: np.ndarray   # [B] float32
     top_p: np.ndarray         # [B] float32
     table: np.ndarray         # [B, max_pages] int64 page ids, -1 padded
+    verify_mode: np.ndarray | None = None   # [B] int64 ``confidence.MODE_IDS`` (None: all fixed)
+    threshold: np.ndarray | None = None     # [B] float32 (threshold rows)
+
+    @property
+    def uses_confidence(self) -> bool:
+        return self.verify_mode is not None and bool((self.verify_mode != 0).any())
 
     @property
     def batch_size(self) -> int:
@@ -62,10 +76,12 @@ class DeviceInputs:
 class DecodeSteps:
     """The fused steps over ``networks`` (EagerNetworks or an engine with the same interface)."""
 
-    def __init__(self, networks):
+    def __init__(self, networks, scheduler=None):
+        """``scheduler``: a ``confidence.VerifyScheduler`` (needed for the confidence modes)."""
         self.nets = networks
         self.device = networks.device
         self.num_spec_tokens = networks.num_spec_tokens
+        self.scheduler = scheduler
 
     # ---- the steps (device tensors in, device tensors out; no host synchronisation) -------------
     @torch.inference_mode()
@@ -74,9 +90,24 @@ class DecodeSteps:
         return self.nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed)
 
     @torch.inference_mode()
-    def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, use_top_p: bool) -> Tensor:
-        """Target verify + acceptance + context injection -> [B, 2 + N] (accepted, next, drafts)."""
-        N = self.num_spec_tokens
+    def draft_step_confidence(self, x: DeviceInputs) -> tuple[Tensor, Tensor, Tensor]:
+        """The draft step with the confidence head -> drafts, z, confidence logits [B, N] f32."""
+        return self.nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed)
+
+    @torch.inference_mode()
+    def admit(self, x: DeviceInputs, conf: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
+        """Admitted drafts per row [B] int64 (``confidence.admitted_lengths``)."""
+        if self.scheduler is None:
+            raise RuntimeError("confidence modes need a VerifyScheduler (DecodeSteps(..., scheduler=))")
+        return self.scheduler.admit(conf, x.start >= 0, mode, threshold)
+
+    @torch.inference_mode()
+    def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, use_top_p: bool,
+                    limit: Tensor | None = None) -> Tensor:
+        """Target verify + acceptance + context injection -> [B, 2 + w] (accepted, next, drafts)
+        for the w = drafts.shape[1] drafts given; ``limit`` [B] (optional): each row verifies only
+        its first ``limit`` drafts (exact; see the module docstring)."""
+        N = drafts.shape[1]
         offs = torch.arange(N + 1, device=x.start.device)
         live = (x.start >= 0)[:, None]
         pos = torch.where(live, x.start[:, None] + offs, -1)                       # [B, N+1]
@@ -85,6 +116,13 @@ class DecodeSteps:
         if use_top_p:
             logits = plugins.apply_top_p(logits, x.temperature, x.top_p)
         accepted, nxt = self.nets.verify(logits, drafts, z, x.temperature, x.seed, x.start)
+        if limit is not None:
+            lim = limit.clamp(max=N)
+            full = accepted >= lim                       # every admitted draft passed: bonus at row l
+            row = logits.gather(1, lim[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0]
+            bonus = plugins.sample_tokens(row, x.temperature, x.seed, x.start + lim + 1)
+            accepted = torch.where(full, lim, accepted)
+            nxt = torch.where(full & (x.start >= 0), bonus, nxt)
         ctx_pos = torch.where(offs[None, :] <= accepted[:, None], pos, -1)          # [B, N+1]
         self.nets.draft_context(taps, ctx_pos, x.table)
         flagged = torch.where(finite, accepted, -1)                                 # -1: not finite
@@ -105,10 +143,39 @@ class DecodeSteps:
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
     def spec_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
         """-> [B, 2 + N] int64 on the host: accepted (-1: non-finite logits), next token, drafts."""
+        return self.spec_round_admitted(r, use_top_p)[0]
+
+    def spec_round_admitted(self, r: RoundInputs, use_top_p: bool, want_confidence: bool = False
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """-> (as ``spec_round`` but [B, 2 + w], w = the widest admitted proposal; admitted drafts
+        per row [B]; the confidence logits [B, N] when a row uses a confidence mode or
+        ``want_confidence``, else None). All-fixed rounds verify N drafts per row as before."""
         x = DeviceInputs.from_host(r, self.device)
-        drafts, z = self.draft_step(x)
-        return self.verify_step(x, drafts, z, use_top_p).cpu().numpy()
+        N = self.num_spec_tokens
+        fixed_lim = np.where(r.start >= 0, N, 0)
+        if not (r.uses_confidence or want_confidence):
+            drafts, z = self.draft_step(x)
+            return self.verify_step(x, drafts, z, use_top_p).cpu().numpy(), fixed_lim, None
+        drafts, z, conf = self.draft_step_confidence(x)
+        if not r.uses_confidence:
+            out = self.verify_step(x, drafts, z, use_top_p)
+            return out.cpu().numpy(), fixed_lim, conf.cpu().numpy()
+        mode, thr = confidence_inputs(r, self.device)
+        limit = self.admit(x, conf, mode, thr)
+        lim_host = limit.cpu().numpy()                     # eager: one sync to size the verify
+        w = max(1, int(lim_host.max(initial=0)))
+        out = self.verify_step(x, drafts[:, :w], z[:, :w], use_top_p, limit).cpu().numpy()
+        return out, lim_host, conf.cpu().numpy() if want_confidence else None
 
     def ar_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
         """-> [B, 1] int64 on the host: the next token (-1: non-finite logits)."""
         return self.ar_step(DeviceInputs.from_host(r, self.device), use_top_p).cpu().numpy()
+
+
+def confidence_inputs(r: RoundInputs, device) -> tuple[Tensor, Tensor]:
+    """(mode [B] int64, threshold [B] f32) device tensors of a round (fixed rows when absent)."""
+    B = r.batch_size
+    mode = r.verify_mode if r.verify_mode is not None else np.zeros(B, np.int64)
+    thr = r.threshold if r.threshold is not None else np.zeros(B, np.float32)
+    return (torch.from_numpy(np.ascontiguousarray(mode, dtype=np.int64)).to(device),
+            torch.from_numpy(np.ascontiguousarray(thr, dtype=np.float32)).to(device))

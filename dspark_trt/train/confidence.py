@@ -5,8 +5,11 @@ of block row k, W1[x_{k-1}] [.., r] the Markov head's embedding of the previous 
 (teacher-forced in training). Trained with BCE towards ``c*_k = 1 - ½‖p_d - p_t‖₁`` (detached;
 the T = 1 acceptance probability of row k), weighted like the draft loss, weight 1.0.
 
-The runtime does not use it yet: it is saved beside the draft as ``confidence_head.safetensors``
-(not in the checkpoint index, so the loaders ignore it).
+It is saved beside the draft as ``confidence_head.safetensors`` (not in the checkpoint index) under
+the published names ``confidence_head.proj.{weight,bias}``; the runtime's Qwen3 loader
+(``builder/qwen3_loader.py``) reads that side file when the checkpoint itself has no head, so a
+trained draft directory runs the confidence modes as it is. Older side files with the keys
+``confidence_head.{weight,bias}`` load too.
 """
 from __future__ import annotations
 
@@ -32,8 +35,8 @@ class ConfidenceHead(nn.Module):
         return self.proj(torch.cat([h, w1_prev.to(h.dtype)], -1)).squeeze(-1)
 
     def save(self, draft_dir: Path) -> None:
-        save_file({"confidence_head.weight": self.proj.weight.detach().to(torch.bfloat16).cpu(),
-                   "confidence_head.bias": self.proj.bias.detach().to(torch.bfloat16).cpu()},
+        save_file({"confidence_head.proj.weight": self.proj.weight.detach().to(torch.bfloat16).cpu(),
+                   "confidence_head.proj.bias": self.proj.bias.detach().to(torch.bfloat16).cpu()},
                   str(Path(draft_dir) / FILE), metadata={"format": "pt"})
 
 
@@ -53,6 +56,7 @@ def load_confidence(draft_dir: Path, recipe, device) -> ConfidenceHead | None:
         return None
     t = load_file(str(path))
     head = ConfidenceHead(recipe.hidden_size, recipe.markov_rank)
-    head.proj.weight.data.copy_(t["confidence_head.weight"].float())
-    head.proj.bias.data.copy_(t["confidence_head.bias"].float())
+    get = lambda k: t.get(f"confidence_head.proj.{k}", t.get(f"confidence_head.{k}"))  # noqa: E731
+    head.proj.weight.data.copy_(get("weight").float())
+    head.proj.bias.data.copy_(get("bias").float())
     return head.to(device).eval().requires_grad_(False)

@@ -1,0 +1,215 @@
+"""Confidence-scheduled verification (paper §3.2, algorithm doc §3.5): how many drafts a row verifies.
+
+Per request (``SamplingParams.verify_mode``):
+
+* ``fixed``      verify all N drafts (the default; no confidence head needed).
+* ``threshold``  DeepSpec's per-step rule: verify the drafts before the first position whose raw
+                 confidence ``sigmoid(logit_k)`` is below ``confidence_threshold`` (0 drafts when it
+                 is position 0).
+* ``scheduled``  the paper's Algorithm 1 over all scheduled rows of the batch: prefix-survival
+                 probabilities ``a_{r,k} = prod_{j<=k} c_{r,j}`` (calibrated ``c = sigmoid(logit / T_k)``)
+                 are admitted greedily in descending order (stable: ties keep row-major order, so a
+                 row's positions stay a prefix) while the expected throughput
+                 ``Theta = tau * SPS(B)`` strictly grows; the first non-improving candidate stops the
+                 search (the early stop that keeps the admission of draft k independent of x_k).
+                 ``B`` = total verified tokens of the batch (1 + admitted per row, fixed / threshold
+                 rows counted with their lengths), ``tau`` = expected committed tokens,
+                 ``SPS(B) = 1 / latency(B)`` from a ``CostCurve``.
+
+The admitted lengths are computed on the device from the confidence logits of the draft step (no
+host synchronisation). Verification of an admitted prefix of ``l`` drafts stays exact: the
+verifier's acceptance is clamped to ``l`` and, when all ``l`` pass, the next token is sampled from the
+target row ``l`` (a bonus token), see ``steps.DecodeSteps.verify_step``.
+
+Files (JSON, next to a draft checkpoint or in an engine directory):
+``confidence_calibration.json``  {"temperatures": [T_0 .. T_{N-1}], "ece_before", "ece_after", ...}
+``verify_cost.json``             {"tokens": [n_1 < n_2 < ...], "latency_ms": [...], "source": ...}
+                                 (verify-step latency vs total verified tokens; ``dspark-trt bench
+                                 --cost-curve`` measures it; linear interpolation between points,
+                                 linear extrapolation beyond the last two)
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+VERIFY_MODES = ("fixed", "threshold", "scheduled")
+MODE_IDS = {m: i for i, m in enumerate(VERIFY_MODES)}
+CALIBRATION_FILE = "confidence_calibration.json"
+COST_FILE = "verify_cost.json"
+
+
+class ConfidenceFileError(ValueError):
+    """A calibration or cost-curve file is malformed (the message names the file and field)."""
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfidenceFileError(f"{path}: unreadable JSON ({e})") from None
+
+
+# ---- calibration ----------------------------------------------------------------------------------
+
+@dataclass
+class Calibration:
+    """Per-position temperatures of Sequential Temperature Scaling: ``c_k = sigmoid(logit_k / T_k)``.
+    Positions beyond the list use its last entry; no calibration = all 1."""
+
+    temperatures: list[float] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+
+    def inv_temperatures(self, n: int, device) -> Tensor:
+        t = [self.temperatures[min(k, len(self.temperatures) - 1)] if self.temperatures else 1.0
+             for k in range(n)]
+        return 1.0 / torch.tensor(t, dtype=torch.float32, device=device)
+
+    def to_json(self) -> dict:
+        return {"temperatures": list(map(float, self.temperatures)), **self.metrics}
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / CALIBRATION_FILE
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Calibration":
+        d = _read_json(Path(path))
+        t = d.get("temperatures")
+        if not isinstance(t, list) or not t or not all(
+                isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in t):
+            raise ConfidenceFileError(f"{path}: 'temperatures' must be a non-empty list of positive "
+                                      f"numbers, got {t!r}")
+        return cls([float(v) for v in t], {k: v for k, v in d.items() if k != "temperatures"})
+
+    @classmethod
+    def find(cls, *directories) -> "Calibration | None":
+        for d in directories:
+            if d is not None and (Path(d) / CALIBRATION_FILE).exists():
+                return cls.load(Path(d) / CALIBRATION_FILE)
+        return None
+
+
+# ---- cost curve -----------------------------------------------------------------------------------
+
+@dataclass
+class CostCurve:
+    """Verify-step latency (ms) vs total verified tokens of the batch."""
+
+    tokens: list[int]
+    latency_ms: list[float]
+    source: str = "default"
+
+    def __post_init__(self):
+        ok = (len(self.tokens) == len(self.latency_ms) >= 1
+              and all(isinstance(n, int) and n >= 1 for n in self.tokens)
+              and all(b > a for a, b in zip(self.tokens, self.tokens[1:]))
+              and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in self.latency_ms))
+        if not ok:
+            raise ConfidenceFileError(f"cost curve ({self.source}): 'tokens' must be increasing integers "
+                                      f">= 1 and 'latency_ms' positive numbers of the same length")
+
+    @classmethod
+    def default(cls) -> "CostCurve":
+        """A memory-bound step: flat up to 128 verified tokens, then linear (a GPU-like shape;
+        measure the real one with ``dspark-trt bench --cost-curve``)."""
+        return cls([1, 128, 256, 512, 1024], [1.0, 1.0, 2.0, 4.0, 8.0], "default")
+
+    def latency(self, n: float) -> float:
+        xs, ys = self.tokens, self.latency_ms
+        if len(xs) == 1:
+            return ys[0] * max(n, 1) / xs[0]
+        i = next((i for i in range(1, len(xs)) if xs[i] >= n), len(xs) - 1)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        if n <= x0:
+            return y0
+        return max(1e-9, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+
+    def sps_table(self, max_tokens: int, device) -> Tensor:
+        """[max_tokens + 1] float32: SPS(B) = 1 / latency(B) for B = 0 .. max_tokens."""
+        return torch.tensor([1.0 / self.latency(max(b, 1)) for b in range(max_tokens + 1)],
+                            dtype=torch.float32, device=device)
+
+    def to_json(self) -> dict:
+        return {"tokens": self.tokens, "latency_ms": self.latency_ms, "source": self.source}
+
+    def save(self, directory: str | Path) -> Path:
+        path = Path(directory) / COST_FILE
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostCurve":
+        d = _read_json(Path(path))
+        try:
+            return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
+                       str(d.get("source", path)))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
+
+    @classmethod
+    def find(cls, *directories) -> "CostCurve":
+        for d in directories:
+            if d is not None and (Path(d) / COST_FILE).exists():
+                return cls.load(Path(d) / COST_FILE)
+        return cls.default()
+
+
+# ---- admission --------------------------------------------------------------------------------------
+
+def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor,
+                     inv_temp: Tensor, sps: Tensor) -> Tensor:
+    """How many drafts each row verifies -> [B] int64 in [0, N] (0 for rows that are not live).
+
+    conf_logits [B, N] (confidence logits of the drafted block), live [B] bool, mode [B] int64
+    (``MODE_IDS``), threshold [B] float (threshold rows), inv_temp [N] (1 / T_k of the
+    calibration), sps [M] (``CostCurve.sps_table``; token counts beyond M - 1 use the last entry).
+    """
+    B, N = conf_logits.shape
+    dev = conf_logits.device
+    c_raw = torch.sigmoid(conf_logits.float())
+    a = torch.cumprod(torch.sigmoid(conf_logits.float() * inv_temp[None, :N]), 1)    # [B, N]
+    a = torch.where(live[:, None], a, 0.0)
+    fixed = torch.full((B,), N, dtype=torch.int64, device=dev)
+    thr = torch.cumprod((c_raw >= threshold[:, None]).to(torch.int64), 1).sum(1)
+    length = torch.where(mode == MODE_IDS["threshold"], thr, fixed)
+    sched = live & (mode == MODE_IDS["scheduled"])
+    length = torch.where(live & ~sched, length, 0)
+    # Algorithm 1 over the scheduled rows; the other live rows are a fixed load
+    k = torch.arange(N, device=dev)
+    other = live & ~sched
+    tau0 = (sched.sum() + (other * (1 + (a * (k[None] < length[:, None])).sum(1))).sum()).float()
+    b0 = sched.sum() + (other * (1 + length)).sum()
+    cand = torch.where(sched[:, None] & (a > 0), a, -1.0).reshape(-1)
+    vals, order = torch.sort(cand, descending=True, stable=True)
+    valid = vals > 0
+    tau = tau0 + torch.cumsum(vals.clamp(min=0), 0)
+    M = sps.shape[0]
+    b = (b0 + 1 + torch.arange(B * N, device=dev)).clamp(max=M - 1)
+    theta = tau * sps[b]
+    theta_prev = torch.cat([(tau0 * sps[b0.clamp(max=M - 1)])[None], theta[:-1]])
+    improve = valid & (theta > theta_prev)
+    K = torch.cumprod(improve.to(torch.int64), 0).sum()
+    take = torch.zeros(B * N, dtype=torch.int64, device=dev)
+    take[order] = (torch.arange(B * N, device=dev) < K).to(torch.int64)
+    return torch.where(sched, take.view(B, N).sum(1), length)
+
+
+class VerifyScheduler:
+    """Calibration + cost table bound to a device; ``admit`` is ``admitted_lengths``."""
+
+    def __init__(self, num_spec_tokens: int, max_tokens: int, device,
+                 calibration: Calibration | None = None, cost: CostCurve | None = None):
+        self.calibration = calibration or Calibration()
+        self.cost = cost or CostCurve.default()
+        self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
+        self.sps = self.cost.sps_table(max(1, max_tokens), device)
+
+    def admit(self, conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
+        return admitted_lengths(conf_logits, live, mode, threshold, self.inv_temp, self.sps)
