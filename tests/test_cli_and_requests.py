@@ -14,9 +14,10 @@ from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
 def test_generate_random_preset_says_so_and_reports_statistics(capsys):
     rc = main(["generate", "--model", "qwen3-tiny-dspark", "--prompt-ids", "1,2,3",
                "--max-new-tokens", "10", "--device", "cpu", "--dtype", "fp32"])
-    out = capsys.readouterr().out
+    cap = capsys.readouterr()
+    out = cap.out
     assert rc == 0
-    assert "RANDOM weights" in out
+    assert "RANDOM weights" in cap.err and "RANDOM weights" not in out     # notes on stderr
     assert "mean accepted length tau" in out and "acceptance per position" in out
 
 

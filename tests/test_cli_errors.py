@@ -59,7 +59,7 @@ def test_generate_argument_errors_come_before_any_model_loads(capsys, monkeypatc
     monkeypatch.setattr(llm_mod, "build_models", _refuse)
     rc, out, err = run_cli(capsys, *GEN, *args)
     assert_error_line(rc, err, *needles)
-    assert "RANDOM weights" not in out
+    assert "RANDOM weights" not in out + err
 
 
 def _refuse(*a, **k):
@@ -95,8 +95,8 @@ def test_build_refuses_a_max_seq_len_beyond_the_context_before_loading(capsys, m
 
 
 def test_random_weights_notice_matches_the_measured_acceptance(capsys):
-    rc, out, _ = run_cli(capsys, *GEN, "--prompt-ids", "1,2,3", "--max-new-tokens", "48", "--json")
-    notice, result = out.strip().splitlines()[0], json.loads(out.strip().splitlines()[-1])
+    rc, out, err = run_cli(capsys, *GEN, "--prompt-ids", "1,2,3", "--max-new-tokens", "48", "--json")
+    notice, result = err.strip().splitlines()[0], json.loads(out)     # --json: stdout is the JSON
     assert rc == 0 and "RANDOM weights" in notice and "acceptance will be low, tau near 1" in notice
     assert 1.0 <= result["stats"]["tau"] < 1.5              # random weights: near 1, as the notice says
 

@@ -37,11 +37,12 @@ def test_generate_says_the_cpu_dtype_in_one_line(capsys, monkeypatch):
     args = ["generate", "--model", "qwen3-tiny-dspark", "--device", "cpu", "--prompt-ids", "1,2",
             "--max-new-tokens", "4"]
     assert main(args) == 0
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if "native bf16" in ln]
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "native bf16" in ln]
     assert len(lines) == 1 and "fp32 is the default" in lines[0]
     monkeypatch.setattr(devices, "cpu_bf16_flags", lambda cpuinfo=None: [])
     assert main(args + ["--dtype", "bf16"]) == 0
-    assert "native bf16" not in capsys.readouterr().out
+    cap = capsys.readouterr()
+    assert "native bf16" not in cap.out + cap.err
 
 
 @pytest.mark.skipif(not common.CPU_BF16_DEFAULT or common.default_pair_dirs() is None,

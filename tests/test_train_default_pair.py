@@ -36,8 +36,9 @@ def _tau(llm) -> float:
 
 def test_default_pair_is_trained():
     """The trained draft accepts clearly more than the same draft re-initialised at random on the
-    same target (control: tau ~1.0-1.1 measured). The shipped pair is small and briefly trained
-    (tau ~1.2-1.3 on these prompts, 1.38 on the held-out table), so the margin asked is 0.1."""
+    same target. Measured at 7508d0e on these prompts (block 7, greedy, 48 tokens): trained tau
+    2.55, control 1.00; the held-out table (benchmarks/results/acceptance-h200-f85e5cd.md) has
+    2.68 +- 0.29. Asked: tau >= 2.0 and >= control + 1.0."""
     import torch
     target, draft = default_pair_dirs()
     llm = LLM.from_checkpoints(target, draft, device="cpu", max_batch_size=len(PROMPTS), max_seq_len=128)
@@ -48,4 +49,4 @@ def test_default_pair_is_trained():
             if name.split(".")[0] not in ("embed_tokens", "lm_head") and "norm" not in name:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     control = _tau(llm)
-    assert trained > 1.15 and trained > control + 0.1, (trained, control)
+    assert trained >= 2.0 and trained >= control + 1.0, (trained, control)

@@ -114,11 +114,11 @@ def load_llm(args):
                                     num_spec_tokens=args.num_spec_tokens, **kw)
     if args.model is None and default_pair_dirs() is not None:
         t, d = default_pair_dirs()
-        print(f"[dspark-trt] using the built-in default pair ({DEFAULT_ASSETS})")
+        print(f"[dspark-trt] using the built-in default pair ({DEFAULT_ASSETS})", file=sys.stderr)
         return LLM.from_checkpoints(t, d, dtype=dtype, device=device,
                                     num_spec_tokens=args.num_spec_tokens, **kw)
     name = args.model or FALLBACK_PRESET
     get_preset(name).check_limits(kw["max_batch_size"], kw["max_seq_len"])   # before the notice
     print(f"[dspark-trt] no checkpoint given: preset '{name}' with RANDOM weights on {device} "
-          f"({RANDOM_WEIGHTS_NOTE})")
+          f"({RANDOM_WEIGHTS_NOTE})", file=sys.stderr)
     return LLM.from_preset(name, dtype=dtype, device=device, num_spec_tokens=args.num_spec_tokens, **kw)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 
 from .common import add_model_args, cpu_dtype_note, load_llm
@@ -46,10 +47,10 @@ def run(args) -> int:
     if args.dtype is None and not args.engine and llm.device.type == "cpu":
         note = cpu_dtype_note(llm.dtype)
         if note:
-            print(note)
+            print(note, file=sys.stderr)
     if prompt is None and llm.tokenizer is None:
         prompt = DEFAULT_IDS
-        print(f"[dspark-trt] model has no tokenizer: using prompt ids {DEFAULT_IDS}")
+        print(f"[dspark-trt] model has no tokenizer: using prompt ids {DEFAULT_IDS}", file=sys.stderr)
     elif prompt is None:
         prompt = DEFAULT_PROMPT
     speculative = not args.no_speculative
@@ -58,7 +59,8 @@ def run(args) -> int:
         short = dataclasses.replace(sp, max_new_tokens=min(sp.max_new_tokens, WARMUP_TOKENS))
         warmup = _timed(llm, prompt, short, speculative)["seconds"]      # every kernel and graph once
         print(f"[dspark-trt] warm-up {warmup:.2f} s (Triton JIT compilation and CUDA-graph capture; "
-              f"CUDA graphs {'off: ' + llm.graphs_skipped if llm.graphs_skipped else 'on'})")
+              f"CUDA graphs {'off: ' + llm.graphs_skipped if llm.graphs_skipped else 'on'})",
+              file=sys.stderr)
     run = _timed(llm, prompt, sp, speculative)
     out, dt = run["output"], run["seconds"]
     stats = out.stats.to_dict()
@@ -89,7 +91,6 @@ def _report_error(out) -> int:
     """A request that ended with finish_reason "error": its message on stderr, exit code 1."""
     if out.finish_reason != "error":
         return 0
-    import sys
     print(f"error: {out.error}", file=sys.stderr)
     return 1
 
