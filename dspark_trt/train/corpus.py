@@ -17,6 +17,10 @@ from pathlib import Path
 # Held-out top-level modules (present in Python 3.11 and 3.12).
 HELDOUT = ("argparse", "calendar", "csv", "difflib", "fractions", "heapq", "json", "pprint",
            "statistics", "textwrap")
+# The shipped default pair's held-out stdlib modules: every stdlib module of its run's evaluation
+# split (benchmarks/results/train-h200-f85e5cd; the target and the drafts never saw them).
+# Prompts for benchmarks of that pair come from these (HELDOUT above is the one-shot recipe's).
+DEFAULT_PAIR_HELDOUT = ("dis", "nturl2path", "pickle", "poplib", "secrets", "ssl")
 SKIP_DIRS = ("site-packages", "dist-packages", "__pycache__")
 
 
