@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelPair, read_json
-from ..config_v4 import DeepSeekV4Config, DSparkV4Config
+from ..config import DeepSeekV4Config, DSparkV4Config
 from ..models import build_models
 from .checkpoint import CheckpointError, check_finite, checkpoint_files, read_tensors
 from .quant import QuantFormatError, dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
