@@ -16,7 +16,7 @@ from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
 from dspark_trt.serving.detokenizer import IncrementalText
 from dspark_trt.serving.request import parse_request
-from dspark_trt.serving.source import ModelSource
+from dspark_trt.serving.source import ServedModel
 
 PRESET = "qwen3-tiny-dspark"
 MAX_SEQ_LEN = 128
@@ -62,7 +62,7 @@ def pair_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def source(pair_dirs):
-    return ModelSource(checkpoint=str(pair_dirs[0]), draft_checkpoint=str(pair_dirs[1]), device="cpu",
+    return ServedModel(checkpoint=str(pair_dirs[0]), draft_checkpoint=str(pair_dirs[1]), device="cpu",
                        dtype="fp32", max_batch_size=4, max_seq_len=MAX_SEQ_LEN)
 
 

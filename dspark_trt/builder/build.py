@@ -28,7 +28,8 @@ from typing import Callable
 import torch
 
 from ..config import ConfigError, ModelPair, get_preset
-from ..models.dspark_qwen3 import MARKOV_SAMPLERS
+from ..config.dtypes import ENGINE_DTYPES, torch_dtype
+from ..config.source import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MARKOV_SAMPLERS, ModelSource
 from ..models.fuse import fuse_projections_
 from ..models.v4_moe import stack_experts_
 from ..devices import resolve_device
@@ -40,32 +41,25 @@ from .export import (NETWORKS, BuildShapes, cache_layout, export_network, networ
                      reference_impls, reference_reason)
 
 log = logging.getLogger(__name__)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHTS = "weights.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "generation_config.json", "chat_template.jinja")
 
 
 @dataclass
-class BuildOptions:
-    model: str
+class BuildOptions(ModelSource):
+    """``ModelSource`` (what to build from; no ``engine``) with the build's defaults and options."""
+
+    model: str = ""                           # preset name (or the engine's name with checkpoints)
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    markov_sampler: str = "exact"             # compiled into draft_block (models.dspark_qwen3.markov_sampler_op)
     output: str | None = None                 # default engines/<model>
-    checkpoint: str | None = None
-    draft_checkpoint: str | None = None
-    random_weights: bool = False
-    dtype: str | None = None                  # default bf16 on cuda, fp32 on cpu
     backend: str = "auto"
-    max_batch_size: int = 8
-    max_seq_len: int = 2048
-    num_spec_tokens: int | None = None
     page_size: int = 64
     overrides: list[str] = field(default_factory=list)
-    device: str | None = None
-    seed: int = 0
-    tp_size: int = 1                          # tensor-parallel ranks the engine serves
-    expert_parallel: bool = False             # with tp_size > 1: MoE experts split by expert
+    seed: int = 0                             # of the random weights
     check_toolchain: bool = True              # build + load a probe package first (AOTI)
-    markov_sampler: str = "exact"             # "exact" or "topk" (models.dspark_qwen3.markov_sampler_op)
     allow_reference_ops: bool = False         # a failed Triton-kernel build falls back to references
     force: bool = False                       # output holds other files: build into output/<model>
 
@@ -77,8 +71,11 @@ class BuildOptions:
         o = dataclasses.replace(self)
         o.device = str(resolve_device(o.device))
         o.dtype = o.dtype or ("bf16" if o.device.startswith("cuda") else "fp32")
-        if o.dtype not in DTYPES:
-            raise ConfigError(f"--dtype {o.dtype!r}: choose one of {', '.join(DTYPES)}")
+        torch_dtype(o.dtype, ENGINE_DTYPES)
+        if not o.model:
+            raise ConfigError("--model is required (a preset name, or the engine's name with checkpoints)")
+        if o.engine:
+            raise ConfigError("a build reads a preset or checkpoints, not an engine")
         for name in ("max_batch_size", "max_seq_len", "page_size"):
             if getattr(o, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(o, name)}")
@@ -282,7 +279,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
             report(f"[build] {o.output_note}")
         for d in clean_stale_temp_dirs(o.output):
             report(f"[build] removed {d}, left by a build that is no longer running")
-    device, dtype = (tp.device if tp else torch.device(o.device)), DTYPES[o.dtype]
+    device, dtype = (tp.device if tp else torch.device(o.device)), torch_dtype(o.dtype)
     backend, why = pick_backend(o.backend)
     report(f"[build] backend: {backend} ({why}); device {device}, dtype {o.dtype}"
            + (f"; tensor parallel {tp.world} ranks" if tp else ""))

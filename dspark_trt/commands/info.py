@@ -6,15 +6,16 @@ import math
 
 import torch
 
+from ..config.dtypes import DTYPES, ENGINE_DTYPES
+
 H200_BYTES = 141e9
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("info", help="print an engine's manifest or a preset's memory estimate")
     p.add_argument("engine_dir", nargs="?", help="engine directory")
     p.add_argument("--model", help="preset name: print a memory estimate instead")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="for --model")
+    p.add_argument("--dtype", choices=sorted(ENGINE_DTYPES), default="bf16", help="for --model")
     p.add_argument("--max-batch-size", type=int, default=8, help="for --model")
     p.add_argument("--max-seq-len", type=int, default=2048, help="for --model")
     p.add_argument("--no-verify", action="store_true", help="skip file checksums (engine)")

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DSparkConfig
+from ..config.source import MARKOV_SAMPLERS
 from .layers import RMSNorm, make_paged_kv_cache, rope_cos_sin
 from .qwen3 import Qwen3DecoderLayer
 
@@ -43,7 +44,6 @@ def markov_weights(head: MarkovHead | None, vocab_size: int, like: Tensor) -> tu
     return head.markov_w1.weight, head.markov_w2.weight
 
 
-MARKOV_SAMPLERS = ("exact", "topk")
 TOPK_PER_CHUNK = 4                           # topk: 4 candidates per vocabulary chunk ...
 
 

@@ -19,8 +19,7 @@ from .. import plugins
 from ..builder.engine_dir import EngineError, check_engine, config_from_json
 from ..builder.export import allocate_caches
 from ..config import ModelPair
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ..config.dtypes import DTYPES
 
 
 class EngineNetworks:

@@ -9,7 +9,10 @@ from typing import Callable, Iterator, Sequence as Seq
 import torch
 
 from ..config import ConfigError, ModelPair, get_preset
-from ..devices import default_device, resolve_device  # noqa: F401  (default_device: re-exported)
+from ..config.dtypes import torch_dtype
+from ..config.source import (DEFAULT_ASSETS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, FALLBACK_PRESET,
+                             ModelSource, default_pair_dirs)
+from ..devices import default_device, default_dtype, resolve_device  # noqa: F401  (default_device: re-exported)
 from ..models import build_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..models.v4_moe import stack_experts_
@@ -42,13 +45,14 @@ def check_engine_sampler(built: str, mode: str | None) -> None:
                           f"rebuild with `dspark-trt build --markov-sampler {mode}` to use {mode!r}")
 
 
-DEFAULT_MAX_SEQ_LEN = 2048            # or the model's context, if shorter
+RANDOM_WEIGHTS_NOTE = "acceptance will be low, tau near 1; text is noise"
 
 
 class LLM:
     """Target + DSpark draft with their caches, ready to generate.
 
-    Build it with ``LLM.from_preset``, ``LLM.from_checkpoints`` or ``LLM.from_engine``.
+    Build it with ``LLM.from_source`` (a ``config.ModelSource``: what the CLI and serving give),
+    ``LLM.from_preset``, ``LLM.from_checkpoints`` or ``LLM.from_engine``.
 
     KV cache size: ``num_pages`` explicitly, or from a memory budget (``kv_cache_bytes``, or
     ``gpu_memory_utilization`` of the GPU minus what is in use), or by default enough pages for
@@ -136,6 +140,36 @@ class LLM:
         return kv_bytes_per_token(self.pair, self.dtype, speculative) // self.tp_size
 
     # ---- constructors ----------------------------------------------------------------------
+    @classmethod
+    def from_source(cls, src: ModelSource, *, say: Callable[[str], None] = print, **kw) -> "LLM":
+        """From ``src``: its engine, its checkpoint pair, its preset (random weights), or else the
+        built-in default pair (the fallback preset without one); ``say`` tells which. The device,
+        dtype and preset name are checked before anything loads (``ConfigError``)."""
+        device = str(resolve_device(src.device))
+        dtype = torch_dtype(src.dtype) if src.dtype else default_dtype(device)
+        kw.update(max_batch_size=src.max_batch_size, max_seq_len=src.max_seq_len,
+                  markov_sampler=src.markov_sampler)
+        if src.engine:
+            return cls.from_engine(src.engine, device=device, tp_size=src.tp_size,
+                                   num_spec_tokens=src.num_spec_tokens, **kw)
+        kw["max_batch_size"] = kw["max_batch_size"] or DEFAULT_MAX_BATCH_SIZE
+        if src.expert_parallel and src.tp_size == 1:
+            raise ConfigError("--expert-parallel needs --tp-size > 1 (under torchrun)")
+        kw.update(dtype=dtype, device=device, num_spec_tokens=src.num_spec_tokens, tp_size=src.tp_size,
+                  expert_parallel=src.expert_parallel)
+        if src.checkpoint or src.draft_checkpoint:
+            if not (src.checkpoint and src.draft_checkpoint):
+                raise ConfigError("--checkpoint and --draft-checkpoint go together")
+            return cls.from_checkpoints(src.checkpoint, src.draft_checkpoint, **kw)
+        if src.model is None and default_pair_dirs() is not None:
+            say(f"[dspark-trt] using the built-in default pair ({DEFAULT_ASSETS})")
+            return cls.from_checkpoints(*default_pair_dirs(), **kw)
+        name = src.model or FALLBACK_PRESET
+        get_preset(name).check_limits(kw["max_batch_size"], kw["max_seq_len"])   # before the notice
+        say(f"[dspark-trt] no checkpoint given: preset '{name}' with RANDOM weights on {device} "
+            f"({RANDOM_WEIGHTS_NOTE})")
+        return cls.from_preset(name, **kw)
+
     @classmethod
     def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.float32, device=None,
                     num_spec_tokens: int | None = None, tp_size: int = 1,
