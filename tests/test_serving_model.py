@@ -42,8 +42,8 @@ def make_tokenizer(vocab_size: int):
 def make_tiny_text_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
     """Write target + draft HF checkpoints of the tiny preset (random weights, fixed seed) with a
     tokenizer.json whose vocabulary is the model's."""
-    from dspark_trt.builder.checkpoint import write_checkpoint
-    from dspark_trt.builder.qwen3_loader import qwen3_draft_tensors, qwen3_target_tensors
+    from dspark_trt.checkpoints.files import write_checkpoint
+    from dspark_trt.checkpoints.qwen3 import qwen3_draft_tensors, qwen3_target_tensors
     from dspark_trt.models import build_models
     pair = get_preset(PRESET)
     target, draft = build_models(pair, torch.float32, "cpu", None, seed)

@@ -30,14 +30,14 @@ import torch
 from ..config import ConfigError, ModelPair, get_preset
 from ..config.dtypes import ENGINE_DTYPES, torch_dtype
 from ..config.source import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MARKOV_SAMPLERS, ModelSource
-from ..models.fuse import fuse_projections_
-from ..models.v4_moe import stack_experts_
+from ..checkpoints.prepare import prepare_models
 from ..devices import resolve_device
 from ..progress import bar
-from . import engine_dir as ed
+from ..engine import manifest as ed
+from ..engine.caches import cache_layout
 from .backends import BuildError, pick_backend
 from .output_dir import atomic_engine_dir, choose_output, clean_stale_temp_dirs
-from .export import (NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline,
+from .export import (NETWORKS, BuildShapes, export_network, network_specs, ops_to_inline,
                      reference_impls, reference_reason)
 
 log = logging.getLogger(__name__)
@@ -220,25 +220,11 @@ def _refit_taps(draft, num_layers: int, last_layer_taps: bool = False):
 
 
 def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device, tp=None):
-    """-> (pair, target, draft); random weights are initialised directly on ``device``. With
-    ``tp`` (a ``parallel.TPInfo``) the models are sharded for its rank (checkpoints load on the
-    host; only the shard moves to ``device``)."""
-    if o.checkpoint:
-        from .loaders import load_pair
-        pair, target, draft = load_pair(o.checkpoint, o.draft_checkpoint, dtype,
-                                        "cpu" if tp else device, o.num_spec_tokens)
-        pair.name = o.model
-    else:
-        from ..models import build_models
-        pair = apply_overrides(get_preset(o.model), o.overrides)
-        target, draft = build_models(pair, dtype, device, o.num_spec_tokens, o.seed)
-    if tp:
-        from ..parallel import shard_pair_
-        shard_pair_(pair, target, draft, tp.rank, tp.world, o.expert_parallel)
-        target.to(device), draft.to(device)
-    draft.markov_sampler = o.markov_sampler
-    fuse_projections_(target), fuse_projections_(draft)      # one GEMM for q/k/v and for gate/up
-    stack_experts_(target), stack_experts_(draft)            # V4 MoE: grouped GEMMs of the chosen experts
+    """-> (pair, target, draft) as exported: ``checkpoints.prepare_models`` with projections fused
+    (a preset gets ``o.overrides`` first); random weights are initialised directly on ``device``."""
+    preset = None if o.checkpoint else apply_overrides(get_preset(o.model), o.overrides)
+    pair, target, draft = prepare_models(o, dtype, device, tp, pair=preset, seed=o.seed, fuse=True)
+    pair.name = o.model
     return pair, target, draft
 
 

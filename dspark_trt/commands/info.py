@@ -29,7 +29,7 @@ def run(args) -> int:
         est = memory_estimate(args.model, DTYPES[args.dtype], args.max_batch_size, args.max_seq_len)
         print(json.dumps(est, indent=2))
         return 0
-    from ..builder.engine_dir import EngineError, check_engine, read_manifest
+    from ..engine.manifest import EngineError, check_engine, read_manifest
     m = read_manifest(args.engine_dir)
     print(json.dumps(m, indent=2))
     for line in ops_summary(m):

@@ -13,10 +13,9 @@ from ..config.dtypes import torch_dtype
 from ..config.source import (DEFAULT_ASSETS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, FALLBACK_PRESET,
                              ModelSource, default_pair_dirs)
 from ..devices import default_device, default_dtype, resolve_device  # noqa: F401  (default_device: re-exported)
-from ..models import build_models
+from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
-from ..models.v4_moe import stack_experts_
-from ..parallel import TPInfo, init_tp, shard_pair_, shared_seeds
+from ..parallel import TPInfo, init_tp, shared_seeds
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
 from .kv_manager import KVBudgetError, check_kv_fits, cuda_kv_budget, kv_bytes_per_token, pages_from_budget
@@ -40,7 +39,7 @@ def set_markov_sampler(draft, networks, mode: str) -> None:
 def check_engine_sampler(built: str, mode: str | None) -> None:
     """An engine has its draft sampler compiled in: asking for another one is an error."""
     if mode is not None and built != mode:
-        from ..builder.engine_dir import EngineError
+        from ..engine.manifest import EngineError
         raise EngineError(f"this engine samples drafts with markov_sampler={built!r} (compiled in); "
                           f"rebuild with `dspark-trt build --markov-sampler {mode}` to use {mode!r}")
 
@@ -177,13 +176,9 @@ class LLM:
         """Random weights with the preset's dimensions (acceptance will be low: tau near 1)."""
         pair = get_preset(name)
         pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
-        device = resolve_device(device)
-        tp = _join_tp(tp_size, device)
-        device = tp.device if tp else device
-        target, draft = build_models(pair, dtype, device, num_spec_tokens, seed)
-        if tp:
-            shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
-        stack_experts_(target), stack_experts_(draft)     # V4: grouped GEMMs of the chosen experts
+        device, tp = _join_tp(tp_size, device)
+        src = ModelSource(model=name, num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel)
+        pair, target, draft = prepare_models(src, dtype, device, tp, pair=pair, seed=seed)
         return cls(pair, target, draft, device=device, dtype=dtype, **kw)
 
     @classmethod
@@ -192,16 +187,10 @@ class LLM:
                          expert_parallel: bool = False, **kw) -> "LLM":
         """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
         shard to its device."""
-        from ..builder.loaders import load_pair
-        device = resolve_device(device)
-        tp = _join_tp(tp_size, device)
-        device = tp.device if tp else device
-        pair, target, draft = load_pair(target_dir, draft_dir, dtype, "cpu" if tp else device,
-                                        num_spec_tokens)
-        if tp:
-            shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
-            target.to(device), draft.to(device)
-        stack_experts_(target), stack_experts_(draft)     # V4: grouped GEMMs of the chosen experts
+        device, tp = _join_tp(tp_size, device)
+        src = ModelSource(checkpoint=str(target_dir), draft_checkpoint=str(draft_dir),
+                          num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel)
+        pair, target, draft = prepare_models(src, dtype, device, tp)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype, **kw)
 
@@ -213,7 +202,7 @@ class LLM:
         tensor-parallel engine joins the torchrun group (its size must be the engine's tp_size;
         ``tp_size``, when given, must match too). ``num_spec_tokens`` and ``markov_sampler`` are
         compiled in: when given they must be the engine's."""
-        from ..builder.engine_dir import EngineError, read_manifest
+        from ..engine.manifest import EngineError, read_manifest
         from .engine import EngineNetworks
         device = resolve_device(device)
         manifest = read_manifest(engine_dir)
@@ -348,17 +337,19 @@ class LLM:
                 yield chunks.pop(0)
 
 
-def _join_tp(tp_size: int, device) -> TPInfo | None:
-    """Join the torchrun process group for ``tp_size`` > 1 (None for a single process)."""
+def _join_tp(tp_size: int, device) -> tuple[torch.device, TPInfo | None]:
+    """(the device of this rank, its ``TPInfo``): joins the torchrun process group for
+    ``tp_size`` > 1 (a single process: ``device`` resolved, None)."""
     if tp_size < 1:
         raise ConfigError(f"tp_size must be >= 1, got {tp_size}")
+    device = resolve_device(device)
     if tp_size == 1:
-        return None
-    tp = init_tp(device_type=resolve_device(device).type)
+        return device, None
+    tp = init_tp(device_type=device.type)
     if tp.world != tp_size:
         raise ConfigError(f"tp_size={tp_size} but this process group has WORLD_SIZE={tp.world}: launch "
                          f"with `torchrun --nproc-per-node {tp_size} ...`")
-    return tp
+    return tp.device, tp
 
 
 def load_tokenizer(ckpt_dir: str | Path):
