@@ -39,9 +39,9 @@ def show_defaults(parser: argparse.ArgumentParser) -> None:
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types whose message is meant for the user (no traceback)."""
     from .builder.backends import BuildError
-    from .builder.checkpoint import CheckpointError
-    from .builder.engine_dir import EngineError
-    from .builder.quant import QuantFormatError
+    from .checkpoints.files import CheckpointError
+    from .checkpoints.quant import QuantFormatError
+    from .engine.manifest import EngineError
     from .config import ConfigError
     from .runtime.kv_manager import KVBudgetError
     from .runtime.sampling_params import RequestError

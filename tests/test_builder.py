@@ -12,7 +12,7 @@ import torch
 from dspark_trt.builder import build as build_mod
 from dspark_trt.builder.backends import BuildError, pick_backend, tensorrt_available
 from dspark_trt.builder.build import BuildOptions, apply_overrides, build_engine
-from dspark_trt.builder.engine_dir import config_from_json, config_to_json, write_manifest
+from dspark_trt.engine.manifest import config_from_json, config_to_json, write_manifest
 from dspark_trt.builder.output_dir import atomic_engine_dir
 from dspark_trt.builder.export import BuildShapes, network_specs
 from dspark_trt.config import PRESETS, ConfigError, get_preset

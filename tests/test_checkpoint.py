@@ -7,8 +7,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dspark_trt.builder.checkpoint import CheckpointError, read_tensors, write_checkpoint
-from dspark_trt.builder.qwen3_loader import (load_qwen3_pair, qwen3_draft_tensors,
+from dspark_trt.checkpoints.files import CheckpointError, read_tensors, write_checkpoint
+from dspark_trt.checkpoints.qwen3 import (load_qwen3_pair, qwen3_draft_tensors,
                                              qwen3_target_tensors)
 from dspark_trt.models import build_models
 from dspark_trt.runtime.llm import LLM
@@ -91,8 +91,8 @@ def test_bad_draft_checkpoint_is_refused_and_nothing_is_half_loaded(tmp_path, ca
         _edit_single(f, lambda t: t.update({"lm_head.weight": torch.zeros(3, 3)}))
     fresh_target, fresh_draft = build_models(pair, torch.float32, "cpu", seed=99)
     before = {k: v.clone() for k, v in fresh_draft.state_dict().items()}
-    from dspark_trt.builder.checkpoint import load_into_module
-    from dspark_trt.builder.qwen3_loader import _draft_rename
+    from dspark_trt.checkpoints.files import load_into_module
+    from dspark_trt.checkpoints.qwen3 import _draft_rename
     with pytest.raises(CheckpointError, match=match):
         load_qwen3_pair(tdir, ddir)
     if case not in ("shared_shape",):       # the module-level loader itself is all-or-nothing

@@ -16,7 +16,7 @@ import torch
 
 from dspark_trt import cli
 from dspark_trt.cli import main
-from dspark_trt.runtime import llm as llm_mod
+from dspark_trt.checkpoints import prepare as prepare_mod
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
 
@@ -56,7 +56,7 @@ def assert_error_line(rc: int, err: str, *needles: str) -> None:
     (["--device", "gpu"], ["device 'gpu'"]),
 ])
 def test_generate_argument_errors_come_before_any_model_loads(capsys, monkeypatch, args, needles):
-    monkeypatch.setattr(llm_mod, "build_models", _refuse)
+    monkeypatch.setattr(prepare_mod, "build_models", _refuse)
     rc, out, err = run_cli(capsys, *GEN, *args)
     assert_error_line(rc, err, *needles)
     assert "RANDOM weights" not in out + err
@@ -68,7 +68,7 @@ def _refuse(*a, **k):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_cuda_is_an_error_for_generate_build_and_the_api(capsys, monkeypatch):
-    monkeypatch.setattr(llm_mod, "build_models", _refuse)
+    monkeypatch.setattr(prepare_mod, "build_models", _refuse)
     rc, _, err = run_cli(capsys, *GEN, "--device", "cuda", "--prompt-ids", "1")
     assert_error_line(rc, err, "device 'cuda': CUDA is not available")
     rc, out, err = run_cli(capsys, "build", "--model", TINY, "--random-weights", "--device", "cuda")

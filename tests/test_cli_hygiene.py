@@ -61,7 +61,7 @@ def test_failed_probe_is_not_cached(tmp_path, monkeypatch):
 
 
 def test_weight_loading_shows_progress_when_asked(tmp_path, monkeypatch, capsys):
-    from dspark_trt.builder.checkpoint import read_tensors, write_checkpoint
+    from dspark_trt.checkpoints.files import read_tensors, write_checkpoint
     write_checkpoint(tmp_path / "ckpt", {"model_type": "qwen3"},
                      {f"w{i}": torch.full((4,), float(i)) for i in range(5)})
     monkeypatch.setenv("DSPARK_PROGRESS", "1")

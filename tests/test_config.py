@@ -81,3 +81,21 @@ def test_dflash_style_nested_config():
     hf.pop("markov_rank")
     d = DSparkConfig.from_hf(hf)
     assert d.target_layer_ids == ids and d.mask_token_id == mask and d.markov_rank == 0
+
+
+def test_model_source_is_the_one_list_of_model_options():
+    """Every ModelSource field has exactly one CLI flag; BuildOptions and serving's ServedModel
+    extend it (the CLI, builder, serving and LLM.from_source read the same fields)."""
+    import argparse
+    from dataclasses import fields
+
+    from dspark_trt.builder.build import BuildOptions
+    from dspark_trt.config.source import FLAGS, ModelSource, add_source_args
+    from dspark_trt.serving.source import ServedModel
+    names = [f.name for f in fields(ModelSource)]
+    assert list(FLAGS) == names
+    assert issubclass(BuildOptions, ModelSource) and issubclass(ServedModel, ModelSource)
+    p = argparse.ArgumentParser()
+    add_source_args(p)
+    args = p.parse_args(["--model", "m", "--dtype", "bf16", "--tp-size", "2", "--max-seq-len", "64"])
+    assert ModelSource.from_args(args) == ModelSource(model="m", dtype="bf16", tp_size=2, max_seq_len=64)

@@ -4,7 +4,8 @@ greedy plain decoding in bf16 on the default pair."""
 import pytest
 import torch
 
-from dspark_trt.commands import common
+from dspark_trt import devices as common
+from dspark_trt.config.source import default_pair_dirs
 from dspark_trt.devices import cpu_bf16_flags
 
 CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 amx_tile\nprocessor\t: 1\n"
@@ -45,12 +46,12 @@ def test_generate_says_the_cpu_dtype_in_one_line(capsys, monkeypatch):
     assert "native bf16" not in cap.out + cap.err
 
 
-@pytest.mark.skipif(not common.CPU_BF16_DEFAULT or common.default_pair_dirs() is None,
+@pytest.mark.skipif(not common.CPU_BF16_DEFAULT or default_pair_dirs() is None,
                     reason="CPU default is fp32: bf16 near-ties made greedy speculative output "
-                           "differ from plain decoding on the default pair (commands/common.py)")
+                           "differ from plain decoding on the default pair (devices.py)")
 def test_bf16_default_keeps_greedy_speculative_lossless():
     from dspark_trt import LLM, SamplingParams
-    target, draft = common.default_pair_dirs()
+    target, draft = default_pair_dirs()
     prompts = ["def fibonacci(n):\n", "class Stack:\n    def __init__(self):\n",
                "import os\nimport sys\n\n\ndef main(argv):\n"]
     llm = LLM.from_checkpoints(target, draft, device="cpu", dtype=torch.bfloat16, max_batch_size=1,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_trt.builder.engine_dir import EngineError, check_engine
+from dspark_trt.engine.manifest import EngineError, check_engine
 from dspark_trt.runtime import LLM, SamplingParams
 from dspark_trt.runtime.engine import EngineNetworks
 from dspark_trt.runtime.networks import EagerNetworks

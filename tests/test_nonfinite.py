@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dspark_trt.builder.build import BuildOptions, build_engine
-from dspark_trt.builder.checkpoint import CheckpointError, write_checkpoint
-from dspark_trt.builder.qwen3_loader import qwen3_draft_tensors, qwen3_target_tensors
+from dspark_trt.checkpoints.files import CheckpointError, write_checkpoint
+from dspark_trt.checkpoints.qwen3 import qwen3_draft_tensors, qwen3_target_tensors
 from dspark_trt.cli import main
 from dspark_trt.models import build_models
 from dspark_trt.runtime.generator import NONFINITE_LOGITS

@@ -16,7 +16,7 @@ from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
 from dspark_trt.serving.detokenizer import IncrementalText
 from dspark_trt.serving.request import parse_request
-from dspark_trt.serving.source import ModelSource
+from dspark_trt.serving.source import ServedModel
 
 PRESET = "qwen3-tiny-dspark"
 MAX_SEQ_LEN = 128
@@ -42,8 +42,8 @@ def make_tokenizer(vocab_size: int):
 def make_tiny_text_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
     """Write target + draft HF checkpoints of the tiny preset (random weights, fixed seed) with a
     tokenizer.json whose vocabulary is the model's."""
-    from dspark_trt.builder.checkpoint import write_checkpoint
-    from dspark_trt.builder.qwen3_loader import qwen3_draft_tensors, qwen3_target_tensors
+    from dspark_trt.checkpoints.files import write_checkpoint
+    from dspark_trt.checkpoints.qwen3 import qwen3_draft_tensors, qwen3_target_tensors
     from dspark_trt.models import build_models
     pair = get_preset(PRESET)
     target, draft = build_models(pair, torch.float32, "cpu", None, seed)
@@ -62,7 +62,7 @@ def pair_dirs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def source(pair_dirs):
-    return ModelSource(checkpoint=str(pair_dirs[0]), draft_checkpoint=str(pair_dirs[1]), device="cpu",
+    return ServedModel(checkpoint=str(pair_dirs[0]), draft_checkpoint=str(pair_dirs[1]), device="cpu",
                        dtype="fp32", max_batch_size=4, max_seq_len=MAX_SEQ_LEN)
 
 

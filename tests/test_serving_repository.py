@@ -10,7 +10,7 @@ import pytest
 from dspark_trt.cli import main
 from dspark_trt.serving.repository import PROJECT_ROOT, pbtxt_string, render_config, write_repository
 from dspark_trt.serving.server import ServingEnvError, TritonInstall
-from dspark_trt.serving.source import ModelSource
+from dspark_trt.serving.source import ServedModel
 
 PARAM = re.compile(r'\{ key: "((?:[^"\\]|\\.)*)" value: \{ string_value: "((?:[^"\\]|\\.)*)" \} \}')
 
@@ -25,8 +25,8 @@ def io_names(text: str, section: str) -> list[tuple[str, str, str]]:
     return re.findall(r'name: "(\w+)" data_type: (TYPE_\w+) dims: \[ (-?1) \]', block)
 
 
-def preset_source(**kw) -> ModelSource:
-    return ModelSource(model="qwen3-tiny-dspark", random_weights=True, **kw)
+def preset_source(**kw) -> ServedModel:
+    return ServedModel(model="qwen3-tiny-dspark", random_weights=True, **kw)
 
 
 def test_write_repository_layout_and_config(tmp_path):
@@ -47,7 +47,7 @@ def test_write_repository_layout_and_config(tmp_path):
         "text_output", "output_ids", "finish_reason", "tau", "acceptance_per_position", "rounds"]
     params = parameters(text)
     assert params["default_max_tokens"] == "32" and params["project_path"] == str(PROJECT_ROOT)
-    assert ModelSource.from_parameters(params) == src         # the model reads back what was written
+    assert ServedModel.from_parameters(params) == src         # the model reads back what was written
     model_py = (model_dir / "1" / "model.py").read_text()
     assert "class TritonPythonModel" in model_py and "dspark_trt.serving.triton_model" in model_py
 

@@ -23,7 +23,7 @@ import torch
 from dspark_trt.runtime.sampling_params import SamplingParams
 from dspark_trt.serving.repository import write_repository
 from dspark_trt.serving.server import ServingEnvError, TritonInstall
-from dspark_trt.serving.source import ModelSource
+from dspark_trt.serving.source import ServedModel
 from dspark_trt.serving.stack import ServingStack
 
 from test_serving_model import make_tiny_text_pair
@@ -45,7 +45,7 @@ def install():
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     tdir, ddir = make_tiny_text_pair(tmp_path_factory.mktemp("tiny_pair"))
-    return ModelSource(checkpoint=str(tdir), draft_checkpoint=str(ddir), device="cpu", dtype="fp32",
+    return ServedModel(checkpoint=str(tdir), draft_checkpoint=str(ddir), device="cpu", dtype="fp32",
                        max_batch_size=16, max_seq_len=MAX_SEQ_LEN)
 
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dspark_trt.builder.build import BuildOptions, apply_overrides, build_engine
-from dspark_trt.builder.engine_dir import EngineError
+from dspark_trt.engine.manifest import EngineError
 from dspark_trt.config import get_preset
 from dspark_trt.models import build_models
 from dspark_trt.runtime import LLM, SamplingParams

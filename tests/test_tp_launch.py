@@ -16,7 +16,7 @@ import torch
 
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
-from dspark_trt.serving.source import ModelSource
+from dspark_trt.serving.source import ServedModel
 
 from test_serving_model import FakePB, ids_request
 from test_tp import _free_port
@@ -58,7 +58,7 @@ def tp_model():
     """DSparkModel with tp_size=2 in this process (rank 0); it spawns rank 1 itself."""
     from dspark_trt.serving.triton_model import DSparkModel
     env = dict(os.environ)
-    src = ModelSource(model=PRESET, random_weights=True, dtype="fp64", device="cpu",
+    src = ServedModel(model=PRESET, random_weights=True, dtype="fp64", device="cpu",
                       max_batch_size=4, max_seq_len=64, tp_size=2)
     params = {k: {"string_value": v} for k, v in {**src.to_parameters(), "default_max_tokens": "8",
                                                    "cpu_threads": "1"}.items()}
@@ -98,7 +98,7 @@ def test_triton_model_leads_a_second_rank_and_matches_one_process(tp_model, sing
 
 def test_tp_repository_serves_one_instance(tmp_path):
     from dspark_trt.serving.repository import write_repository
-    src = ModelSource(model=PRESET, random_weights=True, device="cuda", tp_size=2)
+    src = ServedModel(model=PRESET, random_weights=True, device="cuda", tp_size=2)
     text = (write_repository(tmp_path, src) / "config.pbtxt").read_text()
     assert "count: 1 kind: KIND_CPU" in text and '"tp_size" value: { string_value: "2"' in text
     with pytest.raises(ValueError, match="serve one instance"):

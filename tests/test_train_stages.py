@@ -208,7 +208,7 @@ def test_sharded_save_splits_and_reloads(run_dir, tmp_path):
 
 def test_default_recipe_fits_the_shipping_budget():
     """h200 preset: target + DSpark draft in bf16 <= 60 MB, every tensor fits one shard."""
-    from dspark_trt.builder.qwen3_loader import qwen3_draft_tensors, qwen3_target_tensors
+    from dspark_trt.checkpoints.qwen3 import qwen3_draft_tensors, qwen3_target_tensors
     from dspark_trt.train.modules import build_block_draft, build_target
     r = get_recipe("h200")
     with torch.device("meta"):

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from dspark_trt.config import ConfigError, get_preset
-from dspark_trt.config_v4 import DeepSeekV4Config, DSparkV4Config
+from dspark_trt.config import DeepSeekV4Config, DSparkV4Config
 from dspark_trt.models import build_models
 
 

@@ -2,11 +2,11 @@
 import pytest
 import torch
 
-from dspark_trt.builder.checkpoint import CheckpointError, read_tensors, write_checkpoint
-from dspark_trt.builder.loaders import load_pair
-from dspark_trt.builder.quant import (E2M1, dequant_fp8_block, dequant_mxfp4, e8m0_to_float,
+from dspark_trt.checkpoints.files import CheckpointError, read_tensors, write_checkpoint
+from dspark_trt.checkpoints.loaders import load_pair
+from dspark_trt.checkpoints.quant import (E2M1, dequant_fp8_block, dequant_mxfp4, e8m0_to_float,
                                       quant_fp8_block, quant_mxfp4)
-from dspark_trt.builder.v4_loader import remap_name, v4_checkpoint_tensors
+from dspark_trt.checkpoints.v4 import remap_name, v4_checkpoint_tensors
 from dspark_trt.config import get_preset
 from dspark_trt.models import build_models
 

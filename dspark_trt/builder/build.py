@@ -28,44 +28,38 @@ from typing import Callable
 import torch
 
 from ..config import ConfigError, ModelPair, get_preset
-from ..models.dspark_qwen3 import MARKOV_SAMPLERS
-from ..models.fuse import fuse_projections_
-from ..models.v4_moe import stack_experts_
+from ..config.dtypes import ENGINE_DTYPES, torch_dtype
+from ..config.source import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MARKOV_SAMPLERS, ModelSource
+from ..checkpoints.prepare import prepare_models
 from ..devices import resolve_device
 from ..progress import bar
-from . import engine_dir as ed
+from ..engine import manifest as ed
+from ..engine.caches import cache_layout
 from .backends import BuildError, pick_backend
 from .output_dir import atomic_engine_dir, choose_output, clean_stale_temp_dirs
-from .export import (NETWORKS, BuildShapes, cache_layout, export_network, network_specs, ops_to_inline,
+from .export import (NETWORKS, BuildShapes, export_network, network_specs, ops_to_inline,
                      reference_impls, reference_reason)
 
 log = logging.getLogger(__name__)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 WEIGHTS = "weights.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                    "merges.txt", "generation_config.json", "chat_template.jinja")
 
 
 @dataclass
-class BuildOptions:
-    model: str
+class BuildOptions(ModelSource):
+    """``ModelSource`` (what to build from; no ``engine``) with the build's defaults and options."""
+
+    model: str = ""                           # preset name (or the engine's name with checkpoints)
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_seq_len: int = DEFAULT_MAX_SEQ_LEN
+    markov_sampler: str = "exact"             # compiled into draft_block (models.dspark_qwen3.markov_sampler_op)
     output: str | None = None                 # default engines/<model>
-    checkpoint: str | None = None
-    draft_checkpoint: str | None = None
-    random_weights: bool = False
-    dtype: str | None = None                  # default bf16 on cuda, fp32 on cpu
     backend: str = "auto"
-    max_batch_size: int = 8
-    max_seq_len: int = 2048
-    num_spec_tokens: int | None = None
     page_size: int = 64
     overrides: list[str] = field(default_factory=list)
-    device: str | None = None
-    seed: int = 0
-    tp_size: int = 1                          # tensor-parallel ranks the engine serves
-    expert_parallel: bool = False             # with tp_size > 1: MoE experts split by expert
+    seed: int = 0                             # of the random weights
     check_toolchain: bool = True              # build + load a probe package first (AOTI)
-    markov_sampler: str = "exact"             # "exact" or "topk" (models.dspark_qwen3.markov_sampler_op)
     allow_reference_ops: bool = False         # a failed Triton-kernel build falls back to references
     force: bool = False                       # output holds other files: build into output/<model>
 
@@ -77,8 +71,11 @@ class BuildOptions:
         o = dataclasses.replace(self)
         o.device = str(resolve_device(o.device))
         o.dtype = o.dtype or ("bf16" if o.device.startswith("cuda") else "fp32")
-        if o.dtype not in DTYPES:
-            raise ConfigError(f"--dtype {o.dtype!r}: choose one of {', '.join(DTYPES)}")
+        torch_dtype(o.dtype, ENGINE_DTYPES)
+        if not o.model:
+            raise ConfigError("--model is required (a preset name, or the engine's name with checkpoints)")
+        if o.engine:
+            raise ConfigError("a build reads a preset or checkpoints, not an engine")
         for name in ("max_batch_size", "max_seq_len", "page_size"):
             if getattr(o, name) <= 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be positive, got {getattr(o, name)}")
@@ -223,25 +220,11 @@ def _refit_taps(draft, num_layers: int, last_layer_taps: bool = False):
 
 
 def load_models(o: BuildOptions, dtype: torch.dtype, device: torch.device, tp=None):
-    """-> (pair, target, draft); random weights are initialised directly on ``device``. With
-    ``tp`` (a ``parallel.TPInfo``) the models are sharded for its rank (checkpoints load on the
-    host; only the shard moves to ``device``)."""
-    if o.checkpoint:
-        from .loaders import load_pair
-        pair, target, draft = load_pair(o.checkpoint, o.draft_checkpoint, dtype,
-                                        "cpu" if tp else device, o.num_spec_tokens)
-        pair.name = o.model
-    else:
-        from ..models import build_models
-        pair = apply_overrides(get_preset(o.model), o.overrides)
-        target, draft = build_models(pair, dtype, device, o.num_spec_tokens, o.seed)
-    if tp:
-        from ..parallel import shard_pair_
-        shard_pair_(pair, target, draft, tp.rank, tp.world, o.expert_parallel)
-        target.to(device), draft.to(device)
-    draft.markov_sampler = o.markov_sampler
-    fuse_projections_(target), fuse_projections_(draft)      # one GEMM for q/k/v and for gate/up
-    stack_experts_(target), stack_experts_(draft)            # V4 MoE: grouped GEMMs of the chosen experts
+    """-> (pair, target, draft) as exported: ``checkpoints.prepare_models`` with projections fused
+    (a preset gets ``o.overrides`` first); random weights are initialised directly on ``device``."""
+    preset = None if o.checkpoint else apply_overrides(get_preset(o.model), o.overrides)
+    pair, target, draft = prepare_models(o, dtype, device, tp, pair=preset, seed=o.seed, fuse=True)
+    pair.name = o.model
     return pair, target, draft
 
 
@@ -282,7 +265,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
             report(f"[build] {o.output_note}")
         for d in clean_stale_temp_dirs(o.output):
             report(f"[build] removed {d}, left by a build that is no longer running")
-    device, dtype = (tp.device if tp else torch.device(o.device)), DTYPES[o.dtype]
+    device, dtype = (tp.device if tp else torch.device(o.device)), torch_dtype(o.dtype)
     backend, why = pick_backend(o.backend)
     report(f"[build] backend: {backend} ({why}); device {device}, dtype {o.dtype}"
            + (f"; tensor parallel {tp.world} ranks" if tp else ""))

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..interrupts import deferred_interrupts
-from .engine_dir import MANIFEST, EngineError
+from ..engine.manifest import MANIFEST, EngineError
 
 STALE_AFTER_S = 6 * 3600          # a temporary directory this old is stale whatever its owner
 _HOST = re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:40] or "host"

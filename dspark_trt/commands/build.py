@@ -1,37 +1,37 @@
 """``dspark-trt build``: export target and draft networks into a compiled engine directory."""
 from __future__ import annotations
 
+from ..config.dtypes import ENGINE_DTYPES
+from ..config.source import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, add_source_args
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("build", help="build an engine directory (aoti .pt2 or TensorRT plans)")
-    p.add_argument("--model", required=True, help="preset name (or the engine's name with checkpoints)")
-    p.add_argument("--checkpoint", help="target HF checkpoint directory")
-    p.add_argument("--draft-checkpoint", help="draft HF checkpoint directory")
-    p.add_argument("--random-weights", action="store_true", help="random weights with the preset's dims")
-    p.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default=None,
-                   help="default: bf16 on cuda, fp32 on cpu")
+    add_source_args(p, ("model", "checkpoint", "draft_checkpoint", "random_weights", "dtype"),
+                    model=dict(required=True, help="preset name (or the engine's name with checkpoints)"),
+                    dtype=dict(choices=sorted(ENGINE_DTYPES), help="default: bf16 on cuda, fp32 on cpu"))
     p.add_argument("--backend", choices=["auto", "aoti", "tensorrt"], default="auto")
-    p.add_argument("--max-batch-size", type=int, default=8)
-    p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--num-spec-tokens", type=int, default=None, help="N (default: the draft's block size)")
+    add_source_args(p, ("max_batch_size", "max_seq_len", "num_spec_tokens"),
+                    max_batch_size=dict(default=DEFAULT_MAX_BATCH_SIZE, help=None),
+                    max_seq_len=dict(default=DEFAULT_MAX_SEQ_LEN, help=None),
+                    num_spec_tokens=dict(help="N (default: the draft's block size)"))
     p.add_argument("--page-size", type=int, default=64, help="KV cache page size in tokens")
-    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--override", action="append", default=[], metavar="KEY=VALUE", dest="overrides",
                    help="edit the target config (draft.KEY=VALUE edits the draft), repeatable")
     p.add_argument("--output", help="engine directory (default engines/MODEL); an existing directory "
                                     "is replaced only if it is empty or holds an engine")
     p.add_argument("--force", action="store_true",
                    help="--output holds other files: build into OUTPUT/MODEL instead (nothing in "
                         "OUTPUT is deleted)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    add_source_args(p, ("device",), device=dict(choices=["cpu", "cuda"], help=None))
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    p.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact",
-                   help="draft block sampler compiled in: exact full-vocabulary (default) or topk "
-                        "(fast candidate-restricted proposal, still lossless)")
-    p.add_argument("--tp-size", type=int, default=1,
-                   help="tensor-parallel ranks: one engine part per rank (rank0/, rank1/, ...); the "
-                        "ranks are started here unless already launched by torchrun")
-    p.add_argument("--expert-parallel", action="store_true",
-                   help="with --tp-size: split MoE experts across the ranks by expert")
+    add_source_args(p, ("markov_sampler", "tp_size", "expert_parallel"),
+                    markov_sampler=dict(default="exact", help="draft block sampler compiled in: exact "
+                                        "full-vocabulary (default) or topk (fast candidate-restricted "
+                                        "proposal, still lossless)"),
+                    tp_size=dict(help="tensor-parallel ranks: one engine part per rank (rank0/, rank1/, "
+                                      "...); the ranks are started here unless already launched by torchrun"),
+                    expert_parallel=dict(help="with --tp-size: split MoE experts across the ranks by expert"))
     p.add_argument("--allow-reference-ops", action="store_true",
                    help="if building with the Triton plugin kernels fails, compile every dspark op "
                         "from its PyTorch reference instead of failing (slower engine; the manifest "
@@ -79,14 +79,6 @@ def _stop(procs, grace_s: float = 10.0) -> None:
 
 def _build(args) -> int:
     from ..builder.build import BuildOptions, build_engine
-    opts = BuildOptions(model=args.model, output=args.output, checkpoint=args.checkpoint,
-                        draft_checkpoint=args.draft_checkpoint, random_weights=args.random_weights,
-                        dtype=args.dtype, backend=args.backend, max_batch_size=args.max_batch_size,
-                        max_seq_len=args.max_seq_len, num_spec_tokens=args.num_spec_tokens,
-                        page_size=args.page_size, overrides=args.override, device=args.device,
-                        seed=args.seed, tp_size=args.tp_size, expert_parallel=args.expert_parallel,
-                        markov_sampler=args.markov_sampler, allow_reference_ops=args.allow_reference_ops,
-                        force=args.force,
-                        check_toolchain=not args.skip_toolchain_check)
+    opts = BuildOptions.from_args(args, check_toolchain=not args.skip_toolchain_check)
     build_engine(opts, report=lambda msg: print(msg, flush=True))
     return 0

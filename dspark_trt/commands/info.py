@@ -6,15 +6,16 @@ import math
 
 import torch
 
+from ..config.dtypes import DTYPES, ENGINE_DTYPES
+
 H200_BYTES = 141e9
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("info", help="print an engine's manifest or a preset's memory estimate")
     p.add_argument("engine_dir", nargs="?", help="engine directory")
     p.add_argument("--model", help="preset name: print a memory estimate instead")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="for --model")
+    p.add_argument("--dtype", choices=sorted(ENGINE_DTYPES), default="bf16", help="for --model")
     p.add_argument("--max-batch-size", type=int, default=8, help="for --model")
     p.add_argument("--max-seq-len", type=int, default=2048, help="for --model")
     p.add_argument("--no-verify", action="store_true", help="skip file checksums (engine)")
@@ -28,7 +29,7 @@ def run(args) -> int:
         est = memory_estimate(args.model, DTYPES[args.dtype], args.max_batch_size, args.max_seq_len)
         print(json.dumps(est, indent=2))
         return 0
-    from ..builder.engine_dir import EngineError, check_engine, read_manifest
+    from ..engine.manifest import EngineError, check_engine, read_manifest
     m = read_manifest(args.engine_dir)
     print(json.dumps(m, indent=2))
     for line in ops_summary(m):

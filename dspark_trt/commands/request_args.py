@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..runtime.prompts import check_text
 from ..runtime.sampling_params import RequestError, SamplingParams
-from .common import given
+from ..config.source import DEFAULT_MAX_SEQ_LEN
 
 
 def parse_prompt_ids(text: str) -> list[int]:
@@ -31,7 +31,9 @@ def check_generate_args(args, params: SamplingParams) -> list[int] | str | None:
     prompt = check_text(args.prompt) if args.prompt is not None else None
     if args.prompt_ids is not None:
         prompt = parse_prompt_ids(args.prompt_ids)
-    max_seq_len = args.max_seq_len if not getattr(args, "engine", None) else given(args.max_seq_len)
+    max_seq_len = args.max_seq_len                          # None: an engine's own, else the default
+    if max_seq_len is None and not getattr(args, "engine", None):
+        max_seq_len = DEFAULT_MAX_SEQ_LEN
     if max_seq_len is not None:
         n = len(prompt) if isinstance(prompt, list) else 1          # text: at least one token
         if n + params.max_new_tokens > max_seq_len:

@@ -13,6 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..config.source import DEFAULT_MAX_SEQ_LEN
 from .triton_repo import add_repo_args, write_from_args
 
 
@@ -62,7 +63,7 @@ def run(args) -> int:
         install = TritonInstall.find(args.triton_env)
     except ServingEnvError as e:
         raise SystemExit(f"error: {e}") from None
-    max_bytes = args.max_request_bytes or default_max_request_bytes(args.max_seq_len)
+    max_bytes = args.max_request_bytes or default_max_request_bytes(args.max_seq_len or DEFAULT_MAX_SEQ_LEN)
     if max_bytes < 1:
         raise SystemExit(f"error: --max-request-bytes must be positive, got {max_bytes}")
     tmp = None

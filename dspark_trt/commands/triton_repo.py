@@ -32,9 +32,9 @@ def add_parser(sub) -> None:
 
 def write_from_args(args, output) -> "object":
     from ..serving.repository import write_repository
-    from ..serving.source import ModelSource
+    from ..serving.source import ServedModel
     try:
-        return write_repository(output, ModelSource.from_args(args), model_name=args.model_name,
+        return write_repository(output, ServedModel.from_args(args), model_name=args.model_name,
                                 instance_count=args.instance_count,
                                 default_max_tokens=args.default_max_tokens, cpu_threads=args.cpu_threads,
                                 python_env=args.python_env, overwrite=getattr(args, "force", False))

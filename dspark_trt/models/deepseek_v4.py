@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config_v4 import DeepSeekV4Config
+from ..config import DeepSeekV4Config
 from .layers import RMSNorm
 from .v4_attention import V4Attention
 from .v4_hc import HyperConnection, HyperHead

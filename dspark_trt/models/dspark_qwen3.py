@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DSparkConfig
+from ..config.source import MARKOV_SAMPLERS
 from .layers import RMSNorm, make_paged_kv_cache, rope_cos_sin
 from .qwen3 import Qwen3DecoderLayer
 
@@ -80,8 +81,6 @@ def check_confidence_head(head: ConfidenceHead, d: int, r: int, bias: bool, wher
     if bias != (head.proj.bias is not None):
         raise ValueError(f"{where}: confidence_head.proj.bias is {'missing' if bias else 'unexpected'}")
 
-
-MARKOV_SAMPLERS = ("exact", "topk")
 TOPK_PER_CHUNK = 4                           # topk: 4 candidates per vocabulary chunk ...
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import plugins
-from ..config_v4 import DSparkV4Config
+from ..config import DSparkV4Config
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
 from .dspark_qwen3 import ConfidenceHead, MarkovHead, confidence_logits, markov_sampler_op, markov_weights

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import plugins
-from ..config_v4 import DeepSeekV4Config
+from ..config import DeepSeekV4Config
 from .layers import RMSNorm
 from .v4_layers import apply_rope_tail, flat_rows, read_rows, rms, rope_cos_sin, rope_inv_freq, write_rows
 

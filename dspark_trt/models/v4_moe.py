@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import plugins  # noqa: F401  (registers dspark::moe_experts)
-from ..config_v4 import DeepSeekV4Config
+from ..config import DeepSeekV4Config
 
 
 class Expert(nn.Module):

@@ -13,8 +13,8 @@ from .chat_template import ChatTemplate
 
 def template_dir_from_args(args) -> Path | None:
     """Where the chat template lives: the engine or target checkpoint directory, or the default
-    pair's target (what ``load_llm`` loads when no model is named)."""
-    from ..commands.common import default_pair_dirs
+    pair's target (what ``LLM.from_source`` loads when no model is named)."""
+    from ..config.source import default_pair_dirs
     if getattr(args, "engine", None):
         return Path(args.engine)
     if getattr(args, "checkpoint", None):
@@ -63,7 +63,8 @@ def serve_from_args(args) -> int:
     """``dspark-trt serve --openai``: load the model as ``generate`` does and serve until interrupted."""
     import uvicorn
 
-    from ..commands.common import load_llm
+    from ..config.source import ModelSource
+    from ..runtime.llm import LLM
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"[dspark-trt] warning: listening on {args.host} without --api-key", flush=True)
     if getattr(args, "tp_size", 1) > 1:
@@ -72,7 +73,7 @@ def serve_from_args(args) -> int:
     max_bytes = args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
     if max_bytes < 1:
         raise SystemExit(f"error: --max-request-bytes must be positive, got {max_bytes}")
-    llm = load_llm(args)
+    llm = LLM.from_source(ModelSource.from_args(args))
     template = ChatTemplate.from_dir(template_dir_from_args(args))
     server = OpenAIServer(llm, model_name=args.model_name, chat_template=template,
                           speculative=not getattr(args, "no_speculative", False))

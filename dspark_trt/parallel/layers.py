@@ -48,6 +48,11 @@ def _(x: Tensor, world: int) -> Tensor:
     return x.new_empty(*x.shape[:-1], world * x.shape[-1])
 
 
+def check_rank(rank: int, world: int) -> None:
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside the tensor-parallel group of size {world}")
+
+
 def split(n: int, world: int, what: str) -> int:
     """``n / world``, or ``ColumnShardError`` naming the dimension."""
     if n % world:

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .layers import (RowParallel, VocabParallelEmbedding, VocabParallelHead, cols, rows, split,
-                     vocab_shard)
+from .layers import (RowParallel, VocabParallelEmbedding, VocabParallelHead, check_rank, cols, rows,
+                     split, vocab_shard)
 
 
 @dataclass(frozen=True)
@@ -66,11 +66,6 @@ def _shard_decoder_layer_(layer: nn.Module, rank: int, world: int) -> None:
     m.gate_proj = rows(m.gate_proj, rank * f, (rank + 1) * f)
     m.up_proj = rows(m.up_proj, rank * f, (rank + 1) * f)
     m.down_proj = RowParallel(cols(m.down_proj, rank * f, (rank + 1) * f))
-
-
-def check_rank(rank: int, world: int) -> None:
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is outside the tensor-parallel group of size {world}")
 
 
 def shard_qwen3_(target: nn.Module, draft: nn.Module | None, rank: int, world: int) -> None:

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from .layers import (SumOverRanks, VocabParallelEmbedding, VocabParallelHead, cols, rows, split,
-                     vocab_shard)
-from .tp import check_rank
+from .layers import (SumOverRanks, VocabParallelEmbedding, VocabParallelHead, check_rank, cols, rows,
+                     split, vocab_shard)
 
 
 def _shard_attention_(a: nn.Module, rank: int, world: int) -> None:

@@ -15,13 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .dispatch import use_triton
-
-
-def local_experts(expert_ids: Tensor, first_expert: int, num_experts: int) -> tuple[Tensor, Tensor]:
-    """expert_ids (global, any shape) -> (local ids int64, live mask): a slot is live when its id is
-    not -1 and falls in this rank's block ``[first_expert, first_expert + num_experts)``."""
-    local = expert_ids.long() - first_expert
-    return local, (expert_ids >= 0) & (local >= 0) & (local < num_experts)
+from .expert_ids import local_experts
 
 
 def moe_experts_ref(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Tensor, w2: Tensor,

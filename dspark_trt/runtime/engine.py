@@ -16,11 +16,10 @@ import torch
 from torch import Tensor
 
 from .. import plugins
-from ..builder.engine_dir import EngineError, check_engine, config_from_json
-from ..builder.export import allocate_caches
+from ..engine.caches import allocate_caches
+from ..engine.manifest import EngineError, check_engine, config_from_json
 from ..config import ModelPair
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ..config.dtypes import DTYPES
 
 
 class EngineNetworks:
@@ -70,13 +69,13 @@ class EngineNetworks:
         nets = m["networks"]
         if backend == "aoti":
             from safetensors.torch import load_file
-            from ..builder.backends import aoti
+            from ..engine.networks import load_aoti_network
             weights = load_file(str(self.engine_dir / m["weights"]), device=str(self.device))
-            return {name: aoti.load_network(self.engine_dir / n["file"], self.device,
+            return {name: load_aoti_network(self.engine_dir / n["file"], self.device,
                                             {fqn: weights[w] for fqn, w in n["constants"].items()})
                     for name, n in nets.items()}
         if backend == "tensorrt":
-            from ..builder.backends.tensorrt import TensorRTNetwork
+            from ..engine.networks import TensorRTNetwork
             return {name: TensorRTNetwork(self.engine_dir / n["file"], self.device, n["outputs"], n["inputs"])
                     for name, n in nets.items()}
         raise EngineError(f"{self.engine_dir}: unknown backend {backend!r} in the manifest")

@@ -9,11 +9,13 @@ from typing import Callable, Iterator, Sequence as Seq
 import torch
 
 from ..config import ConfigError, ModelPair, get_preset
-from ..devices import default_device, resolve_device  # noqa: F401  (default_device: re-exported)
-from ..models import build_models
+from ..config.dtypes import torch_dtype
+from ..config.source import (DEFAULT_ASSETS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, FALLBACK_PRESET,
+                             ModelSource, default_pair_dirs)
+from ..devices import default_device, default_dtype, resolve_device  # noqa: F401  (default_device: re-exported)
+from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
-from ..models.v4_moe import stack_experts_
-from ..parallel import TPInfo, init_tp, shard_pair_, shared_seeds
+from ..parallel import TPInfo, init_tp, shared_seeds
 from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
@@ -38,18 +40,19 @@ def set_markov_sampler(draft, networks, mode: str) -> None:
 def check_engine_sampler(built: str, mode: str | None) -> None:
     """An engine has its draft sampler compiled in: asking for another one is an error."""
     if mode is not None and built != mode:
-        from ..builder.engine_dir import EngineError
+        from ..engine.manifest import EngineError
         raise EngineError(f"this engine samples drafts with markov_sampler={built!r} (compiled in); "
                           f"rebuild with `dspark-trt build --markov-sampler {mode}` to use {mode!r}")
 
 
-DEFAULT_MAX_SEQ_LEN = 2048            # or the model's context, if shorter
+RANDOM_WEIGHTS_NOTE = "acceptance will be low, tau near 1; text is noise"
 
 
 class LLM:
     """Target + DSpark draft with their caches, ready to generate.
 
-    Build it with ``LLM.from_preset``, ``LLM.from_checkpoints`` or ``LLM.from_engine``.
+    Build it with ``LLM.from_source`` (a ``config.ModelSource``: what the CLI and serving give),
+    ``LLM.from_preset``, ``LLM.from_checkpoints`` or ``LLM.from_engine``.
 
     KV cache size: ``num_pages`` explicitly, or from a memory budget (``kv_cache_bytes``, or
     ``gpu_memory_utilization`` of the GPU minus what is in use), or by default enough pages for
@@ -145,19 +148,45 @@ class LLM:
 
     # ---- constructors ----------------------------------------------------------------------
     @classmethod
+    def from_source(cls, src: ModelSource, *, say: Callable[[str], None] = print, **kw) -> "LLM":
+        """From ``src``: its engine, its checkpoint pair, its preset (random weights), or else the
+        built-in default pair (the fallback preset without one); ``say`` tells which. The device,
+        dtype and preset name are checked before anything loads (``ConfigError``)."""
+        device = str(resolve_device(src.device))
+        dtype = torch_dtype(src.dtype) if src.dtype else default_dtype(device)
+        kw.update(max_batch_size=src.max_batch_size, max_seq_len=src.max_seq_len,
+                  markov_sampler=src.markov_sampler)
+        if src.engine:
+            return cls.from_engine(src.engine, device=device, tp_size=src.tp_size,
+                                   num_spec_tokens=src.num_spec_tokens, **kw)
+        kw["max_batch_size"] = kw["max_batch_size"] or DEFAULT_MAX_BATCH_SIZE
+        if src.expert_parallel and src.tp_size == 1:
+            raise ConfigError("--expert-parallel needs --tp-size > 1 (under torchrun)")
+        kw.update(dtype=dtype, device=device, num_spec_tokens=src.num_spec_tokens, tp_size=src.tp_size,
+                  expert_parallel=src.expert_parallel)
+        if src.checkpoint or src.draft_checkpoint:
+            if not (src.checkpoint and src.draft_checkpoint):
+                raise ConfigError("--checkpoint and --draft-checkpoint go together")
+            return cls.from_checkpoints(src.checkpoint, src.draft_checkpoint, **kw)
+        if src.model is None and default_pair_dirs() is not None:
+            say(f"[dspark-trt] using the built-in default pair ({DEFAULT_ASSETS})")
+            return cls.from_checkpoints(*default_pair_dirs(), **kw)
+        name = src.model or FALLBACK_PRESET
+        get_preset(name).check_limits(kw["max_batch_size"], kw["max_seq_len"])   # before the notice
+        say(f"[dspark-trt] no checkpoint given: preset '{name}' with RANDOM weights on {device} "
+            f"({RANDOM_WEIGHTS_NOTE})")
+        return cls.from_preset(name, **kw)
+
+    @classmethod
     def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.float32, device=None,
                     num_spec_tokens: int | None = None, tp_size: int = 1,
                     expert_parallel: bool = False, **kw) -> "LLM":
         """Random weights with the preset's dimensions (acceptance will be low: tau near 1)."""
         pair = get_preset(name)
         pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
-        device = resolve_device(device)
-        tp = _join_tp(tp_size, device)
-        device = tp.device if tp else device
-        target, draft = build_models(pair, dtype, device, num_spec_tokens, seed)
-        if tp:
-            shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
-        stack_experts_(target), stack_experts_(draft)     # V4: grouped GEMMs of the chosen experts
+        device, tp = _join_tp(tp_size, device)
+        src = ModelSource(model=name, num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel)
+        pair, target, draft = prepare_models(src, dtype, device, tp, pair=pair, seed=seed)
         return cls(pair, target, draft, device=device, dtype=dtype, **kw)
 
     @classmethod
@@ -166,16 +195,10 @@ class LLM:
                          expert_parallel: bool = False, **kw) -> "LLM":
         """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
         shard to its device."""
-        from ..builder.loaders import load_pair
-        device = resolve_device(device)
-        tp = _join_tp(tp_size, device)
-        device = tp.device if tp else device
-        pair, target, draft = load_pair(target_dir, draft_dir, dtype, "cpu" if tp else device,
-                                        num_spec_tokens)
-        if tp:
-            shard_pair_(pair, target, draft, tp.rank, tp.world, expert_parallel)
-            target.to(device), draft.to(device)
-        stack_experts_(target), stack_experts_(draft)     # V4: grouped GEMMs of the chosen experts
+        device, tp = _join_tp(tp_size, device)
+        src = ModelSource(checkpoint=str(target_dir), draft_checkpoint=str(draft_dir),
+                          num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel)
+        pair, target, draft = prepare_models(src, dtype, device, tp)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         kw.setdefault("calibration", Calibration.find(draft_dir))
         kw.setdefault("verify_cost", CostCurve.find(draft_dir))
@@ -189,7 +212,7 @@ class LLM:
         tensor-parallel engine joins the torchrun group (its size must be the engine's tp_size;
         ``tp_size``, when given, must match too). ``num_spec_tokens`` and ``markov_sampler`` are
         compiled in: when given they must be the engine's."""
-        from ..builder.engine_dir import EngineError, read_manifest
+        from ..engine.manifest import EngineError, read_manifest
         from .engine import EngineNetworks
         device = resolve_device(device)
         manifest = read_manifest(engine_dir)
@@ -329,17 +352,19 @@ class LLM:
                 yield chunks.pop(0)
 
 
-def _join_tp(tp_size: int, device) -> TPInfo | None:
-    """Join the torchrun process group for ``tp_size`` > 1 (None for a single process)."""
+def _join_tp(tp_size: int, device) -> tuple[torch.device, TPInfo | None]:
+    """(the device of this rank, its ``TPInfo``): joins the torchrun process group for
+    ``tp_size`` > 1 (a single process: ``device`` resolved, None)."""
     if tp_size < 1:
         raise ConfigError(f"tp_size must be >= 1, got {tp_size}")
+    device = resolve_device(device)
     if tp_size == 1:
-        return None
-    tp = init_tp(device_type=resolve_device(device).type)
+        return device, None
+    tp = init_tp(device_type=device.type)
     if tp.world != tp_size:
         raise ConfigError(f"tp_size={tp_size} but this process group has WORLD_SIZE={tp.world}: launch "
                          f"with `torchrun --nproc-per-node {tp_size} ...`")
-    return tp
+    return tp.device, tp
 
 
 def load_tokenizer(ckpt_dir: str | Path):

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 from string import Template
 
-from .source import ModelSource
+from .source import ServedModel
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]      # the directory holding dspark_trt/
@@ -35,7 +35,7 @@ def render_config(model_name: str, parameters: dict[str, str], instance_count: i
         parameters=params)
 
 
-def write_repository(output: str | Path, source: ModelSource, *, model_name: str = "dspark",
+def write_repository(output: str | Path, source: ServedModel, *, model_name: str = "dspark",
                      instance_count: int = 1, default_max_tokens: int = 64, cpu_threads: int = 0,
                      project_path: str | Path | None = PROJECT_ROOT, python_env: str | None = None,
                      overwrite: bool = False) -> Path:
@@ -55,7 +55,7 @@ def write_repository(output: str | Path, source: ModelSource, *, model_name: str
     params["project_path"] = str(Path(project_path).resolve()) if project_path else ""
     if python_env:
         params["EXECUTION_ENV_PATH"] = str(Path(python_env).resolve())
-    kind = "KIND_GPU" if source.device.startswith("cuda") else "KIND_CPU"
+    kind = "KIND_GPU" if (source.device or "").startswith("cuda") else "KIND_CPU"
     if source.tp_size > 1:                 # one instance leads the ranks on cuda:0..tp_size-1
         if instance_count != 1:
             raise ValueError(f"--tp-size {source.tp_size}: serve one instance (it starts the "

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..parallel.replica import follow
-from .source import ModelSource
+from .source import ServedModel
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     threads = int(params.get("cpu_threads", "0") or 0)
     if threads > 0:
         torch.set_num_threads(threads)
-    llm = ModelSource.from_parameters(params).load()
+    llm = ServedModel.from_parameters(params).load()
     try:
         follow(llm)
     finally:

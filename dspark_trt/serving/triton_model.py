@@ -17,7 +17,7 @@ import numpy as np
 from ..runtime.sampling_params import RequestError, SpecStats
 from .probe import PROBE_PARAMETER
 from .request import parse_request
-from .source import ModelSource
+from .source import ServedModel
 from .worker import GenerationWorker
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class DSparkModel:
         self.pb = pb
         config = json.loads(args["model_config"])
         params = {k: v.get("string_value", "") for k, v in config.get("parameters", {}).items()}
-        self.source = ModelSource.from_parameters(params)
+        self.source = ServedModel.from_parameters(params)
         self.default_max_tokens = int(params.get("default_max_tokens", "64"))
         threads = int(params.get("cpu_threads", "0"))
         if threads > 0:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ...engine.networks import load_aoti_network as load_network  # noqa: F401  (build checks packages load)
 from . import BuildError
 
 SYSTEM_CXX = "/usr/bin/g++"
@@ -41,18 +42,6 @@ def compile_network(ep: torch.export.ExportedProgram, path: Path, cxx: str) -> P
     """Compile one exported network into ``path`` (.pt2)."""
     from torch._inductor import aoti_compile_and_package
     return Path(aoti_compile_and_package(ep, package_path=str(path), inductor_configs=inductor_configs(cxx)))
-
-
-def load_network(path: Path, device: torch.device, constants: dict[str, torch.Tensor]):
-    """Load a package and bind its weights (no copy). Raises if a weight is missing or extra."""
-    from torch._inductor import aoti_load_package
-    model = aoti_load_package(str(path), run_single_threaded=device.type == "cuda")
-    fqns = model.get_constant_fqns()
-    missing = [n for n in fqns if n not in constants]
-    if missing:
-        raise BuildError(f"{path.name}: weights missing for constant(s) {missing[:3]}")
-    model.load_constants({n: constants[n] for n in fqns}, check_full_update=True, user_managed=True)
-    return model
 
 
 class _Probe(torch.nn.Module):

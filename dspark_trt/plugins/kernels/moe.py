@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ..moe_experts import local_experts
+from ..expert_ids import local_experts
 from .common import launcher
 
 

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelPair, read_json
-from ..config_v4 import DeepSeekV4Config, DSparkV4Config
+from ..config import DeepSeekV4Config, DSparkV4Config, ModelPair, read_json
 from ..models import build_models
-from .checkpoint import CheckpointError, check_finite, checkpoint_files, read_tensors
+from .files import CheckpointError, check_finite, checkpoint_files, read_tensors
 from .quant import QuantFormatError, dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
 
 HEAD_LEVEL = ("main_proj.", "main_norm.", "norm.", "hc_head_fn", "hc_head_base", "hc_head_scale",

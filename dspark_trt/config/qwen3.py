@@ -1,30 +1,12 @@
-"""Configs for the target, the DSpark draft and the speculative settings; presets by name.
-
-Configs read from and write to HF-style ``config.json`` dictionaries. Every check raises
-``ConfigError`` naming the offending field.
+"""Qwen3 target and DSpark draft configs, read from and written to HF-style ``config.json``
+dictionaries. Every check raises ``ConfigError`` naming the offending field.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-
-class ConfigError(ValueError):
-    """A configuration value is missing or inconsistent; the message names the field."""
-
-
-def _require(cond: bool, field_name: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"config field '{field_name}': {msg}")
-
-
-def _positive(obj: Any, *names: str) -> None:
-    for n in names:
-        v = getattr(obj, n)
-        _require(isinstance(v, int) and v > 0, n, f"must be a positive integer, got {v!r}")
+from .checks import ConfigError, _positive, _require
 
 
 @dataclass
@@ -172,94 +154,3 @@ class DSparkConfig:
     def layer_config(self) -> Qwen3Config:
         """Backbone dims with the draft's own layer count."""
         return dataclasses.replace(self.backbone, num_hidden_layers=self.num_hidden_layers)
-
-
-@dataclass
-class SpeculativeConfig:
-    """Runtime/build settings of the draft-verify loop."""
-
-    num_speculative_tokens: int = 7     # N: drafts per round (verify width N + 1)
-    max_batch_size: int = 8
-    max_seq_len: int = 2048             # prompt + generated tokens per sequence
-
-    def validate(self) -> "SpeculativeConfig":
-        _positive(self, "num_speculative_tokens", "max_batch_size", "max_seq_len")
-        return self
-
-
-@dataclass
-class ModelPair:
-    """A target and its draft: what a preset or a pair of checkpoints describes."""
-
-    name: str
-    target: Any
-    draft: Any
-
-    def validate(self) -> "ModelPair":
-        self.target.validate()
-        self.draft.validate(self.target)
-        return self
-
-    def check_limits(self, max_batch_size: int | None, max_seq_len: int | None) -> None:
-        """A batch of >= 1 sequence of 1 .. the target's context (max_position_embeddings)
-        tokens; ``ConfigError`` otherwise (None: not checked)."""
-        if max_batch_size is not None and max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if max_seq_len is None:
-            return
-        context = getattr(self.target, "max_position_embeddings", None)
-        if max_seq_len < 1:
-            raise ConfigError(f"max_seq_len must be >= 1, got {max_seq_len}")
-        if context is not None and max_seq_len > context:
-            raise ConfigError(f"max_seq_len={max_seq_len} exceeds the model's context of {context} "
-                              "tokens (max_position_embeddings)")
-
-
-# ---- presets ------------------------------------------------------------------------------
-
-def _qwen3_8b() -> ModelPair:
-    target = Qwen3Config(eos_token_id=[151645, 151643])
-    draft = DSparkConfig(backbone=dataclasses.replace(target), num_hidden_layers=5, block_size=7,
-                         mask_token_id=151669, target_layer_ids=[1, 9, 17, 25, 33],
-                         markov_rank=256, num_target_layers=36, enable_confidence_head=True)
-    return ModelPair("qwen3-8b-dspark-block7", target, draft)
-
-
-def _qwen3_tiny() -> ModelPair:
-    target = Qwen3Config(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, intermediate_size=128,
-                         max_position_embeddings=4096, eos_token_id=[])
-    draft = DSparkConfig(backbone=dataclasses.replace(target), num_hidden_layers=2, block_size=4,
-                         mask_token_id=511, target_layer_ids=[0, 2], markov_rank=16,
-                         num_target_layers=4)
-    return ModelPair("qwen3-tiny-dspark", target, draft)
-
-
-PRESETS: dict[str, Any] = {
-    "qwen3-8b-dspark-block7": _qwen3_8b,
-    "qwen3-tiny-dspark": _qwen3_tiny,
-}
-
-
-def register_preset(name: str, factory) -> None:
-    PRESETS[name] = factory
-
-
-def get_preset(name: str) -> ModelPair:
-    """Return a fresh, validated ``ModelPair`` for a preset name."""
-    if name not in PRESETS:
-        raise ConfigError(f"unknown preset '{name}'; known presets: {', '.join(sorted(PRESETS))}")
-    return PRESETS[name]().validate()
-
-
-def read_json(path: str | Path) -> dict:
-    path = Path(path)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such config file") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: not valid JSON ({e})") from None
-
-
-from . import config_v4 as _config_v4  # noqa: E402,F401  (registers the DeepSeek-V4 presets)

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 target and DSpark-V4 draft configs (algorithm doc §8.1, §9.2); V4 presets.
+"""DeepSeek-V4 target and DSpark-V4 draft configs (algorithm doc §8.1, §9.2).
 
 One HF ``config.json`` describes both: the V4 fields plus ``dspark_*`` fields and ``n_mtp_layers``
 (the draft stages, whose entries trail ``compress_ratios``). Checks raise ``ConfigError`` naming
@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .config import ConfigError, ModelPair, _positive, _require, register_preset
+from .checks import ConfigError, _positive, _require
 
 SCORING_FUNCS = ("sqrtsoftplus", "sigmoid", "softmax")
 
@@ -194,46 +194,3 @@ class DSparkV4Config:
                   "dspark_target_layer_ids": list(self.target_layer_ids),
                   "dspark_markov_rank": self.markov_rank})
         return d
-
-
-# ---- presets ------------------------------------------------------------------------------
-
-def _pair(name: str, target: DeepSeekV4Config, stages: int, taps: list[int], rank: int,
-          block: int = 5, mask: int = 128799) -> ModelPair:
-    target.compress_ratios = list(target.compress_ratios[:target.num_hidden_layers]) + [0] * stages
-    draft = DSparkV4Config(backbone=dataclasses.replace(target), num_stages=stages,
-                           block_size=block, mask_token_id=mask, target_layer_ids=taps,
-                           markov_rank=rank)
-    return ModelPair(name, target, draft)
-
-
-def _v4_flash() -> ModelPair:
-    return _pair("deepseek-v4-flash-dspark", DeepSeekV4Config(), 3, [40, 41, 42], 256)
-
-
-def _v4_pro() -> ModelPair:
-    t = DeepSeekV4Config(hidden_size=7168, num_hidden_layers=61, num_attention_heads=128,
-                         q_lora_rank=1536, o_lora_rank=1024, o_groups=16, index_topk=1024,
-                         n_routed_experts=384, moe_intermediate_size=3072,
-                         routed_scaling_factor=2.5,
-                         compress_ratios=[128, 128] + [4, 128] * 29 + [4])
-    return _pair("deepseek-v4-pro-dspark", t, 3, [58, 59, 60], 512)
-
-
-def _v4_tiny() -> ModelPair:
-    """Every V4 layer kind at CPU size: SWA-only, CSA (ratio 4 + indexer), HCA (ratio 16), hash
-    and score-routed MoE; window 16 so compression boundaries fall within a few hundred tokens."""
-    t = DeepSeekV4Config(vocab_size=512, hidden_size=64, num_hidden_layers=5,
-                         num_attention_heads=4, head_dim=32, qk_rope_head_dim=8, q_lora_rank=32,
-                         o_lora_rank=16, o_groups=2, sliding_window=16,
-                         compress_ratios=[0, 4, 16, 4, 16], index_n_heads=2, index_head_dim=16,
-                         index_topk=4, n_routed_experts=8, num_experts_per_tok=2,
-                         moe_intermediate_size=32, num_hash_layers=2, routed_scaling_factor=1.5,
-                         rope_scaling=YarnScaling(factor=4.0, original_max_position_embeddings=256),
-                         max_position_embeddings=4096, eos_token_id=[])
-    return _pair("deepseek-v4-tiny-dspark", t, 3, [1, 2, 3], 16, block=5, mask=500)
-
-
-register_preset("deepseek-v4-flash-dspark", _v4_flash)
-register_preset("deepseek-v4-pro-dspark", _v4_pro)
-register_preset("deepseek-v4-tiny-dspark", _v4_tiny)

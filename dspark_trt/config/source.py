@@ -1,0 +1,89 @@
+"""``ModelSource``: which model to load and how, defined once.
+
+Read by the CLI (``add_source_args`` builds the argparse options, ``from_args`` reads them back),
+the builder (``builder.build.BuildOptions`` extends it with the build's own options), serving
+(``serving.source.ServedModel`` extends it with config.pbtxt parameters) and the runtime
+(``runtime.llm.LLM.from_source``; ``LLM.from_preset`` / ``from_checkpoints`` / ``from_engine``
+take the same names as keyword arguments). None means "the default": the engine's own where an
+engine fixes it.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .dtypes import DTYPES
+
+DEFAULT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "default"
+FALLBACK_PRESET = "qwen3-tiny-dspark"
+DEFAULT_MAX_BATCH_SIZE = 8
+DEFAULT_MAX_SEQ_LEN = 2048                     # or the model's context, if shorter
+MARKOV_SAMPLERS = ("exact", "topk")            # the draft's block sampler (models.dspark_qwen3)
+
+
+def default_pair_dirs() -> tuple[Path, Path] | None:
+    """(target, draft) checkpoint directories of the built-in default pair, if present."""
+    t, d = DEFAULT_ASSETS / "target", DEFAULT_ASSETS / "draft"
+    return (t, d) if (t / "config.json").exists() and (d / "config.json").exists() else None
+
+
+@dataclass
+class ModelSource:
+    model: str | None = None                 # preset name (random weights unless checkpoints are given)
+    checkpoint: str | None = None            # target HF checkpoint directory
+    draft_checkpoint: str | None = None      # draft HF checkpoint directory
+    engine: str | None = None                # engine directory built by `dspark-trt build`
+    random_weights: bool = False             # a preset's dims with random weights (said explicitly)
+    dtype: str | None = None                 # a DTYPES name; None: bf16 on cuda, fp32 on cpu
+    device: str | None = None                # cpu, cuda, cuda:N; None: cuda when available
+    num_spec_tokens: int | None = None       # N drafts per round; None: the draft's block size
+    markov_sampler: str | None = None        # MARKOV_SAMPLERS; None: exact (an engine's compiled in)
+    tp_size: int = 1                         # tensor-parallel ranks (torchrun)
+    expert_parallel: bool = False            # with tp_size > 1: MoE experts split by expert
+    max_batch_size: int | None = None        # None: DEFAULT_MAX_BATCH_SIZE (an engine's own)
+    max_seq_len: int | None = None           # prompt + new tokens; None: DEFAULT_MAX_SEQ_LEN or the
+                                             # model's context if shorter (an engine's own)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **changes):
+        """The options ``add_source_args`` added (and any other field of ``cls`` found in ``args``)."""
+        kw = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+        return cls(**{**kw, **changes})
+
+    def source_fields(self) -> dict:
+        """This object's ``ModelSource`` fields only (a subclass's own options left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(ModelSource)}
+
+
+# ---- the CLI options: one flag per field -----------------------------------------------------
+
+FLAGS = {
+    "model": dict(help="preset name (random weights unless checkpoints are given)"),
+    "checkpoint": dict(help="target HF checkpoint directory"),
+    "draft_checkpoint": dict(help="draft HF checkpoint directory"),
+    "engine": dict(help="engine directory built by `dspark-trt build`"),
+    "random_weights": dict(action="store_true", help="random weights with the preset's dims"),
+    "dtype": dict(choices=sorted(DTYPES)),
+    "device": dict(help="cpu or cuda (default: cuda when available)"),
+    "num_spec_tokens": dict(type=int, help="N drafts per round (default: the draft's block size; "
+                                           "an engine's is fixed)"),
+    "markov_sampler": dict(choices=list(MARKOV_SAMPLERS),
+                           help="draft block sampler: exact (default) or topk (fast, lossless); "
+                                "engines have theirs compiled in"),
+    "tp_size": dict(type=int, default=1, help="tensor-parallel ranks; launch with `torchrun "
+                                              "--nproc-per-node TP -m dspark_trt.cli`"),
+    "expert_parallel": dict(action="store_true",
+                            help="with --tp-size: split MoE experts across the ranks by expert "
+                                 "(attention stays tensor-parallel); see docs/parallel.md"),
+    "max_batch_size": dict(type=int, help=f"default: {DEFAULT_MAX_BATCH_SIZE} (an engine's own)"),
+    "max_seq_len": dict(type=int, help=f"prompt + new tokens (default: {DEFAULT_MAX_SEQ_LEN} or the "
+                                       "model's context if shorter; an engine's own)"),
+}
+
+
+def add_source_args(p, names=tuple(FLAGS), **changes: dict) -> None:
+    """Add ``--<name>`` for each ``ModelSource`` field in ``names`` to ``p`` (a parser or group);
+    ``changes[name]`` updates that flag's argparse keywords (help, default, choices, ...)."""
+    for name in names:
+        p.add_argument(f"--{name.replace('_', '-')}", **{**FLAGS[name], **changes.get(name, {})})
