@@ -15,6 +15,8 @@ from dspark_trt.cli import main
 from dspark_trt.models import build_models
 from dspark_trt.runtime import calibration as cal
 from dspark_trt.runtime.confidence import (MODE_IDS, Calibration, CostCurve, admitted_lengths)
+from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
+from dspark_trt.runtime.steps import DecodeSteps
 from dspark_trt.runtime.generator import Generator
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
@@ -38,12 +40,24 @@ def _spread_head_(draft, scale: float = 3.0, bias: float = 0.5) -> None:
         draft.confidence_head.proj.bias.fill_(bias)
 
 
-def _llm(block=4, seed=1, batch=4, dtype=torch.float64, **kw) -> LLM:
+def _llm(block=4, seed=1, batch=4, dtype=torch.float64, cost_model="padded", graphs=False,
+         **kw) -> LLM:
+    """``graphs``: run the rounds through ``GraphedSteps`` with the CPU "eager-replay" backend
+    (the static buffers and graph-to-graph outputs of the CUDA graph path, without capture)."""
     pair = _pair(block=block)
     target, draft = build_models(pair, dtype, "cpu", seed=seed)
     scale_weights_(target, 4.0)
     _spread_head_(draft)
-    return LLM(pair, target, draft, max_batch_size=batch, max_seq_len=96, page_size=8, **kw)
+    llm = LLM(pair, target, draft, max_batch_size=batch, max_seq_len=96, page_size=8, **kw)
+    if graphs:
+        llm.graphs_skipped, llm.graph_backend = None, EAGER_REPLAY
+    _scheduler(llm).cost_model = cost_model
+    return llm
+
+
+def _scheduler(llm):
+    steps = llm.steps
+    return (steps.steps if isinstance(steps, GraphedSteps) else steps).scheduler
 
 
 # ---- the head in the draft step --------------------------------------------------------------------
@@ -183,9 +197,12 @@ CURVES = {"default": CostCurve.default(),
           "linear": CostCurve([1, 64], [1.0, 40.0], "test: verify cost grows fast")}
 
 
-@pytest.mark.parametrize("block,curve", [(3, "default"), (5, "linear"), (7, "linear")])
-def test_greedy_output_equals_the_target_in_every_mode(block, curve):
-    llm = _llm(block=block, seed=block, verify_cost=CURVES[curve])
+@pytest.mark.parametrize("block,curve,graphs", [(3, "default", False), (5, "linear", False),
+                                                (7, "linear", False), (5, "linear", True)])
+def test_greedy_output_equals_the_target_in_every_mode(block, curve, graphs):
+    """Lossless in every mode; the scheduler with the "packed" cost model (variable admissions), and
+    with the default "padded" one (the verify runs all N drafts: every draft is admitted)."""
+    llm = _llm(block=block, seed=block, verify_cost=CURVES[curve], cost_model="packed", graphs=graphs)
     rng = random.Random(block)
     prompts = [[rng.randrange(63) for _ in range(rng.randint(1, 10))] for _ in range(5)]   # 5 > batch
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
@@ -202,10 +219,15 @@ def test_greedy_output_equals_the_target_in_every_mode(block, curve):
         if mode == "scheduled" and curve == "default":
             continue                                                     # flat curve: admits all
         assert len(set(proposed[mode])) >= 2 and min(proposed[mode]) < block, (mode, proposed[mode])
+    _scheduler(llm).cost_model = "padded"
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert [p for o in out for p in o.stats.proposed] == proposed["fixed"]     # padded: admits all
 
 
-def test_mixed_modes_in_one_batch_stay_lossless():
-    llm = _llm(block=5, seed=11, verify_cost=CURVES["linear"])
+@pytest.mark.parametrize("graphs", [False, True])
+def test_mixed_modes_in_one_batch_stay_lossless(graphs):
+    llm = _llm(block=5, seed=11, verify_cost=CURVES["linear"], cost_model="packed", graphs=graphs)
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=20), speculative=False)
     plist = [SamplingParams(max_new_tokens=20, verify_mode=m, confidence_threshold=0.7)
@@ -217,7 +239,8 @@ def test_mixed_modes_in_one_batch_stay_lossless():
 
 # ---- the scheduler ----------------------------------------------------------------------------------------
 
-def _admit(c: np.ndarray, curve: CostCurve, mode="scheduled", threshold=0.5, live=None, temps=None):
+def _admit(c: np.ndarray, curve: CostCurve, mode="scheduled", threshold=0.5, live=None, temps=None,
+           padded=None):
     B, N = c.shape
     logits = torch.logit(torch.tensor(c, dtype=torch.float64)).float()
     live = torch.ones(B, dtype=torch.bool) if live is None else torch.tensor(live)
@@ -225,16 +248,17 @@ def _admit(c: np.ndarray, curve: CostCurve, mode="scheduled", threshold=0.5, liv
         [MODE_IDS[m] for m in mode])
     inv = torch.ones(N) if temps is None else 1 / torch.tensor(temps)
     return admitted_lengths(logits, live, modes, torch.full((B,), threshold), inv,
-                            curve.sps_table(B * (N + 1), "cpu")).tolist()
+                            curve.sps_table(B * (N + 1), "cpu"), padded).tolist()
 
 
-def _algorithm1(c: np.ndarray, curve: CostCurve) -> list[int]:
-    """The paper's Algorithm 1, literally (all rows scheduled)."""
+def _algorithm1(c: np.ndarray, curve: CostCurve, padded: int | None = None) -> list[int]:
+    """The paper's Algorithm 1, literally (all rows scheduled); ``padded``: the verify runs every
+    row at that width, so the cost of the batch is R * (1 + padded) tokens whatever is admitted."""
     R, N = c.shape
     a = np.cumprod(c, 1)
     E = sorted(((a[r, j], r, j) for r in range(R) for j in range(N) if a[r, j] > 0),
                key=lambda e: -e[0])                               # sorted() is stable
-    sps = lambda b: 1 / curve.latency(b)  # noqa: E731
+    sps = lambda b: 1 / curve.latency(b if padded is None else R * (1 + padded))  # noqa: E731
     ell, B, tau = [0] * R, R, float(R)
     best, out = R * sps(R), [0] * R
     for v, r, j in E:
@@ -254,6 +278,76 @@ def test_scheduler_equals_algorithm1_on_random_batches():
         B, N = int(rng.integers(1, 9)), int(rng.integers(1, 8))
         c = rng.uniform(0.05, 0.999, size=(B, N))
         assert _admit(c, curve) == _algorithm1(c, curve)
+
+
+def test_padded_cost_model_equals_algorithm1_and_admits_every_candidate():
+    """The default cost model (the verify runs N drafts per row): Algorithm 1 with a constant
+    SPS, i.e. every candidate with a > 0, even one too small to change tau in float32."""
+    rng = np.random.default_rng(2)
+    curve = CostCurve([1, 8, 16, 64], [1.0, 1.2, 2.0, 9.0], "test")
+    for _ in range(200):
+        B, N = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+        c = rng.uniform(0.02, 0.999, size=(B, N))
+        assert _admit(c, curve, padded=N) == _algorithm1(c, curve, padded=N) == [N] * B
+    c = np.array([[0.999] * 7, [1e-6, 1e-6, 1e-6, 0.5, 0.5, 0.5, 0.5]])      # a down to 1e-18
+    assert _admit(c, curve, padded=7) == [7, 7]
+    assert _admit(c, curve) == _algorithm1(c, curve)                        # packed: stops
+
+
+def test_admission_runs_without_host_synchronisation():
+    """Every op of the admission has a meta kernel and none reads a value back (``.item()``,
+    a 0-dim tensor used as an index, ``.cpu()`` raise on meta tensors): capturable, no sync."""
+    B, N = 6, 5
+    m = dict(device="meta")
+    for padded in (None, N):
+        out = admitted_lengths(torch.randn(B, N, **m), torch.ones(B, dtype=torch.bool, **m),
+                               torch.full((B,), MODE_IDS["scheduled"], **m), torch.zeros(B, **m),
+                               torch.ones(N, **m), torch.ones(B * (N + 1) + 1, **m), padded)
+        assert out.shape == (B,) and out.dtype == torch.int64
+
+
+def _old_eager_round(steps: DecodeSteps, r, use_top_p: bool):
+    """The eager confidence round before the fix: one host sync for w = max admitted, the verify on
+    the first w drafts only."""
+    from dspark_trt.runtime.steps import DeviceInputs
+    x = DeviceInputs.from_host(r, steps.device, confidence=True)
+    drafts, z, conf = steps.draft_step_confidence(x)
+    limit = steps.admit(x, conf, x.verify_mode, x.threshold)
+    w = max(1, int(limit.max()))
+    return steps.verify_step(x, drafts[:, :w], z[:, :w], use_top_p, limit).numpy(), limit.numpy()
+
+
+@pytest.mark.parametrize("cost_model", ["packed", "padded"])
+def test_full_width_verify_equals_the_admitted_width_verify(cost_model):
+    """Sampling (T = 1, top-p), mixed modes, 3 rows in a bucket of 4: the round that verifies all N
+    drafts with the admitted lengths on the device (eager, and the graph path's eager-replay) gives
+    the old width-w round's accepted counts, next tokens and lengths, round after round."""
+    llm = _llm(block=5, seed=3, verify_cost=CURVES["linear"], cost_model=cost_model)
+    steps = llm.steps
+    replay = GraphedSteps(steps, llm.max_batch_size, llm.max_pages_per_seq, EAGER_REPLAY)
+    gen = llm.generator()
+    modes = ("scheduled", "threshold", "scheduled")
+    seqs = [gen.add_request([1 + i, 2, 3], SamplingParams(max_new_tokens=40, temperature=1.0,
+                                                          top_p=0.9, seed=7 + i, verify_mode=m,
+                                                          confidence_threshold=0.6))
+            for i, m in enumerate(modes)]
+    gen.step()                                                                  # prefill
+    lengths = set()
+    for _ in range(6):
+        if len(gen.running) < len(seqs):
+            break
+        r = gen._round_inputs(gen.running)
+        old, old_lim = _old_eager_round(steps, r, True)
+        for impl in (steps, replay):
+            out, lim, conf = impl.spec_round_admitted(r, True, want_confidence=True)
+            assert (lim == old_lim).all()
+            assert (out[:, :2] == old[:, :2]).all(), (out[:, :2], old[:, :2])
+            assert out.shape[1] == 2 + 5 and conf.shape == (r.batch_size, 5)
+        lengths |= set(old_lim.tolist())
+        gen.step()
+    if cost_model == "packed":
+        assert len(lengths) >= 2, lengths
+    assert any(s.stats.proposed for s in seqs)
 
 
 def test_admission_is_greedy_by_prefix_survival():
@@ -405,6 +499,7 @@ def test_generate_cli_verify_mode(tmp_path, capsys):
 
 
 def test_openai_request_extension():
+    pytest.importorskip("fastapi", reason="needs the [openai] extra")
     from dspark_trt.openai_server.errors import APIError
     from dspark_trt.openai_server.protocol import parse_completion
     req = parse_completion({"model": "m", "prompt": [1, 2], "verify_mode": "threshold",
@@ -415,23 +510,40 @@ def test_openai_request_extension():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_scheduled_rounds_from_cuda_graphs_match_eager():
-    """GPU: the graphed confidence path (draft_conf graph, admission, verify graph per width)
-    gives the eager path's greedy output, which is the target's."""
+@pytest.mark.parametrize("backend", ["torch", "cuda-python"])
+@pytest.mark.parametrize("cost_model", ["packed", "padded"])
+def test_scheduled_rounds_from_cuda_graphs_match_eager(backend, cost_model):
+    """GPU: the graphed confidence path ("draft_admit" graph with the admission inside, the
+    fixed-N "verify_admit" graph) gives the target's greedy output; every graph is captured by
+    ``capture_graphs`` (none on first use); with the packed cost model admissions vary (0 .. N),
+    with the default padded one every draft is admitted."""
+    if backend == "cuda-python":
+        pytest.importorskip("cuda.bindings", reason="needs cuda-python")
     pair = _pair(block=5)
     target, draft = build_models(pair, torch.float32, "cuda", seed=4)
     scale_weights_(target, 4.0)
     _spread_head_(draft)
-    curve = CURVES["linear"]
     graphed = LLM(pair, target, draft, max_batch_size=4, max_seq_len=96, page_size=8,
-                  cuda_graphs=True, verify_cost=curve)
+                  cuda_graphs=True, graph_backend=backend, verify_cost=CURVES["linear"])
     assert graphed.graphs_skipped is None
+    _scheduler(graphed).cost_model = cost_model
+    graphed.capture_graphs(True)
+    graphed.capture_graphs(False)
+    captured = set(graphed.steps._graphs)
+    assert {k[0] for k in captured} == {"draft", "verify", "draft_admit", "verify_admit", "ar"}
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     ar = graphed.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
+    proposed = {}
     for mode in MODES:
         out = graphed.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode=mode,
                                                        confidence_threshold=0.6))
         assert [o.output_ids for o in out] == [a.output_ids for a in ar], mode
+        proposed[mode] = [p for o in out for p in o.stats.proposed]
+    assert set(graphed.steps._graphs) == captured                 # nothing captured on first use
+    if cost_model == "packed":
+        assert len(set(proposed["scheduled"])) >= 2, proposed
+    else:
+        assert proposed["scheduled"] == proposed["fixed"], proposed
 
 
 def test_bench_reports_each_verify_mode(tmp_path):

@@ -107,7 +107,8 @@ def test_broken_verifier_is_detected(llm, monkeypatch):
 @pytest.fixture(scope="module")
 def llm_conf():
     """The same pair with a confidence head whose confidences spread over (0, 1), and a cost curve
-    (latency = 3000 + verified tokens) under which a batch of M rows admits about half the drafts."""
+    (latency = 3000 + verified tokens) under which a batch of M rows admits about half the drafts
+    with the "packed" cost model (the default "padded" one admits all: the verify runs N drafts)."""
     from dspark_trt.runtime.confidence import CostCurve
     pair = tiny_pair(vocab=V, hidden=16, layers=2, heads=2, kv_heads=1, block=3, rank=4, taps=(0,))
     pair.draft.enable_confidence_head = True
@@ -116,8 +117,10 @@ def llm_conf():
     with torch.no_grad():
         draft.confidence_head.proj.weight.mul_(4.0)
         draft.confidence_head.proj.bias.fill_(2.0)
-    return LLM(pair, target, draft, max_batch_size=M, max_seq_len=16, page_size=16,
-               verify_cost=CostCurve([1, 12000], [3001.0, 15000.0], "test"))
+    llm = LLM(pair, target, draft, max_batch_size=M, max_seq_len=16, page_size=16,
+              verify_cost=CostCurve([1, 12000], [3001.0, 15000.0], "test"))
+    llm.steps.scheduler.cost_model = "packed"
+    return llm
 
 
 @pytest.mark.parametrize("mode", ["scheduled", "threshold"])

@@ -17,9 +17,11 @@ Per request (``SamplingParams.verify_mode``):
                  ``SPS(B) = 1 / latency(B)`` from a ``CostCurve``.
 
 The admitted lengths are computed on the device from the confidence logits of the draft step (no
-host synchronisation). Verification of an admitted prefix of ``l`` drafts stays exact: the
+host synchronisation; inside the draft CUDA graph on the graph path). The verify always runs all N
+drafts (the fixed-N shape); verification of an admitted prefix of ``l`` drafts stays exact: the
 verifier's acceptance is clamped to ``l`` and, when all ``l`` pass, the next token is sampled from the
-target row ``l`` (a bonus token), see ``steps.DecodeSteps.verify_step``.
+target row ``l`` (a bonus token), see ``steps.DecodeSteps.verify_step``. Since that verify costs the
+same whatever is admitted, the scheduler's default cost model is "padded" (``VerifyScheduler``).
 
 Files (JSON, next to a draft checkpoint or in an engine directory):
 ``confidence_calibration.json``  {"temperatures": [T_0 .. T_{N-1}], "ece_before", "ece_after", ...}
@@ -164,12 +166,20 @@ class CostCurve:
 # ---- admission --------------------------------------------------------------------------------------
 
 def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor,
-                     inv_temp: Tensor, sps: Tensor) -> Tensor:
+                     inv_temp: Tensor, sps: Tensor, padded_width: int | None = None) -> Tensor:
     """How many drafts each row verifies -> [B] int64 in [0, N] (0 for rows that are not live).
 
     conf_logits [B, N] (confidence logits of the drafted block), live [B] bool, mode [B] int64
     (``MODE_IDS``), threshold [B] float (threshold rows), inv_temp [N] (1 / T_k of the
     calibration), sps [M] (``CostCurve.sps_table``; token counts beyond M - 1 use the last entry).
+
+    ``padded_width``: the cost model of Algorithm 1's ``B``. None = packed (the paper's: a row
+    costs ``1 + l_r`` tokens, what a variable-length verify would run); an int ``w`` = padded (every
+    live row costs ``1 + w`` tokens whatever it admits, what a verify padded to ``w`` drafts runs),
+    so ``SPS(B)`` is one constant and every candidate that raises ``tau`` is admitted.
+
+    Tensor ops only (sort, cumsum, cumprod, gathers): no host synchronisation, capturable in a
+    CUDA graph.
     """
     B, N = conf_logits.shape
     dev = conf_logits.device
@@ -192,24 +202,46 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     tau = tau0 + torch.cumsum(vals.clamp(min=0), 0)
     M = sps.shape[0]
     b = (b0 + 1 + torch.arange(B * N, device=dev)).clamp(max=M - 1)
-    theta = tau * sps[b]
-    theta_prev = torch.cat([(tau0 * sps[b0.clamp(max=M - 1)])[None], theta[:-1]])
-    improve = valid & (theta > theta_prev)
+    b0 = b0.clamp(max=M - 1)
+    if padded_width is not None:                 # every live row pays 1 + w whatever it admits
+        b0 = (live.sum() * (1 + padded_width)).clamp(max=M - 1)
+        b = b0.expand(B * N)
+    # Theta = tau * SPS(B) grows  <=>  a * SPS(b) > tau_prev * (SPS(b_prev) - SPS(b)): the same test
+    # written so that a constant SPS (the padded model) admits every a > 0 despite float rounding
+    s_b = sps[b]
+    s_prev = torch.cat([sps[b0.reshape(1)], s_b[:-1]])    # (sps[b0] on a 0-dim index syncs)
+    tau_prev = torch.cat([tau0[None], tau[:-1]])
+    improve = valid & (vals.clamp(min=0) * s_b > tau_prev * (s_prev - s_b))
     K = torch.cumprod(improve.to(torch.int64), 0).sum()
-    take = torch.zeros(B * N, dtype=torch.int64, device=dev)
-    take[order] = (torch.arange(B * N, device=dev) < K).to(torch.int64)
+    take = torch.zeros(B * N, dtype=torch.int64, device=dev).scatter_(
+        0, order, (torch.arange(B * N, device=dev) < K).to(torch.int64))
     return torch.where(sched, take.view(B, N).sum(1), length)
 
 
+COST_MODELS = ("padded", "packed")
+
+
 class VerifyScheduler:
-    """Calibration + cost table bound to a device; ``admit`` is ``admitted_lengths``."""
+    """Calibration + cost table bound to a device; ``admit`` is ``admitted_lengths``.
+
+    ``cost_model``: "padded" (default: the verify runs every row at the full width N, so a
+    scheduled row's cost does not depend on its admission and Algorithm 1 admits every candidate
+    that raises tau) or "packed" (the paper's ``sum (1 + l_r)``: what a packed variable-length
+    verify would cost; the runtime has none yet, so on the padded verify this model trades
+    acceptance for no saving -- kept for tests and for that future verify)."""
 
     def __init__(self, num_spec_tokens: int, max_tokens: int, device,
-                 calibration: Calibration | None = None, cost: CostCurve | None = None):
+                 calibration: Calibration | None = None, cost: CostCurve | None = None,
+                 cost_model: str = "padded"):
+        if cost_model not in COST_MODELS:
+            raise ValueError(f"cost_model must be one of {COST_MODELS}, got {cost_model!r}")
+        self.num_spec_tokens = num_spec_tokens
         self.calibration = calibration or Calibration()
         self.cost = cost or CostCurve.default()
+        self.cost_model = cost_model
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
 
     def admit(self, conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
-        return admitted_lengths(conf_logits, live, mode, threshold, self.inv_temp, self.sps)
+        padded = self.num_spec_tokens if self.cost_model == "padded" else None
+        return admitted_lengths(conf_logits, live, mode, threshold, self.inv_temp, self.sps, padded)

@@ -2,16 +2,17 @@
 
 ``GraphedSteps`` has the interface of ``DecodeSteps`` (``spec_round``, ``ar_round``). Per bucket
 ``Bb`` (1, 2, 4, 8, 16, 32, 64 ... up to max_batch_size) it owns one static input buffer (anchor,
-start, seed, table, temperature, top_p) and lazily captures three graphs on it: the draft step, the
-verify step (keyed by whether top-p is active) and the autoregressive step. A round of ``B <= Bb``
+start, seed, verify mode, table, temperature, top_p, threshold) and lazily captures three graphs on
+it: the draft step, the verify step (keyed by whether top-p is active) and the autoregressive step. A round of ``B <= Bb``
 rows copies the host inputs into pinned staging (rows ``B..Bb`` inert: anchor / start / pages -1),
 does two H2D copies, launches the draft and verify graphs, one D2H copy of ``[B, 2 + N]`` int64,
 and synchronises once. Nothing is allocated on the device or in pinned memory per round.
 
-Confidence modes (``spec_round_admitted``): the draft graph with the confidence head ("draft_conf")
-runs, the admission (``confidence.admitted_lengths``) runs eagerly on its outputs into a static
-limit buffer, one small D2H copy gives the widest admitted proposal w, and the verify graph of
-(bucket, w) replays: verify graphs bucket on the verified width (w + 1 tokens per row).
+Confidence modes (``spec_round_admitted``): the same round with two graphs of the same shapes,
+"draft_admit" (the draft step with the confidence head and the on-device admission, writing the
+admitted lengths) and "verify_admit" (the verify of all N drafts with those lengths, its output
+carrying them back: ``[B, 3 + N]``). Same H2D / launches / one D2H / one sync as a fixed round; no
+graph depends on the admitted lengths, so ``capture`` captures everything ahead of time.
 
 Capture uses cuda-python (``cuda.bindings.runtime``: cudaStreamBeginCapture on a non-default torch
 stream, cudaStreamEndCapture, cudaGraphInstantiate, cudaGraphLaunch on torch's current stream);
@@ -19,6 +20,11 @@ torch's allocator is pointed at one private ``torch.cuda.MemPool`` during captur
 intermediate buffers are never handed to other tensors (one pool shared by all graphs, which never
 run concurrently). ``backend="torch"`` uses ``torch.cuda.CUDAGraph`` instead. Each capture is
 preceded by one eager warm-up run on the capture stream (kernel compilation, cuBLAS workspaces).
+
+``backend="eager-replay"`` (tests on CPU; not a CLI choice): nothing is captured, ``launch`` reruns
+the step eagerly and copies its results into the first run's output tensors. It checks the static
+buffer plumbing (staging, inert rows, graph-to-graph outputs) where no GPU is available, not
+capturability.
 """
 from __future__ import annotations
 
@@ -34,6 +40,7 @@ from .steps import DecodeSteps, DeviceInputs, RoundInputs
 log = logging.getLogger(__name__)
 
 BACKENDS = ("cuda-python", "torch")
+EAGER_REPLAY = "eager-replay"          # CPU tests: the static-buffer plumbing without capture
 
 
 def batch_buckets(max_batch_size: int) -> list[int]:
@@ -85,9 +92,13 @@ class CapturedGraph:
         """``pool``: a ``torch.cuda.MemPool`` (cuda-python) or a ``graph_pool_handle()`` (torch);
         ``stream``: the non-default capture stream (graphs sharing a pool should share it, since
         the allocator reuses a freed block only on the stream it was allocated on)."""
-        if backend not in BACKENDS:
+        if backend not in BACKENDS + (EAGER_REPLAY,):
             raise ValueError(f"unknown CUDA graph backend '{backend}' (choose from {BACKENDS})")
         self.backend = backend
+        if backend == EAGER_REPLAY:
+            self._fn = fn
+            self.outputs = fn()
+            return
         stream = stream or torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -126,6 +137,12 @@ class CapturedGraph:
         torch.cuda.current_stream().synchronize()
 
     def launch(self) -> None:
+        if self.backend == EAGER_REPLAY:
+            new = self._fn()
+            with torch.inference_mode():
+                for o, n in zip(*((t,) if isinstance(t, Tensor) else t for t in (self.outputs, new))):
+                    o.copy_(n)
+            return
         if self.backend == "torch":
             self._graph.replay()
         else:
@@ -144,27 +161,29 @@ class CapturedGraph:
 # ---- static buffers of one bucket ---------------------------------------------------------------
 
 class BucketBuffers:
-    """Static inputs of bucket ``Bb``: int64 [anchor | start | seed | table] and f32 [temp | top_p],
-    each one flat device tensor with a pinned host twin (segments 16-byte aligned); plus pinned
-    output buffers."""
+    """Static inputs of bucket ``Bb``: int64 [anchor | start | seed | verify mode | table] and f32
+    [temp | top_p | threshold], each one flat device tensor with a pinned host twin (segments
+    16-byte aligned); plus pinned output buffers."""
 
     def __init__(self, Bb: int, max_pages: int, device):
         self.Bb, self.P = Bb, max_pages
+        self.cuda = torch.device(device).type == "cuda"
         # every segment starts on a 16-byte boundary: AOTInductor engines assume aligned inputs
         # (and copy a misaligned one on every call)
         si, sf = -(-Bb // 2) * 2, -(-Bb // 4) * 4               # int64 / f32 segment strides
         self.si, self.sf = si, sf
-        ni, nf = 3 * si + Bb * max_pages, 2 * sf
-        self.host_i = torch.empty(ni, dtype=torch.int64, pin_memory=True)
-        self.host_f = torch.empty(nf, dtype=torch.float32, pin_memory=True)
+        ni, nf = 4 * si + Bb * max_pages, 3 * sf
+        self.host_i = torch.empty(ni, dtype=torch.int64, pin_memory=self.cuda)
+        self.host_f = torch.empty(nf, dtype=torch.float32, pin_memory=self.cuda)
         self.dev_i = torch.empty(ni, dtype=torch.int64, device=device)
         self.dev_f = torch.empty(nf, dtype=torch.float32, device=device)
         self._host_out: dict[int, Tensor] = {}            # width -> pinned [Bb, width] int64
         self._hi, self._hf = self.host_i.numpy(), self.host_f.numpy()
         d, f = self.dev_i, self.dev_f
         self.inputs = DeviceInputs(anchor=d[0:Bb], start=d[si:si + Bb], seed=d[2 * si:2 * si + Bb],
-                                   table=d[3 * si:].view(Bb, max_pages),
-                                   temperature=f[0:Bb], top_p=f[sf:sf + Bb])
+                                   table=d[4 * si:].view(Bb, max_pages),
+                                   temperature=f[0:Bb], top_p=f[sf:sf + Bb],
+                                   verify_mode=d[3 * si:3 * si + Bb], threshold=f[2 * sf:2 * sf + Bb])
         self.fill(None)
         self.upload()
 
@@ -173,11 +192,12 @@ class BucketBuffers:
         Bb, B, si, sf = self.Bb, (0 if r is None else r.batch_size), self.si, self.sf
         hi, hf = self._hi, self._hf
         hi[:2 * si] = -1                                        # anchor, start of inert rows
-        hi[2 * si:3 * si] = 0                                   # seed of inert rows
-        table = hi[3 * si:].reshape(Bb, self.P)
+        hi[2 * si:4 * si] = 0                                   # seed, verify mode (fixed)
+        table = hi[4 * si:].reshape(Bb, self.P)
         table[:] = -1
         hf[:sf] = 0.0
-        hf[sf:] = 1.0
+        hf[sf:2 * sf] = 1.0
+        hf[2 * sf:] = 0.0
         if B:
             if r.table.shape[1] != self.P:
                 raise ValueError(f"block table has {r.table.shape[1]} columns, the graphs were "
@@ -185,6 +205,10 @@ class BucketBuffers:
             hi[0:B], hi[si:si + B], hi[2 * si:2 * si + B] = r.anchor, r.start, r.seed
             table[:B] = r.table
             hf[0:B], hf[sf:sf + B] = r.temperature, r.top_p
+            if r.verify_mode is not None:
+                hi[3 * si:3 * si + B] = r.verify_mode
+            if r.threshold is not None:
+                hf[2 * sf:2 * sf + B] = r.threshold
 
     def upload(self) -> None:
         self.dev_i.copy_(self.host_i, non_blocking=True)
@@ -194,10 +218,11 @@ class BucketBuffers:
         """Copy ``out[:B]`` to the pinned output and synchronise (the round's one host sync)."""
         w = out.shape[1]
         if w not in self._host_out:
-            self._host_out[w] = torch.empty(self.Bb, w, dtype=torch.int64, pin_memory=True)
+            self._host_out[w] = torch.empty(self.Bb, w, dtype=torch.int64, pin_memory=self.cuda)
         host = self._host_out[w][:B]
-        host.copy_(out[:B], non_blocking=True)
-        torch.cuda.current_stream().synchronize()
+        host.copy_(out[:B], non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.current_stream().synchronize()
         return host.numpy().copy()              # the pinned buffer is rewritten next round
 
 
@@ -208,7 +233,7 @@ class GraphedSteps:
 
     def __init__(self, steps: DecodeSteps, max_batch_size: int, max_pages: int,
                  backend: str | None = None):
-        reason = graphs_unavailable_reason(steps.device)
+        reason = None if backend == EAGER_REPLAY else graphs_unavailable_reason(steps.device)
         if reason:
             raise RuntimeError(f"cannot build CUDA graphs: {reason}")
         self.steps = steps
@@ -217,11 +242,14 @@ class GraphedSteps:
         self.buckets = batch_buckets(max_batch_size)
         self.max_pages = max_pages
         self.backend = backend or default_backend()
-        self.pool = torch.cuda.MemPool() if self.backend == "cuda-python" else torch.cuda.graph_pool_handle()
-        self.capture_stream = torch.cuda.Stream()
+        if self.backend == EAGER_REPLAY:
+            self.pool = self.capture_stream = None
+        else:
+            self.pool = (torch.cuda.MemPool() if self.backend == "cuda-python"
+                         else torch.cuda.graph_pool_handle())
+            self.capture_stream = torch.cuda.Stream()
         self._buffers: dict[int, BucketBuffers] = {}
         self._graphs: dict[tuple, CapturedGraph] = {}
-        self._limits: dict[int, Tensor] = {}
 
     def bucket(self, B: int) -> int:
         for b in self.buckets:
@@ -234,32 +262,30 @@ class GraphedSteps:
             self._buffers[Bb] = BucketBuffers(Bb, self.max_pages, self.device)
         return self._buffers[Bb]
 
-    def limit_buffer(self, Bb: int) -> Tensor:
-        if Bb not in self._limits:
-            self._limits[Bb] = torch.zeros(Bb, dtype=torch.int64, device=self.device)
-        return self._limits[Bb]
+    @property
+    def confidence(self) -> bool:
+        """Whether the confidence rounds can run (a draft with a head and a scheduler)."""
+        return (self.steps.scheduler is not None
+                and getattr(self.steps.nets, "has_confidence", False))
 
-    def graph(self, kind: str, Bb: int, use_top_p: bool = False, width: int | None = None) -> CapturedGraph:
-        """The graph ``kind`` in {"draft", "draft_conf", "verify", "verify_limited", "ar"} of bucket
-        ``Bb`` (captured on first use); "verify_limited" verifies the first ``width`` drafts of the
-        "draft_conf" graph with the bucket's limit buffer."""
-        key = (kind, Bb, use_top_p if kind not in ("draft", "draft_conf") else False, width)
+    def graph(self, kind: str, Bb: int, use_top_p: bool = False) -> CapturedGraph:
+        """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar"} of bucket
+        ``Bb`` (captured on first use); "verify_admit" verifies all N drafts of the "draft_admit"
+        graph with its admitted lengths."""
+        key = (kind, Bb, use_top_p if kind not in ("draft", "draft_admit") else False)
         if key in self._graphs:
             return self._graphs[key]
         x = self.buffers(Bb).inputs
         if kind == "draft":
             fn = lambda: self.steps.draft_step(x)  # noqa: E731
-        elif kind == "draft_conf":
-            fn = lambda: self.steps.draft_step_confidence(x)  # noqa: E731
+        elif kind == "draft_admit":
+            fn = lambda: self.steps.draft_admit_step(x)  # noqa: E731
         elif kind == "verify":
             drafts, z = self.graph("draft", Bb).outputs
             fn = lambda: self.steps.verify_step(x, drafts, z, use_top_p)  # noqa: E731
-        elif kind == "verify_limited":
-            drafts, z, _ = self.graph("draft_conf", Bb).outputs
-            lim = self.limit_buffer(Bb)
-            lim.zero_()
-            fn = lambda: self.steps.verify_step(x, drafts[:, :width], z[:, :width], use_top_p,  # noqa: E731
-                                                lim)
+        elif kind == "verify_admit":
+            drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
+            fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, use_top_p)  # noqa: E731
         elif kind == "ar":
             fn = lambda: self.steps.ar_step(x, use_top_p)  # noqa: E731
         else:
@@ -271,9 +297,13 @@ class GraphedSteps:
         return self._graphs[key]
 
     def capture(self, speculative: bool = True, buckets: list[int] | None = None) -> None:
-        """Capture ahead of time, largest bucket first (the others reuse its pool memory)."""
+        """Capture ahead of time, largest bucket first (the others reuse its pool memory); with a
+        confidence head, the confidence rounds' two graphs too."""
+        kinds = ("ar",)
+        if speculative:
+            kinds = ("draft", "verify") + (("draft_admit", "verify_admit") if self.confidence else ())
         for Bb in sorted(buckets or self.buckets, reverse=True):
-            for kind in (("draft", "verify") if speculative else ("ar",)):
+            for kind in kinds:
                 self.graph(kind, Bb)
 
     # ---- rounds -----------------------------------------------------------------------------------
@@ -289,41 +319,21 @@ class GraphedSteps:
         return buf.download(verify.outputs, B)
 
     def spec_round_admitted(self, r: RoundInputs, use_top_p: bool, want_confidence: bool = False):
-        """As ``DecodeSteps.spec_round_admitted`` (fixed rounds: the plain graphs)."""
-        from .steps import confidence_inputs
+        """As ``DecodeSteps.spec_round_admitted``: fixed rounds replay the plain graphs, confidence
+        rounds "draft_admit" + "verify_admit" (all N drafts verified; no host sync in between)."""
         B, N = r.batch_size, self.num_spec_tokens
         if not (r.uses_confidence or want_confidence):
             return self.spec_round(r, use_top_p), np.where(r.start >= 0, N, 0), None
         Bb = self.bucket(B)
-        draft = self.graph("draft_conf", Bb)
+        draft, verify = self.graph("draft_admit", Bb), self.graph("verify_admit", Bb, use_top_p)
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()
         draft.launch()
-        conf = draft.outputs[2]
-        if r.uses_confidence:
-            mode, thr = confidence_inputs(r, self.device)
-            pad = Bb - B
-            mode = torch.nn.functional.pad(mode, (0, pad))
-            thr = torch.nn.functional.pad(thr, (0, pad))
-            limit = self.steps.admit(buf.inputs, conf, mode, thr)          # inert rows: 0
-            lim_host = limit.cpu().numpy()
-            w = max(1, int(lim_host.max(initial=0)))
-        else:
-            limit, lim_host, w = None, np.where(np.arange(Bb) < B, N, 0), N
-        fresh = ("verify_limited", Bb, use_top_p, w) not in self._graphs
-        verify = self.graph("verify_limited", Bb, use_top_p, w)
-        if fresh:                               # a capture ran on inert inputs: restore the round's
-            buf.fill(r)
-            buf.upload()
-        lim_buf = self.limit_buffer(Bb)
-        if limit is None:
-            lim_buf.fill_(N)
-        else:
-            lim_buf.copy_(limit)
-        conf_host = conf[:B].cpu().numpy() if want_confidence else None
         verify.launch()
-        return buf.download(verify.outputs, B), lim_host[:B], conf_host
+        out = buf.download(verify.outputs, B)                      # [B, 3 + N]: ..., limit
+        conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None
+        return out[:, :-1], out[:, -1], conf
 
     def ar_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
         B = r.batch_size

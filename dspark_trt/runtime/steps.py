@@ -9,13 +9,20 @@ one CUDA graph, see ``cuda_graphs.py``):
                context injection of verify rows 0..a (rows > a at position -1: fixed shape N+1)
   ar_step      (anchor, start, table, temperature, top_p, seed) -> out [B, 1] = next token
 
-Confidence modes (``confidence.py``): when a row verifies only an admitted prefix of ``l`` drafts
-(``limit``), the draft step also returns the confidence logits, ``admitted_lengths`` picks ``l`` per
-row on the device, the verify runs on the first ``w = max(1, max l)`` drafts only (the target is
-causal, so row ``l``'s logits do not depend on later drafts), acceptance is clamped to ``l`` and a
-row that accepts all its ``l`` drafts takes its next token from the target row ``l`` (a bonus:
-argmax, or a sample of ``p_l`` with the RESIDUAL stream at ``P + l + 1``), which is exactly
-speculative sampling of an ``l``-token proposal.
+Confidence modes (``confidence.py``): a row verifies only an admitted prefix of ``l`` drafts
+(``limit``). Two steps of the same shapes as the fixed round:
+
+  draft_admit_step  (+ verify_mode, threshold)  -> drafts, z, confidence logits [B, N], limit [B]
+                    the draft step with the confidence head, then ``admitted_lengths`` on the device
+  verify_admit_step (+ drafts, z, limit, top_p) -> out [B, 3 + N] = (accepted, next, drafts, limit)
+                    the verify of all N drafts (the fixed-N shape: the target is causal, so row
+                    ``l``'s logits do not depend on the drafts after it), acceptance clamped to
+                    ``l``, and a row that accepts all its ``l`` drafts takes its next token from the
+                    target row ``l`` (a bonus: argmax, or a sample of ``p_l`` with the RESIDUAL
+                    stream at ``P + l + 1``): exactly speculative sampling of an ``l``-token proposal.
+
+No host synchronisation between them: a confidence round is the fixed round's two launches (two
+CUDA graphs) plus the head and the admission's few small kernels.
 
 The context injection ends the verify step (rather than starting the next draft step) so that no
 device state is carried between rounds: rows may join, leave or reorder freely between rounds.
@@ -66,11 +73,16 @@ class DeviceInputs:
     temperature: Tensor
     top_p: Tensor
     table: Tensor
+    verify_mode: Tensor | None = None   # [B] int64 ``confidence.MODE_IDS`` (confidence rounds)
+    threshold: Tensor | None = None     # [B] f32
 
     @classmethod
-    def from_host(cls, r: RoundInputs, device) -> "DeviceInputs":
+    def from_host(cls, r: RoundInputs, device, confidence: bool = False) -> "DeviceInputs":
+        """``confidence``: also the verify modes and thresholds (``draft_admit_step``)."""
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-        return cls(t(r.anchor), t(r.start), t(r.seed), t(r.temperature), t(r.top_p), t(r.table))
+        mode, thr = confidence_inputs(r, device) if confidence else (None, None)
+        return cls(t(r.anchor), t(r.start), t(r.seed), t(r.temperature), t(r.top_p), t(r.table),
+                   mode, thr)
 
 
 class DecodeSteps:
@@ -100,6 +112,20 @@ class DecodeSteps:
         if self.scheduler is None:
             raise RuntimeError("confidence modes need a VerifyScheduler (DecodeSteps(..., scheduler=))")
         return self.scheduler.admit(conf, x.start >= 0, mode, threshold)
+
+    @torch.inference_mode()
+    def draft_admit_step(self, x: DeviceInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The draft step with the confidence head, then the admission of ``x.verify_mode`` /
+        ``x.threshold`` -> drafts, z, confidence logits [B, N] f32, limit [B] int64."""
+        drafts, z, conf = self.draft_step_confidence(x)
+        return drafts, z, conf, self.admit(x, conf, x.verify_mode, x.threshold)
+
+    @torch.inference_mode()
+    def verify_admit_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, limit: Tensor,
+                          use_top_p: bool) -> Tensor:
+        """``verify_step`` of all N drafts with ``limit`` -> [B, 3 + N] (accepted, next, drafts,
+        limit): the round's host read-back in one tensor."""
+        return torch.cat([self.verify_step(x, drafts, z, use_top_p, limit), limit[:, None]], 1)
 
     @torch.inference_mode()
     def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, use_top_p: bool,
@@ -143,29 +169,23 @@ class DecodeSteps:
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
     def spec_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
         """-> [B, 2 + N] int64 on the host: accepted (-1: non-finite logits), next token, drafts."""
-        return self.spec_round_admitted(r, use_top_p)[0]
+        x = DeviceInputs.from_host(r, self.device)
+        drafts, z = self.draft_step(x)
+        return self.verify_step(x, drafts, z, use_top_p).cpu().numpy()
 
     def spec_round_admitted(self, r: RoundInputs, use_top_p: bool, want_confidence: bool = False
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """-> (as ``spec_round`` but [B, 2 + w], w = the widest admitted proposal; admitted drafts
-        per row [B]; the confidence logits [B, N] when a row uses a confidence mode or
-        ``want_confidence``, else None). All-fixed rounds verify N drafts per row as before."""
-        x = DeviceInputs.from_host(r, self.device)
+        """-> (as ``spec_round``: [B, 2 + N]; admitted drafts per row [B]; the confidence logits
+        [B, N] when ``want_confidence``, else None). Rounds with a confidence mode (or
+        ``want_confidence``) run ``draft_admit_step`` + ``verify_admit_step``, all N drafts
+        verified, no host sync before the read-back; all-fixed rounds run the plain steps."""
         N = self.num_spec_tokens
-        fixed_lim = np.where(r.start >= 0, N, 0)
         if not (r.uses_confidence or want_confidence):
-            drafts, z = self.draft_step(x)
-            return self.verify_step(x, drafts, z, use_top_p).cpu().numpy(), fixed_lim, None
-        drafts, z, conf = self.draft_step_confidence(x)
-        if not r.uses_confidence:
-            out = self.verify_step(x, drafts, z, use_top_p)
-            return out.cpu().numpy(), fixed_lim, conf.cpu().numpy()
-        mode, thr = confidence_inputs(r, self.device)
-        limit = self.admit(x, conf, mode, thr)
-        lim_host = limit.cpu().numpy()                     # eager: one sync to size the verify
-        w = max(1, int(lim_host.max(initial=0)))
-        out = self.verify_step(x, drafts[:, :w], z[:, :w], use_top_p, limit).cpu().numpy()
-        return out, lim_host, conf.cpu().numpy() if want_confidence else None
+            return self.spec_round(r, use_top_p), np.where(r.start >= 0, N, 0), None
+        x = DeviceInputs.from_host(r, self.device, confidence=True)
+        drafts, z, conf, limit = self.draft_admit_step(x)
+        out = self.verify_admit_step(x, drafts, z, limit, use_top_p).cpu().numpy()
+        return out[:, :-1], out[:, -1], conf.cpu().numpy() if want_confidence else None
 
     def ar_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
         """-> [B, 1] int64 on the host: the next token (-1: non-finite logits)."""
