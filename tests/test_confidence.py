@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from dspark_trt.builder.checkpoint import CheckpointError, write_checkpoint
-from dspark_trt.builder.qwen3_loader import load_qwen3_pair, qwen3_draft_tensors, qwen3_target_tensors
+from dspark_trt.checkpoints.files import CheckpointError, write_checkpoint
+from dspark_trt.checkpoints.qwen3 import load_qwen3_pair, qwen3_draft_tensors, qwen3_target_tensors
 from dspark_trt.cli import main
 from dspark_trt.models import build_models
 from dspark_trt.runtime import calibration as cal
@@ -152,8 +152,8 @@ def test_draft_without_a_head_refuses_the_confidence_modes(tmp_path):
 
 @pytest.mark.parametrize("stage", [0, 2])
 def test_v4_confidence_head_loads_from_any_stage(tmp_path, stage):
-    from dspark_trt.builder.loaders import load_pair
-    from dspark_trt.builder.v4_loader import v4_checkpoint_tensors
+    from dspark_trt.checkpoints.loaders import load_pair
+    from dspark_trt.checkpoints.v4 import v4_checkpoint_tensors
     from dspark_trt.config import get_preset
     pair = get_preset("deepseek-v4-tiny-dspark")
     target, draft = build_models(pair, seed=0)

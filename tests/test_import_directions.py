@@ -26,9 +26,7 @@ ALLOWED = {
     "runtime": BASE | {"plugins", "models", "parallel", "checkpoints", "engine"},   # never builder
     "serving": BASE | {"parallel", "runtime"},                 # never commands
     "openai_server": BASE | {"runtime"},                       # never commands
-    # train: "builder" only for the checkpoint names builder/ keeps for it (builder/checkpoint.py,
-    # qwen3_loader.py, loaders.py re-export checkpoints/) until train imports checkpoints/ itself
-    "train": BASE | {"plugins", "models", "checkpoints", "builder", "runtime"},
+    "train": BASE | {"plugins", "models", "checkpoints", "runtime"},
     "commands": BASE | {"plugins", "models", "parallel", "checkpoints", "engine", "builder", "runtime",
                         "serving", "openai_server", "train"},
     "cli": BASE | {"checkpoints", "engine", "builder", "runtime", "commands"},

@@ -111,6 +111,7 @@ def test_cli_generate_reports_the_error_in_json_and_exit_code(llm, monkeypatch, 
     rc = main(["generate", "--model", TINY, "--device", "cpu", "--prompt-ids", "1,2,3", "--json",
                "--max-new-tokens", "8", "--max-seq-len", "64"])
     cap = capsys.readouterr()
-    out = json.loads(cap.out.strip().splitlines()[-1])
+    out = json.loads(cap.out)                                   # --json: stdout is the JSON alone
     assert rc == 1 and out["finish_reason"] == "error" and out["error"] == NONFINITE_LOGITS
-    assert cap.err.strip() == f"error: {NONFINITE_LOGITS}"
+    *notes, last = cap.err.strip().splitlines()                 # notes, then the error line
+    assert last == f"error: {NONFINITE_LOGITS}" and all(n.startswith("[dspark-trt]") for n in notes)

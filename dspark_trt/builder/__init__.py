@@ -1,1 +1,1 @@
-"""Builder: checkpoint loading and name remaps, export, backends, engine directory format."""
+"""Builder: export of the prepared modules to engines (backends: aoti, tensorrt); checkpoints live in ``checkpoints/``, the engine format in ``engine/``."""

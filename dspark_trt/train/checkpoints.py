@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..builder.checkpoint import load_into_module, write_checkpoint
-from ..builder.qwen3_loader import qwen3_draft_tensors, qwen3_target_tensors, read_target_config
+from ..checkpoints.files import load_into_module, write_checkpoint
+from ..checkpoints.qwen3 import qwen3_draft_tensors, qwen3_target_tensors, read_target_config
 from ..models.qwen3 import Qwen3ForCausalLM
 
 SAVE_DTYPE = torch.bfloat16

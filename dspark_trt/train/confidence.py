@@ -7,7 +7,7 @@ the T = 1 acceptance probability of row k), weighted like the draft loss, weight
 
 It is saved beside the draft as ``confidence_head.safetensors`` (not in the checkpoint index) under
 the published names ``confidence_head.proj.{weight,bias}``; the runtime's Qwen3 loader
-(``builder/qwen3_loader.py``) reads that side file when the checkpoint itself has no head, so a
+(``checkpoints/qwen3.py``) reads that side file when the checkpoint itself has no head, so a
 trained draft directory runs the confidence modes as it is. Older side files with the keys
 ``confidence_head.{weight,bias}`` load too.
 """

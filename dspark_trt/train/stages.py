@@ -361,7 +361,7 @@ def stage_eval(rd: RunDir, run: Run, deadline: float) -> dict:
         if name == "ar_draft":
             model = checkpoints.load_ar_draft(rd.path / sub, torch.float32, run.device)
         else:
-            from ..builder.loaders import load_pair
+            from ..checkpoints.loaders import load_pair
             _, _, model = load_pair(rd.path / "target", rd.path / sub, torch.float32, run.device)
         conf = load_confidence(rd.path / sub, r, run.device) if name == "dspark" else None
         tf[name] = teacher_forced(rd, run, name, model, target, held, r.drafts.batch_size, 10**9,
