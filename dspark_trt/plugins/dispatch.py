@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import torch
 from torch import Tensor
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -17,3 +18,12 @@ HAVE_TRITON = importlib.util.find_spec("triton") is not None
 def use_triton(x: Tensor) -> bool:
     """True when the op should run its Triton kernel on this tensor's device."""
     return HAVE_TRITON and x.is_cuda
+
+
+def all_greedy_eager_cpu(temperature: Tensor) -> bool:
+    """True when every row is greedy (temperature <= 0) and the reference runs eagerly on a CPU:
+    the references may then skip the sampling arithmetic (softmax, counter-based noise), whose
+    greedy rows are discarded anyway. Never under tracing or export (a data-dependent branch),
+    and never on a GPU (the check reads the tensor on the host)."""
+    return (temperature.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not torch.jit.is_tracing() and bool((temperature <= 0).all()))

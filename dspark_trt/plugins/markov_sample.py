@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import use_triton
+from .dispatch import all_greedy_eager_cpu, use_triton
 from .rng import STREAM_DRAFT, gumbel
 
 
@@ -28,12 +28,16 @@ def markov_sample_ref(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tenso
     inv_t = torch.where(greedy, 1.0, 1.0 / temperature.clamp(min=1e-6)).to(acc)
     prev = anchor.clamp(min=0)
     tokens, logits = [], []
+    only_greedy = all_greedy_eager_cpu(temperature)       # same tokens, no noise to draw
     for k in range(N):
         bias = w1[prev].to(acc) @ w2.to(acc).T                                      # [B, V]
         z = base_logits[:, k].to(acc) + bias
-        noise = gumbel(seed, start + k + 1, STREAM_DRAFT, V).to(acc)
-        sampled = torch.argmax(z * inv_t[:, None] + noise, dim=-1)
-        x = torch.where(greedy, torch.argmax(z, dim=-1), sampled)
+        if only_greedy:
+            x = torch.argmax(z, dim=-1)
+        else:
+            noise = gumbel(seed, start + k + 1, STREAM_DRAFT, V).to(acc)
+            sampled = torch.argmax(z * inv_t[:, None] + noise, dim=-1)
+            x = torch.where(greedy, torch.argmax(z, dim=-1), sampled)
         tokens.append(torch.where(live, x, -1))
         logits.append(torch.where(live[:, None], z, 0.0))
         prev = x

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import use_triton
+from .dispatch import all_greedy_eager_cpu, use_triton
 from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, uniform
 
 
@@ -35,6 +35,11 @@ def rejection_sample_ref(target_logits: Tensor, draft_tokens: Tensor, draft_logi
     acc = torch.promote_types(target_logits.dtype, torch.float32)
     live = start >= 0
     greedy = temperature <= 0
+    if all_greedy_eager_cpu(temperature):                # the greedy branch below, alone
+        ok = draft_tokens.clamp(min=0) == target_logits[:, :N].argmax(-1)
+        accepted = torch.cumprod(ok.to(torch.int64), dim=1).sum(1)
+        nxt = target_logits.gather(1, accepted[:, None, None].expand(B, 1, V))[:, 0].argmax(-1)
+        return torch.where(live, accepted, 0), torch.where(live, nxt, -1)
     t = torch.where(greedy, 1.0, temperature.clamp(min=1e-6)).to(acc)[:, None, None]
     p = torch.softmax(target_logits.to(acc) / t, dim=-1)                        # [B, N+1, V]
     q = torch.softmax(draft_logits.to(acc) / t, dim=-1)                         # [B, N, V]
