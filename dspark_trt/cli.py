@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        _leave_process_group(barrier=True)
+        return rc
     except user_errors() as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
@@ -84,6 +86,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:                   # interrupts.Interrupted says which signal
         print(f"interrupted by {getattr(e, 'signal_name', 'SIGINT')}", file=sys.stderr)
         return getattr(e, "exit_code", 130)
+    finally:
+        _leave_process_group(barrier=False)
+
+
+def _leave_process_group(barrier: bool) -> None:
+    """Under torchrun: leave the process group before the interpreter exits (a gloo group left
+    to the exit handlers sometimes aborts a rank with 'terminate called without an active
+    exception'); after a normal run, wait for the other ranks first."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        if barrier:
+            dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -56,3 +56,14 @@ def test_rejection_greedy_shortcut_equals_full_path(monkeypatch, seed):
 def test_shortcut_only_when_every_row_is_greedy():
     assert dispatch.all_greedy_eager_cpu(torch.zeros(3))
     assert not dispatch.all_greedy_eager_cpu(torch.tensor([0.0, 0.7, 0.0]))
+
+
+def test_no_shortcut_while_tracing():
+    """Under export / make_fx the branch would be baked into the graph: never taken there."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with FakeTensorMode() as mode:
+        assert not dispatch.all_greedy_eager_cpu(mode.from_tensor(torch.zeros(2)))
+    seen = []
+    make_fx(lambda t: seen.append(dispatch.all_greedy_eager_cpu(t)) or t + 1)(torch.zeros(2))
+    assert seen == [False]

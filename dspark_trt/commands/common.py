@@ -16,6 +16,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_source_args(p.add_argument_group("model"), MODEL_FLAGS)
 
 
+def _say_on_rank0(note: str) -> None:
+    """A note on stderr (stdout carries results only), once under torchrun."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(note, file=sys.stderr)
+
+
 def load_llm(args):
     """Build an LLM from the ``add_model_args`` options (``LLM.from_source``: --engine,
     --checkpoint/--draft-checkpoint, --model, or the built-in default pair). Under torchrun every
@@ -26,4 +32,4 @@ def load_llm(args):
         sys.stdout = open(os.devnull, "w")             # every rank runs; rank 0 prints
     graphs = getattr(args, "cuda_graphs", "auto")
     return LLM.from_source(src, cuda_graphs=None if graphs == "auto" else graphs == "on",
-                           say=lambda note: print(note, file=sys.stderr))     # stdout: results only
+                           say=_say_on_rank0)

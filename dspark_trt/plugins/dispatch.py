@@ -25,5 +25,11 @@ def all_greedy_eager_cpu(temperature: Tensor) -> bool:
     the references may then skip the sampling arithmetic (softmax, counter-based noise), whose
     greedy rows are discarded anyway. Never under tracing or export (a data-dependent branch),
     and never on a GPU (the check reads the tensor on the host)."""
-    return (temperature.device.type == "cpu" and not torch.compiler.is_compiling()
-            and not torch.jit.is_tracing() and bool((temperature <= 0).all()))
+    if type(temperature) is not torch.Tensor or temperature.device.type != "cpu":
+        return False                                  # fake / functional / proxy tensors, GPUs
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    if get_proxy_mode() is not None:                  # make_fx / export tracing with real tensors
+        return False
+    return bool((temperature <= 0).all())
