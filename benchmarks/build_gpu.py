@@ -49,6 +49,7 @@ from dspark_trt.config import PRESETS, get_preset  # noqa: E402
 from dspark_trt.models import build_models  # noqa: E402
 from dspark_trt.runtime.engine import EngineNetworks  # noqa: E402
 from dspark_trt.runtime.networks import EagerNetworks  # noqa: E402
+from dspark_trt.runtime.steps import DecodeSteps, DeviceInputs, verify_window  # noqa: E402
 
 ENGINES = Path(os.environ.get("ENGINE_ROOT", "/tmp/dspark-engines"))
 RESULTS = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
@@ -119,19 +120,23 @@ def round_inputs(nets, B: int, T: int, device):
 
 
 def draft_and_verify(nets, tokens, pos, table):
-    """prefill -> draft_context -> draft_block (greedy) -> verify target on [anchor, drafts]; plus
-    thunks of the draft step and of the next round's context injection (the N+1 verified taps)."""
+    """prefill -> draft_context -> the round's draft step (greedy) -> the target over its verify
+    window (``runtime.steps``: ``DecodeSteps.draft_step``, ``verify_window``), its logits kept;
+    plus thunks of the draft step and of the next round's context injection (the N+1 verified
+    taps)."""
     B, T = tokens.shape
     logits, taps = nets.target(tokens, pos, table)
     anchor = logits[:, -1].argmax(-1)
     nets.draft_context(taps, pos, table)
-    start = torch.full((B,), T, device=tokens.device)
-    temp, seed = torch.zeros(B, device=tokens.device), torch.arange(B, device=tokens.device)
-    drafts, z = nets.draft_block(anchor, start, table, temp, seed)
-    vpos = start[:, None] + torch.arange(drafts.shape[1] + 1, device=tokens.device)
-    vlogits, vtaps = nets.target(torch.cat([anchor[:, None], drafts], 1), vpos, table)
+    dev = tokens.device
+    x = DeviceInputs(anchor, torch.full((B,), T, device=dev), torch.arange(B, device=dev),
+                     torch.zeros(B, device=dev), torch.ones(B, device=dev), table)
+    steps = DecodeSteps(nets)
+    drafts, z = steps.draft_step(x)
+    vtokens, vpos = verify_window(x, drafts)
+    vlogits, vtaps = nets.target(vtokens, vpos, table)
     return {"prefill_logits": logits, "drafts": drafts, "z": z, "verify_logits": vlogits,
-            "draft_step": lambda: nets.draft_block(anchor, start, table, temp, seed),
+            "draft_step": lambda: steps.draft_step(x),
             "context_step": lambda: nets.draft_context(vtaps, vpos, table)}
 
 

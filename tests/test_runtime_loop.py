@@ -157,7 +157,7 @@ def test_padded_rows_are_inert(llm):
     gen = llm.generator()
     seqs = [gen.add_request(p, params(8)) for p in PROMPTS[:2]]
     gen.step()                                          # prefill: anchors and pages exist
-    live = gen._round_inputs(seqs)
+    live = gen.round_inputs(seqs)
     pad = 2
     inert = dict(anchor=-1, start=-1, seed=0, temperature=0, top_p=1, table=-1)
     padded = RoundInputs(**{f: np.concatenate([getattr(live, f), np.full(
