@@ -182,8 +182,8 @@ def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dic
     o = opts.resolved()           # the reference: same seed -> same weights, unfused eager modules
     target, draft = build_models(apply_overrides(get_preset(o.model), o.overrides), dtype, device,
                                  o.num_spec_tokens, o.seed)
-    draft.markov_sampler = o.markov_sampler
-    eager = EagerNetworks(target, draft, nets.num_pages, nets.page_size, device, dtype)
+    eager = EagerNetworks(target, draft, nets.num_pages, nets.page_size, device, dtype,
+                          o.markov_sampler)
     eager.max_pages_per_seq, eager.vocab_size = nets.max_pages_per_seq, nets.vocab_size
     inputs = round_inputs(nets, B, T, device)
     got, want = draft_and_verify(nets, *inputs), draft_and_verify(eager, *inputs)
@@ -317,9 +317,9 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
     t0 = time.perf_counter()
     target, draft = build_models(apply_overrides(get_preset(o.model), o.overrides), torch.bfloat16, "cuda",
                                  o.num_spec_tokens, o.seed)
-    draft.markov_sampler = o.markov_sampler
     pages = -(-(o.max_seq_len + draft.num_spec_tokens + 1) // o.page_size)        # the engine's layout
-    nets = EagerNetworks(target, draft, max(V4_BATCHES) * pages, o.page_size, torch.device("cuda"), torch.bfloat16)
+    nets = EagerNetworks(target, draft, max(V4_BATCHES) * pages, o.page_size, torch.device("cuda"),
+                         torch.bfloat16, o.markov_sampler)
     nets.max_pages_per_seq = pages
     r = record.setdefault("eager", {"build_models_seconds": round(time.perf_counter() - t0, 1)})
     per_expert, ref = v4_latencies(nets, graphs=False, context=False)
