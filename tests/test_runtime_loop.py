@@ -178,6 +178,35 @@ def test_padded_rows_are_inert(llm):
     assert (steps.ar_step(x, use_top_p=False)[2:] == -1).all()
 
 
+def test_staged_round_is_the_rounds_own_steps(llm):
+    """The public round interface bench and profiling time through: ``steps.stage(r)`` runs the
+    round's steps, its verify equals ``spec_round`` and its AR step ``ar_round`` (same caches)."""
+    from dspark_trt.runtime.steps import verify_window
+    steps = DecodeSteps(llm.networks)
+    assert steps.eager is steps and steps.replayable(len) is len
+    gen = llm.generator()
+    seqs = [gen.add_request(p, params(8)) for p in PROMPTS[:2]]
+    gen.step()
+    r = gen.round_inputs(seqs)
+    caches = [t for c in (llm.networks.target_cache, llm.networks.draft_cache) for t in c["k"] + c["v"]]
+    saved = [t.clone() for t in caches]
+    want, want_ar = steps.spec_round(r, use_top_p=False), steps.ar_round(r, use_top_p=False)
+    for t, c in zip(caches, saved):
+        t.copy_(c)
+    st = steps.stage(r)
+    N = llm.networks.num_spec_tokens
+    assert st.drafts.shape == (2, N) and st.z.shape[:2] == (2, N)
+    np.testing.assert_array_equal(st.verify().numpy(), want)
+    np.testing.assert_array_equal(st.ar().numpy(), want_ar)
+    tokens, pos = verify_window(st.x, st.drafts)
+    assert tokens[:, 0].tolist() == r.anchor.tolist() and pos[:, 0].tolist() == r.start.tolist()
+    assert (pos[:, 1:] - pos[:, :-1] == 1).all()
+    for t, c in zip(caches, saved):
+        t.copy_(c)
+    for s in seqs:
+        gen.abort(s.request_id)
+
+
 def test_graph_path_skipped_on_cpu_with_reason(llm):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the GPU tests cover the graph path")
