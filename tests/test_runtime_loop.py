@@ -203,6 +203,14 @@ def test_staged_round_is_the_rounds_own_steps(llm):
     assert (pos[:, 1:] - pos[:, :-1] == 1).all()
     for t, c in zip(caches, saved):
         t.copy_(c)
+    from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY
+    graphed = GraphedSteps(steps, llm.max_batch_size, llm.max_pages_per_seq, EAGER_REPLAY)
+    assert graphed.eager is steps
+    st = graphed.stage(r)                               # the static-buffer plumbing on the CPU
+    st.verify()
+    np.testing.assert_array_equal(graphed.graph("verify", graphed.bucket(2)).outputs[:2].numpy(), want)
+    for t, c in zip(caches, saved):
+        t.copy_(c)
     for s in seqs:
         gen.abort(s.request_id)
 

@@ -271,6 +271,7 @@ class GraphedSteps:
         x = buf.inputs
         if not spec:
             return StagedRound(x, x.anchor[:, None][:, :0], None, None, None, g["ar"].launch)
+        g["draft"].launch()                   # as DecodeSteps.stage: drafts / z of these inputs
         drafts, z = g["draft"].outputs
         return StagedRound(x, drafts, z, g["draft"].launch, g["verify"].launch, g["ar"].launch)
 
