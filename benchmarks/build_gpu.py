@@ -49,6 +49,7 @@ from dspark_trt.config import PRESETS, get_preset  # noqa: E402
 from dspark_trt.models import build_models  # noqa: E402
 from dspark_trt.runtime.engine import EngineNetworks  # noqa: E402
 from dspark_trt.runtime.networks import EagerNetworks  # noqa: E402
+from dspark_trt.runtime.steps import DecodeSteps, DeviceInputs, verify_window  # noqa: E402
 
 ENGINES = Path(os.environ.get("ENGINE_ROOT", "/tmp/dspark-engines"))
 RESULTS = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
@@ -119,19 +120,23 @@ def round_inputs(nets, B: int, T: int, device):
 
 
 def draft_and_verify(nets, tokens, pos, table):
-    """prefill -> draft_context -> draft_block (greedy) -> verify target on [anchor, drafts]; plus
-    thunks of the draft step and of the next round's context injection (the N+1 verified taps)."""
+    """prefill -> draft_context -> the round's draft step (greedy) -> the target over its verify
+    window (``runtime.steps``: ``DecodeSteps.draft_step``, ``verify_window``), its logits kept;
+    plus thunks of the draft step and of the next round's context injection (the N+1 verified
+    taps)."""
     B, T = tokens.shape
     logits, taps = nets.target(tokens, pos, table)
     anchor = logits[:, -1].argmax(-1)
     nets.draft_context(taps, pos, table)
-    start = torch.full((B,), T, device=tokens.device)
-    temp, seed = torch.zeros(B, device=tokens.device), torch.arange(B, device=tokens.device)
-    drafts, z = nets.draft_block(anchor, start, table, temp, seed)
-    vpos = start[:, None] + torch.arange(drafts.shape[1] + 1, device=tokens.device)
-    vlogits, vtaps = nets.target(torch.cat([anchor[:, None], drafts], 1), vpos, table)
+    dev = tokens.device
+    x = DeviceInputs(anchor, torch.full((B,), T, device=dev), torch.arange(B, device=dev),
+                     torch.zeros(B, device=dev), torch.ones(B, device=dev), table)
+    steps = DecodeSteps(nets)
+    drafts, z = steps.draft_step(x)
+    vtokens, vpos = verify_window(x, drafts)
+    vlogits, vtaps = nets.target(vtokens, vpos, table)
     return {"prefill_logits": logits, "drafts": drafts, "z": z, "verify_logits": vlogits,
-            "draft_step": lambda: nets.draft_block(anchor, start, table, temp, seed),
+            "draft_step": lambda: steps.draft_step(x),
             "context_step": lambda: nets.draft_context(vtaps, vpos, table)}
 
 
@@ -177,8 +182,8 @@ def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dic
     o = opts.resolved()           # the reference: same seed -> same weights, unfused eager modules
     target, draft = build_models(apply_overrides(get_preset(o.model), o.overrides), dtype, device,
                                  o.num_spec_tokens, o.seed)
-    draft.markov_sampler = o.markov_sampler
-    eager = EagerNetworks(target, draft, nets.num_pages, nets.page_size, device, dtype)
+    eager = EagerNetworks(target, draft, nets.num_pages, nets.page_size, device, dtype,
+                          o.markov_sampler)
     eager.max_pages_per_seq, eager.vocab_size = nets.max_pages_per_seq, nets.vocab_size
     inputs = round_inputs(nets, B, T, device)
     got, want = draft_and_verify(nets, *inputs), draft_and_verify(eager, *inputs)
@@ -312,9 +317,9 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
     t0 = time.perf_counter()
     target, draft = build_models(apply_overrides(get_preset(o.model), o.overrides), torch.bfloat16, "cuda",
                                  o.num_spec_tokens, o.seed)
-    draft.markov_sampler = o.markov_sampler
     pages = -(-(o.max_seq_len + draft.num_spec_tokens + 1) // o.page_size)        # the engine's layout
-    nets = EagerNetworks(target, draft, max(V4_BATCHES) * pages, o.page_size, torch.device("cuda"), torch.bfloat16)
+    nets = EagerNetworks(target, draft, max(V4_BATCHES) * pages, o.page_size, torch.device("cuda"),
+                         torch.bfloat16, o.markov_sampler)
     nets.max_pages_per_seq = pages
     r = record.setdefault("eager", {"build_models_seconds": round(time.perf_counter() - t0, 1)})
     per_expert, ref = v4_latencies(nets, graphs=False, context=False)

@@ -32,12 +32,11 @@ from dspark_trt.runtime.networks import EagerNetworks  # noqa: E402
 def networks(model: str, device: str, fused: bool, sampler: str, B: int, T: int):
     pair = get_preset(model)
     target, draft = build_models(pair, torch.bfloat16, torch.device(device), None, 0)
-    draft.markov_sampler = sampler
     if fused:
         fuse_projections_(target), fuse_projections_(draft)
     page = 64
     pages = -(-(T + 16) // page)
-    nets = EagerNetworks(target, draft, B * pages, page, device, torch.bfloat16)
+    nets = EagerNetworks(target, draft, B * pages, page, device, torch.bfloat16, sampler)
     nets.max_pages_per_seq = pages
     return nets
 

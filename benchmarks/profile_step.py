@@ -2,8 +2,9 @@
 
     python benchmarks/profile_step.py --model qwen3-8b-dspark-block7 [--engine DIR] [--out DIR]
 
-Prefills B random prompts, then profiles (torch.profiler, CUDA activity) eager calls of the
-target for 1 and N+1 tokens and of the draft step. Writes ``profile-<label>.json``: per network
+Prefills B random prompts, stages the next round (``steps.stage``), then profiles (torch.profiler,
+CUDA activity) eager calls of the target over its verify window for 1 and N+1 tokens and of the
+draft step. Writes ``profile-<label>.json``: per network
 the kernel count, summed kernel time, CUDA-event wall time, and the top kernels by total time,
 so the gap between the step time and the HBM roofline can be attributed.
 """
@@ -25,7 +26,7 @@ from dspark_trt import provenance  # noqa: E402
 from dspark_trt.commands.bench import time_ms  # noqa: E402
 from dspark_trt.runtime import SamplingParams  # noqa: E402
 from dspark_trt.runtime.llm import LLM  # noqa: E402
-from dspark_trt.runtime.steps import DeviceInputs  # noqa: E402
+from dspark_trt.runtime.steps import verify_window  # noqa: E402
 
 
 def profile_fn(fn, reps: int = 5, top: int = 25) -> dict:
@@ -64,16 +65,16 @@ def main() -> None:
     prompts = np.random.default_rng(0).integers(0, nets.vocab_size, (a.batch_size, a.prompt_len))
     seqs = [gen.add_request(p.tolist(), SamplingParams(max_new_tokens=32, ignore_eos=True)) for p in prompts]
     gen.step()
-    x = DeviceInputs.from_host(gen._round_inputs(seqs), nets.device)
-    pos = x.start[:, None] + torch.arange(N + 1, device=x.start.device)
-    tokens = x.anchor[:, None].repeat(1, N + 1)
+    st = llm.steps.eager.stage(gen.round_inputs(seqs))      # the round's inputs, eager steps
+    x = st.x
+    tokens, pos = verify_window(x, st.drafts)
     out = {"git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "command": " ".join(sys.argv), "batch_size": a.batch_size, "prompt_len": a.prompt_len,
            "networks": "engine" if a.engine else "eager", "profiles": {}}
     fns = {"target_1": lambda: nets.target(tokens[:, :1], pos[:, :1], x.table),
            f"target_{N + 1}": lambda: nets.target(tokens, pos, x.table)}
     if N:
-        fns["draft_block"] = lambda: nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed)
+        fns["draft_block"] = st.draft
         logits = torch.randn(a.batch_size, N + 1, nets.vocab_size, device=nets.device)
         drafts = torch.zeros(a.batch_size, N, dtype=torch.long, device=nets.device)
         z = torch.randn(a.batch_size, N, nets.vocab_size, device=nets.device)

@@ -71,7 +71,7 @@ def test_confidence_logits_come_from_the_draft_step_and_match_eq7():
     seqs = [gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=8)),
             gen.add_request([5, 6], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))]
     gen.step()                                                     # prefill: a context
-    r = gen._round_inputs(seqs)
+    r = gen.round_inputs(seqs)
     r.anchor[1], r.start[1] = -1, -1                                # row 1 inert
     from dspark_trt.runtime.steps import DeviceInputs
     x = DeviceInputs.from_host(r, "cpu")
@@ -183,7 +183,7 @@ def test_v4_draft_step_returns_confidence():
     seqs = [gen.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=4))]
     gen.step()
     from dspark_trt.runtime.steps import DeviceInputs
-    x = DeviceInputs.from_host(gen._round_inputs(seqs), "cpu")
+    x = DeviceInputs.from_host(gen.round_inputs(seqs), "cpu")
     drafts, _, conf = nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed)
     h = llm.draft.block_hidden(x.anchor, x.start, x.table, nets.draft_cache)
     prev = torch.cat([x.anchor[:, None], drafts[:, :-1]], 1)
@@ -336,7 +336,7 @@ def test_full_width_verify_equals_the_admitted_width_verify(cost_model):
     for _ in range(6):
         if len(gen.running) < len(seqs):
             break
-        r = gen._round_inputs(gen.running)
+        r = gen.round_inputs(gen.running)
         old, old_lim = _old_eager_round(steps, r, True)
         for impl in (steps, replay):
             out, lim, conf = impl.spec_round_admitted(r, True, want_confidence=True)

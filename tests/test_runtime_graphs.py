@@ -51,7 +51,7 @@ def test_graph_rounds_equal_eager_rounds(llm, backend, sampled):
     gen = llm.generator()
     seqs = [gen.add_request(p, sp) for p in PROMPTS[:3]]
     gen.step()                                              # eager prefill of 3 rows (bucket 4)
-    r = gen._round_inputs(seqs)
+    r = gen.round_inputs(seqs)
     for kind in ("spec", "ar"):
         saved = [t.clone() for t in caches(llm)]
         want = getattr(eager, f"{kind}_round")(pad(r, 4), sampled)[:3]
@@ -84,7 +84,7 @@ def test_replayed_round_allocates_no_device_memory(llm):
     gen = llm.generator()
     seqs = [gen.add_request(p, SamplingParams(max_new_tokens=30, ignore_eos=True)) for p in PROMPTS[:2]]
     gen.step()
-    r = gen._round_inputs(seqs)
+    r = gen.round_inputs(seqs)
     graphed.spec_round(r, False)                           # captures bucket 2
     torch.cuda.synchronize()
     count = torch.cuda.memory_stats()["allocation.all.allocated"]

@@ -157,7 +157,7 @@ def test_padded_rows_are_inert(llm):
     gen = llm.generator()
     seqs = [gen.add_request(p, params(8)) for p in PROMPTS[:2]]
     gen.step()                                          # prefill: anchors and pages exist
-    live = gen._round_inputs(seqs)
+    live = gen.round_inputs(seqs)
     pad = 2
     inert = dict(anchor=-1, start=-1, seed=0, temperature=0, top_p=1, table=-1)
     padded = RoundInputs(**{f: np.concatenate([getattr(live, f), np.full(
@@ -176,6 +176,43 @@ def test_padded_rows_are_inert(llm):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     x = DeviceInputs.from_host(padded, "cpu")
     assert (steps.ar_step(x, use_top_p=False)[2:] == -1).all()
+
+
+def test_staged_round_is_the_rounds_own_steps(llm):
+    """The public round interface bench and profiling time through: ``steps.stage(r)`` runs the
+    round's steps, its verify equals ``spec_round`` and its AR step ``ar_round`` (same caches)."""
+    from dspark_trt.runtime.steps import verify_window
+    steps = DecodeSteps(llm.networks)
+    assert steps.eager is steps and steps.replayable(len) is len
+    gen = llm.generator()
+    seqs = [gen.add_request(p, params(8)) for p in PROMPTS[:2]]
+    gen.step()
+    r = gen.round_inputs(seqs)
+    caches = [t for c in (llm.networks.target_cache, llm.networks.draft_cache) for t in c["k"] + c["v"]]
+    saved = [t.clone() for t in caches]
+    want, want_ar = steps.spec_round(r, use_top_p=False), steps.ar_round(r, use_top_p=False)
+    for t, c in zip(caches, saved):
+        t.copy_(c)
+    st = steps.stage(r)
+    N = llm.networks.num_spec_tokens
+    assert st.drafts.shape == (2, N) and st.z.shape[:2] == (2, N)
+    np.testing.assert_array_equal(st.verify().numpy(), want)
+    np.testing.assert_array_equal(st.ar().numpy(), want_ar)
+    tokens, pos = verify_window(st.x, st.drafts)
+    assert tokens[:, 0].tolist() == r.anchor.tolist() and pos[:, 0].tolist() == r.start.tolist()
+    assert (pos[:, 1:] - pos[:, :-1] == 1).all()
+    for t, c in zip(caches, saved):
+        t.copy_(c)
+    from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY
+    graphed = GraphedSteps(steps, llm.max_batch_size, llm.max_pages_per_seq, EAGER_REPLAY)
+    assert graphed.eager is steps
+    st = graphed.stage(r)                               # the static-buffer plumbing on the CPU
+    st.verify()
+    np.testing.assert_array_equal(graphed.graph("verify", graphed.bucket(2)).outputs[:2].numpy(), want)
+    for t, c in zip(caches, saved):
+        t.copy_(c)
+    for s in seqs:
+        gen.abort(s.request_id)
 
 
 def test_graph_path_skipped_on_cpu_with_reason(llm):

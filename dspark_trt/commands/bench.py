@@ -104,32 +104,16 @@ def time_ms(fn, iters: int, cuda: bool) -> float:
 
 
 def step_latencies(llm, r, iters: int) -> dict:
-    """Step times (ms) for the round inputs ``r``: graph replays on CUDA, eager calls on CPU."""
+    """Step times (ms) for the round inputs ``r``: graph replays on CUDA, eager calls on CPU
+    (the round staged by ``llm.steps.stage``)."""
     from .. import plugins
-    from ..runtime.cuda_graphs import CapturedGraph, GraphedSteps
-    from ..runtime.steps import DeviceInputs
+    from ..runtime.steps import verify_window
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
-    graphed = isinstance(steps, GraphedSteps)
-    if graphed:
-        Bb = steps.bucket(r.batch_size)
-        buf = steps.buffers(Bb)
-        g = {k: steps.graph(k, Bb) for k in ("draft", "verify", "ar")}
-        buf.fill(r)
-        buf.upload()
-        x, drafts, z = buf.inputs, *g["draft"].outputs
-        graph = lambda fn: CapturedGraph(fn, steps.pool, steps.backend, steps.capture_stream).launch  # noqa: E731
-        fns = {"draft_step_ms": g["draft"].launch, "verify_step_ms": g["verify"].launch,
-               "ar_step_ms": g["ar"].launch}
-    else:
-        x = DeviceInputs.from_host(r, nets.device)
-        drafts, z = steps.draft_step(x)
-        graph = lambda fn: fn  # noqa: E731
-        fns = {"draft_step_ms": lambda: steps.draft_step(x),
-               "verify_step_ms": lambda: steps.verify_step(x, drafts, z, False),
-               "ar_step_ms": lambda: steps.ar_step(x, False)}
-    offs = torch.arange(N + 1, device=x.start.device)
-    pos = torch.where(x.start[:, None] >= 0, x.start[:, None] + offs, -1)          # [B, N+1]
-    tokens = torch.cat([x.anchor[:, None], drafts], 1)
+    st = steps.stage(r)
+    x, graph = st.x, steps.replayable
+    fns = {"draft_step_ms": st.draft, "verify_step_ms": st.verify, "ar_step_ms": st.ar}
+    tokens, pos = verify_window(x, st.drafts)                                       # [B, N+1]
+    z = st.z
     fns["target_forward_1_ms"] = graph(lambda: nets.target(tokens[:, :1], pos[:, :1], x.table))
     fns[f"target_forward_{N + 1}_ms"] = graph(lambda: nets.target(tokens, pos, x.table))
     if llm.draft is not None:
@@ -151,22 +135,18 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     batch size B of ``sizes`` (rows of ``r``) and width w = 1 .. N+1 -> ``CostCurve`` points:
     total tokens B * w, latency made non-decreasing in tokens (the smallest latency measured at
     that many tokens or more)."""
-    from ..runtime.cuda_graphs import CapturedGraph, GraphedSteps
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
-    eager = steps.steps if isinstance(steps, GraphedSteps) else steps
+    eager = steps.eager
     cuda = nets.device.type == "cuda"
     x_all = DeviceInputs.from_host(r, nets.device)
     drafts_all, z_all = eager.draft_step(x_all)
     points = {}
     for B in sorted(sizes):
-        x = DeviceInputs(*(getattr(x_all, f)[:B] for f in ("anchor", "start", "seed", "temperature",
-                                                            "top_p", "table")))
+        x = x_all.head(B)
         for w in range(1, N + 1):
             d, z = drafts_all[:B, :w].contiguous(), z_all[:B, :w].contiguous()
-            fn = lambda: eager.verify_step(x, d, z, False)  # noqa: E731
-            if isinstance(steps, GraphedSteps):
-                fn = CapturedGraph(fn, steps.pool, steps.backend, steps.capture_stream).launch
+            fn = steps.replayable(lambda: eager.verify_step(x, d, z, False))
             ms = time_ms(fn, iters, cuda)
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
     tokens = sorted(points)
@@ -182,7 +162,7 @@ def run_cost_curve(llm, args, sizes: list[int]) -> int:
     gen = llm.generator()
     seqs = [gen.add_request(p.tolist(), _greedy(args.gen_len)) for p in prompts]
     gen.step()                                                       # prefill: a real context
-    pts = cost_curve(llm, gen._round_inputs(seqs), sizes, args.iters)
+    pts = cost_curve(llm, gen.round_inputs(seqs), sizes, args.iters)
     for s in seqs:
         gen.abort(s.request_id)
     device = torch.cuda.get_device_name() if llm.device.type == "cuda" else "cpu"
@@ -349,7 +329,7 @@ def run(args) -> int:
         gen = llm.generator()
         seqs = [gen.add_request(p.tolist(), _greedy(args.gen_len)) for p in prompts]
         gen.step()                                                   # prefill: a real context
-        row = step_latencies(llm, gen._round_inputs(seqs), args.iters)
+        row = step_latencies(llm, gen.round_inputs(seqs), args.iters)
         for s in seqs:
             gen.abort(s.request_id)
         gen.step()

@@ -111,7 +111,7 @@ class DSparkQwen3Draft(nn.Module):
         self.config = cfg
         self.num_spec_tokens = num_spec_tokens or cfg.block_size
         self.tp_world = 1                           # tensor-parallel ranks (parallel/tp.py)
-        self.markov_sampler = "exact"               # or "topk" (see markov_sampler_op)
+        self.markov_sampler = "exact"   # exported draft_block default (the runtime passes its mode)
         lc = cfg.layer_config()
         d = lc.hidden_size
         self.embed_tokens = embed_tokens            # shared with the target (frozen)
@@ -174,13 +174,16 @@ class DSparkQwen3Draft(nn.Module):
         return self.norm(x)
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
-                seed: Tensor, cache: dict, with_confidence: bool = False):
+                seed: Tensor, cache: dict, with_confidence: bool = False,
+                sampler: str | None = None):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
-        (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``)."""
+        (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``).
+        ``sampler``: the Markov sampler mode (the runtime passes its own; None: the module's
+        ``markov_sampler``, the one an export traces)."""
         h = self.block_hidden(anchor, start, block_table, cache)
         U = self.lm_head(h)
         w1, w2 = self.markov_weights()
-        drafts, z = markov_sampler_op(self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = markov_sampler_op(sampler or self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
         if not with_confidence:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

@@ -37,7 +37,7 @@ class DSparkV4Draft(nn.Module):
         super().__init__()
         self.config = cfg
         self.num_spec_tokens = num_spec_tokens or cfg.block_size
-        self.markov_sampler = "exact"                        # or "topk" (see markov_sampler_op)
+        self.markov_sampler = "exact"   # exported draft_block default (the runtime passes its mode)
         b = cfg.backbone
         d = b.hidden_size
         self.embed, self.head = embed, head                  # the target's (frozen, shared)
@@ -103,13 +103,16 @@ class DSparkV4Draft(nn.Module):
         return self.hc_head(x)
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
-                seed: Tensor, cache: dict, with_confidence: bool = False):
+                seed: Tensor, cache: dict, with_confidence: bool = False,
+                sampler: str | None = None):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
-        (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``)."""
+        (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``).
+        ``sampler``: the Markov sampler mode (the runtime passes its own; None: the module's
+        ``markov_sampler``, the one an export traces)."""
         h = self.block_hidden(anchor, start, block_table, cache)
         U = self.head(self.norm(h))
         w1, w2 = self.markov_weights()
-        drafts, z = markov_sampler_op(self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = markov_sampler_op(sampler or self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
         if not with_confidence:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

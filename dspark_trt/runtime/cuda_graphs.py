@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .steps import DecodeSteps, DeviceInputs, RoundInputs
+from .steps import DecodeSteps, DeviceInputs, RoundInputs, StagedRound
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +250,30 @@ class GraphedSteps:
             self.capture_stream = torch.cuda.Stream()
         self._buffers: dict[int, BucketBuffers] = {}
         self._graphs: dict[tuple, CapturedGraph] = {}
+
+    @property
+    def eager(self) -> DecodeSteps:
+        """The eager steps these graphs replay."""
+        return self.steps
+
+    def replayable(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """A CUDA graph of fn (captured now, in this pool and stream), as its launch callable."""
+        return CapturedGraph(fn, self.pool, self.backend, self.capture_stream).launch
+
+    def stage(self, r: RoundInputs) -> StagedRound:
+        """As ``DecodeSteps.stage``, from the graphs of r's bucket (``x``: the bucket's rows)."""
+        Bb = self.bucket(r.batch_size)
+        buf = self.buffers(Bb)
+        spec = bool(self.num_spec_tokens)
+        g = {k: self.graph(k, Bb) for k in (("draft", "verify", "ar") if spec else ("ar",))}
+        buf.fill(r)
+        buf.upload()
+        x = buf.inputs
+        if not spec:
+            return StagedRound(x, x.anchor[:, None][:, :0], None, None, None, g["ar"].launch)
+        g["draft"].launch()                   # as DecodeSteps.stage: drafts / z of these inputs
+        drafts, z = g["draft"].outputs
+        return StagedRound(x, drafts, z, g["draft"].launch, g["verify"].launch, g["ar"].launch)
 
     def bucket(self, B: int) -> int:
         for b in self.buckets:

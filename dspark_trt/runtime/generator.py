@@ -189,7 +189,10 @@ class Generator:
         seed = self._tensor([s.seed for s in seqs])
         return temp, top_p, seed
 
-    def _round_inputs(self, seqs: list[Sequence]) -> RoundInputs:
+    def round_inputs(self, seqs: list[Sequence]) -> RoundInputs:
+        """The next round's inputs of running sequences (prefilled: anchor and position set), in
+        order; public: bench and profiling stage a real round's inputs with it
+        (``steps.stage(gen.round_inputs(seqs))``)."""
         return RoundInputs(
             anchor=np.array([s.anchor for s in seqs], dtype=np.int64),
             start=np.array([s.position for s in seqs], dtype=np.int64),
@@ -228,7 +231,7 @@ class Generator:
     def _ar_round(self, seqs: list[Sequence]) -> None:
         """Plain autoregressive step on the target (the comparison mode)."""
         top_p = any(s.params.top_p < 1 for s in seqs)
-        host = self.steps.ar_round(self._round_inputs(seqs), top_p)                  # [B, 1]
+        host = self.steps.ar_round(self.round_inputs(seqs), top_p)                  # [B, 1]
         for s, (t,) in zip(seqs, host.tolist()):
             if t < 0:
                 s.fail(NONFINITE_LOGITS)
@@ -238,7 +241,7 @@ class Generator:
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
         top_p = any(s.params.top_p < 1 for s in seqs)
-        r = self._round_inputs(seqs)
+        r = self.round_inputs(seqs)
         if not (r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, top_p)                                   # [B, 2+N]
             lims, conf = [None] * len(seqs), None

@@ -28,15 +28,6 @@ from .steps import DecodeSteps
 log = logging.getLogger(__name__)
 
 
-def set_markov_sampler(draft, networks, mode: str) -> None:
-    """Select the draft's block sampler; for an engine, check it was built with ``mode``."""
-    markov_sampler_op(mode)                                   # validates the name
-    if draft is not None:
-        draft.markov_sampler = mode
-        return
-    check_engine_sampler(getattr(networks, "markov_sampler", "exact"), mode)
-
-
 def check_engine_sampler(built: str, mode: str | None) -> None:
     """An engine has its draft sampler compiled in: asking for another one is an error."""
     if mode is not None and built != mode:
@@ -86,7 +77,9 @@ class LLM:
         self.pair, self.target, self.draft = pair, target, draft
         pair.check_limits(max_batch_size, max_seq_len)
         if markov_sampler is not None:
-            set_markov_sampler(draft, networks, markov_sampler)
+            markov_sampler_op(markov_sampler)                 # validates the name
+            if networks is not None:                         # an engine: compiled in
+                check_engine_sampler(getattr(networks, "markov_sampler", "exact"), markov_sampler)
         self.tokenizer = tokenizer
         if max_seq_len is None:
             max_seq_len = min(DEFAULT_MAX_SEQ_LEN, getattr(pair.target, "max_position_embeddings",
@@ -105,7 +98,7 @@ class LLM:
         if networks is None:
             check_kv_fits(num_pages, page_size, self._kv_bytes_per_token(n > 0), self.device)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
-                                                  self.device, self.dtype)
+                                                  self.device, self.dtype, markov_sampler)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)
         if cuda_graphs and self.graphs_skipped:
             log.warning("CUDA graphs skipped: %s (running the steps eagerly)", self.graphs_skipped)

@@ -24,6 +24,17 @@ Confidence modes (``confidence.py``): a row verifies only an admitted prefix of 
 No host synchronisation between them: a confidence round is the fixed round's two launches (two
 CUDA graphs) plus the head and the admission's few small kernels.
 
+The public round interface (every caller drives a round through it, never through private parts):
+  ``Generator.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
+  ``steps.spec_round / spec_round_admitted / ar_round(r, ...)``  one round, host in, host out
+  ``steps.stage(r)`` -> ``StagedRound``        the round's device inputs and one callable per step
+                                               (eager calls, or graph replays on ``GraphedSteps``):
+                                               what bench and profiling time
+  ``steps.replayable(fn)``                     fn as it would run in a round (a CUDA graph of it on
+                                               ``GraphedSteps``, fn itself here)
+  ``steps.eager``                              the eager ``DecodeSteps`` under either
+  ``verify_window(x, drafts)``                 the target's verify input: tokens and positions
+
 The context injection ends the verify step (rather than starting the next draft step) so that no
 device state is carried between rounds: rows may join, leave or reorder freely between rounds.
 Rows with ``start < 0`` are inert (they write nothing and return -1 / 0 accepted).
@@ -33,6 +44,7 @@ one ``isfinite`` reduction of the logits per step, read back with the tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -84,6 +96,36 @@ class DeviceInputs:
         return cls(t(r.anchor), t(r.start), t(r.seed), t(r.temperature), t(r.top_p), t(r.table),
                    mode, thr)
 
+    def head(self, B: int) -> "DeviceInputs":
+        """The first B rows (the fixed-round fields only: no verify modes / thresholds)."""
+        return DeviceInputs(self.anchor[:B], self.start[:B], self.seed[:B], self.temperature[:B],
+                            self.top_p[:B], self.table[:B])
+
+
+def verify_window(x: DeviceInputs, drafts: Tensor) -> tuple[Tensor, Tensor]:
+    """The verify step's target input for the w = drafts.shape[1] drafts given: tokens
+    [anchor, drafts] [B, w+1] at positions P .. P+w (-1 on inert rows) [B, w+1]."""
+    offs = torch.arange(drafts.shape[1] + 1, device=x.start.device)
+    pos = torch.where((x.start >= 0)[:, None], x.start[:, None] + offs, -1)
+    return torch.cat([x.anchor[:, None], drafts], 1), pos
+
+
+@dataclass
+class StagedRound:
+    """One fixed round staged on the device (``DecodeSteps.stage`` / ``GraphedSteps.stage``):
+    ``x`` its inputs, ``drafts`` / ``z`` the draft step's outputs that the verify step reads, and
+    ``draft`` / ``verify`` / ``ar``: each runs that step again on ``x`` (greedy acceptance, no
+    top-p): eager calls, or graph replays (then ``x`` holds the bucket's rows). For timing and
+    profiling: the verify step writes the draft context as in a round. Without a draft (N = 0):
+    ``drafts`` [B, 0], ``z``, ``draft`` and ``verify`` None."""
+
+    x: DeviceInputs
+    drafts: Tensor
+    z: Tensor | None
+    draft: Callable[[], object] | None
+    verify: Callable[[], object] | None
+    ar: Callable[[], object]
+
 
 class DecodeSteps:
     """The fused steps over ``networks`` (EagerNetworks or an engine with the same interface)."""
@@ -94,6 +136,25 @@ class DecodeSteps:
         self.device = networks.device
         self.num_spec_tokens = networks.num_spec_tokens
         self.scheduler = scheduler
+
+    @property
+    def eager(self) -> "DecodeSteps":
+        """The eager steps (itself; ``GraphedSteps.eager`` is the ``DecodeSteps`` it replays)."""
+        return self
+
+    def replayable(self, fn: Callable[[], object]) -> Callable[[], object]:
+        """fn as it runs in a round: eagerly (``GraphedSteps.replayable``: a CUDA graph of it)."""
+        return fn
+
+    def stage(self, r: RoundInputs) -> StagedRound:
+        """The round ``r`` on the device, its draft step run once (see ``StagedRound``)."""
+        x = DeviceInputs.from_host(r, self.device)
+        ar = lambda: self.ar_step(x, False)  # noqa: E731
+        if not self.num_spec_tokens:                              # no draft: the AR step only
+            return StagedRound(x, x.anchor[:, None][:, :0], None, None, None, ar)
+        drafts, z = self.draft_step(x)
+        return StagedRound(x, drafts, z, lambda: self.draft_step(x),
+                           lambda: self.verify_step(x, drafts, z, False), ar)
 
     # ---- the steps (device tensors in, device tensors out; no host synchronisation) -------------
     @torch.inference_mode()
@@ -135,9 +196,8 @@ class DecodeSteps:
         its first ``limit`` drafts (exact; see the module docstring)."""
         N = drafts.shape[1]
         offs = torch.arange(N + 1, device=x.start.device)
-        live = (x.start >= 0)[:, None]
-        pos = torch.where(live, x.start[:, None] + offs, -1)                       # [B, N+1]
-        logits, taps = self.nets.target(torch.cat([x.anchor[:, None], drafts], 1), pos, x.table)
+        tokens, pos = verify_window(x, drafts)                                    # [B, N+1]
+        logits, taps = self.nets.target(tokens, pos, x.table)
         finite = torch.isfinite(logits).all(dim=-1).all(dim=-1)                   # [B]
         if use_top_p:
             logits = plugins.apply_top_p(logits, x.temperature, x.top_p)
