@@ -15,8 +15,6 @@ Works for any target/draft pair that implements the networks interface (docs/arc
 """
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ..engine.caches import allocate_caches, cache_layout, cache_spec
+from ..plugins.registry import OPS
 
 NETWORKS = ("target", "draft_context", "draft_block")
 SAMPLE_BATCH, SAMPLE_TOKENS = 2, 3          # sample sizes > 1 so export does not specialise them
@@ -143,19 +142,8 @@ def network_specs(target: nn.Module, draft: nn.Module, shapes: BuildShapes, dtyp
 # ---- dspark ops: reference inlining ------------------------------------------------------------
 
 def reference_impls() -> dict[str, object]:
-    """``dspark::<op>`` name -> its plain PyTorch reference ``<op>_ref`` from dspark_trt.plugins."""
-    from .. import plugins
-    refs = {}
-    for info in pkgutil.iter_modules(plugins.__path__):
-        try:
-            mod = importlib.import_module(f"{plugins.__name__}.{info.name}")
-        except ImportError:               # tensorrt_plugins without TensorRT: no op references there
-            continue
-        for attr in dir(mod):
-            op = attr.removesuffix("_ref")
-            if attr.endswith("_ref") and hasattr(torch.ops.dspark, op):
-                refs[f"dspark::{op}"] = getattr(mod, attr)
-    return refs
+    """``dspark::<op>`` name -> its plain PyTorch reference, for every op of the plugins' registry."""
+    return {op.qualname: op.reference for op in OPS.values()}
 
 
 def op_name(func) -> str | None:
@@ -192,22 +180,10 @@ class ReferenceOps(TorchFunctionMode):
 # Triton ops whose launchers choose their launch parameters without specialising on dynamic
 # shapes (the Markov samplers fall back to fixed row tiles and the per-step schedule when traced;
 # moe_experts sizes its grid from M symbolically); the others are compiled from their references,
-# for the reason given here.
-EXPORT_SAFE_KERNELS = {"dspark::block_attention", "dspark::kv_cache_write", "dspark::markov_sample",
-                       "dspark::markov_sample_topk", "dspark::moe_experts"}
-REFERENCE_REASONS = {
-    "dspark::sparse_mla_attention": "its launcher sizes the split and scan tiles from the index-list "
-                                    "width, which the V4 networks derive from the dynamic pages_per_seq: "
-                                    "export with the kernel fails with a constraint violation "
-                                    "(H200, benchmarks/results/gpu-smoke-217075e.log)",
-    "dspark::noncausal_swa_indices": "index arithmetic only (int32 writes, no weights); its launcher "
-                                     "takes the block table's width as a kernel argument and has not "
-                                     "been exported with a dynamic pages_per_seq",
-    "dspark::kv_cache_update": "functional twin of kv_cache_write for ONNX export; AOTI networks "
-                               "write caches in place with kv_cache_write",
-    "dspark::rejection_sample": "the verifier has no weights: the runtime calls the op directly, "
-                                "outside the compiled networks",
-}
+# for the reason given here. Both come from the plugins' registry (``export_safe``,
+# ``reference_reason``).
+EXPORT_SAFE_KERNELS = {op.qualname for op in OPS.values() if op.export_safe}
+REFERENCE_REASONS = {op.qualname: op.reference_reason for op in OPS.values() if op.reference_reason}
 CPU_REASON = "CPU build: inductor compiles no Triton kernels on CPU"
 
 

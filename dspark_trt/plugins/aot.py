@@ -19,13 +19,14 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from .kernels.block_attention import ATTN_DEFAULTS, block_attention_kernel
+from .kernels.block_attention import block_attention_kernel
 from .kernels.kv_cache import kv_cache_write_kernel
 from .kernels.markov import markov_rows_kernel
 from .kernels.moe import moe_experts_token_kernel
 from .kernels.rejection import rejection_sample_kernel
 from .kernels.sparse_mla import sparse_mla_attention_kernel
 from .kernels.swa_indices import noncausal_swa_indices_kernel
+from .registry import OPS
 
 TARGET = GPUTarget("cuda", 90, 32)
 OPTIONS = {"ptx_version": 90, "enable_fp_fusion": False}
@@ -101,33 +102,13 @@ class AotKernel:
     num_warps: int = 4
 
 
-F32, I64, I32 = torch.float32, torch.int64, torch.int32
-AOT_KERNELS = {
-    "kv_cache_write": AotKernel(kv_cache_write_aot, ("T", "T", "T", "T", I64, I64),
-                                ("T", "P", "PAGE_SIZE", "ROW"), {"BLOCK": 1024}),
-    "block_attention": AotKernel(block_attention_aot, ("T", "T", "T", I64, I64, I64),
-                                 ("T", "P", "PAGE_SIZE", "PAD_PAGE"),
-                                 {"SCALE": 128 ** -0.5, "H": 32, "HKV": 8, "D": 128, "BLOCK_T": 8,
-                                  "BLOCK_N": 64, "PREFETCH": ATTN_DEFAULTS["prefetch"]}),
-    "markov_sample": AotKernel(markov_sample_aot, ("T", I64, "T", "T", F32, I64, I64),
-                               ("B", "N", "V", "R"),
-                               {"BLOCK_B": 16, "BLOCK_V": 128, "BLOCK_R": 64}, num_warps=4),
-    "rejection_sample": AotKernel(rejection_sample_aot, ("T", I64, F32, F32, I64, I64), ("N", "V"),
-                                  {"BLOCK_V": 2048}, num_warps=8),
-    "noncausal_swa_indices": AotKernel(noncausal_swa_indices_aot, (I64, I64),
-                                       ("P", "N", "PAGE_SIZE", "WINDOW", "WIDTH"), {"BLOCK": 256}),
-    "sparse_mla_attention": AotKernel(sparse_mla_attention_aot, ("T", "T", I32, F32), ("W", "H"),
-                                      {"SCALE": 512 ** -0.5, "D": 512, "DV": 512, "BLOCK_H": 16,
-                                       "BLOCK_N": 32}, num_warps=8),
-    "moe_experts": AotKernel(moe_experts_aot, ("T", I64, F32, "T", "T"), ("FIRST_EXPERT", "E", "D", "H", "K"),
-                             {"LIMIT": 10.0, "BLOCK_D": 128, "BLOCK_H": 32, "BLOCK_K": 128}, num_warps=4),
-}
+# op name -> its AOT entry kernel (``<name>_aot`` above) with the signature from the op registry
+AOT_KERNELS = {name: AotKernel(globals()[f"{name}_aot"], op.aot.pointers, op.aot.ints,
+                               op.aot.constants() if callable(op.aot.constants) else dict(op.aot.constants),
+                               op.aot.num_warps)
+               for name, op in OPS.items() if op.aot is not None}
 # output pointer dtypes, after the int scalars
-_OUTPUTS = {
-    "kv_cache_write": ("T", "T"), "block_attention": ("T",), "markov_sample": (I64, F32),
-    "rejection_sample": (I64, I64), "noncausal_swa_indices": (I32, I32), "sparse_mla_attention": ("T",),
-    "moe_experts": ("T",),
-}
+_OUTPUTS = {name: op.aot.outputs for name, op in OPS.items() if op.aot is not None}
 
 
 def compile_ptx(name: str, dtype: torch.dtype = torch.bfloat16, **constants):

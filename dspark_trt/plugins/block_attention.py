@@ -13,6 +13,7 @@ from torch import Tensor
 
 from .dispatch import use_triton
 from .kv_cache import gather_pages
+from .opspec import AotDesc, OnnxNode, OpSpec
 
 
 def block_attention_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
@@ -42,3 +43,20 @@ def block_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Te
         from .kernels.block_attention import block_attention_triton
         return block_attention_triton(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
     return block_attention_ref(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
+
+
+def _aot_constants() -> dict:
+    from .kernels.block_attention import ATTN_DEFAULTS
+    return {"SCALE": 128 ** -0.5, "H": 32, "HKV": 8, "D": 128, "BLOCK_T": 8, "BLOCK_N": 64,
+            "PREFETCH": ATTN_DEFAULTS["prefetch"]}
+
+
+OPS = (
+    OpSpec("block_attention", block_attention_ref, triton="kernels.block_attention:block_attention_triton",
+           onnx=OnnxNode((("q", "T"), ("k_cache", "T"), ("v_cache", "T"), ("block_table", "I"),
+                          ("positions", "I"), ("kv_limit", "I")),
+                         (("out", "T"),), {"scale": "float"}),
+           aot=AotDesc(("T", "T", "T", torch.int64, torch.int64, torch.int64), ("T", "P", "PAGE_SIZE", "PAD_PAGE"),
+                       ("T",), _aot_constants),
+           tensorrt=True, export_safe=True),
+)

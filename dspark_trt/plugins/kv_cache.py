@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import use_triton
+from .opspec import AotDesc, OnnxNode, OpSpec
 
 
 def page_coords(cache: Tensor, block_table: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -70,3 +71,18 @@ def kv_cache_update(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, bloc
 @kv_cache_update.register_fake
 def _(k_cache, v_cache, k, v, block_table, positions):
     return torch.empty_like(k_cache), torch.empty_like(v_cache)
+
+
+OPS = (
+    OpSpec("kv_cache_write", kv_cache_write_ref, triton="kernels.kv_cache:kv_cache_write_triton",
+           onnx=OnnxNode((("k_cache", "T"), ("v_cache", "T"), ("k", "T"), ("v", "T"), ("block_table", "I"),
+                          ("positions", "I")),
+                         (("k_cache_out", "T"), ("v_cache_out", "T"))),
+           functional="kv_cache_update",
+           aot=AotDesc(("T", "T", "T", "T", torch.int64, torch.int64), ("T", "P", "PAGE_SIZE", "ROW"),
+                       ("T", "T"), {"BLOCK": 1024}),
+           tensorrt=True, export_safe=True),
+    OpSpec("kv_cache_update", kv_cache_update_ref,
+           reference_reason="functional twin of kv_cache_write for ONNX export; AOTI networks "
+                            "write caches in place with kv_cache_write"),
+)

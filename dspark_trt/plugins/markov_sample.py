@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import all_greedy_eager_cpu, use_triton
+from .opspec import AotDesc, OnnxNode, OpSpec
 from .rng import STREAM_DRAFT, gumbel
 
 
@@ -113,3 +114,18 @@ def markov_sample_topk(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tens
                                          chunk, per_chunk)
     return markov_sample_topk_ref(base_logits, anchor, w1, w2, temperature, seed, start, chunk,
                                   per_chunk)
+
+
+_MARKOV_INPUTS = (("base_logits", "T"), ("anchor", "L"), ("w1", "W"), ("w2", "W"), ("temperature", "F"),
+                  ("seed", "L"), ("start", "L"))
+OPS = (
+    OpSpec("markov_sample", markov_sample_ref, triton="kernels.markov:markov_sample_triton",
+           onnx=OnnxNode(_MARKOV_INPUTS, (("tokens", "L"), ("z", "F"))),
+           aot=AotDesc(("T", torch.int64, "T", "T", torch.float32, torch.int64, torch.int64),
+                       ("B", "N", "V", "R"), (torch.int64, torch.float32),
+                       {"BLOCK_B": 16, "BLOCK_V": 128, "BLOCK_R": 64}, num_warps=4),
+           tensorrt=True, export_safe=True),
+    OpSpec("markov_sample_topk", markov_sample_topk_ref, triton="kernels.markov:markov_sample_topk_triton",
+           onnx=OnnxNode(_MARKOV_INPUTS, (("tokens", "L"), ("z", "F")), {"chunk": "int", "per_chunk": "int"}),
+           export_safe=True),
+)

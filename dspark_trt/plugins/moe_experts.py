@@ -16,6 +16,7 @@ from torch import Tensor
 
 from .dispatch import use_triton
 from .expert_ids import local_experts
+from .opspec import AotDesc, OnnxNode, OpSpec
 
 
 def moe_experts_ref(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Tensor, w2: Tensor,
@@ -58,3 +59,13 @@ def moe_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Ten
         from .kernels.moe import moe_experts_triton
         return moe_experts_triton(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit)
     return moe_experts_ref(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit)
+
+
+OPS = (
+    OpSpec("moe_experts", moe_experts_ref, triton="kernels.moe:moe_experts_triton",
+           onnx=OnnxNode((("x", "T"), ("expert_ids", "I"), ("routing_weights", "F"), ("w13", "T"), ("w2", "T")),
+                         (("out", "T"),), {"first_expert": "int", "swiglu_limit": "float"}),
+           aot=AotDesc(("T", torch.int64, torch.float32, "T", "T"), ("FIRST_EXPERT", "E", "D", "H", "K"), ("T",),
+                       {"LIMIT": 10.0, "BLOCK_D": 128, "BLOCK_H": 32, "BLOCK_K": 128}, num_warps=4),
+           tensorrt=True, export_safe=True),
+)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import use_triton
+from .opspec import AotDesc, OnnxNode, OpSpec
 
 
 def index_width(window: int, num_queries: int) -> int:
@@ -53,3 +54,17 @@ def noncausal_swa_indices(start: Tensor, block_table: Tensor, num_queries: int, 
         from .kernels.swa_indices import noncausal_swa_indices_triton
         return noncausal_swa_indices_triton(start, block_table, num_queries, page_size, window, width)
     return noncausal_swa_indices_ref(start, block_table, num_queries, page_size, window, width)
+
+
+OPS = (
+    OpSpec("noncausal_swa_indices", noncausal_swa_indices_ref,
+           triton="kernels.swa_indices:noncausal_swa_indices_triton",
+           onnx=OnnxNode((("start", "L"), ("block_table", "I")), (("indices", "I32"), ("lens", "I32")),
+                         {"num_queries": "int", "page_size": "int", "window": "int", "width": "int"}),
+           aot=AotDesc((torch.int64, torch.int64), ("P", "N", "PAGE_SIZE", "WINDOW", "WIDTH"),
+                       (torch.int32, torch.int32), {"BLOCK": 256}),
+           tensorrt=True,
+           reference_reason="index arithmetic only (int32 writes, no weights); its launcher "
+                            "takes the block table's width as a kernel argument and has not "
+                            "been exported with a dynamic pages_per_seq"),
+)

@@ -21,13 +21,7 @@ import onnx
 import torch
 from onnx.defs import OpSchema
 
-from .block_attention import block_attention_ref
-from .kv_cache import kv_cache_update_ref
-from .markov_sample import markov_sample_ref, markov_sample_topk_ref
-from .moe_experts import moe_experts_ref
-from .noncausal_swa_indices import noncausal_swa_indices_ref
-from .rejection_sample import rejection_sample_ref
-from .sparse_mla_attention import sparse_mla_attention_ref
+from .registry import onnx_nodes, onnx_reference, onnx_torch_ops
 
 DOMAIN = "dspark"
 PLUGIN_VERSION = "1"
@@ -38,8 +32,11 @@ TYPES = {"T": _FLOATS, "W": _FLOATS, "I": _INTS, "F": ["tensor(float)"], "L": ["
 INT, FLOAT = OpSchema.AttrType.INT, OpSchema.AttrType.FLOAT
 
 
+_ATTR_TYPES = {"int": INT, "float": FLOAT}
+
+
 @dataclass(frozen=True)
-class OpSpec:
+class NodeSpec:
     """One ONNX node type: ordered (name, type variable) inputs and outputs, op attributes."""
     name: str
     inputs: tuple[tuple[str, str], ...]
@@ -58,52 +55,16 @@ class OpSpec:
                         attributes=attrs)
 
 
-SPECS = {s.name: s for s in [
-    OpSpec("kv_cache_write",
-           (("k_cache", "T"), ("v_cache", "T"), ("k", "T"), ("v", "T"), ("block_table", "I"),
-            ("positions", "I")),
-           (("k_cache_out", "T"), ("v_cache_out", "T"))),
-    OpSpec("block_attention",
-           (("q", "T"), ("k_cache", "T"), ("v_cache", "T"), ("block_table", "I"), ("positions", "I"),
-            ("kv_limit", "I")),
-           (("out", "T"),), {"scale": FLOAT}),
-    OpSpec("markov_sample",
-           (("base_logits", "T"), ("anchor", "L"), ("w1", "W"), ("w2", "W"), ("temperature", "F"),
-            ("seed", "L"), ("start", "L")),
-           (("tokens", "L"), ("z", "F"))),
-    OpSpec("markov_sample_topk",
-           (("base_logits", "T"), ("anchor", "L"), ("w1", "W"), ("w2", "W"), ("temperature", "F"),
-            ("seed", "L"), ("start", "L")),
-           (("tokens", "L"), ("z", "F")), {"chunk": INT, "per_chunk": INT}),
-    OpSpec("rejection_sample",
-           (("target_logits", "T"), ("draft_tokens", "L"), ("draft_logits", "F"), ("temperature", "F"),
-            ("seed", "L"), ("start", "L")),
-           (("accepted", "L"), ("next_token", "L"))),
-    OpSpec("noncausal_swa_indices", (("start", "L"), ("block_table", "I")),
-           (("indices", "I32"), ("lens", "I32")),
-           {"num_queries": INT, "page_size": INT, "window": INT, "width": INT}),
-    OpSpec("sparse_mla_attention",
-           (("q", "T"), ("kv", "T"), ("indices", "I32"), ("attn_sink", "F")),
-           (("out", "T"),), {"scale": FLOAT, "dv": INT}),
-    OpSpec("moe_experts",
-           (("x", "T"), ("expert_ids", "I"), ("routing_weights", "F"), ("w13", "T"), ("w2", "T")),
-           (("out", "T"),), {"first_expert": INT, "swiglu_limit": FLOAT}),
-]}
+# ONNX node type (the TensorRT plugin name) -> its description, from the op registry
+SPECS = {name: NodeSpec(name, op.onnx.inputs, op.onnx.outputs,
+                        {a: _ATTR_TYPES[t] for a, t in op.onnx.attrs.items()})
+         for name, op in onnx_nodes().items()}
 
-# torch op -> ONNX node type (the TensorRT plugin name)
-TORCH_OPS = {
-    "kv_cache_update": "kv_cache_write",
-    "block_attention": "block_attention",
-    "markov_sample": "markov_sample",
-    "markov_sample_topk": "markov_sample_topk",
-    "rejection_sample": "rejection_sample",
-    "noncausal_swa_indices": "noncausal_swa_indices",
-    "sparse_mla_attention": "sparse_mla_attention",
-    "moe_experts": "moe_experts",
-}
+# torch op -> ONNX node type (a mutating op exports through its functional twin)
+TORCH_OPS = onnx_torch_ops()
 
 
-def _translation(spec: OpSpec):
+def _translation(spec: NodeSpec):
     from onnxscript.values import Op, Opset
     op = Op(Opset(DOMAIN, 1), spec.name, spec.schema())
     n_in = len(spec.inputs)
@@ -125,19 +86,10 @@ def custom_translation_table() -> dict:
 # ---------------------------------------------------------------------------------------------
 # CPU evaluation of exported models (onnx.reference), through the PyTorch references.
 
-_REFERENCES = {
-    "kv_cache_write": kv_cache_update_ref,
-    "block_attention": block_attention_ref,
-    "markov_sample": markov_sample_ref,
-    "markov_sample_topk": markov_sample_topk_ref,
-    "rejection_sample": rejection_sample_ref,
-    "noncausal_swa_indices": noncausal_swa_indices_ref,
-    "sparse_mla_attention": sparse_mla_attention_ref,
-    "moe_experts": moe_experts_ref,
-}
+_REFERENCES = {name: onnx_reference(name) for name in SPECS}
 
 
-def _evaluator(spec: OpSpec):
+def _evaluator(spec: NodeSpec):
     from onnx.reference.op_run import OpRun
     ref = _REFERENCES[spec.name]
 

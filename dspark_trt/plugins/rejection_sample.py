@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import all_greedy_eager_cpu, use_triton
+from .opspec import AotDesc, OnnxNode, OpSpec
 from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, uniform
 
 
@@ -85,3 +86,16 @@ def apply_top_p(logits: Tensor, temperature: Tensor, top_p: Tensor) -> Tensor:
     keep_sorted = (sp.cumsum(-1) - sp) < top_p[:, None, None]          # always keeps the top entry
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
     return logits.masked_fill(~keep.reshape(shape), float("-inf"))
+
+
+OPS = (
+    OpSpec("rejection_sample", rejection_sample_ref, triton="kernels.rejection:rejection_sample_triton",
+           onnx=OnnxNode((("target_logits", "T"), ("draft_tokens", "L"), ("draft_logits", "F"),
+                          ("temperature", "F"), ("seed", "L"), ("start", "L")),
+                         (("accepted", "L"), ("next_token", "L"))),
+           aot=AotDesc(("T", torch.int64, torch.float32, torch.float32, torch.int64, torch.int64), ("N", "V"),
+                       (torch.int64, torch.int64), {"BLOCK_V": 2048}, num_warps=8),
+           tensorrt=True,
+           reference_reason="the verifier has no weights: the runtime calls the op directly, "
+                            "outside the compiled networks"),
+)

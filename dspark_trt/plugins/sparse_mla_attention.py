@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from .dispatch import use_triton
+from .opspec import AotDesc, OnnxNode, OpSpec
 
 
 def sparse_mla_attention_ref(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tensor,
@@ -37,3 +38,19 @@ def sparse_mla_attention(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tens
         from .kernels.sparse_mla import sparse_mla_attention_triton
         return sparse_mla_attention_triton(q, kv, indices, attn_sink, scale, dv)
     return sparse_mla_attention_ref(q, kv, indices, attn_sink, scale, dv)
+
+
+OPS = (
+    OpSpec("sparse_mla_attention", sparse_mla_attention_ref,
+           triton="kernels.sparse_mla:sparse_mla_attention_triton",
+           onnx=OnnxNode((("q", "T"), ("kv", "T"), ("indices", "I32"), ("attn_sink", "F")),
+                         (("out", "T"),), {"scale": "float", "dv": "int"}),
+           aot=AotDesc(("T", "T", torch.int32, torch.float32), ("W", "H"), ("T",),
+                       {"SCALE": 512 ** -0.5, "D": 512, "DV": 512, "BLOCK_H": 16, "BLOCK_N": 32},
+                       num_warps=8),
+           tensorrt=True,
+           reference_reason="its launcher sizes the split and scan tiles from the index-list "
+                            "width, which the V4 networks derive from the dynamic pages_per_seq: "
+                            "export with the kernel fails with a constraint violation "
+                            "(H200, benchmarks/results/gpu-smoke-217075e.log)"),
+)

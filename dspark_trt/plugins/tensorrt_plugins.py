@@ -22,6 +22,7 @@ import tensorrt.plugin as trtp
 import torch
 
 from .aot import AOT_KERNELS, compile_ptx
+from .registry import OPS
 
 NS = "dspark"
 _TORCH = {trt.float32: torch.float32, trt.float16: torch.float16, trt.bfloat16: torch.bfloat16}
@@ -236,5 +237,5 @@ def moe_experts_aot(x: trtp.TensorDesc, expert_ids: trtp.TensorDesc, routing_wei
     return name, ptx, lp, extra
 
 
-PLUGINS = ("kv_cache_write", "block_attention", "markov_sample", "rejection_sample",
-           "noncausal_swa_indices", "sparse_mla_attention", "moe_experts")
+# the ops with a TensorRT plugin (registry flag ``tensorrt``; their descriptors are above)
+PLUGINS = tuple(name for name, op in OPS.items() if op.tensorrt)
