@@ -1,8 +1,8 @@
 """Ahead-of-time PTX of the dspark kernels, for TensorRT AOT plugins (and any cubin launcher).
 
 TensorRT's AOT plugin launcher passes ``(input pointers..., int32 scalars..., output pointers...)``
-(platform notes §3), so each op has an entry kernel here in that order that calls the op's Triton
-kernel; float attributes (``scale``) and tile sizes are compile-time constants. Triton appends a
+(platform notes §3), so each op has an entry kernel in that order, ``<op package>/aot.py:<name>_aot``,
+that calls the op's Triton kernel; float attributes (``scale``) and tile sizes are compile-time constants. Triton appends a
 global-scratch and a profile-scratch pointer to every kernel; that is harmless only when neither
 is used, so ``compile_ptx`` asserts both sizes are 0.
 
@@ -12,81 +12,17 @@ CPU-only included, and returns ``(kernel_name, ptx, metadata)``.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import torch
 import triton
-import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
-from .kernels.block_attention import block_attention_kernel
-from .kernels.kv_cache import kv_cache_write_kernel
-from .kernels.markov import markov_rows_kernel
-from .kernels.moe import moe_experts_token_kernel
-from .kernels.rejection import rejection_sample_kernel
-from .kernels.sparse_mla import sparse_mla_attention_kernel
-from .kernels.swa_indices import noncausal_swa_indices_kernel
 from .registry import OPS
 
 TARGET = GPUTarget("cuda", 90, 32)
 OPTIONS = {"ptx_version": 90, "enable_fp_fusion": False}
-
-
-@triton.jit
-def kv_cache_write_aot(k_cache, v_cache, k, v, block_table, positions, T, P, PAGE_SIZE, ROW,
-                       k_cache_out, v_cache_out, BLOCK: tl.constexpr):
-    """Outputs alias the cache inputs (in place); grid (B * T,)."""
-    kv_cache_write_kernel(k_cache_out, v_cache_out, k, v, block_table, positions, T, P, PAGE_SIZE, ROW,
-                          BLOCK)
-
-
-@triton.jit
-def block_attention_aot(q, k_cache, v_cache, block_table, positions, kv_limit, T, P, PAGE_SIZE, PAD_PAGE,
-                        out, SCALE: tl.constexpr, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
-    """grid (B, Hkv, cdiv(T, BLOCK_T))."""
-    block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, out, SCALE, T, P,
-                           PAGE_SIZE, PAD_PAGE, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH)
-
-
-@triton.jit
-def markov_sample_aot(U, anchor, w1, w2, temperature, seed, start, B, N, V, R, tokens, z,
-                      BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_R: tl.constexpr):
-    """grid (cdiv(B, BLOCK_B),): ``markov_rows_kernel``, the one-launch schedule that needs no
-    zeroed workspace (a TensorRT AOT plugin has none), at the cost of one SM per row group."""
-    markov_rows_kernel(U, anchor, w1, w2, temperature, seed, start, z, tokens, B, N, V, R, N * V, V,
-                       BLOCK_B, BLOCK_V, BLOCK_R)
-
-
-@triton.jit
-def rejection_sample_aot(target_logits, draft_tokens, draft_logits, temperature, seed, start, N, V,
-                         accepted, next_token, BLOCK_V: tl.constexpr):
-    """grid (B,)."""
-    rejection_sample_kernel(target_logits, draft_tokens, draft_logits, temperature, seed, start,
-                            accepted, next_token, N, V, BLOCK_V)
-
-
-@triton.jit
-def noncausal_swa_indices_aot(start, block_table, P, N, PAGE_SIZE, WINDOW, WIDTH, indices, lens,
-                              BLOCK: tl.constexpr):
-    """grid (B,)."""
-    noncausal_swa_indices_kernel(start, block_table, indices, lens, P, N, PAGE_SIZE, WINDOW, WIDTH, BLOCK)
-
-
-@triton.jit
-def sparse_mla_attention_aot(q, kv, indices, attn_sink, W, H, out, SCALE: tl.constexpr,
-                             D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
-                             BLOCK_N: tl.constexpr):
-    """grid (T, cdiv(H, BLOCK_H))."""
-    sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, SCALE, W, H, D, DV, BLOCK_H, BLOCK_N, DV)
-
-
-@triton.jit
-def moe_experts_aot(x, expert_ids, routing_weights, w13, w2, FIRST_EXPERT, E, D, H, K, out,
-                    LIMIT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
-    """grid (M, cdiv(D, BLOCK_D)): the one-launch token schedule (no workspace in an AOT plugin)."""
-    moe_experts_token_kernel(x, expert_ids, routing_weights, w13, w2, out, FIRST_EXPERT, E, D, H, K,
-                             LIMIT, BLOCK_D, BLOCK_H, BLOCK_K)
 
 
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
@@ -102,11 +38,14 @@ class AotKernel:
     num_warps: int = 4
 
 
-# op name -> its AOT entry kernel (``<name>_aot`` above) with the signature from the op registry
-AOT_KERNELS = {name: AotKernel(globals()[f"{name}_aot"], op.aot.pointers, op.aot.ints,
-                               op.aot.constants() if callable(op.aot.constants) else dict(op.aot.constants),
-                               op.aot.num_warps)
-               for name, op in OPS.items() if op.aot is not None}
+def _entry(op) -> AotKernel:
+    fn = getattr(importlib.import_module(f"{op.package}.aot"), f"{op.name}_aot")
+    constants = op.aot.constants() if callable(op.aot.constants) else dict(op.aot.constants)
+    return AotKernel(fn, op.aot.pointers, op.aot.ints, constants, op.aot.num_warps)
+
+
+# op name -> its AOT entry kernel (``<op package>/aot.py:<name>_aot``), signature from the op registry
+AOT_KERNELS = {name: _entry(op) for name, op in OPS.items() if op.aot is not None}
 # output pointer dtypes, after the int scalars
 _OUTPUTS = {name: op.aot.outputs for name, op in OPS.items() if op.aot is not None}
 

@@ -17,7 +17,7 @@ class OnnxNode:
 
 @dataclass(frozen=True)
 class AotDesc:
-    """The AOT entry kernel ``aot.py:<name>_aot`` (TensorRT's order: input pointers, int32 scalars,
+    """The AOT entry kernel ``<op package>/aot.py:<name>_aot`` (TensorRT's order: input pointers, int32 scalars,
     output pointers). Pointer dtypes are "T" (the op's float dtype) or a torch dtype; ``constants``
     are the default compile-time constants (a dict, or a function returning one when a default
     lives in a kernel module that needs Triton to import)."""
@@ -41,6 +41,8 @@ class OpSpec:
     tensorrt: bool = False                   # has descriptors in tensorrt_plugins.py
     export_safe: bool = False                # Triton kernel exports with dynamic shapes (AOTI, GPU)
     reference_reason: str | None = None      # why not export-safe (None: the generic reason)
+    package: str = ""                        # the op's package (set by the registry): holds
+                                             # aot.py (AOT entry kernel), tensorrt.py (descriptors)
 
     @property
     def qualname(self) -> str:

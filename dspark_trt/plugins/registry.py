@@ -1,25 +1,32 @@
 """The one registry of the ``dspark`` ops: every exporter reads it.
 
-Each op module (``kv_cache.py``, ``block_attention.py``, ...) holds the op's schema (the
-``torch.library`` registration), its PyTorch reference, the launch of its Triton kernel
-(``kernels/``), and ``OPS``: one :class:`OpSpec` per torch op it registers, describing the op for
-the exporters. ``OPS`` below collects them, one line per op module. From it come:
+Each op lives in its own package ``plugins/<op>/``:
+
+* ``__init__.py``: the op's schema (the ``torch.library`` registration), its PyTorch reference,
+  the launch of its Triton kernel (``kernels/``) and ``OPS``: one :class:`OpSpec` per torch op it
+  registers, describing the op for the exporters (ONNX node, AOT signature, export safety);
+* ``aot.py``: the AOT entry kernel ``<name>_aot`` (TensorRT's argument order), if it has one;
+* ``tensorrt.py``: the TensorRT plugin descriptors, if it has them.
+
+``OPS`` below collects the specs, one line per op package. From it come:
 
 * ``builder/export.py``: the references inlined for export (``reference_impls``), the ops whose
   Triton kernel exports with dynamic shapes (``EXPORT_SAFE_KERNELS``) and why the others are
   compiled from their references (``REFERENCE_REASONS``);
 * ``onnx_export.py``: the ONNX node types (``SPECS``), the torch op -> node map (``TORCH_OPS``),
   the evaluators' references; ``builder/onnx_network.py``: the functional twins of mutating ops;
-* ``aot.py``: the AOT entry kernels' signatures (``AOT_KERNELS``); the entry kernel itself is
-  ``aot.py:<name>_aot``;
-* ``tensorrt_plugins.py``: which ops have a TensorRT plugin (``PLUGINS``); the descriptors
-  (``@trtp.register`` / ``autotune`` / ``aot_impl``) are written there per op;
+* ``aot.py``: the AOT entry kernels with their signatures (``AOT_KERNELS``);
+* ``tensorrt_plugins.py``: the ops with a TensorRT plugin (``PLUGINS``), whose ``tensorrt.py`` it
+  imports;
 * ``__init__.py``: the ``torch.ops.dspark.<name>`` aliases.
 
-Nothing here imports Triton, ONNX or TensorRT: descriptions are plain data.
+Adding an op: a package ``plugins/<op>/`` (with its kernel) and one line in ``OPS``. Nothing here
+imports Triton, ONNX or TensorRT: the specs are plain data.
 """
 from __future__ import annotations
 
+import dataclasses
+import importlib
 from typing import Callable
 
 from .opspec import AotDesc, OnnxNode, OpSpec  # noqa: F401  (the registry's types)
@@ -31,26 +38,24 @@ def _collect(*modules) -> dict[str, OpSpec]:
         for spec in m.OPS:
             if spec.name in ops:
                 raise ValueError(f"dspark::{spec.name} registered twice")
-            ops[spec.name] = spec
+            ops[spec.name] = dataclasses.replace(spec, package=m.__name__)
     for spec in ops.values():
         if spec.functional is not None and spec.functional not in ops:
             raise ValueError(f"{spec.name}: functional twin {spec.functional} is not registered")
     return ops
 
 
-# ---- the registry: one line per op module ------------------------------------------------------
-from . import block_attention, kv_cache, markov_sample, moe_experts  # noqa: E402
-from . import noncausal_swa_indices, rejection_sample, sparse_mla_attention  # noqa: E402
-
-OPS: dict[str, OpSpec] = _collect(
-    kv_cache,
-    block_attention,
-    markov_sample,
-    rejection_sample,
-    noncausal_swa_indices,
-    sparse_mla_attention,
-    moe_experts,
+# ---- the registry: one line per op package ------------------------------------------------------
+PACKAGES = (
+    "kv_cache",
+    "block_attention",
+    "markov_sample",
+    "rejection_sample",
+    "noncausal_swa_indices",
+    "sparse_mla_attention",
+    "moe_experts",
 )
+OPS: dict[str, OpSpec] = _collect(*(importlib.import_module(f"{__package__}.{p}") for p in PACKAGES))
 
 
 def onnx_nodes() -> dict[str, OpSpec]:

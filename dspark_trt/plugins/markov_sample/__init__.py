@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import all_greedy_eager_cpu, use_triton
-from .opspec import AotDesc, OnnxNode, OpSpec
-from .rng import STREAM_DRAFT, gumbel
+from ..dispatch import all_greedy_eager_cpu, use_triton
+from ..opspec import AotDesc, OnnxNode, OpSpec
+from ..rng import STREAM_DRAFT, gumbel
 
 
 def markov_sample_ref(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
@@ -49,7 +49,7 @@ def markov_sample_ref(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tenso
 def markov_sample(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
                   temperature: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
     if use_triton(base_logits):
-        from .kernels.markov import markov_sample_triton
+        from ..kernels.markov import markov_sample_triton
         return markov_sample_triton(base_logits, anchor, w1, w2, temperature, seed, start)   # markov_config
     return markov_sample_ref(base_logits, anchor, w1, w2, temperature, seed, start)
 
@@ -109,7 +109,7 @@ def markov_sample_topk(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tens
                        temperature: Tensor, seed: Tensor, start: Tensor, chunk: int,
                        per_chunk: int) -> tuple[Tensor, Tensor]:
     if use_triton(base_logits):
-        from .kernels.markov import markov_sample_topk_triton
+        from ..kernels.markov import markov_sample_topk_triton
         return markov_sample_topk_triton(base_logits, anchor, w1, w2, temperature, seed, start,
                                          chunk, per_chunk)
     return markov_sample_topk_ref(base_logits, anchor, w1, w2, temperature, seed, start, chunk,

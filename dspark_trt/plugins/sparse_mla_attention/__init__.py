@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import use_triton
-from .opspec import AotDesc, OnnxNode, OpSpec
+from ..dispatch import use_triton
+from ..opspec import AotDesc, OnnxNode, OpSpec
 
 
 def sparse_mla_attention_ref(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tensor,
@@ -35,7 +35,7 @@ def sparse_mla_attention_ref(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: 
 def sparse_mla_attention(q: Tensor, kv: Tensor, indices: Tensor, attn_sink: Tensor, scale: float,
                          dv: int) -> Tensor:
     if use_triton(q):
-        from .kernels.sparse_mla import sparse_mla_attention_triton
+        from ..kernels.sparse_mla import sparse_mla_attention_triton
         return sparse_mla_attention_triton(q, kv, indices, attn_sink, scale, dv)
     return sparse_mla_attention_ref(q, kv, indices, attn_sink, scale, dv)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import use_triton
-from .kv_cache import gather_pages
-from .opspec import AotDesc, OnnxNode, OpSpec
+from ..dispatch import use_triton
+from ..kv_cache import gather_pages
+from ..opspec import AotDesc, OnnxNode, OpSpec
 
 
 def block_attention_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
@@ -40,13 +40,13 @@ def block_attention_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
 def block_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
                     positions: Tensor, kv_limit: Tensor, scale: float) -> Tensor:
     if use_triton(q):
-        from .kernels.block_attention import block_attention_triton
+        from ..kernels.block_attention import block_attention_triton
         return block_attention_triton(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
     return block_attention_ref(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
 
 
 def _aot_constants() -> dict:
-    from .kernels.block_attention import ATTN_DEFAULTS
+    from ..kernels.block_attention import ATTN_DEFAULTS
     return {"SCALE": 128 ** -0.5, "H": 32, "HKV": 8, "D": 128, "BLOCK_T": 8, "BLOCK_N": 64,
             "PREFETCH": ATTN_DEFAULTS["prefetch"]}
 

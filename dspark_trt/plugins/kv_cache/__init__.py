@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import use_triton
-from .opspec import AotDesc, OnnxNode, OpSpec
+from ..dispatch import use_triton
+from ..opspec import AotDesc, OnnxNode, OpSpec
 
 
 def page_coords(cache: Tensor, block_table: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -43,7 +43,7 @@ def gather_pages(cache: Tensor, block_table: Tensor) -> Tensor:
 def kv_cache_write(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
                    positions: Tensor) -> None:
     if use_triton(k_cache):
-        from .kernels.kv_cache import kv_cache_write_triton
+        from ..kernels.kv_cache import kv_cache_write_triton
         kv_cache_write_triton(k_cache, v_cache, k, v, block_table, positions)
     else:
         kv_cache_write_ref(k_cache, v_cache, k, v, block_table, positions)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import use_triton
-from .opspec import AotDesc, OnnxNode, OpSpec
+from ..dispatch import use_triton
+from ..opspec import AotDesc, OnnxNode, OpSpec
 
 
 def index_width(window: int, num_queries: int) -> int:
@@ -51,7 +51,7 @@ def noncausal_swa_indices(start: Tensor, block_table: Tensor, num_queries: int, 
                           window: int, width: int) -> tuple[Tensor, Tensor]:
     if use_triton(start):
         check_width(window, num_queries, width)
-        from .kernels.swa_indices import noncausal_swa_indices_triton
+        from ..kernels.swa_indices import noncausal_swa_indices_triton
         return noncausal_swa_indices_triton(start, block_table, num_queries, page_size, window, width)
     return noncausal_swa_indices_ref(start, block_table, num_queries, page_size, window, width)
 

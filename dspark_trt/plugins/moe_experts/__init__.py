@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .dispatch import use_triton
-from .expert_ids import local_experts
-from .opspec import AotDesc, OnnxNode, OpSpec
+from ..dispatch import use_triton
+from ..expert_ids import local_experts
+from ..opspec import AotDesc, OnnxNode, OpSpec
 
 
 def moe_experts_ref(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Tensor, w2: Tensor,
@@ -56,7 +56,7 @@ def moe_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Ten
                 first_expert: int, swiglu_limit: float) -> Tensor:
     check_moe_args(x, expert_ids, routing_weights, w13, w2)
     if use_triton(x):
-        from .kernels.moe import moe_experts_triton
+        from ..kernels.moe import moe_experts_triton
         return moe_experts_triton(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit)
     return moe_experts_ref(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .dispatch import all_greedy_eager_cpu, use_triton
-from .opspec import AotDesc, OnnxNode, OpSpec
-from .rng import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, uniform
+from ..dispatch import all_greedy_eager_cpu, use_triton
+from ..opspec import AotDesc, OnnxNode, OpSpec
+from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, uniform
 
 
 def sample_tokens(logits: Tensor, temperature: Tensor, seed: Tensor, position: Tensor) -> Tensor:
@@ -68,7 +68,7 @@ def rejection_sample_ref(target_logits: Tensor, draft_tokens: Tensor, draft_logi
 def rejection_sample(target_logits: Tensor, draft_tokens: Tensor, draft_logits: Tensor,
                      temperature: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
     if use_triton(target_logits):
-        from .kernels.rejection import rejection_sample_triton
+        from ..kernels.rejection import rejection_sample_triton
         return rejection_sample_triton(target_logits, draft_tokens, draft_logits, temperature, seed, start)
     return rejection_sample_ref(target_logits, draft_tokens, draft_logits, temperature, seed, start)
 

@@ -1,0 +1,37 @@
+"""TensorRT plugin descriptors of ``dspark::moe_experts`` (``@trtp.register`` / ``autotune`` / ``aot_impl``);
+imported by ``tensorrt_plugins.py``, which is the guard and says how they work."""
+from __future__ import annotations
+
+from typing import Tuple
+
+import tensorrt.plugin as trtp
+
+from ..aot import AOT_KERNELS
+from ..tensorrt_common import AotResult, NS, _FLOAT, _ptx
+
+
+# --- moe_experts -----------------------------------------------------------------------------
+@trtp.register(f"{NS}::moe_experts")
+def moe_experts_desc(x: trtp.TensorDesc, expert_ids: trtp.TensorDesc, routing_weights: trtp.TensorDesc,
+                     w13: trtp.TensorDesc, w2: trtp.TensorDesc, first_expert: int,
+                     swiglu_limit: float) -> trtp.TensorDesc:
+    return x.like()
+
+
+@trtp.autotune(f"{NS}::moe_experts")
+def moe_experts_tune(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, outputs):
+    return [trtp.AutoTuneCombination(f"{_FLOAT}, INT64, FP32, {_FLOAT}, {_FLOAT}, {_FLOAT}")]
+
+
+@trtp.aot_impl(f"{NS}::moe_experts")
+def moe_experts_aot(x: trtp.TensorDesc, expert_ids: trtp.TensorDesc, routing_weights: trtp.TensorDesc,
+                    w13: trtp.TensorDesc, w2: trtp.TensorDesc, first_expert: int, swiglu_limit: float,
+                    outputs: Tuple[trtp.TensorDesc], tactic: int) -> AotResult:
+    block_d = AOT_KERNELS["moe_experts"].constants["BLOCK_D"]
+    name, ptx, lp = _ptx("moe_experts", x.dtype, LIMIT=float(swiglu_limit))
+    lp.grid_x, lp.grid_y = x.shape_expr[0], trtp.cdiv(x.shape_expr[1], block_d)
+    E, H = w13.shape_expr[0], w2.shape_expr[2]
+    extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(first_expert), trtp.SymInt32(E),
+                                         trtp.SymInt32(x.shape_expr[1]), trtp.SymInt32(H),
+                                         trtp.SymInt32(expert_ids.shape_expr[1])])
+    return name, ptx, lp, extra
