@@ -1,5 +1,6 @@
-"""Custom ops of namespace ``dspark``: one file per op (schema, reference, kernel launch, its
-``OpSpec``), collected in ``registry.py``, which every exporter reads.
+"""Custom ops of namespace ``dspark``: one package per op (schema, reference, kernel launch, its
+``OpSpec``, AOT entry kernel, TensorRT descriptors), collected in ``registry.py``, which every
+exporter reads.
 
 Importing this package registers the ops with torch. Call them through these names so torch.export
 keeps each as one node.
