@@ -17,8 +17,8 @@ class OnnxNode:
 
 @dataclass(frozen=True)
 class AotDesc:
-    """The AOT entry kernel ``<op package>/aot.py:<name>_aot`` (TensorRT's order: input pointers, int32 scalars,
-    output pointers). Pointer dtypes are "T" (the op's float dtype) or a torch dtype; ``constants``
+    """The AOT entry kernel ``<op package>/aot.py:<name>_aot`` (TensorRT's order: input pointers,
+    int32 scalars, output pointers). Pointer dtypes are "T" (the op's float dtype) or a torch dtype; ``constants``
     are the default compile-time constants (a dict, or a function returning one when a default
     lives in a kernel module that needs Triton to import)."""
     pointers: tuple
@@ -34,11 +34,12 @@ class OpSpec:
     name: str
     reference: Callable                      # the plain PyTorch reference (``<name>_ref``)
     triton: str | None = None                # "kernels.<module>:<launcher>" run on CUDA tensors
-    onnx: OnnxNode | None = None             # its own ONNX node (None: exports through ``functional``)
+    onnx: OnnxNode | None = None             # its ONNX node (None for a functional twin: it
+                                             # exports as its mutating op's node)
     functional: str | None = None            # mutating op: its functional twin for ONNX, which
                                              # exports as this op's node (outputs = updated inputs)
     aot: AotDesc | None = None               # TensorRT AOT entry kernel (None: no AOT kernel)
-    tensorrt: bool = False                   # has descriptors in tensorrt_plugins.py
+    tensorrt: bool = False                   # has descriptors in <op package>/tensorrt.py
     export_safe: bool = False                # Triton kernel exports with dynamic shapes (AOTI, GPU)
     reference_reason: str | None = None      # why not export-safe (None: the generic reason)
     package: str = ""                        # the op's package (set by the registry): holds
