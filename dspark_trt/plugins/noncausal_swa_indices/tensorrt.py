@@ -1,5 +1,6 @@
-"""TensorRT plugin descriptors of ``dspark::noncausal_swa_indices`` (``@trtp.register`` / ``autotune`` / ``aot_impl``);
-imported by ``tensorrt_plugins.py``, which is the guard and says how they work."""
+"""TensorRT plugin descriptors of ``dspark::noncausal_swa_indices`` (register / autotune / aot_impl).
+
+Imported by ``tensorrt_plugins.py`` (the TensorRT guard; its docstring says how they work)."""
 from __future__ import annotations
 
 from typing import Tuple
