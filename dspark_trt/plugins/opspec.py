@@ -18,9 +18,9 @@ class OnnxNode:
 @dataclass(frozen=True)
 class AotDesc:
     """The AOT entry kernel ``<op package>/aot.py:<name>_aot`` (TensorRT's order: input pointers,
-    int32 scalars, output pointers). Pointer dtypes are "T" (the op's float dtype) or a torch dtype; ``constants``
-    are the default compile-time constants (a dict, or a function returning one when a default
-    lives in a kernel module that needs Triton to import)."""
+    int32 scalars, output pointers). Pointer dtypes are "T" (the op's float dtype) or a torch
+    dtype; ``constants`` are the default compile-time constants (a dict, or a function returning
+    one when a default lives in a kernel module that needs Triton to import)."""
     pointers: tuple
     ints: tuple[str, ...]
     outputs: tuple
