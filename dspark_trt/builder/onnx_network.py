@@ -102,6 +102,17 @@ def evaluator_ops() -> list[type]:
 
 # ---- export ------------------------------------------------------------------------------------
 
+def _name_twin_nodes(graph) -> None:
+    """Name the node of a functional twin after the op it stands for (``node_kv_cache_write__1``,
+    not ``node_kv_cache_update__1``): the node is that op's (its op_type says so)."""
+    for name, op in OPS.items():
+        if op.functional is None:
+            continue
+        for node in graph:
+            if node.domain == "dspark" and node.op_type == name and node.name.startswith(f"node_{op.functional}"):
+                node.name = f"node_{name}" + node.name[len(f"node_{op.functional}"):]
+
+
 def export_onnx(spec: ExportSpec, path=None):
     """-> (onnx.ModelProto, output names). Inputs: spec.input_names + cache.<i>; outputs:
     spec.output_names + present.<i> for every cache the network writes."""
@@ -114,6 +125,7 @@ def export_onnx(spec: ExportSpec, path=None):
     prog = torch.onnx.export(ep, spec.args, dynamo=True, custom_translation_table=translation_table(),
                              input_names=spec.input_names + [f"cache.{i}" for i in range(n_cache)],
                              output_names=outputs, optimize=True, verbose=False)
+    _name_twin_nodes(prog.model.graph)
     if path is not None:
         prog.save(str(path), external_data=False)
     return prog.model_proto, outputs
