@@ -219,7 +219,7 @@ def run_all(device, dtype=torch.float32) -> dict:
         out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     tt, tz = kmk.markov_sample_triton(*args, rows_only=True, block_v=64, block_r=16)
     out["markov_sample_rows"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
-    from dspark_trt.plugins.aot import markov_sample_aot          # the TensorRT entry's argument wiring
+    from dspark_trt.plugins.markov_sample.aot import markov_sample_aot         # the TensorRT entry's argument wiring
     U, anchor, w1, w2, temp, seed, start = args
     B, N, V = U.shape
     tt, tz = torch.empty_like(tt), torch.empty_like(tz)
@@ -301,7 +301,7 @@ def run_all(device, dtype=torch.float32) -> dict:
                                        {"block_m": 32})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(kmoe.moe_experts_triton(*args, **kw), moe_experts_ref(*args))}
-    from dspark_trt.plugins.aot import moe_experts_aot           # the TensorRT entry (token schedule)
+    from dspark_trt.plugins.moe_experts.aot import moe_experts_aot          # the TensorRT entry (token schedule)
     x, ids, w, w13, w2, first, limit = args = moe_inputs(device, dtype)
     y = torch.empty_like(x)
     moe_experts_aot[(x.shape[0], 2)](x, ids, w, w13, w2, first, w13.shape[0], x.shape[1], w2.shape[2], ids.shape[1],
