@@ -23,10 +23,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dspark_trt import LLM, SamplingParams, provenance  # noqa: E402
+from dspark_trt.commands.bench import make_prompts  # noqa: E402
 from dspark_trt.commands.common import default_pair_dirs  # noqa: E402
 from dspark_trt.devices import cpu_bf16_flags  # noqa: E402
-from dspark_trt.train.batches import encode_files, eval_prompts  # noqa: E402
-from dspark_trt.train.corpus import DEFAULT_PAIR_HELDOUT, read_stdlib  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -76,12 +75,12 @@ def main(argv=None) -> int:
               "threads": args.threads, "command": " ".join(["python"] + sys.argv),
               "torch": torch.__version__, "batch_size": 1, "new_tokens": args.new_tokens,
               "prompt_len": args.prompt_len, "load_average_before": load_before, "dtypes": {}}
+    prompts = None
     for name in args.dtypes.split(","):
         llm = LLM.from_checkpoints(target, draft, device="cpu", dtype=DTYPES[name],
                                    max_batch_size=1, max_seq_len=args.prompt_len + args.new_tokens + 16)
-        _, held, _ = read_stdlib(heldout=DEFAULT_PAIR_HELDOUT)
-        ids = encode_files(llm.tokenizer, [f.text for f in held])
-        prompts = eval_prompts(ids, args.prompts, args.prompt_len, args.prompt_len, seed=0)
+        if prompts is None:                     # the same held-out windows for every dtype
+            prompts = make_prompts(llm, "heldout", args.prompts, args.prompt_len, seed=0).tolist()
         r = measure(llm, prompts, args.new_tokens)
         result["dtypes"][name] = r
         print(f"[cpu] {name}: speculative {r['speculative_tokens_per_s']:.1f} tok/s, "

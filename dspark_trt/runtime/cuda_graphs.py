@@ -332,15 +332,19 @@ class GraphedSteps:
 
     # ---- rounds -----------------------------------------------------------------------------------
     def spec_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
-        B = r.batch_size
-        Bb = self.bucket(B)
-        draft, verify = self.graph("draft", Bb), self.graph("verify", Bb, use_top_p)
+        return self._replay_round("draft", "verify", r, use_top_p)[0]
+
+    def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, use_top_p: bool):
+        """Upload ``r``, replay the draft then the verify graph of its bucket -> (verify outputs
+        [B, ...] on the host, the draft graph)."""
+        Bb = self.bucket(r.batch_size)
+        draft, verify = self.graph(draft_kind, Bb), self.graph(verify_kind, Bb, use_top_p)
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()
         draft.launch()
         verify.launch()
-        return buf.download(verify.outputs, B)
+        return buf.download(verify.outputs, r.batch_size), draft
 
     def spec_round_admitted(self, r: RoundInputs, use_top_p: bool, want_confidence: bool = False):
         """As ``DecodeSteps.spec_round_admitted``: fixed rounds replay the plain graphs, confidence
@@ -348,14 +352,7 @@ class GraphedSteps:
         B, N = r.batch_size, self.num_spec_tokens
         if not (r.uses_confidence or want_confidence):
             return self.spec_round(r, use_top_p), np.where(r.start >= 0, N, 0), None
-        Bb = self.bucket(B)
-        draft, verify = self.graph("draft_admit", Bb), self.graph("verify_admit", Bb, use_top_p)
-        buf = self.buffers(Bb)
-        buf.fill(r)
-        buf.upload()
-        draft.launch()
-        verify.launch()
-        out = buf.download(verify.outputs, B)                      # [B, 3 + N]: ..., limit
+        out, draft = self._replay_round("draft_admit", "verify_admit", r, use_top_p)  # [B, 3+N]: ..., limit
         conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None
         return out[:, :-1], out[:, -1], conf
 
