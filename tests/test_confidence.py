@@ -509,23 +509,28 @@ def test_openai_request_extension():
         parse_completion({"model": "m", "prompt": [1, 2], "verify_mode": "sometimes"}, "m")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("backend", ["torch", "cuda-python"])
+@pytest.mark.parametrize("backend", ["torch", "cuda-python", EAGER_REPLAY])
 @pytest.mark.parametrize("cost_model", ["packed", "padded"])
 def test_scheduled_rounds_from_cuda_graphs_match_eager(backend, cost_model):
-    """GPU: the graphed confidence path ("draft_admit" graph with the admission inside, the
-    fixed-N "verify_admit" graph) gives the target's greedy output; every graph is captured by
+    """The graphed confidence path ("draft_admit" graph with the admission inside, the fixed-N
+    "verify_admit" graph) gives the target's greedy output; every graph is captured by
     ``capture_graphs`` (none on first use); with the packed cost model admissions vary (0 .. N),
-    with the default padded one every draft is admitted."""
+    with the default padded one every draft is admitted. GPU: captured graphs; CPU: the
+    eager-replay backend (the static-buffer plumbing, not capturability)."""
+    device = "cpu" if backend == EAGER_REPLAY else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU")
     if backend == "cuda-python":
         pytest.importorskip("cuda.bindings", reason="needs cuda-python")
-    pair = _pair(block=5)
-    target, draft = build_models(pair, torch.float32, "cuda", seed=4)
+    pair = _pair(block=5, hidden=64)              # head dim 16: the Triton attention kernel's least
+    target, draft = build_models(pair, torch.float32, device, seed=4)
     scale_weights_(target, 4.0)
     _spread_head_(draft)
     graphed = LLM(pair, target, draft, max_batch_size=4, max_seq_len=96, page_size=8,
-                  cuda_graphs=True, graph_backend=backend, verify_cost=CURVES["linear"])
-    assert graphed.graphs_skipped is None
+                  cuda_graphs=device == "cuda", graph_backend=backend, verify_cost=CURVES["linear"])
+    if device == "cpu":
+        graphed._steps = GraphedSteps(graphed.steps, 4, graphed.max_pages_per_seq, EAGER_REPLAY)
+    assert isinstance(graphed.steps, GraphedSteps)
     _scheduler(graphed).cost_model = cost_model
     graphed.capture_graphs(True)
     graphed.capture_graphs(False)

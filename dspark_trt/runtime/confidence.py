@@ -37,6 +37,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -241,6 +242,13 @@ class VerifyScheduler:
         self.cost_model = cost_model
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
+
+    def admits_every_draft(self, mode: np.ndarray) -> bool:
+        """Whether a round of these row modes (host [B] ``MODE_IDS``) admits all N drafts of every
+        live row without looking at the confidences: no threshold row, and scheduled rows under
+        the padded cost model (its ``SPS`` is one constant, so Algorithm 1 admits every draft).
+        Such a round is a fixed round: it runs the fixed-N steps, without the head or admission."""
+        return self.cost_model == "padded" and not bool((mode == MODE_IDS["threshold"]).any())
 
     def admit(self, conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
         padded = self.num_spec_tokens if self.cost_model == "padded" else None

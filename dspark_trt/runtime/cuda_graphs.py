@@ -350,7 +350,7 @@ class GraphedSteps:
         """As ``DecodeSteps.spec_round_admitted``: fixed rounds replay the plain graphs, confidence
         rounds "draft_admit" + "verify_admit" (all N drafts verified; no host sync in between)."""
         B, N = r.batch_size, self.num_spec_tokens
-        if not (r.uses_confidence or want_confidence):
+        if not (self.steps.needs_admission(r) or want_confidence):
             return self.spec_round(r, use_top_p), np.where(r.start >= 0, N, 0), None
         out, draft = self._replay_round("draft_admit", "verify_admit", r, use_top_p)  # [B, 3+N]: ..., limit
         conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None

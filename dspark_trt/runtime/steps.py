@@ -233,14 +233,21 @@ class DecodeSteps:
         drafts, z = self.draft_step(x)
         return self.verify_step(x, drafts, z, use_top_p).cpu().numpy()
 
+    def needs_admission(self, r: RoundInputs) -> bool:
+        """Whether round ``r`` runs the confidence steps (head + admission): some row has a
+        confidence mode that can admit fewer than N drafts (``VerifyScheduler.admits_every_draft``)."""
+        return r.uses_confidence and (self.scheduler is None
+                                      or not self.scheduler.admits_every_draft(r.verify_mode))
+
     def spec_round_admitted(self, r: RoundInputs, use_top_p: bool, want_confidence: bool = False
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """-> (as ``spec_round``: [B, 2 + N]; admitted drafts per row [B]; the confidence logits
         [B, N] when ``want_confidence``, else None). Rounds with a confidence mode (or
         ``want_confidence``) run ``draft_admit_step`` + ``verify_admit_step``, all N drafts
-        verified, no host sync before the read-back; all-fixed rounds run the plain steps."""
+        verified, no host sync before the read-back; rounds that admit every draft
+        (``needs_admission``) run the plain steps."""
         N = self.num_spec_tokens
-        if not (r.uses_confidence or want_confidence):
+        if not (self.needs_admission(r) or want_confidence):
             return self.spec_round(r, use_top_p), np.where(r.start >= 0, N, 0), None
         x = DeviceInputs.from_host(r, self.device, confidence=True)
         drafts, z, conf, limit = self.draft_admit_step(x)

@@ -36,10 +36,16 @@ def block_attention_ref(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table
     return torch.where(valid[:, :, None, None], out, 0.0).to(q.dtype)
 
 
+def kernel_supports_head_dim(D: int) -> bool:
+    """The Triton kernel's ``tl.dot`` needs a power-of-two head dim >= 16 (tiny test models with
+    D = 8 run the reference instead of failing to compile)."""
+    return D >= 16 and D & (D - 1) == 0
+
+
 @torch.library.triton_op("dspark::block_attention", mutates_args=())
 def block_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
                     positions: Tensor, kv_limit: Tensor, scale: float) -> Tensor:
-    if use_triton(q):
+    if use_triton(q) and kernel_supports_head_dim(q.shape[-1]):
         from ..kernels.block_attention import block_attention_triton
         return block_attention_triton(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
     return block_attention_ref(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
