@@ -39,7 +39,7 @@ from dspark_trt.plugins.markov_sample import markov_sample_ref  # noqa: E402
 from dspark_trt.plugins.rejection_sample import rejection_sample_ref  # noqa: E402
 from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
 
-ATOL_BF16 = 2e-2          # bf16 attention outputs (bf16 P in P @ V), as in tests/test_plugins_gpu.py
+ATOL_BF16 = 2e-2          # bf16 attention outputs (bf16 P in P @ V), as in tests/plugins/test_plugins_gpu.py
 ATOL_Z = 1e-3             # Markov z: fp32 sums of bf16 products in a different order
 
 REJECTION_CONFIGS = [

@@ -1,7 +1,6 @@
 """Shared fixtures: tiny random model pairs in float64 (no near-ties between decode paths)."""
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import tempfile
@@ -9,35 +8,15 @@ import tempfile
 import pytest
 import torch
 
-from dspark_trt.config import DSparkConfig, ModelPair, Qwen3Config
+from tests.support.models import tiny_pair
 
 # Tiny models: one thread is faster than two (and far faster on a loaded machine).
 torch.set_num_threads(1)
 
 
-def tiny_pair(vocab: int = 64, hidden: int = 32, layers: int = 3, heads: int = 4, kv_heads: int = 2,
-              draft_layers: int = 2, block: int = 4, rank: int = 8, taps=(0, 1)) -> ModelPair:
-    target = Qwen3Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                         num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         head_dim=hidden // heads, intermediate_size=2 * hidden,
-                         max_position_embeddings=1024)
-    draft = DSparkConfig(backbone=dataclasses.replace(target), num_hidden_layers=draft_layers,
-                         block_size=block, mask_token_id=vocab - 1, target_layer_ids=list(taps),
-                         markov_rank=rank, num_target_layers=layers)
-    return ModelPair("tiny-test", target, draft).validate()
-
-
 @pytest.fixture
 def make_pair():
     return tiny_pair
-
-
-def scale_weights_(module: torch.nn.Module, factor: float) -> None:
-    """Sharpen a random model's logits (random init gives near-uniform distributions)."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("lm_head.weight"):
-                p.mul_(factor)
 
 
 # CPython (3.11+) keeps Python frames on a per-thread data stack of 16 KiB chunks and unmaps a

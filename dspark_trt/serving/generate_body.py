@@ -6,7 +6,7 @@ an integer, ...), and it silently wraps integers into INT32 (``max_tokens`` 9999
 What the model checks itself (prompt length against max_seq_len, token ids against the
 vocabulary, ...) is left to the model.
 
-``INPUTS`` mirrors ``templates/config.pbtxt`` (tests/test_serving_gateway.py compares them).
+``INPUTS`` mirrors ``templates/config.pbtxt`` (tests/serving/test_serving_gateway.py compares them).
 """
 from __future__ import annotations
 

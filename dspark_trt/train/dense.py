@@ -2,7 +2,7 @@
 
 They use the parameters of ``Qwen3ForCausalLM`` / ``DSparkQwen3Draft`` as they are, so a trained
 module saves under the checkpoint names the loaders read, and the runtime's paged-cache forward
-computes the same function (``tests/test_train_dense.py`` checks both). RoPE tables are fp32
+computes the same function (``tests/train/test_train_dense.py`` checks both). RoPE tables are fp32
 (under bf16 autocast the attention inputs are cast to bf16 after rotation).
 
 DSpark training attention (algorithm doc §2.5): the block anchored at ``a`` holds the tokens

@@ -1,0 +1,217 @@
+"""Every Triton launch of the op launchers compiles for the H200 (sm_90), on a CPU-only machine.
+
+The interpreter tests check the kernels' arithmetic but not Triton's GPU code generation (layouts
+of 3-D reductions, pointer/branch typing, shared-memory limits). Here each launcher runs on small
+CPU tensors with ``launcher`` replaced by a recorder; every recorded launch (kernel, arguments,
+constexprs, num_warps/num_stages) is then compiled with ``triton.compile`` for
+``GPUTarget("cuda", 90, 32)``. Launch configurations are the GPU defaults plus the tuner's
+candidates that change code generation.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="Triton is not installed")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+
+from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import moe as kmoe, rejection as krj, sparse_mla as ksm  # noqa: E402
+
+from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, rejection_inputs,  # noqa: E402
+                           sparse_mla_inputs)
+
+TARGET = GPUTarget("cuda", 90, 32)
+_PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
+        torch.int32: "*i32"}
+_OPTIONS = ("num_warps", "num_stages")
+SM90_MAX_SHARED = 232448                  # bytes of shared memory one H100 / H200 block may use
+
+
+class _Recorder:
+    """Stands in for ``launcher(kernel)[grid]``: records the launch instead of running it."""
+
+    def __init__(self, launches):
+        self.launches = launches
+
+    def __call__(self, kernel):
+        return _Grid(self.launches, kernel)
+
+
+class _Grid:
+    def __init__(self, launches, kernel):
+        self.launches, self.kernel = launches, kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
+
+
+def record(monkeypatch, module, fn, *args, **kwargs):
+    launches = []
+    monkeypatch.setattr(module, "launcher", _Recorder(launches))
+    fn(*args, **kwargs)
+    assert launches, f"{fn.__name__} launched nothing"
+    return launches
+
+
+def _sig(value, float_type="fp32"):
+    if value is None:                     # passed as a constexpr instead
+        return "constexpr"
+    if isinstance(value, torch.Tensor):
+        return _PTR[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return float_type
+    raise TypeError(f"no Triton signature for {type(value)}")
+
+
+def compile_launch(kernel, args, kwargs, float_type="fp32"):
+    names = kernel.arg_names
+    consts = {k: v for k, v in kwargs.items() if k not in _OPTIONS}
+    sig = {n: _sig(a, float_type) for n, a in zip(names, args)}
+    sig.update({k: "constexpr" for k in consts})
+    missing = [n for n in names if n not in sig]
+    assert not missing, f"{kernel.__name__}: unbound arguments {missing}"
+    # like the JIT launcher: 16-aligned pointers and multiples of 16 get tt.divisibility (vector loads)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(args)
+             if isinstance(a, torch.Tensor) or (isinstance(a, int) and not isinstance(a, bool) and a % 16 == 0)}
+    options = {"ptx_version": 90, **{k: kwargs[k] for k in _OPTIONS if k in kwargs}}
+    src = triton.compiler.ASTSource(fn=kernel, signature={n: sig[n] for n in names}, constexprs=consts,
+                                    attrs=attrs)
+    try:
+        return triton.compile(src, target=TARGET, options=options)
+    except Exception as e:                # Triton < 3.9 ships a ptxas (CUDA 12.8) older than PTX 9.0
+        if "Unsupported .version" not in str(e):
+            raise
+        pytest.skip(f"Triton {triton.__version__}'s ptxas cannot assemble PTX 9.0 (the 580 driver's version)")
+
+
+def _cpu(t):
+    return t.to("cpu")
+
+
+def _launches_rejection(monkeypatch):
+    args = rejection_inputs("cpu", V=4096)
+    out = []
+    for kw in ({}, {"block_v": 1024, "num_warps": 4}, {"schedule": "row"}):
+        out += record(monkeypatch, krj, krj.rejection_sample_triton, *args, **kw)
+    return out
+
+
+def _launches_markov(monkeypatch):
+    args = markov_inputs("cpu", torch.bfloat16, B=1, N=2, V=4096, r=256)
+    big = markov_inputs("cpu", torch.bfloat16, B=64, N=2, V=4096, r=256)
+    out = []
+    for a, kw in ((args, dict(one_launch=False)), (args, dict(one_launch=True)),
+                  (args, dict(one_launch=True, packed=False)),
+                  (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=64)),
+                  (args, dict(one_launch=True, gemv=True, snake=True, block_v=64)),
+                  (args, dict(one_launch=True, gemv=True, snake=True, block_v=16, num_warps=4, pipeline=True)),
+                  (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, l2_keep=0.5)),
+                  (big, dict(one_launch=False, snake=True))):
+        out += record(monkeypatch, kmk, kmk.markov_sample_triton, *a, **kw)
+    return out
+
+
+def _launches_block_attention(monkeypatch):
+    q, kc, vc, table, pos, causal, block, scale = block_attention_inputs("cpu", torch.bfloat16, H=32, Hkv=8,
+                                                                          D=128, page=16)
+    out = []
+    for kw in ({}, {"num_splits": 1}, {"block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 4},
+               *_PREFETCH_CONFIGS, {"prefetch": True, "num_stages": 3, "num_warps": 8, "kvh_first": True},
+               {"prefetch": True, "block_n": 128, "num_warps": 8, "num_stages": 3, "num_splits": 1}):
+        out += record(monkeypatch, kba, kba.block_attention_triton, q, kc, vc, table, pos, block, scale, **kw)
+    return out
+
+
+_PREFETCH_CONFIGS = [{"prefetch": True, "num_stages": 3, "num_splits": s} for s in (1, 2)] + \
+                    [{"prefetch": True, "block_n": 32, "num_stages": 4, "num_splits": 1}]
+
+
+@pytest.mark.parametrize("cfg", _PREFETCH_CONFIGS, ids=lambda c: f"bn{c.get('block_n', 64)}-ns{c['num_stages']}-s{c['num_splits']}")
+def test_block_attention_prefetch_pipelines_kv(monkeypatch, cfg):
+    """The point of ``prefetch``: Triton's pipeliner buffers num_stages - 1 K/V tiles in shared
+    memory (a page-table load in the same iteration as the K/V loads collapses it to one)."""
+    args = block_attention_inputs("cpu", torch.bfloat16, T=8, H=32, Hkv=8, D=128, page=16)
+    q, kc, vc, table, pos, causal, block, scale = args
+    tile = cfg.get("block_n", kba.ATTN_DEFAULTS["block_n"]) * 128 * 2              # one K (or V) tile, bytes
+    shared = {}
+    for prefetch in (False, True):
+        kernel, a, kw = record(monkeypatch, kba, kba.block_attention_triton, q, kc, vc, table, pos, block,
+                               scale, **{**cfg, "prefetch": prefetch})[0]
+        shared[prefetch] = compile_launch(kernel, a, kw).metadata.shared
+    depth = cfg["num_stages"] - 1
+    assert shared[True] >= 2 * depth * tile > shared[False], shared
+
+
+def _launches_sparse_mla(monkeypatch):
+    q, kv, idx, sink, scale, dv = sparse_mla_inputs("cpu", torch.bfloat16, T=3, H=128, D=512, dv=512, S=300,
+                                                    W=256)
+    out = []
+    for kw in ({}, {"num_splits": 4}, {"block_h": 16, "block_dv": 512, "num_splits": 1},
+               {"block_h": 32, "block_dv": 512, "block_n": 16, "num_splits": 1},
+               {"prefetch": True, "num_splits": 1}, {"prefetch": True, "num_stages": 3}):
+        out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **kw)
+    return out
+
+
+def _launches_moe(monkeypatch):
+    out = []
+    big = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4}
+    for dtype, configs in ((torch.bfloat16, ({}, big)), (torch.float32, ({},))):
+        args = moe_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)
+        for kw in configs:
+            out += record(monkeypatch, kmoe, kmoe.moe_experts_triton, *args, **kw)
+    return out
+
+
+@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe"])
+def test_launches_compile_for_sm90(monkeypatch, op):
+    launches = globals()[f"_launches_{op}"](monkeypatch)
+    seen = set()
+    for kernel, args, kwargs in launches:
+        key = (kernel.__name__, tuple(sorted((k, v) for k, v in kwargs.items())))
+        if key in seen:
+            continue
+        seen.add(key)
+        k = compile_launch(kernel, args, kwargs)
+        assert k.asm["ptx"].count(".entry") == 1
+        assert k.metadata.shared <= SM90_MAX_SHARED, (kernel.__name__, kwargs, k.metadata.shared)
+
+
+def _float_launches(op: str, monkeypatch) -> list:
+    """The default launch of each of ``op``'s kernels that takes a Python-float argument."""
+    firsts = {}
+    for kernel, args, kwargs in globals()[f"_launches_{op}"](monkeypatch):
+        if any(isinstance(a, float) for a in args):
+            firsts.setdefault(kernel.__name__, (kernel, args, kwargs))
+    assert firsts, f"{op}: no launch with a float argument"
+    return list(firsts.values())
+
+
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe"])
+def test_float_scalars_passed_as_fp64_compile(monkeypatch, op):
+    """AOTInductor (Triton 3.6) passes Python-float arguments (scales, limits) as fp64: each kernel
+    with a float argument casts it, so no fp64 reaches a loop-carried fp32 value. Uncast, the
+    frontend fails ("Loop-carried variable m_i has initial type fp32 but is re-assigned to fp64")."""
+    for kernel, args, kwargs in _float_launches(op, monkeypatch):
+        k = compile_launch(kernel, args, kwargs, float_type="fp64")
+        assert k.asm["ptx"].count(".entry") == 1
+
+
+
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe"])
+def test_float_scalars_passed_as_constants_compile(monkeypatch, op):
+    """torch's mutation analysis of a user Triton kernel (torch.export / AOTInductor, torch 2.11)
+    generates its TTIR with Python-float arguments as plain Python floats: a kernel that calls a
+    tensor method on one (``scale.to(...)``) fails there; torch only warns, assumes every input is
+    mutated, and the package returns extra outputs (seen on the H200: 3 leaves for 1)."""
+    for kernel, args, kwargs in _float_launches(op, monkeypatch):
+        floats = {n: a for n, a in zip(kernel.arg_names, args) if isinstance(a, float)}
+        rest = [None if n in floats else a for n, a in zip(kernel.arg_names, args)]
+        k = compile_launch(kernel, rest, {**kwargs, **floats})
+        assert k.asm["ptx"].count(".entry") == 1

@@ -1,0 +1,182 @@
+"""Triton kernels vs references on a CUDA GPU: the small CPU cases, then moderately real shapes
+in bf16 (tokens and indices exact; float tolerances stated per test), CUDA-graph capture, and the
+torch op dispatching to the kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu]
+if not torch.cuda.is_available():            # before the kernel imports: they need Triton
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import dspark_trt.plugins  # noqa: E402,F401
+from dspark_trt.plugins.block_attention import block_attention_ref  # noqa: E402
+from dspark_trt.plugins.kernels.block_attention import block_attention_triton  # noqa: E402
+from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref  # noqa: E402
+from dspark_trt.plugins.rejection_sample import apply_top_p, rejection_sample_ref  # noqa: E402
+from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
+
+from tests.support.plugins_cases import run_all  # noqa: E402
+
+DEV = "cuda"
+
+
+def test_small_cases_fp32():
+    r = run_all(DEV)
+    assert r["kv_cache_write"]["err"] == 0 and r["kv_cache_write"]["pad_page_untouched"]
+    assert not r["tuner_configs"]["failures"]
+    for k, v in r.items():                        # every case: exact tokens, fp32 tolerance 1e-4
+        assert v.get("tokens_equal", True), k
+        assert v.get("err", 0.0) < 1e-4, k
+
+
+def _markov_args(B=5, N=7, V=151936, r=256):
+    g = torch.Generator(device=DEV).manual_seed(0)
+    U = torch.randn(B, N, V, device=DEV, generator=g).to(torch.bfloat16) * 3
+    w1 = (torch.randn(V, r, device=DEV, generator=g) * 0.1).to(torch.bfloat16)
+    w2 = (torch.randn(V, r, device=DEV, generator=g) * 0.1).to(torch.bfloat16)
+    anchor = torch.tensor([3, -1, 77, 151000, 9], device=DEV).repeat(-(-B // 5))[:B]   # a dead row (-1) in each 5
+    temp = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.5], device=DEV).repeat(-(-B // 5))[:B]
+    seed = torch.arange(B, device=DEV) + (1 << 40)
+    start = torch.arange(B, device=DEV) * 100
+    return U, anchor, w1, w2, temp, seed, start
+
+
+ONE_GEMV = dict(one_launch=True, gemv=True, block_v=16, num_warps=4)
+
+
+@pytest.mark.parametrize("B, schedule", [(5, dict(one_launch=True)), (5, dict(one_launch=False)),
+                                         (5, dict(rows_only=True)), (1, {}),
+                                         (1, dict(ONE_GEMV, resident_per_sm=64)),
+                                         (1, dict(ONE_GEMV, resident_per_sm=6, pipeline=True)),
+                                         (4, dict(ONE_GEMV, resident_per_sm=64)),
+                                         (4, dict(one_launch=False, gemv=True, reduce="prologue", pipeline=True)),
+                                         (5, dict(one_launch=True, packed=False)), (64, {})],
+                         ids=["one_launch", "per_step", "rows", "b1_default", "b1_gemv_clamped", "b1_gemv_pipeline",
+                              "b4_gemv_clamped", "b4_gemv_prologue_pipeline", "one_launch_partials",
+                              "b64_default"])
+def test_markov_real_vocab_tokens_exact(B, schedule):
+    """*_clamped ask for 64 programs per SM: without the residency clamp the grid barrier would
+    wait forever for programs that cannot be scheduled."""
+    from dspark_trt.plugins.kernels.markov import markov_sample_triton
+    args = _markov_args(B=B)
+    rt, rz = markov_sample_ref(*args)
+    t, z = markov_sample_triton(*args, **schedule)
+    assert torch.equal(t, rt)
+    assert (z - rz).abs().max() < 1e-3                  # fp32 sums of bf16 products, different order
+
+
+def test_markov_b1_sampled_tokens_exact():
+    """Batch 1, temperature > 0, the default one-launch grid (its greedy rows skip the noise, so the
+    sampled branch needs its own case)."""
+    from dspark_trt.plugins.kernels.markov import markov_sample_triton
+    args = _markov_args(B=1)
+    args = (*args[:4], torch.full((1,), 0.8, device=DEV), *args[5:])
+    rt, rz = markov_sample_ref(*args)
+    t, z = markov_sample_triton(*args)
+    assert torch.equal(t, rt)
+    assert (z - rz).abs().max() < 1e-3
+
+
+def test_markov_fast_mode_matches_its_reference():
+    from dspark_trt.plugins.kernels.markov import markov_sample_topk_triton
+    args = _markov_args()
+    rt, rz = markov_sample_topk_ref(*args, 4096, 4)
+    t, z = markov_sample_topk_triton(*args, 4096, 4)
+    assert torch.equal(t, rt)
+    fin = torch.isfinite(rz)
+    assert torch.equal(fin, torch.isfinite(z)) and (z[fin] - rz[fin]).abs().max() < 1e-3
+
+
+def test_markov_op_in_cuda_graph():
+    args = _markov_args(B=2, V=32000, r=64)
+    rt, _ = markov_sample_ref(*args)
+    torch.ops.dspark.markov_sample(*args)               # compile outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        t, z = torch.ops.dspark.markov_sample(*args)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(t, rt)
+
+
+@pytest.mark.parametrize("B,T,ctx", [(3, 8, 1000), (1, 1, 4000), (64, 8, 300)])
+def test_block_attention_qwen_shapes_bf16(B, T, ctx):
+    H, Hkv, D, page = 32, 8, 128, 16
+    pages = -(-(ctx + T) // page)
+    table = torch.randperm(B * pages, device=DEV).view(B, pages)
+    kc = torch.randn(B * pages + 1, page, Hkv, D, device=DEV, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(B, T, H, D, device=DEV, dtype=torch.bfloat16)
+    pos = (ctx + torch.arange(T, device=DEV)).expand(B, T).contiguous()
+    for lim in (pos, torch.full_like(pos, ctx + T - 1)):
+        ref = block_attention_ref(q, kc, vc, table, pos, lim, D ** -0.5)
+        got = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
+        assert (got.float() - ref.float()).abs().max() < 2e-2      # bf16 output, bf16 P in P @ V
+        for cfg in ({"prefetch": True, "num_stages": 3}, {"prefetch": True, "num_stages": 3, "num_splits": 3,
+                                                          "kvh_first": True}):
+            alt = block_attention_triton(q, kc, vc, table, pos, lim, D ** -0.5, **cfg)
+            assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
+        g = torch.cuda.CUDAGraph()                                  # split-KV workspace under capture
+        with torch.cuda.graph(g):
+            out = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, got)
+
+
+@pytest.mark.parametrize("Tq", [8, 16, 256])            # 8: the index list is split across programs
+def test_sparse_mla_v4_shapes_bf16(Tq):
+    H, D, S, W = 128, 512, 2000, 256
+    q = torch.randn(Tq, H, D, device=DEV, dtype=torch.bfloat16)
+    kv = torch.randn(S, D, device=DEV, dtype=torch.bfloat16)
+    idx = torch.randint(0, S, (Tq, W), device=DEV, dtype=torch.int32)
+    idx[:, 200:] = -1
+    sink = torch.randn(H, device=DEV)
+    ref = sparse_mla_attention_ref(q, kv, idx, sink, D ** -0.5, D)
+    got = torch.ops.dspark.sparse_mla_attention(q, kv, idx, sink, D ** -0.5, D)
+    assert (got.float() - ref.float()).abs().max() < 2e-2
+    from dspark_trt.plugins.kernels.sparse_mla import sparse_mla_attention_triton
+    for cfg in ({"prefetch": True}, {"prefetch": True, "num_stages": 3}, {"prefetch": False, "num_warps": 8}):
+        alt = sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D, **cfg)
+        assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
+
+
+def _rejection_args(B, N=7, V=151936, top_p=None):
+    g = torch.Generator(device=DEV).manual_seed(1)
+    L = torch.randn(B, N + 1, V, device=DEV, generator=g) * 3
+    z = L[:, :N] + torch.randn(B, N, V, device=DEV, generator=g) * 0.3
+    temp = torch.tensor([0, 1, 0.7, 0, 1, 1.2, 0, 0.5] * (B // 8 + 1), device=DEV)[:B]
+    if top_p is not None:
+        L = apply_top_p(L, temp, torch.full((B,), top_p, device=DEV))
+    drafts = z.argmax(-1)
+    seed = torch.arange(B, device=DEV)
+    start = (torch.arange(B, device=DEV) + 1) * 10
+    if B > 3:
+        start[3] = -1                                   # an inert row
+    return L, drafts, z, temp, seed, start
+
+
+@pytest.mark.parametrize("B,top_p", [(1, None), (8, None), (64, None), (8, 0.9)])
+@pytest.mark.parametrize("schedule", ["split", "row"])
+def test_rejection_sample_real_vocab_exact(B, top_p, schedule):
+    from dspark_trt.plugins.kernels.rejection import rejection_sample_triton
+    args = _rejection_args(B, top_p=top_p)
+    ra, rn = rejection_sample_ref(*args)
+    a, n = rejection_sample_triton(*args, schedule=schedule)
+    assert torch.equal(a, ra) and torch.equal(n, rn)
+
+
+def test_rejection_sample_op_in_cuda_graph():
+    args = _rejection_args(4)
+    ra, rn = rejection_sample_ref(*args)
+    torch.ops.dspark.rejection_sample(*args)            # compile outside capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        a, n = torch.ops.dspark.rejection_sample(*args)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(a, ra) and torch.equal(n, rn)

@@ -1,0 +1,97 @@
+"""Triton kernels vs references on CPU through the Triton interpreter.
+
+``TRITON_INTERPRET=1`` must be set before triton is imported, so the kernels run in a subprocess
+(the variable never reaches this process or other tests). One subprocess runs every case of
+``plugins_cases.run_all`` and reports numbers; each test asserts on its op's numbers.
+Tolerances: fp32 inputs, so 1e-5 absolute (sum order differs from torch); tokens and indices exact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("triton", reason="Triton is not installed")
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.support.plugins_cases"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_interpreter_did_not_leak():
+    assert os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+def test_kv_cache_write_kernel(results):
+    r = results["kv_cache_write"]
+    assert r["err"] == 0.0 and r["pad_page_untouched"]
+
+
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("variant", ["", "_prefetch", "_kvh_first"])
+@pytest.mark.parametrize("mask", ["causal", "block"])
+def test_block_attention_kernel(results, mask, variant, splits):
+    assert results[f"block_attention_{mask}{variant}_split{splits}"]["err"] < 1e-5
+
+
+@pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",
+                                      "one_gemv", "one_gemv_pipeline", "gemv_ticket_pipeline",
+                                      "gemv_b1_pipeline", "one_unpacked",
+                                      "one_gemv_b1_sampled",
+                                      "per_step_groups", "prologue_groups", "rows", "aot", "topk", "topk_wide"])
+def test_markov_sample_kernel(results, schedule):
+    r = results[f"markov_sample_{schedule}"]
+    assert r["tokens_equal"] and r["err"] < 1e-5
+
+
+def test_markov_packed_argmax_is_torch_argmax(results):
+    assert results["markov_packed_argmax"]["tokens_equal"]
+
+
+@pytest.mark.parametrize("case", ["rejection_sample", "rejection_sample_row", "rejection_sample_split",
+                                  "rejection_sample_many", "rejection_sample_topp", "rejection_sample_topp_row"])
+def test_rejection_sample_kernel(results, case):
+    r = results[case]
+    assert r["tokens_equal"]
+    assert len(set(r["accepted"])) > 1          # the case mixes accepted lengths
+
+
+def test_rejection_sample_bonus_only(results):
+    """N = 0: nothing to verify, the bonus token is sampled from p."""
+    r = results["rejection_sample_bonus_only"]
+    assert r["tokens_equal"] and set(r["accepted"]) == {0}
+
+
+def test_noncausal_swa_indices_kernel(results):
+    assert results["noncausal_swa_indices"]["tokens_equal"]
+
+
+@pytest.mark.parametrize("case", ["sparse_mla_attention", "sparse_mla_attention_split",
+                                  "sparse_mla_attention_dv_tiles", "sparse_mla_attention_dv_eq_d",
+                                  "sparse_mla_attention_padded", "sparse_mla_attention_padded_split",
+                                  "sparse_mla_attention_no_prefetch", "sparse_mla_attention_no_prefetch_split"])
+def test_sparse_mla_attention_kernel(results, case):
+    assert results[case]["err"] < 1e-5
+
+
+@pytest.mark.parametrize("case", ["moe_experts", "moe_experts_blocks", "moe_experts_int32_ids", "moe_experts_aot"])
+def test_moe_experts_kernel(results, case):
+    assert results[case]["err"] < 1e-5
+
+
+def test_tuner_candidate_configs(results):
+    """benchmarks/tune_plugins.py's candidates all launch and match the reference (so GPU time is
+    not spent on a config that cannot work)."""
+    r = results["tuner_configs"]
+    assert r["checked"] >= 40 and not r["failures"], r["failures"]

@@ -1,0 +1,566 @@
+"""Confidence head, verify modes (fixed / threshold / scheduled), STS calibration (issue 25)."""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dspark_trt.checkpoints.files import CheckpointError, write_checkpoint
+from dspark_trt.checkpoints.qwen3 import load_qwen3_pair, qwen3_draft_tensors, qwen3_target_tensors
+from dspark_trt.cli import main
+from dspark_trt.models import build_models
+from dspark_trt.runtime import calibration as cal
+from dspark_trt.runtime.confidence import (MODE_IDS, Calibration, CostCurve, admitted_lengths)
+from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
+from dspark_trt.runtime.steps import DecodeSteps
+from dspark_trt.runtime.generator import Generator
+from dspark_trt.runtime.llm import LLM
+from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
+
+from tests.support.models import scale_weights_, tiny_pair
+
+MODES = ("fixed", "threshold", "scheduled")
+
+
+def _pair(block=4, rank=8, **kw):
+    pair = tiny_pair(block=block, rank=rank, **kw)
+    pair.draft.enable_confidence_head = True
+    return pair
+
+
+def _spread_head_(draft, scale: float = 3.0, bias: float = 0.5) -> None:
+    """Random heads give confidences near 0.5 for every row: spread them so that admitted
+    lengths vary from 0 to N."""
+    with torch.no_grad():
+        draft.confidence_head.proj.weight.mul_(scale)
+        draft.confidence_head.proj.bias.fill_(bias)
+
+
+def _llm(block=4, seed=1, batch=4, dtype=torch.float64, cost_model="padded", graphs=False,
+         **kw) -> LLM:
+    """``graphs``: run the rounds through ``GraphedSteps`` with the CPU "eager-replay" backend
+    (the static buffers and graph-to-graph outputs of the CUDA graph path, without capture)."""
+    pair = _pair(block=block)
+    target, draft = build_models(pair, dtype, "cpu", seed=seed)
+    scale_weights_(target, 4.0)
+    _spread_head_(draft)
+    llm = LLM(pair, target, draft, max_batch_size=batch, max_seq_len=96, page_size=8, **kw)
+    if graphs:
+        llm.graphs_skipped, llm.graph_backend = None, EAGER_REPLAY
+    _scheduler(llm).cost_model = cost_model
+    return llm
+
+
+def _scheduler(llm):
+    steps = llm.steps
+    return (steps.steps if isinstance(steps, GraphedSteps) else steps).scheduler
+
+
+# ---- the head in the draft step --------------------------------------------------------------------
+
+def test_confidence_logits_come_from_the_draft_step_and_match_eq7():
+    """c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])), x_{-1} = anchor, h = post-norm hidden; the drafts and
+    z of the confidence draft step equal the plain draft step's; inert rows get c = 0."""
+    llm = _llm()
+    nets, d = llm.networks, llm.draft
+    gen = llm.generator()
+    seqs = [gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=8)),
+            gen.add_request([5, 6], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))]
+    gen.step()                                                     # prefill: a context
+    r = gen.round_inputs(seqs)
+    r.anchor[1], r.start[1] = -1, -1                                # row 1 inert
+    from dspark_trt.runtime.steps import DeviceInputs
+    x = DeviceInputs.from_host(r, "cpu")
+    drafts, z, conf = nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed)
+    d2, z2 = nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed)
+    assert torch.equal(drafts, d2) and torch.equal(z, z2)
+    h = d.block_hidden(x.anchor, x.start, x.table, nets.draft_cache)
+    prev = torch.cat([x.anchor[:1, None], drafts[:1, :-1]], 1)
+    w = d.confidence_head.proj
+    want = (torch.cat([h[:1], d.markov_head.markov_w1(prev)], -1) @ w.weight.T + w.bias)[..., 0]
+    torch.testing.assert_close(conf[:1], want.float())
+    assert torch.isinf(conf[1]).all() and (conf[1] < 0).all()
+
+
+# ---- loading the published names -------------------------------------------------------------------
+
+def _write(tmp_path, head: dict | None, side: dict | None = None):
+    pair = tiny_pair(rank=4)
+    target, draft = build_models(pair, torch.float32, "cpu", seed=3)
+    tdir, ddir = tmp_path / "target", tmp_path / "draft"
+    write_checkpoint(tdir, pair.target.to_hf(), qwen3_target_tensors(target))
+    dt = qwen3_draft_tensors(draft, include_shared=False)
+    dt.update(head or {})
+    write_checkpoint(ddir, pair.draft.to_hf(), dt)
+    if side is not None:
+        save_file(side, str(ddir / "confidence_head.safetensors"))
+    return pair, tdir, ddir
+
+
+def test_published_qwen3_names_load_into_the_head(tmp_path):
+    d = tiny_pair().target.hidden_size
+    w, b = torch.randn(1, d + 4), torch.tensor([0.25])
+    _, tdir, ddir = _write(tmp_path, {"confidence_head.proj.weight": w, "confidence_head.proj.bias": b})
+    _, _, draft = load_qwen3_pair(tdir, ddir)
+    assert torch.equal(draft.confidence_head.proj.weight, w)
+    assert torch.equal(draft.confidence_head.proj.bias, b)
+    assert LLM.from_checkpoints(tdir, ddir, device="cpu").networks.has_confidence
+
+
+def test_qwen3_head_of_the_wrong_shape_is_refused(tmp_path):
+    d = tiny_pair().target.hidden_size
+    _, tdir, ddir = _write(tmp_path, {"confidence_head.proj.weight": torch.randn(1, d + 5),
+                                      "confidence_head.proj.bias": torch.zeros(1)})
+    with pytest.raises(CheckpointError, match=r"confidence_head.proj.weight.*shape \(1, 37\)"):
+        load_qwen3_pair(tdir, ddir)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_trained_side_file_loads_under_the_published_name(tmp_path, legacy):
+    """``dspark-trt train`` saves the head beside the draft (train/confidence.py); the runtime
+    loader finds it there (new keys and the older ``confidence_head.{weight,bias}``)."""
+    from dspark_trt.train.confidence import ConfidenceHead
+    d = tiny_pair().target.hidden_size
+    _, tdir, ddir = _write(tmp_path, None)
+    head = ConfidenceHead(d, 4)
+    torch.nn.init.normal_(head.proj.weight)
+    torch.nn.init.normal_(head.proj.bias)
+    head.save(ddir)
+    if legacy:
+        from safetensors.torch import load_file
+        t = load_file(str(ddir / "confidence_head.safetensors"))
+        save_file({k.replace(".proj", ""): v for k, v in t.items()}, str(ddir / "confidence_head.safetensors"))
+    _, _, draft = load_qwen3_pair(tdir, ddir)
+    torch.testing.assert_close(draft.confidence_head.proj.weight,
+                               head.proj.weight.detach().to(torch.bfloat16).float())
+    torch.testing.assert_close(draft.confidence_head.proj.bias,
+                               head.proj.bias.detach().to(torch.bfloat16).float())
+
+
+def test_draft_without_a_head_refuses_the_confidence_modes(tmp_path):
+    _, tdir, ddir = _write(tmp_path, None)
+    llm = LLM.from_checkpoints(tdir, ddir, device="cpu")
+    assert llm.draft.confidence_head is None and not llm.networks.has_confidence
+    with pytest.raises(RequestError, match="needs a draft with a confidence head"):
+        llm.generate([[1, 2]], SamplingParams(verify_mode="scheduled"))
+    assert llm.generate([[1, 2]], SamplingParams(max_new_tokens=4))[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_v4_confidence_head_loads_from_any_stage(tmp_path, stage):
+    from dspark_trt.checkpoints.loaders import load_pair
+    from dspark_trt.checkpoints.v4 import v4_checkpoint_tensors
+    from dspark_trt.config import get_preset
+    pair = get_preset("deepseek-v4-tiny-dspark")
+    target, draft = build_models(pair, seed=0)
+    tensors = v4_checkpoint_tensors(target, draft, quantize=False)
+    dr = pair.draft.backbone.hidden_size + pair.draft.markov_rank
+    w = torch.randn(1, dr)
+    tensors[f"mtp.{stage}.confidence_head.proj.weight"] = w
+    write_checkpoint(tmp_path, pair.draft.to_hf(), tensors)
+    _, _, d2 = load_pair(tmp_path, tmp_path)
+    assert d2.confidence_head.proj.bias is None
+    assert torch.equal(d2.confidence_head.proj.weight, w)
+    tensors[f"mtp.{stage}.confidence_head.proj.weight"] = torch.randn(1, dr + 1)
+    write_checkpoint(tmp_path / "bad", pair.draft.to_hf(), tensors)
+    with pytest.raises(CheckpointError, match="confidence_head.proj.weight"):
+        load_pair(tmp_path / "bad", tmp_path / "bad")
+
+
+def test_v4_draft_step_returns_confidence():
+    """V4: the head reads the pre-norm hc_head output (h) and W1[x_{k-1}]."""
+    llm = LLM.from_preset("deepseek-v4-tiny-dspark", dtype=torch.float64, device="cpu",
+                          max_batch_size=2, max_seq_len=64)
+    llm.draft.add_confidence_head().double()
+    nets = type(llm.networks)(llm.target, llm.draft, llm.networks.num_pages, llm.networks.page_size,
+                              "cpu", torch.float64)
+    assert nets.has_confidence
+    gen = Generator(nets, 2, 64, llm.pair.target.vocab_size)
+    seqs = [gen.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=4))]
+    gen.step()
+    from dspark_trt.runtime.steps import DeviceInputs
+    x = DeviceInputs.from_host(gen.round_inputs(seqs), "cpu")
+    drafts, _, conf = nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed)
+    h = llm.draft.block_hidden(x.anchor, x.start, x.table, nets.draft_cache)
+    prev = torch.cat([x.anchor[:, None], drafts[:, :-1]], 1)
+    want = llm.draft.confidence_head(h, llm.draft.markov_head.markov_w1(prev))
+    torch.testing.assert_close(conf, want)
+
+
+# ---- lossless in every mode ---------------------------------------------------------------------------
+
+CURVES = {"default": CostCurve.default(),
+          "linear": CostCurve([1, 64], [1.0, 40.0], "test: verify cost grows fast")}
+
+
+@pytest.mark.parametrize("block,curve,graphs", [(3, "default", False), (5, "linear", False),
+                                                (7, "linear", False), (5, "linear", True)])
+def test_greedy_output_equals_the_target_in_every_mode(block, curve, graphs):
+    """Lossless in every mode; the scheduler with the "packed" cost model (variable admissions), and
+    with the default "padded" one (the verify runs all N drafts: every draft is admitted)."""
+    llm = _llm(block=block, seed=block, verify_cost=CURVES[curve], cost_model="packed", graphs=graphs)
+    rng = random.Random(block)
+    prompts = [[rng.randrange(63) for _ in range(rng.randint(1, 10))] for _ in range(5)]   # 5 > batch
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
+    proposed = {}
+    for mode in MODES:
+        sp = SamplingParams(max_new_tokens=24, verify_mode=mode, confidence_threshold=0.6)
+        out = llm.generate(prompts, sp)
+        for o, a in zip(out, ar):
+            assert o.output_ids == a.output_ids, mode
+            assert all(0 <= x <= p for x, p in zip(o.stats.accepted, o.stats.proposed))
+        proposed[mode] = [p for o in out for p in o.stats.proposed]
+    assert set(proposed["fixed"]) <= {block} | set(range(1, block))      # cut only at the end
+    for mode in ("threshold", "scheduled"):                              # variable lengths happened
+        if mode == "scheduled" and curve == "default":
+            continue                                                     # flat curve: admits all
+        assert len(set(proposed[mode])) >= 2 and min(proposed[mode]) < block, (mode, proposed[mode])
+    _scheduler(llm).cost_model = "padded"
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert [p for o in out for p in o.stats.proposed] == proposed["fixed"]     # padded: admits all
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_mixed_modes_in_one_batch_stay_lossless(graphs):
+    llm = _llm(block=5, seed=11, verify_cost=CURVES["linear"], cost_model="packed", graphs=graphs)
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=20), speculative=False)
+    plist = [SamplingParams(max_new_tokens=20, verify_mode=m, confidence_threshold=0.7)
+             for m in ("fixed", "threshold", "scheduled", "scheduled")]
+    out = llm.generate(prompts, plist)
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert set(out[0].stats.proposed[:-1]) == {5}
+
+
+# ---- the scheduler ----------------------------------------------------------------------------------------
+
+def _admit(c: np.ndarray, curve: CostCurve, mode="scheduled", threshold=0.5, live=None, temps=None,
+           padded=None):
+    B, N = c.shape
+    logits = torch.logit(torch.tensor(c, dtype=torch.float64)).float()
+    live = torch.ones(B, dtype=torch.bool) if live is None else torch.tensor(live)
+    modes = torch.full((B,), MODE_IDS[mode]) if isinstance(mode, str) else torch.tensor(
+        [MODE_IDS[m] for m in mode])
+    inv = torch.ones(N) if temps is None else 1 / torch.tensor(temps)
+    return admitted_lengths(logits, live, modes, torch.full((B,), threshold), inv,
+                            curve.sps_table(B * (N + 1), "cpu"), padded).tolist()
+
+
+def _algorithm1(c: np.ndarray, curve: CostCurve, padded: int | None = None) -> list[int]:
+    """The paper's Algorithm 1, literally (all rows scheduled); ``padded``: the verify runs every
+    row at that width, so the cost of the batch is R * (1 + padded) tokens whatever is admitted."""
+    R, N = c.shape
+    a = np.cumprod(c, 1)
+    E = sorted(((a[r, j], r, j) for r in range(R) for j in range(N) if a[r, j] > 0),
+               key=lambda e: -e[0])                               # sorted() is stable
+    sps = lambda b: 1 / curve.latency(b if padded is None else R * (1 + padded))  # noqa: E731
+    ell, B, tau = [0] * R, R, float(R)
+    best, out = R * sps(R), [0] * R
+    for v, r, j in E:
+        ell[r], B, tau = j + 1, B + 1, tau + v
+        theta = tau * sps(B)
+        if theta > best:
+            best, out = theta, list(ell)
+        else:
+            break
+    return out
+
+
+def test_scheduler_equals_algorithm1_on_random_batches():
+    rng = np.random.default_rng(0)
+    curve = CostCurve([1, 8, 16, 64], [1.0, 1.2, 2.0, 9.0], "test")
+    for _ in range(200):
+        B, N = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+        c = rng.uniform(0.05, 0.999, size=(B, N))
+        assert _admit(c, curve) == _algorithm1(c, curve)
+
+
+def test_padded_cost_model_equals_algorithm1_and_admits_every_candidate():
+    """The default cost model (the verify runs N drafts per row): Algorithm 1 with a constant
+    SPS, i.e. every candidate with a > 0, even one too small to change tau in float32."""
+    rng = np.random.default_rng(2)
+    curve = CostCurve([1, 8, 16, 64], [1.0, 1.2, 2.0, 9.0], "test")
+    for _ in range(200):
+        B, N = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+        c = rng.uniform(0.02, 0.999, size=(B, N))
+        assert _admit(c, curve, padded=N) == _algorithm1(c, curve, padded=N) == [N] * B
+    c = np.array([[0.999] * 7, [1e-6, 1e-6, 1e-6, 0.5, 0.5, 0.5, 0.5]])      # a down to 1e-18
+    assert _admit(c, curve, padded=7) == [7, 7]
+    assert _admit(c, curve) == _algorithm1(c, curve)                        # packed: stops
+
+
+def test_admission_runs_without_host_synchronisation():
+    """Every op of the admission has a meta kernel and none reads a value back (``.item()``,
+    a 0-dim tensor used as an index, ``.cpu()`` raise on meta tensors): capturable, no sync."""
+    B, N = 6, 5
+    m = dict(device="meta")
+    for padded in (None, N):
+        out = admitted_lengths(torch.randn(B, N, **m), torch.ones(B, dtype=torch.bool, **m),
+                               torch.full((B,), MODE_IDS["scheduled"], **m), torch.zeros(B, **m),
+                               torch.ones(N, **m), torch.ones(B * (N + 1) + 1, **m), padded)
+        assert out.shape == (B,) and out.dtype == torch.int64
+
+
+def _old_eager_round(steps: DecodeSteps, r, use_top_p: bool):
+    """The eager confidence round before the fix: one host sync for w = max admitted, the verify on
+    the first w drafts only."""
+    from dspark_trt.runtime.steps import DeviceInputs
+    x = DeviceInputs.from_host(r, steps.device, confidence=True)
+    drafts, z, conf = steps.draft_step_confidence(x)
+    limit = steps.admit(x, conf, x.verify_mode, x.threshold)
+    w = max(1, int(limit.max()))
+    return steps.verify_step(x, drafts[:, :w], z[:, :w], use_top_p, limit).numpy(), limit.numpy()
+
+
+@pytest.mark.parametrize("cost_model", ["packed", "padded"])
+def test_full_width_verify_equals_the_admitted_width_verify(cost_model):
+    """Sampling (T = 1, top-p), mixed modes, 3 rows in a bucket of 4: the round that verifies all N
+    drafts with the admitted lengths on the device (eager, and the graph path's eager-replay) gives
+    the old width-w round's accepted counts, next tokens and lengths, round after round."""
+    llm = _llm(block=5, seed=3, verify_cost=CURVES["linear"], cost_model=cost_model)
+    steps = llm.steps
+    replay = GraphedSteps(steps, llm.max_batch_size, llm.max_pages_per_seq, EAGER_REPLAY)
+    gen = llm.generator()
+    modes = ("scheduled", "threshold", "scheduled")
+    seqs = [gen.add_request([1 + i, 2, 3], SamplingParams(max_new_tokens=40, temperature=1.0,
+                                                          top_p=0.9, seed=7 + i, verify_mode=m,
+                                                          confidence_threshold=0.6))
+            for i, m in enumerate(modes)]
+    gen.step()                                                                  # prefill
+    lengths = set()
+    for _ in range(6):
+        if len(gen.running) < len(seqs):
+            break
+        r = gen.round_inputs(gen.running)
+        old, old_lim = _old_eager_round(steps, r, True)
+        for impl in (steps, replay):
+            out, lim, conf = impl.spec_round_admitted(r, True, want_confidence=True)
+            assert (lim == old_lim).all()
+            assert (out[:, :2] == old[:, :2]).all(), (out[:, :2], old[:, :2])
+            assert out.shape[1] == 2 + 5 and conf.shape == (r.batch_size, 5)
+        lengths |= set(old_lim.tolist())
+        gen.step()
+    if cost_model == "packed":
+        assert len(lengths) >= 2, lengths
+    assert any(s.stats.proposed for s in seqs)
+
+
+def test_admission_is_greedy_by_prefix_survival():
+    """Two rows: row 0's survival products [0.9, 0.45], row 1's [0.8, 0.72]; with room for exactly
+    three extra tokens the admitted are 0.9, 0.8, 0.72 -> lengths [1, 2], even though row 0's c_2 is
+    not the smallest confidence."""
+    c = np.array([[0.9, 0.5], [0.8, 0.9]])
+    curve = CostCurve([1, 5, 6], [1.0, 1.0, 100.0], "test: 5 tokens free, the 6th costs 100x")
+    assert _admit(c, curve) == [1, 2]
+    assert _admit(c, CostCurve([1, 6], [1.0, 1.0], "flat")) == [2, 2]          # flat: admit all
+
+
+def test_early_stop_against_the_cost_curve():
+    """The paper's appendix A case: SPS(1) = 1, SPS(2) = 0.5, SPS(3) = 0.45, a_1 = 0.8, c_2 = 0.9:
+    Theta = 1.0, 0.9 (stop), 1.134 -- a global search would admit 2, Algorithm 1 admits 0."""
+    curve = CostCurve([1, 2, 3], [1.0, 2.0, 1 / 0.45], "appendix A")
+    assert _admit(np.array([[0.8, 0.9]]), curve) == [0]
+    # a cheaper second token: Theta = 1.0, 1.8 * 0.9 = 1.62, 2.52 * 0.85 -> admits both
+    curve = CostCurve([1, 2, 3], [1.0, 1 / 0.9, 1 / 0.85], "cheap")
+    assert _admit(np.array([[0.8, 0.9]]), curve) == [2]
+
+
+def test_budget_shrinks_as_the_batch_grows():
+    curve = CostCurve([1, 32, 64, 512], [1.0, 1.0, 1.6, 14.0], "flat then linear")
+    rng = np.random.default_rng(1)
+    row = rng.uniform(0.6, 0.95, size=7)
+    means = []
+    for B in (1, 4, 16, 64):
+        lens = _admit(np.tile(row, (B, 1)), curve)
+        means.append(sum(lens) / B)
+    assert means[0] == 7 and means[-1] < 2.5, means
+    assert all(b <= a for a, b in zip(means, means[1:])), means
+
+
+def test_fixed_threshold_and_inert_rows():
+    c = np.array([[0.9, 0.4, 0.9], [0.3, 0.9, 0.9], [0.9, 0.9, 0.9], [0.9, 0.9, 0.9]])
+    lens = _admit(c, CostCurve.default(), mode=["threshold", "threshold", "fixed", "fixed"],
+                  threshold=0.5, live=[True, True, True, False])
+    assert lens == [1, 0, 3, 0]
+
+
+def test_calibration_temperatures_change_the_schedule():
+    """Flattening an overconfident head (T > 1) lowers the survival products: fewer admitted."""
+    c = np.full((1, 5), 0.97)
+    curve = CostCurve([1, 100], [1.2, 20.99], "test: 0.2 ms per verified token")
+    assert _admit(c, curve) == [5] and _admit(c, curve, temps=[4.0] * 5) == [3]
+
+
+# ---- STS ----------------------------------------------------------------------------------------------------
+
+def _synthetic_rounds(n: int, N: int, seed: int, overconfidence: float = 3.0):
+    """True conditional acceptance c_k; the head reports logit(c_k) * overconfidence + noise-free
+    ranking; a round accepts while Bernoulli(c_k) draws pass."""
+    rng = np.random.default_rng(seed)
+    rounds = []
+    for _ in range(n):
+        c = rng.uniform(0.3, 0.97, size=N)
+        logits = np.log(c / (1 - c)) * overconfidence
+        a = 0
+        while a < N and rng.random() < c[a]:
+            a += 1
+        rounds.append((logits.tolist(), N, a))
+    return rounds
+
+
+def test_sts_reduces_ece_on_miscalibrated_data():
+    N = 5
+    fit = cal.arrays(_synthetic_rounds(4000, N, 0), N)
+    held = cal.arrays(_synthetic_rounds(4000, N, 1), N)
+    temps = cal.fit_sts(*fit)
+    before, after = cal.metrics(*held, [1.0]), cal.metrics(*held, temps)
+    assert before["ece"] > 0.05 and after["ece"] < 0.03, (before["ece"], after["ece"])
+    assert after["ece"] < 0.5 * before["ece"]
+    assert all(t > 1.5 for t in temps[:2]), temps                         # flattened, as expected
+    assert after["per_position"][0]["auc"] == pytest.approx(before["per_position"][0]["auc"])
+    assert 0.6 < after["auc"] <= 1
+
+
+def test_ece_and_auc_definitions():
+    assert cal.ece(np.array([0.8] * 10), np.array([1] * 8 + [0] * 2)) == pytest.approx(0.0)
+    assert cal.ece(np.array([0.9] * 10), np.array([1] * 5 + [0] * 5)) == pytest.approx(0.4)
+    assert cal.roc_auc(np.array([0.1, 0.2, 0.3, 0.4]), np.array([0, 0, 1, 1])) == 1.0
+    assert cal.roc_auc(np.array([0.5, 0.5]), np.array([0, 1])) == 0.5
+
+
+# ---- files and commands ----------------------------------------------------------------------------------------
+
+def test_cost_curve_and_calibration_files(tmp_path):
+    c = CostCurve([2, 8, 16], [1.0, 2.0, 4.0], "t")
+    c.save(tmp_path)
+    c2 = CostCurve.find(tmp_path)
+    assert (c2.tokens, c2.latency_ms) == ([2, 8, 16], [1.0, 2.0, 4.0])
+    assert c2.latency(1) == 1.0 and c2.latency(5) == 1.5 and c2.latency(32) == 8.0   # extrapolated
+    assert CostCurve.find(tmp_path / "none").source == "default"
+    Calibration([1.5, 2.0], {"ece_after": 0.01}).save(tmp_path)
+    assert Calibration.find(tmp_path).inv_temperatures(3, "cpu").tolist() == pytest.approx([1 / 1.5, 0.5, 0.5])
+    (tmp_path / "verify_cost.json").write_text('{"tokens": [4, 2], "latency_ms": [1, 2]}')
+    with pytest.raises(ValueError, match="increasing"):
+        CostCurve.find(tmp_path)
+
+
+def _head_checkpoints(tmp_path):
+    pair = _pair(block=4, rank=8, vocab=64)
+    target, draft = build_models(pair, torch.float32, "cpu", seed=2)
+    scale_weights_(target, 4.0)
+    _spread_head_(draft)
+    tdir, ddir = tmp_path / "target", tmp_path / "draft"
+    write_checkpoint(tdir, pair.target.to_hf(), qwen3_target_tensors(target))
+    write_checkpoint(ddir, pair.draft.to_hf(), qwen3_draft_tensors(draft, include_shared=False))
+    return tdir, ddir
+
+
+def test_calibrate_command_writes_the_calibration_the_llm_loads(tmp_path, capsys):
+    tdir, ddir = _head_checkpoints(tmp_path)
+    rc = main(["calibrate", "--checkpoint", str(tdir), "--draft-checkpoint", str(ddir), "--device", "cpu",
+               "--num-prompts", "8", "--max-new-tokens", "24", "--max-seq-len", "64", "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["heldout_rounds"] > 0 and len(res["temperatures"]) == 4
+    assert res["ece_after"] <= res["ece_before"] + 1e-9 or res["fit_rounds"] < 50
+    saved = json.loads((ddir / "confidence_calibration.json").read_text())
+    assert saved["temperatures"] == res["temperatures"] and "auc_before" in saved
+    llm = LLM.from_checkpoints(tdir, ddir, device="cpu")
+    assert llm.calibration.temperatures == res["temperatures"]
+
+
+def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys):
+    tdir, ddir = _head_checkpoints(tmp_path)
+    out = tmp_path / "curve"
+    rc = main(["bench", "--checkpoint", str(tdir), "--draft-checkpoint", str(ddir), "--device", "cpu",
+               "--cost-curve", "--batch-sizes", "1,2", "--iters", "1", "--prompt-len", "8",
+               "--gen-len", "8", "--cost-curve-out", str(out)])
+    assert rc == 0
+    curve = CostCurve.find(out)
+    assert curve.tokens == [2, 3, 4, 5, 6, 8, 10] and "bench --cost-curve" in curve.source
+    assert all(b >= a for a, b in zip(curve.latency_ms, curve.latency_ms[1:]))
+
+
+def test_generate_cli_verify_mode(tmp_path, capsys):
+    tdir, ddir = _head_checkpoints(tmp_path)
+    rc = main(["generate", "--checkpoint", str(tdir), "--draft-checkpoint", str(ddir), "--device", "cpu",
+               "--prompt-ids", "1,2,3", "--max-new-tokens", "12", "--verify-mode", "scheduled", "--json"])
+    assert rc == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["stats"]
+    assert stats["rounds"] > 0 and 1 <= stats["verified_per_round"] <= 5
+    rc = main(["generate", "--model", "qwen3-tiny-dspark", "--device", "cpu", "--prompt-ids", "1,2",
+               "--max-new-tokens", "4", "--verify-mode", "threshold"])
+    assert rc == 2 and "confidence head" in capsys.readouterr().err
+
+
+def test_openai_request_extension():
+    pytest.importorskip("fastapi", reason="needs the [openai] extra")
+    from dspark_trt.openai_server.errors import APIError
+    from dspark_trt.openai_server.protocol import parse_completion
+    req = parse_completion({"model": "m", "prompt": [1, 2], "verify_mode": "threshold",
+                           "confidence_threshold": 0.3}, "m")
+    assert req.params.verify_mode == "threshold" and req.params.confidence_threshold == 0.3
+    with pytest.raises(APIError, match="verify_mode"):
+        parse_completion({"model": "m", "prompt": [1, 2], "verify_mode": "sometimes"}, "m")
+
+
+@pytest.mark.parametrize("backend", ["torch", "cuda-python", EAGER_REPLAY])
+@pytest.mark.parametrize("cost_model", ["packed", "padded"])
+def test_scheduled_rounds_from_cuda_graphs_match_eager(backend, cost_model):
+    """The graphed confidence path ("draft_admit" graph with the admission inside, the fixed-N
+    "verify_admit" graph) gives the target's greedy output; every graph is captured by
+    ``capture_graphs`` (none on first use); with the packed cost model admissions vary (0 .. N),
+    with the default padded one every draft is admitted. GPU: captured graphs; CPU: the
+    eager-replay backend (the static-buffer plumbing, not capturability)."""
+    device = "cpu" if backend == EAGER_REPLAY else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU")
+    if backend == "cuda-python":
+        pytest.importorskip("cuda.bindings", reason="needs cuda-python")
+    pair = _pair(block=5, hidden=64)              # head dim 16: the Triton attention kernel's least
+    target, draft = build_models(pair, torch.float32, device, seed=4)
+    scale_weights_(target, 4.0)
+    _spread_head_(draft)
+    graphed = LLM(pair, target, draft, max_batch_size=4, max_seq_len=96, page_size=8,
+                  cuda_graphs=device == "cuda", graph_backend=backend, verify_cost=CURVES["linear"])
+    if device == "cpu":
+        graphed._steps = GraphedSteps(graphed.steps, 4, graphed.max_pages_per_seq, EAGER_REPLAY)
+    assert isinstance(graphed.steps, GraphedSteps)
+    _scheduler(graphed).cost_model = cost_model
+    graphed.capture_graphs(True)
+    graphed.capture_graphs(False)
+    captured = set(graphed.steps._graphs)
+    assert {k[0] for k in captured} == {"draft", "verify", "draft_admit", "verify_admit", "ar"}
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    ar = graphed.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
+    proposed = {}
+    for mode in MODES:
+        out = graphed.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode=mode,
+                                                       confidence_threshold=0.6))
+        assert [o.output_ids for o in out] == [a.output_ids for a in ar], mode
+        proposed[mode] = [p for o in out for p in o.stats.proposed]
+    assert set(graphed.steps._graphs) == captured                 # nothing captured on first use
+    if cost_model == "packed":
+        assert len(set(proposed["scheduled"])) >= 2, proposed
+    else:
+        assert proposed["scheduled"] == proposed["fixed"], proposed
+
+
+def test_bench_reports_each_verify_mode(tmp_path):
+    tdir, ddir = _head_checkpoints(tmp_path)
+    rc = main(["bench", "--checkpoint", str(tdir), "--draft-checkpoint", str(ddir), "--device", "cpu",
+               "--batch-sizes", "1,2", "--prompt-len", "8", "--gen-len", "8", "--iters", "1", "--hf", "none",
+               "--verify-modes", "fixed,threshold,scheduled", "--out-dir", str(tmp_path / "out")])
+    assert rc == 0
+    report = json.loads(next((tmp_path / "out").glob("bench-*.json")).read_text())
+    for B in ("1", "2"):
+        row = report["batch"][B]
+        for mode in ("threshold", "scheduled"):
+            e2e = row[f"speculative_{mode}"]
+            assert e2e["decode_tokens_per_s"] > 0 and 1 <= e2e["verified_per_round"] <= 5
+            assert e2e["output_ids_row0"] == row["speculative"]["output_ids_row0"]   # greedy: lossless

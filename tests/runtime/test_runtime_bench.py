@@ -1,0 +1,125 @@
+"""``dspark-trt bench`` pieces that run on CPU: roofline byte counts, target verdicts, a smoke run."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import pytest
+import torch
+
+from dspark_trt.commands.bench import check_targets, roofline
+from dspark_trt.runtime import LLM
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu", max_batch_size=2,
+                           max_seq_len=32, page_size=8)
+
+
+def step_bytes(module: torch.nn.Module) -> int:
+    """Parameters a decode step reads: all but the embedding table (shared ones counted once)."""
+    return sum(p.numel() * p.element_size() for n, p in module.named_parameters()
+               if "embed_tokens" not in n)
+
+
+def test_roofline_counts_the_weights_a_step_reads(llm):
+    r = roofline(llm, B=3, context=10, tbps=1.0)
+    assert r["target_weight_bytes"] == step_bytes(llm.target)
+    assert r["draft_weight_bytes"] == step_bytes(llm.draft)
+    t = llm.pair.target
+    assert r["target_kv_read_bytes"] == 3 * 10 * 2 * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 4
+    assert r["ar_roofline_ms"] == pytest.approx((r["target_weight_bytes"] + r["target_kv_read_bytes"]) / 1e9)
+
+
+def test_target_verdicts():
+    v = check_targets({"ar_roofline_efficiency": 0.9, "verify_over_ar": 1.2, "draft_step_ms": 1.0,
+                       "spec_host_overhead": 0.01})
+    assert v["ar_step_ge_85pct_of_hbm_roofline"]["met"] is True
+    assert v["verify_step_le_1.15x_ar_step"]["met"] is False
+    assert v["draft_step_le_1ms"]["met"] is True
+    assert v["ge_1.5x_hf_plain_decoding_b1"]["met"] is None          # no HF run: not claimed
+
+
+def test_bench_smoke_writes_json(tmp_path):
+    from dspark_trt.cli import main
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc = _run_smoke(main, tmp_path)
+    finally:
+        torch.set_num_threads(threads)
+    _check_smoke(rc, tmp_path, main)
+
+
+def _run_smoke(main, tmp_path) -> int:
+    return main(["bench", "--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
+               "--batch-sizes", "1,2", "--prompt-len", "8", "--gen-len", "6", "--iters", "1",
+               "--hf", "none", "--out-dir", str(tmp_path)])
+
+
+def _check_smoke(rc, tmp_path, main) -> None:
+    assert rc == 0
+    (path,) = tmp_path.glob("bench-cpu-*.json")
+    rep = json.loads(path.read_text())
+    assert set(rep["batch"]) == {"1", "2"}
+    b1 = rep["batch"]["1"]
+    assert 1 <= b1["speculative"]["tau"] <= 5 and b1["autoregressive"]["tau"] is None
+    assert b1["projection_at_paper_tau"]["tau"] == 6.17
+    assert rep["graphs_skipped"] and rep["git_sha"]
+    with pytest.raises(SystemExit, match="--random-weights"):
+        main(["bench", "--model", "qwen3-tiny-dspark", "--device", "cpu", "--hf", "none"])
+
+
+def test_heldout_prompts_are_tokenized_stdlib_windows():
+    from dspark_trt.commands.bench import make_prompts
+    from dspark_trt.commands.common import default_pair_dirs
+    dirs = default_pair_dirs()
+    if dirs is None:
+        pytest.skip("the built-in default pair is not in this checkout")
+    pair = LLM.from_checkpoints(*dirs, dtype=torch.float32, device="cpu", max_batch_size=1, max_seq_len=64)
+    p = make_prompts(pair, "heldout", 3, 24, seed=0)
+    assert p.shape == (3, 24) and p.dtype == np.int64
+    assert len({tuple(r) for r in p.tolist()}) == 3                      # three different windows
+    text = pair.tokenizer.decode(p[0].tolist())
+    assert pair.tokenizer.encode(text).ids[:5] == p[0][:5].tolist()       # real text, not noise
+    with pytest.raises(SystemExit, match="tokenizer"):
+        make_prompts(LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu",
+                                     max_batch_size=1, max_seq_len=16), "heldout", 1, 8, 0)
+
+
+def test_trained_pair_criterion_is_judged_only_when_reported():
+    v = check_targets({"speedup_over_step_model": 0.79})
+    assert v["trained_speedup_ge_0.8x_step_model"]["met"] is False
+    assert check_targets({})["trained_speedup_ge_0.8x_step_model"]["met"] is None
+
+
+def test_random_weights_come_from_the_flag_or_the_engine_manifest():
+    from types import SimpleNamespace as NS
+    from dspark_trt.commands.bench import uses_random_weights
+    engine = lambda rw: NS(networks=NS(manifest={"build_options": {"random_weights": rw}}))  # noqa: E731
+    assert uses_random_weights(engine(True), NS(random_weights=False))
+    assert not uses_random_weights(engine(False), NS(random_weights=False))
+    assert uses_random_weights(NS(networks=NS()), NS(random_weights=True))
+
+
+def test_bench_plot_orders_batches_and_writes_png(tmp_path):
+    import importlib.util
+    import sys
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "plot_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "plot_bench.py")
+    plot_bench = importlib.util.module_from_spec(spec)
+    sys.modules["plot_bench"] = plot_bench
+    spec.loader.exec_module(plot_bench)
+    row = lambda ms: {"ar_step_ms": ms, "verify_step_ms": ms + 1, "draft_step_ms": ms / 4,  # noqa: E731
+                      "ar_roofline_ms": 1.0, "speculative": {"decode_tokens_per_s": 10 * ms},
+                      "autoregressive": {"decode_tokens_per_s": 20 * ms},
+                      "projection_at_paper_tau": {"tau": 6.17, "spec_tokens_per_s": 30 * ms}}
+    report = {"gpu": "cpu", "git_sha": "x", "model": {"preset": "p"}, "batch": {"16": row(4.0), "1": row(2.0)}}
+    s = plot_bench.series(report)
+    assert s["batch"] == [1, 16] and s["ar_ms"] == [2.0, 4.0] and s["spec_tps"] == [20.0, 40.0]
+    pytest.importorskip("matplotlib")
+    out = plot_bench.plot(report, tmp_path / "b.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,137 @@
+"""With temperature > 0, speculative decoding must sample from the target's own distribution.
+
+The exact joint law of the first three generated tokens is enumerated from the target (V = 12, so
+12 + 144 forward passes). Speculative decoding then generates those tokens for M independent seeds
+(one batch), and a chi-square goodness-of-fit test on the second and third tokens and on their
+joint must not reject at significance level alpha = 0.001 (expected cells < 5 are pooled). The same
+test must reject a deliberately broken verifier that accepts every draft — so it has power.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from dspark_trt import plugins
+from dspark_trt.models import build_models
+from dspark_trt.runtime.generator import Generator
+from dspark_trt.runtime.llm import LLM
+from dspark_trt.runtime.sampling_params import SamplingParams
+
+from tests.support.models import scale_weights_, tiny_pair
+from tests.support.draft_oracles import NearTargetNetworks
+
+ALPHA = 1e-3
+V, PROMPT, M, T = 12, [3, 1, 4, 1, 5], 3000, 0.8
+
+
+@pytest.fixture(scope="module")
+def llm():
+    pair = tiny_pair(vocab=V, hidden=16, layers=2, heads=2, kv_heads=1, block=3, rank=4, taps=(0,))
+    target, draft = build_models(pair, torch.float64, "cpu", seed=5)
+    scale_weights_(target, 3.0)
+    return LLM(pair, target, draft, max_batch_size=M, max_seq_len=16, page_size=16)
+
+
+def exact_law(llm) -> np.ndarray:
+    """p(t1, t2, t3 | prompt) at temperature T: [V, V, V]."""
+    tm = llm.target
+
+    def next_probs(seqs: list[list[int]]) -> torch.Tensor:
+        cache = tm.make_cache(len(seqs), 16, torch.float64, "cpu")
+        toks = torch.tensor(seqs)
+        pos = torch.arange(toks.shape[1]).expand_as(toks)
+        logits, _ = tm(toks, pos, torch.arange(len(seqs))[:, None], cache)
+        return torch.softmax(logits[:, -1] / T, -1)
+
+    p1 = next_probs([PROMPT])[0]
+    p2 = next_probs([PROMPT + [a] for a in range(V)])                               # [V, V]
+    p3 = next_probs([PROMPT + [a, b] for a in range(V) for b in range(V)]).view(V, V, V)
+    return (p1[:, None, None] * p2[:, :, None] * p3).numpy()
+
+
+def sample_tokens(llm, networks=None) -> np.ndarray:
+    gen = Generator(networks or llm.networks, M, llm.max_seq_len, V)
+    outs = gen.run([(PROMPT, SamplingParams(temperature=T, seed=s, max_new_tokens=3)) for s in range(M)])
+    return np.array([o.output_ids for o in outs])                                   # [M, 3]
+
+
+def gof_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
+    exp = probs.ravel() * counts.sum()
+    obs = counts.ravel().astype(float)
+    small = exp < 5
+    if small.any():           # pool the sparse cells into one
+        exp = np.append(exp[~small], exp[small].sum())
+        obs = np.append(obs[~small], obs[small].sum())
+    exp *= obs.sum() / exp.sum()
+    return float(chisquare(obs, exp).pvalue)
+
+
+def marginal_pvalues(tokens: np.ndarray, law: np.ndarray) -> dict[str, float]:
+    c2 = np.bincount(tokens[:, 1], minlength=V)
+    c3 = np.bincount(tokens[:, 2], minlength=V)
+    c23 = np.bincount(tokens[:, 1] * V + tokens[:, 2], minlength=V * V)
+    return {"t2": gof_pvalue(c2, law.sum((0, 2))), "t3": gof_pvalue(c3, law.sum((0, 1))),
+            "t2t3": gof_pvalue(c23, law.sum(0))}
+
+
+@pytest.mark.parametrize("draft", ["dspark", "near_target"])
+def test_speculative_sampling_matches_target_distribution(llm, draft):
+    law = exact_law(llm)
+    nets = NearTargetNetworks(llm.networks, sigma=1.0, seed=1) if draft == "near_target" else None
+    if nets is not None:
+        tokens = sample_tokens(llm, nets)
+    else:
+        tokens = sample_tokens(llm)
+    pvals = marginal_pvalues(tokens, law)
+    assert min(pvals.values()) > ALPHA, pvals
+
+
+def test_broken_verifier_is_detected(llm, monkeypatch):
+    """Accepting every draft samples the draft's law, not the target's: the test must reject."""
+    law = exact_law(llm)
+
+    def accept_all(logits, drafts, z, temperature, seed, start):
+        acc, nxt = plugins.rejection_sample(logits, drafts, z, temperature, seed, start)
+        n = drafts.shape[1]
+        full = torch.full_like(acc, n)
+        bonus = plugins.sample_tokens(logits[:, n], temperature, seed, start + n + 1)
+        return full, bonus
+
+    monkeypatch.setattr(llm.networks, "verify", accept_all)
+    pvals = marginal_pvalues(sample_tokens(llm), law)
+    assert min(pvals.values()) < ALPHA, pvals
+
+
+@pytest.fixture(scope="module")
+def llm_conf():
+    """The same pair with a confidence head whose confidences spread over (0, 1), and a cost curve
+    (latency = 3000 + verified tokens) under which a batch of M rows admits about half the drafts
+    with the "packed" cost model (the default "padded" one admits all: the verify runs N drafts)."""
+    from dspark_trt.runtime.confidence import CostCurve
+    pair = tiny_pair(vocab=V, hidden=16, layers=2, heads=2, kv_heads=1, block=3, rank=4, taps=(0,))
+    pair.draft.enable_confidence_head = True
+    target, draft = build_models(pair, torch.float64, "cpu", seed=5)
+    scale_weights_(target, 3.0)
+    with torch.no_grad():
+        draft.confidence_head.proj.weight.mul_(4.0)
+        draft.confidence_head.proj.bias.fill_(2.0)
+    llm = LLM(pair, target, draft, max_batch_size=M, max_seq_len=16, page_size=16,
+              verify_cost=CostCurve([1, 12000], [3001.0, 15000.0], "test"))
+    llm.steps.scheduler.cost_model = "packed"
+    return llm
+
+
+@pytest.mark.parametrize("mode", ["scheduled", "threshold"])
+def test_confidence_modes_sample_the_target_distribution(llm_conf, mode):
+    """Verifying only an admitted prefix (Algorithm 1 across the batch, or the per-step threshold)
+    keeps every token's law the target's; the rounds did verify varying numbers of drafts."""
+    law = exact_law(llm_conf)
+    gen = Generator(llm_conf.networks, M, llm_conf.max_seq_len, V, steps=llm_conf.steps)
+    outs = gen.run([(PROMPT, SamplingParams(temperature=T, seed=s, max_new_tokens=3, verify_mode=mode,
+                                            confidence_threshold=0.6)) for s in range(M)])
+    proposed = [p for o in outs for p in o.stats.proposed]
+    assert {0, 2, 3} <= set(proposed), sorted(set(proposed))
+    pvals = marginal_pvalues(np.array([o.output_ids for o in outs]), law)
+    assert min(pvals.values()) > ALPHA, pvals

@@ -1,0 +1,1 @@
+"""Test helpers (a package: tests import them as ``tests.support.<module>``)."""

@@ -1,0 +1,353 @@
+"""Small random inputs for every dspark op, shared by the CPU interpreter tests and the GPU tests.
+
+Each ``case_<op>(device, dtype, **shape)`` returns ``(inputs, kwargs)`` for the op; ``compare``
+runs a kernel launcher against the reference and returns numbers (max abs error, token equality).
+"""
+from __future__ import annotations
+
+import torch
+
+from dspark_trt.plugins.block_attention import block_attention_ref
+from dspark_trt.plugins.kv_cache import kv_cache_write_ref
+from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref
+from dspark_trt.plugins.moe_experts import moe_experts_ref
+from dspark_trt.plugins.noncausal_swa_indices import index_width, noncausal_swa_indices_ref
+from dspark_trt.plugins.rejection_sample import rejection_sample_ref
+from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref
+
+
+def _gen(device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return lambda *shape, dtype=torch.float32: torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+
+def paged_table(B, pages_per_row, num_pages, device, seed=0, dead_rows=()):
+    """Block table [B, P] of distinct random pages; rows in dead_rows are all -1."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(num_pages, generator=g)[: B * pages_per_row].view(B, pages_per_row)
+    for r in dead_rows:
+        perm[r] = -1
+    return perm.to(device)
+
+
+def kv_cache_inputs(device, dtype=torch.float32, B=3, T=5, Hkv=2, D=16, page=4, P=4):
+    r = _gen(device)
+    num_pages = B * P + 2
+    kc = r(num_pages + 1, page, Hkv, D, dtype=dtype)
+    vc = r(num_pages + 1, page, Hkv, D, dtype=dtype)
+    k, v = r(B, T, Hkv, D, dtype=dtype), r(B, T, Hkv, D, dtype=dtype)
+    table = paged_table(B, P, num_pages, device, dead_rows=(2,))
+    pos = torch.arange(T, device=device)[None, :] + torch.tensor([0, 9, 1], device=device)[:, None]
+    pos[0, 1] = -1                                          # inert token
+    pos[1, -1] = P * page + 3                               # beyond the table: inert
+    return kc, vc, k, v, table, pos
+
+
+def block_attention_inputs(device, dtype=torch.float32, B=3, T=4, H=8, Hkv=2, D=16, page=4, P=6):
+    r = _gen(device, 1)
+    num_pages = B * P
+    kc = r(num_pages + 1, page, Hkv, D, dtype=dtype)
+    vc = r(num_pages + 1, page, Hkv, D, dtype=dtype)
+    q = r(B, T, H, D, dtype=dtype)
+    table = paged_table(B, P, num_pages, device, dead_rows=(2,))
+    start = torch.tensor([3, 17, 5], device=device)
+    pos = start[:, None] + torch.arange(T, device=device)
+    pos[0, 2] = -1
+    causal = pos.clone()
+    block = (start + T - 1)[:, None].expand(B, T).contiguous()
+    return q, kc, vc, table, pos, causal, block, D ** -0.5
+
+
+def markov_inputs(device, dtype=torch.float32, B=3, N=3, V=300, r=16):
+    g = _gen(device, 2)
+    U = (g(B, N, V) * 2).to(dtype)
+    w1 = (g(V, r) * 0.5).to(dtype)
+    w2 = (g(V, r) * 0.5).to(dtype)
+    anchor = torch.tensor([5, -1, 7, 11, 2, 9, 4, 1][:B], device=device)
+    anchor = torch.cat([anchor, torch.arange(max(0, B - 8), device=device)])[:B]
+    temp = torch.tensor([0.0, 1.0, 0.8, 0.0, 1.3, 0.5, 0.0, 2.0][:B] + [0.7] * max(0, B - 8), device=device)
+    seed = torch.arange(B, device=device) * 7919 + (1 << 33) + 5
+    start = torch.arange(B, device=device) + 20
+    return U, anchor, w1, w2, temp, seed, start
+
+
+def rejection_inputs(device, dtype=torch.float32, B=6, N=3, V=200):
+    g = _gen(device, 3)
+    L = (g(B, N + 1, V) * 2).to(dtype)
+    z = (L[:, :N].float() + g(B, N, V) * 0.5)                     # draft close to target
+    drafts = z.argmax(-1)
+    drafts[3, 0] = (L[3, 0].argmax() + 1) % V                      # a rejected greedy draft
+    temp = torch.tensor([0.0, 1.0, 0.7, 0.0, 1.0, 0.9][:B], device=device)
+    seed = torch.arange(B, device=device) + 100
+    start = torch.tensor([5, 6, 7, 8, -1, 10][:B], device=device)
+    return L, drafts, z, temp, seed, start
+
+
+def rejection_topp_inputs(device, dtype=torch.float32):
+    """Rows masked to -inf (a dead vocabulary prefix longer than a tile, then top-p)."""
+    from dspark_trt.plugins.rejection_sample import apply_top_p
+    L, _, z, temp, seed, start = rejection_inputs(device, dtype, V=300)
+    L[..., :70] = float("-inf")
+    z[..., :70] = float("-inf")
+    L = apply_top_p(L, temp, torch.tensor([0.9, 0.95, 0.8, 1.0, 0.4, 0.99], device=device))
+    return L, z.argmax(-1), z, temp, seed, start
+
+
+def rejection_many_inputs(device, B=24, N=4, V=97):
+    """Many rows, random temperatures, some off-distribution drafts, one inert row."""
+    g = _gen(device, 7)
+    L = g(B, N + 1, V) * 1.5
+    z = L[:, :N] + g(B, N, V) * 0.4
+    gi = torch.Generator().manual_seed(8)
+    off = torch.rand(B, N, generator=gi) < 0.2
+    drafts = torch.where(off.to(device), torch.randint(0, V, (B, N), generator=gi).to(device), z.argmax(-1))
+    temp = torch.where(torch.arange(B) % 3 == 0, 0.0, 0.5 + torch.rand(B, generator=gi)).to(device)
+    seed = torch.arange(B, device=device) * 31 + 7
+    start = torch.arange(B, device=device) * 5
+    start[5] = -1
+    return L, drafts, z, temp, seed, start
+
+
+def swa_inputs(device, B=4, N=5, page=8, P=40, window=16):
+    table = paged_table(B, P, B * P + 1, device, seed=4)
+    start = torch.tensor([3, 100, -1, 250][:B], device=device)
+    return start, table, N, page, window, index_width(window, N)
+
+
+def sparse_mla_inputs(device, dtype=torch.float32, T=3, H=16, D=64, dv=32, S=50, W=24):
+    g = _gen(device, 5)
+    q, kv = g(T, H, D, dtype=dtype), g(S, D, dtype=dtype)
+    gi = torch.Generator().manual_seed(6)
+    idx = torch.randint(0, S, (T, W), generator=gi, dtype=torch.int32)
+    idx[0, 5:9] = -1
+    idx[2] = -1                                                    # no valid entry: output 0
+    sink = g(H)
+    return q, kv, idx.to(device), sink, D ** -0.5, dv
+
+
+def sparse_mla_padded_inputs(device, dtype=torch.float32):
+    """A 64-wide list padded with -1 like the V4 index lists: row 0 valid in its first 16-entry tile,
+    then one valid entry at 40 after a whole -1 tile (the walk must reach it), row 1 valid in its
+    first tile only."""
+    q, kv, idx, sink, scale, dv = sparse_mla_inputs(device, dtype, W=64)
+    idx[0, 16:] = -1
+    idx[0, 40] = 7
+    idx[1, 16:] = -1
+    return q, kv, idx, sink, scale, dv
+
+
+def moe_inputs(device, dtype=torch.float32, M=7, k=3, E=5, d=48, h=40, first_expert=2, limit=0.7):
+    """Global ids over [0, first_expert + E + 2): slots of other ranks' experts (below first_expert
+    and above the local block), -1 slots, one token repeating an expert, a token with no local slot."""
+    g = _gen(device, 9)
+    gi = torch.Generator().manual_seed(10)
+    ids = torch.randint(0, first_expert + E + 2, (M, k), generator=gi)
+    ids[0, 1] = -1
+    ids[1] = torch.tensor([first_expert + 1] * k)[:k]             # one expert in every slot
+    ids[2] = -1                                                   # no slot at all
+    w = torch.rand(M, k, generator=gi)
+    x = g(M, d, dtype=dtype)
+    w13, w2 = (g(E, 2 * h, d) * d ** -0.5).to(dtype), (g(E, d, h) * h ** -0.5).to(dtype)
+    return x, ids.to(device), w.to(device), w13, w2, first_expert, limit
+
+
+def _err(a, b):
+    a, b = a.float(), b.float()
+    both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
+    return float(torch.where(both_inf, 0.0, (a - b).abs()).max()) if a.numel() else 0.0
+
+
+def packed_argmax_case(device) -> dict:
+    """``atomic_max`` of ``markov._pack_best`` from several programs equals ``torch.argmax`` (first
+    index on ties): negative scores, -inf, the maximum at several indices, -0.0 tied with +0.0."""
+    g = torch.Generator().manual_seed(3)
+    rows = [-torch.rand(40, generator=g) - 1.0, torch.randn(40, generator=g), torch.full((40,), float("-inf"))]
+    tied = torch.randn(40, generator=g)
+    tied[[7, 23, 31]] = tied.max() + 1.0                       # the maximum in three programs' blocks
+    zeros = torch.full((40,), -1.0)
+    zeros[[5, 30]] = torch.tensor([-0.0, 0.0])
+    rows += [tied, zeros]
+    scores = torch.stack(rows).to(device)                      # [5, 40]: one slot per row
+    slots = torch.zeros(len(rows), dtype=torch.int64, device=device)
+    got = torch.empty(len(rows), dtype=torch.int64, device=device)
+    from tests.support.plugins_packed import fold_packed as fold, unpack_packed as unpack     # imports Triton
+    for r in range(len(rows)):
+        fold[(5,)](scores[r], slots[r:], 40, BLOCK=8)
+    unpack[(len(rows),)](slots, got)
+    return {"tokens_equal": bool(torch.equal(got.cpu(), scores.cpu().argmax(1)))}
+
+
+def run_all(device, dtype=torch.float32) -> dict:
+    """Every kernel launcher against its reference; returns {case: {metric: value}}."""
+    from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov as kmk
+    from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm, swa_indices as ksw
+    out = {}
+
+    kc, vc, k, v, table, pos = kv_cache_inputs(device, dtype)
+    rk, rv = kc.clone(), vc.clone()
+    kv_cache_write_ref(rk, rv, k, v, table, pos)
+    pad = kc.shape[0] - 1                                  # the reference may scribble on the pad page
+    tk, tv = kc.clone(), vc.clone()
+    kkv.kv_cache_write_triton(tk, tv, k, v, table, pos)
+    out["kv_cache_write"] = {"err": max(_err(tk[:pad], rk[:pad]), _err(tv[:pad], rv[:pad])),
+                             "pad_page_untouched": bool(torch.equal(tk[pad], kc[pad]))}
+
+    q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
+    for name, lim in (("causal", causal), ("block", block)):
+        ref = block_attention_ref(q, kc, vc, table, pos, lim, scale)
+        for splits in (1, 3, 8):                          # 8 splits: some splits get no keys
+            for variant, kw in (("", {}), ("_prefetch", dict(prefetch=True, num_stages=3)),
+                                ("_kvh_first", dict(kvh_first=True))):
+                got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=splits,
+                                                 block_n=16, **kw)
+                out[f"block_attention_{name}{variant}_split{splits}"] = {"err": _err(got, ref)}
+
+    args = markov_inputs(device, dtype)
+    rt, rz = markov_sample_ref(*args)
+    tiles = dict(num_programs=3, block_v=64, block_r=16)
+    schedules = {"one": dict(one_launch=True), "per_step": dict(one_launch=False),
+                 "prologue": dict(one_launch=False, reduce="prologue"),
+                 "dot_snake": dict(one_launch=False, snake=True),
+                 "gemv": dict(one_launch=False, reduce="prologue", gemv=True, snake=True, block_v=32),
+                 "gemv_ticket": dict(one_launch=False, gemv=True, snake=True, block_v=32, l2_keep=0.4),
+                 "one_gemv": dict(one_launch=True, gemv=True, snake=True, block_v=32),
+                 "one_gemv_pipeline": dict(one_launch=True, gemv=True, snake=True, block_v=32, pipeline=True),
+                 "gemv_ticket_pipeline": dict(one_launch=False, gemv=True, block_v=32, pipeline=True, l2_keep=0.4),
+                 "one_unpacked": dict(one_launch=True, packed=False)}
+    for name, kw in schedules.items():
+        tt, tz = kmk.markov_sample_triton(*args, **{**tiles, **kw})
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    tt, tz = kmk.markov_sample_triton(*args, rows_only=True, block_v=64, block_r=16)
+    out["markov_sample_rows"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    from dspark_trt.plugins.markov_sample.aot import markov_sample_aot         # the TensorRT entry's argument wiring
+    U, anchor, w1, w2, temp, seed, start = args
+    B, N, V = U.shape
+    tt, tz = torch.empty_like(tt), torch.empty_like(tz)
+    markov_sample_aot[(1,)](U, anchor, w1, w2, temp, seed, start, B, N, V, w1.shape[1], tt, tz,
+                            BLOCK_B=16, BLOCK_V=64, BLOCK_R=16)
+    out["markov_sample_aot"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    rt, rz = markov_sample_topk_ref(*args, 64, 2)
+    tt, tz = kmk.markov_sample_topk_triton(*args, 64, 2)
+    out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=1, N=4)                 # gemv with one row: the 1-D body
+    rt, rz = markov_sample_ref(*args)
+    for name, pipe in (("gemv_b1", False), ("gemv_b1_pipeline", True)):
+        tt, tz = kmk.markov_sample_triton(*args, one_launch=False, reduce="prologue", gemv=True, snake=True,
+                                          num_programs=3, block_v=32, l2_keep=0.5, pipeline=pipe)
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=1, N=4)
+    args = (*args[:4], torch.full((1,), 0.9, device=device), *args[5:])   # one sampled row: the Gumbel branch
+    rt, rz = markov_sample_ref(*args)
+    tt, tz = kmk.markov_sample_triton(*args, one_launch=True, gemv=True, snake=True, block_v=32)
+    out["markov_sample_one_gemv_b1_sampled"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=70, N=2, V=200)       # two row groups of 64: one ticket each
+    rt, rz = markov_sample_ref(*args)
+    for name, kw in (("per_step_groups", {}), ("prologue_groups", dict(reduce="prologue", snake=True))):
+        tt, tz = kmk.markov_sample_triton(*args, one_launch=False, num_programs=3, block_v=64, block_r=16, **kw)
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=6, N=4, V=1000, r=40)  # candidates span several bias tiles
+    rt, rz = markov_sample_topk_ref(*args, 128, 3)
+    tt, tz = kmk.markov_sample_topk_triton(*args, 128, 3)
+    out["markov_sample_topk_wide"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+
+    out["markov_packed_argmax"] = packed_argmax_case(device)
+
+    # split schedule: default launch, then several vocabulary chunks per row (partial last chunk)
+    L, drafts, z, temp, seed, start = rejection_inputs(device, dtype)
+    cases = {"rejection_sample": ((L, drafts, z, temp, seed, start), {}),
+             "rejection_sample_row": ((L, drafts, z, temp, seed, start), {"schedule": "row"}),
+             "rejection_sample_split": ((L, drafts, z, temp, seed, start),
+                                        {"block_v": 16, "splits": 5, "res_splits": 4}),
+             "rejection_sample_bonus_only": ((L[:, :1].contiguous(), drafts[:, :0], z[:, :0], temp, seed, start),
+                                             {"block_v": 16, "splits": 6, "res_splits": 5}),
+             "rejection_sample_many": (rejection_many_inputs(device), {"block_v": 16, "splits": 3, "res_splits": 5}),
+             "rejection_sample_topp": (rejection_topp_inputs(device, dtype),
+                                       {"block_v": 16, "splits": 6, "res_splits": 5}),
+             "rejection_sample_topp_row": (rejection_topp_inputs(device, dtype), {"schedule": "row", "block_v": 64})}
+    for name, (args, kw) in cases.items():
+        ra, rn = rejection_sample_ref(*args)
+        ta, tn = krj.rejection_sample_triton(*args, **kw)
+        out[name] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)), "accepted": ra.tolist()}
+
+    args = swa_inputs(device)
+    ri, rl = noncausal_swa_indices_ref(*args)
+    ti, tl_ = ksw.noncausal_swa_indices_triton(*args)
+    out["noncausal_swa_indices"] = {"tokens_equal": bool(torch.equal(ri, ti) and torch.equal(rl, tl_))}
+
+    cases = {"sparse_mla_attention": (sparse_mla_inputs(device, dtype), {}),
+             # index list split in three (reduce with the sink), a token without valid entries
+             "sparse_mla_attention_split": (sparse_mla_inputs(device, dtype), {"block_n": 16, "num_splits": 3}),
+             # dv = D in two dv tiles, heads not a multiple of the head tile, split list
+             "sparse_mla_attention_dv_tiles": (sparse_mla_inputs(device, dtype, H=24, dv=64),
+                                               {"block_h": 16, "block_dv": 32, "block_n": 16, "num_splits": 2}),
+             "sparse_mla_attention_dv_eq_d": (sparse_mla_inputs(device, dtype, dv=64), {"block_n": 16}),
+             "sparse_mla_attention_padded": (sparse_mla_padded_inputs(device, dtype),
+                                             {"block_n": 16, "num_splits": 1}),
+             "sparse_mla_attention_padded_split": (sparse_mla_padded_inputs(device, dtype),
+                                                   {"block_n": 16, "num_splits": 4}),
+             # the default loads a tile's indices one iteration ahead; without it, in the iteration
+             "sparse_mla_attention_no_prefetch": (sparse_mla_padded_inputs(device, dtype),
+                                                  {"block_n": 16, "num_splits": 1, "prefetch": False}),
+             "sparse_mla_attention_no_prefetch_split": (sparse_mla_inputs(device, dtype),
+                                                        {"block_n": 16, "num_splits": 3, "prefetch": False})}
+    for name, (args, kw) in cases.items():
+        out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
+    from dspark_trt.plugins.kernels import moe as kmoe
+    cases = {"moe_experts": (moe_inputs(device, dtype), {}),
+             # several blocks per expert (k=2 over 40 tokens), tiles not dividing d / h, no clamp
+             "moe_experts_blocks": (moe_inputs(device, dtype, M=40, k=2, E=3, d=40, h=24, first_expert=0, limit=0.0),
+                                    {"block_n": 16, "block_k": 16}),
+             "moe_experts_int32_ids": (tuple(a.int() if i == 1 else a for i, a in enumerate(moe_inputs(device, dtype))),
+                                       {"block_m": 32})}
+    for name, (args, kw) in cases.items():
+        out[name] = {"err": _err(kmoe.moe_experts_triton(*args, **kw), moe_experts_ref(*args))}
+    from dspark_trt.plugins.moe_experts.aot import moe_experts_aot          # the TensorRT entry (token schedule)
+    x, ids, w, w13, w2, first, limit = args = moe_inputs(device, dtype)
+    y = torch.empty_like(x)
+    moe_experts_aot[(x.shape[0], 2)](x, ids, w, w13, w2, first, w13.shape[0], x.shape[1], w2.shape[2], ids.shape[1],
+                                     y, LIMIT=limit, BLOCK_D=32, BLOCK_H=16, BLOCK_K=32)
+    out["moe_experts_aot"] = {"err": _err(y, moe_experts_ref(*args))}
+    out["tuner_configs"] = tuner_configs(device, dtype)
+    return out
+
+
+def tuner_configs(device, dtype=torch.float32) -> dict:
+    """Every candidate config of benchmarks/tune_plugins.py on the small inputs: the launchers
+    accept it and match the reference (tokens exact, floats within 1e-5). -> {"checked", "failures"}."""
+    from benchmarks import tune_plugins as tp
+    from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk
+    from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm
+    failures, checked = [], 0
+
+    def check(name, cfg, ok):
+        nonlocal checked
+        checked += 1
+        if not ok:
+            failures.append(f"{name} {cfg}")
+
+    args = rejection_inputs(device, dtype)
+    ra, rn = rejection_sample_ref(*args)
+    for cfg in tp.REJECTION_CONFIGS:
+        a, n = krj.rejection_sample_triton(*args, **cfg)
+        check("rejection", cfg, torch.equal(a, ra) and torch.equal(n, rn))
+    args = markov_inputs(device, dtype)
+    rt, rz = markov_sample_ref(*args)
+    for cfg in tp.MARKOV_B1 + tp.MARKOV_B64 + tp.MARKOV_R512:
+        t, z = kmk.markov_sample_triton(*args, **cfg)
+        check("markov", cfg, torch.equal(t, rt) and _err(z, rz) < 1e-5)
+    q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
+    ref = block_attention_ref(q, kc, vc, table, pos, block, scale)
+    for cfg in tp.ATTN_CONFIGS + tp.ATTN_B1:
+        check("block_attention", cfg, _err(kba.block_attention_triton(q, kc, vc, table, pos, block, scale, **cfg),
+                                           ref) < 1e-5)
+    args = sparse_mla_inputs(device, dtype)
+    ref = sparse_mla_attention_ref(*args)
+    for cfg in tp.MLA_CONFIGS:
+        check("sparse_mla", cfg, _err(ksm.sparse_mla_attention_triton(*args, **cfg), ref) < 1e-5)
+    return {"checked": checked, "failures": failures}
+
+
+if __name__ == "__main__":                                  # python -m tests.support.plugins_cases (TRITON_INTERPRET=1)
+    import json
+    import sys
+    sys.stdout.write("RESULT " + json.dumps(run_all("cpu")) + "\n")
