@@ -1,0 +1,63 @@
+"""``decode_linear(x, w)``: ``F.linear(x, w)`` that runs the skinny-GEMM Triton kernel
+(``kernels/skinny_gemm.py``) where an H200 measurement says it beats cuBLAS (issue #21).
+
+Off by default: the kernel is used only when ``DSPARK_SKINNY_GEMM=1`` (read at call time) or
+``enabled=True`` is passed, the tensors are CUDA bf16, there are at most ``MAX_M`` rows, and
+``kernels.skinny_gemm.TRITON_WINS`` holds True for (M bucket, N, K). That table starts empty, so
+until the lead pastes the benchmark's table this is exactly ``F.linear``. No bias (Qwen3 has none).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .dispatch import HAVE_TRITON
+
+MAX_M = 64
+ENV = "DSPARK_SKINNY_GEMM"
+
+
+def skinny_gemm_enabled() -> bool:
+    return os.environ.get(ENV, "0") == "1"
+
+
+def use_skinny_gemm(M: int, N: int, K: int, x: Tensor, w: Tensor, enabled: bool | None = None) -> bool:
+    """True when ``decode_linear`` would run the Triton kernel for this call."""
+    if not (enabled if enabled is not None else skinny_gemm_enabled()):
+        return False
+    if not (HAVE_TRITON and x.is_cuda and w.is_cuda and x.dtype == w.dtype == torch.bfloat16 and 0 < M <= MAX_M):
+        return False
+    from .kernels.skinny_gemm import TRITON_WINS, m_bucket
+    return bool(TRITON_WINS.get((m_bucket(M), N, K), False))
+
+
+def decode_linear(x: Tensor, w: Tensor, enabled: bool | None = None) -> Tensor:
+    """``x[..., K] @ w[N, K]^T`` (``F.linear`` without bias)."""
+    K = x.shape[-1]
+    N = w.shape[0]
+    M = x.numel() // K if K else 0
+    if not use_skinny_gemm(M, N, K, x, w, enabled):
+        return F.linear(x, w)
+    from .kernels.skinny_gemm import skinny_gemm
+    return skinny_gemm(x.reshape(M, K), w).view(*x.shape[:-1], N)
+
+
+class DecodeLinear(nn.Module):
+    """Bias-free ``nn.Linear`` stand-in whose forward is ``decode_linear`` (shares the weight)."""
+
+    def __init__(self, weight: Tensor | nn.Parameter, enabled: bool | None = None):
+        super().__init__()
+        self.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
+        self.enabled = enabled
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, enabled: bool | None = None) -> "DecodeLinear":
+        if linear.bias is not None:
+            raise ValueError("DecodeLinear: bias is not supported")
+        return cls(linear.weight, enabled)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return decode_linear(x, self.weight, self.enabled)
