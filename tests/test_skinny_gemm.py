@@ -18,7 +18,9 @@ pytest.importorskip("triton", reason="Triton is not installed")
 
 from tests.skinny_gemm_cases import CASES  # noqa: E402
 
-ULP_TOL = 1.0         # fp32 accumulation then one bf16 rounding: <= 0.5 ulp plus sum-order noise
+# fp32 accumulation then one bf16 rounding: <= 0.5 ulp on a GPU; the interpreter converts fp32 to
+# bf16 by truncation (round toward zero), so < 1 ulp there; plus fp32 sum-order noise.
+ULP_TOL = 1.05
 
 
 @pytest.fixture(scope="module")

@@ -46,12 +46,13 @@ _REDUCE = {"two_pass": REDUCE_TWO_PASS, "ticket": REDUCE_TICKET}
 
 
 @triton.jit
-def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_ym,
+def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_xm, stride_wn, stride_ym,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       SPLIT_K: tl.constexpr, DOT: tl.constexpr, REDUCE: tl.constexpr,
+                       DOT: tl.constexpr, REDUCE: tl.constexpr,
                        EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
     """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials (unused when SPLIT_K = 1);
-    counter: int32 [N tiles * M tiles] zeros (REDUCE_TICKET only). K_SPLIT: a multiple of BLOCK_K."""
+    counter: int32 [N tiles * M tiles] zeros (REDUCE_TICKET only). K_SPLIT: a multiple of BLOCK_K.
+    SPLIT_K is a runtime argument (one compiled kernel serves every split of a tile config)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -105,19 +106,19 @@ def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, stride_xm, stride
             tile = counter + pid_m * tl.num_programs(0) + pid_n
             if tl.atomic_add(tile, 1, sem="acq_rel") == SPLIT_K - 1:   # last program of the tile
                 total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):           # fixed order: deterministic
+                for s in range(SPLIT_K):                     # fixed order: deterministic
                     total += tl.load(ws + s * M * N + part, mask=out_mask, other=0.0, cache_modifier=".cg")
                 tl.store(y_ptr, total.to(y.dtype.element_ty), mask=out_mask)
                 tl.atomic_xchg(tile, 0)                      # reset for the next launch
 
 
 @triton.jit
-def splitk_reduce_kernel(ws, y, M, N, stride_ym, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+def splitk_reduce_kernel(ws, y, M, N, stride_ym, SPLIT_K, BLOCK: tl.constexpr):
     """Second pass of REDUCE "two_pass": y[m, n] = sum over s = 0..SPLIT_K-1 of ws[s, m, n]."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < M * N
     total = tl.zeros([BLOCK], dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
+    for s in range(SPLIT_K):
         total += tl.load(ws + s * M * N + offs, mask=mask, other=0.0)
     tl.store(y + (offs // N) * stride_ym + offs % N, total.to(y.dtype.element_ty), mask=mask)
 
@@ -199,11 +200,11 @@ def skinny_gemm(x: Tensor, w: Tensor, config: dict | None = None, out: Tensor | 
     ws = torch.empty((split, M, N) if split > 1 else (1,), dtype=torch.float32, device=x.device)
     counter = _ticket_counters(x.device, grid[0] * grid[2]) if reduce == REDUCE_TICKET else ws
     launcher(skinny_gemm_kernel)[grid](
-        x, w, y, ws, counter, M, N, K, k_split, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, DOT=dot, REDUCE=reduce,
+        x, w, y, ws, counter, M, N, K, k_split, split, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, REDUCE=reduce,
         EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)))
     if reduce == REDUCE_TWO_PASS:
         block = 1024
         launcher(splitk_reduce_kernel)[(triton.cdiv(M * N, block),)](
-            ws, y, M, N, y.stride(0), SPLIT_K=split, BLOCK=block, num_warps=4)
+            ws, y, M, N, y.stride(0), split, BLOCK=block, num_warps=4)
     return y
