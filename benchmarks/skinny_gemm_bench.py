@@ -14,7 +14,8 @@ kernels/skinny_gemm.py (a win: Triton at least ``--win`` (2 %) faster than cuBLA
 minutes on an H200, most of it Triton compilation (SPLIT_K is a runtime argument, so a tile config
 compiles once per M bucket and serves every shape).
 
-    python benchmarks/skinny_gemm_bench.py [--shapes qkv,o,...] [--ms 1,8,16] [--iters 50] [--out DIR]
+    python benchmarks/skinny_gemm_bench.py [--shapes qkv,o,...] [--ms 1,8,16] [--iters 50] [--max-tiles 6]
+                                           [--out DIR]
 """
 from __future__ import annotations
 
@@ -107,6 +108,7 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--max-tiles", type=int, default=6, help="tile candidates per M (x2 splits); 3 halves the time")
     ap.add_argument("--rotate-mb", type=float, default=256.0)
     ap.add_argument("--win", type=float, default=0.02, help="Triton must be this fraction faster to win")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
@@ -128,7 +130,7 @@ def main():
             cublas = graph_us([lambda w=w: F.linear(x, w) for w in ws], args.iters)
             row = {"shape": name, "N": N, "K": K, "M": M, "bucket": sg.m_bucket(M), "copies": copies,
                    "cublas_us": cublas, "cublas_pct": nbytes / (cublas * 1e-6) / PEAK * 100, "configs": []}
-            for tile in tiles_for(M):
+            for tile in tiles_for(M)[:args.max_tiles]:
                 for split in splits_for(M, N, K, tile):
                     cfg = dict(tile, SPLIT_K=split)
                     rec = {"config": cfg}

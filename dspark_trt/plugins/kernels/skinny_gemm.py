@@ -161,16 +161,16 @@ def choose_config(M: int, N: int, K: int) -> dict:
     return dict(CONFIGS.get((m_bucket(M), N, K)) or default_config(M, N, K))
 
 
-_COUNTERS: dict[torch.device, Tensor] = {}
+_COUNTERS: dict[torch.device, list[Tensor]] = {}
 
 
 def _ticket_counters(device: torch.device, n: int) -> Tensor:
-    """Cached zeroed int32 counters (the kernel leaves them at zero); grown on demand."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
+    """Cached zeroed int32 counters (the kernel leaves them at zero); grown on demand. Outgrown
+    buffers are kept alive: a CUDA graph captured earlier may still point at them."""
+    bufs = _COUNTERS.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return bufs[-1]
 
 
 def skinny_gemm(x: Tensor, w: Tensor, config: dict | None = None, out: Tensor | None = None) -> Tensor:
