@@ -84,3 +84,42 @@ def test_decode_linear_off_by_default(monkeypatch):
     monkeypatch.delenv("DSPARK_SKINNY_GEMM", raising=False)
     x = torch.empty(1, 64, device="meta", dtype=torch.bfloat16)
     assert not use_skinny_gemm(1, 24, 64, x, x)
+
+
+def test_llm_swaps_linears_when_enabled_and_generates_the_same(monkeypatch):
+    """DSPARK_SKINNY_GEMM=1: LLM's eager modules use DecodeLinear (here on CPU: F.linear, so the
+    tokens must be identical to the unswapped model's)."""
+    from dspark_trt.models import build_models
+    from dspark_trt.plugins.decode_linear import DecodeLinear
+    from dspark_trt.runtime.llm import LLM
+    from dspark_trt.runtime.sampling_params import SamplingParams
+    from tests.support.models import tiny_pair
+    outs, swapped = [], []
+    for env in ("0", "1"):
+        monkeypatch.setenv("DSPARK_SKINNY_GEMM", env)
+        pair = tiny_pair()
+        target, draft = build_models(pair, torch.float64, "cpu", seed=3)
+        llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=64, page_size=8)
+        swapped.append(sum(isinstance(m, DecodeLinear) for m in llm.target.modules()))
+        outs.append(llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=12))[0].output_ids)
+    assert swapped[0] == 0 and swapped[1] > 0
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_measured_configs_on_gpu():
+    """Every (M bucket, N, K) the table routes to Triton: equals the fp32 product within bf16
+    rounding, bitwise run-to-run, and decode_linear takes the kernel for it."""
+    from dspark_trt.plugins.decode_linear import use_skinny_gemm
+    from dspark_trt.plugins.kernels import skinny_gemm as sg
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for (mb, N, K) in sorted(sg.TRITON_WINS):
+        M = mb if mb == 1 else mb - 1                        # a row count inside the bucket
+        x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        w = (torch.randn(N, K, device="cuda", generator=g) * 0.02).bfloat16()
+        y = sg.skinny_gemm(x, w)
+        ref = x.float() @ w.float().T
+        assert torch.allclose(y.float(), ref, rtol=1e-2, atol=1e-2), (mb, N, K)
+        assert torch.equal(y, sg.skinny_gemm(x, w)), (mb, N, K)
+        assert use_skinny_gemm(M, N, K, x, w, enabled=True)
