@@ -3,8 +3,10 @@
 
 Off by default: the kernel is used only when ``DSPARK_SKINNY_GEMM=1`` (read at call time) or
 ``enabled=True`` is passed, the tensors are CUDA bf16, there are at most ``MAX_M`` rows, and
-``kernels.skinny_gemm.TRITON_WINS`` holds True for (M bucket, N, K). That table starts empty, so
-until the lead pastes the benchmark's table this is exactly ``F.linear``. No bias (Qwen3 has none).
+``kernels.skinny_gemm.TRITON_WINS`` holds True for (M bucket, N, K) (the H200 measurement: M = 1
+for most Qwen3-8B shapes, the lm_head up to 64 rows). No bias (Qwen3 has none).
+``LLM`` swaps its eager modules' linears for ``DecodeLinear`` when the variable is set
+(``use_decode_linear_``); compiled engines keep cuBLAS (the kernel is not an exportable op yet).
 """
 from __future__ import annotations
 
@@ -61,3 +63,15 @@ class DecodeLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return decode_linear(x, self.weight, self.enabled)
+
+
+def use_decode_linear_(module: nn.Module) -> int:
+    """Replace every bias-free ``nn.Linear`` inside ``module`` by a ``DecodeLinear`` sharing its
+    weight (in place); returns how many were replaced."""
+    n = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.bias is None:
+                setattr(parent, name, DecodeLinear.from_linear(child))
+                n += 1
+    return n

@@ -16,6 +16,7 @@ from ..devices import default_device, default_dtype, resolve_device  # noqa: F40
 from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..parallel import TPInfo, init_tp, shared_seeds
+from ..plugins.decode_linear import skinny_gemm_enabled, use_decode_linear_
 from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
@@ -97,6 +98,8 @@ class LLM:
             num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n)
         if networks is None:
             check_kv_fits(num_pages, page_size, self._kv_bytes_per_token(n > 0), self.device)
+        if networks is None and skinny_gemm_enabled():      # opt-in Triton decode GEMMs (issue #21)
+            use_decode_linear_(target), draft is not None and use_decode_linear_(draft)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
                                                   self.device, self.dtype, markov_sampler)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)

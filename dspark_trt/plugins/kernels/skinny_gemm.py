@@ -128,11 +128,26 @@ def splitk_reduce_kernel(ws, y, M, N, stride_ym, SPLIT_K, BLOCK: tl.constexpr):
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 H200_SMS = 132
 
-# (M bucket, N, K) -> config dict; paste the table that benchmarks/skinny_gemm_bench.py prints.
-CONFIGS: dict[tuple[int, int, int], dict] = {}
+# (M bucket, N, K) -> config: the winners of benchmarks/skinny_gemm_bench.py on the H200 at 78981bd
+# (benchmarks/results/skinny-gemm-h200-78981bd.log; Triton >= 2 % faster than cuBLAS, CUDA-graph
+# replays over rotated weight copies). Everything else runs F.linear.
+CONFIGS: dict[tuple[int, int, int], dict] = {
+    (1, 1024, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 8},
+    (1, 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 4096, 12288): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 6144, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (1, 151936, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (8, 1024, 4096): {'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SPLIT_K': 8},
+    (8, 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 6, 'DOT': True, 'SPLIT_K': 1},
+    (8, 151936, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 1},
+    (16, 1024, 4096): {'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SPLIT_K': 8},
+    (16, 151936, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 1},
+    (32, 151936, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 1},
+    (64, 151936, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 1},
+}
 # (M bucket, N, K) -> True where the Triton kernel measured faster than F.linear (cuBLAS) on the
-# H200. Empty = unmeasured: ..decode_linear then uses F.linear everywhere.
-TRITON_WINS: dict[tuple[int, int, int], bool] = {}
+# H200 (..decode_linear runs F.linear elsewhere, and on other GPUs until they are measured).
+TRITON_WINS: dict[tuple[int, int, int], bool] = {k: True for k in CONFIGS}
 
 
 def m_bucket(M: int) -> int:
