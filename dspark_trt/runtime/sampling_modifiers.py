@@ -93,10 +93,11 @@ class TokenCounts:
 
 def _penalize(logits: Tensor, count: Tensor, prompt: Tensor, presence: Tensor, frequency: Tensor,
               repetition: Tensor) -> Tensor:
-    """vLLM's ``apply_penalties`` elementwise (broadcasting; computed in fp32, logits' dtype out)."""
+    """vLLM's ``apply_penalties`` elementwise (broadcasting; computed in fp32 at least, logits'
+    dtype out)."""
     seen = count > 0
     r = torch.where(prompt | seen, repetition, 1.0)
-    lf = logits.float()
+    lf = logits.to(torch.promote_types(logits.dtype, torch.float32))
     lf = torch.where(lf > 0, lf / r, lf * r)
     return (lf - frequency * count - presence * seen).to(logits.dtype)
 
