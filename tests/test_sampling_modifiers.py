@@ -1,7 +1,8 @@
 """vLLM-style modifiers of the target distribution (top_k, min_p, presence / frequency / repetition
 penalties): the modified logits equal a plain reference of vLLM's semantics (in-block draft counts
 included), greedy speculative output equals greedy AR output, sampled speculative tokens follow
-the modified target law (chi-square at ALPHA), and bad values are refused naming the field."""
+the modified target law (chi-square goodness of fit at significance ALPHA = 1e-3, with power
+against the unmodified law), and bad values are refused naming the field."""
 from __future__ import annotations
 
 import dataclasses
@@ -109,8 +110,8 @@ def test_neutral_modifiers_leave_the_logits_unchanged():
     counts.reset(0, [1, 2, 3])
     counts.add(torch.tensor([0, 1]), torch.tensor([[4, 5], [6, 6]]), torch.ones(2, 2, dtype=torch.bool))
     x = device_inputs([SamplingParams(temperature=0.8), SamplingParams()], [0, 1])
-    out = apply_modifiers(logits, x, Modifiers(True, True, True, True), counts, torch.tensor([[4, 4], [1, 2]]))
-    assert torch.equal(out, logits)
+    block = torch.tensor([[4, 4], [1, 2]])
+    assert torch.equal(apply_modifiers(logits, x, Modifiers(True, True, True, True), counts, block), logits)
 
 
 # ---- greedy: speculative == autoregressive -----------------------------------------------------------
@@ -144,6 +145,21 @@ def test_greedy_speculative_equals_greedy_ar(case):
     if case != "top_k_min_p":                      # greedy: top-k / min-p keep the argmax
         plain = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
         assert any(p.output_ids != a.output_ids for p, a in zip(plain, ar))
+
+
+@pytest.mark.parametrize("mode", ["threshold", "scheduled"])
+def test_greedy_confidence_modes_with_penalties_equal_greedy_ar(mode):
+    """Verifying an admitted prefix (the bonus from row l) counts the same committed tokens."""
+    pair = tiny_pair(block=4, rank=8, layers=3)
+    pair.draft.enable_confidence_head = True
+    target, draft = build_models(pair, torch.float64, "cpu", seed=6)
+    scale_weights_(target, 4.0)
+    llm = LLM(pair, target, draft, max_batch_size=3, max_seq_len=64, page_size=8)
+    prompts = _prompts(8, 4, pair.target.vocab_size)
+    sp = SamplingParams(max_new_tokens=20, verify_mode=mode, confidence_threshold=0.5, **PENALTIES)
+    spec, ar = llm.generate(prompts, sp), llm.generate(prompts, sp, speculative=False)
+    assert [o.output_ids for o in spec] == [o.output_ids for o in ar]
+    assert any(p < 4 for o in spec for p in o.stats.proposed)      # some rounds verified a prefix
 
 
 def test_mixed_batch_rows_equal_their_solo_runs_and_graph_buffers_equal_eager():
@@ -218,7 +234,8 @@ def modified_law(llm, sp: SamplingParams) -> np.ndarray:
         seqs = [PROMPT + o for o in outputs]
         cache = tm.make_cache(len(seqs), 16, torch.float64, "cpu")
         toks = torch.tensor(seqs)
-        logits, _ = tm(toks, torch.arange(toks.shape[1]).expand_as(toks), torch.arange(len(seqs))[:, None], cache)
+        pos = torch.arange(toks.shape[1]).expand_as(toks)
+        logits, _ = tm(toks, pos, torch.arange(len(seqs))[:, None], cache)
         return torch.stack([torch.softmax(reference_logits(row, PROMPT, o, sp) / T, -1)
                             for row, o in zip(logits[:, -1], outputs)])
 
