@@ -195,7 +195,6 @@ class Generator:
     def _tensor(self, values, dtype=torch.int64):
         return torch.tensor(values, dtype=dtype, device=self.device)
 
-
     def round_inputs(self, seqs: list[Sequence]) -> RoundInputs:
         """The next round's inputs of running sequences (prefilled: anchor and position set), in
         order; public: bench and profiling stage a real round's inputs with it
