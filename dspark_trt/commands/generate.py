@@ -21,6 +21,11 @@ def add_parser(sub) -> None:
     p.add_argument("--prompt-ids", help="comma-separated prompt token ids (instead of --prompt)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1, help="keep the k most likely tokens (-1: off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens below min_p x the top probability (0: off)")
+    for name, off in (("presence", 0.0), ("frequency", 0.0), ("repetition", 1.0)):
+        p.add_argument(f"--{name}-penalty", type=float, default=off, help=f"vLLM's (off: {off:g})")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-speculative", action="store_true", help="plain autoregressive decoding")
@@ -41,7 +46,10 @@ def run(args) -> int:
     from ..runtime.sampling_params import SamplingParams
     sp = SamplingParams(temperature=args.temperature, top_p=args.top_p,
                         max_new_tokens=args.max_new_tokens, seed=args.seed,
-                        verify_mode=args.verify_mode, confidence_threshold=args.confidence_threshold)
+                        verify_mode=args.verify_mode, confidence_threshold=args.confidence_threshold,
+                        top_k=args.top_k, min_p=args.min_p, presence_penalty=args.presence_penalty,
+                        frequency_penalty=args.frequency_penalty,
+                        repetition_penalty=args.repetition_penalty)
     prompt = check_generate_args(args, sp)          # before anything loads
     llm = load_llm(args)
     if args.dtype is None and not args.engine and llm.device.type == "cpu":

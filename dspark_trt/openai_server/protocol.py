@@ -1,9 +1,10 @@
 """Validation of completion / chat-completion request bodies into a ``ParsedRequest``.
 
 Every problem raises ``APIError`` (400, or 404 for an unknown model) naming the field. Fields the
-runtime does not implement yet (``top_k``, ``min_p``, penalties, ``logprobs``, ``n`` > 1, ...) are
-refused with a 400 unless they carry their neutral value, so a client never silently gets
-different sampling than it asked for.
+runtime does not implement yet (``logprobs``, ``n`` > 1, ``logit_bias``, ...) are refused with a
+400 unless they carry their neutral value, so a client never silently gets different sampling
+than it asked for. ``top_k``, ``min_p`` and the presence / frequency / repetition penalties are
+vLLM's (``SamplingParams``; lossless under speculative decoding, ``runtime/sampling_modifiers.py``).
 """
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from ..runtime.sampling_params import VERIFY_MODES, SamplingParams
 from .errors import APIError
 
 # field -> its neutral value (accepted, ignored); any other value is refused as unsupported
-NEUTRAL_UNSUPPORTED = {"top_k": (None, 0, -1), "min_p": (None, 0, 0.0),
-                       "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-                       "repetition_penalty": (None, 1, 1.0), "logprobs": (None, False, 0),
+NEUTRAL_UNSUPPORTED = {"logprobs": (None, False, 0),
                        "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
                        "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []),
                        "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
@@ -25,7 +24,8 @@ NEUTRAL_UNSUPPORTED = {"top_k": (None, 0, -1), "min_p": (None, 0, 0.0),
 IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 COMMON = {"model", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed", "stop",
           "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "return_token_ids",
-          "verify_mode", "confidence_threshold"}      # the last two: dspark_trt's extension
+          "verify_mode", "confidence_threshold",      # these two: dspark_trt's extension
+          "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "add_generation_prompt"}
 MAX_STOP_STRINGS = 16
@@ -127,12 +127,22 @@ def _common(body: dict, req: ParsedRequest) -> None:
                           f"one of {', '.join(VERIFY_MODES)}")
     threshold = _expect(body, "confidence_threshold", lambda v: _is_number(v) and 0 <= v <= 1,
                         "a number in [0, 1]")
+    top_k = _expect(body, "top_k", lambda v: _is_int(v) and v >= -1, "an integer >= -1 (-1 or 0: off)")
+    min_p = _expect(body, "min_p", lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]")
+    penalties = {name: _expect(body, name, lambda v: _is_number(v) and -2 <= v <= 2, "a number in [-2, 2]")
+                 for name in ("presence_penalty", "frequency_penalty")}
+    repetition = _expect(body, "repetition_penalty", lambda v: _is_number(v) and 0 < v < float("inf"),
+                         "a number > 0 (1: off)")
     req.stop = stop
     req.params = SamplingParams(temperature=float(0.0 if temperature is None else temperature),
                                 top_p=float(1.0 if top_p is None else top_p), seed=seed,
                                 stop_token_ids=list(stop_ids or []), ignore_eos=bool(ignore_eos),
                                 verify_mode=verify_mode or "fixed",
-                                confidence_threshold=float(0.5 if threshold is None else threshold))
+                                confidence_threshold=float(0.5 if threshold is None else threshold),
+                                top_k=int(-1 if top_k is None else top_k),
+                                min_p=float(min_p or 0.0),
+                                **{k: float(v or 0.0) for k, v in penalties.items()},
+                                repetition_penalty=float(1.0 if repetition is None else repetition))
 
 
 def parse_completion(body: dict, served_name: str) -> ParsedRequest:

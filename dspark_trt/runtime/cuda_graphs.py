@@ -2,8 +2,11 @@
 
 ``GraphedSteps`` has the interface of ``DecodeSteps`` (``spec_round``, ``ar_round``). Per bucket
 ``Bb`` (1, 2, 4, 8, 16, 32, 64 ... up to max_batch_size) it owns one static input buffer (anchor,
-start, seed, verify mode, table, temperature, top_p, threshold) and lazily captures three graphs on
-it: the draft step, the verify step (keyed by whether top-p is active) and the autoregressive step. A round of ``B <= Bb``
+start, seed, verify mode, table, temperature, top_p, threshold, and the modifier fields top_k,
+min_p, penalties, slot) and lazily captures three graphs on it: the draft step, the verify step and
+the autoregressive step, the last two keyed by the round's ``Modifiers`` (which of top-p, top-k,
+min-p, penalties some row uses: a round without them replays the plain graphs; penalty graphs read
+and update ``DecodeSteps.counts`` in place, and are keyed by that object). A round of ``B <= Bb``
 rows copies the host inputs into pinned staging (rows ``B..Bb`` inert: anchor / start / pages -1),
 does two H2D copies, launches the draft and verify graphs, one D2H copy of ``[B, 2 + N]`` int64,
 and synchronises once. Nothing is allocated on the device or in pinned memory per round.
@@ -35,7 +38,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .steps import DecodeSteps, DeviceInputs, RoundInputs, StagedRound
+from .sampling_modifiers import Modifiers
+from .steps import MODIFIER_FIELDS, DecodeSteps, DeviceInputs, RoundInputs, StagedRound
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +164,18 @@ class CapturedGraph:
 
 # ---- static buffers of one bucket ---------------------------------------------------------------
 
+# the flat int64 / f32 input segments of a bucket and each one's inert value (the table follows
+# the int64 segments)
+INT_FIELDS = {"anchor": -1, "start": -1, "seed": 0, "verify_mode": 0,
+              **{f: v for f, (v, t) in MODIFIER_FIELDS.items() if t == np.int64}}
+F32_FIELDS = {"temperature": 0.0, "top_p": 1.0, "threshold": 0.0,
+              **{f: v for f, (v, t) in MODIFIER_FIELDS.items() if t == np.float32}}
+
+
 class BucketBuffers:
-    """Static inputs of bucket ``Bb``: int64 [anchor | start | seed | verify mode | table] and f32
-    [temp | top_p | threshold], each one flat device tensor with a pinned host twin (segments
-    16-byte aligned); plus pinned output buffers."""
+    """Static inputs of bucket ``Bb``: int64 [``INT_FIELDS`` | table] and f32 [``F32_FIELDS``],
+    each one flat device tensor with a pinned host twin (segments 16-byte aligned); plus pinned
+    output buffers."""
 
     def __init__(self, Bb: int, max_pages: int, device):
         self.Bb, self.P = Bb, max_pages
@@ -172,43 +184,39 @@ class BucketBuffers:
         # (and copy a misaligned one on every call)
         si, sf = -(-Bb // 2) * 2, -(-Bb // 4) * 4               # int64 / f32 segment strides
         self.si, self.sf = si, sf
-        ni, nf = 4 * si + Bb * max_pages, 3 * sf
+        self.ti = len(INT_FIELDS) * si                          # the table's offset
+        ni, nf = self.ti + Bb * max_pages, len(F32_FIELDS) * sf
         self.host_i = torch.empty(ni, dtype=torch.int64, pin_memory=self.cuda)
         self.host_f = torch.empty(nf, dtype=torch.float32, pin_memory=self.cuda)
         self.dev_i = torch.empty(ni, dtype=torch.int64, device=device)
         self.dev_f = torch.empty(nf, dtype=torch.float32, device=device)
         self._host_out: dict[int, Tensor] = {}            # width -> pinned [Bb, width] int64
         self._hi, self._hf = self.host_i.numpy(), self.host_f.numpy()
-        d, f = self.dev_i, self.dev_f
-        self.inputs = DeviceInputs(anchor=d[0:Bb], start=d[si:si + Bb], seed=d[2 * si:2 * si + Bb],
-                                   table=d[4 * si:].view(Bb, max_pages),
-                                   temperature=f[0:Bb], top_p=f[sf:sf + Bb],
-                                   verify_mode=d[3 * si:3 * si + Bb], threshold=f[2 * sf:2 * sf + Bb])
+        # field -> (host segment [Bb], device segment [Bb], inert value)
+        self._segs = {f: (self._hi[k * si:k * si + Bb], self.dev_i[k * si:k * si + Bb], v)
+                      for k, (f, v) in enumerate(INT_FIELDS.items())}
+        self._segs.update({f: (self._hf[k * sf:k * sf + Bb], self.dev_f[k * sf:k * sf + Bb], v)
+                           for k, (f, v) in enumerate(F32_FIELDS.items())})
+        self.inputs = DeviceInputs(table=self.dev_i[self.ti:].view(Bb, max_pages),
+                                   **{f: d for f, (_, d, _) in self._segs.items()})
         self.fill(None)
         self.upload()
 
     def fill(self, r: RoundInputs | None) -> None:
-        """Write ``r`` into the pinned staging; rows past ``r.batch_size`` are inert."""
-        Bb, B, si, sf = self.Bb, (0 if r is None else r.batch_size), self.si, self.sf
-        hi, hf = self._hi, self._hf
-        hi[:2 * si] = -1                                        # anchor, start of inert rows
-        hi[2 * si:4 * si] = 0                                   # seed, verify mode (fixed)
-        table = hi[4 * si:].reshape(Bb, self.P)
+        """Write ``r`` into the pinned staging; rows past ``r.batch_size`` are inert (and every row
+        of a field that ``r`` leaves None: its neutral value)."""
+        B = 0 if r is None else r.batch_size
+        table = self._hi[self.ti:].reshape(self.Bb, self.P)
         table[:] = -1
-        hf[:sf] = 0.0
-        hf[sf:2 * sf] = 1.0
-        hf[2 * sf:] = 0.0
+        for f, (host, _, inert) in self._segs.items():
+            host[:] = inert
+            if B and getattr(r, f) is not None:
+                host[:B] = getattr(r, f)
         if B:
             if r.table.shape[1] != self.P:
                 raise ValueError(f"block table has {r.table.shape[1]} columns, the graphs were "
                                  f"built for {self.P}")
-            hi[0:B], hi[si:si + B], hi[2 * si:2 * si + B] = r.anchor, r.start, r.seed
             table[:B] = r.table
-            hf[0:B], hf[sf:sf + B] = r.temperature, r.top_p
-            if r.verify_mode is not None:
-                hi[3 * si:3 * si + B] = r.verify_mode
-            if r.threshold is not None:
-                hf[2 * sf:2 * sf + B] = r.threshold
 
     def upload(self) -> None:
         self.dev_i.copy_(self.host_i, non_blocking=True)
@@ -292,11 +300,13 @@ class GraphedSteps:
         return (self.steps.scheduler is not None
                 and getattr(self.steps.nets, "has_confidence", False))
 
-    def graph(self, kind: str, Bb: int, use_top_p: bool = False) -> CapturedGraph:
+    def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False) -> CapturedGraph:
         """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar"} of bucket
-        ``Bb`` (captured on first use); "verify_admit" verifies all N drafts of the "draft_admit"
-        graph with its admitted lengths."""
-        key = (kind, Bb, use_top_p if kind not in ("draft", "draft_admit") else False)
+        ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies all N drafts
+        of the "draft_admit" graph with its admitted lengths."""
+        mods = Modifiers() if kind in ("draft", "draft_admit") else Modifiers.of(mods)
+        # penalty graphs bake in the token counts' tensors: keyed by that state too
+        key = (kind, Bb, mods) + ((self.steps.counts,) if mods.penalties else ())
         if key in self._graphs:
             return self._graphs[key]
         x = self.buffers(Bb).inputs
@@ -306,15 +316,15 @@ class GraphedSteps:
             fn = lambda: self.steps.draft_admit_step(x)  # noqa: E731
         elif kind == "verify":
             drafts, z = self.graph("draft", Bb).outputs
-            fn = lambda: self.steps.verify_step(x, drafts, z, use_top_p)  # noqa: E731
+            fn = lambda: self.steps.verify_step(x, drafts, z, mods)  # noqa: E731
         elif kind == "verify_admit":
             drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
-            fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, use_top_p)  # noqa: E731
+            fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods)  # noqa: E731
         elif kind == "ar":
-            fn = lambda: self.steps.ar_step(x, use_top_p)  # noqa: E731
+            fn = lambda: self.steps.ar_step(x, mods)  # noqa: E731
         else:
             raise ValueError(f"unknown graph kind '{kind}'")
-        log.debug("capturing %s graph for batch bucket %d (top_p=%s)", kind, Bb, use_top_p)
+        log.debug("capturing %s graph for batch bucket %d (%s)", kind, Bb, mods)
         self.buffers(Bb).fill(None)           # capture on inert rows: the warm-up writes nothing
         self.buffers(Bb).upload()
         self._graphs[key] = CapturedGraph(fn, self.pool, self.backend, self.capture_stream)
@@ -331,14 +341,14 @@ class GraphedSteps:
                 self.graph(kind, Bb)
 
     # ---- rounds -----------------------------------------------------------------------------------
-    def spec_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
-        return self._replay_round("draft", "verify", r, use_top_p)[0]
+    def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
+        return self._replay_round("draft", "verify", r, mods)[0]
 
-    def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, use_top_p: bool):
+    def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, mods: Modifiers | bool):
         """Upload ``r``, replay the draft then the verify graph of its bucket -> (verify outputs
         [B, ...] on the host, the draft graph)."""
         Bb = self.bucket(r.batch_size)
-        draft, verify = self.graph(draft_kind, Bb), self.graph(verify_kind, Bb, use_top_p)
+        draft, verify = self.graph(draft_kind, Bb), self.graph(verify_kind, Bb, mods)
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()
@@ -346,20 +356,20 @@ class GraphedSteps:
         verify.launch()
         return buf.download(verify.outputs, r.batch_size), draft
 
-    def spec_round_admitted(self, r: RoundInputs, use_top_p: bool, want_confidence: bool = False):
+    def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False):
         """As ``DecodeSteps.spec_round_admitted``: fixed rounds replay the plain graphs, confidence
         rounds "draft_admit" + "verify_admit" (all N drafts verified; no host sync in between)."""
         B, N = r.batch_size, self.num_spec_tokens
         if not (self.steps.needs_admission(r) or want_confidence):
-            return self.spec_round(r, use_top_p), np.where(r.start >= 0, N, 0), None
-        out, draft = self._replay_round("draft_admit", "verify_admit", r, use_top_p)  # [B, 3+N]: ..., limit
+            return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
+        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods)  # [B, 3+N]: ..., limit
         conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None
         return out[:, :-1], out[:, -1], conf
 
-    def ar_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
+    def ar_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         B = r.batch_size
         Bb = self.bucket(B)
-        ar = self.graph("ar", Bb, use_top_p)
+        ar = self.graph("ar", Bb, mods)
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()

@@ -14,6 +14,10 @@ A row whose target logits are not finite (NaN / Inf: broken weights, overflow) c
 Confidence modes (``SamplingParams.verify_mode``, ``confidence.py``): the round also drafts the
 confidence logits, each row verifies only its admitted prefix of ``l <= N`` drafts (exact), and the
 request's ``SpecStats`` records ``l`` as the round's proposal length.
+Sampling modifiers (top-k, min-p, top-p, penalties; ``sampling_modifiers.py``) apply to the
+target logits of the prefill, the AR and the verify step alike; each running sequence owns a slot
+(0 .. max_batch_size-1) whose row of ``DecodeSteps.counts`` holds its token counts for the penalties
+(reset at admission, updated on the device by the steps).
 Requests join (prefill, eager) and leave (finish or abort) between rounds; each sequence owns the
 cache pages it reserved at admission (``PagedKVManager``). The steps run eagerly
 (``DecodeSteps``) or from CUDA graphs per batch bucket (``cuda_graphs.GraphedSteps``).
@@ -32,7 +36,8 @@ from .. import plugins
 from .kv_manager import PagedKVManager
 from .confidence import MODE_IDS
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
-from .steps import DecodeSteps, RoundInputs
+from .sampling_modifiers import Modifiers, uses_penalties
+from .steps import DecodeSteps, DeviceInputs, RoundInputs
 
 NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
                     "generation stopped (check the weights and the dtype)")
@@ -54,6 +59,7 @@ class Sequence:
     error: str | None = None            # why, when finish_reason is "error"
     confidence: list | None = None      # per round: (confidence logits [N], verified, accepted)
                                         # when the generator records them (calibration data)
+    slot: int = -1                      # its row of the penalties' token counts, while running
 
     def stop_ids(self, eos: Iterable[int]) -> set[int]:
         return set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
@@ -102,6 +108,7 @@ class Generator:
             raise RequestError("record_confidence: this draft has no confidence head")
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
 
     # ---- requests --------------------------------------------------------------------------
@@ -147,7 +154,7 @@ class Generator:
             if seq is not None:
                 queue.remove(seq)
                 if queue is self.running:
-                    self.kv.release(request_id)
+                    self._release(seq)
                 seq.finish_reason = seq.finish_reason or reason
                 return seq
         return None
@@ -162,6 +169,7 @@ class Generator:
             pages = self.kv.allocate(seq.request_id, self._budget(seq))
             seq.table_row = np.full(self.kv.max_pages_per_seq, -1, dtype=np.int64)
             seq.table_row[:len(pages)] = pages
+            seq.slot = self._free_slots.pop()
             admitted.append(seq)
         if admitted:
             self._prefill(admitted)
@@ -171,8 +179,12 @@ class Generator:
         done = [s for s in self.running if s.finish_reason is not None]
         for s in done:
             self.running.remove(s)
-            self.kv.release(s.request_id)
+            self._release(s)
         return done
+
+    def _release(self, s: Sequence) -> None:
+        self.kv.release(s.request_id)
+        self._free_slots.append(s.slot)
 
     def _budget(self, s: Sequence) -> int:
         return len(s.prompt_ids) + s.params.max_new_tokens + self.headroom
@@ -182,12 +194,6 @@ class Generator:
 
     def _tensor(self, values, dtype=torch.int64):
         return torch.tensor(values, dtype=dtype, device=self.device)
-
-    def _row_params(self, seqs: list[Sequence]):
-        temp = self._tensor([s.params.temperature for s in seqs], torch.float32)
-        top_p = self._tensor([s.params.top_p for s in seqs], torch.float32)
-        seed = self._tensor([s.seed for s in seqs])
-        return temp, top_p, seed
 
     def round_inputs(self, seqs: list[Sequence]) -> RoundInputs:
         """The next round's inputs of running sequences (prefilled: anchor and position set), in
@@ -201,7 +207,11 @@ class Generator:
             top_p=np.array([s.params.top_p for s in seqs], dtype=np.float32),
             table=np.stack([s.table_row for s in seqs]),
             verify_mode=np.array([MODE_IDS[s.params.verify_mode] for s in seqs], dtype=np.int64),
-            threshold=np.array([s.params.confidence_threshold for s in seqs], dtype=np.float32))
+            threshold=np.array([s.params.confidence_threshold for s in seqs], dtype=np.float32),
+            slot=np.array([s.slot for s in seqs], dtype=np.int64),
+            **{f: np.array([getattr(s.params, f) for s in seqs], dtype=np.float32)
+               for f in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")},
+            top_k=np.array([s.params.top_k for s in seqs], dtype=np.int64))
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         """Target over the prompts (right-padded, pad position -1), first token, draft context."""
@@ -214,10 +224,18 @@ class Generator:
         lens = self._tensor([len(s.prompt_ids) for s in seqs])
         last = logits[torch.arange(len(seqs), device=self.device), lens - 1]        # [B, V]
         finite = torch.isfinite(last).all(dim=-1)
-        temp, top_p, seed = self._row_params(seqs)
-        if any(s.params.top_p < 1 for s in seqs):
-            last = plugins.apply_top_p(last, temp, top_p)
-        first = torch.where(finite, plugins.sample_tokens(last, temp, seed, lens), -1)
+        mods = Modifiers.for_params(s.params for s in seqs)
+        x = DeviceInputs.from_host(self.round_inputs(seqs), self.device, mods=mods)
+        if mods.penalties:                          # new slots: the prompt, no output yet
+            counts = self.steps.eager.token_counts(self.max_batch_size, last.shape[-1])
+            for s in seqs:
+                if uses_penalties(s.params):
+                    counts.reset(s.slot, s.prompt_ids)
+        if mods.any:
+            last = self.steps.eager.modify(last[:, None], x, mods)[:, 0]
+        first = torch.where(finite, plugins.sample_tokens(last, x.temperature, x.seed, lens), -1)
+        if mods.penalties:
+            counts.add(x.slot, first[:, None], (first >= 0)[:, None])
         if self.speculative:
             self.nets.draft_context(taps, positions, table)
         for s, t in zip(seqs, first.tolist()):
@@ -230,8 +248,8 @@ class Generator:
 
     def _ar_round(self, seqs: list[Sequence]) -> None:
         """Plain autoregressive step on the target (the comparison mode)."""
-        top_p = any(s.params.top_p < 1 for s in seqs)
-        host = self.steps.ar_round(self.round_inputs(seqs), top_p)                  # [B, 1]
+        mods = Modifiers.for_params(s.params for s in seqs)
+        host = self.steps.ar_round(self.round_inputs(seqs), mods)                   # [B, 1]
         for s, (t,) in zip(seqs, host.tolist()):
             if t < 0:
                 s.fail(NONFINITE_LOGITS)
@@ -240,13 +258,13 @@ class Generator:
             s.commit([t], s.stop_ids(self.eos))
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
-        top_p = any(s.params.top_p < 1 for s in seqs)
+        mods = Modifiers.for_params(s.params for s in seqs)
         r = self.round_inputs(seqs)
         if not (r.uses_confidence or self.record_confidence):
-            host = self.steps.spec_round(r, top_p)                                   # [B, 2+N]
+            host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
         else:
-            host, lims, conf = self.steps.spec_round_admitted(r, top_p, self.record_confidence)
+            host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence)
             lims = lims.tolist()
         for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):
             if a < 0:

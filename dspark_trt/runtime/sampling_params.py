@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 VERIFY_MODES = ("fixed", "threshold", "scheduled")        # = confidence.VERIFY_MODES
 
@@ -16,7 +16,7 @@ class RequestError(ValueError):
 class SamplingParams:
     temperature: float = 0.0            # 0 = greedy
     top_p: float = 1.0
-    max_new_tokens: int = 64
+    max_new_tokens: int = 64            # also settable as ``max_tokens`` (vLLM's name)
     seed: int | None = None             # None: drawn at admission
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -25,6 +25,17 @@ class SamplingParams:
     # (the paper's load-aware Algorithm 1); the last two need a draft with a confidence head
     verify_mode: str = "fixed"
     confidence_threshold: float = 0.5
+    # modifiers of the target distribution (vLLM semantics; runtime/sampling_modifiers.py)
+    top_k: int = -1                     # keep the k most likely tokens (-1 or 0: off)
+    min_p: float = 0.0                  # drop tokens below min_p x the top probability (0: off)
+    presence_penalty: float = 0.0       # logit -= presence x (token in the output), in [-2, 2]
+    frequency_penalty: float = 0.0      # logit -= frequency x (its count in the output), in [-2, 2]
+    repetition_penalty: float = 1.0     # tokens in prompt or output: logit / r if > 0, else x r
+    max_tokens: InitVar[int | None] = None   # an alias of max_new_tokens: given, it sets it
+
+    def __post_init__(self, max_tokens):
+        if max_tokens is not None:
+            self.max_new_tokens = max_tokens
 
     def validate(self) -> "SamplingParams":
         """Raise ``RequestError`` (a ``ValueError``) naming the first invalid field; -> self."""
@@ -35,6 +46,17 @@ class SamplingParams:
                                f"{self.temperature!r}")
         if not _is_real(self.top_p) or not (0 < self.top_p <= 1):
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise RequestError(f"top_k must be an integer >= 1, or -1 / 0 (off), got {self.top_k!r}")
+        if not _is_real(self.min_p) or not 0 <= self.min_p <= 1:
+            raise RequestError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2 <= value <= 2:
+                raise RequestError(f"{name} must be in [-2, 2], got {value!r}")
+        if not _is_real(self.repetition_penalty) or not 0 < self.repetition_penalty < math.inf:
+            raise RequestError(f"repetition_penalty must be > 0 and finite (1 = off), got "
+                               f"{self.repetition_penalty!r}")
         if self.seed is not None and not (_is_int(self.seed) and 0 <= self.seed < 2**63):
             raise RequestError(f"seed must be in [0, 2**63) (an integer), got {self.seed!r}")
         if self.verify_mode not in VERIFY_MODES:
@@ -46,6 +68,10 @@ class SamplingParams:
         if bad:
             raise RequestError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
         return self
+
+
+SamplingParams.max_tokens = property(                       # vLLM's name, read and written
+    lambda self: self.max_new_tokens, lambda self, v: setattr(self, "max_new_tokens", v))
 
 
 def _is_int(x) -> bool:

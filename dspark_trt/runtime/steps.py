@@ -5,9 +5,14 @@ one CUDA graph, see ``cuda_graphs.py``):
 
   draft_step   (anchor, start, table, temperature, seed)       -> drafts [B, N], z [B, N, V]
   verify_step  (+ drafts, z, top_p)                            -> out [B, 2 + N] = (accepted, next, drafts)
-               target over [anchor, drafts] at P .. P+N, top-p, on-device acceptance, then the
-               context injection of verify rows 0..a (rows > a at position -1: fixed shape N+1)
+               target over [anchor, drafts] at P .. P+N, the modifiers, on-device acceptance, then
+               the context injection of verify rows 0..a (rows > a at position -1: fixed shape N+1)
   ar_step      (anchor, start, table, temperature, top_p, seed) -> out [B, 1] = next token
+
+Modifiers of the target distribution (``sampling_modifiers.py``: penalties, top-k, min-p, top-p)
+are applied to the target logits of every verify row (and the AR step's) before acceptance, each
+only when the round's ``Modifiers`` flag says some row uses it; with penalties the steps read and
+update the per-slot token counts ``DecodeSteps.counts`` (committed drafts + next token, in place).
 
 Confidence modes (``confidence.py``): a row verifies only an admitted prefix of ``l`` drafts
 (``limit``). Two steps of the same shapes as the fixed round:
@@ -51,6 +56,13 @@ import torch
 from torch import Tensor
 
 from .. import plugins
+from .sampling_modifiers import Modifiers, TokenCounts, apply_modifiers
+
+
+# modifier field -> (neutral / inert value, dtype)
+MODIFIER_FIELDS = {"top_k": (0, np.int64), "slot": (-1, np.int64), "min_p": (0.0, np.float32),
+                   "presence_penalty": (0.0, np.float32), "frequency_penalty": (0.0, np.float32),
+                   "repetition_penalty": (1.0, np.float32)}
 
 
 @dataclass
@@ -65,6 +77,19 @@ class RoundInputs:
     table: np.ndarray         # [B, max_pages] int64 page ids, -1 padded
     verify_mode: np.ndarray | None = None   # [B] int64 ``confidence.MODE_IDS`` (None: all fixed)
     threshold: np.ndarray | None = None     # [B] float32 (threshold rows)
+    # the modifiers (``sampling_modifiers.py``), ``MODIFIER_FIELDS``; None: neutral on every row
+    top_k: np.ndarray | None = None         # [B] int64 (<= 0: off)
+    min_p: np.ndarray | None = None         # [B] float32
+    presence_penalty: np.ndarray | None = None    # [B] float32
+    frequency_penalty: np.ndarray | None = None   # [B] float32
+    repetition_penalty: np.ndarray | None = None  # [B] float32
+    slot: np.ndarray | None = None          # [B] int64: the row's ``TokenCounts`` slot (-1: none)
+
+    def modifier(self, name: str) -> np.ndarray:
+        """The modifier field ``name`` [B] (its neutral value on every row when None)."""
+        value, dtype = MODIFIER_FIELDS[name]
+        a = getattr(self, name)
+        return np.full(self.batch_size, value, dtype) if a is None else np.asarray(a, dtype)
 
     @property
     def uses_confidence(self) -> bool:
@@ -87,14 +112,23 @@ class DeviceInputs:
     table: Tensor
     verify_mode: Tensor | None = None   # [B] int64 ``confidence.MODE_IDS`` (confidence rounds)
     threshold: Tensor | None = None     # [B] f32
+    top_k: Tensor | None = None         # [B] int64; the modifiers (``MODIFIER_FIELDS``)
+    min_p: Tensor | None = None         # [B] f32
+    presence_penalty: Tensor | None = None    # [B] f32
+    frequency_penalty: Tensor | None = None   # [B] f32
+    repetition_penalty: Tensor | None = None  # [B] f32
+    slot: Tensor | None = None          # [B] int64
 
     @classmethod
-    def from_host(cls, r: RoundInputs, device, confidence: bool = False) -> "DeviceInputs":
-        """``confidence``: also the verify modes and thresholds (``draft_admit_step``)."""
+    def from_host(cls, r: RoundInputs, device, confidence: bool = False,
+                  mods: Modifiers | bool | None = None) -> "DeviceInputs":
+        """``confidence``: also the verify modes and thresholds (``draft_admit_step``); ``mods``
+        using any modifier: also the modifier fields."""
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
         mode, thr = confidence_inputs(r, device) if confidence else (None, None)
+        extra = ({f: t(r.modifier(f)) for f in MODIFIER_FIELDS} if Modifiers.of(mods).any else {})
         return cls(t(r.anchor), t(r.start), t(r.seed), t(r.temperature), t(r.top_p), t(r.table),
-                   mode, thr)
+                   mode, thr, **extra)
 
     def head(self, B: int) -> "DeviceInputs":
         """The first B rows (the fixed-round fields only: no verify modes / thresholds)."""
@@ -115,7 +149,7 @@ class StagedRound:
     """One fixed round staged on the device (``DecodeSteps.stage`` / ``GraphedSteps.stage``):
     ``x`` its inputs, ``drafts`` / ``z`` the draft step's outputs that the verify step reads, and
     ``draft`` / ``verify`` / ``ar``: each runs that step again on ``x`` (greedy acceptance, no
-    top-p): eager calls, or graph replays (then ``x`` holds the bucket's rows). For timing and
+    modifiers): eager calls, or graph replays (then ``x`` holds the bucket's rows). For timing and
     profiling: the verify step writes the draft context as in a round. Without a draft (N = 0):
     ``drafts`` [B, 0], ``z``, ``draft`` and ``verify`` None."""
 
@@ -136,6 +170,21 @@ class DecodeSteps:
         self.device = networks.device
         self.num_spec_tokens = networks.num_spec_tokens
         self.scheduler = scheduler
+        self.counts: TokenCounts | None = None        # the penalties' per-slot token counts
+
+    def token_counts(self, slots: int, vocab: int) -> TokenCounts:
+        """The penalties' device state with at least ``slots`` slots (allocated on first use; a
+        larger request replaces it, and ``GraphedSteps`` recaptures its penalty graphs)."""
+        if self.counts is None or self.counts.slots < slots or self.counts.vocab != vocab:
+            self.counts = TokenCounts(slots, vocab, self.device)
+        return self.counts
+
+    def modify(self, logits: Tensor, x: DeviceInputs, mods: Modifiers, block: Tensor | None = None
+               ) -> Tensor:
+        """``sampling_modifiers.apply_modifiers`` over this steps' token counts."""
+        if mods.penalties and self.counts is None:
+            raise RuntimeError("penalties need the token counts (DecodeSteps.token_counts)")
+        return apply_modifiers(logits, x, mods, self.counts, block)
 
     @property
     def eager(self) -> "DecodeSteps":
@@ -183,24 +232,26 @@ class DecodeSteps:
 
     @torch.inference_mode()
     def verify_admit_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, limit: Tensor,
-                          use_top_p: bool) -> Tensor:
+                          mods: Modifiers | bool) -> Tensor:
         """``verify_step`` of all N drafts with ``limit`` -> [B, 3 + N] (accepted, next, drafts,
         limit): the round's host read-back in one tensor."""
-        return torch.cat([self.verify_step(x, drafts, z, use_top_p, limit), limit[:, None]], 1)
+        return torch.cat([self.verify_step(x, drafts, z, mods, limit), limit[:, None]], 1)
 
     @torch.inference_mode()
-    def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, use_top_p: bool,
+    def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, mods: Modifiers | bool,
                     limit: Tensor | None = None) -> Tensor:
         """Target verify + acceptance + context injection -> [B, 2 + w] (accepted, next, drafts)
-        for the w = drafts.shape[1] drafts given; ``limit`` [B] (optional): each row verifies only
-        its first ``limit`` drafts (exact; see the module docstring)."""
+        for the w = drafts.shape[1] drafts given; ``mods``: the modifiers to apply (a bool: top-p
+        or none); ``limit`` [B] (optional): each row verifies only its first ``limit`` drafts
+        (exact; see the module docstring)."""
+        mods = Modifiers.of(mods)
         N = drafts.shape[1]
         offs = torch.arange(N + 1, device=x.start.device)
         tokens, pos = verify_window(x, drafts)                                    # [B, N+1]
         logits, taps = self.nets.target(tokens, pos, x.table)
         finite = torch.isfinite(logits).all(dim=-1).all(dim=-1)                   # [B]
-        if use_top_p:
-            logits = plugins.apply_top_p(logits, x.temperature, x.top_p)
+        if mods.any:                                # row j counts the drafts before it
+            logits = self.modify(logits, x, mods, drafts)
         accepted, nxt = self.nets.verify(logits, drafts, z, x.temperature, x.seed, x.start)
         if limit is not None:
             lim = limit.clamp(max=N)
@@ -209,29 +260,35 @@ class DecodeSteps:
             bonus = plugins.sample_tokens(row, x.temperature, x.seed, x.start + lim + 1)
             accepted = torch.where(full, lim, accepted)
             nxt = torch.where(full & (x.start >= 0), bonus, nxt)
+        if mods.penalties:                          # the committed drafts and next token [B, N+1]
+            self.counts.add(x.slot, torch.cat([drafts, nxt[:, None]], 1),
+                            torch.cat([offs[None, :N] < accepted[:, None], (nxt >= 0)[:, None]], 1))
         ctx_pos = torch.where(offs[None, :] <= accepted[:, None], pos, -1)          # [B, N+1]
         self.nets.draft_context(taps, ctx_pos, x.table)
         flagged = torch.where(finite, accepted, -1)                                 # -1: not finite
         return torch.cat([flagged[:, None], nxt[:, None], drafts], 1)
 
     @torch.inference_mode()
-    def ar_step(self, x: DeviceInputs, use_top_p: bool) -> Tensor:
+    def ar_step(self, x: DeviceInputs, mods: Modifiers | bool) -> Tensor:
         """One autoregressive target step -> next token [B, 1] (-1 for inert rows)."""
+        mods = Modifiers.of(mods)
         pos = torch.where(x.start >= 0, x.start, -1)[:, None]                       # [B, 1]
         logits, _ = self.nets.target(x.anchor[:, None], pos, x.table)
-        logits = logits[:, 0]
-        finite = torch.isfinite(logits).all(dim=-1)                                 # [B]
-        if use_top_p:
-            logits = plugins.apply_top_p(logits, x.temperature, x.top_p)
-        nxt = plugins.sample_tokens(logits, x.temperature, x.seed, x.start + 1)
-        return torch.where((x.start >= 0) & finite, nxt, -1)[:, None]
+        finite = torch.isfinite(logits[:, 0]).all(dim=-1)                           # [B]
+        if mods.any:
+            logits = self.modify(logits, x, mods)
+        nxt = plugins.sample_tokens(logits[:, 0], x.temperature, x.seed, x.start + 1)
+        nxt = torch.where((x.start >= 0) & finite, nxt, -1)[:, None]                # [B, 1]
+        if mods.penalties:
+            self.counts.add(x.slot, nxt, nxt >= 0)
+        return nxt
 
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
-    def spec_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
+    def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         """-> [B, 2 + N] int64 on the host: accepted (-1: non-finite logits), next token, drafts."""
-        x = DeviceInputs.from_host(r, self.device)
+        x = DeviceInputs.from_host(r, self.device, mods=mods)
         drafts, z = self.draft_step(x)
-        return self.verify_step(x, drafts, z, use_top_p).cpu().numpy()
+        return self.verify_step(x, drafts, z, mods).cpu().numpy()
 
     def needs_admission(self, r: RoundInputs) -> bool:
         """Whether round ``r`` runs the confidence steps (head + admission): some row has a
@@ -239,7 +296,7 @@ class DecodeSteps:
         return r.uses_confidence and (self.scheduler is None
                                       or not self.scheduler.admits_every_draft(r.verify_mode))
 
-    def spec_round_admitted(self, r: RoundInputs, use_top_p: bool, want_confidence: bool = False
+    def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """-> (as ``spec_round``: [B, 2 + N]; admitted drafts per row [B]; the confidence logits
         [B, N] when ``want_confidence``, else None). Rounds with a confidence mode (or
@@ -248,15 +305,15 @@ class DecodeSteps:
         (``needs_admission``) run the plain steps."""
         N = self.num_spec_tokens
         if not (self.needs_admission(r) or want_confidence):
-            return self.spec_round(r, use_top_p), np.where(r.start >= 0, N, 0), None
-        x = DeviceInputs.from_host(r, self.device, confidence=True)
+            return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
+        x = DeviceInputs.from_host(r, self.device, confidence=True, mods=mods)
         drafts, z, conf, limit = self.draft_admit_step(x)
-        out = self.verify_admit_step(x, drafts, z, limit, use_top_p).cpu().numpy()
+        out = self.verify_admit_step(x, drafts, z, limit, mods).cpu().numpy()
         return out[:, :-1], out[:, -1], conf.cpu().numpy() if want_confidence else None
 
-    def ar_round(self, r: RoundInputs, use_top_p: bool) -> np.ndarray:
+    def ar_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         """-> [B, 1] int64 on the host: the next token (-1: non-finite logits)."""
-        return self.ar_step(DeviceInputs.from_host(r, self.device), use_top_p).cpu().numpy()
+        return self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods).cpu().numpy()
 
 
 def confidence_inputs(r: RoundInputs, device) -> tuple[Tensor, Tensor]:

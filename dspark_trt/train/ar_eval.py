@@ -134,7 +134,7 @@ def ar_speculative_generate(target, draft, prompts: list[list[int]], num_spec_to
             break
         r = RoundInputs(anchor=anchor, start=np.where(live, position, -1), seed=seed,
                         temperature=temps, top_p=np.ones(B, np.float32), table=table)
-        host = steps.spec_round(r, use_top_p=False)                     # [B, 2 + N]
+        host = steps.spec_round(r, mods=False)                           # [B, 2 + N]
         for b in np.flatnonzero(live).tolist():
             a, t, *x = host[b].tolist()
             if a < 0:

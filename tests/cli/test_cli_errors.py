@@ -48,6 +48,8 @@ def assert_error_line(rc: int, err: str, *needles: str) -> None:
     (["--prompt-ids", "1", "--temperature", "-0.5"], ["temperature must be >= 0"]),
     (["--prompt-ids", "1", "--top-p", "1.5"], ["top_p must be in (0, 1]"]),
     (["--prompt-ids", "1", "--top-p", "0"], ["top_p must be in (0, 1]"]),
+    (["--prompt-ids", "1", "--top-k", "-3"], ["top_k must be an integer >= 1"]),
+    (["--prompt-ids", "1", "--repetition-penalty", "0"], ["repetition_penalty must be > 0"]),
     (["--prompt-ids", "1,2", "--max-new-tokens", "99999999999"],
      ["max_new_tokens (99999999999) exceeds max_seq_len 2048"]),
     (["--prompt-ids", "1", "--max-seq-len", "99999999999"], ["exceeds the model's context of 4096"]),

@@ -79,6 +79,24 @@ def test_generate_with_graphs_equals_eager(llm):
     assert {k[1] for k in graphed.steps._graphs} >= {1, 2, 4}
 
 
+def test_generate_with_sampling_modifiers_through_graphs_equals_eager(llm):
+    """top_k / min_p / top_p / penalties, greedy and sampled rows mixed, requests joining and
+    leaving: the modifier graphs (the penalty ones update ``DecodeSteps.counts`` in place) give
+    the eager tokens."""
+    graphed = LLM(llm.pair, llm.target, llm.draft, max_batch_size=4, max_seq_len=96, page_size=16,
+                  cuda_graphs=True)
+    mods = [dict(presence_penalty=1.0, frequency_penalty=0.5, repetition_penalty=1.3),
+            dict(top_k=5, min_p=0.05), {}, dict(repetition_penalty=1.5, top_p=0.9),
+            dict(presence_penalty=-0.5, top_k=8)]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=0.8 if i % 2 else 0.0,
+                             seed=i, **m) for i, (n, m) in enumerate(zip(NEW, mods))]
+    for speculative in (True, False):
+        want = llm.generate(PROMPTS, params, speculative=speculative)
+        got = graphed.generate(PROMPTS, params, speculative=speculative)
+        assert [o.output_ids for o in got] == [o.output_ids for o in want]
+    assert any(k[2].penalties for k in graphed.steps._graphs)
+
+
 def test_replayed_round_allocates_no_device_memory(llm):
     graphed = GraphedSteps(DecodeSteps(llm.networks), 4, llm.max_pages_per_seq)
     gen = llm.generator()
@@ -98,5 +116,6 @@ def test_bucket_inputs_are_16_byte_aligned(Bb):
     """AOTInductor engines assume 16-byte aligned inputs and copy a misaligned one on every call."""
     from dspark_trt.runtime.cuda_graphs import BucketBuffers
     x = BucketBuffers(Bb, max_pages=3, device="cuda").inputs
-    for name in ("anchor", "start", "seed", "table", "temperature", "top_p"):
+    for name in ("anchor", "start", "seed", "table", "temperature", "top_p", "top_k", "min_p",
+                 "presence_penalty", "frequency_penalty", "repetition_penalty", "slot"):
         assert getattr(x, name).data_ptr() % 16 == 0, name

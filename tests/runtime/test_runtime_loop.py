@@ -165,17 +165,17 @@ def test_padded_rows_are_inert(llm):
     caches = [llm.networks.target_cache, llm.networks.draft_cache]
     snapshot = lambda: [t[:-1].clone() for c in caches for t in c["k"] + c["v"]]  # noqa: E731
     before = snapshot()
-    out_live = steps.spec_round(live, use_top_p=False)
+    out_live = steps.spec_round(live, mods=False)
     after_live = snapshot()
     for c, t in zip(before, [t for c in caches for t in c["k"] + c["v"]]):
         t[:-1].copy_(c)                                 # restore, then run padded
-    out_pad = steps.spec_round(padded, use_top_p=True)  # top-p 1.0 rows: the masked path too
+    out_pad = steps.spec_round(padded, mods=True)  # top-p 1.0 rows: the masked path too
     assert np.array_equal(out_pad[:2], out_live)
     assert (out_pad[2:, 0] == 0).all() and (out_pad[2:, 1:] == -1).all()
     for a, b in zip(after_live, snapshot()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
     x = DeviceInputs.from_host(padded, "cpu")
-    assert (steps.ar_step(x, use_top_p=False)[2:] == -1).all()
+    assert (steps.ar_step(x, mods=False)[2:] == -1).all()
 
 
 def test_staged_round_is_the_rounds_own_steps(llm):
@@ -190,7 +190,7 @@ def test_staged_round_is_the_rounds_own_steps(llm):
     r = gen.round_inputs(seqs)
     caches = [t for c in (llm.networks.target_cache, llm.networks.draft_cache) for t in c["k"] + c["v"]]
     saved = [t.clone() for t in caches]
-    want, want_ar = steps.spec_round(r, use_top_p=False), steps.ar_round(r, use_top_p=False)
+    want, want_ar = steps.spec_round(r, mods=False), steps.ar_round(r, mods=False)
     for t, c in zip(caches, saved):
         t.copy_(c)
     st = steps.stage(r)

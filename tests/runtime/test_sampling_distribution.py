@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from dspark_trt import plugins
 from dspark_trt.models import build_models
@@ -21,8 +20,8 @@ from dspark_trt.runtime.sampling_params import SamplingParams
 
 from tests.support.models import scale_weights_, tiny_pair
 from tests.support.draft_oracles import NearTargetNetworks
+from tests.support.stats import ALPHA, gof_pvalue
 
-ALPHA = 1e-3
 V, PROMPT, M, T = 12, [3, 1, 4, 1, 5], 3000, 0.8
 
 
@@ -55,17 +54,6 @@ def sample_tokens(llm, networks=None) -> np.ndarray:
     gen = Generator(networks or llm.networks, M, llm.max_seq_len, V)
     outs = gen.run([(PROMPT, SamplingParams(temperature=T, seed=s, max_new_tokens=3)) for s in range(M)])
     return np.array([o.output_ids for o in outs])                                   # [M, 3]
-
-
-def gof_pvalue(counts: np.ndarray, probs: np.ndarray) -> float:
-    exp = probs.ravel() * counts.sum()
-    obs = counts.ravel().astype(float)
-    small = exp < 5
-    if small.any():           # pool the sparse cells into one
-        exp = np.append(exp[~small], exp[small].sum())
-        obs = np.append(obs[~small], obs[small].sum())
-    exp *= obs.sum() / exp.sum()
-    return float(chisquare(obs, exp).pvalue)
 
 
 def marginal_pvalues(tokens: np.ndarray, law: np.ndarray) -> dict[str, float]:

@@ -126,6 +126,19 @@ def test_seeded_sampling_equals_generate_with_the_same_params(client, reference_
     assert r.choices[0].token_ids == expected.output_ids != greedy       # sampled, and the same draw
 
 
+def test_sampling_modifiers_equal_generate_with_the_same_params(client, reference_llm):
+    """vLLM's top_k / min_p / penalties reach the runtime: greedy and seeded sampled output equal
+    LLM.generate with the same SamplingParams."""
+    mods = dict(top_k=5, min_p=0.05, presence_penalty=0.8, frequency_penalty=0.4, repetition_penalty=1.3)
+    for temperature in (0.0, 0.9):
+        r = client.completions.create(model=MODEL, prompt="The cat sat", max_tokens=12, seed=3,
+                                      temperature=temperature, presence_penalty=0.8,
+                                      frequency_penalty=0.4, extra_body={
+                                          k: mods[k] for k in ("top_k", "min_p", "repetition_penalty")})
+        sp = SamplingParams(max_new_tokens=12, seed=3, temperature=temperature, **mods)
+        assert r.choices[0].text == reference_llm.generate("The cat sat", sp)[0].text
+
+
 def test_raw_sse_ends_with_done(http):
     with http.stream("POST", "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 5,
                                                       "stream": True}) as r:
@@ -196,11 +209,12 @@ BAD_REQUESTS = [
     ("completions", {k: v for k, v in OK.items() if k != "model"}, 400, "model"),
     ("completions", {**OK, "max_tokens": 100000}, 400, "max_tokens"),
     ("completions", {**OK, "n": 2}, 400, "n"),
-    ("completions", {**OK, "top_k": 5}, 400, "top_k"),
-    ("completions", {**OK, "min_p": 0.1}, 400, "min_p"),
-    ("completions", {**OK, "presence_penalty": 0.5}, 400, "presence_penalty"),
-    ("completions", {**OK, "frequency_penalty": 0.5}, 400, "frequency_penalty"),
-    ("completions", {**OK, "repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ("completions", {**OK, "top_k": -5}, 400, "top_k"),
+    ("completions", {**OK, "min_p": 1.5}, 400, "min_p"),
+    ("completions", {**OK, "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("completions", {**OK, "frequency_penalty": "x"}, 400, "frequency_penalty"),
+    ("completions", {**OK, "repetition_penalty": 0}, 400, "repetition_penalty"),
+    ("completions", {**OK, "logit_bias": {"5": 1}}, 400, "logit_bias"),
     ("completions", {**OK, "logprobs": 2}, 400, "logprobs"),
     ("completions", {**OK, "bogus_field": 1}, 400, "bogus_field"),
     ("completions", {**OK, "prompt": [1, 99999]}, 400, None),          # token id outside the vocab
