@@ -12,6 +12,8 @@ tests run):
    (``benchmarks/build_gpu.py``: logits, drafts, verify argmax);
 3. ``dspark-trt bench`` of the Qwen3 engine at batch 1 and 16;
 4. ``dspark-trt generate`` of the built-in default pair on the GPU (CUDA graphs, warm-up apart).
+``--extra FILE`` adds benchmarks of the change at hand: one shell command a line (``#`` comments),
+each run with a 240 s limit after the GPU tests, while the builds still compile on the CPUs.
 Writes ``gpu-smoke-<sha>.json`` (per step: exit code, seconds, key numbers) and ``.log`` to $OUT
 (default benchmarks/results/), beside the build and bench JSON files.
 """
@@ -84,6 +86,10 @@ def main() -> int:
                     330, steps)
         steps["gpu_tests"]["summary"] = next((ln for ln in reversed(tests.splitlines()) if " passed" in ln
                                               or " failed" in ln), None)
+    if "--extra" in sys.argv:
+        lines = Path(sys.argv[sys.argv.index("--extra") + 1]).read_text().splitlines()
+        for i, cmd in enumerate(c for c in (ln.strip() for ln in lines) if c and not c.startswith("#")):
+            run(f"extra{i}", ["bash", "-c", cmd], 240, steps)
     if builds is not None:
         finish("builds", builds, 400, steps)
     for name in ("qwen3-8b-6layers", "v4-tiny"):
