@@ -186,3 +186,37 @@ def test_bad_fp8_checkpoints_and_options_are_refused(tmp_path, fp8_dirs):
         load_pair(tdir, ddir, torch.float32, tp_world=2)            # an fp8 checkpoint, auto
     with pytest.raises(ConfigError, match="Qwen3 targets only"):
         prepare_models(ModelSource(model="deepseek-v4-tiny-dspark", quantization="fp8"), torch.float32, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fp8_checkpoint_on_gpu_runs_the_kernel(fp8_dirs):
+    """On CUDA the projections run the Triton kernel. bf16: logits within 3 % of the largest logit
+    of the bf16-dequantised reference (the kernel keeps the exact fp8 x scale product, the
+    reference rounds W to bf16; 3 layers of bf16 activations). fp32 activations: speculative
+    greedy == autoregressive greedy token for token (lossless against the same fp8 target)."""
+    from dspark_trt.plugins.kernels import fp8_gemm
+    calls = []
+    orig = fp8_gemm.fp8_gemm
+    fp8_gemm.fp8_gemm = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    try:
+        _, native, _ = load_pair(*fp8_dirs, torch.bfloat16, "cuda")
+        _, deq, _ = load_pair(*fp8_dirs, torch.bfloat16, "cuda", quantization="none")
+        tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]], device="cuda")
+        pos, table = torch.arange(8, device="cuda")[None], torch.tensor([[0]], device="cuda")
+        a = _forward(native, native.make_cache(2, 8, torch.bfloat16, "cuda"), tokens, pos, table).float()
+        b = _forward(deq, deq.make_cache(2, 8, torch.bfloat16, "cuda"), tokens, pos, table).float()
+        assert calls, "the fp8 kernel did not run"
+        assert float((a - b).abs().max()) <= 0.03 * float(b.abs().max())
+        src = ModelSource(checkpoint=str(fp8_dirs[0]), draft_checkpoint=str(fp8_dirs[1]))
+        pair, target, draft = prepare_models(src, torch.float32, "cuda")
+        llm = LLM(pair, target, draft, max_batch_size=3, max_seq_len=96, page_size=8, device="cuda",
+                  dtype=torch.float32)
+        rng = random.Random(0)
+        prompts = [[rng.randrange(63) for _ in range(rng.randint(1, 10))] for _ in range(3)]
+        sp = SamplingParams(max_new_tokens=24)
+        ar = llm.generate(prompts, sp, speculative=False)
+        spec = llm.generate(prompts, sp, speculative=True)
+        assert [s.output_ids for s in spec] == [x.output_ids for x in ar]
+    finally:
+        fp8_gemm.fp8_gemm = orig
