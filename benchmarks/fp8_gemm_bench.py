@@ -8,7 +8,10 @@ Timing as ``skinny_gemm_bench.py``: CUDA-graph replays over weight copies totall
 Bandwidth = bytes moved / time (fp8: N*K + 4 B per scale block + x + y; bf16: 2*N*K + x + y), and
 % of 4.8 TB/s. Every config is checked against ``F.linear(x, dequantised W)`` first (bf16 output
 rounding + the reference's bf16 weight rounding). A small sweep per M (the default config first);
-the winners print as a ``CONFIGS`` literal for kernels/fp8_gemm.py.
+the winners print as a ``CONFIGS`` literal for kernels/fp8_gemm.py. For M >= 64 also the opt-in
+W8A8 variant (activations quantised per 128-group, fp8 tensor-core MMA; checked within 6 % of the
+largest output: it rounds the activations), its time, TFLOP/s and speedup vs bf16 cuBLAS (try
+``--ms 1,16,64,128,1024`` for a prefill-sized M).
 
 Writes ``fp8-gemm-<gpu>-<sha>.json`` into $OUT (else benchmarks/results/). About 1-2 minutes on an
 H200 (mostly Triton compilation: about 30 kernel variants).
@@ -127,6 +130,20 @@ def main():
                     rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                     traceback.print_exc(limit=1)
                 row["configs"].append(rec)
+            if M >= 64:                                # the opt-in W8A8 variant (activations to fp8)
+                cfg = fg.mma_config(M, N, K)
+                rec = {"config": cfg}
+                try:
+                    y = fg.fp8_gemm(x, q[0][0], q[0][1], cfg)
+                    err = (y.float() - ref.float()).abs().max().item()
+                    rec.update(max_err=err, ok=err <= 1e-2 + 6e-2 * ref.float().abs().max().item())
+                    us = graph_us([lambda w=w: fg.fp8_gemm(x, w[0], w[1], cfg) for w in q], args.iters)
+                    rec.update(us=us, pct=fp8_bytes / (us * 1e-6) / PEAK * 100,
+                               tflops=2 * M * N * K / us / 1e6, speedup_vs_bf16=cublas / us)
+                except Exception as e:                 # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    traceback.print_exc(limit=1)
+                row["w8a8_mma"] = rec
             d0 = row["configs"][0]
             row["default_us"], row["default_pct"] = d0.get("us"), d0.get("pct")
             good = [r for r in row["configs"] if r.get("ok") and "us" in r]
@@ -139,7 +156,10 @@ def main():
             print(f"[{time.time() - t0:6.1f}s] {name:15s} N={N:6d} K={K:5d} M={M:3d}  bf16 cuBLAS {cublas:8.2f} us "
                   f"({row['cublas_bf16_pct']:5.1f}%)  fp8 " + (f"{best['us']:8.2f} us ({best['pct']:5.1f}% of HBM) "
                   f"x{cublas / best['us']:.2f} {best['config']}" if best else "none correct")
-                  + (f"  [{bad} failed/incorrect]" if bad else ""), flush=True)
+                  + (f"  [{bad} failed/incorrect]" if bad else "")
+                  + (f"  | W8A8 MMA {row['w8a8_mma']['us']:.2f} us x{row['w8a8_mma']['speedup_vs_bf16']:.2f}"
+                     f"{'' if row['w8a8_mma']['ok'] else ' INCORRECT'}" if "us" in row.get("w8a8_mma", {}) else ""),
+                  flush=True)
             rows.append(row)
         del q, wb
         torch.cuda.empty_cache()

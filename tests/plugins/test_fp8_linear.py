@@ -20,7 +20,7 @@ from dspark_trt.plugins.fp8_linear import (FP8_DTYPE, dequantize_fp8, fp8_linear
                                            scale_shape)
 
 ROOT = Path(__file__).resolve().parents[2]
-from tests.support.fp8_gemm_cases import CASES  # noqa: E402
+from tests.support.fp8_gemm_cases import CASES, MMA_CASES  # noqa: E402
 
 # fp32 accumulation, one rounding to the output dtype: <= 0.5 ulp on a GPU; the interpreter
 # truncates fp32 -> bf16 (< 1 ulp); plus fp32 sum-order noise.
@@ -49,6 +49,25 @@ def test_kernel_matches_exact_product(results, case):
     else:
         assert r["ulp"] <= ULP_TOL, r
     assert r["bitwise"], "two calls differ: the split-K reduction is not deterministic"
+
+
+@pytest.mark.parametrize("case", MMA_CASES, ids=[c[0] for c in MMA_CASES])
+def test_w8a8_mma_variant_matches_its_quantised_operands(results, case):
+    """The opt-in W8A8 variant: within 1 ulp of the exact product of its fp8 activations and
+    weights; the activation rounding itself moves the output by < 2^-4 of its largest entry here
+    (e4m3 keeps 3 mantissa bits; an empirical bound on these inputs, not a guarantee)."""
+    r = results[case[0]]
+    assert r["shape"] == list(case[1:3]) and r["ulp"] <= ULP_TOL, r
+    assert 0 < r["act_quant_rel"] < 2.0 ** -4, r
+
+
+def test_mma_variant_is_opt_in(monkeypatch):
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels import fp8_gemm as fg
+    monkeypatch.delenv(fg.MMA_ENV, raising=False)
+    assert not fg.choose_config(4096, 4096, 4096).get("MMA")
+    monkeypatch.setenv(fg.MMA_ENV, "256")
+    assert fg.choose_config(4096, 4096, 4096)["MMA"] and not fg.choose_config(255, 4096, 4096).get("MMA")
 
 
 def test_interpreter_converts_every_fp8_code(results):

@@ -181,6 +181,9 @@ def _launches_fp8(monkeypatch):
         for M, w, sc in ((1, w8, s), (16, w8, s), (128, w8, s), (3, w8o, so), (40, w8o, so)):
             x = torch.randn(M, w.shape[1]).to(dtype)
             out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc)
+    for M, w, sc in ((256, w8, s), (40, w8o, so)):                 # the opt-in W8A8 (fp8 MMA) variant
+        x = torch.randn(M, w.shape[1]).bfloat16()
+        out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, kfp8.mma_config(M, *w.shape))
     return out
 
 

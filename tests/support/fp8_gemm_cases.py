@@ -76,7 +76,33 @@ def main():
         out[name] = {"ulp": ulp_err(y1, exact), "rel": rel, "ref_ulp": ulp_err(ref, exact), "bitwise": bool(torch.equal(y1, y2)),
                      "dtype": str(y1.dtype), "shape": list(y1.shape)}
     out["codes_exact"] = codes_exact()
+    out.update(mma_results())
     print("RESULT " + json.dumps(out))
+
+
+
+# W8A8 (MMA) variant: (name, M, N, K, config); compared with the exact product of the dequantised
+# fp8 activations and weights (the activation quantisation is the variant's, done in torch).
+MMA_CASES = [
+    ("mma_m20_odd", 20, 200, 300, dict(MMA=True, BLOCK_M=16, BLOCK_N=64)),
+    ("mma_m70_even", 70, 256, 256, dict(MMA=True, BLOCK_M=32, BLOCK_N=128)),
+]
+
+
+def mma_results() -> dict:
+    from dspark_trt.plugins.fp8_linear import dequantize_fp8
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm, quantize_activations
+    out = {}
+    for i, (name, M, N, K, cfg) in enumerate(MMA_CASES):
+        x, w8, s = case_inputs(100 + i, M, N, K, torch.bfloat16)
+        xq, xs = quantize_activations(x)
+        xd = xq.double() * xs.double().repeat_interleave(128, 1)[:, :K]
+        exact = xd @ dequantize_fp8(w8, s, torch.float64).T
+        full = x.double() @ dequantize_fp8(w8, s, torch.float64).T
+        y = fp8_gemm(x, w8, s, cfg)
+        out[name] = {"ulp": ulp_err(y, exact), "shape": list(y.shape),
+                     "act_quant_rel": float((exact - full).abs().max() / full.abs().max())}
+    return out
 
 
 if __name__ == "__main__":
