@@ -82,6 +82,11 @@ def test_loads_natively_in_fp8(fp8_dirs):
     assert target.model.embed_tokens.weight.dtype == torch.float64
     target.to(torch.float32)                                   # dtype casts leave the fp8 weights alone
     assert all(m.weight.dtype == torch.float8_e4m3fn for m in target.modules() if isinstance(m, Fp8Linear))
+    from dspark_trt.models.fuse import fuse_projections_
+    assert fuse_projections_(target) == 0                      # fp8 groups stay unfused (the builder's pass)
+    sd = qwen3_target_tensors(target)                          # and save back in the published layout
+    assert sd["model.layers.1.self_attn.o_proj.weight"].dtype == torch.float8_e4m3fn
+    assert tuple(sd["model.layers.1.self_attn.o_proj.weight_scale_inv"].shape) == (2, 2)
 
 
 def _llm(target_dir, draft_dir, quantization=None, dtype=torch.float64, batch=3):

@@ -131,3 +131,22 @@ def test_kernel_on_gpu_at_qwen3_8b_shapes(M):
         assert torch.equal(y, torch.ops.dspark.fp8_linear(x, w8, s))
         ref = fp8_linear_ref(x, w8, s)
         assert ulp_err(y, exact) <= max(ulp_err(ref, exact), 1.0), (M, N, K)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_w8a8_mma_variant_on_gpu():
+    """The opt-in W8A8 variant at prefill-like M: within bf16 rounding (+ fp32 order noise) of the
+    exact product of its quantised operands."""
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm, mma_config, quantize_activations
+    from tests.support.fp8_gemm_cases import ulp_err
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for M in (64, 300):
+        for N, K in QWEN3_8B_SHAPES:
+            x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+            w8, s = quantize_fp8(torch.randn(N, K, device="cuda", generator=g) * 0.02)
+            xq, xs = quantize_activations(x)
+            xd = xq.double() * xs.double().repeat_interleave(128, 1)[:, :K]
+            exact = xd @ dequantize_fp8(w8, s, torch.float64).T
+            y = fp8_gemm(x, w8, s, mma_config(M, N, K))
+            assert ulp_err(y, exact) <= 0.55 + 1e-3 * K ** 0.5, (M, N, K)
