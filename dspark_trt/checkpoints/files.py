@@ -158,6 +158,10 @@ def load_into_module(module: torch.nn.Module, ckpt_dir: str | Path,
                                   f"expected {expect_dtype}")
         if not t.is_floating_point():
             raise CheckpointError(f"tensor '{cname}' in {files[cname]} has non-float dtype {t.dtype}")
+        if (p.dtype == torch.float8_e4m3fn) != (t.dtype == torch.float8_e4m3fn):
+            raise CheckpointError(f"tensor '{cname}' in {files[cname]} has dtype {t.dtype}, expected "
+                                  f"{p.dtype} (fp8 weights load only with their weight_scale_inv, "
+                                  "into fp8 linears)")
         check_finite(t, f"'{cname}' in {files[cname]}")
     with torch.no_grad():
         for pname, cname in mapping.items():

@@ -32,11 +32,19 @@ register_loader("deepseek_v4", _deepseek_v4)
 
 
 def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-              device="cpu", num_spec_tokens: int | None = None):
-    """-> (ModelPair, target module, draft module) with weights loaded."""
+              device="cpu", num_spec_tokens: int | None = None, quantization: str | None = None,
+              tp_world: int = 1):
+    """-> (ModelPair, target module, draft module) with weights loaded. ``quantization``
+    (``checkpoints.fp8``): Qwen3 loaders only; the others dequantise (``quantization`` "fp8" refused)."""
     model_type = read_json(Path(target_dir) / "config.json").get("model_type", "qwen3")
     if model_type not in _LOADERS:
         raise ConfigError(f"config field 'model_type': no loader for '{model_type}' "
                           f"(known: {', '.join(sorted(_LOADERS))})")
+    kw = {}
+    if model_type == "qwen3":
+        kw = dict(quantization=quantization, tp_world=tp_world)
+    elif (quantization or "auto") == "fp8":
+        from .fp8 import check_quantization
+        check_quantization(quantization, model_type)
     return _LOADERS[model_type](target_dir, draft_dir, dtype=dtype, device=device,
-                                num_spec_tokens=num_spec_tokens)
+                                num_spec_tokens=num_spec_tokens, **kw)

@@ -13,6 +13,7 @@ from ..config.source import ModelSource
 from ..models import build_models
 from ..models.fuse import fuse_projections_
 from ..models.v4_moe import stack_experts_
+from .fp8 import apply_quantization_, check_quantization
 
 
 def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pair: ModelPair | None = None,
@@ -20,15 +21,20 @@ def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pai
     """-> (pair, target, draft). ``src.checkpoint`` / ``src.draft_checkpoint``: loaded (``pair`` is
     read from them); else random weights (``seed``) for ``pair`` (default: the preset
     ``src.model``), initialised directly on ``device``. With ``tp`` (a ``parallel.TPInfo``) the
-    models are sharded for its rank and only the shard moves to ``device``. ``fuse``: one GEMM for
+    models are sharded for its rank and only the shard moves to ``device``. ``src.quantization``:
+    the target's weight format (``checkpoints.fp8``: fp8 projections native, quantised or
+    dequantised). ``fuse``: one GEMM for
     q/k/v and one for gate/up (the builder's). ``src.markov_sampler``, when given, is the draft's."""
     if src.checkpoint:
         from .loaders import load_pair
         pair, target, draft = load_pair(src.checkpoint, src.draft_checkpoint, dtype,
-                                        "cpu" if tp else device, src.num_spec_tokens)
+                                        "cpu" if tp else device, src.num_spec_tokens,
+                                        quantization=src.quantization, tp_world=tp.world if tp else 1)
     else:
         pair = pair or get_preset(src.model)
+        check_quantization(src.quantization, pair.target.arch, tp.world if tp else 1)
         target, draft = build_models(pair, dtype, device, src.num_spec_tokens, seed)
+        apply_quantization_(pair, target, dtype, src.quantization, tp.world if tp else 1)
     if tp:
         from ..parallel import shard_pair_
         shard_pair_(pair, target, draft, tp.rank, tp.world, src.expert_parallel)

@@ -240,12 +240,14 @@ def rank_step_bytes(module: torch.nn.Module) -> int:
 
 
 def roofline(llm, B: int, context: int, tbps: float) -> dict:
-    """Per-rank HBM roofline of the Qwen3 steps (under TP: this rank's weight shards and KV heads)."""
+    """Per-rank HBM roofline of the Qwen3 steps (under TP: this rank's weight shards and KV heads;
+    an fp8 target: its parameters' bytes as held, fp8 weights + fp32 block scales)."""
     el = torch.empty((), dtype=llm.networks.dtype).element_size()
     t, tp = llm.pair.target, llm.tp_size
     if t.arch != "qwen3":
         return {"roofline_skipped": f"the roofline counts Qwen3 layers, not '{t.arch}'"}
-    w = qwen3_weight_bytes(t, t.num_hidden_layers, el) if tp == 1 else rank_step_bytes(llm.target)
+    native = getattr(t, "quantization", None) is not None and llm.target is not None   # fp8 projections
+    w = qwen3_weight_bytes(t, t.num_hidden_layers, el) if tp == 1 and not native else rank_step_bytes(llm.target)
     kv = B * context * 2 * t.num_hidden_layers * t.num_key_value_heads // tp * t.head_dim * el
     out = {"target_weight_bytes": w, "target_kv_read_bytes": kv,
            "ar_roofline_ms": (w + kv) / (tbps * 1e12) * 1e3}

@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
                         "OUTPUT is deleted)")
     add_source_args(p, ("device",), device=dict(choices=["cpu", "cuda"], help=None))
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    add_source_args(p, ("markov_sampler", "tp_size", "expert_parallel"),
+    add_source_args(p, ("markov_sampler", "quantization", "tp_size", "expert_parallel"),
                     markov_sampler=dict(default="exact", help="draft block sampler compiled in: exact "
                                         "full-vocabulary (default) or topk (fast candidate-restricted "
                                         "proposal, still lossless)"),

@@ -9,6 +9,9 @@ import torch
 from ..config.dtypes import DTYPES, ENGINE_DTYPES
 
 H200_BYTES = 141e9
+GPUS_PER_NODE = 8
+FP8 = "fp8_e4m3_block128"                 # 1 B / weight + one scale per 128 x 128 block
+MXFP4 = "mxfp4_e2m1_group32"              # 0.5 B / weight + one E8M0 byte per 32 weights
 
 
 def add_parser(sub) -> None:
@@ -28,6 +31,7 @@ def run(args) -> int:
     if args.model:
         est = memory_estimate(args.model, DTYPES[args.dtype], args.max_batch_size, args.max_seq_len)
         print(json.dumps(est, indent=2))
+        print(est["native_precision"]["verdict"])
         return 0
     from ..engine.manifest import EngineError, check_engine, read_manifest
     m = read_manifest(args.engine_dir)
@@ -108,6 +112,7 @@ def memory_estimate(name: str, dtype: torch.dtype, max_batch_size: int, max_seq_
     kv = {"target": kv_bytes_per_token(target, dtype), "draft": kv_bytes_per_token(draft, dtype)}
     kv_full = sum(kv.values()) * max_batch_size * max_seq_len
     total = weight_bytes + kv_full
+    native = native_plan(pair, target, draft, dtype, kv_full, name)
     return {"model": name, "dtype": str(dtype).removeprefix("torch."),
             "architecture": architecture(pair), "parameters": params, "parameters_by_dtype": by_dtype,
             "weight_bytes": weight_bytes, "weight_gb": round(weight_bytes / 1e9, 3),
@@ -115,5 +120,84 @@ def memory_estimate(name: str, dtype: torch.dtype, max_batch_size: int, max_seq_
             "kv_gb_full_batch": round(kv_full / 1e9, 3),
             "full_batch": {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len},
             "h200_count": max(1, math.ceil(total / H200_BYTES)),
-            "note": "weights + KV of a full batch at max_seq_len over 141 GB per H200; "
-                    "activations and workspace not included"}
+            "native_precision": native,
+            "note": "weights (at --dtype; native_precision: as the checkpoint stores them) + KV of a "
+                    "full batch at max_seq_len over 141 GB per H200; activations and workspace not "
+                    "included"}
+
+
+def native_format(pair, net: str, name: str) -> str | None:
+    """The checkpoint format of parameter ``name`` of ``net`` ("target" / "draft"): FP8, MXFP4, or
+    None (the model dtype). DeepSeek-V4: the release's (``checkpoints.v4``: fp8 blocks for
+    attention / indexer wq_b / shared experts / main_proj, routed experts in ``expert_dtype``);
+    Qwen3 with ``quantization="fp8"``: the target's attention / MLP projections."""
+    if pair.target.arch == "deepseek_v4":
+        from ..checkpoints.v4 import _EXPERT_WEIGHT, FP8_WEIGHTS
+        if _EXPERT_WEIGHT.search(name):
+            return {"fp4": MXFP4, "fp8": FP8}.get(pair.target.expert_dtype)
+        local = name.split(".", 2)[-1] if net == "draft" and name.startswith("layers.") else name
+        return FP8 if FP8_WEIGHTS.search(local) or FP8_WEIGHTS.search(name) else None
+    if getattr(pair.target, "quantization", None) == "fp8" and net == "target":
+        from ..models.fp8_linear import FP8_PROJECTIONS
+        parts = name.split(".")
+        return FP8 if len(parts) >= 2 and parts[-1] == "weight" and parts[-2] in FP8_PROJECTIONS else None
+    return None
+
+
+def native_bytes(fmt: str | None, shape, dtype: torch.dtype, scale_bytes: int) -> int:
+    """Bytes of one parameter stored in ``fmt`` (None: ``dtype``)."""
+    n = math.prod(shape)
+    if fmt == FP8:
+        return n + math.ceil(shape[0] / 128) * math.ceil(shape[1] / 128) * scale_bytes
+    if fmt == MXFP4:
+        return n // 2 + n // 32
+    return n * dtype.itemsize
+
+
+def native_plan(pair, target, draft, dtype: torch.dtype, kv_full: int, name: str) -> dict:
+    """Weights at native precision, the H200s they need with the KV of a full batch (the fewest of
+    1, 2, 4, 8, then whole nodes of 8), and whether one node of 8 holds them. Weights are split
+    evenly over the GPUs (TP x EP); a single-head KV latent, as DeepSeek-V4's MLA has, is
+    replicated on every rank, other KV split by heads."""
+    scale_bytes = 1 if pair.target.arch == "deepseek_v4" else 4      # E8M0 (V4) / fp32 (Qwen3-FP8)
+    seen, formats = set(), {}
+    for net, module in (("target", target), ("draft", draft)):
+        for pname, p in module.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            fmt = native_format(pair, net, pname)
+            key = fmt or str(dtype).removeprefix("torch.")
+            f = formats.setdefault(key, {"params": 0, "bytes": 0})
+            f["params"] += p.numel()
+            f["bytes"] += native_bytes(fmt, p.shape, dtype, scale_bytes)
+    weights = sum(f["bytes"] for f in formats.values())
+    replicated = getattr(pair.target, "num_key_value_heads", 1) == 1
+
+    def per_gpu(g: int) -> tuple[float, float]:                     # (weights, KV) bytes per GPU
+        return weights / g, kv_full if replicated else kv_full / g
+
+    gpus = next((g for g in (1, 2, 4, 8, *range(16, 4097, 8)) if sum(per_gpu(g)) <= H200_BYTES), None)
+    node_w, node_kv = per_gpu(GPUS_PER_NODE)
+    fits = node_w + node_kv <= H200_BYTES
+    if gpus is None:                        # the replicated KV alone does not fit one GPU
+        return {"weight_bytes": weights, "weight_gb": round(weights / 1e9, 3), "formats": formats,
+                "scale_bytes": scale_bytes, "gpus_needed": None, "nodes_needed": None,
+                "verdict": f"{name}: the KV of the full batch ({node_kv / 1e9:.1f} GB, replicated on every "
+                           f"rank) does not fit one {H200_BYTES / 1e9:.0f} GB H200 at any GPU count: "
+                           "lower --max-batch-size or --max-seq-len"}
+    nodes = -(-gpus // GPUS_PER_NODE)
+    w_g, kv_g = per_gpu(gpus)
+    where = (f"one {GPUS_PER_NODE} x H200 node" if gpus == GPUS_PER_NODE else
+             f"{nodes} nodes of {GPUS_PER_NODE} H200s" if nodes > 1 else f"{gpus} of one node's H200s")
+    verdict = (f"{name} at native precision needs {gpus} H200{'s' if gpus > 1 else ''} ({where}): "
+               f"{(w_g + kv_g) / 1e9:.1f} GB of {H200_BYTES / 1e9:.0f} GB per GPU ({w_g / 1e9:.1f} GB weights + "
+               f"{kv_g / 1e9:.1f} GB KV); one {GPUS_PER_NODE} x H200 node {'holds' if fits else 'does not hold'} it")
+    return {"weight_bytes": weights, "weight_gb": round(weights / 1e9, 3), "formats": formats,
+            "scale_bytes": scale_bytes,
+            "h200_count": max(1, math.ceil((weights + kv_full) / H200_BYTES)),
+            "gpus_needed": gpus, "nodes_needed": nodes,
+            "one_node": {"gpus": GPUS_PER_NODE, "weight_gb_per_gpu": round(node_w / 1e9, 3),
+                         "kv_gb_per_gpu": round(node_kv / 1e9, 3), "kv_replicated": replicated,
+                         "gb_per_gpu": round((node_w + node_kv) / 1e9, 3), "fits": fits},
+            "verdict": verdict}

@@ -18,6 +18,14 @@ def _qwen3_8b() -> ModelPair:
     return ModelPair("qwen3-8b-dspark-block7", target, draft)
 
 
+def _qwen3_8b_fp8() -> ModelPair:
+    """Qwen/Qwen3-8B-FP8 (projections fp8 e4m3 with 128x128 block scales; embeddings, norms and
+    lm_head in the model dtype) with the bf16 DSpark draft of ``qwen3-8b-dspark-block7``."""
+    pair = _qwen3_8b()
+    pair.target.quantization = "fp8"
+    return ModelPair("qwen3-8b-fp8-dspark-block7", pair.target, pair.draft)
+
+
 def _qwen3_tiny() -> ModelPair:
     target = Qwen3Config(vocab_size=512, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, intermediate_size=128,
@@ -66,6 +74,7 @@ def _v4_tiny() -> ModelPair:
 
 PRESETS: dict[str, Any] = {
     "qwen3-8b-dspark-block7": _qwen3_8b,
+    "qwen3-8b-fp8-dspark-block7": _qwen3_8b_fp8,
     "qwen3-tiny-dspark": _qwen3_tiny,
     "deepseek-v4-flash-dspark": _v4_flash,
     "deepseek-v4-pro-dspark": _v4_pro,

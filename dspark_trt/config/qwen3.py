@@ -9,6 +9,29 @@ from dataclasses import dataclass, field
 from .checks import ConfigError, _positive, _require
 
 
+# what the published Qwen/Qwen3-*-FP8 checkpoints write (weights fp8 e4m3 + weight_scale_inv per
+# 128x128 block; activations stay in the model dtype here: "dynamic" means per-token scales made
+# at run time by kernels that quantise them, which this backend does not need)
+FP8_QUANTIZATION_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                           "weight_block_size": [128, 128]}
+
+
+def read_quantization_config(q: dict | None) -> str | None:
+    """config.json ``quantization_config`` -> None (absent) or "fp8"; anything else is refused."""
+    if not q:
+        return None
+    method = q.get("quant_method")
+    if method != "fp8":
+        raise ConfigError(f"config field 'quantization_config.quant_method': {method!r} is not supported "
+                          "(fp8 block-scaled checkpoints only)")
+    if list(q.get("weight_block_size") or []) != [128, 128]:
+        raise ConfigError(f"config field 'quantization_config.weight_block_size': "
+                          f"{q.get('weight_block_size')!r} is not [128, 128]")
+    if q.get("fmt", "e4m3") != "e4m3":
+        raise ConfigError(f"config field 'quantization_config.fmt': {q.get('fmt')!r} is not e4m3")
+    return "fp8"
+
+
 @dataclass
 class Qwen3Config:
     """Qwen3 decoder dimensions (target, and the backbone of its DSpark draft)."""
@@ -25,6 +48,8 @@ class Qwen3Config:
     max_position_embeddings: int = 40960
     tie_word_embeddings: bool = False
     eos_token_id: list[int] = field(default_factory=list)
+    quantization: str | None = None          # "fp8": attention / MLP projections in fp8 e4m3 with
+                                             # 128x128 block scales (config.json quantization_config)
     arch: str = "qwen3"
 
     def validate(self) -> "Qwen3Config":
@@ -36,6 +61,8 @@ class Qwen3Config:
         _require(self.head_dim % 2 == 0, "head_dim", "must be even for RoPE")
         _require(self.rope_theta > 0, "rope_theta", "must be positive")
         _require(self.rms_norm_eps > 0, "rms_norm_eps", "must be positive")
+        _require(self.quantization in (None, "fp8"), "quantization",
+                 f"{self.quantization!r} is not supported (None or 'fp8')")
         return self
 
     # --- HF config.json ---------------------------------------------------------------------
@@ -58,6 +85,7 @@ class Qwen3Config:
             intermediate_size=d["intermediate_size"], rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta), max_position_embeddings=d.get("max_position_embeddings", 40960),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)), eos_token_id=eos,
+            quantization=read_quantization_config(d.get("quantization_config")),
         ).validate()
 
     def to_hf(self) -> dict:
@@ -71,6 +99,7 @@ class Qwen3Config:
             "rope_theta": self.rope_theta, "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings, "hidden_act": "silu",
             "attention_bias": False, "torch_dtype": "bfloat16", "eos_token_id": self.eos_token_id,
+            **({"quantization_config": dict(FP8_QUANTIZATION_CONFIG)} if self.quantization == "fp8" else {}),
         }
 
 

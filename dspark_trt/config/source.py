@@ -20,6 +20,7 @@ FALLBACK_PRESET = "qwen3-tiny-dspark"
 DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_SEQ_LEN = 2048                     # or the model's context, if shorter
 MARKOV_SAMPLERS = ("exact", "topk")            # the draft's block sampler (models.dspark_qwen3)
+QUANTIZATIONS = ("auto", "fp8", "none")        # target weight format (checkpoints.prepare)
 
 
 def default_pair_dirs() -> tuple[Path, Path] | None:
@@ -39,6 +40,10 @@ class ModelSource:
     device: str | None = None                # cpu, cuda, cuda:N; None: cuda when available
     num_spec_tokens: int | None = None       # N drafts per round; None: the draft's block size
     markov_sampler: str | None = None        # MARKOV_SAMPLERS; None: exact (an engine's compiled in)
+    quantization: str | None = None          # QUANTIZATIONS; None / "auto": the checkpoint's or
+                                             # preset's format (fp8 kept native); "fp8": target
+                                             # projections in fp8 (quantised at load if stored
+                                             # wider); "none": fp8 dequantised to --dtype at load
     tp_size: int = 1                         # tensor-parallel ranks (torchrun)
     expert_parallel: bool = False            # with tp_size > 1: MoE experts split by expert
     max_batch_size: int | None = None        # None: DEFAULT_MAX_BATCH_SIZE (an engine's own)
@@ -71,6 +76,10 @@ FLAGS = {
     "markov_sampler": dict(choices=list(MARKOV_SAMPLERS),
                            help="draft block sampler: exact (default) or topk (fast, lossless); "
                                 "engines have theirs compiled in"),
+    "quantization": dict(choices=list(QUANTIZATIONS),
+                         help="target weights: auto (default: as stored; an fp8 checkpoint / preset "
+                              "stays fp8 in memory), fp8 (attention / MLP projections in fp8 e4m3 "
+                              "with 128x128 block scales), none (dequantise fp8 to --dtype)"),
     "tp_size": dict(type=int, default=1, help="tensor-parallel ranks; launch with `torchrun "
                                               "--nproc-per-node TP -m dspark_trt.cli`"),
     "expert_parallel": dict(action="store_true",

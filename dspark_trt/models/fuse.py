@@ -30,18 +30,24 @@ class FusedLinear(nn.Module):
         return self.weight[sum(self.sizes[:i]):]
 
 
+def _plain(*linears) -> bool:
+    return all(type(lin) is nn.Linear for lin in linears)
+
+
 def fuse_projections_(module: nn.Module) -> int:
     """Fuse q/k/v and gate/up of every Qwen3 attention and SwiGLU MLP inside ``module`` in place;
-    returns the number of fused groups. Calling it again changes nothing."""
+    returns the number of fused groups. Calling it again changes nothing. Groups holding a non-plain
+    linear (``Fp8Linear``: its block scales do not stack for row counts off the 128 grid) stay
+    unfused."""
     from .layers import SwiGLU
     from .qwen3 import Qwen3Attention
     n = 0
     for m in list(module.modules()):
-        if isinstance(m, Qwen3Attention) and m.qkv_proj is None:
+        if isinstance(m, Qwen3Attention) and m.qkv_proj is None and _plain(m.q_proj, m.k_proj, m.v_proj):
             m.qkv_proj = FusedLinear([m.q_proj, m.k_proj, m.v_proj])
             m.q_proj = m.k_proj = m.v_proj = None
             n += 1
-        elif isinstance(m, SwiGLU) and m.gate_up_proj is None:
+        elif isinstance(m, SwiGLU) and m.gate_up_proj is None and _plain(m.gate_proj, m.up_proj):
             m.gate_up_proj = FusedLinear([m.gate_proj, m.up_proj])
             m.gate_proj = m.up_proj = None
             n += 1

@@ -159,7 +159,7 @@ class LLM:
         if src.expert_parallel and src.tp_size == 1:
             raise ConfigError("--expert-parallel needs --tp-size > 1 (under torchrun)")
         kw.update(dtype=dtype, device=device, num_spec_tokens=src.num_spec_tokens, tp_size=src.tp_size,
-                  expert_parallel=src.expert_parallel)
+                  expert_parallel=src.expert_parallel, quantization=src.quantization)
         if src.checkpoint or src.draft_checkpoint:
             if not (src.checkpoint and src.draft_checkpoint):
                 raise ConfigError("--checkpoint and --draft-checkpoint go together")
@@ -176,24 +176,27 @@ class LLM:
     @classmethod
     def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.float32, device=None,
                     num_spec_tokens: int | None = None, tp_size: int = 1,
-                    expert_parallel: bool = False, **kw) -> "LLM":
-        """Random weights with the preset's dimensions (acceptance will be low: tau near 1)."""
+                    expert_parallel: bool = False, quantization: str | None = None, **kw) -> "LLM":
+        """Random weights with the preset's dimensions (acceptance will be low: tau near 1).
+        ``quantization``: ``ModelSource.quantization``."""
         pair = get_preset(name)
         pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
         device, tp = _join_tp(tp_size, device)
-        src = ModelSource(model=name, num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel)
+        src = ModelSource(model=name, num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel,
+                          quantization=quantization)
         pair, target, draft = prepare_models(src, dtype, device, tp, pair=pair, seed=seed)
         return cls(pair, target, draft, device=device, dtype=dtype, **kw)
 
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path, *, dtype=torch.float32,
                          device=None, num_spec_tokens: int | None = None, tp_size: int = 1,
-                         expert_parallel: bool = False, **kw) -> "LLM":
+                         expert_parallel: bool = False, quantization: str | None = None, **kw) -> "LLM":
         """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
-        shard to its device."""
+        shard to its device. ``quantization``: ``ModelSource.quantization``."""
         device, tp = _join_tp(tp_size, device)
         src = ModelSource(checkpoint=str(target_dir), draft_checkpoint=str(draft_dir),
-                          num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel)
+                          num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel,
+                          quantization=quantization)
         pair, target, draft = prepare_models(src, dtype, device, tp)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         kw.setdefault("calibration", Calibration.find(draft_dir))

@@ -18,12 +18,13 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe, rejection as krj, sparse_mla as ksm  # noqa: E402
+from dspark_trt.plugins.kernels import fp8_gemm as kfp8  # noqa: E402
 
 from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, rejection_inputs,  # noqa: E402
                            sparse_mla_inputs)
 
 TARGET = GPUTarget("cuda", 90, 32)
-_PTR = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
+_PTR = {torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
         torch.int32: "*i32"}
 _OPTIONS = ("num_warps", "num_stages")
 SM90_MAX_SHARED = 232448                  # bytes of shared memory one H100 / H200 block may use
@@ -169,7 +170,24 @@ def _launches_moe(monkeypatch):
     return out
 
 
-@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe"])
+def _launches_fp8(monkeypatch):
+    """Every default config family (CUDA-core M <= 4 with split-K, swap-AB tl.dot with 64 and 128
+    rows) and odd K, for bf16 and fp32 activations."""
+    from dspark_trt.plugins.fp8_linear import quantize_fp8
+    out = []
+    w8, s = quantize_fp8(torch.randn(512, 1024))
+    w8o, so = quantize_fp8(torch.randn(200, 300))
+    for dtype in (torch.bfloat16, torch.float32):
+        for M, w, sc in ((1, w8, s), (16, w8, s), (128, w8, s), (3, w8o, so), (40, w8o, so)):
+            x = torch.randn(M, w.shape[1]).to(dtype)
+            out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc)
+    for M, w, sc in ((256, w8, s), (40, w8o, so)):                 # the opt-in W8A8 (fp8 MMA) variant
+        x = torch.randn(M, w.shape[1]).bfloat16()
+        out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, kfp8.mma_config(M, *w.shape))
+    return out
+
+
+@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe", "fp8"])
 def test_launches_compile_for_sm90(monkeypatch, op):
     launches = globals()[f"_launches_{op}"](monkeypatch)
     seen = set()

@@ -33,6 +33,17 @@ def test_roofline_counts_the_weights_a_step_reads(llm):
     assert r["ar_roofline_ms"] == pytest.approx((r["target_weight_bytes"] + r["target_kv_read_bytes"]) / 1e9)
 
 
+def test_roofline_of_an_fp8_target_counts_fp8_bytes():
+    fp8 = LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu", max_batch_size=2,
+                          max_seq_len=32, page_size=8, quantization="fp8")
+    r = roofline(fp8, B=1, context=10, tbps=1.0)
+    assert r["target_weight_bytes"] == step_bytes(fp8.target)
+    assert any(p.dtype == torch.float8_e4m3fn for p in fp8.target.parameters())
+    full = roofline(LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu", max_batch_size=2,
+                                    max_seq_len=32, page_size=8), B=1, context=10, tbps=1.0)
+    assert r["target_weight_bytes"] < full["target_weight_bytes"]
+
+
 def test_target_verdicts():
     v = check_targets({"ar_roofline_efficiency": 0.9, "verify_over_ar": 1.2, "draft_step_ms": 1.0,
                        "spec_host_overhead": 0.01})

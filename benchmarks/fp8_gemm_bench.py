@@ -1,0 +1,188 @@
+"""fp8 block-scaled GEMM on one GPU (issue #23): the weight-streaming Triton kernel
+(``dspark_trt/plugins/kernels/fp8_gemm.py``: fp8 e4m3 weights, 128x128 fp32 block scales) vs bf16
+cuBLAS (``F.linear``) at the Qwen3-8B projection shapes and the DeepSeek-V4-Flash attention /
+indexer / shared-expert shapes (from the preset's config), for M = 1, 16, 64, 128 tokens.
+
+Timing as ``skinny_gemm_bench.py``: CUDA-graph replays over weight copies totalling ``--rotate-mb``
+(> 5x the 50 MB L2), so every call reads its weights from HBM; median of ``--iters`` replays.
+Bandwidth = bytes moved / time (fp8: N*K + 4 B per scale block + x + y; bf16: 2*N*K + x + y), and
+% of 4.8 TB/s. Every config is checked against ``F.linear(x, dequantised W)`` first (bf16 output
+rounding + the reference's bf16 weight rounding). A small sweep per M (the default config first);
+the winners print as a ``CONFIGS`` literal for kernels/fp8_gemm.py. For M >= 64 also the opt-in
+W8A8 variant (activations quantised per 128-group, fp8 tensor-core MMA; checked within 6 % of the
+largest output: it rounds the activations), its time, TFLOP/s and speedup vs bf16 cuBLAS (try
+``--ms 1,16,64,128,1024`` for a prefill-sized M).
+
+Writes ``fp8-gemm-<gpu>-<sha>.json`` into $OUT (else benchmarks/results/). About 1-2 minutes on an
+H200 (mostly Triton compilation: about 30 kernel variants).
+
+    python benchmarks/fp8_gemm_bench.py [--shapes q,kv,...] [--ms 1,16,64,128] [--iters 30] [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
+from dspark_trt import provenance  # noqa: E402
+from dspark_trt.config import get_preset  # noqa: E402
+from dspark_trt.plugins.fp8_linear import dequantize_fp8, quantize_fp8  # noqa: E402
+from dspark_trt.plugins.kernels import fp8_gemm as fg  # noqa: E402
+
+PEAK = 4.8e12
+MS = (1, 16, 64, 128)
+
+
+def shapes() -> dict[str, tuple[int, int]]:
+    """name -> (N, K) of the weight [N, K]: Qwen3-8B (unfused: fp8 projections are not fused) and
+    V4-Flash (attention wq_a / wq_b / wkv / wo_a / wo_b, the CSA indexer's wq_b, shared expert)."""
+    q = get_preset("qwen3-8b-fp8-dspark-block7").target
+    d, qd, kv, m = q.hidden_size, q.num_attention_heads * q.head_dim, q.num_key_value_heads * q.head_dim, \
+        q.intermediate_size
+    out = {"qwen3_q": (qd, d), "qwen3_kv": (kv, d), "qwen3_o": (d, qd), "qwen3_gate_up": (m, d),
+           "qwen3_down": (d, m)}
+    c = get_preset("deepseek-v4-flash-dspark").target
+    D, H, hd, ql, ol, g, h = (c.hidden_size, c.num_attention_heads, c.head_dim, c.q_lora_rank, c.o_lora_rank,
+                              c.o_groups, c.moe_intermediate_size)
+    out.update({"v4f_wq_a": (ql, D), "v4f_wq_b": (H * hd, ql), "v4f_wkv": (hd, D),
+                "v4f_wo_a": (g * ol, H * hd // g), "v4f_wo_b": (D, g * ol),
+                "v4f_idx_wq_b": (c.index_n_heads * c.index_head_dim, ql),
+                "v4f_shared_w13": (h, D), "v4f_shared_w2": (D, h)})
+    return out
+
+
+def sweep(M: int, N: int, K: int) -> list[dict]:
+    """The default config first, then a few tiles (each with the default rule's split)."""
+    base = fg.default_config(M, N, K)
+    if M <= 4:
+        tiles = [(128, 128, 4, 4, False, None), (32, 128, 4, 3, False, None), (128, 128, 8, 3, False, None)]
+    elif M <= 64:
+        tiles = [(128, 128, 8, 4, True, None), (32, 128, 4, 4, True, None), (64, 64, 4, 6, True, None)]
+    else:
+        tiles = [(64, 128, 4, 4, True, None), (128, 128, 8, 3, True, 128), (128, 64, 8, 4, True, None)]
+    out = [base]
+    for bn, bk, w, s, dot, bm in tiles:
+        cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, DOT=dot)
+        if bm:
+            cfg["BLOCK_M"] = bm
+        n_tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm or 64)
+        split = 1
+        while n_tiles * split < 2 * fg.H200_SMS and K // (2 * split * bk) >= 4:
+            split *= 2
+        cfg["SPLIT_K"] = split
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    all_shapes = shapes()
+    ap.add_argument("--shapes", default=",".join(all_shapes))
+    ap.add_argument("--ms", default=",".join(map(str, MS)))
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--rotate-mb", type=float, default=256.0)
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    ms = [int(m) for m in args.ms.split(",")]
+    t0 = time.time()
+    rows, configs = [], {}
+    torch.manual_seed(0)
+    for name in args.shapes.split(","):
+        N, K = all_shapes[name]
+        nblk = math.ceil(N / 128) * math.ceil(K / 128)
+        copies = max(1, math.ceil(args.rotate_mb * 2**20 / (N * K)))          # fp8 copies
+        q = [quantize_fp8(torch.randn(N, K, device=dev) * K ** -0.5) for _ in range(copies)]
+        wb = [dequantize_fp8(w8, s, torch.bfloat16) for w8, s in q[:max(1, copies // 2)]]   # same bytes
+        for M in ms:
+            x = torch.randn(M, K, device=dev, dtype=torch.bfloat16)
+            act = M * K * 2 + M * N * 2
+            fp8_bytes, bf16_bytes = N * K + 4 * nblk + act, 2 * N * K + act
+            ref = F.linear(x, wb[0])
+            cublas = graph_us([lambda w=w: F.linear(x, w) for w in wb], args.iters)
+            row = {"shape": name, "N": N, "K": K, "M": M, "copies": copies, "cublas_bf16_us": cublas,
+                   "cublas_bf16_pct": bf16_bytes / (cublas * 1e-6) / PEAK * 100,
+                   "fp8_bytes": fp8_bytes, "bf16_bytes": bf16_bytes, "configs": []}
+            for cfg in sweep(M, N, K):
+                rec = {"config": cfg}
+                try:
+                    y = fg.fp8_gemm(x, q[0][0], q[0][1], cfg)
+                    err = (y.float() - ref.float()).abs().max().item()
+                    rec["max_err"] = err
+                    rec["ok"] = err <= 1e-2 + 1e-2 * ref.float().abs().max().item()
+                    us = graph_us([lambda w=w: fg.fp8_gemm(x, w[0], w[1], cfg) for w in q], args.iters)
+                    rec.update(us=us, pct=fp8_bytes / (us * 1e-6) / PEAK * 100, tb_per_s=fp8_bytes / us / 1e6)
+                except Exception as e:                 # noqa: BLE001 - e.g. out of shared memory
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    traceback.print_exc(limit=1)
+                row["configs"].append(rec)
+            if M >= 64:                                # the opt-in W8A8 variant (activations to fp8)
+                cfg = fg.mma_config(M, N, K)
+                rec = {"config": cfg}
+                try:
+                    y = fg.fp8_gemm(x, q[0][0], q[0][1], cfg)
+                    err = (y.float() - ref.float()).abs().max().item()
+                    rec.update(max_err=err, ok=err <= 1e-2 + 6e-2 * ref.float().abs().max().item())
+                    us = graph_us([lambda w=w: fg.fp8_gemm(x, w[0], w[1], cfg) for w in q], args.iters)
+                    rec.update(us=us, pct=fp8_bytes / (us * 1e-6) / PEAK * 100,
+                               tflops=2 * M * N * K / us / 1e6, speedup_vs_bf16=cublas / us)
+                except Exception as e:                 # noqa: BLE001
+                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    traceback.print_exc(limit=1)
+                row["w8a8_mma"] = rec
+            d0 = row["configs"][0]
+            row["default_us"], row["default_pct"] = d0.get("us"), d0.get("pct")
+            good = [r for r in row["configs"] if r.get("ok") and "us" in r]
+            best = min(good, key=lambda r: r["us"]) if good else None
+            if best:
+                row.update(best_config=best["config"], fp8_us=best["us"], fp8_pct=best["pct"],
+                           fp8_tb_per_s=best["tb_per_s"], speedup_vs_bf16=cublas / best["us"])
+                configs[(fg.m_bucket(M), N, K)] = best["config"]
+            bad = sum(1 for r in row["configs"] if not r.get("ok"))
+            print(f"[{time.time() - t0:6.1f}s] {name:15s} N={N:6d} K={K:5d} M={M:3d}  bf16 cuBLAS {cublas:8.2f} us "
+                  f"({row['cublas_bf16_pct']:5.1f}%)  fp8 " + (f"{best['us']:8.2f} us ({best['pct']:5.1f}% of HBM) "
+                  f"x{cublas / best['us']:.2f} {best['config']}" if best else "none correct")
+                  + (f"  [{bad} failed/incorrect]" if bad else "")
+                  + (f"  | W8A8 MMA {row['w8a8_mma']['us']:.2f} us x{row['w8a8_mma']['speedup_vs_bf16']:.2f}"
+                     f"{'' if row['w8a8_mma']['ok'] else ' INCORRECT'}" if "us" in row.get("w8a8_mma", {}) else ""),
+                  flush=True)
+            rows.append(row)
+        del q, wb
+        torch.cuda.empty_cache()
+
+    sha, gpu = provenance.git_sha(), provenance.gpu_name()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fp8-gemm-{gpu.replace(' ', '-')}-{sha}.json"
+    lit = "CONFIGS = {\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(configs.items())) + "}"
+    doc = {"git_sha": sha, "gpu": gpu, "versions": provenance.versions(), "command": " ".join(sys.argv),
+           "peak_bytes_per_s": PEAK, "shapes": {s: all_shapes[s] for s in args.shapes.split(",")}, "ms": ms,
+           "iters": args.iters, "rotate_mb": args.rotate_mb, "seconds": time.time() - t0, "rows": rows,
+           "configs_literal": lit}
+    path.write_text(json.dumps(doc, indent=1))
+    print(f"\n{'shape':15s} {'M':>4s} {'bf16 %':>7s} {'fp8 %':>7s} {'fp8 dflt %':>10s} {'x bf16':>7s}")
+    for r in rows:
+        if "fp8_us" in r:
+            print(f"{r['shape']:15s} {r['M']:4d} {r['cublas_bf16_pct']:7.1f} {r['fp8_pct']:7.1f} "
+                  f"{(r['default_pct'] or 0):10.1f} {r['speedup_vs_bf16']:7.2f}")
+    print("\n# measured winners for dspark_trt/plugins/kernels/fp8_gemm.py")
+    print(lit)
+    print(f"\nwrote {path} ({time.time() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

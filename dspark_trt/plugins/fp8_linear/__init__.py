@@ -1,0 +1,87 @@
+"""dspark::fp8_linear — ``x @ W^T`` with W held in fp8 e4m3 and one fp32 scale per 128x128 block.
+
+Layout of the Qwen3-FP8 / DeepSeek checkpoints: ``weight [N, K] float8_e4m3fn`` and
+``weight_scale_inv [ceil(N/128), ceil(K/128)]`` (fp32; bf16 in some checkpoints, converted at load),
+``W_real[n, k] = weight[n, k] * weight_scale_inv[n // 128, k // 128]`` (the name says "inverse"
+because the quantiser divided by it). No bias.
+
+Reference: dequantise W to ``x.dtype`` (fp32 multiply, one rounding), then ``F.linear``: exactly
+what a bf16-dequantised checkpoint computes. Kernel (``kernels/fp8_gemm.py``): streams the fp8
+tiles (half the bytes of bf16), takes fp8 -> x.dtype (exact) products with fp32 accumulation per
+128-wide K block and multiplies each block's partial sum by its scale: the same value up to the
+rounding of the dequantised weight (kernel: exact, reference: rounded to ``x.dtype``) and the
+summation order.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..dispatch import use_triton
+from ..opspec import OpSpec
+
+FP8_BLOCK = 128
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0
+
+
+def scale_shape(N: int, K: int, block: int = FP8_BLOCK) -> tuple[int, int]:
+    return -(-N // block), -(-K // block)
+
+
+def check_fp8_args(x: Tensor, weight: Tensor, scale: Tensor) -> None:
+    """Raise ValueError naming the argument that does not fit."""
+    if weight.dtype != FP8_DTYPE or weight.dim() != 2:
+        raise ValueError(f"dspark::fp8_linear: weight must be 2-D float8_e4m3fn, got {weight.dtype} "
+                         f"{tuple(weight.shape)}")
+    N, K = weight.shape
+    if x.shape[-1] != K:
+        raise ValueError(f"dspark::fp8_linear: x has {x.shape[-1]} features, weight [N={N}, K={K}] wants K")
+    if tuple(scale.shape) != scale_shape(N, K) or scale.dtype != torch.float32:
+        raise ValueError(f"dspark::fp8_linear: weight_scale_inv is {scale.dtype} {tuple(scale.shape)}, "
+                         f"expected float32 {scale_shape(N, K)} (one scale per {FP8_BLOCK}x{FP8_BLOCK} block)")
+
+
+def dequantize_fp8(weight: Tensor, scale: Tensor, dtype: torch.dtype) -> Tensor:
+    """[N, K] fp8, [ceil(N/128), ceil(K/128)] fp32 -> [N, K] in ``dtype`` (fp32 product, one rounding)."""
+    N, K = weight.shape
+    s = scale.repeat_interleave(FP8_BLOCK, 0)[:N].repeat_interleave(FP8_BLOCK, 1)[:, :K]
+    return (weight.float() * s).to(dtype)
+
+
+def quantize_fp8(w: Tensor) -> tuple[Tensor, Tensor]:
+    """[N, K] float -> (fp8 e4m3 [N, K], fp32 scale [ceil(N/128), ceil(K/128)]), scale = amax / 448
+    per block (all-zero blocks: 1), as the published FP8 checkpoints are made."""
+    N, K = w.shape
+    R, C = scale_shape(N, K)
+    padded = w.new_zeros(R * FP8_BLOCK, C * FP8_BLOCK, dtype=torch.float32)
+    padded[:N, :K] = w.float()
+    amax = padded.view(R, FP8_BLOCK, C, FP8_BLOCK).abs().amax((1, 3))
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    s = scale.repeat_interleave(FP8_BLOCK, 0)[:N].repeat_interleave(FP8_BLOCK, 1)[:, :K]
+    q = (w.float() / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q, scale
+
+
+def fp8_linear_ref(x: Tensor, weight: Tensor, weight_scale_inv: Tensor) -> Tensor:
+    """x [..., K], weight [N, K] fp8, weight_scale_inv [ceil(N/128), ceil(K/128)] f32 -> [..., N]."""
+    return F.linear(x, dequantize_fp8(weight, weight_scale_inv, x.dtype))
+
+
+@torch.library.triton_op("dspark::fp8_linear", mutates_args=())
+def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor) -> Tensor:
+    check_fp8_args(x, weight, weight_scale_inv)
+    if use_triton(x):
+        from ..kernels.fp8_gemm import fp8_gemm
+        K, N = weight.shape[1], weight.shape[0]
+        return fp8_gemm(x.reshape(-1, K), weight, weight_scale_inv).view(*x.shape[:-1], N)
+    return fp8_linear_ref(x, weight, weight_scale_inv)
+
+
+OPS = (
+    OpSpec("fp8_linear", fp8_linear_ref, triton="kernels.fp8_gemm:fp8_gemm",
+           reference_reason="the fp8 weight-streaming kernel is not yet checked inside an AOTI "
+                            "package on the H200 (engines compile the dequantise + matmul reference, "
+                            "weights still stored in fp8)"),
+)

@@ -1,0 +1,242 @@
+"""fp8 block-scaled weight-streaming GEMM: ``y[M, N] = x[M, K] @ (W8 * S)^T`` (issue #23).
+
+``W8 [N, K] float8_e4m3fn`` row-major, ``S [ceil(N/128), ceil(K/128)] fp32`` (one scale per 128x128
+block), x in bf16 / fp16 / fp32, y in x.dtype. Decode shapes are bound by the weight read, and fp8
+halves it against bf16; the kernel streams W once (per M tile) in the layout of
+``skinny_gemm.py``:
+
+* Grid ``(cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M))``; a program owns BLOCK_N weight rows and
+  one K slice. BLOCK_N and BLOCK_K are powers of two <= 128, so a ``[BLOCK_N, BLOCK_K]`` tile lies
+  inside one scale block: one scalar scale per tile.
+* Per tile: the fp8 bytes are converted to x's dtype in registers (e4m3 -> bf16 / fp16 / fp32 is
+  exact), multiplied against x with fp32 accumulation, and the tile's partial sum is multiplied by
+  its block scale before it joins the accumulator (``tl.dot`` with W as the left operand for
+  M > 4, "swap AB"; a CUDA-core multiply-reduce per token for M <= 4).
+* Rows past N are clamped to N - 1 (dropped at the store); K is masked when ``K % BLOCK_K != 0``.
+* SPLIT_K > 1: fp32 partials ``[SPLIT_K, M, N]`` summed in split order by
+  ``skinny_gemm.splitk_reduce_kernel`` (two launches, deterministic, no counters).
+
+``default_config(M, N, K)`` picks the tile; ``CONFIGS`` (empty: unmeasured) takes measured winners
+of ``benchmarks/fp8_gemm_bench.py`` keyed by (M bucket, N, K).
+
+``MMA`` configs (``{"MMA": True, BLOCK_M, BLOCK_N, num_warps, num_stages}``) run the W8A8 variant
+for larger M (prefill): x is quantised per (token, 128-wide K group) to fp8 e4m3 with an fp32 scale
+(amax / 448, ``quantize_activations``), then ``fp8_mma_kernel`` takes fp8 x fp8 ``tl.dot``s (fp8
+tensor cores on the H200) per 128-wide K block, scaled by ``x_scale[m, kb] * w_scale[nb, kb]``,
+accumulated in fp32. It changes the numerics (activations rounded to 3 mantissa bits), so it is
+opt-in: used only where ``DSPARK_FP8_MMA_MIN_M`` (read at call time) is set and M >= it, or when a
+config asks for it; not yet measured.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .common import INTERPRET, launcher, pow2
+from .skinny_gemm import H200_SMS, m_bucket, splitk_reduce_kernel
+
+SCALE_BLOCK = 128
+
+
+@triton.jit
+def fp8_gemm_kernel(x, w, s, y, ws, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_sn, stride_ym,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    DOT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+                    INTERPRET_DOT: tl.constexpr):
+    """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials (SPLIT only).
+    K_SPLIT: a multiple of BLOCK_K. BLOCK_N, BLOCK_K: powers of two <= 128 (one scale per tile)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    rn = tl.minimum(offs_n, N - 1).to(tl.int64)
+    rm = tl.minimum(offs_m, M - 1)
+    k0 = pid_k * K_SPLIT
+    k_end = tl.minimum(k0 + K_SPLIT, K)
+    w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
+    x_ptr = x + rm[:, None] * stride_xm + (k0 + offs_k)[None, :]
+    s_row = s + ((pid_n * BLOCK_N) // 128) * stride_sn           # the tile's row of scale blocks
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for kk in range(k0, k_end, BLOCK_K):
+        if EVEN_K:
+            wt = tl.load(w_ptr)
+        else:
+            kmask = (kk + offs_k) < k_end
+            wt = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
+        sc = tl.load(s_row + kk // 128)                           # fp32 block scale
+        if DOT:
+            if EVEN_K:
+                xt = tl.load(x_ptr)
+            else:
+                xt = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
+            if INTERPRET_DOT:                                     # the interpreter's bf16 tl.dot is wrong
+                part = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), input_precision="ieee")
+            elif x.dtype.element_ty == tl.float32:
+                part = tl.dot(wt.to(tl.float32), tl.trans(xt), input_precision="ieee")
+            else:
+                part = tl.dot(wt.to(x.dtype.element_ty), tl.trans(xt))  # [BN, BK] @ [BK, BM], fp32 acc
+            acc += part * sc
+        else:
+            wf = wt.to(tl.float32)
+            for m in tl.static_range(BLOCK_M):                    # few tokens: CUDA-core multiply-reduce
+                xrow = x + tl.minimum(pid_m * BLOCK_M + m, M - 1) * stride_xm + kk + offs_k
+                if EVEN_K:
+                    xm = tl.load(xrow)
+                else:
+                    xm = tl.load(xrow, mask=kmask, other=0.0)
+                p = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1) * sc
+                acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == m, p[:, None], 0.0)
+        w_ptr += BLOCK_K
+        x_ptr += BLOCK_K
+
+    out_mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
+    if SPLIT:
+        tl.store(ws + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=out_mask)
+    else:
+        tl.store(y + offs_m[None, :] * stride_ym + offs_n[:, None], acc.to(y.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def fp8_mma_kernel(xq, xs, w, s, y, M, N, K, stride_xm, stride_xsm, stride_wn, stride_sn, stride_ym,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_K: tl.constexpr):
+    """Grid (N tiles, M tiles). xq [M, K] fp8, xs [M, ceil(K/128)] f32, w [N, K] fp8,
+    s [ceil(N/128), ceil(K/128)] f32; BLOCK_N <= 128 (one weight scale per tile and K block)."""
+    BLOCK_K: tl.constexpr = 128
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    rn = tl.minimum(offs_n, N - 1).to(tl.int64)
+    rm = tl.minimum(offs_m, M - 1).to(tl.int64)
+    x_ptr = xq + rm[:, None] * stride_xm + offs_k[None, :]
+    w_ptr = w + rn[:, None] * stride_wn + offs_k[None, :]
+    xs_ptr = xs + rm * stride_xsm
+    s_ptr = s + ((pid_n * BLOCK_N) // 128) * stride_sn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(x_ptr)
+            b = tl.load(w_ptr)
+        else:
+            kmask = (kb * BLOCK_K + offs_k) < K
+            a = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
+            b = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
+        part = tl.dot(a, tl.trans(b))                              # [BM, 128] @ [128, BN], fp32
+        acc += part * tl.load(xs_ptr + kb)[:, None] * tl.load(s_ptr + kb)
+        x_ptr += BLOCK_K
+        w_ptr += BLOCK_K
+    out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    tl.store(y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y.dtype.element_ty), mask=out_mask)
+
+
+def quantize_activations(x: Tensor, group: int = SCALE_BLOCK) -> tuple[Tensor, Tensor]:
+    """x [M, K] -> (fp8 e4m3 [M, K], fp32 scale [M, ceil(K/group)]): per token and K group,
+    scale = amax / 448 (all-zero groups: 1)."""
+    M, K = x.shape
+    G = triton.cdiv(K, group)
+    xf = torch.nn.functional.pad(x.float(), (0, G * group - K)).view(M, G, group)
+    amax = xf.abs().amax(-1)
+    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    q = (xf / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(M, G * group)[:, :K]
+    return q.contiguous(), scale
+
+
+MMA_ENV = "DSPARK_FP8_MMA_MIN_M"
+
+
+def mma_min_m() -> int | None:
+    v = os.environ.get(MMA_ENV, "")
+    return int(v) if v.strip() else None
+
+
+def mma_config(M: int, N: int, K: int) -> dict:
+    return {"MMA": True, "BLOCK_M": 64 if M <= 64 else 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+
+
+# (M bucket, N, K) -> measured config (benchmarks/fp8_gemm_bench.py on the H200); empty: unmeasured.
+CONFIGS: dict[tuple[int, int, int], dict] = {}
+
+
+def default_config(M: int, N: int, K: int, sms: int = H200_SMS) -> dict:
+    """CUDA-core body for M <= 4 (64 rows x 128 K: 8 KB of fp8 per tile), swap-AB tl.dot above
+    (128 rows for M > 64); split K until >= 2 programs per SM, keeping >= 4 K tiles per split."""
+    dot = M > 4
+    bn, bk = (128 if M > 64 else 64), 128
+    tiles = triton.cdiv(N, bn) * triton.cdiv(M, 64)
+    split = 1
+    while tiles * split < 2 * sms and K // (2 * split * bk) >= 4:
+        split *= 2
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 8 if bn == 128 and dot else 4,
+            "num_stages": 4, "DOT": dot}
+
+
+def choose_config(M: int, N: int, K: int) -> dict:
+    """The measured config, else the MMA variant where ``DSPARK_FP8_MMA_MIN_M`` <= M, else
+    ``default_config``."""
+    lo = mma_min_m()
+    if lo is not None and M >= lo:
+        return mma_config(M, N, K)
+    return dict(CONFIGS.get((m_bucket(M), N, K)) or default_config(M, N, K))
+
+
+def fp8_mma(x: Tensor, w: Tensor, scale: Tensor, cfg: dict, y: Tensor) -> Tensor:
+    """The W8A8 variant (module doc) into ``y``."""
+    M, K = x.shape
+    N = w.shape[0]
+    bm, bn = int(cfg.get("BLOCK_M", 64)), int(cfg.get("BLOCK_N", 128))
+    if bn > SCALE_BLOCK or pow2(bn) != bn or bm < 16 or pow2(bm) != bm:
+        raise ValueError(f"fp8_gemm (MMA): BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, "
+                         f"BLOCK_M={bm} a power of two >= 16")
+    xq, xs = quantize_activations(x)
+    grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
+    launcher(fp8_mma_kernel)[grid](
+        xq, xs, w, scale, y, M, N, K, xq.stride(0), xs.stride(0), w.stride(0), scale.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, EVEN_K=(K % SCALE_BLOCK == 0), num_warps=int(cfg.get("num_warps", 8)),
+        num_stages=int(cfg.get("num_stages", 3)))
+    return y
+
+
+def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, out: Tensor | None = None) -> Tensor:
+    """``x[M, K] @ (w[N, K] * scale)^T`` -> ``[M, N]`` in x.dtype. ``config``: see the module doc."""
+    M, K = x.shape
+    N, K2 = w.shape
+    if K != K2:
+        raise ValueError(f"fp8_gemm: x has K={K}, w has K={K2}")
+    if w.stride(1) != 1:
+        w = w.contiguous()
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    scale = scale.contiguous()
+    cfg = dict(config) if config is not None else choose_config(M, N, K)
+    if cfg.get("MMA"):
+        y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+        return y if M * N == 0 else fp8_mma(x, w, scale, cfg, y)
+    bn, bk, split = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"]), int(cfg.get("SPLIT_K", 1))
+    if bn > SCALE_BLOCK or bk > SCALE_BLOCK or pow2(bn) != bn or pow2(bk) != bk:
+        raise ValueError(f"fp8_gemm: BLOCK_N={bn}, BLOCK_K={bk} must be powers of two <= {SCALE_BLOCK}")
+    dot = bool(cfg.get("DOT", M > 4))
+    bm_cap = int(cfg.get("BLOCK_M", 64))
+    bm = max(16, min(pow2(M), pow2(bm_cap))) if dot else min(pow2(M), pow2(bm_cap))
+    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M * N == 0:
+        return y
+    k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
+    split = triton.cdiv(K, k_split)
+    grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
+    ws = torch.empty((split, M, N) if split > 1 else (1,), dtype=torch.float32, device=x.device)
+    launcher(fp8_gemm_kernel)[grid](
+        x, w, scale, y, ws, M, N, K, k_split, x.stride(0), w.stride(0), scale.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, SPLIT=split > 1, EVEN_K=(K % bk == 0),
+        INTERPRET_DOT=INTERPRET, num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
+    if split > 1:
+        block = 1024
+        launcher(splitk_reduce_kernel)[(triton.cdiv(M * N, block),)](
+            ws, y, M, N, y.stride(0), split, BLOCK=block, num_warps=4)
+    return y

@@ -1,0 +1,109 @@
+"""fp8 block-scaled GEMM kernel cases under ``TRITON_INTERPRET=1`` (run as a subprocess by
+tests/plugins/test_fp8_linear.py): prints ``RESULT {json}`` with, per case, the error in units of
+one ulp of the output dtype against the exact product ``x.float() @ (W8 * S).float().T`` and
+whether two calls were bitwise equal."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+# (name, M, N, K, x dtype, config): N and K not multiples of 128 (partial scale blocks), several
+# row / column scale blocks, K not a multiple of BLOCK_K, split-K, both bodies (CUDA-core M <= 4,
+# tl.dot above), M tiling, fp32 activations, the default config.
+CASES = [
+    ("m1_split", 1, 200, 300, "bf16", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),
+    ("m1_nosplit_even", 1, 256, 256, "bf16", dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1)),
+    ("m3_split3", 3, 130, 390, "bf16", dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3)),
+    ("m8_dot", 8, 200, 300, "bf16", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),
+    ("m8_cudacore", 8, 72, 160, "bf16", dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, DOT=False)),
+    ("m16_default", 16, 136, 260, "bf16", None),
+    ("m40_mtiles", 40, 150, 140, "bf16", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=1, BLOCK_M=16)),
+    ("m5_fp32", 5, 129, 129, "fp32", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),
+    ("m2_fp16", 2, 64, 200, "fp16", dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1)),
+]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
+
+
+def ulp_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |y - ref| in ulps of y's dtype at |ref| (>= 1 ulp of 1.0 near zero)."""
+    ulp = 2.0 ** (torch.floor(torch.log2(torch.clamp(ref.abs(), min=1.0))) - MANTISSA[y.dtype])
+    return float(((y.float() - ref).abs() / ulp).max())
+
+
+def case_inputs(i: int, M: int, N: int, K: int, dtype: torch.dtype):
+    from dspark_trt.plugins.fp8_linear import quantize_fp8
+    g = torch.Generator().manual_seed(i)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    rows = torch.logspace(-2, 1, N)[:, None]                     # rows of different scales
+    w8, s = quantize_fp8(torch.randn(N, K, generator=g) * rows)
+    return x, w8, s
+
+
+def codes_exact() -> bool:
+    """Every float8e4nv code but the NaNs (0x7f, 0xff) converts to torch's fp32 value."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def convert(src, dst, BLOCK: tl.constexpr):
+        o = tl.arange(0, BLOCK)
+        tl.store(dst + o, tl.load(src + o).to(tl.float32))
+
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F].view(torch.float8_e4m3fn)
+    got = torch.empty(256, dtype=torch.float32)
+    src = torch.zeros(256, dtype=torch.float8_e4m3fn)
+    src[:254] = codes
+    convert[(1,)](src, got, BLOCK=256)
+    return bool(torch.equal(got[:254], codes.float()))
+
+
+def main():
+    assert os.environ.get("TRITON_INTERPRET") == "1"            # set before triton is imported
+    from dspark_trt.plugins.fp8_linear import dequantize_fp8, fp8_linear_ref
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm
+    out = {}
+    for i, (name, M, N, K, dt, cfg) in enumerate(CASES):
+        x, w8, s = case_inputs(i, M, N, K, DTYPES[dt])
+        exact = x.double() @ dequantize_fp8(w8, s, torch.float64).T
+        y1 = fp8_gemm(x, w8, s, cfg)
+        y2 = fp8_gemm(x, w8, s, cfg)
+        ref = fp8_linear_ref(x, w8, s)
+        rel = float((y1.double() - exact).abs().max() / exact.abs().max())
+        out[name] = {"ulp": ulp_err(y1, exact), "rel": rel, "ref_ulp": ulp_err(ref, exact), "bitwise": bool(torch.equal(y1, y2)),
+                     "dtype": str(y1.dtype), "shape": list(y1.shape)}
+    out["codes_exact"] = codes_exact()
+    out.update(mma_results())
+    print("RESULT " + json.dumps(out))
+
+
+
+# W8A8 (MMA) variant: (name, M, N, K, config); compared with the exact product of the dequantised
+# fp8 activations and weights (the activation quantisation is the variant's, done in torch).
+MMA_CASES = [
+    ("mma_m20_odd", 20, 200, 300, dict(MMA=True, BLOCK_M=16, BLOCK_N=64)),
+    ("mma_m70_even", 70, 256, 256, dict(MMA=True, BLOCK_M=32, BLOCK_N=128)),
+]
+
+
+def mma_results() -> dict:
+    from dspark_trt.plugins.fp8_linear import dequantize_fp8
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm, quantize_activations
+    out = {}
+    for i, (name, M, N, K, cfg) in enumerate(MMA_CASES):
+        x, w8, s = case_inputs(100 + i, M, N, K, torch.bfloat16)
+        xq, xs = quantize_activations(x)
+        xd = xq.double() * xs.double().repeat_interleave(128, 1)[:, :K]
+        exact = xd @ dequantize_fp8(w8, s, torch.float64).T
+        full = x.double() @ dequantize_fp8(w8, s, torch.float64).T
+        y = fp8_gemm(x, w8, s, cfg)
+        out[name] = {"ulp": ulp_err(y, exact), "shape": list(y.shape),
+                     "act_quant_rel": float((exact - full).abs().max() / full.abs().max())}
+    return out
+
+
+if __name__ == "__main__":
+    main()
