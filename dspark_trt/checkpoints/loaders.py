@@ -32,11 +32,10 @@ register_loader("deepseek_v4", _deepseek_v4)
 
 
 def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-              device="cpu", num_spec_tokens: int | None = None):
+              device="cpu"):
     """-> (ModelPair, target module, draft module) with weights loaded."""
     model_type = read_json(Path(target_dir) / "config.json").get("model_type", "qwen3")
     if model_type not in _LOADERS:
         raise ConfigError(f"config field 'model_type': no loader for '{model_type}' "
                           f"(known: {', '.join(sorted(_LOADERS))})")
-    return _LOADERS[model_type](target_dir, draft_dir, dtype=dtype, device=device,
-                                num_spec_tokens=num_spec_tokens)
+    return _LOADERS[model_type](target_dir, draft_dir, dtype=dtype, device=device)

@@ -89,10 +89,10 @@ def load_confidence_head_(draft, tensors: dict[str, torch.Tensor], where: str) -
 
 
 def load_qwen3_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-                    device="cpu", num_spec_tokens: int | None = None):
+                    device="cpu"):
     """-> (ModelPair, target module, draft module), weights loaded, eval mode."""
     pair = read_pair_config(target_dir, draft_dir)
-    target, draft = build_models(pair, dtype=dtype, device=device, num_spec_tokens=num_spec_tokens)
+    target, draft = build_models(pair, dtype=dtype, device=device)
     tied = pair.target.tie_word_embeddings
     load_into_module(target, target_dir, skip=lambda n: tied and n == "lm_head.weight")
     names = checkpoint_files(draft_dir)
