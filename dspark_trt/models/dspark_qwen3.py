@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DSparkConfig
-from ..config.source import MARKOV_SAMPLERS
+from ..config.source import MARKOV_SAMPLERS, resolve_num_spec_tokens
 from .layers import RMSNorm, make_paged_kv_cache, rope_cos_sin
 from .qwen3 import Qwen3DecoderLayer, local_kv_heads
 
@@ -160,7 +160,7 @@ class DSparkQwen3Draft(nn.Module):
     def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
                      num_spec_tokens: int | None = None) -> Tensor:
         """The post-norm hidden states h [B, N, d] of the block (``U = lm_head(h)``)."""
-        B, N = anchor.shape[0], num_spec_tokens or self.config.block_size
+        B, N = anchor.shape[0], resolve_num_spec_tokens(num_spec_tokens, self.config)
         offs = torch.arange(N, device=anchor.device)
         mask = torch.full((B, N - 1), self.config.mask_token_id, dtype=anchor.dtype,
                           device=anchor.device)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DSparkV4Config
+from ..config.source import resolve_num_spec_tokens
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
 from .dspark_qwen3 import ConfidenceHead, MarkovHead, confidence_logits, markov_sampler_op, markov_weights
@@ -86,7 +87,7 @@ class DSparkV4Draft(nn.Module):
         """The pre-norm ``hc_head`` output h [B, N, d] (``U = head(norm(h))``)."""
         check_rows(block_table, anchor=anchor, start=start)
         start = same_rows(anchor, start)
-        B, N = anchor.shape[0], num_spec_tokens or self.config.block_size
+        B, N = anchor.shape[0], resolve_num_spec_tokens(num_spec_tokens, self.config)
         b = self.config.backbone
         live = (anchor >= 0) & (start >= 0)
         start = torch.where(live, start, -1)
