@@ -85,8 +85,8 @@ def make_llm(run: Path, draft: str, n: int, args) -> LLM:
 
 
 def speed(run: Path, prompts, args, log) -> dict:
-    """Batch-1 wall clock: speculative (DSpark, N = max block size) vs autoregressive, greedy."""
-    n = max(args.block_sizes)
+    """Batch-1 wall clock: speculative (DSpark, N = the largest swept) vs autoregressive, greedy."""
+    n = max(args.num_spec_tokens)
     llm = make_llm(run, "draft", n, args)
     sub = prompts[:args.speed_prompts]
     run_runtime(llm, sub[:1], 0.0, args)            # warm-up
@@ -147,7 +147,8 @@ def main(argv=None) -> int:
     ap.add_argument("--min-len", type=int, default=64)
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--block-sizes", default="3,5,7")
+    ap.add_argument("--num-spec-tokens", "--block-sizes", dest="num_spec_tokens", default="3,5,7",
+                    help="N values swept (comma list; --block-sizes: the older name)")
     ap.add_argument("--temperatures", default="0,1")
     ap.add_argument("--speed-prompts", type=int, default=8, help="prompts for the batch-1 timing "
                                                                   "(0: skip)")
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default=None, help="result file suffix (default: device kind)")
     ap.add_argument("--results-dir", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args(argv)
-    args.block_sizes = [int(x) for x in args.block_sizes.split(",")]
+    args.num_spec_tokens = [int(x) for x in args.num_spec_tokens.split(",")]
     args.speed_batches = [int(x) for x in args.speed_batches.split(",")]
     temps = [float(x) for x in args.temperatures.split(",")]
     args.dtype = args.dtype or ("bf16" if args.device.startswith("cuda") else "fp32")
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
 
     t_start = time.perf_counter()
     rows = []
-    base = make_llm(run, "draft", max(args.block_sizes), args)
+    base = make_llm(run, "draft", max(args.num_spec_tokens), args)
     prompts, files_sha = load_prompts(base, args)
     train_summary = run / "train_summary.json"
     train_sha = None
@@ -188,9 +189,9 @@ def main(argv=None) -> int:
     log(f"{len(prompts)} prompts ({args.min_len}-{args.max_len} tokens), {args.max_new_tokens} new "
         f"tokens; target-only greedy: {ref_dt:.1f} s")
     ar = load_ar_draft(run / "ar_draft", DTYPES[args.dtype], args.device)
-    for n in args.block_sizes:
+    for n in args.num_spec_tokens:
         for draft, name in (("draft", "DSpark"), ("dflash", "DFlash")):
-            llm = base if (draft == "draft" and n == max(args.block_sizes)) else make_llm(run, draft, n, args)
+            llm = base if (draft == "draft" and n == max(args.num_spec_tokens)) else make_llm(run, draft, n, args)
             for t in temps:
                 outs, dt = run_runtime(llm, prompts, t, args)
                 r = summarize([o.stats for o in outs], dt, sum(len(o.output_ids) for o in outs))
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
             rows.append({"draft": "AR (1 layer)", "temperature": t, **r})
             log(f"AR     N={n} T={t:g}: tau {r['tau']:.2f}")
     speed_res = speed(run, prompts, args, log) if args.speed_prompts > 0 else None
-    md = table(rows, args.block_sizes, temps)
+    md = table(rows, args.num_spec_tokens, temps)
     dev_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     result = {
         "git_sha": provenance.git_sha(), "device": args.device, "device_name": dev_name,

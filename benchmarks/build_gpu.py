@@ -46,6 +46,7 @@ import torch  # noqa: E402
 
 from dspark_trt.builder.build import BuildOptions, build_engine  # noqa: E402
 from dspark_trt.config import PRESETS, get_preset  # noqa: E402
+from dspark_trt.config.source import resolve_num_spec_tokens  # noqa: E402
 from dspark_trt.models import build_models  # noqa: E402
 from dspark_trt.runtime.engine import EngineNetworks  # noqa: E402
 from dspark_trt.runtime.networks import EagerNetworks  # noqa: E402
@@ -181,9 +182,9 @@ def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dic
     from dspark_trt.builder.build import apply_overrides
     o = opts.resolved()           # the reference: same seed -> same weights, unfused eager modules
     target, draft = build_models(apply_overrides(get_preset(o.model), o.overrides), dtype, device,
-                                 o.num_spec_tokens, o.seed)
+                                 o.seed)
     eager = EagerNetworks(target, draft, nets.num_pages, nets.page_size, device, dtype,
-                          o.markov_sampler)
+                          o.markov_sampler, nets.num_spec_tokens)
     eager.max_pages_per_seq, eager.vocab_size = nets.max_pages_per_seq, nets.vocab_size
     inputs = round_inputs(nets, B, T, device)
     got, want = draft_and_verify(nets, *inputs), draft_and_verify(eager, *inputs)
@@ -316,10 +317,11 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     target, draft = build_models(apply_overrides(get_preset(o.model), o.overrides), torch.bfloat16, "cuda",
-                                 o.num_spec_tokens, o.seed)
-    pages = -(-(o.max_seq_len + draft.num_spec_tokens + 1) // o.page_size)        # the engine's layout
+                                 o.seed)
+    n = resolve_num_spec_tokens(o.num_spec_tokens, draft.config)
+    pages = -(-(o.max_seq_len + n + 1) // o.page_size)        # the engine's layout
     nets = EagerNetworks(target, draft, max(V4_BATCHES) * pages, o.page_size, torch.device("cuda"),
-                         torch.bfloat16, o.markov_sampler)
+                         torch.bfloat16, o.markov_sampler, n)
     nets.max_pages_per_seq = pages
     r = record.setdefault("eager", {"build_models_seconds": round(time.perf_counter() - t0, 1)})
     per_expert, ref = v4_latencies(nets, graphs=False, context=False)

@@ -31,7 +31,7 @@ from dspark_trt.runtime.networks import EagerNetworks  # noqa: E402
 
 def networks(model: str, device: str, fused: bool, sampler: str, B: int, T: int):
     pair = get_preset(model)
-    target, draft = build_models(pair, torch.bfloat16, torch.device(device), None, 0)
+    target, draft = build_models(pair, torch.bfloat16, torch.device(device), 0)
     if fused:
         fuse_projections_(target), fuse_projections_(draft)
     page = 64

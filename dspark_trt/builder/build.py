@@ -29,7 +29,8 @@ import torch
 
 from ..config import ConfigError, ModelPair, get_preset
 from ..config.dtypes import ENGINE_DTYPES, torch_dtype
-from ..config.source import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MARKOV_SAMPLERS, ModelSource
+from ..config.source import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MARKOV_SAMPLERS, ModelSource,
+                             resolve_num_spec_tokens)
 from ..checkpoints.prepare import prepare_models
 from ..devices import resolve_device
 from ..progress import bar
@@ -273,9 +274,10 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
     with prog.stage("load"):
         pair, target, draft = load_models(o, dtype, device, tp)
     pair.check_limits(o.max_batch_size, o.max_seq_len)    # an engine that could never load
-    shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.num_spec_tokens, o.page_size)
+    n = resolve_num_spec_tokens(o.num_spec_tokens, pair.draft)    # N, compiled into draft_block
+    shapes = BuildShapes(o.max_batch_size, o.max_seq_len, n, o.page_size)
     with prog.stage("convert"):
-        specs = network_specs(target, draft, shapes, dtype, device)
+        specs = network_specs(target, draft, shapes, dtype, device, o.markov_sampler)
         layouts = {"target": cache_layout(target, o.page_size, dtype),
                    "draft": cache_layout(draft, o.page_size, dtype)}
     manifest = {

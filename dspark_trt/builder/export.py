@@ -52,14 +52,18 @@ class DraftContextNetwork(nn.Module):
 
 
 class DraftBlockNetwork(nn.Module):
-    def __init__(self, draft: nn.Module, spec):
+    """The draft block with its run settings compiled in: N and the Markov sampler mode."""
+
+    def __init__(self, draft: nn.Module, spec, num_spec_tokens: int, markov_sampler: str = "exact"):
         super().__init__()
         self.draft, self.spec = draft, spec
+        self.num_spec_tokens, self.markov_sampler = num_spec_tokens, markov_sampler
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, caches: list[Tensor]):
         return self.draft(anchor, start, block_table, temperature, seed,
-                          pytree.tree_unflatten(caches, self.spec))
+                          pytree.tree_unflatten(caches, self.spec), sampler=self.markov_sampler,
+                          num_spec_tokens=self.num_spec_tokens)
 
 
 @dataclass
@@ -94,8 +98,9 @@ class ExportSpec:
 
 
 def network_specs(target: nn.Module, draft: nn.Module, shapes: BuildShapes, dtype: torch.dtype,
-                  device) -> list[ExportSpec]:
-    """Wrap target and draft into the three networks with sample inputs on ``device``."""
+                  device, markov_sampler: str = "exact") -> list[ExportSpec]:
+    """Wrap target and draft into the three networks with sample inputs on ``device``; N
+    (``shapes.num_spec_tokens``) and ``markov_sampler`` are compiled into ``draft_block``."""
     B, T, N = SAMPLE_BATCH, SAMPLE_TOKENS, shapes.num_spec_tokens
     P = max(2, -(-(T + N + 1) // shapes.page_size))
     batch = Dim("batch", min=1, max=shapes.max_batch_size)
@@ -128,7 +133,8 @@ def network_specs(target: nn.Module, draft: nn.Module, shapes: BuildShapes, dtyp
                    (taps.to(dtype), positions, table, dcache),
                    {"taps": bt, "positions": bt, "block_table": bp, "caches": ddyn},
                    ["taps", "positions", "block_table"], [], "draft"),
-        ExportSpec("draft_block", DraftBlockNetwork(draft, cache_spec(draft, shapes.page_size, dtype)),
+        ExportSpec("draft_block", DraftBlockNetwork(draft, cache_spec(draft, shapes.page_size, dtype),
+                                                    N, markov_sampler),
                    (torch.ones(B, **i64), torch.tensor([0, 1], **i64), table,
                     torch.tensor([0.0, 1.0], dtype=torch.float32, device=device), torch.arange(B, **i64),
                     dcache),

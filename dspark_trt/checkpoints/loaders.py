@@ -32,8 +32,7 @@ register_loader("deepseek_v4", _deepseek_v4)
 
 
 def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-              device="cpu", num_spec_tokens: int | None = None, quantization: str | None = None,
-              tp_world: int = 1):
+              device="cpu", quantization: str | None = None, tp_world: int = 1):
     """-> (ModelPair, target module, draft module) with weights loaded. ``quantization``
     (``checkpoints.fp8``): Qwen3 loaders only; the others dequantise (``quantization`` "fp8" refused)."""
     model_type = read_json(Path(target_dir) / "config.json").get("model_type", "qwen3")
@@ -46,5 +45,4 @@ def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype 
     elif (quantization or "auto") == "fp8":
         from .fp8 import check_quantization
         check_quantization(quantization, model_type)
-    return _LOADERS[model_type](target_dir, draft_dir, dtype=dtype, device=device,
-                                num_spec_tokens=num_spec_tokens, **kw)
+    return _LOADERS[model_type](target_dir, draft_dir, dtype=dtype, device=device, **kw)

@@ -2,7 +2,10 @@
 
 One path for ``LLM.from_preset`` / ``LLM.from_checkpoints`` and the builder: load (checkpoints,
 on the host under tensor parallelism) or build with random weights -> shard for this rank ->
-move -> (builder: fuse projections) -> stack V4 experts -> set the draft's block sampler.
+move -> (builder: fuse projections) -> stack V4 experts. The modules come back holding weights
+and shapes only: N (``src.num_spec_tokens``), the Markov sampler mode and the TP world are run
+settings the caller passes on (``LLM(num_spec_tokens=, markov_sampler=, tp=)``, the builder's
+export wrappers).
 """
 from __future__ import annotations
 
@@ -23,24 +26,21 @@ def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pai
     ``src.model``), initialised directly on ``device``. With ``tp`` (a ``parallel.TPInfo``) the
     models are sharded for its rank and only the shard moves to ``device``. ``src.quantization``:
     the target's weight format (``checkpoints.fp8``: fp8 projections native, quantised or
-    dequantised). ``fuse``: one GEMM for
-    q/k/v and one for gate/up (the builder's). ``src.markov_sampler``, when given, is the draft's."""
+    dequantised). ``fuse``: one GEMM for q/k/v and one for gate/up (the builder's)."""
     if src.checkpoint:
         from .loaders import load_pair
         pair, target, draft = load_pair(src.checkpoint, src.draft_checkpoint, dtype,
-                                        "cpu" if tp else device, src.num_spec_tokens,
+                                        "cpu" if tp else device,
                                         quantization=src.quantization, tp_world=tp.world if tp else 1)
     else:
         pair = pair or get_preset(src.model)
         check_quantization(src.quantization, pair.target.arch, tp.world if tp else 1)
-        target, draft = build_models(pair, dtype, device, src.num_spec_tokens, seed)
+        target, draft = build_models(pair, dtype, device, seed)
         apply_quantization_(pair, target, dtype, src.quantization, tp.world if tp else 1)
     if tp:
         from ..parallel import shard_pair_
         shard_pair_(pair, target, draft, tp.rank, tp.world, src.expert_parallel)
         target.to(device), draft.to(device)
-    if src.markov_sampler is not None:
-        draft.markov_sampler = src.markov_sampler
     if fuse:
         fuse_projections_(target), fuse_projections_(draft)      # one GEMM for q/k/v and for gate/up
     stack_experts_(target), stack_experts_(draft)                # V4 MoE: grouped GEMMs of the chosen experts

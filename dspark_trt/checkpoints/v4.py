@@ -118,10 +118,10 @@ def _collect(ckpt_dir, side: str, expert_dtype: str) -> dict:
 
 
 def load_v4_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-                 device="cpu", num_spec_tokens: int | None = None):
+                 device="cpu"):
     """-> (ModelPair, target module, draft module), weights loaded (dequantised), eval mode."""
     pair = read_v4_pair_config(target_dir, draft_dir)
-    target, draft = build_models(pair, dtype=dtype, device=device, num_spec_tokens=num_spec_tokens)
+    target, draft = build_models(pair, dtype=dtype, device=device)
     ed = pair.target.expert_dtype
     _load(target, _collect(target_dir, "target", ed))
     tensors = _collect(draft_dir, "draft", ed)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import add_model_args, load_llm
+from .common import add_model_args, add_source_args, load_llm
 from ..progress import bar
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,8 +42,8 @@ TARGETS = {  # name -> (metric key, bound, "le"/"ge"); all at batch 1
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark the decode loop against the roofline and HF")
     add_model_args(p)
-    p.add_argument("--random-weights", action="store_true",
-                   help="confirm benchmarking a --model preset with random weights")
+    add_source_args(p, ("random_weights",),
+                    random_weights=dict(help="confirm benchmarking a --model preset with random weights"))
     p.add_argument("--batch-sizes", default="1,2,4,8,16,32,64")
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--prompts", choices=["random", "heldout"], default="random",

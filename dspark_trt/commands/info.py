@@ -7,6 +7,7 @@ import math
 import torch
 
 from ..config.dtypes import DTYPES, ENGINE_DTYPES
+from ..config.source import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, add_source_args
 
 H200_BYTES = 141e9
 GPUS_PER_NODE = 8
@@ -17,10 +18,11 @@ MXFP4 = "mxfp4_e2m1_group32"              # 0.5 B / weight + one E8M0 byte per 3
 def add_parser(sub) -> None:
     p = sub.add_parser("info", help="print an engine's manifest or a preset's memory estimate")
     p.add_argument("engine_dir", nargs="?", help="engine directory")
-    p.add_argument("--model", help="preset name: print a memory estimate instead")
-    p.add_argument("--dtype", choices=sorted(ENGINE_DTYPES), default="bf16", help="for --model")
-    p.add_argument("--max-batch-size", type=int, default=8, help="for --model")
-    p.add_argument("--max-seq-len", type=int, default=2048, help="for --model")
+    add_source_args(p, ("model", "dtype", "max_batch_size", "max_seq_len"),
+                    model=dict(help="preset name: print a memory estimate instead"),
+                    dtype=dict(choices=sorted(ENGINE_DTYPES), default="bf16", help="for --model"),
+                    max_batch_size=dict(default=DEFAULT_MAX_BATCH_SIZE, help="for --model"),
+                    max_seq_len=dict(default=DEFAULT_MAX_SEQ_LEN, help="for --model"))
     p.add_argument("--no-verify", action="store_true", help="skip file checksums (engine)")
     p.set_defaults(func=run)
 

@@ -2,6 +2,8 @@
 trained in resumable stages into one output directory (``train/stages.py``)."""
 from __future__ import annotations
 
+from ..config.source import add_source_args
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("train", help="train a small target + DSpark draft (and baselines) on "
@@ -11,7 +13,7 @@ def add_parser(sub) -> None:
                    choices=["target", "distill", "drafts", "eval", "all"],
                    help="stages to run, in order (finished ones are skipped; default: all)")
     p.add_argument("--preset", default="h200", help="training recipe: h200 (default) or smoke")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    add_source_args(p, ("device",))
     p.add_argument("--minutes", type=float, default=None,
                    help="wall-clock budget of this call: no stage starts after it, and the target "
                         "stage stops training in time (default: none)")

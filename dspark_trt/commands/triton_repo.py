@@ -1,14 +1,14 @@
 """``dspark-trt triton-repo``: write a Triton model repository that serves the model as is."""
 from __future__ import annotations
 
-from .common import add_model_args
+from .common import add_model_args, add_source_args
 
 
 def add_repo_args(p) -> None:
     """Model source and repository options shared with ``dspark-trt serve``."""
     add_model_args(p)
-    p.add_argument("--random-weights", action="store_true",
-                   help="with --model PRESET: serve random weights (text is noise)")
+    add_source_args(p, ("random_weights",),
+                    random_weights=dict(help="with --model PRESET: serve random weights (text is noise)"))
     p.add_argument("--no-speculative", action="store_true", help="plain autoregressive decoding")
     g = p.add_argument_group("repository")
     g.add_argument("--model-name", default="dspark", help="Triton model name (default: dspark)")

@@ -13,6 +13,7 @@ import argparse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from .checks import ConfigError
 from .dtypes import DTYPES
 
 DEFAULT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "default"
@@ -21,6 +22,14 @@ DEFAULT_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_SEQ_LEN = 2048                     # or the model's context, if shorter
 MARKOV_SAMPLERS = ("exact", "topk")            # the draft's block sampler (models.dspark_qwen3)
 QUANTIZATIONS = ("auto", "fp8", "none")        # target weight format (checkpoints.prepare)
+
+
+def resolve_num_spec_tokens(requested: int | None, draft_cfg) -> int:
+    """N, the drafts per round: ``requested`` (the runtime setting), else the draft's trained block
+    size (its checkpoint config's ``block_size``, the published DSpark / DeepSpec name)."""
+    if requested is not None and requested < 0:
+        raise ConfigError(f"num_spec_tokens must be >= 1, got {requested}")
+    return requested or draft_cfg.block_size
 
 
 def default_pair_dirs() -> tuple[Path, Path] | None:

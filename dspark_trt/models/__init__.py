@@ -14,6 +14,7 @@ _DRAFTS: dict[str, Callable] = {}
 
 def register_arch(target_arch: str, target_factory: Callable, draft_arch: str,
                   draft_factory: Callable) -> None:
+    """``target_factory(cfg, tap_layer_ids)``, ``draft_factory(cfg, target)`` -> modules."""
     _TARGETS[target_arch] = target_factory
     _DRAFTS[draft_arch] = draft_factory
 
@@ -23,9 +24,9 @@ def _qwen3_target(cfg, tap_ids):
     return Qwen3ForCausalLM(cfg, tap_ids)
 
 
-def _qwen3_draft(cfg, target, num_spec_tokens):
+def _qwen3_draft(cfg, target):
     from .dspark_qwen3 import DSparkQwen3Draft
-    return DSparkQwen3Draft(cfg, target.model.embed_tokens, target.lm_head, num_spec_tokens)
+    return DSparkQwen3Draft(cfg, target.model.embed_tokens, target.lm_head)
 
 
 register_arch("qwen3", _qwen3_target, "qwen3_dspark", _qwen3_draft)
@@ -36,17 +37,18 @@ def _v4_target(cfg, tap_ids):
     return DeepSeekV4ForCausalLM(cfg, tap_ids)
 
 
-def _v4_draft(cfg, target, num_spec_tokens):
+def _v4_draft(cfg, target):
     from .dspark_v4 import DSparkV4Draft
-    return DSparkV4Draft(cfg, target.embed, target.head, num_spec_tokens)
+    return DSparkV4Draft(cfg, target.embed, target.head)
 
 
 register_arch("deepseek_v4", _v4_target, "deepseek_v4_dspark", _v4_draft)
 
 
 def build_models(pair: ModelPair, dtype: torch.dtype = torch.float32, device="cpu",
-                 num_spec_tokens: int | None = None, seed: int | None = 0) -> tuple[nn.Module, nn.Module]:
-    """Instantiate target and draft (random init from ``seed``; loaders overwrite the weights)."""
+                 seed: int | None = 0) -> tuple[nn.Module, nn.Module]:
+    """Instantiate target and draft (random init from ``seed``; loaders overwrite the weights).
+    The modules hold weights and shapes; N and the sampler mode are the runtime's arguments."""
     if pair.target.arch not in _TARGETS:
         raise ValueError(f"unknown target architecture '{pair.target.arch}'")
     if pair.draft.arch not in _DRAFTS:
@@ -55,7 +57,7 @@ def build_models(pair: ModelPair, dtype: torch.dtype = torch.float32, device="cp
         torch.manual_seed(seed)
     with torch.device(device):
         target = _TARGETS[pair.target.arch](pair.target, pair.draft.target_layer_ids)
-        draft = _DRAFTS[pair.draft.arch](pair.draft, target, num_spec_tokens)
+        draft = _DRAFTS[pair.draft.arch](pair.draft, target)
     target.to(dtype).eval().requires_grad_(False)
     draft.to(dtype).eval().requires_grad_(False)
     return target, draft

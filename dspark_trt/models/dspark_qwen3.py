@@ -21,9 +21,9 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DSparkConfig
-from ..config.source import MARKOV_SAMPLERS
+from ..config.source import MARKOV_SAMPLERS, resolve_num_spec_tokens
 from .layers import RMSNorm, make_paged_kv_cache, rope_cos_sin
-from .qwen3 import Qwen3DecoderLayer
+from .qwen3 import Qwen3DecoderLayer, local_kv_heads
 
 
 class MarkovHead(nn.Module):
@@ -105,13 +105,12 @@ def markov_sampler_op(mode: str):
 
 
 class DSparkQwen3Draft(nn.Module):
-    def __init__(self, cfg: DSparkConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear,
-                 num_spec_tokens: int | None = None):
+    """Holds weights and shapes only: N (``num_spec_tokens``, default ``config.block_size``) and
+    the Markov sampler mode (default "exact") are arguments of ``block`` / ``forward``."""
+
+    def __init__(self, cfg: DSparkConfig, embed_tokens: nn.Embedding, lm_head: nn.Linear):
         super().__init__()
         self.config = cfg
-        self.num_spec_tokens = num_spec_tokens or cfg.block_size
-        self.tp_world = 1                           # tensor-parallel ranks (parallel/tp.py)
-        self.markov_sampler = "exact"   # exported draft_block default (the runtime passes its mode)
         lc = cfg.layer_config()
         d = lc.hidden_size
         self.embed_tokens = embed_tokens            # shared with the target (frozen)
@@ -136,9 +135,9 @@ class DSparkQwen3Draft(nn.Module):
         return self.confidence_head
 
     def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
-        c = self.config.layer_config()              # this rank's KV heads only
+        c = self.config.layer_config()
         return make_paged_kv_cache(c.num_hidden_layers, num_pages, page_size,
-                                   c.num_key_value_heads // self.tp_world, c.head_dim, dtype, device)
+                                   local_kv_heads(self.layers, c), c.head_dim, dtype, device)
 
     def markov_weights(self) -> tuple[Tensor, Tensor]:
         return markov_weights(self.markov_head, self.config.backbone.vocab_size, self.lm_head.weight)
@@ -152,13 +151,16 @@ class DSparkQwen3Draft(nn.Module):
             k, v = layer.self_attn.kv(ctx, cos, sin)
             plugins.kv_cache_write(cache["k"][i], cache["v"][i], k, v, block_table, positions)
 
-    def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
-        """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1)."""
-        return self.lm_head(self.block_hidden(anchor, start, block_table, cache))
+    def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
+              num_spec_tokens: int | None = None) -> Tensor:
+        """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1);
+        N = ``num_spec_tokens`` (None: the trained ``config.block_size``)."""
+        return self.lm_head(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens))
 
-    def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
+    def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
+                     num_spec_tokens: int | None = None) -> Tensor:
         """The post-norm hidden states h [B, N, d] of the block (``U = lm_head(h)``)."""
-        B, N = anchor.shape[0], self.num_spec_tokens
+        B, N = anchor.shape[0], resolve_num_spec_tokens(num_spec_tokens, self.config)
         offs = torch.arange(N, device=anchor.device)
         mask = torch.full((B, N - 1), self.config.mask_token_id, dtype=anchor.dtype,
                           device=anchor.device)
@@ -175,15 +177,15 @@ class DSparkQwen3Draft(nn.Module):
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,
-                sampler: str | None = None):
+                sampler: str = "exact", num_spec_tokens: int | None = None):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
         (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``).
-        ``sampler``: the Markov sampler mode (the runtime passes its own; None: the module's
-        ``markov_sampler``, the one an export traces)."""
-        h = self.block_hidden(anchor, start, block_table, cache)
+        ``sampler``: the Markov sampler mode; ``num_spec_tokens``: N (None: ``config.block_size``);
+        both are run settings the caller passes (the runtime's networks, the export wrapper)."""
+        h = self.block_hidden(anchor, start, block_table, cache, num_spec_tokens)
         U = self.lm_head(h)
         w1, w2 = self.markov_weights()
-        drafts, z = markov_sampler_op(sampler or self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
         if not with_confidence:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DSparkV4Config
+from ..config.source import resolve_num_spec_tokens
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
 from .dspark_qwen3 import ConfidenceHead, MarkovHead, confidence_logits, markov_sampler_op, markov_weights
@@ -32,12 +33,11 @@ from .v4_layers import check_rows, same_rows
 
 
 class DSparkV4Draft(nn.Module):
-    def __init__(self, cfg: DSparkV4Config, embed: nn.Embedding, head: nn.Linear,
-                 num_spec_tokens: int | None = None):
+    """Weights and shapes only: N and the sampler mode are arguments (as ``DSparkQwen3Draft``)."""
+
+    def __init__(self, cfg: DSparkV4Config, embed: nn.Embedding, head: nn.Linear):
         super().__init__()
         self.config = cfg
-        self.num_spec_tokens = num_spec_tokens or cfg.block_size
-        self.markov_sampler = "exact"   # exported draft_block default (the runtime passes its mode)
         b = cfg.backbone
         d = b.hidden_size
         self.embed, self.head = embed, head                  # the target's (frozen, shared)
@@ -76,15 +76,18 @@ class DSparkV4Draft(nn.Module):
         for s, stage in enumerate(self.layers):
             stage.attn.write_context(main_x, positions, block_table, cache["layers"][s])
 
-    def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
-        """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1)."""
-        return self.head(self.norm(self.block_hidden(anchor, start, block_table, cache)))
+    def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
+              num_spec_tokens: int | None = None) -> Tensor:
+        """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1);
+        N = ``num_spec_tokens`` (None: the trained ``config.block_size``)."""
+        return self.head(self.norm(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens)))
 
-    def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict) -> Tensor:
+    def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
+                     num_spec_tokens: int | None = None) -> Tensor:
         """The pre-norm ``hc_head`` output h [B, N, d] (``U = head(norm(h))``)."""
         check_rows(block_table, anchor=anchor, start=start)
         start = same_rows(anchor, start)
-        B, N = anchor.shape[0], self.num_spec_tokens
+        B, N = anchor.shape[0], resolve_num_spec_tokens(num_spec_tokens, self.config)
         b = self.config.backbone
         live = (anchor >= 0) & (start >= 0)
         start = torch.where(live, start, -1)
@@ -104,15 +107,15 @@ class DSparkV4Draft(nn.Module):
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,
-                sampler: str | None = None):
+                sampler: str = "exact", num_spec_tokens: int | None = None):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
         (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``).
-        ``sampler``: the Markov sampler mode (the runtime passes its own; None: the module's
-        ``markov_sampler``, the one an export traces)."""
-        h = self.block_hidden(anchor, start, block_table, cache)
+        ``sampler``: the Markov sampler mode; ``num_spec_tokens``: N (None: ``config.block_size``);
+        both are run settings the caller passes (the runtime's networks, the export wrapper)."""
+        h = self.block_hidden(anchor, start, block_table, cache, num_spec_tokens)
         U = self.head(self.norm(h))
         w1, w2 = self.markov_weights()
-        drafts, z = markov_sampler_op(sampler or self.markov_sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
         if not with_confidence:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

@@ -55,6 +55,12 @@ class Qwen3Attention(nn.Module):
         return self.o_proj(o.reshape(B, T, self.h * self.d))
 
 
+def local_kv_heads(layers: nn.ModuleList, cfg) -> int:
+    """KV heads this module's attention holds: the config's, or this rank's share once
+    ``parallel.tp`` has sharded the heads (a shape of the module, not a run setting)."""
+    return layers[0].self_attn.hkv if len(layers) else cfg.num_key_value_heads
+
+
 class Qwen3DecoderLayer(nn.Module):
     def __init__(self, cfg: Qwen3Config):
         super().__init__()
@@ -84,16 +90,15 @@ class Qwen3ForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.tap_layer_ids = tuple(tap_layer_ids)
-        self.tp_world = 1                      # tensor-parallel ranks (parallel/tp.py shards heads)
         self.model = Qwen3Model(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def make_cache(self, num_pages: int, page_size: int, dtype: torch.dtype, device) -> dict:
-        c = self.config                        # this rank's KV heads only
+        c = self.config
         return make_paged_kv_cache(c.num_hidden_layers, num_pages, page_size,
-                                   c.num_key_value_heads // self.tp_world, c.head_dim, dtype, device)
+                                   local_kv_heads(self.model.layers, c), c.head_dim, dtype, device)
 
     def forward(self, tokens: Tensor, positions: Tensor, block_table: Tensor,
                 cache: dict[str, list[Tensor]]) -> tuple[Tensor, Tensor]:

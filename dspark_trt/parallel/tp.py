@@ -10,7 +10,8 @@ and a 1/world slice of the rest, cut *in place* after the weights are loaded:
               sampler and the verifier see exactly the [.., V] logits of the single-GPU path
   embedding   vocabulary-parallel: out-of-shard ids read zeros, summed by one all_reduce (exact)
 
-KV caches then hold only the local KV heads (``make_cache`` divides by the model's ``tp_world``).
+KV caches then hold only the local KV heads (``make_cache`` reads the sharded attention's head
+count); the world size is the caller's (``LLM(tp=TPInfo)``), not stored on the modules.
 Every rank runs the same scheduler on the same inputs, so all ranks issue the same collectives in
 the same order. ``world == 1`` changes nothing and issues no collective.
 """
@@ -87,9 +88,9 @@ def shard_qwen3_(target: nn.Module, draft: nn.Module | None, rank: int, world: i
     head = VocabParallelHead(rows(target.lm_head, lo, hi), V, world)
     if target.config.tie_word_embeddings:
         head.linear.weight = embed.weight
-    target.model.embed_tokens, target.lm_head, target.tp_world = embed, head, world
+    target.model.embed_tokens, target.lm_head = embed, head
     if draft is not None:                                  # the draft shares embedding and head
-        draft.embed_tokens, draft.lm_head, draft.tp_world = embed, head, world
+        draft.embed_tokens, draft.lm_head = embed, head
 
 
 def shard_pair_(pair, target: nn.Module, draft: nn.Module | None, rank: int, world: int,

@@ -77,7 +77,6 @@ def shard_v4_(target: nn.Module, draft: nn.Module | None, rank: int, world: int,
     """Shard a loaded ``DeepSeekV4ForCausalLM`` and its ``DSparkV4Draft`` in place for ``rank``
     of ``world``. All divisibility checks run before any module is touched."""
     check_rank(rank, world)
-    target.tp_world = world
     if world == 1:
         return
     blocks = list(target.layers) + (list(draft.layers) if draft is not None else [])
@@ -91,4 +90,4 @@ def shard_v4_(target: nn.Module, draft: nn.Module | None, rank: int, world: int,
     head = VocabParallelHead(rows(target.head, lo, hi), V, world)
     target.embed, target.head = embed, head
     if draft is not None:                                  # the draft shares embedding and head
-        draft.embed, draft.head, draft.tp_world = embed, head, world
+        draft.embed, draft.head = embed, head

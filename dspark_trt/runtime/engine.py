@@ -29,7 +29,7 @@ class EngineNetworks:
         self.engine_dir = Path(engine_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         m = self.manifest = check_engine(self.engine_dir, self.device, verify_checksums)
-        self.tp_world, part = self._rank_part(m)
+        self.tp_size, part = self._rank_part(m)
         s = m["shapes"]
         self.max_batch_size = self._within(max_batch_size, s["max_batch_size"], "max_batch_size")
         self.max_seq_len = self._within(max_seq_len, s["max_seq_len"], "max_seq_len")

@@ -11,7 +11,7 @@ import torch
 from ..config import ConfigError, ModelPair, get_preset
 from ..config.dtypes import torch_dtype
 from ..config.source import (DEFAULT_ASSETS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, FALLBACK_PRESET,
-                             ModelSource, default_pair_dirs)
+                             ModelSource, default_pair_dirs, resolve_num_spec_tokens)
 from ..devices import default_device, default_dtype, resolve_device  # noqa: F401  (default_device: re-exported)
 from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
@@ -56,7 +56,12 @@ class LLM:
     Tensor parallelism (``tp_size`` of the constructors, one process per rank under torchrun):
     the modules are sharded by ``parallel.shard_pair_`` (``expert_parallel``: MoE experts split
     by expert instead of by intermediate dim); every rank runs this same scheduler on the same
-    inputs. Requests without a seed get one drawn on rank 0 and broadcast.
+    inputs. Requests without a seed get one drawn on rank 0 and broadcast. Modules sharded by hand
+    come with ``tp`` (their ``parallel.TPInfo``): the world is an argument, not module state.
+
+    ``num_spec_tokens``: N drafts per round (default: the draft's trained ``block_size``; an
+    engine's is compiled in). N, the sampler mode and the TP world are held by this object and
+    its networks and passed to the modules' forwards; the modules hold weights and shapes only.
 
     ``markov_sampler``: "exact" (default, the full-vocabulary Markov sampler) or "topk" (fast,
     candidate-restricted proposal; lossless, see ``models.dspark_qwen3.markov_sampler_op``). An
@@ -74,7 +79,8 @@ class LLM:
                  kv_cache_bytes: int | None = None, gpu_memory_utilization: float | None = None,
                  cuda_graphs: bool | None = None, graph_backend: str | None = None,
                  markov_sampler: str | None = None, calibration: Calibration | None = None,
-                 verify_cost: CostCurve | None = None):
+                 verify_cost: CostCurve | None = None, num_spec_tokens: int | None = None,
+                 tp: TPInfo | None = None):
         self.pair, self.target, self.draft = pair, target, draft
         pair.check_limits(max_batch_size, max_seq_len)
         if markov_sampler is not None:
@@ -86,13 +92,13 @@ class LLM:
             max_seq_len = min(DEFAULT_MAX_SEQ_LEN, getattr(pair.target, "max_position_embeddings",
                                                            DEFAULT_MAX_SEQ_LEN))
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
-        self.tp_size = getattr(target if target is not None else networks, "tp_world", 1)
-        self.tp_rank = torch.distributed.get_rank() if self.tp_size > 1 else 0
+        self.tp_size = tp.world if tp is not None else getattr(networks, "tp_size", 1)
+        self.tp_rank = tp.rank if tp is not None else (torch.distributed.get_rank() if self.tp_size > 1 else 0)
         p = next(target.parameters()) if target is not None else None
         self.device = torch.device(device or (p.device if p is not None else "cpu"))
         self.dtype = dtype or (p.dtype if p is not None else torch.float32)
-        n = (draft.num_spec_tokens if draft is not None
-             else networks.num_spec_tokens if networks is not None else 0)
+        n = (networks.num_spec_tokens if networks is not None
+             else resolve_num_spec_tokens(num_spec_tokens, draft.config) if draft is not None else 0)
         self.max_pages_per_seq = -(-(max_seq_len + n + 1) // page_size)
         if num_pages is None:
             num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n)
@@ -101,7 +107,7 @@ class LLM:
         if networks is None and skinny_gemm_enabled():      # opt-in Triton decode GEMMs (issue #21)
             use_decode_linear_(target), draft is not None and use_decode_linear_(draft)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
-                                                  self.device, self.dtype, markov_sampler)
+                                                  self.device, self.dtype, markov_sampler, n)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)
         if cuda_graphs and self.graphs_skipped:
             log.warning("CUDA graphs skipped: %s (running the steps eagerly)", self.graphs_skipped)
@@ -182,10 +188,10 @@ class LLM:
         pair = get_preset(name)
         pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
         device, tp = _join_tp(tp_size, device)
-        src = ModelSource(model=name, num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel,
-                          quantization=quantization)
+        src = ModelSource(model=name, expert_parallel=expert_parallel, quantization=quantization)
         pair, target, draft = prepare_models(src, dtype, device, tp, pair=pair, seed=seed)
-        return cls(pair, target, draft, device=device, dtype=dtype, **kw)
+        return cls(pair, target, draft, device=device, dtype=dtype, num_spec_tokens=num_spec_tokens,
+                   tp=tp, **kw)
 
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path, *, dtype=torch.float32,
@@ -195,13 +201,13 @@ class LLM:
         shard to its device. ``quantization``: ``ModelSource.quantization``."""
         device, tp = _join_tp(tp_size, device)
         src = ModelSource(checkpoint=str(target_dir), draft_checkpoint=str(draft_dir),
-                          num_spec_tokens=num_spec_tokens, expert_parallel=expert_parallel,
-                          quantization=quantization)
+                          expert_parallel=expert_parallel, quantization=quantization)
         pair, target, draft = prepare_models(src, dtype, device, tp)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         kw.setdefault("calibration", Calibration.find(draft_dir))
         kw.setdefault("verify_cost", CostCurve.find(draft_dir))
-        return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype, **kw)
+        return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype,
+                   num_spec_tokens=num_spec_tokens, tp=tp, **kw)
 
     @classmethod
     def from_engine(cls, engine_dir: str | Path, *, device=None, max_batch_size: int | None = None,

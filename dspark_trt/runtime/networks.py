@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import plugins
+from ..config.source import resolve_num_spec_tokens
 from ..models.dspark_qwen3 import markov_sampler_op
 
 
@@ -16,15 +17,19 @@ class EagerNetworks:
     """Target + draft modules with their caches bound; shapes are those of design.md."""
 
     def __init__(self, target: nn.Module, draft: nn.Module | None, num_pages: int, page_size: int,
-                 device, dtype: torch.dtype, markov_sampler: str | None = None):
-        """``markov_sampler``: the draft's Markov sampler mode, passed to every draft block (None:
-        the draft module's default, ``markov_sampler``; an engine's is compiled in)."""
+                 device, dtype: torch.dtype, markov_sampler: str | None = None,
+                 num_spec_tokens: int | None = None):
+        """Run settings are held here and passed to every draft block, not stored on the modules:
+        ``markov_sampler``, the draft's Markov sampler mode (None: exact; an engine's is compiled
+        in), and ``num_spec_tokens``, N (None: the draft's trained ``config.block_size``; 0
+        without a draft). KV caches hold the modules' local heads (sharded by ``parallel``)."""
         self.target_module, self.draft_module = target, draft
         if markov_sampler is not None:
             markov_sampler_op(markov_sampler)                        # validates the name
-        self.markov_sampler = markov_sampler or getattr(draft, "markov_sampler", "exact")
+        self.markov_sampler = markov_sampler or "exact"
         self.device, self.dtype = torch.device(device), dtype
-        self.num_spec_tokens = draft.num_spec_tokens if draft is not None else 0
+        self.num_spec_tokens = (resolve_num_spec_tokens(num_spec_tokens, draft.config)
+                                if draft is not None else 0)
         self.vocab_size = target.config.vocab_size
         self.num_pages, self.page_size = num_pages, page_size
         self.target_cache = target.make_cache(num_pages, page_size, dtype, device)
@@ -44,14 +49,15 @@ class EagerNetworks:
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                     seed: Tensor) -> tuple[Tensor, Tensor]:
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
-                                 sampler=self.markov_sampler)
+                                 sampler=self.markov_sampler, num_spec_tokens=self.num_spec_tokens)
 
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
                                temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """draft_block + the confidence logits [B, N] of the block, from the same forward."""
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
-                                 with_confidence=True, sampler=self.markov_sampler)
+                                 with_confidence=True, sampler=self.markov_sampler,
+                                 num_spec_tokens=self.num_spec_tokens)
 
     @torch.inference_mode()
     def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,

@@ -91,7 +91,7 @@ def draft_block_logits(draft, taps: Tensor, tokens: Tensor, anchors: Tensor,
     taps [B, T, m*d] are the frozen target's features of tokens [B, T] at positions 0..T-1.
     """
     B, T = tokens.shape
-    A, N = anchors.shape[1], draft.num_spec_tokens
+    A, N = anchors.shape[1], draft.config.block_size                # trained on its block size
     lc = draft.config.backbone
     ctx = draft.hidden_norm(draft.fc(taps))                                          # [B, T, d]
     ctx_pos = torch.arange(T, device=tokens.device).expand(B, T)

@@ -104,7 +104,7 @@ def test_auto_backend_says_why():
 def _tiny_specs():
     pair = get_preset(TINY)
     target, draft = build_models(pair, torch.float32, "cpu", seed=0)
-    return network_specs(target, draft, BuildShapes(4, 64, draft.num_spec_tokens, 8), torch.float32, "cpu")
+    return network_specs(target, draft, BuildShapes(4, 64, draft.config.block_size, 8), torch.float32, "cpu")
 
 
 def test_tensorrt_profiles_cover_the_build_ranges():

@@ -16,7 +16,7 @@ def test_networks_export_without_tensor_constants(model):
     o = BuildOptions(model=model, random_weights=True, dtype="fp32", device="cpu",
                      output="unused").resolved()
     _, target, draft = load_models(o, torch.float32, torch.device("cpu"))
-    shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.num_spec_tokens, o.page_size)
+    shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.config.block_size, o.page_size)
     for spec in network_specs(target, draft, shapes, torch.float32, torch.device("cpu")):
         ep, _ = export_network(spec, set(reference_impls()))
         assert not ep.constants, f"{spec.name}: lifted tensor constants {sorted(ep.constants)[:3]}"

@@ -98,12 +98,8 @@ def test_draft_block_is_noncausal_and_target_is_causal(tiny):
     logits, taps = target(tokens, pos, table, tc)
     draft.context(taps, pos, table, dc)
     anchor, start = torch.tensor([7]), torch.tensor([L])
-    U5 = draft.block(anchor, start, table, dc)
-    draft.num_spec_tokens = 1
-    try:
-        U1 = draft.block(anchor, start, table, dc)
-    finally:
-        draft.num_spec_tokens = pair.draft.block_size
+    U5 = draft.block(anchor, start, table, dc)                   # N = the block size
+    U1 = draft.block(anchor, start, table, dc, num_spec_tokens=1)
     assert (U5[:, 0] - U1[:, 0]).abs().max() > 1e-3          # row 0 sees the later noise tokens
     logits_prefix, _ = target(tokens[:, :25], pos[:, :25], table, target.make_cache(4, 16, torch.float64, "cpu"))
     torch.testing.assert_close(logits_prefix, logits[:, :25], atol=TOL, rtol=0)

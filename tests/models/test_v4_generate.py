@@ -28,7 +28,7 @@ def test_greedy_speculative_equals_target(llm, reference):
     outs = llm.generate(PROMPTS, SamplingParams(max_new_tokens=NEW), speculative=True)
     for o, ref in zip(outs, reference):
         assert o.output_ids == ref
-        assert 1.0 <= o.stats.tau <= llm.draft.num_spec_tokens + 1
+        assert 1.0 <= o.stats.tau <= llm.networks.num_spec_tokens + 1
     print("tau (random tiny weights):", [round(o.stats.tau, 3) for o in outs])
 
 
@@ -64,7 +64,7 @@ def test_partial_accepts_stay_lossless(llm, reference):
         out = gen.run([(prompt, SamplingParams(max_new_tokens=NEW))])[0]
         assert out.output_ids == reference[i]
         acc = out.stats.accepted
-        assert len(set(acc)) >= 4 and max(acc) == llm.draft.num_spec_tokens   # 0..N accepts seen
+        assert len(set(acc)) >= 4 and max(acc) == llm.networks.num_spec_tokens   # 0..N accepts seen
 
 
 def test_cli_generate_runs():

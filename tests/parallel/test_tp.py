@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dspark_trt.models import build_models
-from dspark_trt.parallel import ColumnShardError, init_tp, shard_qwen3_
+from dspark_trt.parallel import ColumnShardError, TPInfo, init_tp, shard_qwen3_
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
 
@@ -30,7 +30,8 @@ def _llm(world: int, rank: int) -> LLM:
     target, draft = build_models(pair, torch.float64, "cpu", seed=5)
     scale_weights_(target, 4.0)
     shard_qwen3_(target, draft, rank, world)
-    return LLM(pair, target, draft, max_batch_size=2, max_seq_len=64, page_size=8)
+    tp = TPInfo(rank, world, rank, torch.device("cpu")) if world > 1 else None
+    return LLM(pair, target, draft, max_batch_size=2, max_seq_len=64, page_size=8, tp=tp)
 
 
 def _run(llm: LLM) -> dict:
@@ -121,7 +122,8 @@ def test_world_one_is_a_no_op():
     target, draft = build_models(pair, torch.float64, "cpu", seed=0)
     mods = [type(m) for m in target.modules()]
     shard_qwen3_(target, draft, 0, 1)
-    assert [type(m) for m in target.modules()] == mods and target.tp_world == 1
+    kv_heads = target.make_cache(1, 8, torch.float64, "cpu")["k"][0].shape[2]
+    assert [type(m) for m in target.modules()] == mods and kv_heads == pair.target.num_key_value_heads
 
 
 def test_cli_generate_under_torchrun_prints_once_and_matches_single_process():

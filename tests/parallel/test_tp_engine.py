@@ -67,8 +67,8 @@ def built(tmp_path_factory):
 @pytest.fixture(scope="module")
 def eager() -> LLM:
     pair = apply_overrides(get_preset(MODEL), OVERRIDES)
-    target, draft = build_models(pair, torch.float32, "cpu", N, seed=0)
-    return LLM(pair, target, draft, **SHAPES)
+    target, draft = build_models(pair, torch.float32, "cpu", seed=0)
+    return LLM(pair, target, draft, num_spec_tokens=N, **SHAPES)
 
 
 @pytest.mark.slow

@@ -89,13 +89,12 @@ def test_block_query_zero_sees_later_block_positions():
     target, draft = build_models(pair, torch.float64, "cpu", seed=0)
     outs = []
     for n in (1, 4):
-        draft.num_spec_tokens = n
         cache = draft.make_cache(4, 8, torch.float64, "cpu")
         table = torch.tensor([[0, 1]])
         taps = torch.randn(1, 5, 2 * pair.target.hidden_size, dtype=torch.float64,
                            generator=torch.Generator().manual_seed(0))
         draft.context(taps, torch.arange(5)[None], table, cache)
-        outs.append(draft.block(torch.tensor([3]), torch.tensor([5]), table, cache)[0, 0])
+        outs.append(draft.block(torch.tensor([3]), torch.tensor([5]), table, cache, num_spec_tokens=n)[0, 0])
     assert not torch.allclose(outs[0], outs[1])
 
 

@@ -241,7 +241,7 @@ def test_kv_budget(llm):
                                + d.num_hidden_layers * d.backbone.num_key_value_heads * d.backbone.head_dim)
     make = lambda **kw: LLM(llm.pair, llm.target, llm.draft, max_batch_size=4, max_seq_len=32,  # noqa: E731
                             page_size=PAGE, **kw)
-    per_seq = -(-(32 + llm.draft.num_spec_tokens + 1) // PAGE)
+    per_seq = -(-(32 + llm.networks.num_spec_tokens + 1) // PAGE)
     m = make(kv_cache_bytes=(2 * per_seq + 1) * PAGE * per_tok + 5)
     assert m.networks.num_pages == 2 * per_seq
     assert m.networks.target_cache["k"][0].shape[0] == 2 * per_seq + 1        # + the pad page

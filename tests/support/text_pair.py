@@ -33,7 +33,7 @@ def make_tiny_text_pair(root: Path, seed: int = 0) -> tuple[Path, Path]:
     from dspark_trt.checkpoints.qwen3 import qwen3_draft_tensors, qwen3_target_tensors
     from dspark_trt.models import build_models
     pair = get_preset(PRESET)
-    target, draft = build_models(pair, torch.float32, "cpu", None, seed)
+    target, draft = build_models(pair, torch.float32, "cpu", seed)
     tdir, ddir = root / "target", root / "draft"
     tok = make_tokenizer(pair.target.vocab_size)
     write_checkpoint(tdir, pair.target.to_hf(), qwen3_target_tensors(target),

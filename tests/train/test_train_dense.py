@@ -60,7 +60,7 @@ def test_dense_draft_blocks_match_runtime_blocks(tiny_pair):
     """Several blocks in one dense pass == one runtime draft_context + draft block per anchor:
     a block sees exactly the context before its anchor and its own rows."""
     target, draft = tiny_pair
-    N, T = draft.num_spec_tokens, 16
+    N, T = draft.config.block_size, 16
     tokens = torch.randint(2, 512, (2, T), generator=torch.Generator().manual_seed(1))
     _, taps = causal_lm_forward(target, tokens, target.tap_layer_ids)
     anchors = torch.tensor([[1, 6, 11], [9, 3, 14]])      # unsorted, near both ends
