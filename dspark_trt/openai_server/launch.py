@@ -60,7 +60,7 @@ class UvicornThread:
 
 
 def serve_from_args(args) -> int:
-    """``dspark-trt serve --openai``: load the model as ``generate`` does and serve until interrupted."""
+    """``dspark-trt serve``: load the model as ``generate`` does and serve until interrupted."""
     import uvicorn
 
     from ..config.source import ModelSource
@@ -68,7 +68,7 @@ def serve_from_args(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"[dspark-trt] warning: listening on {args.host} without --api-key", flush=True)
     if getattr(args, "tp_size", 1) > 1:
-        raise SystemExit("error: serve --openai does not support --tp-size > 1 yet (every rank would "
+        raise SystemExit("error: serve (OpenAI) does not support --tp-size > 1 yet (every rank would "
                          "need the same requests); serve one process per GPU or use the Python API")
     max_bytes = args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
     if max_bytes < 1:

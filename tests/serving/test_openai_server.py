@@ -358,7 +358,7 @@ def test_metrics_match_the_responses(http, client):
 
 # ---- the CLI --------------------------------------------------------------------------------------
 def test_cli_serve_openai_process_answers_and_stops_on_sigint(tmp_path):
-    """``dspark-trt serve --openai`` as a real process on loopback: health, one completion with the
+    """``dspark-trt serve`` (the OpenAI server is the default) as a real process on loopback: health, one completion with the
     bearer key, then SIGINT ends it with status 0."""
     import os
     import signal
@@ -369,7 +369,7 @@ def test_cli_serve_openai_process_answers_and_stops_on_sigint(tmp_path):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli", "serve", "--openai", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli", "serve", "--port", str(port),
                              "--api-key", "k", "--max-batch-size", "2", "--max-seq-len", "256",
                              "--model-name", "tiny"], stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
