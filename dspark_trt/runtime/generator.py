@@ -35,6 +35,7 @@ import torch
 from .. import plugins
 from .kv_manager import PagedKVManager
 from .confidence import MODE_IDS
+from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
 from .sampling_modifiers import Modifiers, uses_penalties
 from .steps import DecodeSteps, DeviceInputs, RoundInputs
@@ -60,6 +61,7 @@ class Sequence:
     confidence: list | None = None      # per round: (confidence logits [N], verified, accepted)
                                         # when the generator records them (calibration data)
     slot: int = -1                      # its row of the penalties' token counts, while running
+    logprobs: list[TokenLogprob] | None = None   # per output token, when params.logprobs is set
 
     def stop_ids(self, eos: Iterable[int]) -> set[int]:
         return set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
@@ -68,8 +70,10 @@ class Sequence:
         """End the request with finish_reason "error" (its committed tokens stay)."""
         self.finish_reason, self.error = "error", message
 
-    def commit(self, tokens: list[int], stop_ids: set[int]) -> list[int]:
-        """Append tokens up to the first stop token (inclusive) or the length limit."""
+    def commit(self, tokens: list[int], stop_ids: set[int], rows: LogprobRows | None = None,
+               row: int = 0) -> list[int]:
+        """Append tokens up to the first stop token (inclusive) or the length limit; with
+        ``rows`` (a step's logprobs) their entries from row ``row`` go to ``logprobs`` first."""
         room = self.params.max_new_tokens - len(self.output_ids)
         new = []
         for t in tokens[:room]:
@@ -78,6 +82,8 @@ class Sequence:
                 self.finish_reason = "stop"
                 break
         self.output_ids += new
+        if self.params.logprobs is not None and rows is not None:
+            self.logprobs = (self.logprobs or []) + rows.entries(row, new, self.params.logprobs)
         if self.finish_reason is None and len(self.output_ids) >= self.params.max_new_tokens:
             self.finish_reason = "length"
         if new and self.on_tokens is not None:
@@ -133,6 +139,8 @@ class Generator:
                 and not getattr(self.nets, "has_confidence", False)):
             raise RequestError(f"verify_mode {params.verify_mode!r} needs a draft with a confidence "
                                f"head (confidence_head.proj); this one has none: use 'fixed'")
+        if params.logprobs is not None and self.record_confidence:
+            raise RequestError("logprobs: not with record_confidence (calibration runs)")
         seed = params.seed if params.seed is not None else random.getrandbits(62)
         seq = Sequence(self._next_id, prompt_ids, params, int(seed), on_tokens=on_tokens)
         seq.stats.num_spec_tokens = self.nets.num_spec_tokens if self.speculative else 0
@@ -224,6 +232,7 @@ class Generator:
         lens = self._tensor([len(s.prompt_ids) for s in seqs])
         last = logits[torch.arange(len(seqs), device=self.device), lens - 1]        # [B, V]
         finite = torch.isfinite(last).all(dim=-1)
+        raw = last
         mods = Modifiers.for_params(s.params for s in seqs)
         x = DeviceInputs.from_host(self.round_inputs(seqs), self.device, mods=mods)
         if mods.penalties:                          # new slots: the prompt, no output yet
@@ -236,31 +245,41 @@ class Generator:
         first = torch.where(finite, plugins.sample_tokens(last, x.temperature, x.seed, lens), -1)
         if mods.penalties:
             counts.add(x.slot, first[:, None], (first >= 0)[:, None])
+        k = _logprobs_k(seqs)
+        rows = None if k is None else to_host(*token_logprobs(raw[:, None], first[:, None], k))
         if self.speculative:
             self.nets.draft_context(taps, positions, table)
-        for s, t in zip(seqs, first.tolist()):
+        for i, (s, t) in enumerate(zip(seqs, first.tolist())):
             s.anchor, s.position = t, len(s.prompt_ids)
             if t < 0:
                 s.fail(NONFINITE_LOGITS)
             else:
-                s.commit([t], s.stop_ids(self.eos))
+                s.commit([t], s.stop_ids(self.eos), rows, i)
             self.running.append(s)
 
     def _ar_round(self, seqs: list[Sequence]) -> None:
         """Plain autoregressive step on the target (the comparison mode)."""
         mods = Modifiers.for_params(s.params for s in seqs)
-        host = self.steps.ar_round(self.round_inputs(seqs), mods)                   # [B, 1]
-        for s, (t,) in zip(seqs, host.tolist()):
+        k, rows = _logprobs_k(seqs), None
+        if k is None:
+            host = self.steps.ar_round(self.round_inputs(seqs), mods)               # [B, 1]
+        else:
+            host, rows = self.steps.eager.ar_round_logprobs(self.round_inputs(seqs), mods, k)
+        for i, (s, (t,)) in enumerate(zip(seqs, host.tolist())):
             if t < 0:
                 s.fail(NONFINITE_LOGITS)
                 continue
             s.anchor, s.position = t, s.position + 1
-            s.commit([t], s.stop_ids(self.eos))
+            s.commit([t], s.stop_ids(self.eos), rows, i)
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
         mods = Modifiers.for_params(s.params for s in seqs)
         r = self.round_inputs(seqs)
-        if not (r.uses_confidence or self.record_confidence):
+        k, rows = _logprobs_k(seqs), None
+        if k is not None:                           # eager steps with logprob outputs
+            host, lims, rows = self.steps.eager.spec_round_logprobs(r, mods, k)
+            lims, conf = (lims.tolist() if r.uses_confidence else [None] * len(seqs)), None
+        elif not (r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
         else:
@@ -270,7 +289,7 @@ class Generator:
             if a < 0:
                 s.fail(NONFINITE_LOGITS)
                 continue
-            new = s.commit(x[:a] + [t], s.stop_ids(self.eos))
+            new = s.commit(x[:a] + [t], s.stop_ids(self.eos), rows, i)
             s.stats.record(a, len(new), lims[i])
             if conf is not None:
                 n = s.stats.proposed[-1]          # verified drafts (cut at a stop token / the limit)
@@ -288,6 +307,14 @@ class Generator:
         return [to_output(s) for s in seqs]
 
 
+def _logprobs_k(seqs: list[Sequence]) -> int | None:
+    """The top-k a step must compute for its rows' ``logprobs`` (None: no row asks)."""
+    ks = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
+    return max(ks) if ks else None
+
+
 def to_output(s: Sequence) -> RequestOutput:
     return RequestOutput(s.request_id, s.prompt_ids, list(s.output_ids), s.finish_reason or "",
-                         s.stats, error=s.error)
+                         s.stats, error=s.error,
+                         logprobs=None if s.logprobs is None and s.params.logprobs is None
+                         else list(s.logprobs or []))

@@ -1,0 +1,89 @@
+"""Logprobs of the emitted tokens: the raw target distribution (``runtime/logprobs.py``).
+
+Greedy speculative logprobs equal autoregressive ones and one full-sequence forward of the target
+(float64 tiny models: agreement to 1e-9, the float32 log_softmax's rounding of float64 logits is
+~1e-7 relative, so the tolerance is 1e-5 absolute); the top list is sorted and holds the chosen
+token first at temperature 0; sampling settings do not change them (raw).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dspark_trt.models import build_models
+from dspark_trt.runtime.llm import LLM
+from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
+
+from tests.support.models import scale_weights_, tiny_pair
+
+TOL = 1e-5
+
+
+def _llm(block: int = 4, seed: int = 3) -> LLM:
+    pair = tiny_pair(block=block)
+    target, draft = build_models(pair, torch.float64, "cpu", seed=seed)
+    scale_weights_(target, 4.0)
+    return LLM(pair, target, draft, max_batch_size=3, max_seq_len=96, page_size=8)
+
+
+def _direct(llm: LLM, prompt: list[int], out: list[int]) -> torch.Tensor:
+    """Raw logprobs [len(out), V] of one forward of the target over prompt + output (a fresh LLM
+    over the same modules: its own caches)."""
+    fresh = LLM(llm.pair, llm.target, llm.draft, max_batch_size=1, max_seq_len=96, page_size=8)
+    seq = prompt + out
+    tokens = torch.tensor([seq])
+    positions = torch.arange(len(seq))[None]
+    table = torch.arange(fresh.max_pages_per_seq)[None]
+    logits, _ = fresh.networks.target(tokens, positions, table)
+    lp = torch.log_softmax(logits[0].float(), -1)
+    return lp[len(prompt) - 1: len(seq) - 1]
+
+
+PROMPTS = [[5, 9, 2], [7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
+
+
+@pytest.mark.parametrize("block", [1, 4])
+def test_greedy_speculative_logprobs_equal_ar_and_a_direct_forward(block):
+    llm = _llm(block)
+    sp = SamplingParams(max_new_tokens=20, logprobs=5)
+    spec = llm.generate(PROMPTS, sp, speculative=True)
+    ar = llm.generate(PROMPTS, sp, speculative=False)
+    assert any(sum(o.stats.accepted) > 0 for o in spec), "no draft accepted: the windows went untested"
+    for p, s, a in zip(PROMPTS, spec, ar):
+        assert s.output_ids == a.output_ids and len(s.logprobs) == len(s.output_ids) == 20
+        direct = _direct(llm, p, s.output_ids)
+        for j, (es, ea) in enumerate(zip(s.logprobs, a.logprobs)):
+            assert es.token_id == ea.token_id == s.output_ids[j]
+            assert abs(es.logprob - ea.logprob) < TOL
+            assert abs(es.logprob - direct[j, es.token_id].item()) < TOL
+            assert [i for i, _ in es.top] == [i for i, _ in ea.top]
+            vals = [v for _, v in es.top]
+            assert vals == sorted(vals, reverse=True) and len(vals) == 5
+            assert es.top[0][0] == es.token_id and es.top[0][1] == es.logprob   # greedy: the argmax
+            assert all(abs(v - direct[j, i].item()) < TOL for i, v in es.top)
+            assert es.logprob <= 0
+
+
+def test_logprobs_are_raw_and_optional():
+    """Penalties / temperature do not change a token's logprob (raw distribution); requests without
+    ``logprobs`` get None; logprobs=0 gives the chosen token only."""
+    llm = _llm()
+    plain, zero = llm.generate([PROMPTS[0], PROMPTS[0]], [SamplingParams(max_new_tokens=8),
+                                                          SamplingParams(max_new_tokens=8, logprobs=0)])
+    assert plain.logprobs is None and all(e.top == [] for e in zero.logprobs)
+    hot = llm.generate(PROMPTS[0], SamplingParams(max_new_tokens=12, temperature=0.8, seed=1,
+                                                  repetition_penalty=1.3, top_k=5, logprobs=2))[0]
+    direct = _direct(llm, PROMPTS[0], hot.output_ids)
+    for j, e in enumerate(hot.logprobs):
+        assert abs(e.logprob - direct[j, e.token_id].item()) < TOL
+    # the probabilities of the full distribution sum to 1 (the raw law, not a truncated one)
+    assert math.isclose(sum(math.exp(v) for v in direct[0].tolist()), 1.0, rel_tol=1e-6)
+
+
+def test_logprobs_out_of_range_is_refused():
+    llm = _llm()
+    for bad in (21, -1, 2.5):
+        with pytest.raises(RequestError, match="logprobs must be an integer in \\[0, 20\\]"):
+            llm.generate([1, 2], SamplingParams(logprobs=bad))
