@@ -176,6 +176,7 @@ class OpenAIServer:
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
         want_lp = req.params.logprobs is not None
+        no_text = self.llm.tokenizer is None          # token ids only: one chunk per round anyway
 
         def event(choices: list, **extra) -> str:
             payload = {"id": response_id, "object": kind, "created": created, "model": self.model_name,
@@ -196,9 +197,10 @@ class OpenAIServer:
         async for index, delta in merge_runs(runs):
             run = runs[index]
             if delta is not None:
-                if delta.text or (want_lp and delta.logprobs):
+                if delta.text or (want_lp and delta.logprobs) or (no_text and delta.token_ids):
                     lp = self._logprobs([delta], chat) if want_lp else None
-                    yield event([choice(index, delta.text, logprobs=lp)])
+                    extra = ({"token_ids": delta.token_ids} if no_text and req.return_token_ids else {})
+                    yield event([choice(index, delta.text, logprobs=lp, **extra)])
             elif run.finish_reason == "error":
                 yield f"data: {json.dumps(error_body(run.error or 'generation failed', 500))}\n\n"
                 yield "data: [DONE]\n\n"
