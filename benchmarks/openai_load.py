@@ -9,6 +9,10 @@ dimensions, command) to ``benchmarks/results/`` or ``$OUT``.
     # H200, Qwen3-8B dimensions with random bf16 weights (token-id prompts, no tokenizer; < 3 min)
     python benchmarks/openai_load.py --model qwen3-8b-dspark-block7 --device cuda --dtype bf16 \
         --max-batch-size 32 --clients 32 --requests 4 --max-tokens 64
+
+Exit status 1 when a response differs from ``LLM.generate`` in fp32 / fp64; in bf16 / fp16 the
+mismatches are only reported (``wrong_responses``, ``matching_prefix_mean``): random weights give
+near-uniform logits, whose greedy argmax flips with the batch composition's rounding.
 """
 from __future__ import annotations
 
@@ -118,6 +122,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--output-dir", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     args = ap.parse_args()
+    commit = git("rev-parse", "--short", "HEAD")
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     t0 = time.perf_counter()
     llm, prompts, template = load_llm(args)
     load_s = time.perf_counter() - t0
@@ -135,22 +141,24 @@ def main() -> None:
     refs = llm.generate(unique, SamplingParams(max_new_tokens=args.max_tokens))
     expected = {json.dumps(p): o.output_ids for p, o in zip(unique, refs)}
     wrong = [key for js in jobs.values() for key, p, _ in js if results.get(key) != expected[json.dumps(p)]]
+    prefix = [next((i for i, (a, b) in enumerate(zip(results.get(key) or [], expected[json.dumps(p)]))
+                    if a != b), len(expected[json.dumps(p)])) for js in jobs.values() for key, p, _ in js]
     total = args.clients * args.requests
     tokens = sum(len(v or []) for v in results.values())
-    commit = git("rev-parse", "--short", "HEAD")
     import torch
     t = llm.pair.target
     result = {"model": name, "clients": args.clients, "requests_per_client": args.requests,
               "max_tokens": args.max_tokens, "max_batch_size": args.max_batch_size,
               "max_seq_len": args.max_seq_len, "device": args.device, "dtype": args.dtype,
               "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-              "commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+              "commit": commit, "dirty": dirty,
               "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "target_dims": {"hidden": t.hidden_size, "layers": t.num_hidden_layers,
                               "heads": t.num_attention_heads, "kv_heads": t.num_key_value_heads,
                               "vocab": t.vocab_size},
               "num_spec_tokens": llm.networks.num_spec_tokens, "load_seconds": load_s,
-              "requests": total, "wrong_responses": len(wrong), "seconds": elapsed,
+              "requests": total, "wrong_responses": len(wrong),
+              "matching_prefix_mean": statistics.fmean(prefix), "seconds": elapsed,
               "requests_per_s": total / elapsed, "completion_tokens": tokens,
               "completion_tokens_per_s": tokens / elapsed, "chunks": stats["chunks"],
               "preemptions": preemptions,
@@ -165,7 +173,9 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(f"written to {out}")
-    if wrong:
+    if wrong and args.dtype not in ("fp32", "fp64"):
+        print(f"{len(wrong)} of {total} responses differ from LLM.generate ({args.dtype}: reported only)")
+    if wrong and args.dtype in ("fp32", "fp64"):
         raise SystemExit(f"{len(wrong)} of {total} responses differ from LLM.generate: {wrong[:5]}")
 
 

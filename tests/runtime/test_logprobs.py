@@ -87,3 +87,26 @@ def test_logprobs_out_of_range_is_refused():
     for bad in (21, -1, 2.5):
         with pytest.raises(RequestError, match="logprobs must be an integer in \\[0, 20\\]"):
             llm.generate([1, 2], SamplingParams(logprobs=bad))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="logprob rounds beside CUDA graphs need a CUDA GPU")
+def test_logprob_rounds_beside_cuda_graph_rounds():
+    """On CUDA with graphs: a batch where one request asks for logprobs runs eager rounds; its
+    tokens equal the graphed run's, and its logprobs equal AR's (fp32, 1e-4: TF32-free kernels
+    but other reduction orders) on the prefix where the greedy tokens agree."""
+    llm = LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cuda", max_batch_size=4,
+                          max_seq_len=96, page_size=16, cuda_graphs=True)
+    sp = SamplingParams(max_new_tokens=24, ignore_eos=True)
+    want = SamplingParams(max_new_tokens=24, ignore_eos=True, logprobs=3)
+    graphed = llm.generate(PROMPTS, sp)
+    mixed = llm.generate(PROMPTS, [want, sp, want])
+    ar = llm.generate(PROMPTS, want, speculative=False)
+    assert [o.output_ids for o in mixed] == [o.output_ids for o in graphed]
+    assert mixed[1].logprobs is None and len(mixed[0].logprobs) == 24
+    for m, a in ((mixed[0], ar[0]), (mixed[2], ar[2])):
+        for es, ea in zip(m.logprobs, a.logprobs):
+            if es.token_id != ea.token_id:
+                break
+            assert abs(es.logprob - ea.logprob) < 1e-4
+            assert es.top[0][0] == es.token_id
