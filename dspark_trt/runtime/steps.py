@@ -32,6 +32,8 @@ CUDA graphs) plus the head and the admission's few small kernels.
 The public round interface (every caller drives a round through it, never through private parts):
   ``Generator.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
   ``steps.spec_round / spec_round_admitted / ar_round(r, ...)``  one round, host in, host out
+  ``steps.eager.spec_round_logprobs / ar_round_logprobs(r, mods, k)``  the same, eager, with the
+                                               raw target logprobs of the emitted tokens (top k)
   ``steps.stage(r)`` -> ``StagedRound``        the round's device inputs and one callable per step
                                                (eager calls, or graph replays on ``GraphedSteps``):
                                                what bench and profiling time
