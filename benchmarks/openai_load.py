@@ -127,6 +127,10 @@ def main() -> None:
     t0 = time.perf_counter()
     llm, prompts, template = load_llm(args)
     load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    if hasattr(llm.steps, "capture"):             # CUDA graphs: every bucket now, not mid-load
+        llm.steps.capture(speculative=llm.networks.num_spec_tokens > 0)
+    capture_s = time.perf_counter() - t0
     name = args.model or "default-pair"
     server = OpenAIServer(llm, model_name="dspark", chat_template=template)
     thread = UvicornThread(build_app(server)).start()
@@ -157,6 +161,7 @@ def main() -> None:
                               "heads": t.num_attention_heads, "kv_heads": t.num_key_value_heads,
                               "vocab": t.vocab_size},
               "num_spec_tokens": llm.networks.num_spec_tokens, "load_seconds": load_s,
+              "graph_capture_seconds": capture_s,
               "requests": total, "wrong_responses": len(wrong),
               "matching_prefix_mean": statistics.fmean(prefix), "seconds": elapsed,
               "requests_per_s": total / elapsed, "completion_tokens": tokens,
