@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dspark_trt.models import build_models
+from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
 
@@ -21,11 +22,21 @@ from tests.support.models import scale_weights_, tiny_pair
 TOL = 1e-5
 
 
-def _llm(block: int = 4, seed: int = 3) -> LLM:
+def _llm(block: int = 4, seed: int = 3, confidence: bool = False, graphs: bool = False) -> LLM:
+    """``confidence``: a draft with a (spread) confidence head; ``graphs``: rounds through
+    ``GraphedSteps`` with the CPU eager-replay backend (the graph path's static buffers)."""
     pair = tiny_pair(block=block)
+    pair.draft.enable_confidence_head = confidence
     target, draft = build_models(pair, torch.float64, "cpu", seed=seed)
     scale_weights_(target, 4.0)
-    return LLM(pair, target, draft, max_batch_size=3, max_seq_len=96, page_size=8)
+    if confidence:
+        with torch.no_grad():
+            draft.confidence_head.proj.weight.mul_(3.0)
+            draft.confidence_head.proj.bias.fill_(0.5)
+    llm = LLM(pair, target, draft, max_batch_size=3, max_seq_len=96, page_size=8)
+    if graphs:
+        llm.graphs_skipped, llm.graph_backend = None, EAGER_REPLAY
+    return llm
 
 
 def _direct(llm: LLM, prompt: list[int], out: list[int]) -> torch.Tensor:
@@ -64,6 +75,34 @@ def test_greedy_speculative_logprobs_equal_ar_and_a_direct_forward(block):
             assert es.top[0][0] == es.token_id and es.top[0][1] == es.logprob   # greedy: the argmax
             assert all(abs(v - direct[j, i].item()) < TOL for i, v in es.top)
             assert es.logprob <= 0
+
+
+@pytest.mark.parametrize("mode", ["threshold", "scheduled"])
+def test_confidence_modes_logprobs_equal_ar(mode):
+    """Rounds that verify an admitted prefix (bonus from row l) report the same logprobs."""
+    llm = _llm(confidence=True)
+    sp = SamplingParams(max_new_tokens=16, logprobs=2, verify_mode=mode)
+    spec = llm.generate(PROMPTS, sp)
+    ar = llm.generate(PROMPTS, SamplingParams(max_new_tokens=16, logprobs=2), speculative=False)
+    if mode == "threshold":          # (scheduled at this load may admit all: the plain steps)
+        assert any(p < 4 for o in spec for p in o.stats.proposed), "every round admitted all drafts"
+    for s_, a in zip(spec, ar):
+        assert s_.output_ids == a.output_ids
+        assert all(abs(x.logprob - y.logprob) < TOL and x.top[0][0] == x.token_id
+                   for x, y in zip(s_.logprobs, a.logprobs))
+
+
+def test_logprob_rows_beside_graph_rounds_eager_replay():
+    """With ``GraphedSteps`` (CPU eager replay), a batch where some requests ask for logprobs runs
+    the eager logprob rounds: the tokens equal the graphed run's, every request's own."""
+    llm = _llm(graphs=True)
+    assert isinstance(llm.steps, GraphedSteps)
+    sp = SamplingParams(max_new_tokens=20)
+    want = SamplingParams(max_new_tokens=20, logprobs=1)
+    graphed = llm.generate(PROMPTS, sp)
+    mixed = llm.generate(PROMPTS, [want, sp, want])
+    assert [o.output_ids for o in mixed] == [o.output_ids for o in graphed]
+    assert mixed[1].logprobs is None and len(mixed[0].logprobs) == len(mixed[0].output_ids)
 
 
 def test_logprobs_are_raw_and_optional():
