@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dspark_trt.models import build_models
+from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY
 from dspark_trt.runtime.kv_manager import KVCacheFull, PagedKVManager
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
@@ -17,12 +18,16 @@ from dspark_trt.runtime.sampling_params import SamplingParams
 from tests.support.models import scale_weights_, tiny_pair
 
 
-def _llm(num_pages: int | None, max_batch: int = 4) -> LLM:
+def _llm(num_pages: int | None, max_batch: int = 4, graphs: bool = False) -> LLM:
+    """``graphs``: rounds through ``GraphedSteps`` (CPU eager replay: the graph path's buffers)."""
     pair = tiny_pair(block=4)
     target, draft = build_models(pair, torch.float64, "cpu", seed=11)
     scale_weights_(target, 4.0)
-    return LLM(pair, target, draft, max_batch_size=max_batch, max_seq_len=64, page_size=4,
-               num_pages=num_pages)
+    llm = LLM(pair, target, draft, max_batch_size=max_batch, max_seq_len=64, page_size=4,
+              num_pages=num_pages)
+    if graphs:
+        llm.graphs_skipped, llm.graph_backend = None, EAGER_REPLAY
+    return llm
 
 
 def _requests(n: int) -> list[tuple[list[int], SamplingParams]]:
@@ -37,14 +42,14 @@ def _requests(n: int) -> list[tuple[list[int], SamplingParams]]:
     return out
 
 
-@pytest.mark.parametrize("speculative", [True, False])
-def test_more_requests_than_fit_equal_each_alone(speculative):
+@pytest.mark.parametrize("speculative,graphs", [(True, False), (False, False), (True, True)])
+def test_more_requests_than_fit_equal_each_alone(speculative, graphs):
     reqs = _requests(6)
     alone = _llm(None, max_batch=1)
     want = [alone.generate(p, sp, speculative=speculative)[0].output_ids for p, sp in reqs]
     # 24 pages of 4 tokens: one request's whole budget is up to 10 + 30 + 5 = 45 tokens (12 pages),
     # so at most two fit reserved up front; four start, then preemptions make room
-    small = _llm(24)
+    small = _llm(24, graphs=graphs)
     gen = small.generator(speculative)
     seqs = [gen.add_request(p, sp) for p, sp in reqs]
     streamed = {s.request_id: [] for s in seqs}
