@@ -38,7 +38,7 @@ RECOVERY_BOUND = 60                      # ... and the server is ready again wit
 
 
 class Serve:
-    """A `dspark-trt serve` subprocess; its stdout/stderr go to files (no pipe to fill)."""
+    """A `dspark-trt serve --triton` subprocess; its stdout/stderr go to files (no pipe to fill)."""
 
     def __init__(self, tmp: Path, install: TritonInstall):
         self.install, self.tmp = install, tmp
