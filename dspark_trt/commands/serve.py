@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
                    "see --http-port)")
     o.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/ endpoints (not with --triton)")
+    o.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="size the KV cache so the process uses this fraction of the GPU's memory "
+                        "(vLLM's option; CUDA only; default: a full batch at --max-seq-len). Pages "
+                        "are reserved as sequences grow; when short, sequences are preempted")
     g = p.add_argument_group("server (--host for both; the others with --triton)")
     g.add_argument("--output", help="repository directory (default: a temporary one)")
     g.add_argument("--force", action="store_true", help="replace an existing model directory")
@@ -63,8 +67,9 @@ def run(args) -> int:
     if not args.triton:
         from ..openai_server.launch import serve_from_args
         return serve_from_args(args)
-    if args.api_key:
-        raise SystemExit("error: --api-key is for the OpenAI-compatible server, not --triton")
+    for flag, value in (("--api-key", args.api_key), ("--gpu-memory-utilization", args.gpu_memory_utilization)):
+        if value is not None:
+            raise SystemExit(f"error: {flag} is for the OpenAI-compatible server, not --triton")
     from ..serving.server import ServingEnvError, TritonInstall
     from ..serving.stack import ServingStack, default_max_request_bytes
     try:

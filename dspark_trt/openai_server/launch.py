@@ -73,7 +73,9 @@ def serve_from_args(args) -> int:
     max_bytes = args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
     if max_bytes < 1:
         raise SystemExit(f"error: --max-request-bytes must be positive, got {max_bytes}")
-    llm = LLM.from_source(ModelSource.from_args(args))
+    util = getattr(args, "gpu_memory_utilization", None)
+    llm = LLM.from_source(ModelSource.from_args(args),
+                          **({} if util is None else {"gpu_memory_utilization": util}))
     template = ChatTemplate.from_dir(template_dir_from_args(args))
     server = OpenAIServer(llm, model_name=args.model_name, chat_template=template,
                           speculative=not getattr(args, "no_speculative", False))

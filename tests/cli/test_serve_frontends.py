@@ -32,6 +32,28 @@ def test_triton_flag_takes_the_triton_path(monkeypatch):
         serve.run(parse("--triton", "--api-key", "k"))
 
 
+def test_gpu_memory_utilization_reaches_the_llm(monkeypatch):
+    from dspark_trt.runtime.llm import LLM
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def from_source(src, **kw):
+        seen.update(kw)
+        raise Stop
+    monkeypatch.setattr(LLM, "from_source", staticmethod(from_source))
+    with pytest.raises(Stop):
+        serve.run(parse("--gpu-memory-utilization", "0.85"))
+    assert seen == {"gpu_memory_utilization": 0.85}
+    seen.clear()
+    with pytest.raises(Stop):
+        serve.run(parse())
+    assert seen == {}
+    with pytest.raises(SystemExit, match="--gpu-memory-utilization is for the OpenAI"):
+        serve.run(parse("--triton", "--gpu-memory-utilization", "0.5"))
+
+
 def test_triton_and_openai_exclude_each_other(capsys):
     with pytest.raises(SystemExit):
         parse("--triton", "--openai")
