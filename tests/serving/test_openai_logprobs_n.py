@@ -5,6 +5,7 @@ steps in another batch composition: float32 rounding only)."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
@@ -30,13 +31,18 @@ def reference_llm():
 
 
 @pytest.fixture(scope="module")
-def client():
+def served():
     target, draft = default_pair_dirs()
     server = OpenAIServer(LLM.from_checkpoints(target, draft), model_name=MODEL,
                           chat_template=ChatTemplate.from_dir(target))
     thread = UvicornThread(build_app(server)).start()
-    yield openai.OpenAI(base_url=thread.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    yield server, thread
     thread.stop()
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[1].url + "/v1", api_key="x", max_retries=0, timeout=60)
 
 
 def test_completion_logprobs_equal_generate_streaming_or_not(client, reference_llm):
@@ -117,3 +123,24 @@ def test_prompt_list_choices_are_prompt_major(client, reference_llm):
     assert got == [o.text for o in refs]
     finals = {c.index: c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason}
     assert finals == {i: o.finish_reason for i, o in enumerate(refs)}
+
+
+def test_a_disconnect_frees_every_choice(served):
+    """n = 3 over two prompts, the stream dropped after a few chunks: all 6 sequences are aborted
+    and their KV pages freed."""
+    import httpx
+    engine = served[0].engine
+    total = engine.kv_pages_total()
+    body = {"model": MODEL, "prompt": ["Once upon a time", "def main():"], "n": 3, "max_tokens": 1000,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(base_url=served[1].url, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            for _ in range(8):
+                next(lines)
+            assert engine.num_active() == 6 and engine.kv_pages_free() < total
+    deadline = time.monotonic() + 10
+    while (engine.kv_pages_free() != total or engine.num_active()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.kv_pages_free() == total and engine.num_active() == 0
+    assert not engine.generator.running and not engine.generator.waiting
