@@ -106,6 +106,14 @@ def test_n_samples_are_seeded_reproducible_and_distinct(client):
     chunks = list(client.completions.create(n=4, stream=True, stream_options={"include_usage": True}, **kw))
     got = ["".join(c.text for ch in chunks for c in ch.choices if c.index == i) for i in range(4)]
     assert got == texts and chunks[-1].usage.completion_tokens == r.usage.completion_tokens
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                temperature=1.0, seed=5, n=3)
+    c = client.chat.completions.create(**chat)
+    assert [x.index for x in c.choices] == [0, 1, 2]
+    chunks = list(client.chat.completions.create(stream=True, **chat))
+    streamed = ["".join(x.delta.content or "" for ch in chunks for x in ch.choices if x.index == i)
+                for i in range(3)]
+    assert streamed == [x.message.content for x in c.choices]
 
 
 def test_prompt_list_choices_are_prompt_major(client, reference_llm):
