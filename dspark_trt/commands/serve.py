@@ -1,6 +1,8 @@
-"""``dspark-trt serve``: write a model repository and serve it until interrupted.
+"""``dspark-trt serve``: the OpenAI-compatible HTTP server (default), or with ``--triton`` a real
+Triton Inference Server on a model repository, until interrupted.
 
-It runs ``serving.stack.ServingStack``: tritonserver, an HTTP gateway in front of Triton's HTTP
+Default: ``openai_server.launch.serve_from_args`` (FastAPI + uvicorn, ``docs/serving.md``; ``--openai``
+is accepted and means the same). ``--triton`` runs ``serving.stack.ServingStack``: tritonserver, an HTTP gateway in front of Triton's HTTP
 (request size limit, 400s for bad JSON) and a supervisor that probes the model and restarts a
 broken server. Exit status: 0 after SIGINT/SIGTERM (everything stopped, within
 ``--shutdown-timeout`` plus a few seconds), 1 when serving could not go on (the reason is printed).
@@ -18,17 +20,25 @@ from .triton_repo import add_repo_args, write_from_args
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("serve", help="serve the model with a real Triton Inference Server, or with "
-                       "--openai an OpenAI-compatible HTTP API")
+    p = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API (default), "
+                       "or with --triton on a real Triton Inference Server")
     add_repo_args(p)
-    o = p.add_argument_group("OpenAI-compatible server (--openai)")
-    o.add_argument("--openai", action="store_true",
-                   help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics "
-                        "with uvicorn instead of Triton (docs/serving.md)")
-    o.add_argument("--port", type=int, default=8000, help="with --openai: listen port (default: 8000)")
+    o = p.add_argument_group("OpenAI-compatible server (the default)")
+    front = o.add_mutually_exclusive_group()
+    front.add_argument("--triton", action="store_true",
+                       help="serve with a real tritonserver (KServe v2 /v2/models/NAME/generate) instead "
+                            "of the OpenAI-compatible server (docs/serving.md)")
+    front.add_argument("--openai", action="store_true",
+                       help="the OpenAI-compatible server (the default; accepted for compatibility)")
+    o.add_argument("--port", type=int, default=8000, help="listen port (default: 8000; with --triton "
+                   "see --http-port)")
     o.add_argument("--api-key", default=None,
-                   help="with --openai: require 'Authorization: Bearer KEY' on /v1/ endpoints")
-    g = p.add_argument_group("server")
+                   help="require 'Authorization: Bearer KEY' on /v1/ endpoints (not with --triton)")
+    o.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="size the KV cache so the process uses this fraction of the GPU's memory "
+                        "(vLLM's option; CUDA only; default: a full batch at --max-seq-len). Pages "
+                        "are reserved as sequences grow; when short, sequences are preempted")
+    g = p.add_argument_group("server (--host for both; the others with --triton)")
     g.add_argument("--output", help="repository directory (default: a temporary one)")
     g.add_argument("--force", action="store_true", help="replace an existing model directory")
     g.add_argument("--triton-env", help="serving venv (default: $DSPARK_TRITON_ENV or <repo>/.venv-triton, "
@@ -40,7 +50,7 @@ def add_parser(sub) -> None:
     g.add_argument("--ready-timeout", type=float, default=300.0, help="seconds to wait for readiness")
     g.add_argument("--max-request-bytes", type=int, default=None,
                    help="largest HTTP request body; larger ones get 413 (default: 64 bytes per "
-                        "token of --max-seq-len, at least 1 MiB; with --openai 1 MiB)")
+                        "token of --max-seq-len, at least 1 MiB with --triton; 1 MiB otherwise)")
     g.add_argument("--probe-interval", type=float, default=2.0,
                    help="seconds between the supervisor's 1-token probe requests")
     g.add_argument("--probe-timeout", type=float, default=60.0,
@@ -54,9 +64,12 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    if args.openai:
+    if not args.triton:
         from ..openai_server.launch import serve_from_args
         return serve_from_args(args)
+    for flag, value in (("--api-key", args.api_key), ("--gpu-memory-utilization", args.gpu_memory_utilization)):
+        if value is not None:
+            raise SystemExit(f"error: {flag} is for the OpenAI-compatible server, not --triton")
     from ..serving.server import ServingEnvError, TritonInstall
     from ..serving.stack import ServingStack, default_max_request_bytes
     try:

@@ -5,7 +5,7 @@ from .common import add_model_args, add_source_args
 
 
 def add_repo_args(p) -> None:
-    """Model source and repository options shared with ``dspark-trt serve``."""
+    """Model source and repository options shared with ``dspark-trt serve --triton``."""
     add_model_args(p)
     add_source_args(p, ("random_weights",),
                     random_weights=dict(help="with --model PRESET: serve random weights (text is noise)"))
@@ -19,7 +19,7 @@ def add_repo_args(p) -> None:
     g.add_argument("--cpu-threads", type=int, default=0,
                    help="torch CPU threads per instance (0: torch's default)")
     g.add_argument("--python-env", help="Python environment directory for the model "
-                   "(EXECUTION_ENV_PATH; not needed with `dspark-trt serve`)")
+                   "(EXECUTION_ENV_PATH; not needed with `dspark-trt serve --triton`)")
 
 
 def add_parser(sub) -> None:
@@ -45,5 +45,5 @@ def write_from_args(args, output) -> "object":
 def run(args) -> int:
     model_dir = write_from_args(args, args.output)
     print(f"[dspark-trt] wrote {model_dir}/config.pbtxt and {model_dir}/1/model.py")
-    print(f"[dspark-trt] serve it with: dspark-trt serve ... or tritonserver --model-repository={model_dir.parent}")
+    print(f"[dspark-trt] serve it with: dspark-trt serve --triton ... or tritonserver --model-repository={model_dir.parent}")
     return 0

@@ -1,4 +1,4 @@
-"""OpenAI-compatible HTTP front end (``dspark-trt serve --openai``).
+"""OpenAI-compatible HTTP front end (``dspark-trt serve``, the default front end).
 
 One background thread (``engine.EngineThread``) owns a continuous-batching ``Generator``; the
 FastAPI app (``app.build_app``) admits requests from many HTTP clients into it and streams text

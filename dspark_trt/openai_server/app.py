@@ -9,6 +9,7 @@ statistics (tau, acceptance per draft position, accepted / proposed / committed 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -24,7 +25,7 @@ from ..runtime.sampling_params import RequestError
 from .chat_template import ChatTemplate
 from .engine import EngineThread
 from .errors import APIError, error_body
-from .generation import RequestRun, spec_summary
+from .generation import Delta, RequestRun, merge_runs, sample_seed, spec_summary, total_usage
 from .metrics import ServerMetrics
 from .middleware import BearerAuth, BodySizeLimit
 from .protocol import ParsedRequest, parse_chat, parse_completion, parse_json
@@ -76,77 +77,140 @@ class OpenAIServer:
         return req.max_tokens
 
     # ---- responses ---------------------------------------------------------------------------
-    async def respond(self, request: Request, req: ParsedRequest, prompt_ids: list[int], chat: bool):
-        req.params.max_new_tokens = self.resolve_max_tokens(
-            req, len(prompt_ids), None if chat else DEFAULT_COMPLETION_MAX_TOKENS)
-        run = RequestRun(self.engine, self.metrics, self.llm.tokenizer, prompt_ids, req.params, req.stop)
-        await run.start()
+    async def respond(self, request: Request, req: ParsedRequest, prompts: list[list[int]], chat: bool):
+        """Start ``n`` runs per prompt (choice index = prompt * n + sample), then answer with JSON
+        or server-sent events."""
+        runs = []
+        for ids in prompts:
+            max_tokens = self.resolve_max_tokens(req, len(ids), None if chat else DEFAULT_COMPLETION_MAX_TOKENS)
+            for i in range(req.n):
+                params = dataclasses.replace(req.params, max_new_tokens=max_tokens, max_tokens=max_tokens,
+                                             seed=sample_seed(req.params.seed, i))
+                runs.append(RequestRun(self.engine, self.metrics, self.llm.tokenizer, ids, params, req.stop))
+        try:
+            for run in runs:
+                await run.start()
+        except BaseException:
+            for run in runs:                              # free what was admitted before
+                self.engine.abort(run.handle, "abort")
+            raise
         response_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         if req.stream:
-            return StreamingResponse(self._sse(run, req, response_id, chat), media_type="text/event-stream")
-        text = await self._collect(request, run)
-        if text is None:                                  # the client went away
+            return StreamingResponse(self._sse(runs, prompts, req, response_id, chat),
+                                     media_type="text/event-stream")
+        deltas = await self._collect(request, runs)
+        if deltas is None:                                # the client went away
             return Response(status_code=499)
-        if run.finish_reason == "error":
-            raise APIError(run.error or "generation failed", status=500, code="generation_error")
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text},
-                   "finish_reason": run.finish_reason, "logprobs": None} if chat else
-                  {"index": 0, "text": text, "finish_reason": run.finish_reason, "logprobs": None})
-        if req.return_token_ids:
-            choice["token_ids"] = list(run.token_ids)
+        failed = next((r for r in runs if r.finish_reason == "error"), None)
+        if failed is not None:
+            raise APIError(failed.error or "generation failed", status=500, code="generation_error")
+        choices = []
+        for index, (run, ds) in enumerate(zip(runs, deltas)):
+            text = "".join(d.text for d in ds)
+            lp = self._logprobs(ds, chat) if req.params.logprobs is not None else None
+            choice = ({"index": index, "message": {"role": "assistant", "content": text},
+                       "finish_reason": run.finish_reason, "logprobs": lp} if chat else
+                      {"index": index, "text": text, "finish_reason": run.finish_reason, "logprobs": lp})
+            if req.return_token_ids:
+                choice["token_ids"] = list(run.token_ids)
+            choices.append(choice)
         return JSONResponse({"id": response_id, "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": self.model_name, "choices": [choice],
-                             "usage": run.usage(), "dspark": spec_summary(run.stats)})
+                             "created": int(time.time()), "model": self.model_name, "choices": choices,
+                             "usage": total_usage(runs, prompts), "dspark": self._spec(runs)})
 
     @staticmethod
-    async def _collect(request: Request, run: RequestRun) -> str | None:
-        """All the text; None if the client disconnected first (the sequence is then aborted)."""
-        parts: list[str] = []
+    def _spec(runs: list[RequestRun]) -> dict:
+        """The ``dspark`` field: the statistics of all the response's choices together."""
+        stats = runs[0].stats
+        for r in runs[1:]:
+            stats = stats.merge(r.stats)
+        return spec_summary(stats)
+
+    # ---- logprobs (the raw target distribution, runtime/logprobs.py) ---------------------------
+    def _token_text(self, token_id: int) -> str:
+        tok = self.llm.tokenizer
+        return tok.decode([token_id], skip_special_tokens=False) if tok is not None else str(token_id)
+
+    def _logprobs(self, deltas: list[Delta], chat: bool, text_base: int = 0) -> dict:
+        """OpenAI's logprobs object for the tokens of ``deltas``: chat ``{"content": [...]}``,
+        completions ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``."""
+        entries = [(e, off) for d in deltas for e, off in zip(d.logprobs, d.offsets)]
+        if chat:
+            def item(token_id: int, logprob: float) -> dict:
+                text = self._token_text(token_id)
+                return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+            return {"content": [{**item(e.token_id, e.logprob),
+                                 "top_logprobs": [item(i, v) for i, v in e.top]} for e, _ in entries],
+                    "refusal": None}
+        return {"tokens": [self._token_text(e.token_id) for e, _ in entries],
+                "token_logprobs": [e.logprob for e, _ in entries],
+                "top_logprobs": [{self._token_text(i): v for i, v in e.top} for e, _ in entries],
+                "text_offset": [text_base + off for _, off in entries]}
+
+    @staticmethod
+    async def _collect(request: Request, runs: list[RequestRun]) -> list[list[Delta]] | None:
+        """Every run's deltas; None if the client disconnected first (the sequences are aborted)."""
+        deltas: list[list[Delta]] = [[] for _ in runs]
 
         async def consume():
-            async for text in run.text_deltas():
-                parts.append(text)
+            async for i, delta in merge_runs(runs):
+                if delta is not None:
+                    deltas[i].append(delta)
         task = asyncio.create_task(consume())
         while not task.done():
             await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
             if not task.done() and await request.is_disconnected():
-                task.cancel()                             # text_deltas' finally aborts the sequence
+                task.cancel()                             # the runs' finally aborts the sequences
                 try:
                     await task
                 except asyncio.CancelledError:
                     pass
                 return None
         task.result()
-        return "".join(parts)
+        return deltas
 
-    async def _sse(self, run: RequestRun, req: ParsedRequest, response_id: str, chat: bool):
-        """Server-sent events; a cancelled stream (client gone) aborts the sequence."""
+    async def _sse(self, runs: list[RequestRun], prompts: list[list[int]], req: ParsedRequest,
+                   response_id: str, chat: bool):
+        """Server-sent events, the choices interleaved as their rounds arrive; a cancelled stream
+        (client gone) aborts every sequence."""
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
+        want_lp = req.params.logprobs is not None
+        no_text = self.llm.tokenizer is None          # token ids only: one chunk per round anyway
 
         def event(choices: list, **extra) -> str:
             payload = {"id": response_id, "object": kind, "created": created, "model": self.model_name,
                        "choices": choices, **extra}
             return f"data: {json.dumps(payload)}\n\n"
 
-        def choice(text: str | None, finish_reason=None, **extra) -> dict:
+        def choice(index: int, text: str | None, finish_reason=None, logprobs=None, **extra) -> dict:
             if chat:
                 delta = {} if text is None else {"content": text}
-                return {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None, **extra}
-            return {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None, **extra}
+                return {"index": index, "delta": delta, "finish_reason": finish_reason,
+                        "logprobs": logprobs, **extra}
+            return {"index": index, "text": text or "", "finish_reason": finish_reason,
+                    "logprobs": logprobs, **extra}
 
         if chat:
-            yield event([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                          "finish_reason": None, "logprobs": None}])
-        async for text in run.text_deltas():
-            yield event([choice(text)])
-        if run.finish_reason == "error":
-            yield f"data: {json.dumps(error_body(run.error or 'generation failed', 500))}\n\n"
-        else:
-            extra = {"token_ids": list(run.token_ids)} if req.return_token_ids else {}
-            yield event([choice(None, run.finish_reason, **extra)], dspark=spec_summary(run.stats))
-            if req.include_usage:
-                yield event([], usage=run.usage(), dspark=spec_summary(run.stats))
+            yield event([{"index": i, "delta": {"role": "assistant", "content": ""},
+                          "finish_reason": None, "logprobs": None} for i in range(len(runs))])
+        async for index, delta in merge_runs(runs):
+            run = runs[index]
+            if delta is not None:
+                if delta.text or (want_lp and delta.logprobs) or (no_text and delta.token_ids):
+                    lp = self._logprobs([delta], chat) if want_lp else None
+                    extra = ({"token_ids": delta.token_ids} if no_text and req.return_token_ids else {})
+                    yield event([choice(index, delta.text, logprobs=lp, **extra)])
+            elif run.finish_reason == "error":
+                yield f"data: {json.dumps(error_body(run.error or 'generation failed', 500))}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            else:
+                extra = {"token_ids": list(run.token_ids)} if req.return_token_ids else {}
+                yield event([choice(index, None, run.finish_reason, **extra)],
+                            dspark=spec_summary(run.stats))
+        if req.include_usage:
+            yield event([], usage=total_usage(runs, prompts), dspark=self._spec(runs))
         yield "data: [DONE]\n\n"
 
 
@@ -200,13 +264,13 @@ def build_app(server: OpenAIServer, max_request_bytes: int = DEFAULT_MAX_REQUEST
     @app.post("/v1/completions")
     async def completions(request: Request):
         req = parse_completion(parse_json(await request.body()), server.model_name)
-        return await server.respond(request, req, server.encode(req.prompt), chat=False)
+        return await server.respond(request, req, [server.encode(p) for p in req.prompts], chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req = parse_chat(parse_json(await request.body()), server.model_name)
         prompt_ids = server.encode(server.chat_prompt(req))
-        return await server.respond(request, req, prompt_ids, chat=True)
+        return await server.respond(request, req, [prompt_ids], chat=True)
 
     wrapped = BodySizeLimit(app, max_request_bytes)
     if api_key:

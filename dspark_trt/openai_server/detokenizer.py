@@ -17,19 +17,24 @@ REPLACEMENT_CHAR = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    """Feed token ids in order with ``add``; each call returns the new text (possibly "")."""
+    """Feed token ids in order with ``add``; each call returns the new text (possibly ""). Without
+    a tokenizer (a model served for token-id prompts) the text stays empty: clients read
+    ``return_token_ids``."""
 
     def __init__(self, tokenizer, skip_special_tokens: bool = True, use_decode_stream: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self._stream = (DecodeStream(skip_special_tokens=skip_special_tokens)
-                        if use_decode_stream and DecodeStream is not None else None)
+                        if use_decode_stream and DecodeStream is not None and tokenizer is not None
+                        else None)
         self._ids: list[int] = []          # fallback only: ids since prefix_offset
         self._prefix_offset = 0
         self._read_offset = 0
 
     def add(self, token_ids: list[int]) -> str:
         """Text that ``token_ids`` (the next ids of the sequence) complete."""
+        if self.tokenizer is None:
+            return ""
         return "".join(self._add_one(int(t)) for t in token_ids)
 
     def _add_one(self, token_id: int) -> str:

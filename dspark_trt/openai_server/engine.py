@@ -33,6 +33,7 @@ class Rejected:
 @dataclass
 class Tokens:
     token_ids: list[int]
+    logprobs: list | None = None           # one ``runtime.logprobs.TokenLogprob`` per token, if asked
 
 
 @dataclass
@@ -153,9 +154,14 @@ class EngineThread:
     def _admit(self, handle: RequestHandle) -> None:
         if handle.abort_reason is not None:
             return                                     # aborted before it reached the engine
+        admitted = []                                  # the sequence, once add_request returns
+
+        def on_tokens(toks: list[int]) -> None:        # Sequence.commit: its logprobs are set
+            lps = admitted[0].logprobs
+            handle.push(Tokens(list(toks), None if lps is None else lps[len(lps) - len(toks):]))
         try:
-            seq = self.generator.add_request(handle.prompt_ids, handle.params, on_tokens=lambda toks:
-                                             handle.push(Tokens(list(toks))))
+            seq = self.generator.add_request(handle.prompt_ids, handle.params, on_tokens=on_tokens)
+            admitted.append(seq)
         except RequestError as e:
             handle.push(Rejected(str(e)))
             return

@@ -1,14 +1,18 @@
 """One request's generation as seen from the event loop: submit, stream text, finish.
 
-``RequestRun`` turns the engine's token events into text deltas (incremental detokenizer, then
-stop strings), records latency metrics, and on a stop-string match or a disconnect aborts the
-sequence in the engine so its KV pages are freed.
+``RequestRun`` turns the engine's token events into ``Delta``s (text from the incremental
+detokenizer, then stop strings; the tokens and, if asked, their logprobs), records latency
+metrics, and on a stop-string match or a disconnect aborts the sequence in the engine so its KV
+pages are freed. ``merge_runs`` interleaves the deltas of several runs (``n`` > 1, prompt lists).
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+from dataclasses import dataclass, field
 
+from ..runtime.logprobs import TokenLogprob
 from ..runtime.sampling_params import SamplingParams, SpecStats
 from .detokenizer import IncrementalDetokenizer
 from .engine import Admitted, EngineThread, Finished, Rejected, RequestHandle, Tokens
@@ -18,6 +22,27 @@ from .stop_strings import StopStringMatcher
 
 
 _BACKGROUND: set[asyncio.Task] = set()       # tasks that must not be garbage-collected early
+
+
+@dataclass
+class Delta:
+    """What one engine event (or the final flush) adds to a choice: ``text`` to send, the tokens
+    it consumed with their offsets in the (uncut) text and, if asked, their logprobs."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def sample_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample ``index`` of a request with ``seed`` (None stays None: drawn at
+    admission): sample 0 keeps it, the others get a hash of (seed, index), so every sample is
+    reproducible and they differ."""
+    if seed is None or index == 0:
+        return seed
+    digest = hashlib.sha256(f"dspark-sample:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % 2**63
 
 
 def spec_summary(stats: SpecStats) -> dict:
@@ -38,6 +63,7 @@ class RequestRun:
         self.stop = StopStringMatcher(stop)
         self.arrival = time.perf_counter()
         self.token_ids: list[int] = []
+        self.text_len = 0                                # characters decoded so far (before stops)
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.stats = SpecStats()
@@ -52,31 +78,39 @@ class RequestRun:
             raise APIError(event.message, param=param)
         assert isinstance(event, Admitted), event
 
-    async def text_deltas(self):
-        """Yield text as it is decoded; afterwards ``finish_reason``, ``token_ids``, ``stats`` are
-        final. Cancelled (client gone) -> the sequence is aborted in the engine."""
+    async def deltas(self):
+        """Yield a ``Delta`` per round (one per engine event, even if its text is held back);
+        afterwards ``finish_reason``, ``token_ids``, ``stats`` are final. Cancelled (client gone)
+        -> the sequence is aborted in the engine."""
         stopped = False
         try:
             while True:
                 event = await self.handle.events.get()
                 if isinstance(event, Tokens) and not stopped:
-                    parts = []                          # one delta per round: its tokens together
-                    for token in event.token_ids:
+                    delta = Delta("")                   # one delta per round: its tokens together
+                    parts = []
+                    for j, token in enumerate(event.token_ids):
                         self.token_ids.append(token)
-                        parts.append(self.stop.feed(self.detokenizer.add([token])))
+                        delta.token_ids.append(token)
+                        delta.offsets.append(self.text_len)
+                        if event.logprobs is not None:
+                            delta.logprobs.append(event.logprobs[j])
+                        piece = self.detokenizer.add([token])
+                        self.text_len += len(piece)
+                        parts.append(self.stop.feed(piece))
                         if self.stop.matched is not None:
                             stopped = True
                             self.engine.abort(self.handle, "stop")
                             break
                     self._observe_latency(len(parts))   # the tokens this response delivers
-                    if "".join(parts):
-                        yield "".join(parts)
+                    delta.text = "".join(parts)
+                    yield delta
                 elif isinstance(event, Finished):
                     self.stats, self.error = event.stats, event.error
                     if not stopped:
                         tail = self.stop.flush()
                         if tail:
-                            yield tail
+                            yield Delta(tail)
                     self.finish_reason = "stop" if stopped else event.finish_reason
                     self._record_finished()
                     return
@@ -112,6 +146,49 @@ class RequestRun:
         self.metrics.record_finished(self.finish_reason, len(self.prompt_ids), len(self.token_ids),
                                      self.stats)
 
+    async def text_deltas(self):
+        """The text of ``deltas`` (non-empty pieces only)."""
+        async for delta in self.deltas():
+            if delta.text:
+                yield delta.text
+
     def usage(self) -> dict:
         return {"prompt_tokens": len(self.prompt_ids), "completion_tokens": len(self.token_ids),
                 "total_tokens": len(self.prompt_ids) + len(self.token_ids)}
+
+
+def total_usage(runs: list[RequestRun], prompts: list[list[int]]) -> dict:
+    """One response's usage over its choices: each prompt counted once (as OpenAI and vLLM do
+    for ``n``), every choice's completion tokens."""
+    prompt = sum(len(p) for p in prompts)
+    completion = sum(len(r.token_ids) for r in runs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def merge_runs(runs: list[RequestRun]):
+    """Yield (choice index, ``Delta``) from all runs as they arrive, and (index, None) when run
+    ``index`` has finished; closing the generator cancels the runs (their sequences are aborted)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, run: RequestRun):
+        try:
+            async for delta in run.deltas():
+                queue.put_nowait((i, delta))
+        except BaseException as e:                   # noqa: BLE001  (passed to the consumer)
+            queue.put_nowait((i, e))
+            raise
+        queue.put_nowait((i, None))
+    tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(runs)]
+    try:
+        left = len(runs)
+        while left:
+            i, item = await queue.get()
+            if isinstance(item, BaseException):
+                if isinstance(item, asyncio.CancelledError):
+                    raise asyncio.CancelledError()
+                raise item
+            left -= item is None
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()

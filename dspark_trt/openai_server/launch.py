@@ -60,7 +60,7 @@ class UvicornThread:
 
 
 def serve_from_args(args) -> int:
-    """``dspark-trt serve --openai``: load the model as ``generate`` does and serve until interrupted."""
+    """``dspark-trt serve``: load the model as ``generate`` does and serve until interrupted."""
     import uvicorn
 
     from ..config.source import ModelSource
@@ -68,12 +68,14 @@ def serve_from_args(args) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"[dspark-trt] warning: listening on {args.host} without --api-key", flush=True)
     if getattr(args, "tp_size", 1) > 1:
-        raise SystemExit("error: serve --openai does not support --tp-size > 1 yet (every rank would "
+        raise SystemExit("error: serve (OpenAI) does not support --tp-size > 1 yet (every rank would "
                          "need the same requests); serve one process per GPU or use the Python API")
     max_bytes = args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
     if max_bytes < 1:
         raise SystemExit(f"error: --max-request-bytes must be positive, got {max_bytes}")
-    llm = LLM.from_source(ModelSource.from_args(args))
+    util = getattr(args, "gpu_memory_utilization", None)
+    llm = LLM.from_source(ModelSource.from_args(args),
+                          **({} if util is None else {"gpu_memory_utilization": util}))
     template = ChatTemplate.from_dir(template_dir_from_args(args))
     server = OpenAIServer(llm, model_name=args.model_name, chat_template=template,
                           speculative=not getattr(args, "no_speculative", False))

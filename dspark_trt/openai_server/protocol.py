@@ -1,9 +1,12 @@
 """Validation of completion / chat-completion request bodies into a ``ParsedRequest``.
 
 Every problem raises ``APIError`` (400, or 404 for an unknown model) naming the field. Fields the
-runtime does not implement yet (``logprobs``, ``n`` > 1, ``logit_bias``, ...) are refused with a
+runtime does not implement yet (``echo``, ``best_of``, ``logit_bias``, ...) are refused with a
 400 unless they carry their neutral value, so a client never silently gets different sampling
-than it asked for. ``top_k``, ``min_p`` and the presence / frequency / repetition penalties are
+than it asked for. ``logprobs`` (completions: an integer k; chat: a boolean with ``top_logprobs``
+k) asks for the raw target logprobs of each token and its top k (k <= ``MAX_LOGPROBS``,
+``runtime/logprobs.py``); ``n`` (<= ``MAX_N``) independent samples per prompt, and a list of
+prompts on /v1/completions (<= ``MAX_PROMPTS``; choices prompt-major). ``top_k``, ``min_p`` and the presence / frequency / repetition penalties are
 vLLM's (``SamplingParams``; lossless under speculative decoding, ``runtime/sampling_modifiers.py``).
 """
 from __future__ import annotations
@@ -12,12 +15,11 @@ import json
 import numbers
 from dataclasses import dataclass, field
 
-from ..runtime.sampling_params import VERIFY_MODES, SamplingParams
+from ..runtime.sampling_params import MAX_LOGPROBS, VERIFY_MODES, SamplingParams
 from .errors import APIError
 
 # field -> its neutral value (accepted, ignored); any other value is refused as unsupported
-NEUTRAL_UNSUPPORTED = {"logprobs": (None, False, 0),
-                       "top_logprobs": (None, 0), "echo": (None, False), "best_of": (None, 1),
+NEUTRAL_UNSUPPORTED = {"echo": (None, False), "best_of": (None, 1),
                        "logit_bias": (None, {}), "suffix": (None, ""), "tools": (None, []),
                        "tool_choice": (None, "none"), "response_format": (None, {"type": "text"}),
                        "min_tokens": (None, 0)}
@@ -25,17 +27,21 @@ IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}
 COMMON = {"model", "max_tokens", "max_new_tokens", "temperature", "top_p", "seed", "stop",
           "stop_token_ids", "ignore_eos", "n", "stream", "stream_options", "return_token_ids",
           "verify_mode", "confidence_threshold",      # these two: dspark_trt's extension
-          "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"}
+          "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
-CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "add_generation_prompt"}
+CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens", "add_generation_prompt", "top_logprobs"}
 MAX_STOP_STRINGS = 16
+MAX_N = 16                    # samples per prompt
+MAX_PROMPTS = 64              # prompts in one /v1/completions request
+MAX_CHOICES = 64              # prompts x n
 
 
 @dataclass
 class ParsedRequest:
     """A validated request: the prompt (text or ids), sampling settings and response options."""
 
-    prompt: str | list[int] | None = None            # completions
+    prompt: str | list[int] | None = None            # completions: the first prompt
+    prompts: list = field(default_factory=list)      # completions: every prompt (str or ids)
     messages: list[dict] | None = None               # chat
     add_generation_prompt: bool = True
     max_tokens: int | None = None                    # None: the server's default
@@ -44,6 +50,7 @@ class ParsedRequest:
     stream: bool = False
     include_usage: bool = False
     return_token_ids: bool = False
+    n: int = 1                                       # samples per prompt
 
 
 def parse_json(raw: bytes) -> dict:
@@ -91,11 +98,31 @@ def check_model(body: dict, served_name: str) -> None:
                        status=404, param="model", code="model_not_found")
 
 
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The top-k of logprobs asked for (None: no logprobs): completions ``logprobs`` = k; chat
+    ``logprobs`` true with ``top_logprobs`` = k (default 0)."""
+    if not chat:
+        k = _expect(body, "logprobs", lambda v: _is_int(v) and v >= 0, "a non-negative integer")
+        if k is not None and k > MAX_LOGPROBS:
+            raise APIError(f"'logprobs' = {k}: at most {MAX_LOGPROBS} are allowed", param="logprobs")
+        return k
+    want = _expect(body, "logprobs", lambda v: isinstance(v, bool), "a boolean")
+    k = _expect(body, "top_logprobs", lambda v: _is_int(v) and v >= 0, "a non-negative integer")
+    if k is not None and k > MAX_LOGPROBS:
+        raise APIError(f"'top_logprobs' = {k}: at most {MAX_LOGPROBS} are allowed", param="top_logprobs")
+    if k and not want:
+        raise APIError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (k or 0) if want else None
+
+
 def _common(body: dict, req: ParsedRequest) -> None:
-    n = _expect(body, "n", _is_int, "an integer")
-    if n is not None and n != 1:
-        raise APIError(f"'n' = {n} is not supported yet: one choice per request (n = 1)", param="n",
-                       code="unsupported_parameter")
+    n = _expect(body, "n", lambda v: _is_int(v) and v >= 1, "a positive integer")
+    if n is not None and n > MAX_N:
+        raise APIError(f"'n' = {n}: at most {MAX_N} samples per prompt are allowed", param="n")
+    req.n = n or 1
+    if len(req.prompts or [None]) * req.n > MAX_CHOICES:
+        raise APIError(f"{len(req.prompts)} prompts x n = {req.n} choices: at most {MAX_CHOICES} per "
+                       "request", param="n")
     max_tokens = None
     for name in ("max_tokens", "max_new_tokens", "max_completion_tokens"):
         value = _expect(body, name, lambda v: _is_int(v) and v > 0, "a positive integer")
@@ -142,28 +169,35 @@ def _common(body: dict, req: ParsedRequest) -> None:
                                 top_k=int(-1 if top_k is None else top_k),
                                 min_p=float(min_p or 0.0),
                                 **{k: float(v or 0.0) for k, v in penalties.items()},
-                                repetition_penalty=float(1.0 if repetition is None else repetition))
+                                repetition_penalty=float(1.0 if repetition is None else repetition),
+                                logprobs=_logprobs(body, req.messages is not None))
+
+
+def _one_prompt(prompt, where: str):
+    if isinstance(prompt, str):
+        if not prompt:
+            raise APIError(f"{where} is empty", param="prompt")
+        return prompt
+    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        return [int(t) for t in prompt]
+    raise APIError(f"{where} must be a non-empty string or a list of token ids", param="prompt")
 
 
 def parse_completion(body: dict, served_name: str) -> ParsedRequest:
-    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a one-item list."""
+    """``POST /v1/completions``: ``prompt`` is a string, a list of token ids, or a list of those
+    (several prompts: their choices are prompt-major, index = prompt * n + sample)."""
     _check_fields(body, COMPLETION_FIELDS)
     check_model(body, served_name)
     req = ParsedRequest()
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]                                   # a batch of one
-    if isinstance(prompt, str):
-        if not prompt:
-            raise APIError("'prompt' is empty", param="prompt")
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        prompt = [int(t) for t in prompt]
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise APIError("several prompts in one request are not supported yet: send one request per "
-                       "prompt", param="prompt", code="unsupported_parameter")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise APIError(f"'prompt' has {len(prompt)} prompts, at most {MAX_PROMPTS} are allowed",
+                           param="prompt")
+        req.prompts = [_one_prompt(p, f"prompt[{i}]") for i, p in enumerate(prompt)]
     else:
-        raise APIError("'prompt' must be a non-empty string or a list of token ids", param="prompt")
-    req.prompt = prompt
+        req.prompts = [_one_prompt(prompt, "'prompt'")]
+    req.prompt = req.prompts[0]
     _common(body, req)
     return req
 

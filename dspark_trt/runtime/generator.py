@@ -18,8 +18,14 @@ Sampling modifiers (top-k, min-p, top-p, penalties; ``sampling_modifiers.py``) a
 target logits of the prefill, the AR and the verify step alike; each running sequence owns a slot
 (0 .. max_batch_size-1) whose row of ``DecodeSteps.counts`` holds its token counts for the penalties
 (reset at admission, updated on the device by the steps).
-Requests join (prefill, eager) and leave (finish or abort) between rounds; each sequence owns the
-cache pages it reserved at admission (``PagedKVManager``). The steps run eagerly
+Requests join (prefill, eager) and leave (finish or abort) between rounds. KV pages are reserved
+incrementally (``PagedKVManager``): at admission for the context + one round's block, and before
+every round for what that round may write (position P + N). When the free pages cannot cover a
+running sequence's next round, the most recently admitted one is preempted by recomputation: its
+pages and slot are freed, it goes back to the front of the queue with its output so far, and on
+re-admission a prefill over prompt + output (up to the anchor) rebuilds its target and draft
+caches and its penalty counts; nothing it produced is lost or re-sent, and its sampling stays
+the same (the sampler's randomness is keyed by seed and position). The steps run eagerly
 (``DecodeSteps``) or from CUDA graphs per batch bucket (``cuda_graphs.GraphedSteps``).
 """
 from __future__ import annotations
@@ -35,6 +41,7 @@ import torch
 from .. import plugins
 from .kv_manager import PagedKVManager
 from .confidence import MODE_IDS
+from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
 from .sampling_modifiers import Modifiers, uses_penalties
 from .steps import DecodeSteps, DeviceInputs, RoundInputs
@@ -60,6 +67,7 @@ class Sequence:
     confidence: list | None = None      # per round: (confidence logits [N], verified, accepted)
                                         # when the generator records them (calibration data)
     slot: int = -1                      # its row of the penalties' token counts, while running
+    logprobs: list[TokenLogprob] | None = None   # per output token, when params.logprobs is set
 
     def stop_ids(self, eos: Iterable[int]) -> set[int]:
         return set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
@@ -68,8 +76,10 @@ class Sequence:
         """End the request with finish_reason "error" (its committed tokens stay)."""
         self.finish_reason, self.error = "error", message
 
-    def commit(self, tokens: list[int], stop_ids: set[int]) -> list[int]:
-        """Append tokens up to the first stop token (inclusive) or the length limit."""
+    def commit(self, tokens: list[int], stop_ids: set[int], rows: LogprobRows | None = None,
+               row: int = 0) -> list[int]:
+        """Append tokens up to the first stop token (inclusive) or the length limit; with
+        ``rows`` (a step's logprobs) their entries from row ``row`` go to ``logprobs`` first."""
         room = self.params.max_new_tokens - len(self.output_ids)
         new = []
         for t in tokens[:room]:
@@ -78,6 +88,8 @@ class Sequence:
                 self.finish_reason = "stop"
                 break
         self.output_ids += new
+        if self.params.logprobs is not None and rows is not None:
+            self.logprobs = (self.logprobs or []) + rows.entries(row, new, self.params.logprobs)
         if self.finish_reason is None and len(self.output_ids) >= self.params.max_new_tokens:
             self.finish_reason = "length"
         if new and self.on_tokens is not None:
@@ -110,6 +122,7 @@ class Generator:
         self.running: list[Sequence] = []
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
+        self.preemptions = 0                                # sequences preempted for KV pages
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
@@ -133,6 +146,8 @@ class Generator:
                 and not getattr(self.nets, "has_confidence", False)):
             raise RequestError(f"verify_mode {params.verify_mode!r} needs a draft with a confidence "
                                f"head (confidence_head.proj); this one has none: use 'fixed'")
+        if params.logprobs is not None and self.record_confidence:
+            raise RequestError("logprobs: not with record_confidence (calibration runs)")
         seed = params.seed if params.seed is not None else random.getrandbits(62)
         seq = Sequence(self._next_id, prompt_ids, params, int(seed), on_tokens=on_tokens)
         seq.stats.num_spec_tokens = self.nets.num_spec_tokens if self.speculative else 0
@@ -161,19 +176,20 @@ class Generator:
 
     # ---- one scheduler step ------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Admit waiting requests, run one round for the running ones; return finished sequences."""
+        """Reserve the running sequences' next round (preempting if short), admit waiting requests,
+        run one round for the running ones; return finished sequences."""
+        decoding = self._reserve_round([s for s in self.running if s.finish_reason is None])
         admitted = []
         while (self.waiting and len(self.running) + len(admitted) < self.max_batch_size
-               and self.kv.can_allocate(self._budget(self.waiting[0]))):
+               and self.kv.can_allocate(self._need(self.waiting[0]))):
             seq = self.waiting.popleft()
-            pages = self.kv.allocate(seq.request_id, self._budget(seq))
+            pages = self.kv.allocate(seq.request_id, self._need(seq))
             seq.table_row = np.full(self.kv.max_pages_per_seq, -1, dtype=np.int64)
             seq.table_row[:len(pages)] = pages
             seq.slot = self._free_slots.pop()
             admitted.append(seq)
         if admitted:
             self._prefill(admitted)
-        decoding = [s for s in self.running if s not in admitted and s.finish_reason is None]
         if decoding:
             (self._spec_round if self.speculative else self._ar_round)(decoding)
         done = [s for s in self.running if s.finish_reason is not None]
@@ -186,8 +202,37 @@ class Generator:
         self.kv.release(s.request_id)
         self._free_slots.append(s.slot)
 
-    def _budget(self, s: Sequence) -> int:
-        return len(s.prompt_ids) + s.params.max_new_tokens + self.headroom
+    def _need(self, s: Sequence) -> int:
+        """Tokens of cache ``s`` needs for its next round: up to its anchor's position P (the
+        prompt's length before its prefill) + the verify block."""
+        return (s.position if s.output_ids else len(s.prompt_ids)) + self.headroom
+
+    def _reserve_round(self, seqs: list[Sequence]) -> list[Sequence]:
+        """Grow the pages of ``seqs`` (running, in admission order) for their next round; when the
+        free pages run short, preempt the most recently admitted of them (possibly the one that
+        needs them) -> the sequences that keep running."""
+        keep = list(seqs)
+        i = 0
+        while i < len(keep):
+            s = keep[i]
+            while self.kv.missing(s.request_id, self._need(s)) > len(self.kv.free) and keep[-1] is not s:
+                self._preempt(keep.pop())
+            if self.kv.missing(s.request_id, self._need(s)) > len(self.kv.free):
+                self._preempt(keep.pop())                   # s itself: nothing later to preempt
+                continue
+            have = len(self.kv.owned[s.request_id])
+            pages = self.kv.grow(s.request_id, self._need(s))
+            s.table_row[have:have + len(pages)] = pages
+            i += 1
+        return keep
+
+    def _preempt(self, s: Sequence) -> None:
+        """Free ``s``'s pages and slot; it waits at the front of the queue to be recomputed."""
+        self.running.remove(s)
+        self._release(s)
+        s.table_row, s.slot = None, -1
+        self.waiting.appendleft(s)
+        self.preemptions += 1
 
     def _table(self, seqs: list[Sequence]):
         return self.kv.table([s.request_id for s in seqs], self.device)
@@ -214,16 +259,20 @@ class Generator:
             top_k=np.array([s.params.top_k for s in seqs], dtype=np.int64))
 
     def _prefill(self, seqs: list[Sequence]) -> None:
-        """Target over the prompts (right-padded, pad position -1), first token, draft context."""
-        L = max(len(s.prompt_ids) for s in seqs)
-        tokens = self._tensor([s.prompt_ids + [0] * (L - len(s.prompt_ids)) for s in seqs])
-        positions = self._tensor([list(range(len(s.prompt_ids))) + [-1] * (L - len(s.prompt_ids))
-                                  for s in seqs])
+        """Target over the prompts (right-padded, pad position -1), first token, draft context.
+        A preempted sequence (it has output) is recomputed over prompt + output up to its anchor:
+        its caches and penalty counts are rebuilt, its anchor and position kept, nothing sampled."""
+        ctx = [s.prompt_ids + s.output_ids[:-1] for s in seqs]
+        resumed = [bool(s.output_ids) for s in seqs]
+        L = max(len(c) for c in ctx)
+        tokens = self._tensor([c + [0] * (L - len(c)) for c in ctx])
+        positions = self._tensor([list(range(len(c))) + [-1] * (L - len(c)) for c in ctx])
         table = self._table(seqs)
         logits, taps = self.nets.target(tokens, positions, table)
-        lens = self._tensor([len(s.prompt_ids) for s in seqs])
+        lens = self._tensor([len(c) for c in ctx])
         last = logits[torch.arange(len(seqs), device=self.device), lens - 1]        # [B, V]
         finite = torch.isfinite(last).all(dim=-1)
+        raw = last
         mods = Modifiers.for_params(s.params for s in seqs)
         x = DeviceInputs.from_host(self.round_inputs(seqs), self.device, mods=mods)
         if mods.penalties:                          # new slots: the prompt, no output yet
@@ -231,36 +280,54 @@ class Generator:
             for s in seqs:
                 if uses_penalties(s.params):
                     counts.reset(s.slot, s.prompt_ids)
+                    if s.output_ids:                # resumed: its committed output
+                        counts.add(self._tensor([s.slot]), self._tensor([s.output_ids]),
+                                   self._tensor([[True] * len(s.output_ids)], torch.bool))
         if mods.any:
             last = self.steps.eager.modify(last[:, None], x, mods)[:, 0]
         first = torch.where(finite, plugins.sample_tokens(last, x.temperature, x.seed, lens), -1)
+        fresh = self._tensor([not r for r in resumed], torch.bool)
         if mods.penalties:
-            counts.add(x.slot, first[:, None], (first >= 0)[:, None])
+            counts.add(x.slot, first[:, None], ((first >= 0) & fresh)[:, None])
+        k = _logprobs_k(seqs)
+        rows = None if k is None else to_host(*token_logprobs(raw[:, None], first[:, None], k))
         if self.speculative:
             self.nets.draft_context(taps, positions, table)
-        for s, t in zip(seqs, first.tolist()):
+        for i, (s, t) in enumerate(zip(seqs, first.tolist())):
+            self.running.append(s)
+            if resumed[i]:                          # anchor and position as before the preemption
+                if t < 0:
+                    s.fail(NONFINITE_LOGITS)
+                continue
             s.anchor, s.position = t, len(s.prompt_ids)
             if t < 0:
                 s.fail(NONFINITE_LOGITS)
             else:
-                s.commit([t], s.stop_ids(self.eos))
-            self.running.append(s)
+                s.commit([t], s.stop_ids(self.eos), rows, i)
 
     def _ar_round(self, seqs: list[Sequence]) -> None:
         """Plain autoregressive step on the target (the comparison mode)."""
         mods = Modifiers.for_params(s.params for s in seqs)
-        host = self.steps.ar_round(self.round_inputs(seqs), mods)                   # [B, 1]
-        for s, (t,) in zip(seqs, host.tolist()):
+        k, rows = _logprobs_k(seqs), None
+        if k is None:
+            host = self.steps.ar_round(self.round_inputs(seqs), mods)               # [B, 1]
+        else:
+            host, rows = self.steps.eager.ar_round_logprobs(self.round_inputs(seqs), mods, k)
+        for i, (s, (t,)) in enumerate(zip(seqs, host.tolist())):
             if t < 0:
                 s.fail(NONFINITE_LOGITS)
                 continue
             s.anchor, s.position = t, s.position + 1
-            s.commit([t], s.stop_ids(self.eos))
+            s.commit([t], s.stop_ids(self.eos), rows, i)
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
         mods = Modifiers.for_params(s.params for s in seqs)
         r = self.round_inputs(seqs)
-        if not (r.uses_confidence or self.record_confidence):
+        k, rows = _logprobs_k(seqs), None
+        if k is not None:                           # eager steps with logprob outputs
+            host, lims, rows = self.steps.eager.spec_round_logprobs(r, mods, k)
+            lims, conf = (lims.tolist() if r.uses_confidence else [None] * len(seqs)), None
+        elif not (r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
         else:
@@ -270,7 +337,7 @@ class Generator:
             if a < 0:
                 s.fail(NONFINITE_LOGITS)
                 continue
-            new = s.commit(x[:a] + [t], s.stop_ids(self.eos))
+            new = s.commit(x[:a] + [t], s.stop_ids(self.eos), rows, i)
             s.stats.record(a, len(new), lims[i])
             if conf is not None:
                 n = s.stats.proposed[-1]          # verified drafts (cut at a stop token / the limit)
@@ -288,6 +355,14 @@ class Generator:
         return [to_output(s) for s in seqs]
 
 
+def _logprobs_k(seqs: list[Sequence]) -> int | None:
+    """The top-k a step must compute for its rows' ``logprobs`` (None: no row asks)."""
+    ks = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
+    return max(ks) if ks else None
+
+
 def to_output(s: Sequence) -> RequestOutput:
     return RequestOutput(s.request_id, s.prompt_ids, list(s.output_ids), s.finish_reason or "",
-                         s.stats, error=s.error)
+                         s.stats, error=s.error,
+                         logprobs=None if s.logprobs is None and s.params.logprobs is None
+                         else list(s.logprobs or []))

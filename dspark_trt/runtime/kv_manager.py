@@ -1,8 +1,10 @@
-"""Paged KV-cache bookkeeping: pages per sequence, reserved at admission.
+"""Paged KV-cache bookkeeping: pages per sequence, reserved as the sequence grows.
 
-A sequence reserves the pages for its whole budget (prompt + max_new_tokens + the speculative
-block) when it is admitted, so a running sequence never runs out of cache; a request that could
-never fit is refused before it is queued. Target and draft caches share one page table (the same
+A sequence reserves pages for what the next round can write (its context + the speculative
+block) at admission and grows by ``grow`` before each round; when the free pages run short the
+generator preempts a sequence (its pages freed, recomputed later: ``generator.py``). A request
+whose whole budget (prompt + max_new_tokens + the block) could never fit is refused before it is
+queued. Target and draft caches share one page table (the same
 positions live at the same page offsets). Rollback is by length: rejected positions are simply
 overwritten by the next round.
 """
@@ -103,6 +105,24 @@ class PagedKVManager:
         pages, self.free = self.free[:n], self.free[n:]
         self.owned[seq_id] = pages
         return pages
+
+    def grow(self, seq_id: int, num_tokens: int) -> list[int]:
+        """Extend ``seq_id``'s pages to hold ``num_tokens``; -> the new pages (``KVCacheFull`` if
+        there are not enough free pages: nothing taken)."""
+        have = self.owned[seq_id]
+        n = self.pages_for(num_tokens) - len(have)
+        if n <= 0:
+            return []
+        if n > len(self.free) or len(have) + n > self.max_pages_per_seq:
+            raise KVCacheFull(f"sequence {seq_id} needs {n} more pages of {self.page_size} tokens, "
+                              f"{len(self.free)} free (per-sequence limit {self.max_pages_per_seq})")
+        pages, self.free = self.free[:n], self.free[n:]
+        have.extend(pages)
+        return pages
+
+    def missing(self, seq_id: int, num_tokens: int) -> int:
+        """Pages ``seq_id`` lacks to hold ``num_tokens``."""
+        return max(0, self.pages_for(num_tokens) - len(self.owned.get(seq_id, [])))
 
     def release(self, seq_id: int) -> None:
         self.free.extend(self.owned.pop(seq_id, []))

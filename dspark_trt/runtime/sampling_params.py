@@ -6,6 +6,7 @@ import numbers
 from dataclasses import InitVar, dataclass, field
 
 VERIFY_MODES = ("fixed", "threshold", "scheduled")        # = confidence.VERIFY_MODES
+MAX_LOGPROBS = 20                                         # = logprobs.MAX_LOGPROBS (OpenAI's cap)
 
 
 class RequestError(ValueError):
@@ -31,6 +32,9 @@ class SamplingParams:
     presence_penalty: float = 0.0       # logit -= presence x (token in the output), in [-2, 2]
     frequency_penalty: float = 0.0      # logit -= frequency x (its count in the output), in [-2, 2]
     repetition_penalty: float = 1.0     # tokens in prompt or output: logit / r if > 0, else x r
+    # per emitted token: its raw target logprob and the ``logprobs`` most likely tokens' (None:
+    # none; 0: only the token's own; at most logprobs.MAX_LOGPROBS; runtime/logprobs.py)
+    logprobs: int | None = None
     max_tokens: InitVar[int | None] = None   # an alias of max_new_tokens: given, it sets it
 
     def __post_init__(self, max_tokens):
@@ -64,6 +68,9 @@ class SamplingParams:
                                f"{self.verify_mode!r}")
         if not _is_real(self.confidence_threshold) or not 0 <= self.confidence_threshold <= 1:
             raise RequestError(f"confidence_threshold must be in [0, 1], got {self.confidence_threshold!r}")
+        if self.logprobs is not None and not (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise RequestError(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] (or None), got "
+                               f"{self.logprobs!r}")
         bad = [t for t in self.stop_token_ids if not _is_int(t) or t < 0]
         if bad:
             raise RequestError(f"stop_token_ids must be non-negative integers, got {bad[0]!r}")
@@ -159,6 +166,7 @@ class RequestOutput:
     stats: SpecStats
     text: str | None = None
     error: str | None = None            # why, when finish_reason is "error"
+    logprobs: list | None = None        # one ``logprobs.TokenLogprob`` per output token, if asked
 
 
 @dataclass

@@ -32,6 +32,8 @@ CUDA graphs) plus the head and the admission's few small kernels.
 The public round interface (every caller drives a round through it, never through private parts):
   ``Generator.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
   ``steps.spec_round / spec_round_admitted / ar_round(r, ...)``  one round, host in, host out
+  ``steps.eager.spec_round_logprobs / ar_round_logprobs(r, mods, k)``  the same, eager, with the
+                                               raw target logprobs of the emitted tokens (top k)
   ``steps.stage(r)`` -> ``StagedRound``        the round's device inputs and one callable per step
                                                (eager calls, or graph replays on ``GraphedSteps``):
                                                what bench and profiling time
@@ -56,6 +58,7 @@ import torch
 from torch import Tensor
 
 from .. import plugins
+from .logprobs import LogprobRows, emitted_tokens, to_host, token_logprobs
 from .sampling_modifiers import Modifiers, TokenCounts, apply_modifiers
 
 
@@ -239,16 +242,19 @@ class DecodeSteps:
 
     @torch.inference_mode()
     def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, mods: Modifiers | bool,
-                    limit: Tensor | None = None) -> Tensor:
+                    limit: Tensor | None = None, logprobs: int | None = None):
         """Target verify + acceptance + context injection -> [B, 2 + w] (accepted, next, drafts)
         for the w = drafts.shape[1] drafts given; ``mods``: the modifiers to apply (a bool: top-p
         or none); ``limit`` [B] (optional): each row verifies only its first ``limit`` drafts
-        (exact; see the module docstring)."""
+        (exact; see the module docstring). ``logprobs`` = k (eager only): also the raw target
+        logprobs of the token each row emits and its top k, ``(out, (chosen [B, N+1], ids, vals))``
+        (``logprobs.py``)."""
         mods = Modifiers.of(mods)
         N = drafts.shape[1]
         offs = torch.arange(N + 1, device=x.start.device)
         tokens, pos = verify_window(x, drafts)                                    # [B, N+1]
         logits, taps = self.nets.target(tokens, pos, x.table)
+        raw = logits
         finite = torch.isfinite(logits).all(dim=-1).all(dim=-1)                   # [B]
         if mods.any:                                # row j counts the drafts before it
             logits = self.modify(logits, x, mods, drafts)
@@ -266,14 +272,19 @@ class DecodeSteps:
         ctx_pos = torch.where(offs[None, :] <= accepted[:, None], pos, -1)          # [B, N+1]
         self.nets.draft_context(taps, ctx_pos, x.table)
         flagged = torch.where(finite, accepted, -1)                                 # -1: not finite
-        return torch.cat([flagged[:, None], nxt[:, None], drafts], 1)
+        out = torch.cat([flagged[:, None], nxt[:, None], drafts], 1)
+        if logprobs is None:
+            return out
+        return out, token_logprobs(raw, emitted_tokens(drafts, nxt, accepted), logprobs)
 
     @torch.inference_mode()
-    def ar_step(self, x: DeviceInputs, mods: Modifiers | bool) -> Tensor:
-        """One autoregressive target step -> next token [B, 1] (-1 for inert rows)."""
+    def ar_step(self, x: DeviceInputs, mods: Modifiers | bool, logprobs: int | None = None):
+        """One autoregressive target step -> next token [B, 1] (-1 for inert rows); with
+        ``logprobs`` = k (eager only) ``(next, (chosen [B, 1], ids, vals))`` as ``verify_step``."""
         mods = Modifiers.of(mods)
         pos = torch.where(x.start >= 0, x.start, -1)[:, None]                       # [B, 1]
         logits, _ = self.nets.target(x.anchor[:, None], pos, x.table)
+        raw = logits
         finite = torch.isfinite(logits[:, 0]).all(dim=-1)                           # [B]
         if mods.any:
             logits = self.modify(logits, x, mods)
@@ -281,7 +292,7 @@ class DecodeSteps:
         nxt = torch.where((x.start >= 0) & finite, nxt, -1)[:, None]                # [B, 1]
         if mods.penalties:
             self.counts.add(x.slot, nxt, nxt >= 0)
-        return nxt
+        return nxt if logprobs is None else (nxt, token_logprobs(raw, nxt, logprobs))
 
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
     def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
@@ -310,6 +321,29 @@ class DecodeSteps:
         drafts, z, conf, limit = self.draft_admit_step(x)
         out = self.verify_admit_step(x, drafts, z, limit, mods).cpu().numpy()
         return out[:, :-1], out[:, -1], conf.cpu().numpy() if want_confidence else None
+
+    def spec_round_logprobs(self, r: RoundInputs, mods: Modifiers | bool, k: int
+                            ) -> tuple[np.ndarray, np.ndarray, LogprobRows]:
+        """``spec_round_admitted`` (eager) with the raw target logprobs of the emitted tokens and
+        their top ``k`` -> (host [B, 2 + N], admitted drafts [B], ``LogprobRows`` [B, N+1])."""
+        N = self.num_spec_tokens
+        if self.needs_admission(r):
+            x = DeviceInputs.from_host(r, self.device, confidence=True, mods=mods)
+            drafts, z, _conf, limit = self.draft_admit_step(x)
+            out, lp = self.verify_step(x, drafts, z, mods, limit, logprobs=k)
+            limits = limit.cpu().numpy()
+        else:
+            x = DeviceInputs.from_host(r, self.device, mods=mods)
+            drafts, z = self.draft_step(x)
+            out, lp = self.verify_step(x, drafts, z, mods, logprobs=k)
+            limits = np.where(r.start >= 0, N, 0)
+        return out.cpu().numpy(), limits, to_host(*lp)
+
+    def ar_round_logprobs(self, r: RoundInputs, mods: Modifiers | bool, k: int
+                          ) -> tuple[np.ndarray, LogprobRows]:
+        """``ar_round`` (eager) with logprobs -> (next [B, 1], ``LogprobRows`` [B, 1])."""
+        nxt, lp = self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods, logprobs=k)
+        return nxt.cpu().numpy(), to_host(*lp)
 
     def ar_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         """-> [B, 1] int64 on the host: the next token (-1: non-finite logits)."""

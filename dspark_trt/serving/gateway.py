@@ -1,4 +1,4 @@
-"""The public HTTP endpoint of ``dspark-trt serve``: a small proxy in front of tritonserver's HTTP.
+"""The public HTTP endpoint of ``dspark-trt serve --triton``: a small proxy in front of tritonserver's HTTP.
 
 Why it exists: tritonserver 2.51's HTTP front end (libevhtp) dies with SIGSEGV on a body of a few
 MB sent as ``application/x-www-form-urlencoded`` (curl ``-d``'s default and urllib's): evhtp parses
@@ -207,7 +207,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _too_large(self, length: int) -> str:
         return (f"the request body has {length} bytes, over the limit of {self.gateway.max_request_bytes} "
-                "bytes (dspark-trt serve --max-request-bytes)")
+                "bytes (dspark-trt serve --triton --max-request-bytes)")
 
     def _drain(self, length: int) -> None:
         """Read and drop an oversized body (bounded), so the client gets to read our 413."""

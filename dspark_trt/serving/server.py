@@ -125,7 +125,7 @@ STUB_NAME = "triton_python_backend_stub"
 class TritonServer:
     """One tritonserver process; ``start`` waits for readiness with a deadline.
 
-    ``http_host``: where Triton's own HTTP port listens (default ``host``; ``dspark-trt serve``
+    ``http_host``: where Triton's own HTTP port listens (default ``host``; ``dspark-trt serve --triton``
     keeps it on loopback behind its gateway). ``exit_timeout``: Triton's --exit-timeout-secs, how
     long a SIGTERM waits for in-flight requests before the model is unloaded (which fails them).
     A restarted server keeps its ports and appends to its log.

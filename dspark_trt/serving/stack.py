@@ -1,4 +1,4 @@
-"""What ``dspark-trt serve`` runs: tritonserver, the HTTP gateway in front of it, the supervisor.
+"""What ``dspark-trt serve --triton`` runs: tritonserver, the HTTP gateway in front of it, the supervisor.
 
     client --HTTP--> gateway (host:http_port) --HTTP--> tritonserver (127.0.0.1, a free port)
     client --gRPC----------------------------------->   tritonserver (host:grpc_port)

@@ -1,4 +1,4 @@
-"""Keep ``dspark-trt serve``'s tritonserver serving: notice a dead or hung model, restart the server.
+"""Keep ``dspark-trt serve --triton``'s tritonserver serving: notice a dead or hung model, restart the server.
 
 Why the whole server: when a python-backend stub dies, tritonserver 2.51 either aborts (a boost
 ``lock_exception`` in libtriton_python) or stays up, answers every new request with "Stub process

@@ -323,7 +323,7 @@ def test_openai_protocol_passes_the_fields_and_refuses_bad_values():
     chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "hi"}], "top_k": -1}, "m")
     assert chat.params.top_k == -1 and chat.params.repetition_penalty == 1.0
     for field, value in [("top_k", -3), ("top_k", 1.5), ("min_p", 2), ("presence_penalty", 3),
-                         ("frequency_penalty", "a"), ("repetition_penalty", 0), ("logprobs", 2),
+                         ("frequency_penalty", "a"), ("repetition_penalty", 0), ("logprobs", 21),
                          ("logit_bias", {"1": 2})]:
         with pytest.raises(APIError) as e:
             parse_completion({**body, field: value}, "m")

@@ -60,3 +60,9 @@ def test_stop_string_held_text_is_released_when_it_is_not_a_stop():
 def test_earliest_stop_string_wins():
     m = StopStringMatcher(["b", "a"])
     assert m.feed("xxab") == "xx" and m.matched == "a"
+
+
+def test_without_a_tokenizer_the_text_stays_empty():
+    from dspark_trt.openai_server.detokenizer import IncrementalDetokenizer as D
+    d = D(None)
+    assert d.add([1, 2, 3]) == "" and d.add([4]) == ""

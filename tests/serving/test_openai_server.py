@@ -208,21 +208,32 @@ BAD_REQUESTS = [
     ("completions", {**OK, "model": "gpt-4"}, 404, "model"),
     ("completions", {k: v for k, v in OK.items() if k != "model"}, 400, "model"),
     ("completions", {**OK, "max_tokens": 100000}, 400, "max_tokens"),
-    ("completions", {**OK, "n": 2}, 400, "n"),
+    ("completions", {**OK, "n": 17}, 400, "n"),                        # over MAX_N
+    ("completions", {**OK, "n": 0}, 400, "n"),
+    ("completions", {**OK, "prompt": ["a"] * 65}, 400, "prompt"),       # over MAX_PROMPTS
+    ("completions", {**OK, "prompt": ["a"] * 8, "n": 9}, 400, "n"),     # over MAX_CHOICES
+    ("completions", {**OK, "prompt": ["a", ""]}, 400, "prompt"),
     ("completions", {**OK, "top_k": -5}, 400, "top_k"),
     ("completions", {**OK, "min_p": 1.5}, 400, "min_p"),
     ("completions", {**OK, "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("completions", {**OK, "frequency_penalty": "x"}, 400, "frequency_penalty"),
     ("completions", {**OK, "repetition_penalty": 0}, 400, "repetition_penalty"),
     ("completions", {**OK, "logit_bias": {"5": 1}}, 400, "logit_bias"),
-    ("completions", {**OK, "logprobs": 2}, 400, "logprobs"),
+    ("completions", {**OK, "logprobs": 21}, 400, "logprobs"),           # over MAX_LOGPROBS
+    ("completions", {**OK, "logprobs": True}, 400, "logprobs"),
+    ("completions", {**OK, "echo": True}, 400, "echo"),
+    ("completions", {**OK, "best_of": 2}, 400, "best_of"),
     ("completions", {**OK, "bogus_field": 1}, 400, "bogus_field"),
     ("completions", {**OK, "prompt": [1, 99999]}, 400, None),          # token id outside the vocab
     ("completions", {**OK, "stream_options": {"include_usage": True}}, 400, "stream_options"),
     ("chat/completions", {**CHAT_OK, "messages": []}, 400, "messages"),
     ("chat/completions", {**CHAT_OK, "messages": [{"content": "no role"}]}, 400, "messages"),
     ("chat/completions", {**CHAT_OK, "messages": "hi"}, 400, "messages"),
-    ("chat/completions", {**CHAT_OK, "logprobs": True}, 400, "logprobs"),
+    ("chat/completions", {**CHAT_OK, "logprobs": 3}, 400, "logprobs"),
+    ("chat/completions", {**CHAT_OK, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+    ("chat/completions", {**CHAT_OK, "top_logprobs": 2}, 400, "top_logprobs"),   # without logprobs
+    ("chat/completions", {**CHAT_OK, "n": 100}, 400, "n"),
+    ("chat/completions", {**CHAT_OK, "tools": [{"type": "function"}]}, 400, "tools"),
     ("chat/completions", {**CHAT_OK, "stop": [1, 2]}, 400, "stop"),
 ]
 
@@ -242,8 +253,8 @@ def test_malformed_requests_get_openai_errors_and_the_server_stays_up(http, clie
     assert httpx.get(http.base_url.join("/v1/models")).status_code == 401           # no key
     assert httpx.get(http.base_url.join("/v1/models"),
                      headers={"Authorization": "Bearer wrong"}).status_code == 401
-    with pytest.raises(openai.BadRequestError, match="n"):
-        client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, n=3)
+    with pytest.raises(openai.BadRequestError, match="'n' = 17"):
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, n=17)
     assert http.get("/health").status_code == 200
     assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=3).usage.completion_tokens == 3
 
@@ -358,7 +369,7 @@ def test_metrics_match_the_responses(http, client):
 
 # ---- the CLI --------------------------------------------------------------------------------------
 def test_cli_serve_openai_process_answers_and_stops_on_sigint(tmp_path):
-    """``dspark-trt serve --openai`` as a real process on loopback: health, one completion with the
+    """``dspark-trt serve`` (the OpenAI server is the default) as a real process on loopback: health, one completion with the
     bearer key, then SIGINT ends it with status 0."""
     import os
     import signal
@@ -369,7 +380,7 @@ def test_cli_serve_openai_process_answers_and_stops_on_sigint(tmp_path):
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     log = open(tmp_path / "serve.log", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli", "serve", "--openai", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli", "serve", "--port", str(port),
                              "--api-key", "k", "--max-batch-size", "2", "--max-seq-len", "256",
                              "--model-name", "tiny"], stdout=log, stderr=subprocess.STDOUT, env=env)
     try:

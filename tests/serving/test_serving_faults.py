@@ -1,4 +1,4 @@
-"""Fault injection on a real `dspark-trt serve` (tritonserver 2.51 from the serving venv, CPU).
+"""Fault injection on a real `dspark-trt serve --triton` (tritonserver 2.51 from the serving venv, CPU).
 
 One `serve` process for the module (the faults allow it: each leaves the server serving again),
 in this order: an oversized body, a client that stops reading its stream, kill -9 of the model
@@ -38,12 +38,12 @@ RECOVERY_BOUND = 60                      # ... and the server is ready again wit
 
 
 class Serve:
-    """A `dspark-trt serve` subprocess; its stdout/stderr go to files (no pipe to fill)."""
+    """A `dspark-trt serve --triton` subprocess; its stdout/stderr go to files (no pipe to fill)."""
 
     def __init__(self, tmp: Path, install: TritonInstall):
         self.install, self.tmp = install, tmp
         self.out, self.err = tmp / "serve.out", tmp / "serve.err"
-        cmd = [sys.executable, "-m", "dspark_trt.cli", "serve", "--model", "qwen3-tiny-dspark",
+        cmd = [sys.executable, "-m", "dspark_trt.cli", "serve", "--triton", "--model", "qwen3-tiny-dspark",
                "--random-weights", "--device", "cpu", "--dtype", "fp32", "--max-batch-size", "8",
                "--max-seq-len", str(MAX_SEQ_LEN), "--cpu-threads", "1", "--default-max-tokens", "8",
                "--output", str(tmp / "model_repository"), "--probe-interval", "1",

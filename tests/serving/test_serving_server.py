@@ -1,5 +1,5 @@
 """A real tritonserver (nvidia-pytriton 2.51, CPU) serving a repository made by write_repository,
-run as `dspark-trt serve` runs it (ServingStack: HTTP through the gateway, the supervisor probing).
+run as `dspark-trt serve --triton` runs it (ServingStack: HTTP through the gateway, the supervisor probing).
 
 Needs the serving venv (scripts/setup_triton_env.sh; .ci/run creates it); skipped without it.
 The model is the tiny preset with random weights (fixed seed) saved as HF checkpoints with a tiny
