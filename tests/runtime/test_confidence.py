@@ -510,7 +510,7 @@ def test_openai_request_extension():
 
 
 @pytest.mark.parametrize("backend", ["torch", "cuda-python", EAGER_REPLAY])
-@pytest.mark.parametrize("cost_model", ["packed", "padded"])
+@pytest.mark.parametrize("cost_model", ["packed", "padded", "trimmed"])
 def test_scheduled_rounds_from_cuda_graphs_match_eager(backend, cost_model):
     """The graphed confidence path ("draft_admit" graph with the admission inside, the fixed-N
     "verify_admit" graph) gives the target's greedy output; every graph is captured by
@@ -547,8 +547,11 @@ def test_scheduled_rounds_from_cuda_graphs_match_eager(backend, cost_model):
     assert set(graphed.steps._graphs) == captured                 # nothing captured on first use
     if cost_model == "packed":
         assert len(set(proposed["scheduled"])) >= 2, proposed
-    else:
+    elif cost_model == "padded":
         assert proposed["scheduled"] == proposed["fixed"], proposed
+    else:                                          # one verify_admit graph per window width
+        assert {k[3] for k in captured if k[0] == "verify_admit"} == set(range(1, 6))
+        assert min(graphed.steps.verify_widths) < 5, graphed.steps.verify_widths
 
 
 def test_bench_reports_each_verify_mode(tmp_path):
@@ -564,3 +567,76 @@ def test_bench_reports_each_verify_mode(tmp_path):
             e2e = row[f"speculative_{mode}"]
             assert e2e["decode_tokens_per_s"] > 0 and 1 <= e2e["verified_per_round"] <= 5
             assert e2e["output_ids_row0"] == row["speculative"]["output_ids_row0"]   # greedy: lossless
+
+
+# ---- the trimmed verify window (cost model "trimmed", the default) ----------------------------------
+
+def _trimmed_reference(c: np.ndarray, curve: CostCurve, modes: list[str], threshold: float) -> list[int]:
+    """Algorithm 1 over the window's widths, literally: width w costs rows x (1 + max(w, m0))
+    tokens (m0: the longest non-scheduled row, at least 1) and adds sum_r a_{r,w-1} of the
+    scheduled rows; admitted while tau * SPS strictly grows."""
+    R, N = c.shape
+    a = np.cumprod(c, 1)
+    length = [N if m == "fixed" else int(np.cumprod(c[r] >= threshold).sum()) if m == "threshold"
+              else 0 for r, m in enumerate(modes)]
+    sched = [m == "scheduled" for m in modes]
+    m0 = max([1] + [length[r] for r in range(R) if not sched[r]])
+    tau = sum(1 + (a[r, :length[r]].sum() if not sched[r] else 0) for r in range(R))
+    best, K = tau / curve.latency(R * (1 + m0)), 0
+    for w in range(1, N + 1):
+        gain = sum(a[r, w - 1] for r in range(R) if sched[r])
+        theta = (tau + gain) / curve.latency(R * (1 + max(w, m0)))
+        if gain <= 0 or theta <= best:
+            break
+        tau, best, K = tau + gain, theta, w
+    return [K if sched[r] else length[r] for r in range(R)]
+
+
+def test_trimmed_admission_equals_algorithm1_over_widths():
+    rng = np.random.default_rng(5)
+    curve = CostCurve([1, 8, 16, 64], [1.0, 1.2, 2.0, 9.0], "test")
+    seen = set()
+    for _ in range(200):
+        B, N = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+        c = rng.uniform(0.05, 0.999, size=(B, N))
+        modes = [MODES[i] for i in rng.integers(0, 3, B)]
+        logits = torch.logit(torch.tensor(c, dtype=torch.float64)).float()
+        got = admitted_lengths(logits, torch.ones(B, dtype=torch.bool),
+                               torch.tensor([MODE_IDS[m] for m in modes]), torch.full((B,), 0.5),
+                               torch.ones(N), curve.sps_table(B * (N + 1), "cpu"), None,
+                               trimmed=True).tolist()
+        ref = _trimmed_reference(c.astype(np.float32).astype(np.float64), curve, modes, 0.5)
+        assert got == ref, (c, modes, got, ref)
+        seen |= {g for g, m in zip(got, modes) if m == "scheduled"}
+    assert len(seen) >= 3, seen                                   # the width varies
+
+
+def test_trimmed_window_falls_back_to_fixed_rounds_where_the_curve_is_flat():
+    """Below ``admission_overhead_ms`` of saving (a flat curve) a scheduled round is a fixed round;
+    a threshold row always needs the admission."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    flat = VerifyScheduler(7, 512, "cpu", cost=CostCurve([2, 512], [0.9, 1.05], "flat"))
+    steep = VerifyScheduler(7, 512, "cpu", cost=CURVES["linear"])
+    sched, thr = np.full(4, MODE_IDS["scheduled"]), np.array([2, 1, 0, 0])
+    assert flat.admits_every_draft(sched) and not flat.admits_every_draft(thr)
+    assert not steep.admits_every_draft(sched)
+    assert [steep.verify_width(m) for m in (0, 1, 3, 7)] == [1, 1, 3, 7]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_trimmed_rounds_verify_narrower_windows_and_stay_lossless(graphs):
+    """The default "trimmed" model under a steep cost curve: rounds verify windows narrower than
+    N (the verify counter says so) and the greedy output is the target's, token for token; mixed
+    modes too (threshold rows inside a wider window)."""
+    llm = _llm(block=5, seed=11, verify_cost=CURVES["linear"], cost_model="trimmed", graphs=graphs)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(63) for _ in range(rng.randint(1, 10))] for _ in range(6)]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
+    llm.steps.verify_widths.clear()
+    for plist in (SamplingParams(max_new_tokens=24, verify_mode="scheduled"),
+                  [SamplingParams(max_new_tokens=24, verify_mode=m, confidence_threshold=0.6)
+                   for m in ("scheduled", "threshold") * 3]):
+        out = llm.generate(prompts, plist)
+        assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    widths = llm.steps.verify_widths
+    assert min(widths) < 5 and len(widths) >= 2, widths
