@@ -296,12 +296,15 @@ class VerifyScheduler:
         fixed round (the fixed-N steps, without the head or the admission): no threshold row, and
         either the padded cost model (Algorithm 1 admits every draft) or the trimmed one where the
         cost curve cannot repay the admission: ``latency(rows x (N+1)) - latency(rows x 2)``, the
-        most a trimmed window saves, is below ``admission_overhead_ms``."""
+        most a trimmed window saves, is below ``admission_overhead_ms``, or the curve is the
+        built-in guess (``CostCurve.default``: no measured ``verify_cost.json``)."""
         if bool((mode == MODE_IDS["threshold"]).any()):
             return False
         if self.cost_model == "padded":
             return True
         if self.cost_model == "trimmed":
+            if self.cost.source == "default":
+                return True
             rows, n = max(1, len(mode)), self.num_spec_tokens
             saving = self.cost.latency(rows * (n + 1)) - self.cost.latency(rows * 2)
             return saving < self.admission_overhead_ms

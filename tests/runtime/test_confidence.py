@@ -620,6 +620,7 @@ def test_trimmed_window_falls_back_to_fixed_rounds_where_the_curve_is_flat():
     sched, thr = np.full(4, MODE_IDS["scheduled"]), np.array([2, 1, 0, 0])
     assert flat.admits_every_draft(sched) and not flat.admits_every_draft(thr)
     assert not steep.admits_every_draft(sched)
+    assert VerifyScheduler(7, 512, "cpu").admits_every_draft(sched)      # no measured curve: fixed
     assert [steep.verify_width(m) for m in (0, 1, 3, 7)] == [1, 1, 3, 7]
 
 
