@@ -17,6 +17,7 @@ draft k accepted iff ``u_k < q_k`` for a keyed uniform ``u``. The target and dra
 run in full (their cost is what is measured); only the accepted count is replaced.
 
     python benchmarks/verify_concurrency.py --device cpu --batch-sizes 1,2,4,8,16,32,64 --gen-len 16
+    python benchmarks/verify_concurrency.py --plot benchmarks/results/verify-concurrency-cpu-<sha>.json
     python benchmarks/verify_concurrency.py --model qwen3-8b-dspark-block7 --random-weights --dtype bf16 \
         --synthetic benchmarks/results/confidence-calibration-h200-462ac15.json
 """
@@ -187,21 +188,22 @@ def plot(report: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
     bs = sorted(int(b) for b in report["batch"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, style in (("autoregressive", "k--"), ("fixed", "o-"), ("scheduled", "s-"), ("threshold", "^-")):
+    colors = {"autoregressive": "k", "fixed": "C0", "scheduled": "C1", "threshold": "C2"}
+    for mode, style in (("autoregressive", "--"), ("fixed", "o-"), ("scheduled", "s-"), ("threshold", "^-")):
         if mode not in report["batch"][str(bs[0])]:
             continue
         tps = [report["batch"][str(x)][mode]["decode_tokens_per_s"] for x in bs]
-        a.plot(bs, tps, style, label=mode if mode != "fixed" else f"fixed N={report['model']['num_spec_tokens']}")
+        a.plot(bs, tps, style, color=colors[mode], label=mode if mode != "fixed" else f"fixed N={report['model']['num_spec_tokens']}")
         if mode != "autoregressive":
             b.plot(bs, [report["batch"][str(x)][mode]["verified_per_round"] for x in bs], style,
-                   label=f"{mode}: verified / request")
+                   color=colors[mode], label=f"{mode}: verified / request")
             if mode == "scheduled":
                 w = [report["batch"][str(x)][mode]["mean_verify_window"] for x in bs]
-                b.plot(bs, [None if v is None else v + 1 for v in w], "s:", label="scheduled: verify window + 1")
+                b.plot(bs, [None if v is None else v + 1 for v in w], "s:", color="C1", mfc="none", label="scheduled: verify window + 1")
     title = f"{report['gpu']}, {report['model']['preset'] or report['model']['checkpoint'] or 'default pair'}"
     a.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="decode tokens/s", title=title)
     b.set(xscale="log", xlabel="concurrent requests", ylabel="tokens per request per round",
-          title="verified tokens per round (" + report["confidence"].split(",")[0] + " confidence)")
+          title="verified tokens per request per round" + (" (synthetic)" if "synthetic" in report["confidence"] else ""))
     for ax in (a, b):
         ax.set_xticks(bs, [str(x) for x in bs])
         ax.legend(fontsize=8)
@@ -212,6 +214,10 @@ def plot(report: dict, out: Path) -> Path:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--plot"]:                      # re-plot a JSON: --plot FILE.json
+        path = Path(argv[1])
+        print(plot(json.loads(path.read_text()), path.with_suffix(".png")))
+        return 0
     report = run(argv)
     out_dir = Path(parse_args(argv).out_dir)
     tag = parse_args(argv).tag or report["gpu"].replace(" ", "-")
