@@ -299,10 +299,11 @@ def test_admission_runs_without_host_synchronisation():
     a 0-dim tensor used as an index, ``.cpu()`` raise on meta tensors): capturable, no sync."""
     B, N = 6, 5
     m = dict(device="meta")
-    for padded in (None, N):
+    for padded, trimmed in ((None, False), (N, False), (None, True)):
         out = admitted_lengths(torch.randn(B, N, **m), torch.ones(B, dtype=torch.bool, **m),
                                torch.full((B,), MODE_IDS["scheduled"], **m), torch.zeros(B, **m),
-                               torch.ones(N, **m), torch.ones(B * (N + 1) + 1, **m), padded)
+                               torch.ones(N, **m), torch.ones(B * (N + 1) + 1, **m), padded,
+                               trimmed=trimmed)
         assert out.shape == (B,) and out.dtype == torch.int64
 
 
