@@ -510,7 +510,8 @@ def test_openai_request_extension():
         parse_completion({"model": "m", "prompt": [1, 2], "verify_mode": "sometimes"}, "m")
 
 
-@pytest.mark.parametrize("backend", ["torch", "cuda-python", EAGER_REPLAY])
+@pytest.mark.parametrize("backend", [pytest.param("torch", marks=pytest.mark.gpu),
+                                     pytest.param("cuda-python", marks=pytest.mark.gpu), EAGER_REPLAY])
 @pytest.mark.parametrize("cost_model", ["packed", "padded", "trimmed"])
 def test_scheduled_rounds_from_cuda_graphs_match_eager(backend, cost_model):
     """The graphed confidence path ("draft_admit" graph with the admission inside, the fixed-N
