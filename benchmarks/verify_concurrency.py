@@ -161,6 +161,12 @@ def run(argv) -> dict:
             f"{m} {r['decode_tokens_per_s']:.0f} tok/s v/r {r.get('verified_per_round') or 1:.2f}"
             for m, r in row.items()), flush=True)
     cuda = llm.device.type == "cuda"
+    tps = lambda b, m: rows[b][m]["decode_tokens_per_s"]  # noqa: E731
+    goal = ({"scheduled_ge_fixed_every_batch": all(tps(b, "scheduled") >= tps(b, "fixed") for b in rows),
+             "scheduled_ge_autoregressive_every_batch": all(
+                 tps(b, "scheduled") >= tps(b, "autoregressive") for b in rows),
+             "scheduled_over_fixed_at_largest_batch": tps(str(max(sizes)), "scheduled") / tps(str(max(sizes)), "fixed"),
+             "bound_at_batch_64": 1.2} if {"scheduled", "fixed"} <= set(modes) else {})
     return {
         "git_sha": provenance.git_sha(), "command": "python benchmarks/verify_concurrency.py " + " ".join(argv),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu",
@@ -173,7 +179,7 @@ def run(argv) -> dict:
         "cost_curve": curve.to_json(), "cost_model": llm.steps.eager.scheduler.cost_model,
         "options": {k: v for k, v in vars(args).items() if k not in ("func",)},
         "prompts": args.prompts, "gen_len": args.gen_len, "prompt_len": args.prompt_len,
-        "batch": rows, "seconds": time.perf_counter() - t0,
+        "batch": rows, "goal_issue_25": goal, "seconds": time.perf_counter() - t0,
         "notes": ["verified_per_round: drafts each request verified per round + 1 (its anchor)",
                   "mean_verify_window: drafts per row the confidence rounds' verify ran (trimmed "
                   "window) averaged over all its rounds; confidence_rounds: rounds that ran the head "
