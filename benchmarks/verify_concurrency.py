@@ -112,7 +112,8 @@ def measure_cost_curve(llm, args, sizes):
     for s in seqs:
         gen.abort(s.request_id)
     gen.step()
-    return CostCurve(pts["tokens"], pts["latency_ms"], "measured by benchmarks/verify_concurrency.py")
+    return CostCurve(pts["tokens"], pts["latency_ms"], "measured by benchmarks/verify_concurrency.py",
+                     pts["rows"], pts["draft_ms"], pts["ar_ms"])
 
 
 def run(argv) -> dict:

@@ -101,13 +101,30 @@ class Calibration:
 
 # ---- cost curve -----------------------------------------------------------------------------------
 
+def _interp(xs: list, ys: list, n: float) -> float:
+    """Piecewise-linear through (xs, ys), flat below xs[0], linear past the last two points
+    (proportional for one point)."""
+    if len(xs) == 1:
+        return ys[0] * max(n, 1) / xs[0]
+    i = next((i for i in range(1, len(xs)) if xs[i] >= n), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    if n <= x0:
+        return y0
+    return max(1e-9, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+
+
 @dataclass
 class CostCurve:
-    """Verify-step latency (ms) vs total verified tokens of the batch."""
+    """Verify-step latency (ms) vs total verified tokens of the batch; optionally the draft step's
+    and the autoregressive step's latency vs batch rows (``rows``, ``draft_ms``, ``ar_ms``: what
+    the scheduler's AR fallback compares, ``VerifyScheduler.prefers_ar``)."""
 
     tokens: list[int]
     latency_ms: list[float]
     source: str = "default"
+    rows: list[int] | None = None
+    draft_ms: list[float] | None = None
+    ar_ms: list[float] | None = None
 
     def __post_init__(self):
         ok = (len(self.tokens) == len(self.latency_ms) >= 1
@@ -117,6 +134,23 @@ class CostCurve:
         if not ok:
             raise ConfidenceFileError(f"cost curve ({self.source}): 'tokens' must be increasing integers "
                                       f">= 1 and 'latency_ms' positive numbers of the same length")
+        steps = (self.rows, self.draft_ms, self.ar_ms)
+        if any(v is not None for v in steps) and not (
+                all(v is not None and len(v) == len(self.rows) >= 1 for v in steps)
+                and all(isinstance(n, int) and n >= 1 for n in self.rows)
+                and all(b > a for a, b in zip(self.rows, self.rows[1:]))
+                and all(math.isfinite(v) and v > 0 for v in self.draft_ms + self.ar_ms)):
+            raise ConfidenceFileError(f"cost curve ({self.source}): 'rows' (increasing integers >= 1), "
+                                      f"'draft_ms' and 'ar_ms' (positive) must come together, same length")
+
+    @property
+    def has_steps(self) -> bool:
+        """Whether the draft and AR step latencies are known (the AR fallback needs them)."""
+        return self.rows is not None
+
+    def step_ms(self, kind: str, rows: float) -> float:
+        """The "draft" or "ar" step's latency at ``rows`` rows (interpolated like ``latency``)."""
+        return _interp(self.rows, self.draft_ms if kind == "draft" else self.ar_ms, rows)
 
     @classmethod
     def default(cls) -> "CostCurve":
@@ -125,14 +159,7 @@ class CostCurve:
         return cls([1, 128, 256, 512, 1024], [1.0, 1.0, 2.0, 4.0, 8.0], "default")
 
     def latency(self, n: float) -> float:
-        xs, ys = self.tokens, self.latency_ms
-        if len(xs) == 1:
-            return ys[0] * max(n, 1) / xs[0]
-        i = next((i for i in range(1, len(xs)) if xs[i] >= n), len(xs) - 1)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        if n <= x0:
-            return y0
-        return max(1e-9, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+        return _interp(self.tokens, self.latency_ms, n)
 
     def sps_table(self, max_tokens: int, device) -> Tensor:
         """[max_tokens + 1] float32: SPS(B) = 1 / latency(B) for B = 0 .. max_tokens."""
@@ -140,7 +167,9 @@ class CostCurve:
                             dtype=torch.float32, device=device)
 
     def to_json(self) -> dict:
-        return {"tokens": self.tokens, "latency_ms": self.latency_ms, "source": self.source}
+        steps = ({"rows": self.rows, "draft_ms": self.draft_ms, "ar_ms": self.ar_ms}
+                 if self.has_steps else {})
+        return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / COST_FILE
@@ -151,8 +180,10 @@ class CostCurve:
     def load(cls, path: str | Path) -> "CostCurve":
         d = _read_json(Path(path))
         try:
+            opt = lambda k, f: None if d.get(k) is None else [f(v) for v in d[k]]  # noqa: E731
             return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
-                       str(d.get("source", path)))
+                       str(d.get("source", path)), opt("rows", int), opt("draft_ms", float),
+                       opt("ar_ms", float))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
@@ -309,6 +340,24 @@ class VerifyScheduler:
             saving = self.cost.latency(rows * (n + 1)) - self.cost.latency(rows * 2)
             return saving < self.admission_overhead_ms
         return False
+
+    @property
+    def falls_back(self) -> bool:
+        """Whether all-scheduled batches may run AR rounds instead (the cost curve has the draft and
+        AR step latencies; ``prefers_ar``)."""
+        return self.cost.has_steps and self.num_spec_tokens > 0
+
+    def prefers_ar(self, rows: int, tau: float, verified_drafts: float) -> bool:
+        """Whether an AR round (1 token per row in ``ar_ms(rows)``) is expected to beat a
+        scheduled round that commits ``tau`` tokens per row (recent mean) and verifies
+        ``verified_drafts`` drafts per row (recent mean) in ``draft_ms(rows) + latency(rows x (1 +
+        verified_drafts))``. Host-side and deterministic (the same decision on every TP rank)."""
+        if not self.falls_back:
+            return False
+        spec_ms = self.cost.step_ms("draft", rows) + self.cost.latency(rows * (1 + verified_drafts))
+        if not self.admits_every_draft(np.full(rows, MODE_IDS["scheduled"])):
+            spec_ms += self.admission_overhead_ms                # head + admission + read-back
+        return tau / spec_ms < 1.0 / self.cost.step_ms("ar", rows)
 
     @property
     def trims(self) -> bool:

@@ -310,7 +310,8 @@ class GraphedSteps:
 
     def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False, width: int | None = None
               ) -> CapturedGraph:
-        """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar"} of bucket
+        """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar", "ar_ctx"
+        (the AR step writing the draft's context)} of bucket
         ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies the first
         ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths."""
         mods = Modifiers() if kind in ("draft", "draft_admit") else Modifiers.of(mods)
@@ -332,8 +333,8 @@ class GraphedSteps:
         elif kind == "verify_admit":
             drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
             fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods, width)  # noqa: E731
-        elif kind == "ar":
-            fn = lambda: self.steps.ar_step(x, mods)  # noqa: E731
+        elif kind in ("ar", "ar_ctx"):
+            fn = lambda: self.steps.ar_step(x, mods, kind == "ar_ctx")  # noqa: E731
         else:
             raise ValueError(f"unknown graph kind '{kind}'")
         log.debug("capturing %s graph for batch bucket %d (%s)", kind, Bb, mods)
@@ -349,6 +350,8 @@ class GraphedSteps:
         if speculative:
             kinds = ("draft", "verify") + (("draft_admit", "verify_admit") if self.confidence else ())
         sched = self.steps.scheduler
+        if speculative and self.confidence and sched is not None and sched.falls_back:
+            kinds += ("ar_ctx",)
         widths = sched.widths if sched is not None and sched.trims else [None]
         for Bb in sorted(buckets or self.buckets, reverse=True):
             for kind in kinds:
@@ -393,10 +396,10 @@ class GraphedSteps:
         conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None
         return widen(out[:, :-1], N), out[:, -1], conf
 
-    def ar_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
+    def ar_round(self, r: RoundInputs, mods: Modifiers | bool, context: bool = False) -> np.ndarray:
         B = r.batch_size
         Bb = self.bucket(B)
-        ar = self.graph("ar", Bb, mods)
+        ar = self.graph("ar_ctx" if context else "ar", Bb, mods)
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()

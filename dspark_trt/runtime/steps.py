@@ -285,11 +285,16 @@ class DecodeSteps:
         return torch.cat([flagged[:, None], nxt[:, None], drafts], 1)
 
     @torch.inference_mode()
-    def ar_step(self, x: DeviceInputs, mods: Modifiers | bool) -> Tensor:
-        """One autoregressive target step -> next token [B, 1] (-1 for inert rows)."""
+    def ar_step(self, x: DeviceInputs, mods: Modifiers | bool, context: bool = False) -> Tensor:
+        """One autoregressive target step -> next token [B, 1] (-1 for inert rows). ``context``:
+        also write the draft's context at the anchor's position from the target's taps (what a
+        verify that accepted no draft writes), so that a speculative round can follow (the AR
+        rounds of the scheduler's fallback, ``VerifyScheduler.prefers_ar``)."""
         mods = Modifiers.of(mods)
         pos = torch.where(x.start >= 0, x.start, -1)[:, None]                       # [B, 1]
-        logits, _ = self.nets.target(x.anchor[:, None], pos, x.table)
+        logits, taps = self.nets.target(x.anchor[:, None], pos, x.table)
+        if context:
+            self.nets.draft_context(taps, pos, x.table)
         finite = torch.isfinite(logits[:, 0]).all(dim=-1)                           # [B]
         if mods.any:
             logits = self.modify(logits, x, mods)
@@ -329,9 +334,11 @@ class DecodeSteps:
         out = self.verify_admit_step(x, drafts, z, limit, mods, w).cpu().numpy()
         return widen(out[:, :-1], N), out[:, -1], conf.cpu().numpy() if want_confidence else None
 
-    def ar_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
-        """-> [B, 1] int64 on the host: the next token (-1: non-finite logits)."""
-        return self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods).cpu().numpy()
+    def ar_round(self, r: RoundInputs, mods: Modifiers | bool, context: bool = False) -> np.ndarray:
+        """-> [B, 1] int64 on the host: the next token (-1: non-finite logits); ``context``: see
+        ``ar_step``."""
+        return self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods,
+                            context).cpu().numpy()
 
 
 def widen(out: np.ndarray, n: int) -> np.ndarray:

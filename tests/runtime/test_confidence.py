@@ -643,3 +643,82 @@ def test_trimmed_rounds_verify_narrower_windows_and_stay_lossless(graphs):
         assert [o.output_ids for o in out] == [a.output_ids for a in ar]
     widths = llm.steps.verify_widths
     assert min(widths) < 5 and len(widths) >= 2, widths
+
+
+# ---- the AR fallback of all-scheduled batches -------------------------------------------------------
+
+STEPS = dict(rows=[1, 4], draft_ms=[30.0, 30.0], ar_ms=[1.0, 1.2])      # drafting never pays
+
+
+def test_prefers_ar_compares_the_expected_round_throughputs():
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
+    s = VerifyScheduler(4, 256, "cpu", cost=cheap)
+    assert s.falls_back and not s.prefers_ar(4, 2.0, 3.0)        # 2 tokens / 1.5 ms > 1 / 1 ms
+    assert s.prefers_ar(4, 1.4, 3.0)                              # 1.4 / 1.5 ms < 1 / 1 ms
+    assert not VerifyScheduler(4, 256, "cpu", cost=CURVES["linear"]).falls_back   # no step costs
+    with pytest.raises(ValueError, match="rows"):
+        CostCurve([2], [1.0], "bad", rows=[1, 2], draft_ms=[1.0], ar_ms=[1.0, 1.0])
+
+
+def test_ar_round_with_context_writes_the_drafts_context_like_a_verify_that_accepts_nothing():
+    """The fallback's AR round writes the draft KV at the anchor's position P exactly as a
+    speculative round whose verifier accepted no draft does (from the target's taps of the anchor)."""
+    llm = _llm(block=4, seed=2)
+    nets, steps = llm.networks, llm.steps
+    gen = llm.generator()
+    for p in ([1, 2, 3], [4, 5], [6, 7, 8, 9]):
+        gen.add_request(p, SamplingParams(max_new_tokens=10))
+    gen.step()
+    r = gen.round_inputs(gen.running)
+    caches = [nets.target_cache, nets.draft_cache]
+    snap = [{k: [t.clone() for t in v] for k, v in c.items()} for c in caches]
+
+    def restore():
+        for c, s in zip(caches, snap):
+            for k in c:
+                for t, t0 in zip(c[k], s[k]):
+                    t.copy_(t0)
+
+    def at_anchor(cache):                              # [rows, layers, Hkv, D] K at position P
+        ps = nets.page_size
+        return torch.stack([torch.stack([k[r.table[i, P // ps], P % ps] for k in cache["k"]])
+                            for i, P in enumerate(r.start.tolist())])
+
+    ar = steps.ar_round(r, True, context=True)
+    written = at_anchor(nets.draft_cache)
+    restore()
+    verify = nets.verify
+    nets.verify = lambda logits, *a: (torch.zeros(logits.shape[0], dtype=torch.int64),
+                                      logits[:, 0].argmax(-1))          # accept nothing
+    try:
+        out = steps.spec_round(r, True)
+    finally:
+        nets.verify = verify
+    assert (out[:, 0] == 0).all() and (out[:, 1] == ar[:, 0]).all()
+    assert written.abs().sum() > 0
+    torch.testing.assert_close(written, at_anchor(nets.draft_cache))
+    restore()
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs):
+    """With step costs where drafting never pays, an all-scheduled batch runs AR rounds (0 drafts
+    verified, the draft's context kept) with a scheduled probe every AR_PROBE_EVERY rounds; greedy
+    output equals the target's; a batch with a fixed row never falls back."""
+    from dspark_trt.runtime.generator import AR_PROBE_EVERY
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
+    if graphs:
+        llm.capture_graphs(True)
+        assert any(k[0] == "ar_ctx" for k in llm.steps._graphs)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=30), speculative=False)
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    proposed = out[0].stats.proposed
+    assert proposed.count(0) >= AR_PROBE_EVERY and sum(p > 0 for p in proposed) >= 2, proposed
+    mixed = llm.generate(prompts, [SamplingParams(max_new_tokens=30, verify_mode=m)
+                                   for m in ("fixed", "scheduled", "scheduled")])
+    assert [o.output_ids for o in mixed] == [a.output_ids for a in ar]
+    assert 0 not in mixed[0].stats.proposed
