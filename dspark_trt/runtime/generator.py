@@ -39,7 +39,8 @@ from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecSt
 from .sampling_modifiers import Modifiers, uses_penalties
 from .steps import DecodeSteps, DeviceInputs, RoundInputs
 
-AR_PROBE_EVERY = 8           # AR fallback rounds before a scheduled round measures tau again
+AR_PROBE_EVERY = 8           # AR fallback rounds before a scheduled round measures tau again,
+AR_PROBE_MAX = 64            # doubled after each probe that confirms AR, up to this
 NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
                     "generation stopped (check the weights and the dtype)")
 
@@ -113,7 +114,7 @@ class Generator:
         # drafts verified) per row, and AR rounds since the last scheduled one (a probe every
         # AR_PROBE_EVERY)
         self._scheduled_history: deque[tuple[float, float]] = deque(maxlen=4)
-        self._ar_streak = 0
+        self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
 
@@ -265,16 +266,22 @@ class Generator:
 
     def _falls_back_to_ar(self, seqs: list[Sequence]) -> bool:
         """Whether this round of an all-``scheduled`` batch runs as an AR round (the scheduler's
-        ``prefers_ar`` on the last scheduled rounds' means; every ``AR_PROBE_EVERY`` AR rounds one
-        scheduled round measures again). Deterministic: a function of the batch's history."""
+        ``prefers_ar`` on the last scheduled rounds' means; after ``AR_PROBE_EVERY`` AR rounds one
+        scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
+        probes confirm AR). Deterministic: a function of the batch's history."""
         sched = getattr(getattr(self.steps, "eager", self.steps), "scheduler", None)
         if (sched is None or not sched.falls_back or self.record_confidence or not self._scheduled_history
                 or any(s.params.verify_mode != "scheduled" for s in seqs)):
             return False
-        if self._ar_streak >= AR_PROBE_EVERY:
+        if self._ar_streak >= self._probe_every:          # probe: one scheduled round
+            self._probing = True
             return False
         tau, drafts = np.mean(self._scheduled_history, axis=0)
-        return sched.prefers_ar(len(seqs), float(tau), float(drafts))
+        ar = sched.prefers_ar(len(seqs), float(tau), float(drafts))
+        if self._probing:                  # the probe confirmed AR: probe half as often (to 1/64)
+            self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
+            self._probing = False
+        return ar
 
     def _ar_fallback_round(self, seqs: list[Sequence]) -> None:
         """An AR round inside speculative decoding: the draft's context is written too; each
