@@ -722,3 +722,13 @@ def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs):
                                    for m in ("fixed", "scheduled", "scheduled")])
     assert [o.output_ids for o in mixed] == [a.output_ids for a in ar]
     assert 0 not in mixed[0].stats.proposed
+
+
+def test_ar_fallback_probes_less_often_while_ar_wins():
+    """Scheduled probes at rounds 0 (no history), 9, 26, 59: 8, 16 then 32 AR rounds between."""
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80, verify_mode="scheduled"))[0]
+    ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80), speculative=False)[0]
+    assert out.output_ids == ar.output_ids
+    assert [i for i, p in enumerate(out.stats.proposed) if p > 0][:4] == [0, 9, 26, 59]
