@@ -183,8 +183,9 @@ def run(argv) -> dict:
         "batch": rows, "goal_issue_25": goal, "seconds": time.perf_counter() - t0,
         "notes": ["verified_per_round: drafts each request verified per round + 1 (its anchor)",
                   "mean_verify_window: drafts per row the confidence rounds' verify ran (trimmed "
-                  "window) averaged over all its rounds; confidence_rounds: rounds that ran the head "
-                  "and the admission (the others were fixed rounds: the cost curve could not repay it)",
+                  "window) averaged over the rounds that ran the head and the admission "
+                  "(confidence_rounds); N when none did (fixed rounds); AR fallback rounds verify 0 "
+                  "drafts and count in verified_per_round only",
                   "decode_tokens_per_s excludes the prefill step"],
     }
 
