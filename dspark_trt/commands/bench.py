@@ -134,16 +134,20 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     """Verify-step latency (target over [B, w] + acceptance; graph replays on CUDA) for every
     batch size B of ``sizes`` (rows of ``r``) and width w = 1 .. N+1 -> ``CostCurve`` points:
     total tokens B * w, latency made non-decreasing in tokens (the smallest latency measured at
-    that many tokens or more)."""
+    that many tokens or more); and per B the draft step's and the AR step's latency (``rows``,
+    ``draft_ms``, ``ar_ms``: the scheduler's AR fallback compares them)."""
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
     eager = steps.eager
     cuda = nets.device.type == "cuda"
     x_all = DeviceInputs.from_host(r, nets.device)
     drafts_all, z_all = eager.draft_step(x_all)
-    points = {}
+    points, rows, draft_ms, ar_ms = {}, [], [], []
     for B in sorted(sizes):
         x = x_all.head(B)
+        rows.append(B)
+        draft_ms.append(time_ms(steps.replayable(lambda: eager.draft_step(x)), iters, cuda))
+        ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False)), iters, cuda))
         for w in range(1, N + 1):
             d, z = drafts_all[:B, :w].contiguous(), z_all[:B, :w].contiguous()
             fn = steps.replayable(lambda: eager.verify_step(x, d, z, False))
@@ -153,7 +157,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     lat = [points[t] for t in tokens]
     for i in range(len(lat) - 2, -1, -1):            # non-decreasing: min over >= this many tokens
         lat[i] = min(lat[i], lat[i + 1])
-    return {"tokens": tokens, "latency_ms": lat}
+    return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms}
 
 
 def run_cost_curve(llm, args, sizes: list[int]) -> int:
@@ -168,7 +172,8 @@ def run_cost_curve(llm, args, sizes: list[int]) -> int:
     device = torch.cuda.get_device_name() if llm.device.type == "cuda" else "cpu"
     curve = CostCurve(pts["tokens"], pts["latency_ms"],
                       f"dspark-trt bench --cost-curve, {device}, {provenance.git_sha()}, "
-                      f"batch sizes {sizes}, N={llm.networks.num_spec_tokens}")
+                      f"batch sizes {sizes}, N={llm.networks.num_spec_tokens}",
+                      pts["rows"], pts["draft_ms"], pts["ar_ms"])
     out = args.cost_curve_out or args.draft_checkpoint or args.engine
     for t, ms in zip(curve.tokens, curve.latency_ms):
         print(f"[bench] verify {t:5d} tokens: {ms:.3f} ms")

@@ -50,7 +50,8 @@ def spec_summary(stats: SpecStats) -> dict:
     return {"tau": stats.tau, "acceptance_per_position": stats.acceptance_per_position(),
             "rounds": stats.rounds, "num_spec_tokens": stats.num_spec_tokens,
             "accepted": sum(stats.accepted), "proposed": sum(stats.proposed),
-            "committed": sum(stats.committed)}
+            "committed": sum(stats.committed), "verified_per_round": stats.verified_per_round,
+            "admitted_acceptance": stats.admitted_acceptance}
 
 
 class RequestRun:

@@ -3,10 +3,15 @@
 Each app has its own ``CollectorRegistry`` (several servers can live in one process, as in tests).
 Request-level values are recorded when a request ends (``record_finished``), from the same
 ``SpecStats`` snapshot its response's ``dspark`` field reports, so the spec-decode counters equal
-the sums over the responses. Gauges (running / waiting requests, KV pages in use) are set by the
+the sums over the responses; so do the confidence-scheduling metrics (issue #25): the histogram of
+tokens each request verified per round (its admitted drafts + the anchor row; N + 1 in the fixed
+mode) and the acceptance of the admitted drafts (accepted / verified drafts, over all finished
+requests, with its two counters). Gauges (running / waiting requests, KV pages in use) are set by the
 engine thread after every step.
 """
 from __future__ import annotations
+
+import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -55,6 +60,17 @@ class ServerMetrics:
                                              "Accepted draft tokens by draft position", ("position",))
         for k in range(num_spec_tokens):                          # every position shows from the start
             self.spec_accepted_per_pos.labels(position=str(k), **label)
+        self.spec_verified_per_round = Histogram(
+            PREFIX + "spec_decode_verified_tokens_per_round",
+            "Tokens a request verified in one draft-verify round (admitted drafts + 1)", ["model_name"],
+            buckets=tuple(float(b) for b in range(1, num_spec_tokens + 2)), registry=r).labels(**label)
+        self.spec_admitted = counter("spec_decode_num_admitted_tokens",
+                                     "Draft tokens admitted to verification (= num_draft_tokens)").labels(**label)
+        self.spec_admitted_acceptance = gauge(
+            "spec_decode_admitted_acceptance_rate",
+            "Accepted / admitted draft tokens over all finished requests (0 before any)")
+        self._admitted, self._accepted = 0, 0
+        self._lock = threading.Lock()             # requests finish on the server's threads
 
     def record_finished(self, finish_reason: str, prompt_tokens: int, completion_tokens: int,
                         stats: SpecStats) -> None:
@@ -64,6 +80,13 @@ class ServerMetrics:
         self.spec_drafts.inc(sum(1 for p in stats.proposed if p > 0))
         self.spec_draft_tokens.inc(sum(stats.proposed))
         self.spec_accepted.inc(sum(stats.accepted))
+        for p in stats.proposed:
+            self.spec_verified_per_round.observe(p + 1)
+        self.spec_admitted.inc(sum(stats.proposed))
+        with self._lock:
+            self._admitted += sum(stats.proposed)
+            self._accepted += sum(stats.accepted)
+            self.spec_admitted_acceptance.set(self._accepted / self._admitted if self._admitted else 0.0)
         for k in range(stats.num_spec_tokens):
             count = sum(a > k for a in stats.accepted)
             if count:

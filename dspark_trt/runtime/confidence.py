@@ -101,13 +101,30 @@ class Calibration:
 
 # ---- cost curve -----------------------------------------------------------------------------------
 
+def _interp(xs: list, ys: list, n: float) -> float:
+    """Piecewise-linear through (xs, ys), flat below xs[0], linear past the last two points
+    (proportional for one point)."""
+    if len(xs) == 1:
+        return ys[0] * max(n, 1) / xs[0]
+    i = next((i for i in range(1, len(xs)) if xs[i] >= n), len(xs) - 1)
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    if n <= x0:
+        return y0
+    return max(1e-9, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+
+
 @dataclass
 class CostCurve:
-    """Verify-step latency (ms) vs total verified tokens of the batch."""
+    """Verify-step latency (ms) vs total verified tokens of the batch; optionally the draft step's
+    and the autoregressive step's latency vs batch rows (``rows``, ``draft_ms``, ``ar_ms``: what
+    the scheduler's AR fallback compares, ``VerifyScheduler.prefers_ar``)."""
 
     tokens: list[int]
     latency_ms: list[float]
     source: str = "default"
+    rows: list[int] | None = None
+    draft_ms: list[float] | None = None
+    ar_ms: list[float] | None = None
 
     def __post_init__(self):
         ok = (len(self.tokens) == len(self.latency_ms) >= 1
@@ -117,6 +134,23 @@ class CostCurve:
         if not ok:
             raise ConfidenceFileError(f"cost curve ({self.source}): 'tokens' must be increasing integers "
                                       f">= 1 and 'latency_ms' positive numbers of the same length")
+        steps = (self.rows, self.draft_ms, self.ar_ms)
+        if any(v is not None for v in steps) and not (
+                all(v is not None and len(v) == len(self.rows) >= 1 for v in steps)
+                and all(isinstance(n, int) and n >= 1 for n in self.rows)
+                and all(b > a for a, b in zip(self.rows, self.rows[1:]))
+                and all(math.isfinite(v) and v > 0 for v in self.draft_ms + self.ar_ms)):
+            raise ConfidenceFileError(f"cost curve ({self.source}): 'rows' (increasing integers >= 1), "
+                                      f"'draft_ms' and 'ar_ms' (positive) must come together, same length")
+
+    @property
+    def has_steps(self) -> bool:
+        """Whether the draft and AR step latencies are known (the AR fallback needs them)."""
+        return self.rows is not None
+
+    def step_ms(self, kind: str, rows: float) -> float:
+        """The "draft" or "ar" step's latency at ``rows`` rows (interpolated like ``latency``)."""
+        return _interp(self.rows, self.draft_ms if kind == "draft" else self.ar_ms, rows)
 
     @classmethod
     def default(cls) -> "CostCurve":
@@ -125,14 +159,7 @@ class CostCurve:
         return cls([1, 128, 256, 512, 1024], [1.0, 1.0, 2.0, 4.0, 8.0], "default")
 
     def latency(self, n: float) -> float:
-        xs, ys = self.tokens, self.latency_ms
-        if len(xs) == 1:
-            return ys[0] * max(n, 1) / xs[0]
-        i = next((i for i in range(1, len(xs)) if xs[i] >= n), len(xs) - 1)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        if n <= x0:
-            return y0
-        return max(1e-9, y0 + (y1 - y0) * (n - x0) / (x1 - x0))
+        return _interp(self.tokens, self.latency_ms, n)
 
     def sps_table(self, max_tokens: int, device) -> Tensor:
         """[max_tokens + 1] float32: SPS(B) = 1 / latency(B) for B = 0 .. max_tokens."""
@@ -140,7 +167,9 @@ class CostCurve:
                             dtype=torch.float32, device=device)
 
     def to_json(self) -> dict:
-        return {"tokens": self.tokens, "latency_ms": self.latency_ms, "source": self.source}
+        steps = ({"rows": self.rows, "draft_ms": self.draft_ms, "ar_ms": self.ar_ms}
+                 if self.has_steps else {})
+        return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / COST_FILE
@@ -151,8 +180,10 @@ class CostCurve:
     def load(cls, path: str | Path) -> "CostCurve":
         d = _read_json(Path(path))
         try:
+            opt = lambda k, f: None if d.get(k) is None else [f(v) for v in d[k]]  # noqa: E731
             return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
-                       str(d.get("source", path)))
+                       str(d.get("source", path)), opt("rows", int), opt("draft_ms", float),
+                       opt("ar_ms", float))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
@@ -167,7 +198,8 @@ class CostCurve:
 # ---- admission --------------------------------------------------------------------------------------
 
 def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor,
-                     inv_temp: Tensor, sps: Tensor, padded_width: int | None = None) -> Tensor:
+                     inv_temp: Tensor, sps: Tensor, padded_width: int | None = None,
+                     trimmed: bool = False) -> Tensor:
     """How many drafts each row verifies -> [B] int64 in [0, N] (0 for rows that are not live).
 
     conf_logits [B, N] (confidence logits of the drafted block), live [B] bool, mode [B] int64
@@ -178,6 +210,9 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     costs ``1 + l_r`` tokens, what a variable-length verify would run); an int ``w`` = padded (every
     live row costs ``1 + w`` tokens whatever it admits, what a verify padded to ``w`` drafts runs),
     so ``SPS(B)`` is one constant and every candidate that raises ``tau`` is admitted.
+    ``trimmed`` (with ``padded_width`` None): every live row costs ``1 + w`` tokens for the
+    window ``w = max_r l_r``, what the verify trimmed to the longest admitted prefix runs; the
+    candidates are then the window's widths (``_trimmed_lengths``).
 
     Tensor ops only (sort, cumsum, cumprod, gathers): no host synchronisation, capturable in a
     CUDA graph.
@@ -196,6 +231,8 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     k = torch.arange(N, device=dev)
     other = live & ~sched
     tau0 = (sched.sum() + (other * (1 + (a * (k[None] < length[:, None])).sum(1))).sum()).float()
+    if trimmed and padded_width is None:
+        return _trimmed_lengths(a, live, sched, other, length, tau0, sps)
     b0 = sched.sum() + (other * (1 + length)).sum()
     cand = torch.where(sched[:, None] & (a > 0), a, -1.0).reshape(-1)
     vals, order = torch.sort(cand, descending=True, stable=True)
@@ -219,37 +256,121 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     return torch.where(sched, take.view(B, N).sum(1), length)
 
 
-COST_MODELS = ("padded", "packed")
+def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, length: Tensor,
+                     tau0: Tensor, sps: Tensor) -> Tensor:
+    """Algorithm 1 for a verify trimmed to one window ``w`` of the batch: the candidates are the
+    widths w = 1 .. N in order, width w adding ``sum_r a_{r,w-1}`` over the scheduled rows to tau
+    and costing ``B(w) = live x (1 + max(w, m0))`` (m0: the longest fixed / threshold row, the
+    window's least 1); admitted while ``tau * SPS(B)`` strictly grows, first non-improving width
+    stops. Every scheduled row verifies the admitted width (its drafts below the window cost
+    nothing more). Non-anticipating: admitting width w reads ``a_{., w-1}``, i.e. confidences up
+    to position w-1, which read drafts before w-1 only. -> [B] int64."""
+    B, N = a.shape
+    M = sps.shape[0]
+    n_live = live.sum()
+    m0 = torch.where(other, length, 0).max().clamp(min=1)                   # 0-dim
+    w = torch.arange(1, N + 1, device=a.device)
+    gain = (a * sched[:, None]).sum(0)                                       # [N]: level w-1
+    tau = tau0 + torch.cumsum(gain, 0)
+    b = (n_live * (1 + torch.maximum(w, m0))).clamp(max=M - 1)             # [N]
+    b0 = (n_live * (1 + m0)).clamp(max=M - 1)
+    s_b = sps[b]
+    s_prev = torch.cat([sps[b0.reshape(1)], s_b[:-1]])
+    tau_prev = torch.cat([tau0[None], tau[:-1]])
+    improve = (gain > 0) & (gain * s_b > tau_prev * (s_prev - s_b))
+    K = torch.cumprod(improve.to(torch.int64), 0).sum()
+    return torch.where(sched, K, length)
+
+
+COST_MODELS = ("trimmed", "padded", "packed")
+ADMISSION_OVERHEAD_MS = 0.25     # head + admission + the width read-back (H200, 5a26239: 6-18 % of a 1-2 ms round)
+
+
+def width_buckets(n: int) -> list[int]:
+    """The verify widths a trimmed round runs (one CUDA graph each): 1 .. n for n <= 8, else the
+    powers of two below n and n."""
+    if n <= 8:
+        return list(range(1, n + 1))
+    return [w for w in (1 << i for i in range(n.bit_length())) if w < n] + [n]
 
 
 class VerifyScheduler:
     """Calibration + cost table bound to a device; ``admit`` is ``admitted_lengths``.
 
-    ``cost_model``: "padded" (default: the verify runs every row at the full width N, so a
-    scheduled row's cost does not depend on its admission and Algorithm 1 admits every candidate
-    that raises tau) or "packed" (the paper's ``sum (1 + l_r)``: what a packed variable-length
-    verify would cost; the runtime has none yet, so on the padded verify this model trades
-    acceptance for no saving -- kept for tests and for that future verify)."""
+    ``cost_model``:
+    * "trimmed" (default): the verify of a round runs every row at the width ``w`` = the longest
+      admitted prefix of the batch (rounded up to ``width_buckets``), so admitting a draft costs
+      ``rows`` tokens when it lengthens the window and nothing otherwise; Algorithm 1 with that
+      cost. The round reads the admitted lengths back once to pick the width (``verify_width``).
+    * "padded": the verify runs every row at the full width N whatever is admitted, so ``SPS(B)``
+      is one constant and Algorithm 1 admits every draft (scheduled = fixed).
+    * "packed": the paper's ``sum (1 + l_r)``, the cost of a packed variable-length verify; the
+      runtime has none (the verify runs the trimmed window), so with this model the scheduler
+      gives up drafts the window pays for anyway -- kept for tests (admissions of 0 .. N)."""
 
     def __init__(self, num_spec_tokens: int, max_tokens: int, device,
                  calibration: Calibration | None = None, cost: CostCurve | None = None,
-                 cost_model: str = "padded"):
+                 cost_model: str = "trimmed", admission_overhead_ms: float = ADMISSION_OVERHEAD_MS):
         if cost_model not in COST_MODELS:
             raise ValueError(f"cost_model must be one of {COST_MODELS}, got {cost_model!r}")
         self.num_spec_tokens = num_spec_tokens
         self.calibration = calibration or Calibration()
         self.cost = cost or CostCurve.default()
         self.cost_model = cost_model
+        self.admission_overhead_ms = admission_overhead_ms
+        self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
 
     def admits_every_draft(self, mode: np.ndarray) -> bool:
-        """Whether a round of these row modes (host [B] ``MODE_IDS``) admits all N drafts of every
-        live row without looking at the confidences: no threshold row, and scheduled rows under
-        the padded cost model (its ``SPS`` is one constant, so Algorithm 1 admits every draft).
-        Such a round is a fixed round: it runs the fixed-N steps, without the head or admission."""
-        return self.cost_model == "padded" and not bool((mode == MODE_IDS["threshold"]).any())
+        """Whether a round of these row modes (host [B] ``MODE_IDS``; rows = live rows) runs as a
+        fixed round (the fixed-N steps, without the head or the admission): no threshold row, and
+        either the padded cost model (Algorithm 1 admits every draft) or the trimmed one where the
+        cost curve cannot repay the admission: ``latency(rows x (N+1)) - latency(rows x 2)``, the
+        most a trimmed window saves, is below ``admission_overhead_ms``, or the curve is the
+        built-in guess (``CostCurve.default``: no measured ``verify_cost.json``)."""
+        if bool((mode == MODE_IDS["threshold"]).any()):
+            return False
+        if self.cost_model == "padded":
+            return True
+        if self.cost_model == "trimmed":
+            if self.cost.source == "default":
+                return True
+            rows, n = max(1, len(mode)), self.num_spec_tokens
+            saving = self.cost.latency(rows * (n + 1)) - self.cost.latency(rows * 2)
+            return saving < self.admission_overhead_ms
+        return False
+
+    @property
+    def falls_back(self) -> bool:
+        """Whether all-scheduled batches may run AR rounds instead (the cost curve has the draft and
+        AR step latencies; ``prefers_ar``)."""
+        return self.cost.has_steps and self.num_spec_tokens > 0
+
+    def prefers_ar(self, rows: int, tau: float, verified_drafts: float) -> bool:
+        """Whether an AR round (1 token per row in ``ar_ms(rows)``) is expected to beat a
+        scheduled round that commits ``tau`` tokens per row (recent mean) and verifies
+        ``verified_drafts`` drafts per row (recent mean) in ``draft_ms(rows) + latency(rows x (1 +
+        verified_drafts))``. Host-side and deterministic (the same decision on every TP rank)."""
+        if not self.falls_back:
+            return False
+        spec_ms = self.cost.step_ms("draft", rows) + self.cost.latency(rows * (1 + verified_drafts))
+        if not self.admits_every_draft(np.full(rows, MODE_IDS["scheduled"])):
+            spec_ms += self.admission_overhead_ms                # head + admission + read-back
+        return tau / spec_ms < 1.0 / self.cost.step_ms("ar", rows)
+
+    @property
+    def trims(self) -> bool:
+        """Whether confidence rounds verify a window trimmed to the admitted lengths."""
+        return self.cost_model != "padded"
+
+    def verify_width(self, max_admitted: int) -> int:
+        """The verify window (drafts) of a trimmed round whose longest admitted prefix is
+        ``max_admitted``: the least width bucket >= it (1 at least: row 0 of the verify is the
+        anchor's, a width-0 window would still need the target's next token)."""
+        return next(w for w in self.widths if w >= max(1, max_admitted))
 
     def admit(self, conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
         padded = self.num_spec_tokens if self.cost_model == "padded" else None
-        return admitted_lengths(conf_logits, live, mode, threshold, self.inv_temp, self.sps, padded)
+        return admitted_lengths(conf_logits, live, mode, threshold, self.inv_temp, self.sps, padded,
+                                trimmed=self.cost_model == "trimmed")

@@ -14,8 +14,11 @@ and synchronises once. Nothing is allocated on the device or in pinned memory pe
 Confidence modes (``spec_round_admitted``): the same round with two graphs of the same shapes,
 "draft_admit" (the draft step with the confidence head and the on-device admission, writing the
 admitted lengths) and "verify_admit" (the verify of all N drafts with those lengths, its output
-carrying them back: ``[B, 3 + N]``). Same H2D / launches / one D2H / one sync as a fixed round; no
-graph depends on the admitted lengths, so ``capture`` captures everything ahead of time.
+carrying them back: ``[B, 3 + w]``). Under the scheduler's "padded" cost model ``w = N``: the same
+H2D / launches / one D2H / one sync as a fixed round. Under "trimmed" (the default) there is one
+"verify_admit" graph per width bucket ``w`` (``VerifyScheduler.widths``) and the round reads the
+admitted lengths back after the draft graph (a second small D2H and sync) to launch the graph of
+``w = verify_width(max l)``. ``capture`` captures every width ahead of time.
 
 Capture uses cuda-python (``cuda.bindings.runtime``: cudaStreamBeginCapture on a non-default torch
 stream, cudaStreamEndCapture, cudaGraphInstantiate, cudaGraphLaunch on torch's current stream);
@@ -39,7 +42,7 @@ import torch
 from torch import Tensor
 
 from .sampling_modifiers import Modifiers
-from .steps import MODIFIER_FIELDS, DecodeSteps, DeviceInputs, RoundInputs, StagedRound
+from .steps import MODIFIER_FIELDS, DecodeSteps, DeviceInputs, RoundInputs, StagedRound, widen
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +263,11 @@ class GraphedSteps:
         self._graphs: dict[tuple, CapturedGraph] = {}
 
     @property
+    def verify_widths(self):
+        """Confidence rounds per verify window (the eager steps' counter)."""
+        return self.steps.verify_widths
+
+    @property
     def eager(self) -> DecodeSteps:
         """The eager steps these graphs replay."""
         return self.steps
@@ -300,13 +308,18 @@ class GraphedSteps:
         return (self.steps.scheduler is not None
                 and getattr(self.steps.nets, "has_confidence", False))
 
-    def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False) -> CapturedGraph:
-        """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar"} of bucket
-        ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies all N drafts
-        of the "draft_admit" graph with its admitted lengths."""
+    def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False, width: int | None = None
+              ) -> CapturedGraph:
+        """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar", "ar_ctx"
+        (the AR step writing the draft's context)} of bucket
+        ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies the first
+        ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths."""
         mods = Modifiers() if kind in ("draft", "draft_admit") else Modifiers.of(mods)
+        if kind == "verify_admit" and width is None:
+            width = self.num_spec_tokens
         # penalty graphs bake in the token counts' tensors: keyed by that state too
-        key = (kind, Bb, mods) + ((self.steps.counts,) if mods.penalties else ())
+        key = ((kind, Bb, mods) + ((width,) if kind == "verify_admit" else ())
+               + ((self.steps.counts,) if mods.penalties else ()))
         if key in self._graphs:
             return self._graphs[key]
         x = self.buffers(Bb).inputs
@@ -319,9 +332,9 @@ class GraphedSteps:
             fn = lambda: self.steps.verify_step(x, drafts, z, mods)  # noqa: E731
         elif kind == "verify_admit":
             drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
-            fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods)  # noqa: E731
-        elif kind == "ar":
-            fn = lambda: self.steps.ar_step(x, mods)  # noqa: E731
+            fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods, width)  # noqa: E731
+        elif kind in ("ar", "ar_ctx"):
+            fn = lambda: self.steps.ar_step(x, mods, kind == "ar_ctx")  # noqa: E731
         else:
             raise ValueError(f"unknown graph kind '{kind}'")
         log.debug("capturing %s graph for batch bucket %d (%s)", kind, Bb, mods)
@@ -336,9 +349,14 @@ class GraphedSteps:
         kinds = ("ar",)
         if speculative:
             kinds = ("draft", "verify") + (("draft_admit", "verify_admit") if self.confidence else ())
+        sched = self.steps.scheduler
+        if speculative and self.confidence and sched is not None and sched.falls_back:
+            kinds += ("ar_ctx",)
+        widths = sched.widths if sched is not None and sched.trims else [None]
         for Bb in sorted(buckets or self.buckets, reverse=True):
             for kind in kinds:
-                self.graph(kind, Bb)
+                for w in (widths if kind == "verify_admit" else [None]):
+                    self.graph(kind, Bb, width=w)
 
     # ---- rounds -----------------------------------------------------------------------------------
     def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
@@ -346,30 +364,42 @@ class GraphedSteps:
 
     def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, mods: Modifiers | bool):
         """Upload ``r``, replay the draft then the verify graph of its bucket -> (verify outputs
-        [B, ...] on the host, the draft graph)."""
-        Bb = self.bucket(r.batch_size)
-        draft, verify = self.graph(draft_kind, Bb), self.graph(verify_kind, Bb, mods)
+        [B, ...] on the host, the draft graph). A "verify_admit" round of a trimming scheduler
+        reads the admitted lengths back between the two to pick the window's graph."""
+        B = r.batch_size
+        Bb = self.bucket(B)
+        sched = self.steps.scheduler
+        trims = verify_kind == "verify_admit" and sched is not None and sched.trims
+        # every graph the round may launch exists before the inputs are staged (a capture stages
+        # inert rows)
+        draft = self.graph(draft_kind, Bb)
+        verify = {w: self.graph(verify_kind, Bb, mods, w) for w in (sched.widths if trims else [None])}
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()
         draft.launch()
-        verify.launch()
-        return buf.download(verify.outputs, r.batch_size), draft
+        width = None
+        if trims:                                        # [B] admitted lengths -> the window
+            width = sched.verify_width(int(buf.download(draft.outputs[3].view(-1, 1), B).max()))
+        if verify_kind == "verify_admit":
+            self.steps.verify_widths[width or self.num_spec_tokens] += 1
+        verify[width].launch()
+        return buf.download(verify[width].outputs, B), draft
 
     def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False):
         """As ``DecodeSteps.spec_round_admitted``: fixed rounds replay the plain graphs, confidence
-        rounds "draft_admit" + "verify_admit" (all N drafts verified; no host sync in between)."""
+        rounds "draft_admit" + "verify_admit" (the window of ``_replay_round``)."""
         B, N = r.batch_size, self.num_spec_tokens
         if not (self.steps.needs_admission(r) or want_confidence):
             return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
-        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods)  # [B, 3+N]: ..., limit
+        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods)  # [B, 3+w]: ..., limit
         conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None
-        return out[:, :-1], out[:, -1], conf
+        return widen(out[:, :-1], N), out[:, -1], conf
 
-    def ar_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
+    def ar_round(self, r: RoundInputs, mods: Modifiers | bool, context: bool = False) -> np.ndarray:
         B = r.batch_size
         Bb = self.bucket(B)
-        ar = self.graph("ar", Bb, mods)
+        ar = self.graph("ar_ctx" if context else "ar", Bb, mods)
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()

@@ -46,6 +46,8 @@ from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecSt
 from .sampling_modifiers import Modifiers, uses_penalties
 from .steps import DecodeSteps, DeviceInputs, RoundInputs
 
+AR_PROBE_EVERY = 8           # AR fallback rounds before a scheduled round measures tau again,
+AR_PROBE_MAX = 64            # doubled after each probe that confirms AR, up to this
 NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
                     "generation stopped (check the weights and the dtype)")
 
@@ -120,6 +122,11 @@ class Generator:
             raise RequestError("record_confidence: this draft has no confidence head")
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # the AR fallback of all-scheduled batches: recent scheduled rounds' (tokens committed,
+        # drafts verified) per row, and AR rounds since the last scheduled one (a probe every
+        # AR_PROBE_EVERY)
+        self._scheduled_history: deque[tuple[float, float]] = deque(maxlen=4)
+        self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
         self.preemptions = 0                                # sequences preempted for KV pages
@@ -320,7 +327,43 @@ class Generator:
             s.anchor, s.position = t, s.position + 1
             s.commit([t], s.stop_ids(self.eos), rows, i)
 
+    def _falls_back_to_ar(self, seqs: list[Sequence]) -> bool:
+        """Whether this round of an all-``scheduled`` batch runs as an AR round (the scheduler's
+        ``prefers_ar`` on the last scheduled rounds' means; after ``AR_PROBE_EVERY`` AR rounds one
+        scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
+        probes confirm AR). Deterministic: a function of the batch's history."""
+        sched = getattr(getattr(self.steps, "eager", self.steps), "scheduler", None)
+        if (sched is None or not sched.falls_back or self.record_confidence or not self._scheduled_history
+                or any(s.params.verify_mode != "scheduled" for s in seqs)
+                or _logprobs_k(seqs) is not None):       # logprob rows come from the eager rounds
+            return False
+        if self._ar_streak >= self._probe_every:          # probe: one scheduled round
+            self._probing = True
+            return False
+        tau, drafts = np.mean(self._scheduled_history, axis=0)
+        ar = sched.prefers_ar(len(seqs), float(tau), float(drafts))
+        if self._probing:                  # the probe confirmed AR: probe half as often (to 1/64)
+            self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
+            self._probing = False
+        return ar
+
+    def _ar_fallback_round(self, seqs: list[Sequence]) -> None:
+        """An AR round inside speculative decoding: the draft's context is written too; each
+        request records it as a round of 0 verified drafts."""
+        mods = Modifiers.for_params(s.params for s in seqs)
+        host = self.steps.ar_round(self.round_inputs(seqs), mods, context=True)      # [B, 1]
+        for s, (t,) in zip(seqs, host.tolist()):
+            if t < 0:
+                s.fail(NONFINITE_LOGITS)
+                continue
+            s.stats.record(0, len(s.commit([t], s.stop_ids(self.eos))), 0)
+            s.anchor, s.position = t, s.position + 1
+
     def _spec_round(self, seqs: list[Sequence]) -> None:
+        if self._falls_back_to_ar(seqs):
+            self._ar_streak += 1
+            return self._ar_fallback_round(seqs)
+        self._ar_streak = 0
         mods = Modifiers.for_params(s.params for s in seqs)
         r = self.round_inputs(seqs)
         k, rows = _logprobs_k(seqs), None
@@ -345,6 +388,11 @@ class Generator:
                     s.confidence = []
                 s.confidence.append((conf[i].tolist(), n, s.stats.accepted[-1]))
             s.anchor, s.position = t, s.position + a + 1
+        if all(s.params.verify_mode == "scheduled" for s in seqs):
+            live = [s for s in seqs if s.stats.committed]
+            if live:
+                self._scheduled_history.append((np.mean([s.stats.committed[-1] for s in live]),
+                                                np.mean([s.stats.proposed[-1] for s in live])))
 
     # ---- convenience ---------------------------------------------------------------------------
     def run(self, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:

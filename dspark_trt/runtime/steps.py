@@ -19,15 +19,19 @@ Confidence modes (``confidence.py``): a row verifies only an admitted prefix of 
 
   draft_admit_step  (+ verify_mode, threshold)  -> drafts, z, confidence logits [B, N], limit [B]
                     the draft step with the confidence head, then ``admitted_lengths`` on the device
-  verify_admit_step (+ drafts, z, limit, top_p) -> out [B, 3 + N] = (accepted, next, drafts, limit)
-                    the verify of all N drafts (the fixed-N shape: the target is causal, so row
-                    ``l``'s logits do not depend on the drafts after it), acceptance clamped to
-                    ``l``, and a row that accepts all its ``l`` drafts takes its next token from the
-                    target row ``l`` (a bonus: argmax, or a sample of ``p_l`` with the RESIDUAL
-                    stream at ``P + l + 1``): exactly speculative sampling of an ``l``-token proposal.
+  verify_admit_step (+ drafts, z, limit, top_p, width w) -> out [B, 3 + w] = (accepted, next,
+                    drafts[:, :w], limit): the verify of the first w >= max l drafts of every row
+                    (the target is causal, so row ``l``'s logits do not depend on the drafts after
+                    it), acceptance clamped to ``l``, and a row that accepts all its ``l`` drafts
+                    takes its next token from the target row ``l`` (a bonus: argmax, or a sample of
+                    ``p_l`` with the RESIDUAL stream at ``P + l + 1``): exactly speculative sampling
+                    of an ``l``-token proposal.
 
-No host synchronisation between them: a confidence round is the fixed round's two launches (two
-CUDA graphs) plus the head and the admission's few small kernels.
+The window: ``w = N`` under the scheduler's "padded" cost model (no host synchronisation between
+the steps: the fixed round's two launches plus the head and the admission's small kernels); under
+"trimmed" (the default) the round reads ``max l`` back after the draft step and verifies
+``w = scheduler.verify_width(max l)`` drafts (one graph per width bucket), so a batch of low
+confidence runs a narrower, cheaper verify. ``verify_widths`` counts the windows run.
 
 The public round interface (every caller drives a round through it, never through private parts):
   ``Generator.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
@@ -50,6 +54,7 @@ one ``isfinite`` reduction of the logits per step, read back with the tokens.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -174,6 +179,7 @@ class DecodeSteps:
         self.num_spec_tokens = networks.num_spec_tokens
         self.scheduler = scheduler
         self.counts: TokenCounts | None = None        # the penalties' per-slot token counts
+        self.verify_widths: Counter = Counter()       # confidence rounds per verify window
 
     def token_counts(self, slots: int, vocab: int) -> TokenCounts:
         """The penalties' device state with at least ``slots`` slots (allocated on first use; a
@@ -235,10 +241,20 @@ class DecodeSteps:
 
     @torch.inference_mode()
     def verify_admit_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, limit: Tensor,
-                          mods: Modifiers | bool) -> Tensor:
-        """``verify_step`` of all N drafts with ``limit`` -> [B, 3 + N] (accepted, next, drafts,
-        limit): the round's host read-back in one tensor."""
-        return torch.cat([self.verify_step(x, drafts, z, mods, limit), limit[:, None]], 1)
+                          mods: Modifiers | bool, width: int | None = None) -> Tensor:
+        """``verify_step`` of the first ``width`` (default all N) drafts with ``limit`` (every
+        ``limit <= width``) -> [B, 3 + width] (accepted, next, drafts[:, :width], limit): the
+        round's host read-back in one tensor."""
+        w = drafts.shape[1] if width is None else width
+        d, zw = drafts[:, :w].contiguous(), z[:, :w].contiguous()
+        return torch.cat([self.verify_step(x, d, zw, mods, limit), limit[:, None]], 1)
+
+    def window(self, limit: Tensor) -> int:
+        """The verify width of a confidence round with admitted lengths ``limit`` [B] (device):
+        N, or under a trimming scheduler ``verify_width(max limit)`` (one host read-back)."""
+        if self.scheduler is None or not self.scheduler.trims:
+            return self.num_spec_tokens
+        return self.scheduler.verify_width(int(limit.max()))
 
     @torch.inference_mode()
     def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, mods: Modifiers | bool,
@@ -278,12 +294,18 @@ class DecodeSteps:
         return out, token_logprobs(raw, emitted_tokens(drafts, nxt, accepted), logprobs)
 
     @torch.inference_mode()
-    def ar_step(self, x: DeviceInputs, mods: Modifiers | bool, logprobs: int | None = None):
-        """One autoregressive target step -> next token [B, 1] (-1 for inert rows); with
-        ``logprobs`` = k (eager only) ``(next, (chosen [B, 1], ids, vals))`` as ``verify_step``."""
+    def ar_step(self, x: DeviceInputs, mods: Modifiers | bool, context: bool = False,
+                logprobs: int | None = None):
+        """One autoregressive target step -> next token [B, 1] (-1 for inert rows). ``context``:
+        also write the draft's context at the anchor's position from the target's taps (what a
+        verify that accepted no draft writes), so that a speculative round can follow (the AR
+        rounds of the scheduler's fallback, ``VerifyScheduler.prefers_ar``). With ``logprobs`` = k
+        (eager only) ``(next, (chosen [B, 1], ids, vals))`` as ``verify_step``."""
         mods = Modifiers.of(mods)
         pos = torch.where(x.start >= 0, x.start, -1)[:, None]                       # [B, 1]
-        logits, _ = self.nets.target(x.anchor[:, None], pos, x.table)
+        logits, taps = self.nets.target(x.anchor[:, None], pos, x.table)
+        if context:
+            self.nets.draft_context(taps, pos, x.table)
         raw = logits
         finite = torch.isfinite(logits[:, 0]).all(dim=-1)                           # [B]
         if mods.any:
@@ -311,16 +333,18 @@ class DecodeSteps:
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """-> (as ``spec_round``: [B, 2 + N]; admitted drafts per row [B]; the confidence logits
         [B, N] when ``want_confidence``, else None). Rounds with a confidence mode (or
-        ``want_confidence``) run ``draft_admit_step`` + ``verify_admit_step``, all N drafts
-        verified, no host sync before the read-back; rounds that admit every draft
+        ``want_confidence``) run ``draft_admit_step`` + ``verify_admit_step`` over the window
+        ``window(limit)`` (drafts past it come back as -1); rounds that admit every draft
         (``needs_admission``) run the plain steps."""
         N = self.num_spec_tokens
         if not (self.needs_admission(r) or want_confidence):
             return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
         x = DeviceInputs.from_host(r, self.device, confidence=True, mods=mods)
         drafts, z, conf, limit = self.draft_admit_step(x)
-        out = self.verify_admit_step(x, drafts, z, limit, mods).cpu().numpy()
-        return out[:, :-1], out[:, -1], conf.cpu().numpy() if want_confidence else None
+        w = self.window(limit)
+        self.verify_widths[w] += 1
+        out = self.verify_admit_step(x, drafts, z, limit, mods, w).cpu().numpy()
+        return widen(out[:, :-1], N), out[:, -1], conf.cpu().numpy() if want_confidence else None
 
     def spec_round_logprobs(self, r: RoundInputs, mods: Modifiers | bool, k: int
                             ) -> tuple[np.ndarray, np.ndarray, LogprobRows]:
@@ -345,9 +369,18 @@ class DecodeSteps:
         nxt, lp = self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods, logprobs=k)
         return nxt.cpu().numpy(), to_host(*lp)
 
-    def ar_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
-        """-> [B, 1] int64 on the host: the next token (-1: non-finite logits)."""
-        return self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods).cpu().numpy()
+    def ar_round(self, r: RoundInputs, mods: Modifiers | bool, context: bool = False) -> np.ndarray:
+        """-> [B, 1] int64 on the host: the next token (-1: non-finite logits); ``context``: see
+        ``ar_step``."""
+        return self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods,
+                            context).cpu().numpy()
+
+
+def widen(out: np.ndarray, n: int) -> np.ndarray:
+    """A round's host output [B, 2 + w] padded with -1 drafts to [B, 2 + n]."""
+    if out.shape[1] == 2 + n:
+        return out
+    return np.concatenate([out, np.full((out.shape[0], 2 + n - out.shape[1]), -1, out.dtype)], 1)
 
 
 def confidence_inputs(r: RoundInputs, device) -> tuple[Tensor, Tensor]:

@@ -299,10 +299,11 @@ def test_admission_runs_without_host_synchronisation():
     a 0-dim tensor used as an index, ``.cpu()`` raise on meta tensors): capturable, no sync."""
     B, N = 6, 5
     m = dict(device="meta")
-    for padded in (None, N):
+    for padded, trimmed in ((None, False), (N, False), (None, True)):
         out = admitted_lengths(torch.randn(B, N, **m), torch.ones(B, dtype=torch.bool, **m),
                                torch.full((B,), MODE_IDS["scheduled"], **m), torch.zeros(B, **m),
-                               torch.ones(N, **m), torch.ones(B * (N + 1) + 1, **m), padded)
+                               torch.ones(N, **m), torch.ones(B * (N + 1) + 1, **m), padded,
+                               trimmed=trimmed)
         assert out.shape == (B,) and out.dtype == torch.int64
 
 
@@ -509,8 +510,9 @@ def test_openai_request_extension():
         parse_completion({"model": "m", "prompt": [1, 2], "verify_mode": "sometimes"}, "m")
 
 
-@pytest.mark.parametrize("backend", ["torch", "cuda-python", EAGER_REPLAY])
-@pytest.mark.parametrize("cost_model", ["packed", "padded"])
+@pytest.mark.parametrize("backend", [pytest.param("torch", marks=pytest.mark.gpu),
+                                     pytest.param("cuda-python", marks=pytest.mark.gpu), EAGER_REPLAY])
+@pytest.mark.parametrize("cost_model", ["packed", "padded", "trimmed"])
 def test_scheduled_rounds_from_cuda_graphs_match_eager(backend, cost_model):
     """The graphed confidence path ("draft_admit" graph with the admission inside, the fixed-N
     "verify_admit" graph) gives the target's greedy output; every graph is captured by
@@ -547,8 +549,11 @@ def test_scheduled_rounds_from_cuda_graphs_match_eager(backend, cost_model):
     assert set(graphed.steps._graphs) == captured                 # nothing captured on first use
     if cost_model == "packed":
         assert len(set(proposed["scheduled"])) >= 2, proposed
-    else:
+    elif cost_model == "padded":
         assert proposed["scheduled"] == proposed["fixed"], proposed
+    else:                                          # one verify_admit graph per window width
+        assert {k[3] for k in captured if k[0] == "verify_admit"} == set(range(1, 6))
+        assert min(graphed.steps.verify_widths) < 5, graphed.steps.verify_widths
 
 
 def test_bench_reports_each_verify_mode(tmp_path):
@@ -564,3 +569,166 @@ def test_bench_reports_each_verify_mode(tmp_path):
             e2e = row[f"speculative_{mode}"]
             assert e2e["decode_tokens_per_s"] > 0 and 1 <= e2e["verified_per_round"] <= 5
             assert e2e["output_ids_row0"] == row["speculative"]["output_ids_row0"]   # greedy: lossless
+
+
+# ---- the trimmed verify window (cost model "trimmed", the default) ----------------------------------
+
+def _trimmed_reference(c: np.ndarray, curve: CostCurve, modes: list[str], threshold: float) -> list[int]:
+    """Algorithm 1 over the window's widths, literally: width w costs rows x (1 + max(w, m0))
+    tokens (m0: the longest non-scheduled row, at least 1) and adds sum_r a_{r,w-1} of the
+    scheduled rows; admitted while tau * SPS strictly grows."""
+    R, N = c.shape
+    a = np.cumprod(c, 1)
+    length = [N if m == "fixed" else int(np.cumprod(c[r] >= threshold).sum()) if m == "threshold"
+              else 0 for r, m in enumerate(modes)]
+    sched = [m == "scheduled" for m in modes]
+    m0 = max([1] + [length[r] for r in range(R) if not sched[r]])
+    tau = sum(1 + (a[r, :length[r]].sum() if not sched[r] else 0) for r in range(R))
+    best, K = tau / curve.latency(R * (1 + m0)), 0
+    for w in range(1, N + 1):
+        gain = sum(a[r, w - 1] for r in range(R) if sched[r])
+        theta = (tau + gain) / curve.latency(R * (1 + max(w, m0)))
+        if gain <= 0 or theta <= best:
+            break
+        tau, best, K = tau + gain, theta, w
+    return [K if sched[r] else length[r] for r in range(R)]
+
+
+def test_trimmed_admission_equals_algorithm1_over_widths():
+    rng = np.random.default_rng(5)
+    curve = CostCurve([1, 8, 16, 64], [1.0, 1.2, 2.0, 9.0], "test")
+    seen = set()
+    for _ in range(200):
+        B, N = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+        c = rng.uniform(0.05, 0.999, size=(B, N))
+        modes = [MODES[i] for i in rng.integers(0, 3, B)]
+        logits = torch.logit(torch.tensor(c, dtype=torch.float64)).float()
+        got = admitted_lengths(logits, torch.ones(B, dtype=torch.bool),
+                               torch.tensor([MODE_IDS[m] for m in modes]), torch.full((B,), 0.5),
+                               torch.ones(N), curve.sps_table(B * (N + 1), "cpu"), None,
+                               trimmed=True).tolist()
+        ref = _trimmed_reference(c.astype(np.float32).astype(np.float64), curve, modes, 0.5)
+        assert got == ref, (c, modes, got, ref)
+        seen |= {g for g, m in zip(got, modes) if m == "scheduled"}
+    assert len(seen) >= 3, seen                                   # the width varies
+
+
+def test_trimmed_window_falls_back_to_fixed_rounds_where_the_curve_is_flat():
+    """Below ``admission_overhead_ms`` of saving (a flat curve) a scheduled round is a fixed round;
+    a threshold row always needs the admission."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    flat = VerifyScheduler(7, 512, "cpu", cost=CostCurve([2, 512], [0.9, 1.05], "flat"))
+    steep = VerifyScheduler(7, 512, "cpu", cost=CURVES["linear"])
+    sched, thr = np.full(4, MODE_IDS["scheduled"]), np.array([2, 1, 0, 0])
+    assert flat.admits_every_draft(sched) and not flat.admits_every_draft(thr)
+    assert not steep.admits_every_draft(sched)
+    assert VerifyScheduler(7, 512, "cpu").admits_every_draft(sched)      # no measured curve: fixed
+    assert [steep.verify_width(m) for m in (0, 1, 3, 7)] == [1, 1, 3, 7]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_trimmed_rounds_verify_narrower_windows_and_stay_lossless(graphs):
+    """The default "trimmed" model under a steep cost curve: rounds verify windows narrower than
+    N (the verify counter says so) and the greedy output is the target's, token for token; mixed
+    modes too (threshold rows inside a wider window)."""
+    llm = _llm(block=5, seed=11, verify_cost=CURVES["linear"], cost_model="trimmed", graphs=graphs)
+    rng = random.Random(3)
+    prompts = [[rng.randrange(63) for _ in range(rng.randint(1, 10))] for _ in range(6)]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
+    llm.steps.verify_widths.clear()
+    for plist in (SamplingParams(max_new_tokens=24, verify_mode="scheduled"),
+                  [SamplingParams(max_new_tokens=24, verify_mode=m, confidence_threshold=0.6)
+                   for m in ("scheduled", "threshold") * 3]):
+        out = llm.generate(prompts, plist)
+        assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    widths = llm.steps.verify_widths
+    assert min(widths) < 5 and len(widths) >= 2, widths
+
+
+# ---- the AR fallback of all-scheduled batches -------------------------------------------------------
+
+STEPS = dict(rows=[1, 4], draft_ms=[30.0, 30.0], ar_ms=[1.0, 1.2])      # drafting never pays
+
+
+def test_prefers_ar_compares_the_expected_round_throughputs():
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
+    s = VerifyScheduler(4, 256, "cpu", cost=cheap)
+    assert s.falls_back and not s.prefers_ar(4, 2.0, 3.0)        # 2 tokens / 1.5 ms > 1 / 1 ms
+    assert s.prefers_ar(4, 1.4, 3.0)                              # 1.4 / 1.5 ms < 1 / 1 ms
+    assert not VerifyScheduler(4, 256, "cpu", cost=CURVES["linear"]).falls_back   # no step costs
+    with pytest.raises(ValueError, match="rows"):
+        CostCurve([2], [1.0], "bad", rows=[1, 2], draft_ms=[1.0], ar_ms=[1.0, 1.0])
+
+
+def test_ar_round_with_context_writes_the_drafts_context_like_a_verify_that_accepts_nothing():
+    """The fallback's AR round writes the draft KV at the anchor's position P exactly as a
+    speculative round whose verifier accepted no draft does (from the target's taps of the anchor)."""
+    llm = _llm(block=4, seed=2)
+    nets, steps = llm.networks, llm.steps
+    gen = llm.generator()
+    for p in ([1, 2, 3], [4, 5], [6, 7, 8, 9]):
+        gen.add_request(p, SamplingParams(max_new_tokens=10))
+    gen.step()
+    r = gen.round_inputs(gen.running)
+    caches = [nets.target_cache, nets.draft_cache]
+    snap = [{k: [t.clone() for t in v] for k, v in c.items()} for c in caches]
+
+    def restore():
+        for c, s in zip(caches, snap):
+            for k in c:
+                for t, t0 in zip(c[k], s[k]):
+                    t.copy_(t0)
+
+    def at_anchor(cache):                              # [rows, layers, Hkv, D] K at position P
+        ps = nets.page_size
+        return torch.stack([torch.stack([k[r.table[i, P // ps], P % ps] for k in cache["k"]])
+                            for i, P in enumerate(r.start.tolist())])
+
+    ar = steps.ar_round(r, True, context=True)
+    written = at_anchor(nets.draft_cache)
+    restore()
+    verify = nets.verify
+    nets.verify = lambda logits, *a: (torch.zeros(logits.shape[0], dtype=torch.int64),
+                                      logits[:, 0].argmax(-1))          # accept nothing
+    try:
+        out = steps.spec_round(r, True)
+    finally:
+        nets.verify = verify
+    assert (out[:, 0] == 0).all() and (out[:, 1] == ar[:, 0]).all()
+    assert written.abs().sum() > 0
+    torch.testing.assert_close(written, at_anchor(nets.draft_cache))
+    restore()
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs):
+    """With step costs where drafting never pays, an all-scheduled batch runs AR rounds (0 drafts
+    verified, the draft's context kept) with a scheduled probe every AR_PROBE_EVERY rounds; greedy
+    output equals the target's; a batch with a fixed row never falls back."""
+    from dspark_trt.runtime.generator import AR_PROBE_EVERY
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
+    if graphs:
+        llm.capture_graphs(True)
+        assert any(k[0] == "ar_ctx" for k in llm.steps._graphs)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=30), speculative=False)
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    proposed = out[0].stats.proposed
+    assert proposed.count(0) >= AR_PROBE_EVERY and sum(p > 0 for p in proposed) >= 2, proposed
+    mixed = llm.generate(prompts, [SamplingParams(max_new_tokens=30, verify_mode=m)
+                                   for m in ("fixed", "scheduled", "scheduled")])
+    assert [o.output_ids for o in mixed] == [a.output_ids for a in ar]
+    assert 0 not in mixed[0].stats.proposed
+
+
+def test_ar_fallback_probes_less_often_while_ar_wins():
+    """Scheduled probes at rounds 0 (no history), 9, 26, 59: 8, 16 then 32 AR rounds between."""
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80, verify_mode="scheduled"))[0]
+    ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80), speculative=False)[0]
+    assert out.output_ids == ar.output_ids
+    assert [i for i, p in enumerate(out.stats.proposed) if p > 0][:4] == [0, 9, 26, 59]

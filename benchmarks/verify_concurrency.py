@@ -1,0 +1,240 @@
+"""Throughput vs concurrency of the verify modes (issue #25): fixed N, scheduled, threshold and
+autoregressive decoding at batch 1 .. 64; tokens/s, verified tokens per request per round, and the
+verify windows the confidence rounds ran. JSON + PNG to ``--out-dir``.
+
+Every run goes through ``dspark-trt bench``'s end-to-end loop (``commands.bench.end_to_end``: the
+Generator over the public round interface, ``steps.spec_round_admitted``). Before the runs the
+verify cost curve is measured on this model (``commands.bench.cost_curve``) and given to the
+scheduler, so "scheduled" trims its verify window where that curve says a narrower one pays.
+
+``--synthetic FILE`` (random weights, where acceptance means nothing): the networks are wrapped by
+``SyntheticAcceptance``, which replays the trained default pair's measured prefix-survival curve
+(``before.per_position[k].label_mean`` of a ``dspark-trt calibrate`` JSON) as the confidence head's
+output and as the verifier's acceptance: per row and round a logistic offset ``e`` (keyed by seed
+and position), conditional acceptance ``q_k = sigmoid(logit(p_k) + spread * e)`` with ``p_k`` the
+curve's conditional acceptance, confidence logit ``logit(q_k)`` (calibrated by construction) and
+draft k accepted iff ``u_k < q_k`` for a keyed uniform ``u``. The target and draft networks still
+run in full (their cost is what is measured); only the accepted count is replaced.
+
+    python benchmarks/verify_concurrency.py --device cpu --batch-sizes 1,2,4,8,16,32,64 --gen-len 16
+    python benchmarks/verify_concurrency.py --plot benchmarks/results/verify-concurrency-cpu-<sha>.json
+    python benchmarks/verify_concurrency.py --model qwen3-8b-dspark-block7 --random-weights --dtype bf16 \
+        --synthetic benchmarks/results/confidence-calibration-h200-462ac15.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from dspark_trt import plugins, provenance  # noqa: E402
+from dspark_trt.commands import bench  # noqa: E402
+from dspark_trt.plugins import rng  # noqa: E402
+
+MODES = ("fixed", "scheduled", "threshold")
+STREAM_SYNTH_ROW, STREAM_SYNTH_ACCEPT = 11, 12       # keyed streams of the synthetic acceptance
+
+
+def survival_curve(path: str | Path) -> list[float]:
+    """Prefix survival ``P(drafts 0..k accepted)`` per position from a calibrate JSON."""
+    d = json.loads(Path(path).read_text())
+    try:
+        return [float(p["label_mean"]) for p in d["before"]["per_position"]]
+    except (KeyError, TypeError) as e:
+        raise SystemExit(f"error: {path}: needs before.per_position[*].label_mean ({e})") from None
+
+
+class SyntheticAcceptance:
+    """``networks`` with the confidence logits and the verifier's accepted counts replayed from a
+    survival curve (see the module docstring); everything else is the wrapped networks'."""
+
+    def __init__(self, networks, survival: list[float], spread: float = 1.0):
+        self.inner, self.spread = networks, spread
+        n = networks.num_spec_tokens
+        s = [min(max(v, 1e-4), 1 - 1e-4) for v in survival] or [0.5]
+        cond = [s[0]] + [min(b / a, 0.999) for a, b in zip(s, s[1:])]
+        cond += [cond[-1]] * max(0, n - len(cond))                  # longer blocks: the last ratio
+        self.logit_p = torch.logit(torch.tensor(cond[:n], dtype=torch.float32)).to(networks.device)
+        self.has_confidence = True
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def _conf_logits(self, seed, start, n: int):
+        """[B, n] logit(q_{r,k})."""
+        u = rng.uniform(seed, start, STREAM_SYNTH_ROW, 1)                               # [B, 1]
+        return self.logit_p[None, :n] + self.spread * torch.logit(u)
+
+    def draft_block_confidence(self, anchor, start, table, temperature, seed):
+        drafts, z = self.inner.draft_block(anchor, start, table, temperature, seed)
+        return drafts, z, self._conf_logits(seed, start, drafts.shape[1])
+
+    def verify(self, logits, drafts, z, temperature, seed, start):
+        self.inner.verify(logits, drafts, z, temperature, seed, start)  # its cost stays in the step
+        n = drafts.shape[1]
+        q = torch.sigmoid(self._conf_logits(seed, start, n))
+        u = rng.uniform(seed, start, STREAM_SYNTH_ACCEPT, n)
+        acc = torch.cumprod((u < q).to(torch.int64), 1).sum(1)                         # [B]
+        row = logits.gather(1, acc[:, None, None].expand(-1, 1, logits.shape[-1]))[:, 0]
+        return acc, plugins.sample_tokens(row, temperature, seed, start + acc + 1)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command")
+    bench.add_parser(sub)                                   # bench's model / size options
+    b = sub.choices["bench"]
+    b.add_argument("--synthetic", default=None,
+                   help="calibrate JSON whose survival curve is replayed as confidence + acceptance")
+    b.add_argument("--spread", type=float, default=1.0, help="per-row logistic spread (synthetic)")
+    b.add_argument("--modes", default=",".join(MODES))
+    b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
+    b.set_defaults(batch_sizes="1,2,4,8,16,32,64", gen_len=32, prompt_len=64, iters=5, hf="none")
+    return p.parse_args(["bench"] + list(argv))
+
+
+def measure_cost_curve(llm, args, sizes):
+    """``bench.cost_curve`` on a prefilled batch -> ``CostCurve``."""
+    from dspark_trt.runtime.confidence import CostCurve
+    prompts = bench.make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
+    gen = llm.generator()
+    seqs = [gen.add_request(q.tolist(), bench._greedy(args.gen_len)) for q in prompts]
+    gen.step()
+    pts = bench.cost_curve(llm, gen.round_inputs(seqs), sizes, args.iters)
+    for s in seqs:
+        gen.abort(s.request_id)
+    gen.step()
+    return CostCurve(pts["tokens"], pts["latency_ms"], "measured by benchmarks/verify_concurrency.py",
+                     pts["rows"], pts["draft_ms"], pts["ar_ms"])
+
+
+def run(argv) -> dict:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    sizes = bench._ints(args.batch_sizes)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    args.max_batch_size, args.max_seq_len = max(sizes), args.prompt_len + args.gen_len
+    if args.model and not (args.checkpoint or args.engine) and not args.random_weights:
+        raise SystemExit("error: --model without checkpoints is RANDOM weights: add --random-weights")
+    llm = bench.load_llm(args)
+    if args.synthetic:
+        llm.networks = SyntheticAcceptance(llm.networks, survival_curve(args.synthetic), args.spread)
+        llm._steps = None                       # the steps are built over the wrapped networks
+    curve = measure_cost_curve(llm, args, sizes)
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    n = llm.networks.num_spec_tokens
+    llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device,
+                                                llm.calibration, curve)
+    llm.verify_cost = curve
+    for spec in (True, False):
+        llm.capture_graphs(spec)
+    prompts_all = bench.make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
+    rows = {}
+    for B in sorted(sizes):
+        prompts, row = prompts_all[:B], {}
+        for mode in modes:
+            llm.steps.verify_widths.clear()
+            e2e = bench.end_to_end(llm, prompts, args.gen_len, True, mode)
+            widths = dict(llm.steps.verify_widths)
+            e2e["verify_windows"] = {str(w): c for w, c in sorted(widths.items())}
+            rounds = sum(widths.values())
+            e2e["confidence_rounds"] = rounds           # the others ran as fixed rounds (window N)
+            e2e["mean_verify_window"] = (sum(w * c for w, c in widths.items()) / rounds if rounds else n)
+            row[mode] = e2e
+        row["autoregressive"] = bench.end_to_end(llm, prompts, args.gen_len, False)
+        for r in row.values():
+            r.pop("output_ids_row0", None)
+        fixed = row["fixed"]["decode_tokens_per_s"]
+        for mode in modes:
+            row[mode]["speedup_vs_fixed"] = row[mode]["decode_tokens_per_s"] / fixed
+            row[mode]["speedup_vs_autoregressive"] = (row[mode]["decode_tokens_per_s"]
+                                                      / row["autoregressive"]["decode_tokens_per_s"])
+        rows[str(B)] = row
+        print(f"[verify-concurrency] B={B:3d} " + " | ".join(
+            f"{m} {r['decode_tokens_per_s']:.0f} tok/s v/r {r.get('verified_per_round') or 1:.2f}"
+            for m, r in row.items()), flush=True)
+    cuda = llm.device.type == "cuda"
+    tps = lambda b, m: rows[b][m]["decode_tokens_per_s"]  # noqa: E731
+    goal = ({"scheduled_ge_fixed_every_batch": all(tps(b, "scheduled") >= tps(b, "fixed") for b in rows),
+             "scheduled_ge_autoregressive_every_batch": all(
+                 tps(b, "scheduled") >= tps(b, "autoregressive") for b in rows),
+             "scheduled_over_fixed_at_largest_batch": tps(str(max(sizes)), "scheduled") / tps(str(max(sizes)), "fixed"),
+             "bound_at_batch_64": 1.2} if {"scheduled", "fixed"} <= set(modes) else {})
+    return {
+        "git_sha": provenance.git_sha(), "command": "python benchmarks/verify_concurrency.py " + " ".join(argv),
+        "gpu": torch.cuda.get_device_name() if cuda else "cpu",
+        "model": {"preset": args.model, "checkpoint": args.checkpoint, "random_weights": bool(args.random_weights),
+                  "dtype": str(llm.networks.dtype), "num_spec_tokens": n,
+                  "target_layers": llm.pair.target.num_hidden_layers, "hidden": llm.pair.target.hidden_size},
+        "confidence": (f"synthetic, replayed from {args.synthetic} (spread {args.spread})" if args.synthetic
+                       else "the draft's confidence head" + (" (calibrated)" if llm.calibration else "")),
+        "acceptance": "synthetic (same file)" if args.synthetic else "measured (greedy verification)",
+        "cost_curve": curve.to_json(), "cost_model": llm.steps.eager.scheduler.cost_model,
+        "options": {k: v for k, v in vars(args).items() if k not in ("func",)},
+        "prompts": args.prompts, "gen_len": args.gen_len, "prompt_len": args.prompt_len,
+        "batch": rows, "goal_issue_25": goal, "seconds": time.perf_counter() - t0,
+        "notes": ["verified_per_round: drafts each request verified per round + 1 (its anchor)",
+                  "mean_verify_window: drafts per row the confidence rounds' verify ran (trimmed "
+                  "window) averaged over the rounds that ran the head and the admission "
+                  "(confidence_rounds); N when none did (fixed rounds); AR fallback rounds verify 0 "
+                  "drafts and count in verified_per_round only",
+                  "decode_tokens_per_s excludes the prefill step"],
+    }
+
+
+def plot(report: dict, out: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    bs = sorted(int(b) for b in report["batch"])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = {"autoregressive": "k", "fixed": "C0", "scheduled": "C1", "threshold": "C2"}
+    for mode, style in (("autoregressive", "--"), ("fixed", "o-"), ("scheduled", "s-"), ("threshold", "^-")):
+        if mode not in report["batch"][str(bs[0])]:
+            continue
+        tps = [report["batch"][str(x)][mode]["decode_tokens_per_s"] for x in bs]
+        a.plot(bs, tps, style, color=colors[mode], label=mode if mode != "fixed" else f"fixed N={report['model']['num_spec_tokens']}")
+        if mode != "autoregressive":
+            b.plot(bs, [report["batch"][str(x)][mode]["verified_per_round"] for x in bs], style,
+                   color=colors[mode], label=f"{mode}: verified / request")
+            if mode == "scheduled":
+                w = [report["batch"][str(x)][mode]["mean_verify_window"] for x in bs]
+                b.plot(bs, [None if v is None else v + 1 for v in w], "s:", color="C1", mfc="none", label="scheduled: verify window + 1")
+    title = f"{report['gpu']}, {report['model']['preset'] or report['model']['checkpoint'] or 'default pair'}"
+    a.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="decode tokens/s", title=title)
+    b.set(xscale="log", xlabel="concurrent requests", ylabel="tokens per request per round",
+          title="verified tokens per request per round" + (" (synthetic)" if "synthetic" in report["confidence"] else ""))
+    for ax in (a, b):
+        ax.set_xticks(bs, [str(x) for x in bs])
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--plot"]:                      # re-plot a JSON: --plot FILE.json
+        path = Path(argv[1])
+        print(plot(json.loads(path.read_text()), path.with_suffix(".png")))
+        return 0
+    report = run(argv)
+    out_dir = Path(parse_args(argv).out_dir)
+    tag = parse_args(argv).tag or report["gpu"].replace(" ", "-")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"verify-concurrency-{tag}-{report['git_sha']}.json"
+    path.write_text(json.dumps(report, indent=1, default=str))
+    print(f"[verify-concurrency] wrote {path} and {plot(report, path.with_suffix('.png'))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
