@@ -198,3 +198,27 @@ def test_hf_peer_rebuilds_a_random_engine_from_its_seed_or_says_why_not(tmp_path
     manifest["build_options"] = {"checkpoint": "/ckpt/target"}
     with pytest.raises(ValueError, match="give --checkpoint"):
         _peer().engine_target_state(tmp_path, manifest, llm.pair, "cpu")
+
+
+def test_decode_paths_script_writes_each_path_and_compares_it_with_the_unfused_one(tmp_path, monkeypatch):
+    """benchmarks/decode_paths.py (the H200 A/B of issue #21) on CPU, the eager paths only."""
+    import runpy
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_paths.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--model", "qwen3-tiny-dspark", "--device", "cpu",
+                                      "--dtype", "fp32", "--batch-sizes", "1,2", "--paths",
+                                      "eager_unfused,eager_fused", "--iters", "1", "--gen-len", "5",
+                                      "--prompt-len", "8", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(script), run_name="__main__")
+    assert done.value.code == 0
+    (path,) = tmp_path.glob("decode-paths-cpu-*.json")
+    rep = json.loads(path.read_text())
+    fused = rep["paths"]["eager_fused"]
+    assert set(rep["paths"]) == {"eager_unfused", "eager_fused"} and set(fused["batch"]) == {"1", "2"}
+    assert fused["prefill_logits_vs_unfused"]["argmax_equal_fraction"] == 1.0       # fp32: same argmax
+    assert fused["greedy_ar_equal_prefix_to_unfused"] == len(fused["greedy_ar_row0"])
+    assert rep["summary"]["1"]["ar_speedup_over_eager_unfused"]["eager_unfused"] == 1.0
+    if not HAVE_TRANSFORMERS:
+        assert "not installed" in rep["hf_peer"]["skipped"]
