@@ -32,6 +32,7 @@ from dspark_trt import provenance  # noqa: E402
 from dspark_trt.commands.bench import (load_hf_peer, make_prompts, roofline, step_latencies,  # noqa: E402
                                        versions)
 from dspark_trt.runtime import LLM, SamplingParams  # noqa: E402
+from dspark_trt.runtime.compiled import mark_caches_static  # noqa: E402
 
 PATHS = {  # name -> LLM.from_preset options
     "eager_unfused": {"fuse": False},
@@ -46,6 +47,7 @@ def prefill_logits(llm: LLM, ids) -> torch.Tensor:
     t, T, page = llm.target, len(ids), 64
     pages = -(-T // page)
     cache = t.make_cache(pages, page, llm.dtype, llm.device)
+    mark_caches_static(cache)                  # as LLM's own caches under compile
     with torch.inference_mode():
         logits, _ = t(torch.as_tensor(ids, device=llm.device)[None],
                       torch.arange(T, device=llm.device)[None], torch.arange(pages, device=llm.device)[None],
@@ -98,10 +100,13 @@ def run_hf(llm: LLM, prompts, sizes: list[int], a, ref_ar: list[int] | None, dea
         return {"skipped": why}
     model = peer.build_hf_qwen3(llm.target, llm.pair.target)
     out = {"mode": "compiled", "runs": {}, "skipped_batch_sizes": []}
+    estimate = a.hf_compile_estimate_s                  # a batch size's compile + 4 generate calls
     for B in sizes:
-        if time.perf_counter() > deadline:
+        if time.perf_counter() + estimate > deadline:
             out["skipped_batch_sizes"].append(B)
+            print(f"[paths] HF compiled B={B}: skipped (about {estimate:.0f} s, past --time-budget-s)")
             continue
+        t0 = time.perf_counter()
         ids = torch.as_tensor(prompts[:B], device=llm.device)
         r = peer.measure_hf_decode(model, ids, a.gen_len, "compiled")
         hf_ids = r.pop("output_ids")[0]
@@ -110,6 +115,7 @@ def run_hf(llm: LLM, prompts, sizes: list[int], a, ref_ar: list[int] | None, dea
         if ref_ar:
             r["greedy_equal_prefix_to_unfused_ar"] = equal_prefix(hf_ids, ref_ar)
         out["runs"][B] = r
+        estimate = time.perf_counter() - t0
         print(f"[paths] HF compiled    B={B:3d} decode step {r['decode_step_ms']:.3f} ms "
               f"(first call {r['first_call_s']:.0f} s)", flush=True)
     del model
@@ -149,7 +155,11 @@ def main() -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     ap.add_argument("--compile-backend", default="inductor",
                     help="the 'compiled' path's torch.compile backend (aot_eager: CPU smoke runs)")
-    ap.add_argument("--time-budget-s", type=float, default=165.0)
+    ap.add_argument("--time-budget-s", type=float, default=165.0,
+                    help="start no path / HF batch size that would end past this (seconds)")
+    ap.add_argument("--hf-compile-estimate-s", type=float, default=45.0,
+                    help="expected time of the first HF batch size (compile included); later ones: "
+                         "the previous one's")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
     t_start = time.perf_counter()

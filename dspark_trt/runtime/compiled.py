@@ -7,8 +7,9 @@ Inside a layer inductor fuses what eager runs as separate kernels, each a round 
 fp32 RMSNorm chain, q/k norm + RoPE, SiLU * up, the residual adds. The projections stay cuBLAS
 GEMMs and the ``dspark`` ops stay their Triton kernels, as in an AOTI engine.
 
-Shapes are dynamic (batch and tokens symbolic; sizes 1 get their own graph), so the prefill lengths
-and the CUDA-graph buckets share a handful of graphs. Compilation happens on the first call of a
+Shapes are dynamic (batch, tokens and pages per row symbolic; sizes 1 get their own graph), so the
+prefill lengths and the CUDA-graph buckets share a handful of graphs; the KV caches are marked
+static (``mark_caches_static``: their sizes never change, and symbolic ones would only add guards). Compilation happens on the first call of a
 shape, which for decode steps is the eager warm-up before each CUDA-graph capture; the replays run
 the compiled kernels with no Python. On CPU inductor compiles C++ (slow the first time: about a
 minute for a tiny model on two cores); ``compile="aot_eager"`` traces without code generation (what
@@ -55,12 +56,21 @@ def compile_regions_(module: nn.Module, backend: str = "inductor") -> int:
     inside = {id(x) for layer in layers for x in layer.modules()}
     for m in module.modules():
         if isinstance(m, Qwen3DecoderLayer) or (isinstance(m, RMSNorm) and id(m) not in inside):
-            m.compile(backend=backend, dynamic=None)
+            m.compile(backend=backend, dynamic=True)
             n += 1
     if isinstance(module, DSparkQwen3Draft):     # the bound method, shadowed on the instance
-        module.context = torch.compile(module.context, backend=backend, dynamic=None)
+        module.context = torch.compile(module.context, backend=backend, dynamic=True)
         n += 1
     return n
+
+
+def mark_caches_static(*caches) -> None:
+    """Mark every tensor of the cache dicts / lists given static for dynamo (all dims)."""
+    for c in caches:
+        for t in (c.values() if isinstance(c, dict) else [c]):
+            for x in (t if isinstance(t, (list, tuple)) else [t]):
+                if isinstance(x, torch.Tensor):
+                    torch._dynamo.mark_static(x)
 
 
 def _raise_recompile_limit() -> None:

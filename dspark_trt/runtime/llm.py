@@ -18,7 +18,7 @@ from ..models.dspark_qwen3 import markov_sampler_op
 from ..parallel import TPInfo, init_tp, shared_seeds
 from ..plugins.decode_linear import skinny_gemm_enabled, use_decode_linear_
 from ..models.fuse import use_skinny_gemm_fused_
-from .compiled import compile_backend, compile_regions_
+from .compiled import compile_backend, compile_regions_, mark_caches_static
 from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
@@ -117,6 +117,8 @@ class LLM:
             compile_regions_(m, self.compiled)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
                                                   self.device, self.dtype, markov_sampler)
+        if self.compiled:
+            mark_caches_static(self.networks.target_cache, self.networks.draft_cache)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)
         if cuda_graphs and self.graphs_skipped:
             log.warning("CUDA graphs skipped: %s (running the steps eagerly)", self.graphs_skipped)

@@ -11,7 +11,7 @@ import torch
 from dspark_trt.config import ConfigError
 from dspark_trt.models.fuse import FusedLinear, qwen3_fused_sizes, unfuse_state_dict, unfused_state_dict
 from dspark_trt.runtime import LLM, SamplingParams
-from dspark_trt.runtime.compiled import compile_backend
+from dspark_trt.runtime.compiled import compile_backend, mark_caches_static
 
 PRESET = "qwen3-tiny-dspark"
 PROMPTS = [[5, 17, 3, 99, 42, 7, 250, 11], [8, 1, 64, 300, 12]]
@@ -27,6 +27,7 @@ def prefill_logits(llm: LLM, ids: list[int]) -> torch.Tensor:
     """The target's logits [T, V] (fp32) over ``ids`` from a fresh cache."""
     t = llm.target
     cache = t.make_cache(4, 8, llm.dtype, llm.device)
+    mark_caches_static(cache)
     tokens = torch.tensor([ids], device=llm.device)
     pos = torch.arange(len(ids), device=llm.device)[None]
     table = torch.arange(4, device=llm.device)[None]
