@@ -113,6 +113,12 @@ class LLM:
         if mods and skinny_gemm_enabled():                   # opt-in Triton decode GEMMs (issue #21)
             for m in mods:
                 use_decode_linear_(m), use_skinny_gemm_fused_(m)
+        if self.compiled and self.tp_size > 1:
+            raise ConfigError("compile is not supported under tensor parallelism yet (the layers' "
+                              "collectives are untested under torch.compile); run without it")
+        if self.compiled == "inductor" and self.device.type == "cpu":
+            log.warning("compile=True on CPU: inductor compiles C++ for every new shape class (minutes "
+                        "for the first steps); compile='aot_eager' only traces")
         for m in mods if self.compiled else []:
             compile_regions_(m, self.compiled)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
