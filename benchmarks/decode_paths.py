@@ -59,8 +59,11 @@ def equal_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def measure_path(name: str, llm: LLM, prompts, sizes: list[int], a, ref: dict | None) -> dict:
-    out = {"options": {k: v for k, v in PATHS[name].items()}, "compiled": llm.compiled, "batch": {}}
+def measure_path(name: str, llm: LLM, prompts, sizes: list[int], a, ref: dict | None, out: dict,
+                 saved) -> torch.Tensor:
+    """Fill ``out`` with path ``name``'s measurements (``saved()`` after each batch size); returns
+    its prefill logits of prompt 0."""
+    out.update(options=dict(PATHS[name]), compiled=llm.compiled, batch={})
     t0 = time.perf_counter()
     logits = prefill_logits(llm, prompts[0].tolist())
     for B in sizes:
@@ -75,6 +78,7 @@ def measure_path(name: str, llm: LLM, prompts, sizes: list[int], a, ref: dict | 
         row.update(roofline(llm, B, a.prompt_len, a.hbm_tbps))
         row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
         out["batch"][B] = row
+        saved()
         print(f"[paths] {name:14s} B={B:3d} ar {row['ar_step_ms']:.3f} ms "
               f"({row['ar_roofline_efficiency']:.0%} of {row['ar_roofline_ms']:.2f} ms) verify "
               f"{row['verify_step_ms']:.3f} draft {row['draft_step_ms']:.3f}", flush=True)
@@ -90,16 +94,19 @@ def measure_path(name: str, llm: LLM, prompts, sizes: list[int], a, ref: dict | 
             "argmax_equal_fraction": float((logits.argmax(-1) == ref["logits"].argmax(-1)).float().mean())}
         out["greedy_ar_equal_prefix_to_unfused"] = equal_prefix(out["greedy_ar_row0"], ref["ar"])
     out["seconds"] = time.perf_counter() - t0
-    return out, logits
+    return logits
 
 
-def run_hf(llm: LLM, prompts, sizes: list[int], a, ref_ar: list[int] | None, deadline: float) -> dict:
+def run_hf(llm: LLM, prompts, sizes: list[int], a, ref_ar: list[int] | None, deadline: float,
+           out: dict, saved) -> None:
+    """Fill ``out`` with the compiled HF peer's runs; ``saved()`` after each batch size."""
     peer = load_hf_peer()
     why = peer.transformers_missing_reason()
     if why:
-        return {"skipped": why}
+        out["skipped"] = why
+        return
     model = peer.build_hf_qwen3(llm.target, llm.pair.target)
-    out = {"mode": "compiled", "runs": {}, "skipped_batch_sizes": []}
+    out.update(mode="compiled", runs={}, skipped_batch_sizes=[])
     estimate = a.hf_compile_estimate_s                  # a batch size's compile + 4 generate calls
     for B in sizes:
         if time.perf_counter() + estimate > deadline:
@@ -115,11 +122,11 @@ def run_hf(llm: LLM, prompts, sizes: list[int], a, ref_ar: list[int] | None, dea
         if ref_ar:
             r["greedy_equal_prefix_to_unfused_ar"] = equal_prefix(hf_ids, ref_ar)
         out["runs"][B] = r
+        saved()
         estimate = time.perf_counter() - t0
         print(f"[paths] HF compiled    B={B:3d} decode step {r['decode_step_ms']:.3f} ms "
               f"(first call {r['first_call_s']:.0f} s)", flush=True)
     del model
-    return out
 
 
 def summary(paths: dict, hf: dict, sizes: list[int]) -> dict:
@@ -207,11 +214,12 @@ def main() -> int:
                                   **opts)
             if prompts is None:
                 prompts = make_prompts(llm, "random", max(sizes), a.prompt_len, a.seed)
-            report["paths"][name], logits = measure_path(name, llm, prompts, sizes, a, ref)
+            report["paths"][name] = {}
+            logits = measure_path(name, llm, prompts, sizes, a, ref, report["paths"][name], write)
         except Exception as e:                    # one failing path does not lose the others
             import traceback
-            report["paths"][name] = {"error": f"{type(e).__name__}: {e}",
-                                     "traceback": traceback.format_exc()[-4000:]}
+            report["paths"].setdefault(name, {}).update(error=f"{type(e).__name__}: {e}",
+                                                        traceback=traceback.format_exc()[-4000:])
             print(f"[paths] {name}: FAILED {type(e).__name__}: {e}", flush=True)
             write()
             continue
@@ -224,9 +232,9 @@ def main() -> int:
             report["skipped"].append("hf_compiled")
         else:
             try:
-                report["hf_peer"] = run_hf(llm, prompts, sizes, a, ref and ref["ar"], deadline)
+                run_hf(llm, prompts, sizes, a, ref and ref["ar"], deadline, report["hf_peer"], write)
             except Exception as e:
-                report["hf_peer"] = {"error": f"{type(e).__name__}: {e}"}
+                report["hf_peer"]["error"] = f"{type(e).__name__}: {e}"
                 print(f"[paths] HF peer: FAILED {type(e).__name__}: {e}", flush=True)
     write()
     for B, row in report["summary"].items():
