@@ -10,8 +10,9 @@ Per path and batch size: the CUDA-graph step latencies of ``dspark-trt bench`` (
 target forward, Markov sampler) with the HBM roofline and its efficiency; per path: prefill logits
 against the unfused path's (max |diff|, argmax agreement) and greedy tokens (AR, speculative) of
 prompt 0 against the unfused AR ones (equal-prefix lengths: bf16 GEMMs of other shapes may
-flip a near-tie of random weights, so these are reported, not asserted). The HF peer runs
-``generate`` with a static cache (torch.compile) at each batch size. Writes
+flip a near-tie of random weights, so these are reported, not asserted). The HF peer
+(``hf_compiled`` in ``--paths``, on the weights of the path before it) runs ``generate`` with a
+static cache (torch.compile) at each batch size. Writes
 ``decode-paths-<gpu>-<sha>.json`` after every path (a timeout keeps what was measured); pieces past
 ``--time-budget-s`` are skipped and listed.
 """
@@ -39,6 +40,7 @@ PATHS = {  # name -> LLM.from_preset options
     "eager_fused": {},
     "compiled": {"compile": True},
 }
+HF = "hf_compiled"            # the compiled HF peer's place in --paths (on the current path's weights)
 STEP_KEYS = ("ar_step_ms", "verify_step_ms", "draft_step_ms", "ar_roofline_ms", "ar_roofline_efficiency")
 
 
@@ -151,7 +153,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="qwen3-8b-dspark-block7")
     ap.add_argument("--batch-sizes", default="1,16")
-    ap.add_argument("--paths", default=",".join(PATHS), help=f"subset of {','.join(PATHS)}")
+    ap.add_argument("--paths", default=f"eager_unfused,compiled,{HF},eager_fused",
+                    help=f"what to run, in this order: {', '.join(PATHS)} and {HF} (the pieces past "
+                         "--time-budget-s are skipped, so the first ones are the ones that matter)")
     ap.add_argument("--hf", choices=["compiled", "none"], default="compiled")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=32)
@@ -173,9 +177,9 @@ def main() -> int:
     deadline = t_start + a.time_budget_s
     sizes = sorted(int(x) for x in a.batch_sizes.split(","))
     names = [p.strip() for p in a.paths.split(",") if p.strip()]
-    bad = [p for p in names if p not in PATHS]
+    bad = [p for p in names if p not in PATHS and p != HF]
     if bad:
-        raise SystemExit(f"error: unknown path(s) {bad}; choose from {list(PATHS)}")
+        raise SystemExit(f"error: unknown path(s) {bad}; choose from {list(PATHS) + [HF]}")
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     cuda = torch.device(a.device).type == "cuda"
     report = {"git_sha": provenance.git_sha(), "command": " ".join(sys.argv),
@@ -198,6 +202,23 @@ def main() -> int:
 
     ref, llm, prompts = None, None, None
     for name in names:
+        if name == HF:
+            if a.hf == "none":
+                continue
+            if time.perf_counter() > deadline:
+                report["skipped"].append(name)
+                continue
+            try:
+                if llm is None:                   # the weights only: the same preset and seed
+                    llm = LLM.from_preset(a.model, dtype=dtype, device=a.device, seed=a.seed, fuse=False,
+                                          max_batch_size=max(sizes), max_seq_len=a.prompt_len + a.gen_len + 8)
+                    prompts = make_prompts(llm, "random", max(sizes), a.prompt_len, a.seed)
+                run_hf(llm, prompts, sizes, a, ref and ref["ar"], deadline, report["hf_peer"], write)
+            except Exception as e:
+                report["hf_peer"]["error"] = f"{type(e).__name__}: {e}"
+                print(f"[paths] HF peer: FAILED {type(e).__name__}: {e}", flush=True)
+            write()
+            continue
         if time.perf_counter() > deadline:
             report["skipped"].append(name)
             continue
@@ -227,15 +248,6 @@ def main() -> int:
             ref = {"logits": logits, "ar": report["paths"][name]["greedy_ar_row0"]}
         del logits
         write()
-    if a.hf == "compiled" and llm is not None:
-        if time.perf_counter() > deadline:
-            report["skipped"].append("hf_compiled")
-        else:
-            try:
-                run_hf(llm, prompts, sizes, a, ref and ref["ar"], deadline, report["hf_peer"], write)
-            except Exception as e:
-                report["hf_peer"]["error"] = f"{type(e).__name__}: {e}"
-                print(f"[paths] HF peer: FAILED {type(e).__name__}: {e}", flush=True)
     write()
     for B, row in report["summary"].items():
         print(f"[paths] B={B}: " + json.dumps({k: v for k, v in row.items() if k.startswith("ar_speedup")}))

@@ -208,7 +208,7 @@ def test_decode_paths_script_writes_each_path_and_compares_it_with_the_unfused_o
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_paths.py"
     monkeypatch.setattr(sys, "argv", [str(script), "--model", "qwen3-tiny-dspark", "--device", "cpu",
                                       "--dtype", "fp32", "--batch-sizes", "1,2", "--paths",
-                                      "eager_unfused,eager_fused", "--iters", "1", "--gen-len", "5",
+                                      "eager_unfused,hf_compiled,eager_fused", "--iters", "1", "--gen-len", "5",
                                       "--prompt-len", "8", "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(script), run_name="__main__")
