@@ -1,7 +1,10 @@
 """The HF transformers peer of ``dspark-trt bench``: plain greedy decoding of the same target.
 
 A transformers ``Qwen3ForCausalLM`` is built from our ``Qwen3Config`` (``to_hf()``) and given the
-very same weights (our parameter names equal HF's), then timed with ``generate``:
+very same weights, then timed with ``generate``. The weights come from ``LLM``'s target modules
+(fused projections split back into HF names) or, on the engine path, from the engine directory
+(``engine_target_state``: an AOTI engine's ``weights.safetensors``; a random-weights engine without
+that file: rebuilt from its seed). Modes:
   * ``eager``    : default (dynamic) cache, no compilation,
   * ``compiled`` : static cache, which makes ``generate`` torch.compile the decoding forward.
 Decode throughput excludes the prefill: ``B * (n - 1) / (t(n new tokens) - t(1 new token))``.
@@ -15,13 +18,24 @@ import torch
 HF_MODES = ("eager", "compiled")
 
 
-def build_hf_qwen3(target: torch.nn.Module, cfg) -> torch.nn.Module:
-    """transformers Qwen3ForCausalLM with ``target``'s config, dtype, device and weights."""
+def transformers_missing_reason() -> str | None:
+    """Why the peer cannot run here (None: it can)."""
+    import importlib.util
+    if importlib.util.find_spec("transformers") is None:
+        return "HF transformers is not installed (pip install transformers to compare with it)"
+    return None
+
+
+def build_hf_qwen3(target, cfg) -> torch.nn.Module:
+    """transformers Qwen3ForCausalLM with config ``cfg`` and the weights of ``target``: our target
+    module (fused projections split back into HF names) or a state dict in HF names."""
     import transformers
+    from dspark_trt.models.fuse import unfused_state_dict
+    state = target if isinstance(target, dict) else unfused_state_dict(target)
     d = {k: v for k, v in cfg.to_hf().items() if k not in ("architectures", "model_type", "torch_dtype")}
     d["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     hf_cfg = transformers.Qwen3Config(**d)
-    p = next(target.parameters())
+    p = next(iter(state.values()))
     prev = torch.get_default_dtype()
     torch.set_default_dtype(p.dtype)
     try:
@@ -29,11 +43,39 @@ def build_hf_qwen3(target: torch.nn.Module, cfg) -> torch.nn.Module:
             model = transformers.Qwen3ForCausalLM(hf_cfg)
     finally:
         torch.set_default_dtype(prev)
-    missing, unexpected = model.load_state_dict(target.state_dict(), strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if cfg.tie_word_embeddings:
+        missing = [k for k in missing if k != "lm_head.weight"]
     if missing or unexpected:
         raise RuntimeError(f"HF Qwen3 parameter names differ from ours: missing {missing[:5]}, "
                            f"unexpected {unexpected[:5]}")
     return model.eval().requires_grad_(False)
+
+
+def engine_target_state(engine_dir, manifest: dict, pair, device) -> tuple[dict, str]:
+    """The target's weights of an engine directory in HF names, and where they came from:
+    an AOTI engine's weights file (the target network's constants), or, for a random-weights
+    engine without one, the same seed rebuilt (``models.build_models``, as the build did)."""
+    from pathlib import Path
+    from dspark_trt.models.fuse import qwen3_fused_sizes, unfuse_state_dict
+    if manifest.get("tp_size", 1) > 1:
+        raise ValueError("a tensor-parallel engine holds its weights per rank")
+    net = manifest.get("networks", {}).get("target", {})
+    if manifest.get("backend") == "aoti" and manifest.get("weights") and net.get("constants"):
+        from safetensors import safe_open
+        with safe_open(str(Path(engine_dir) / manifest["weights"]), framework="pt", device=str(device)) as f:
+            state = {fqn.removeprefix("target."): f.get_tensor(stored)
+                     for fqn, stored in net["constants"].items() if fqn.startswith("target.")}
+        return unfuse_state_dict(state, qwen3_fused_sizes(pair.target)), "engine weights file"
+    opts = manifest.get("build_options", {})
+    if opts.get("random_weights") and not opts.get("checkpoint"):
+        from dspark_trt.config.dtypes import DTYPES
+        from dspark_trt.models import build_models
+        seed = opts.get("seed", 0)
+        target, _ = build_models(pair, DTYPES[manifest["dtype"]], device, None, seed)
+        return target.state_dict(), f"random weights rebuilt from seed {seed}"
+    raise ValueError(f"backend {manifest.get('backend')!r} keeps its weights inside its plans and the "
+                     f"engine was built from {opts.get('checkpoint')}: give --checkpoint to compare")
 
 
 def _generate(model, ids: torch.Tensor, n: int, mode: str) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 from ..config import DSparkConfig, ModelPair, Qwen3Config, read_json
 from ..models import build_models
 from ..models.fp8_linear import fp8_linears_
+from ..models.fuse import unfused_state_dict
 from .files import CheckpointError, checkpoint_files, load_into_module
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,8 @@ def load_qwen3_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.
 
 
 def qwen3_target_tensors(target: torch.nn.Module) -> dict[str, torch.Tensor]:
-    sd = target.state_dict()
+    """State dict in the HF naming (fused projections of ``LLM``'s modules split back)."""
+    sd = unfused_state_dict(target)
     if target.config.tie_word_embeddings:
         sd.pop("lm_head.weight", None)
     return sd
@@ -137,5 +139,5 @@ def qwen3_target_tensors(target: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def qwen3_draft_tensors(draft: torch.nn.Module, include_shared: bool = True) -> dict[str, torch.Tensor]:
     """State dict in the published draft naming (shared embed/head copies included by default)."""
-    return {k: v for k, v in draft.state_dict().items()
+    return {k: v for k, v in unfused_state_dict(draft).items()
             if include_shared or k.split(".")[0] not in ("embed_tokens", "lm_head")}

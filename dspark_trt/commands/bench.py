@@ -5,9 +5,14 @@ For each batch size B (default 1..64): step latencies from the replayed CUDA gra
 for 1 and N+1 tokens, Markov sampler alone), then end-to-end greedy decoding of B random prompts
 with speculative decoding and autoregressively (decode throughput, prefill excluded; round wall
 time; host overhead = 1 - GPU step time / round wall time; mean tau). The HBM roofline of a step is
-(weights read + KV read) / ``--hbm-tbps``. The HF transformers peer decodes the same prompts with
-the same weights (``benchmarks/hf_peer.py``). Speedups at the paper's tau are labelled projections.
-JSON goes to ``<out-dir>/bench-<gpu>-<git sha>.json``. On CPU it runs eagerly (a smoke test).
+(weights read + KV read) / ``--hbm-tbps``; ``sweep`` in the JSON lists, per batch size, each step
+against its roofline (efficiency = roofline / measured) next to the compiled HF peer where it ran,
+and ``<json stem>.png`` plots it (``benchmarks/plot_bench.py``). The HF transformers peer decodes
+the same prompts with the same weights (``benchmarks/hf_peer.py``; on the engine path from the
+engine directory's weights), or is skipped with the reason in ``hf_peer.skipped``. ``--compile``
+(``LLM(compile=...)``) and ``--unfused`` (the HF linears, not the engines' fused projections) pick
+the eager path. Speedups at the paper's tau are labelled projections. JSON goes to
+``<out-dir>/bench-<gpu>-<git sha>.json``. On CPU it runs eagerly (a smoke test).
 """
 from __future__ import annotations
 
@@ -66,6 +71,14 @@ def add_parser(sub) -> None:
     p.add_argument("--verify-modes", default="fixed",
                    help="end-to-end speculative runs per verify mode (fixed,threshold,scheduled; "
                         "the last two need a confidence head): 'speculative_<mode>' in the JSON")
+    p.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                   help="torch.compile LLM's eager decoder layers and norms (inductor, or the backend "
+                        "named), replayed inside the CUDA graphs; not for --engine")
+    p.add_argument("--unfused", action="store_true",
+                   help="eager modules with separate q/k/v and gate/up linears (the HF layout) instead "
+                        "of the engines' fused projections (A/B of the fusion)")
+    p.add_argument("--plot", choices=["on", "off"], default="on",
+                   help="write <json stem>.png of the batch sweep beside the JSON (needs matplotlib)")
     p.add_argument("--cost-curve", action="store_true",
                    help="only measure the verify cost curve (verify-step latency vs total verified "
                         "tokens, for --batch-sizes x widths 1..N+1) of the confidence scheduler and "
@@ -300,6 +313,58 @@ def check_targets(b1: dict) -> dict:
     return out
 
 
+def eager_path(llm) -> dict:
+    """How the steps run: engine networks, or eager modules (fused projections, compiled)."""
+    if llm.target is None:
+        return {"engine": True}
+    fused = any(type(m).__name__ == "FusedLinear" for m in llm.target.modules())
+    return {"engine": False, "fused_projections": fused, "compiled": llm.compiled}
+
+
+def batch_sweep(results: dict, hf: dict, context: int) -> list[dict]:
+    """Per batch size (ascending): the AR / verify / draft steps against their HBM roofline
+    (efficiency = roofline / measured) and the compiled HF peer's step where it ran."""
+    hf_runs = {r["batch_size"]: r for r in hf.get("runs", [])
+               if r.get("mode") == "compiled" and "decode_step_ms" in r}
+    rows = []
+    for B in sorted(results):
+        r = results[B]
+        roof = r.get("ar_roofline_ms")
+        eff = (lambda ms: roof / ms if roof and ms else None)  # noqa: E731
+        row = {"batch_size": B, "context_tokens": context,
+               "weight_bytes": r.get("target_weight_bytes"), "kv_read_bytes": r.get("target_kv_read_bytes"),
+               "ar_step_ms": r["ar_step_ms"], "ar_roofline_ms": roof,
+               "ar_roofline_efficiency": eff(r["ar_step_ms"]),
+               "verify_step_ms": r.get("verify_step_ms"),
+               "verify_roofline_efficiency": eff(r.get("verify_step_ms"))}
+        if r.get("draft_roofline_ms") and r.get("draft_step_ms"):
+            row.update(draft_step_ms=r["draft_step_ms"], draft_roofline_ms=r["draft_roofline_ms"],
+                       draft_roofline_efficiency=r["draft_roofline_ms"] / r["draft_step_ms"])
+        h = hf_runs.get(B)
+        if h:
+            row.update(hf_compiled_step_ms=h["decode_step_ms"],
+                       hf_compiled_roofline_efficiency=h.get("roofline_efficiency"),
+                       ar_speedup_vs_hf_compiled=h["decode_step_ms"] / r["ar_step_ms"])
+        rows.append(row)
+    return rows
+
+
+def write_plot(report: dict, json_path: Path) -> str:
+    """``<json stem>.png`` by ``benchmarks/plot_bench.py``; the path, or why none was written."""
+    path = REPO / "benchmarks" / "plot_bench.py"
+    if not path.exists():
+        return "not written: benchmarks/plot_bench.py not found (run from the repository)"
+    if importlib.util.find_spec("matplotlib") is None:
+        return "not written: matplotlib is not installed"
+    spec = importlib.util.spec_from_file_location("dspark_plot_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        return str(mod.plot(report, json_path.with_suffix(".png")))
+    except Exception as e:                      # a plot never fails the bench
+        return f"not written: {type(e).__name__}: {e}"
+
+
 def run(args) -> int:
     t_start = time.perf_counter()
     if args.model and not (args.checkpoint or args.engine) and not args.random_weights:
@@ -309,7 +374,10 @@ def run(args) -> int:
     hf_modes = [] if args.hf == "none" else [m.strip() for m in args.hf.split(",") if m.strip()]
     args.max_batch_size = max(sizes)
     args.max_seq_len = args.prompt_len + args.gen_len
-    llm = load_llm(args)
+    path_kw = {"compile": args.compile} if args.compile else {}
+    if args.unfused:
+        path_kw["fuse"] = False
+    llm = load_llm(args, **path_kw)
     if args.graph_backend:
         llm.graph_backend = args.graph_backend
     cuda = llm.device.type == "cuda"
@@ -385,16 +453,21 @@ def run(args) -> int:
                   "random_weights": random_weights, "dtype": str(llm.networks.dtype),
                   "num_spec_tokens": llm.networks.num_spec_tokens},
         "options": {k: v for k, v in vars(args).items() if k != "func"},
+        "eager_path": eager_path(llm),
         "graph_backend": getattr(llm.steps, "backend", None), "graphs_skipped": llm.graphs_skipped,
         "seconds": {"load": t_load, "capture": t_capture, "total": time.perf_counter() - t_start},
         "batch": {str(b): {k: v for k, v in r.items()} for b, r in results.items()},
+        "sweep": batch_sweep(results, hf, args.prompt_len),
         "skipped_batch_sizes_time_budget": skipped, "hf_peer": hf,
         "targets_b1": check_targets(b1) if b1 else {},
         "notes": ["projection_at_paper_tau: measured round time with tau set to the paper's "
                   "Qwen3-8B GSM8K value (a projection, not a measurement)",
                   "random weights: measured tau is that of an untrained draft",
                   "step_model_speedup = tau x ar_step / (draft_step + verify_step); "
-                  "speedup_over_step_model = speedup_measured / step_model_speedup (trained weights only)"],
+                  "speedup_over_step_model = speedup_measured / step_model_speedup (trained weights only)",
+                  "sweep: roofline = (weights + KV read at the context) / hbm_tbps per step; the verify "
+                  "step's is the AR step's (same weights and KV); hf_compiled_* at the HF run's mean "
+                  "context (prompt + gen_len / 2)"],
     }
     out_dir = Path(args.out_dir)
     gpu = report["gpu"].replace(" ", "-").replace("/", "-")
@@ -402,6 +475,8 @@ def run(args) -> int:
     path = out_dir / f"bench-{gpu}{tp_tag}-{report['git_sha']}.json"
     if llm.tp_rank == 0:                          # one report per run: rank 0 writes it
         out_dir.mkdir(parents=True, exist_ok=True)
+        if args.plot == "on":
+            report["plot"] = write_plot(report, path)
         path.write_text(json.dumps(report, indent=1, default=str))
     for name, t in report["targets_b1"].items():
         v = t["value"]
@@ -439,13 +514,22 @@ def run_hf_peer(llm, all_prompts, sizes: list[int], modes: list[str], args, resu
     peer = load_hf_peer()
     if peer is None:
         return {"skipped": "benchmarks/hf_peer.py not found (run from the repository)"}
-    if llm.target is None:
-        return {"skipped": "the HF peer needs the target as torch modules (not an engine)"}
+    if llm.pair.target.arch != "qwen3":
+        return {"skipped": f"the HF peer is transformers' Qwen3, the target is '{llm.pair.target.arch}'"}
+    why = peer.transformers_missing_reason()
+    if why:
+        return {"skipped": why}
     try:
-        model = peer.build_hf_qwen3(llm.target, llm.pair.target)
-    except Exception as e:                        # transformers missing or incompatible
+        if llm.target is not None:
+            weights, source = llm.target, "the LLM's target modules"
+        else:                                     # the engine path: the engine directory's weights
+            weights, source = peer.engine_target_state(args.engine, llm.networks.manifest, llm.pair,
+                                                       llm.device)
+        model = peer.build_hf_qwen3(weights, llm.pair.target)
+        del weights
+    except Exception as e:                        # transformers incompatible, weights unreadable
         return {"skipped": f"could not build the HF model: {type(e).__name__}: {e}"}
-    out, best = {"runs": []}, None
+    out, best = {"runs": [], "weights": source}, None
     for B in sizes:
         ids = torch.from_numpy(all_prompts[:B]).to(llm.device)
         for mode in modes:
@@ -454,6 +538,9 @@ def run_hf_peer(llm, all_prompts, sizes: list[int], modes: list[str], args, resu
             except Exception as e:
                 out["runs"].append({"mode": mode, "batch_size": B, "error": f"{type(e).__name__}: {e}"})
                 continue
+            roof = roofline(llm, B, args.prompt_len + args.gen_len // 2, args.hbm_tbps).get("ar_roofline_ms")
+            if roof:
+                r["roofline_ms"], r["roofline_efficiency"] = roof, roof / r["decode_step_ms"]
             ours = results.get(B, {}).get("autoregressive", {}).get("output_ids_row0")
             hf_ids = r.pop("output_ids")[0]
             if ours:

@@ -23,14 +23,14 @@ def _say_on_rank0(note: str) -> None:
         print(note, file=sys.stderr)
 
 
-def load_llm(args):
+def load_llm(args, **kw):
     """Build an LLM from the ``add_model_args`` options (``LLM.from_source``: --engine,
-    --checkpoint/--draft-checkpoint, --model, or the built-in default pair). Under torchrun every
-    rank loads; only rank 0 prints."""
+    --checkpoint/--draft-checkpoint, --model, or the built-in default pair; ``kw``: more ``LLM``
+    options, e.g. ``compile``). Under torchrun every rank loads; only rank 0 prints."""
     from ..runtime.llm import LLM
     src = ModelSource.from_args(args)
     if src.tp_size > 1 and int(os.environ.get("RANK", "0")) != 0:
         sys.stdout = open(os.devnull, "w")             # every rank runs; rank 0 prints
     graphs = getattr(args, "cuda_graphs", "auto")
     return LLM.from_source(src, cuda_graphs=None if graphs == "auto" else graphs == "on",
-                           say=_say_on_rank0)
+                           say=_say_on_rank0, **kw)

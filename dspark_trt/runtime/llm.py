@@ -17,6 +17,8 @@ from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..parallel import TPInfo, init_tp, shared_seeds
 from ..plugins.decode_linear import skinny_gemm_enabled, use_decode_linear_
+from ..models.fuse import use_skinny_gemm_fused_
+from .compiled import compile_backend, compile_regions_, mark_caches_static
 from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
@@ -71,6 +73,12 @@ class LLM:
     a confidence head. ``calibration`` (STS temperatures) and ``verify_cost`` (the cost curve of the
     scheduler) default to ``confidence_calibration.json`` / ``verify_cost.json`` found in the draft
     checkpoint or engine directory (none: uncalibrated, the default curve).
+
+    Eager modules (presets, checkpoints) get fused q/k/v and gate/up projections as engines do
+    (``fuse=False`` in ``from_preset`` / ``from_checkpoints``: the separate HF linears).
+    ``compile``: True (inductor) or a torch.compile backend name: compile the decoder layers and
+    norms in place (``runtime/compiled.py``), replayed inside the same CUDA graphs; engines are
+    compiled already (refused).
     """
 
     def __init__(self, pair: ModelPair, target, draft, *, networks=None, tokenizer=None,
@@ -80,8 +88,11 @@ class LLM:
                  cuda_graphs: bool | None = None, graph_backend: str | None = None,
                  markov_sampler: str | None = None, calibration: Calibration | None = None,
                  verify_cost: CostCurve | None = None, num_spec_tokens: int | None = None,
-                 tp: TPInfo | None = None):
+                 tp: TPInfo | None = None, compile: bool | str = False):
         self.pair, self.target, self.draft = pair, target, draft
+        self.compiled = compile_backend(compile)
+        if self.compiled and networks is not None:
+            raise ConfigError("compile applies to eager modules; an engine's networks are compiled already")
         pair.check_limits(max_batch_size, max_seq_len)
         if markov_sampler is not None:
             markov_sampler_op(markov_sampler)                 # validates the name
@@ -104,10 +115,22 @@ class LLM:
             num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n)
         if networks is None:
             check_kv_fits(num_pages, page_size, self._kv_bytes_per_token(n > 0), self.device)
-        if networks is None and skinny_gemm_enabled():      # opt-in Triton decode GEMMs (issue #21)
-            use_decode_linear_(target), draft is not None and use_decode_linear_(draft)
+        mods = [m for m in (target, draft) if m is not None] if networks is None else []
+        if mods and skinny_gemm_enabled():                   # opt-in Triton decode GEMMs (issue #21)
+            for m in mods:
+                use_decode_linear_(m), use_skinny_gemm_fused_(m)
+        if self.compiled and self.tp_size > 1:
+            raise ConfigError("compile is not supported under tensor parallelism yet (the layers' "
+                              "collectives are untested under torch.compile); run without it")
+        if self.compiled == "inductor" and self.device.type == "cpu":
+            log.warning("compile=True on CPU: inductor compiles C++ for every new shape class (minutes "
+                        "for the first steps); compile='aot_eager' only traces")
+        for m in mods if self.compiled else []:
+            compile_regions_(m, self.compiled)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
                                                   self.device, self.dtype, markov_sampler, n)
+        if self.compiled:
+            mark_caches_static(self.networks.target_cache, self.networks.draft_cache)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)
         if cuda_graphs and self.graphs_skipped:
             log.warning("CUDA graphs skipped: %s (running the steps eagerly)", self.graphs_skipped)
@@ -158,6 +181,7 @@ class LLM:
         dtype = torch_dtype(src.dtype) if src.dtype else default_dtype(device)
         kw.update(max_batch_size=src.max_batch_size, max_seq_len=src.max_seq_len,
                   markov_sampler=src.markov_sampler)
+        fuse = kw.pop("fuse", True)                       # engines are fused at build time
         if src.engine:
             return cls.from_engine(src.engine, device=device, tp_size=src.tp_size,
                                    num_spec_tokens=src.num_spec_tokens, **kw)
@@ -165,7 +189,7 @@ class LLM:
         if src.expert_parallel and src.tp_size == 1:
             raise ConfigError("--expert-parallel needs --tp-size > 1 (under torchrun)")
         kw.update(dtype=dtype, device=device, num_spec_tokens=src.num_spec_tokens, tp_size=src.tp_size,
-                  expert_parallel=src.expert_parallel, quantization=src.quantization)
+                  expert_parallel=src.expert_parallel, quantization=src.quantization, fuse=fuse)
         if src.checkpoint or src.draft_checkpoint:
             if not (src.checkpoint and src.draft_checkpoint):
                 raise ConfigError("--checkpoint and --draft-checkpoint go together")
@@ -182,27 +206,31 @@ class LLM:
     @classmethod
     def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.float32, device=None,
                     num_spec_tokens: int | None = None, tp_size: int = 1,
-                    expert_parallel: bool = False, quantization: str | None = None, **kw) -> "LLM":
+                    expert_parallel: bool = False, quantization: str | None = None, fuse: bool = True,
+                    **kw) -> "LLM":
         """Random weights with the preset's dimensions (acceptance will be low: tau near 1).
-        ``quantization``: ``ModelSource.quantization``."""
+        ``quantization``: ``ModelSource.quantization``; ``fuse``: one GEMM for q/k/v and one for
+        gate/up (as engines)."""
         pair = get_preset(name)
         pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
         device, tp = _join_tp(tp_size, device)
         src = ModelSource(model=name, expert_parallel=expert_parallel, quantization=quantization)
-        pair, target, draft = prepare_models(src, dtype, device, tp, pair=pair, seed=seed)
+        pair, target, draft = prepare_models(src, dtype, device, tp, pair=pair, seed=seed, fuse=fuse)
         return cls(pair, target, draft, device=device, dtype=dtype, num_spec_tokens=num_spec_tokens,
                    tp=tp, **kw)
 
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path, *, dtype=torch.float32,
                          device=None, num_spec_tokens: int | None = None, tp_size: int = 1,
-                         expert_parallel: bool = False, quantization: str | None = None, **kw) -> "LLM":
+                         expert_parallel: bool = False, quantization: str | None = None,
+                         fuse: bool = True, **kw) -> "LLM":
         """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
-        shard to its device. ``quantization``: ``ModelSource.quantization``."""
+        shard to its device. ``quantization``: ``ModelSource.quantization``; ``fuse``: as
+        ``from_preset``."""
         device, tp = _join_tp(tp_size, device)
         src = ModelSource(checkpoint=str(target_dir), draft_checkpoint=str(draft_dir),
                           expert_parallel=expert_parallel, quantization=quantization)
-        pair, target, draft = prepare_models(src, dtype, device, tp)
+        pair, target, draft = prepare_models(src, dtype, device, tp, fuse=fuse)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         kw.setdefault("calibration", Calibration.find(draft_dir))
         kw.setdefault("verify_cost", CostCurve.find(draft_dir))

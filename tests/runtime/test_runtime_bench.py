@@ -1,6 +1,7 @@
 """``dspark-trt bench`` pieces that run on CPU: roofline byte counts, target verdicts, a smoke run."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import numpy as np
@@ -64,21 +65,32 @@ def test_bench_smoke_writes_json(tmp_path):
     _check_smoke(rc, tmp_path, main)
 
 
+HAVE_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
+
+
 def _run_smoke(main, tmp_path) -> int:
+    # without transformers the compiled peer is asked for and must be skipped with its reason
     return main(["bench", "--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
-               "--batch-sizes", "1,2", "--prompt-len", "8", "--gen-len", "6", "--iters", "1",
-               "--hf", "none", "--out-dir", str(tmp_path)])
+               "--batch-sizes", "1,2,4", "--prompt-len", "8", "--gen-len", "6", "--iters", "1",
+               "--hf", "none" if HAVE_TRANSFORMERS else "compiled", "--out-dir", str(tmp_path)])
 
 
 def _check_smoke(rc, tmp_path, main) -> None:
     assert rc == 0
     (path,) = tmp_path.glob("bench-cpu-*.json")
     rep = json.loads(path.read_text())
-    assert set(rep["batch"]) == {"1", "2"}
+    assert set(rep["batch"]) == {"1", "2", "4"}
     b1 = rep["batch"]["1"]
     assert 1 <= b1["speculative"]["tau"] <= 5 and b1["autoregressive"]["tau"] is None
     assert b1["projection_at_paper_tau"]["tau"] == 6.17
     assert rep["graphs_skipped"] and rep["git_sha"]
+    assert rep["eager_path"] == {"engine": False, "fused_projections": True, "compiled": None}
+    if not HAVE_TRANSFORMERS:
+        assert "transformers is not installed" in rep["hf_peer"]["skipped"]
+    _check_sweep(rep)
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (tmp_path / f"{path.stem}.png").read_bytes()[:4] == b"\x89PNG"
+        assert rep["plot"].endswith(".png")
     with pytest.raises(SystemExit, match="--random-weights"):
         main(["bench", "--model", "qwen3-tiny-dspark", "--device", "cpu", "--hf", "none"])
 
@@ -134,3 +146,90 @@ def test_bench_plot_orders_batches_and_writes_png(tmp_path):
     pytest.importorskip("matplotlib")
     out = plot_bench.plot(report, tmp_path / "b.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _check_sweep(rep: dict) -> None:
+    """One row per batch size; the roofline grows by exactly the extra KV bytes / bandwidth."""
+    rows = rep["sweep"]
+    assert [r["batch_size"] for r in rows] == [1, 2, 4]
+    tbps = rep["options"]["hbm_tbps"]
+    for r in rows:
+        assert r["context_tokens"] == 8 and r["weight_bytes"] == rows[0]["weight_bytes"]
+        assert r["kv_read_bytes"] == r["batch_size"] * rows[0]["kv_read_bytes"]
+        assert r["ar_roofline_ms"] == pytest.approx((r["weight_bytes"] + r["kv_read_bytes"]) / (tbps * 1e9))
+        assert r["ar_roofline_efficiency"] == pytest.approx(r["ar_roofline_ms"] / r["ar_step_ms"])
+        assert 0 < r["verify_roofline_efficiency"] and 0 < r["draft_roofline_efficiency"]
+        assert rep["batch"][str(r["batch_size"])]["ar_step_ms"] == r["ar_step_ms"]   # old fields kept
+    for a, b in zip(rows, rows[1:]):
+        assert b["ar_roofline_ms"] - a["ar_roofline_ms"] == pytest.approx(
+            (b["kv_read_bytes"] - a["kv_read_bytes"]) / (tbps * 1e9)) and b["kv_read_bytes"] > a["kv_read_bytes"]
+
+
+def test_sweep_pairs_each_batch_with_the_compiled_hf_run():
+    from dspark_trt.commands.bench import batch_sweep
+    res = {B: {"ar_step_ms": 2.0 * B, "verify_step_ms": 3.0, "ar_roofline_ms": 1.0,
+               "target_weight_bytes": 10, "target_kv_read_bytes": B} for B in (4, 1)}
+    hf = {"runs": [{"mode": "compiled", "batch_size": 1, "decode_step_ms": 5.0, "roofline_efficiency": 0.2},
+                   {"mode": "eager", "batch_size": 4, "decode_step_ms": 9.0}]}
+    rows = batch_sweep(res, hf, 16)
+    assert [r["batch_size"] for r in rows] == [1, 4]
+    assert rows[0]["ar_speedup_vs_hf_compiled"] == 2.5 and rows[0]["hf_compiled_step_ms"] == 5.0
+    assert "hf_compiled_step_ms" not in rows[1]                     # eager runs are not the peer
+    assert rows[1]["ar_roofline_efficiency"] == 1.0 / 8.0 and rows[1]["verify_roofline_efficiency"] == 1 / 3
+
+
+def _peer():
+    from dspark_trt.commands.bench import load_hf_peer
+    return load_hf_peer()
+
+
+def test_hf_peer_reads_an_aoti_engines_target_weights_in_hf_names(tmp_path):
+    """The engine path's peer: the target network's constants of weights.safetensors, split back."""
+    from safetensors.torch import save_file
+    from dspark_trt.models.fuse import unfused_state_dict
+    llm = LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu", max_batch_size=1,
+                          max_seq_len=16)
+    stored = {f"target.{k}": v.contiguous() for k, v in llm.target.state_dict().items()}
+    save_file(stored | {"draft_block.fc.weight": llm.draft.fc.weight}, str(tmp_path / "weights.safetensors"))
+    manifest = {"backend": "aoti", "weights": "weights.safetensors",
+                "networks": {"target": {"constants": {k: k for k in stored}}}}
+    state, source = _peer().engine_target_state(tmp_path, manifest, llm.pair, "cpu")
+    want = unfused_state_dict(llm.target)
+    assert source == "engine weights file" and set(state) == set(want)
+    assert all(torch.equal(state[k], want[k]) for k in want)
+
+
+def test_hf_peer_rebuilds_a_random_engine_from_its_seed_or_says_why_not(tmp_path):
+    llm = LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu", max_batch_size=1,
+                          max_seq_len=16, seed=7, fuse=False)
+    manifest = {"backend": "tensorrt", "dtype": "fp32", "build_options": {"random_weights": True, "seed": 7}}
+    state, source = _peer().engine_target_state(tmp_path, manifest, llm.pair, "cpu")
+    ref = llm.target.state_dict()
+    assert "seed 7" in source and all(torch.equal(state[k], ref[k]) for k in ref)
+    manifest["build_options"] = {"checkpoint": "/ckpt/target"}
+    with pytest.raises(ValueError, match="give --checkpoint"):
+        _peer().engine_target_state(tmp_path, manifest, llm.pair, "cpu")
+
+
+def test_decode_paths_script_writes_each_path_and_compares_it_with_the_unfused_one(tmp_path, monkeypatch):
+    """benchmarks/decode_paths.py (the H200 A/B of issue #21) on CPU, the eager paths only."""
+    import runpy
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_paths.py"
+    monkeypatch.setattr(sys, "argv", [str(script), "--model", "qwen3-tiny-dspark", "--device", "cpu",
+                                      "--dtype", "fp32", "--batch-sizes", "1,2", "--paths",
+                                      "eager_unfused,hf_compiled,eager_fused", "--iters", "1", "--gen-len", "5",
+                                      "--prompt-len", "8", "--out-dir", str(tmp_path)])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_path(str(script), run_name="__main__")
+    assert done.value.code == 0
+    (path,) = tmp_path.glob("decode-paths-cpu-*.json")
+    rep = json.loads(path.read_text())
+    fused = rep["paths"]["eager_fused"]
+    assert set(rep["paths"]) == {"eager_unfused", "eager_fused"} and set(fused["batch"]) == {"1", "2"}
+    assert fused["prefill_logits_vs_unfused"]["argmax_equal_fraction"] == 1.0       # fp32: same argmax
+    assert fused["greedy_ar_equal_prefix_to_unfused"] == len(fused["greedy_ar_row0"])
+    assert rep["summary"]["1"]["ar_speedup_over_eager_unfused"]["eager_unfused"] == 1.0
+    if not HAVE_TRANSFORMERS:
+        assert "not installed" in rep["hf_peer"]["skipped"]
