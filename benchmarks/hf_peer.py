@@ -72,7 +72,7 @@ def engine_target_state(engine_dir, manifest: dict, pair, device) -> tuple[dict,
         from dspark_trt.config.dtypes import DTYPES
         from dspark_trt.models import build_models
         seed = opts.get("seed", 0)
-        target, _ = build_models(pair, DTYPES[manifest["dtype"]], device, None, seed)
+        target, _ = build_models(pair, DTYPES[manifest["dtype"]], device, seed=seed)
         return target.state_dict(), f"random weights rebuilt from seed {seed}"
     raise ValueError(f"backend {manifest.get('backend')!r} keeps its weights inside its plans and the "
                      f"engine was built from {opts.get('checkpoint')}: give --checkpoint to compare")

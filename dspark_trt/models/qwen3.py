@@ -50,9 +50,15 @@ class Qwen3Attention(nn.Module):
             q, k, v = self.qkv_proj(x)
         q = apply_rope_neox(self.q_norm(q.view(B, T, self.h, self.d)), cos, sin)
         k, v = self._rope_kv(k, v, cos, sin)
-        plugins.kv_cache_write(k_cache, v_cache, k, v, block_table, positions)
-        o = plugins.block_attention(q, k_cache, v_cache, block_table, positions, kv_limit, self.d ** -0.5)
+        o = self.attend(q, k, v, k_cache, v_cache, block_table, positions, kv_limit)
         return self.o_proj(o.reshape(B, T, self.h * self.d))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+               block_table: Tensor, positions: Tensor, kv_limit: Tensor) -> Tensor:
+        """Write k / v [B, T, Hkv, D] into the paged caches, attend q [B, T, H, D] -> [B, T, H, D]
+        (the two ``dspark`` ops; ``runtime.compiled`` keeps them out of torch.compile's graphs)."""
+        plugins.kv_cache_write(k_cache, v_cache, k, v, block_table, positions)
+        return plugins.block_attention(q, k_cache, v_cache, block_table, positions, kv_limit, self.d ** -0.5)
 
 
 def local_kv_heads(layers: nn.ModuleList, cfg) -> int:

@@ -5,7 +5,12 @@ graph per shape class serves all 36 + 5 layers: compile time is that of one laye
 model), the norms outside the layers, and the draft's context injection (5 small k/v projections).
 Inside a layer inductor fuses what eager runs as separate kernels, each a round trip to HBM: the
 fp32 RMSNorm chain, q/k norm + RoPE, SiLU * up, the residual adds. The projections stay cuBLAS
-GEMMs and the ``dspark`` ops stay their Triton kernels, as in an AOTI engine.
+GEMMs and the ``dspark`` ops stay their Triton kernels, as in an AOTI engine. The attention's two
+ops (KV-cache write, block attention: ``Qwen3Attention.attend``) run outside the compiled graphs
+(``torch.compiler.disable``; a graph break on each side): inductor's decomposition of the
+user-Triton-kernel wrapper asserted on the block-attention kernel at head dim 16 on the H200
+(torch 2.11, ``benchmarks/results/gpu-smoke-a8f3096.log``), and the kernels gain nothing from
+being traced.
 
 Shapes are dynamic (batch, tokens and pages per row symbolic; sizes 1 get their own graph), so the
 prefill lengths and the CUDA-graph buckets share a handful of graphs; the KV caches are marked
@@ -54,6 +59,8 @@ def compile_regions_(module: nn.Module, backend: str = "inductor") -> int:
     n = 0
     layers = [m for m in module.modules() if isinstance(m, Qwen3DecoderLayer)]
     inside = {id(x) for layer in layers for x in layer.modules()}
+    for layer in layers:                           # the dspark ops stay eager islands (see above)
+        layer.self_attn.attend = torch.compiler.disable(layer.self_attn.attend)
     for m in module.modules():
         if isinstance(m, Qwen3DecoderLayer) or (isinstance(m, RMSNorm) and id(m) not in inside):
             m.compile(backend=backend, dynamic=True)
