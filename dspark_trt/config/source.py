@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .checks import ConfigError
-from .dtypes import DTYPES
+from .dtypes import DTYPE_CHOICES
 
 DEFAULT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "default"
 FALLBACK_PRESET = "qwen3-tiny-dspark"
@@ -45,7 +45,10 @@ class ModelSource:
     draft_checkpoint: str | None = None      # draft HF checkpoint directory
     engine: str | None = None                # engine directory built by `dspark-trt build`
     random_weights: bool = False             # a preset's dims with random weights (said explicitly)
-    dtype: str | None = None                 # a DTYPES name; None: bf16 on cuda, fp32 on cpu
+    dtype: str | None = None                 # a DTYPES name or "auto" (= None, the default): the
+                                             # checkpoint's torch_dtype (bf16 / fp16 run in fp32 on
+                                             # a CPU), a preset's bf16 on cuda / fp32 on cpu, an
+                                             # engine's own
     device: str | None = None                # cpu, cuda, cuda:N; None: cuda when available
     num_spec_tokens: int | None = None       # N drafts per round; None: the draft's block size
     markov_sampler: str | None = None        # MARKOV_SAMPLERS; None: exact (an engine's compiled in)
@@ -78,7 +81,10 @@ FLAGS = {
     "draft_checkpoint": dict(help="draft HF checkpoint directory"),
     "engine": dict(help="engine directory built by `dspark-trt build`"),
     "random_weights": dict(action="store_true", help="random weights with the preset's dims"),
-    "dtype": dict(choices=sorted(DTYPES)),
+    "dtype": dict(choices=list(DTYPE_CHOICES),
+                  help="auto (default): the checkpoint's torch_dtype (a bf16 / fp16 checkpoint runs "
+                       "in fp32 on a CPU: bf16 GEMMs there are not batch-invariant), bf16 on CUDA / "
+                       "fp32 on a CPU for random weights, an engine's own"),
     "device": dict(help="cpu or cuda (default: cuda when available)"),
     "num_spec_tokens": dict(type=int, help="N drafts per round (default: the draft's block size; "
                                            "an engine's is fixed)"),

@@ -10,7 +10,11 @@ overwritten by the next round.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class KVCacheFull(RuntimeError):
@@ -46,6 +50,24 @@ def pages_from_budget(budget_bytes: int, page_size: int, bytes_per_token: int,
             f"sequence of max_seq_len + speculative headroom = {min_tokens} tokens needs {need}: "
             f"raise the budget or lower max_seq_len")
     return pages
+
+
+def context_that_fits(context: int, num_pages: int, page_size: int, headroom: int) -> int:
+    """The default max_seq_len: the model's ``context``, capped to what ``num_pages`` pages hold
+    for one sequence with its speculative ``headroom`` (a longer maximum could never be
+    scheduled, and the block tables, CUDA-graph input buffers and the CPU attention reference
+    are ``ceil((max_seq_len + headroom) / page_size)`` pages wide per batch slot). A cap is logged."""
+    fits = num_pages * page_size - headroom
+    if fits >= context:
+        return context
+    if fits < 1:
+        raise KVBudgetError(f"{num_pages} KV pages of {page_size} tokens cannot hold one token plus "
+                            f"the speculative headroom of {headroom}: raise the budget")
+    log.warning("max_seq_len %d instead of the model's context of %d tokens: the KV cache holds %d "
+                "pages of %d tokens (one sequence at most); give max_seq_len, or a larger KV budget "
+                "(num_pages, kv_cache_bytes, gpu_memory_utilization), for more", fits, context,
+                num_pages, page_size)
+    return fits
 
 
 def device_memory_bytes(device) -> int | None:
