@@ -24,7 +24,7 @@ from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
 from .kv_manager import (KVBudgetError, check_kv_fits, context_that_fits, cuda_kv_budget,
-                         kv_bytes_per_token, pages_from_budget)
+                         kv_bytes_per_token, pages_from_budget, table_width_cost)
 from .networks import EagerNetworks
 from .prompts import check_text, is_single_prompt, token_ids
 from .sampling_params import RequestError, RequestOutput, SamplingParams, StreamChunk
@@ -115,7 +115,9 @@ class LLM:
             num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n,
                                                 seq, max_seq_len or 1)
         if max_seq_len is None:     # the model's context, as far as the KV pages hold one sequence
-            max_seq_len = context_that_fits(context, num_pages, page_size, n + 1)
+            width_cost = table_width_cost(pair, self.device) if networks is None else None
+            max_seq_len = context_that_fits(context, num_pages, page_size, n + 1, width_cost,
+                                            DEFAULT_MAX_SEQ_LEN)
         self.max_seq_len = max_seq_len
         self.max_pages_per_seq = -(-(max_seq_len + n + 1) // page_size)
         if networks is None:

@@ -1,6 +1,7 @@
 """Defaults that fit the hardware (#22): dtype "auto" (the checkpoint's, fp32 for bf16 / fp16 on a
 CPU with one note, the device's for random weights, explicit wins, a bad name is refused naming
-the field) and max_seq_len from the model's context, capped to what the KV pages hold."""
+the field) and max_seq_len from the model's context, capped to what the KV pages hold (and to
+2,048 where a wide block table costs every step: a CPU, DeepSeek-V4)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,11 +11,13 @@ import pytest
 import torch
 
 import dspark_trt.devices as devices
+import dspark_trt.runtime.llm as llm_mod
 from dspark_trt.config import ConfigError, ModelPair
 from dspark_trt.config.dtypes import stored_dtype
-from dspark_trt.config.source import ModelSource, default_pair_dirs, source_context
+from dspark_trt.config.source import DEFAULT_MAX_SEQ_LEN, ModelSource, default_pair_dirs, source_context
 from dspark_trt.devices import resolve_dtype
 from dspark_trt.models import build_models
+from dspark_trt.runtime.kv_manager import table_width_cost
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
 
@@ -91,7 +94,30 @@ def _tiny(context: int):
     return pair, target, draft
 
 
-def test_default_max_seq_len_is_the_context_where_the_kv_pages_hold_it(caplog):
+@pytest.fixture
+def cheap_width(monkeypatch):
+    """As on CUDA with Qwen3: a wide block table costs no step time (the Triton block attention
+    reads each sequence up to its length), so the default is the model's context."""
+    monkeypatch.setattr(llm_mod, "table_width_cost", lambda pair, device: None)
+
+
+def test_table_width_cost_by_device_and_model():
+    from dspark_trt.config import get_preset
+    qwen, v4 = get_preset("qwen3-tiny-dspark"), get_preset("deepseek-v4-tiny-dspark")
+    assert table_width_cost(qwen, "cuda") is None
+    assert "CPU" in table_width_cost(qwen, "cpu") and "V4" in table_width_cost(v4, "cuda")
+
+
+def test_cpu_default_max_seq_len_stays_short_with_the_reason(caplog):
+    pair, target, draft = _tiny(4096)
+    with caplog.at_level(logging.INFO):
+        llm = LLM(pair, target, draft, max_batch_size=1, page_size=16)
+    assert llm.max_seq_len == DEFAULT_MAX_SEQ_LEN == 2048
+    assert "the model's context is 4096" in caplog.text and "CPU" in caplog.text
+    assert LLM(pair, target, draft, max_batch_size=1, page_size=16, max_seq_len=4096).max_seq_len == 4096
+
+
+def test_default_max_seq_len_is_the_context_where_the_kv_pages_hold_it(caplog, cheap_width):
     pair, target, draft = _tiny(4096)       # N = 4: headroom 5; default pool: batch x 2048 tokens
     with caplog.at_level(logging.WARNING):
         llm = LLM(pair, target, draft, max_batch_size=4, page_size=16)
@@ -101,16 +127,16 @@ def test_default_max_seq_len_is_the_context_where_the_kv_pages_hold_it(caplog):
     assert LLM(pair, target, draft, max_batch_size=4, page_size=16, max_seq_len=300).max_seq_len == 300
 
 
-def test_default_max_seq_len_is_capped_to_the_kv_pages_with_the_reason(caplog):
+def test_default_max_seq_len_is_capped_to_the_kv_pages_with_the_reason(caplog, cheap_width):
     pair, target, draft = _tiny(4096)
     with caplog.at_level(logging.WARNING):
         llm = LLM(pair, target, draft, max_batch_size=1, page_size=16)      # 129 pages: 2064 tokens
     assert llm.max_seq_len == 129 * 16 - 5 and llm.max_pages_per_seq == 129
-    assert "instead of the model's context of 4096" in caplog.text and "129 pages" in caplog.text
+    assert "instead of 4096 tokens (the model's context)" in caplog.text and "129 pages" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         small = LLM(pair, target, draft, max_batch_size=2, page_size=16, num_pages=8)
-    assert small.max_seq_len == 8 * 16 - 5 and "context of 4096" in caplog.text
+    assert small.max_seq_len == 8 * 16 - 5 and "instead of 4096" in caplog.text
     gen = small.generator()
     with pytest.raises(RequestError, match=f"exceeds max_seq_len {8 * 16 - 5}"):
         gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=8 * 16 - 7))
