@@ -52,8 +52,12 @@ class LLM:
 
     KV cache size: ``num_pages`` explicitly, or from a memory budget (``kv_cache_bytes``, or
     ``gpu_memory_utilization`` of the GPU minus what is in use), or by default enough pages for
-    ``max_batch_size`` sequences of ``max_seq_len`` (default: 2048, or the model's context if
-    shorter; a larger one than the context is refused). ``cuda_graphs``: replay the decode steps from
+    ``max_batch_size`` sequences of ``max_seq_len`` (of min(context, 2048) when it is not given).
+    ``max_seq_len`` defaults to the model's context (a larger one is refused), capped to what the
+    pages hold for one sequence, and to 2048 where a wide block table costs every step (a CPU,
+    DeepSeek-V4: ``kv_manager.table_width_cost``); a cap is logged with its reason. ``dtype``
+    of the constructors: "auto" (default, ``devices.resolve_dtype``), a ``DTYPES`` name or a
+    torch dtype. ``cuda_graphs``: replay the decode steps from
     CUDA graphs per batch bucket (default: on for CUDA; on CPU they are skipped, with the reason in
     ``graphs_skipped``); ``graph_backend``: "cuda-python" (default when installed) or "torch".
 
