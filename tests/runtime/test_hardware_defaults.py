@@ -149,3 +149,24 @@ def test_source_context_is_read_before_loading():
     assert source_context(ModelSource()) == 4096                            # the default pair
     assert source_context(ModelSource(model="qwen3-tiny-dspark")) == 4096
     assert source_context(ModelSource(engine="x")) is None
+
+
+# ---- on the GPU --------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_pair
+def test_cuda_defaults_are_the_checkpoints_dtype_and_context():
+    """Default pair on CUDA: bf16 as stored, max_seq_len = its context (4,096) with the default KV
+    pool; a request past the old 2,048 runs through the CUDA graphs of the wider block table, and
+    a request past the context is refused."""
+    target, draft = default_pair_dirs()
+    llm = LLM.from_checkpoints(target, draft, device="cuda", max_batch_size=2, cuda_graphs=True)
+    assert llm.dtype == torch.bfloat16 and llm.max_seq_len == 4096
+    assert llm.max_pages_per_seq == -(-(4096 + llm.networks.num_spec_tokens + 1) // 64)
+    prompt = [(7 * i) % 8000 + 2 for i in range(2100)]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=32, ignore_eos=True)
+    out = llm.generate([prompt], sp)[0]
+    assert len(out.output_ids) == 32 and out.finish_reason == "length"
+    with pytest.raises(RequestError, match="exceeds max_seq_len 4096"):
+        llm.generate([prompt], SamplingParams(max_new_tokens=4096 - 2100 + 1))
