@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .config import ConfigError
+from .config.dtypes import AUTO, DTYPE_CHOICES, DTYPES
 
 
 def default_device() -> str:
@@ -79,3 +80,31 @@ def cpu_dtype_note(dtype: torch.dtype, flags: list[str] | None = None) -> str | 
     return (f"[dspark-trt] CPU has native bf16 ({', '.join(flags)}) but fp32 is the default: in "
             "bf16, greedy speculative output can differ from plain decoding on near-ties "
             "(--dtype bf16 for speed)")
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def resolve_dtype(dtype, device: str, stored: torch.dtype | None = None) -> tuple[torch.dtype, str | None]:
+    """(the dtype to run in, a one-line note or None) for ``dtype`` on ``device``: a torch dtype or
+    a ``DTYPES`` name wins; None / "auto" is the checkpoint's ``stored`` dtype, or the device's
+    ``default_dtype`` for random weights (``stored`` None). On a CPU a bf16 / fp16 checkpoint runs
+    in ``default_dtype("cpu")`` (fp32: bf16 GEMMs here are not batch-invariant, see
+    ``CPU_BF16_DEFAULT``), and the note says which dtype a CPU run uses and why."""
+    if isinstance(dtype, torch.dtype):
+        return dtype, None
+    if dtype is not None and dtype != AUTO:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise ConfigError(f"dtype {dtype!r} (--dtype): choose one of {', '.join(DTYPE_CHOICES)}")
+        return DTYPES[dtype], None
+    if not device.startswith("cpu"):
+        return stored or default_dtype(device), None
+    chosen = default_dtype(device)
+    if stored is not None and stored not in LOW_PRECISION:
+        chosen = stored                                      # fp32 / fp64 checkpoints as stored
+    note = cpu_dtype_note(chosen)
+    if note is None and stored in LOW_PRECISION and chosen != stored:
+        note = (f"[dspark-trt] the checkpoint is {str(stored).removeprefix('torch.')}; running "
+                f"{str(chosen).removeprefix('torch.')} on the CPU: in bf16, greedy speculative output "
+                "can differ from plain decoding on near-ties (--dtype bf16 for speed)")
+    return chosen, note

@@ -6,7 +6,7 @@ import json
 import sys
 import time
 
-from .common import add_model_args, cpu_dtype_note, load_llm
+from .common import add_model_args, load_llm
 from .request_args import check_generate_args
 
 DEFAULT_PROMPT, DEFAULT_IDS = "def fibonacci(n):", [1, 2, 3, 4]
@@ -51,11 +51,7 @@ def run(args) -> int:
                         frequency_penalty=args.frequency_penalty,
                         repetition_penalty=args.repetition_penalty)
     prompt = check_generate_args(args, sp)          # before anything loads
-    llm = load_llm(args)
-    if args.dtype is None and not args.engine and llm.device.type == "cpu":
-        note = cpu_dtype_note(llm.dtype)
-        if note:
-            print(note, file=sys.stderr)
+    llm = load_llm(args)                            # on a CPU it says which dtype "auto" picked
     if prompt is None and llm.tokenizer is None:
         prompt = DEFAULT_IDS
         print(f"[dspark-trt] model has no tokenizer: using prompt ids {DEFAULT_IDS}", file=sys.stderr)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from ..runtime.prompts import check_text
 from ..runtime.sampling_params import RequestError, SamplingParams
-from ..config.source import DEFAULT_MAX_SEQ_LEN
+from ..config import ConfigError
+from ..config.source import ModelSource, source_context
 
 
 def parse_prompt_ids(text: str) -> list[int]:
@@ -31,13 +32,17 @@ def check_generate_args(args, params: SamplingParams) -> list[int] | str | None:
     prompt = check_text(args.prompt) if args.prompt is not None else None
     if args.prompt_ids is not None:
         prompt = parse_prompt_ids(args.prompt_ids)
-    max_seq_len = args.max_seq_len                          # None: an engine's own, else the default
-    if max_seq_len is None and not getattr(args, "engine", None):
-        max_seq_len = DEFAULT_MAX_SEQ_LEN
+    max_seq_len = args.max_seq_len                          # None: an engine's own, else at most
+    if max_seq_len is None:                                 # the model's context (the KV cache can
+        try:                                                # cap it: checked again after loading)
+            max_seq_len = source_context(ModelSource.from_args(args))
+        except ConfigError:
+            max_seq_len = None                              # an unknown preset: said at load
     if max_seq_len is not None:
         n = len(prompt) if isinstance(prompt, list) else 1          # text: at least one token
         if n + params.max_new_tokens > max_seq_len:
             what = f"prompt ({n} tokens)" if isinstance(prompt, list) else "a prompt of >= 1 token"
             raise RequestError(f"{what} + max_new_tokens ({params.max_new_tokens}) exceeds "
-                               f"max_seq_len {int(max_seq_len)} (--max-seq-len)")
+                               f"max_seq_len {int(max_seq_len)} (--max-seq-len; default: the model's "
+                               "context)")
     return prompt

@@ -36,7 +36,8 @@ def add_parser(sub) -> None:
                    help="require 'Authorization: Bearer KEY' on /v1/ endpoints (not with --triton)")
     o.add_argument("--gpu-memory-utilization", type=float, default=None,
                    help="size the KV cache so the process uses this fraction of the GPU's memory "
-                        "(vLLM's option; CUDA only; default: a full batch at --max-seq-len). Pages "
+                        "(vLLM's option; CUDA only; default: a full batch at --max-seq-len, or at "
+                        "min(context, 2048) without it). Pages "
                         "are reserved as sequences grow; when short, sequences are preempted")
     g = p.add_argument_group("server (--host for both; the others with --triton)")
     g.add_argument("--output", help="repository directory (default: a temporary one)")

@@ -13,13 +13,15 @@ import argparse
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .checks import ConfigError
-from .dtypes import DTYPES
+from .checks import ConfigError, read_json
+from .dtypes import DTYPE_CHOICES
 
 DEFAULT_ASSETS = Path(__file__).resolve().parent.parent / "assets" / "default"
 FALLBACK_PRESET = "qwen3-tiny-dspark"
 DEFAULT_MAX_BATCH_SIZE = 8
-DEFAULT_MAX_SEQ_LEN = 2048                     # or the model's context, if shorter
+DEFAULT_MAX_SEQ_LEN = 2048                     # tokens per sequence of the default KV pool (a full
+                                               # batch of them); the default max_seq_len is the
+                                               # model's context, as far as that pool holds one
 MARKOV_SAMPLERS = ("exact", "topk")            # the draft's block sampler (models.dspark_qwen3)
 QUANTIZATIONS = ("auto", "fp8", "none")        # target weight format (checkpoints.prepare)
 
@@ -30,6 +32,19 @@ def resolve_num_spec_tokens(requested: int | None, draft_cfg) -> int:
     if requested is not None and requested < 0:
         raise ConfigError(f"num_spec_tokens must be >= 1, got {requested}")
     return requested or draft_cfg.block_size
+
+
+def source_context(src: "ModelSource") -> int | None:
+    """The context length (config ``max_position_embeddings``) of what ``src`` names, read before
+    any weights load: an upper bound of the default max_seq_len (None: an engine, or unknown)."""
+    if src.engine:
+        return None
+    ckpt = src.checkpoint or (None if src.model else (default_pair_dirs() or (None,))[0])
+    if ckpt is not None:
+        path = Path(ckpt) / "config.json"
+        return read_json(path).get("max_position_embeddings") if path.exists() else None
+    from .presets import get_preset
+    return getattr(get_preset(src.model or FALLBACK_PRESET).target, "max_position_embeddings", None)
 
 
 def default_pair_dirs() -> tuple[Path, Path] | None:
@@ -45,7 +60,10 @@ class ModelSource:
     draft_checkpoint: str | None = None      # draft HF checkpoint directory
     engine: str | None = None                # engine directory built by `dspark-trt build`
     random_weights: bool = False             # a preset's dims with random weights (said explicitly)
-    dtype: str | None = None                 # a DTYPES name; None: bf16 on cuda, fp32 on cpu
+    dtype: str | None = None                 # a DTYPES name or "auto" (= None, the default): the
+                                             # checkpoint's torch_dtype (bf16 / fp16 run in fp32 on
+                                             # a CPU), a preset's bf16 on cuda / fp32 on cpu, an
+                                             # engine's own
     device: str | None = None                # cpu, cuda, cuda:N; None: cuda when available
     num_spec_tokens: int | None = None       # N drafts per round; None: the draft's block size
     markov_sampler: str | None = None        # MARKOV_SAMPLERS; None: exact (an engine's compiled in)
@@ -56,8 +74,9 @@ class ModelSource:
     tp_size: int = 1                         # tensor-parallel ranks (torchrun)
     expert_parallel: bool = False            # with tp_size > 1: MoE experts split by expert
     max_batch_size: int | None = None        # None: DEFAULT_MAX_BATCH_SIZE (an engine's own)
-    max_seq_len: int | None = None           # prompt + new tokens; None: DEFAULT_MAX_SEQ_LEN or the
-                                             # model's context if shorter (an engine's own)
+    max_seq_len: int | None = None           # prompt + new tokens; None: the model's context
+                                             # (max_position_embeddings), capped to what the KV
+                                             # pages hold for one sequence (an engine's own)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, **changes):
@@ -78,7 +97,10 @@ FLAGS = {
     "draft_checkpoint": dict(help="draft HF checkpoint directory"),
     "engine": dict(help="engine directory built by `dspark-trt build`"),
     "random_weights": dict(action="store_true", help="random weights with the preset's dims"),
-    "dtype": dict(choices=sorted(DTYPES)),
+    "dtype": dict(choices=list(DTYPE_CHOICES),
+                  help="auto (default): the checkpoint's torch_dtype (a bf16 / fp16 checkpoint runs "
+                       "in fp32 on a CPU: bf16 GEMMs there are not batch-invariant), bf16 on CUDA / "
+                       "fp32 on a CPU for random weights, an engine's own"),
     "device": dict(help="cpu or cuda (default: cuda when available)"),
     "num_spec_tokens": dict(type=int, help="N drafts per round (default: the draft's block size; "
                                            "an engine's is fixed)"),
@@ -95,8 +117,9 @@ FLAGS = {
                             help="with --tp-size: split MoE experts across the ranks by expert "
                                  "(attention stays tensor-parallel); see docs/parallel.md"),
     "max_batch_size": dict(type=int, help=f"default: {DEFAULT_MAX_BATCH_SIZE} (an engine's own)"),
-    "max_seq_len": dict(type=int, help=f"prompt + new tokens (default: {DEFAULT_MAX_SEQ_LEN} or the "
-                                       "model's context if shorter; an engine's own)"),
+    "max_seq_len": dict(type=int, help="prompt + new tokens (default: the model's context, "
+                                       "max_position_embeddings, as far as the KV cache holds one "
+                                       "sequence: a shorter one is logged; an engine's own)"),
 }
 
 

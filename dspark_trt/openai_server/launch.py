@@ -3,6 +3,7 @@ of the current process (``UvicornThread``, for tests and embedding)."""
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from pathlib import Path
@@ -59,6 +60,11 @@ class UvicornThread:
         self.thread.join(timeout)
 
 
+def _note(line: str) -> None:
+    """Load notes (which model, which dtype on a CPU) on stderr, as ``generate``'s."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def serve_from_args(args) -> int:
     """``dspark-trt serve``: load the model as ``generate`` does and serve until interrupted."""
     import uvicorn
@@ -74,7 +80,7 @@ def serve_from_args(args) -> int:
     if max_bytes < 1:
         raise SystemExit(f"error: --max-request-bytes must be positive, got {max_bytes}")
     util = getattr(args, "gpu_memory_utilization", None)
-    llm = LLM.from_source(ModelSource.from_args(args),
+    llm = LLM.from_source(ModelSource.from_args(args), say=_note,
                           **({} if util is None else {"gpu_memory_utilization": util}))
     template = ChatTemplate.from_dir(template_dir_from_args(args))
     server = OpenAIServer(llm, model_name=args.model_name, chat_template=template,

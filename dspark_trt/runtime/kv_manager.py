@@ -10,7 +10,13 @@ overwritten by the next round.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
+
+from ..config.v4 import DeepSeekV4Config
+
+log = logging.getLogger(__name__)
 
 
 class KVCacheFull(RuntimeError):
@@ -46,6 +52,41 @@ def pages_from_budget(budget_bytes: int, page_size: int, bytes_per_token: int,
             f"sequence of max_seq_len + speculative headroom = {min_tokens} tokens needs {need}: "
             f"raise the budget or lower max_seq_len")
     return pages
+
+
+def table_width_cost(pair, device) -> str | None:
+    """Why a decode step's cost grows with the block-table width (``ceil((max_seq_len + headroom)
+    / page_size)`` pages per batch slot) on ``device``, or None where it does not: CUDA's Triton
+    block attention reads each sequence only up to its own length, and the tables and CUDA-graph
+    input buffers are int64 [batch, width] (8 bytes a page)."""
+    if isinstance(pair.target, DeepSeekV4Config):
+        return "DeepSeek-V4's compressed attention scores every entry the block table can hold"
+    if torch.device(device).type == "cpu":
+        return "on a CPU the attention reference reads the whole block table every step"
+    return None
+
+
+def context_that_fits(context: int, num_pages: int, page_size: int, headroom: int,
+                      width_cost: str | None = None, short: int = 2048) -> int:
+    """The default max_seq_len: the model's ``context`` (at most ``short`` where ``width_cost``
+    says a wide block table costs every step), capped to what ``num_pages`` pages hold for one
+    sequence with its speculative ``headroom`` (a longer maximum could never be scheduled).
+    Either cap is logged with its reason."""
+    if width_cost and context > short:
+        log.info("max_seq_len %d (the model's context is %d): %s; give max_seq_len for more",
+                 short, context, width_cost)
+        context = short
+    fits = num_pages * page_size - headroom
+    if fits >= context:
+        return context
+    if fits < 1:
+        raise KVBudgetError(f"{num_pages} KV pages of {page_size} tokens cannot hold one token plus "
+                            f"the speculative headroom of {headroom}: raise the budget")
+    log.warning("max_seq_len %d instead of %d tokens (the model's context): the KV cache holds %d "
+                "pages of %d tokens (one sequence at most); give max_seq_len, or a larger KV budget "
+                "(num_pages, kv_cache_bytes, gpu_memory_utilization), for more", fits, context,
+                num_pages, page_size)
+    return fits
 
 
 def device_memory_bytes(device) -> int | None:

@@ -9,10 +9,11 @@ from typing import Callable, Iterator, Sequence as Seq
 import torch
 
 from ..config import ConfigError, ModelPair, get_preset
-from ..config.dtypes import torch_dtype
+from ..config.checks import read_json
+from ..config.dtypes import stored_dtype
 from ..config.source import (DEFAULT_ASSETS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, FALLBACK_PRESET,
                              ModelSource, default_pair_dirs, resolve_num_spec_tokens)
-from ..devices import default_device, default_dtype, resolve_device  # noqa: F401  (default_device: re-exported)
+from ..devices import default_device, resolve_device, resolve_dtype  # noqa: F401  (default_device: re-exported)
 from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..parallel import TPInfo, init_tp, shared_seeds
@@ -22,7 +23,8 @@ from .compiled import compile_backend, compile_regions_, mark_caches_static
 from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .generator import Generator, to_output
-from .kv_manager import KVBudgetError, check_kv_fits, cuda_kv_budget, kv_bytes_per_token, pages_from_budget
+from .kv_manager import (KVBudgetError, check_kv_fits, context_that_fits, cuda_kv_budget,
+                         kv_bytes_per_token, pages_from_budget, table_width_cost)
 from .networks import EagerNetworks
 from .prompts import check_text, is_single_prompt, token_ids
 from .sampling_params import RequestError, RequestOutput, SamplingParams, StreamChunk
@@ -50,8 +52,12 @@ class LLM:
 
     KV cache size: ``num_pages`` explicitly, or from a memory budget (``kv_cache_bytes``, or
     ``gpu_memory_utilization`` of the GPU minus what is in use), or by default enough pages for
-    ``max_batch_size`` sequences of ``max_seq_len`` (default: 2048, or the model's context if
-    shorter; a larger one than the context is refused). ``cuda_graphs``: replay the decode steps from
+    ``max_batch_size`` sequences of ``max_seq_len`` (of min(context, 2048) when it is not given).
+    ``max_seq_len`` defaults to the model's context (a larger one is refused), capped to what the
+    pages hold for one sequence, and to 2048 where a wide block table costs every step (a CPU,
+    DeepSeek-V4: ``kv_manager.table_width_cost``); a cap is logged with its reason. ``dtype``
+    of the constructors: "auto" (default, ``devices.resolve_dtype``), a ``DTYPES`` name or a
+    torch dtype. ``cuda_graphs``: replay the decode steps from
     CUDA graphs per batch bucket (default: on for CUDA; on CPU they are skipped, with the reason in
     ``graphs_skipped``); ``graph_backend``: "cuda-python" (default when installed) or "torch".
 
@@ -99,10 +105,8 @@ class LLM:
             if networks is not None:                         # an engine: compiled in
                 check_engine_sampler(getattr(networks, "markov_sampler", "exact"), markov_sampler)
         self.tokenizer = tokenizer
-        if max_seq_len is None:
-            max_seq_len = min(DEFAULT_MAX_SEQ_LEN, getattr(pair.target, "max_position_embeddings",
-                                                           DEFAULT_MAX_SEQ_LEN))
-        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        context = getattr(pair.target, "max_position_embeddings", None) or DEFAULT_MAX_SEQ_LEN
+        self.max_batch_size = max_batch_size
         self.tp_size = tp.world if tp is not None else getattr(networks, "tp_size", 1)
         self.tp_rank = tp.rank if tp is not None else (torch.distributed.get_rank() if self.tp_size > 1 else 0)
         p = next(target.parameters()) if target is not None else None
@@ -110,9 +114,16 @@ class LLM:
         self.dtype = dtype or (p.dtype if p is not None else torch.float32)
         n = (networks.num_spec_tokens if networks is not None
              else resolve_num_spec_tokens(num_spec_tokens, draft.config) if draft is not None else 0)
+        if num_pages is None:       # a full batch of max_seq_len, or of the default KV length
+            seq = max_seq_len or min(context, DEFAULT_MAX_SEQ_LEN)
+            num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n,
+                                                seq, max_seq_len or 1)
+        if max_seq_len is None:     # the model's context, as far as the KV pages hold one sequence
+            width_cost = table_width_cost(pair, self.device) if networks is None else None
+            max_seq_len = context_that_fits(context, num_pages, page_size, n + 1, width_cost,
+                                            DEFAULT_MAX_SEQ_LEN)
+        self.max_seq_len = max_seq_len
         self.max_pages_per_seq = -(-(max_seq_len + n + 1) // page_size)
-        if num_pages is None:
-            num_pages = self._pages_from_budget(kv_cache_bytes, gpu_memory_utilization, page_size, n)
         if networks is None:
             check_kv_fits(num_pages, page_size, self._kv_bytes_per_token(n > 0), self.device)
         mods = [m for m in (target, draft) if m is not None] if networks is None else []
@@ -142,10 +153,13 @@ class LLM:
         self.calibration, self.verify_cost = calibration, verify_cost or CostCurve.default()
         self._steps = None
 
-    def _pages_from_budget(self, kv_cache_bytes, gpu_memory_utilization, page_size: int,
-                           n: int) -> int:
+    def _pages_from_budget(self, kv_cache_bytes, gpu_memory_utilization, page_size: int, n: int,
+                           seq_tokens: int, min_tokens: int) -> int:
+        """KV pages: ``max_batch_size`` sequences of ``seq_tokens`` (+ the speculative headroom)
+        without a budget, else what the budget holds (at least one sequence of ``min_tokens``)."""
+        full = self.max_batch_size * -(-(seq_tokens + n + 1) // page_size)
         if kv_cache_bytes is None and gpu_memory_utilization is None:
-            return self.max_batch_size * self.max_pages_per_seq   # a full batch at max_seq_len
+            return full
         if kv_cache_bytes is not None and gpu_memory_utilization is not None:
             raise KVBudgetError("give kv_cache_bytes or gpu_memory_utilization, not both")
         if kv_cache_bytes is None:
@@ -154,11 +168,10 @@ class LLM:
                                     f"'{self.device}'; give kv_cache_bytes or num_pages")
             kv_cache_bytes = cuda_kv_budget(self.device, gpu_memory_utilization)
         per_token = self._kv_bytes_per_token(n > 0)
-        pages = pages_from_budget(kv_cache_bytes, page_size, per_token, self.max_seq_len + n + 1)
-        full = self.max_batch_size * self.max_pages_per_seq
+        pages = pages_from_budget(kv_cache_bytes, page_size, per_token, min_tokens + n + 1)
         if pages < full:
-            log.warning("KV budget holds %d pages; a full batch of %d sequences at max_seq_len needs "
-                        "%d: fewer will run at once", pages, self.max_batch_size, full)
+            log.warning("KV budget holds %d pages; a full batch of %d sequences of %d tokens needs "
+                        "%d: fewer will run at once", pages, self.max_batch_size, seq_tokens, full)
         log.info("KV cache: %d pages of %d tokens (%.2f GiB)", pages, page_size,
                  pages * page_size * per_token / 2**30)
         return pages
@@ -175,59 +188,74 @@ class LLM:
     @classmethod
     def from_source(cls, src: ModelSource, *, say: Callable[[str], None] = print, **kw) -> "LLM":
         """From ``src``: its engine, its checkpoint pair, its preset (random weights), or else the
-        built-in default pair (the fallback preset without one); ``say`` tells which. The device,
-        dtype and preset name are checked before anything loads (``ConfigError``)."""
+        built-in default pair (the fallback preset without one); ``say`` tells which, and on a CPU
+        which dtype "auto" picked and why (``devices.resolve_dtype``). The device, dtype and
+        preset name are checked before anything loads (``ConfigError``)."""
         device = str(resolve_device(src.device))
-        dtype = torch_dtype(src.dtype) if src.dtype else default_dtype(device)
+        resolve_dtype(src.dtype, device)                  # a bad name fails before anything loads
         kw.update(max_batch_size=src.max_batch_size, max_seq_len=src.max_seq_len,
                   markov_sampler=src.markov_sampler)
         fuse = kw.pop("fuse", True)                       # engines are fused at build time
-        if src.engine:
+        if src.engine:                                    # the engine's own dtype
             return cls.from_engine(src.engine, device=device, tp_size=src.tp_size,
                                    num_spec_tokens=src.num_spec_tokens, **kw)
         kw["max_batch_size"] = kw["max_batch_size"] or DEFAULT_MAX_BATCH_SIZE
         if src.expert_parallel and src.tp_size == 1:
             raise ConfigError("--expert-parallel needs --tp-size > 1 (under torchrun)")
-        kw.update(dtype=dtype, device=device, num_spec_tokens=src.num_spec_tokens, tp_size=src.tp_size,
-                  expert_parallel=src.expert_parallel, quantization=src.quantization, fuse=fuse)
         if src.checkpoint or src.draft_checkpoint:
             if not (src.checkpoint and src.draft_checkpoint):
                 raise ConfigError("--checkpoint and --draft-checkpoint go together")
-            return cls.from_checkpoints(src.checkpoint, src.draft_checkpoint, **kw)
-        if src.model is None and default_pair_dirs() is not None:
-            say(f"[dspark-trt] using the built-in default pair ({DEFAULT_ASSETS})")
-            return cls.from_checkpoints(*default_pair_dirs(), **kw)
-        name = src.model or FALLBACK_PRESET
-        get_preset(name).check_limits(kw["max_batch_size"], kw["max_seq_len"])   # before the notice
-        say(f"[dspark-trt] no checkpoint given: preset '{name}' with RANDOM weights on {device} "
-            f"({RANDOM_WEIGHTS_NOTE})")
-        return cls.from_preset(name, **kw)
+            dirs = (src.checkpoint, src.draft_checkpoint)
+        elif src.model is None and default_pair_dirs() is not None:
+            dirs = default_pair_dirs()
+        else:
+            dirs = None
+        dtype, note = resolve_dtype(src.dtype, device, checkpoint_dtype(dirs[0]) if dirs else None)
+        kw.update(dtype=dtype, device=device, num_spec_tokens=src.num_spec_tokens, tp_size=src.tp_size,
+                  expert_parallel=src.expert_parallel, quantization=src.quantization, fuse=fuse)
+        if dirs is not None:
+            if not (src.checkpoint or src.draft_checkpoint):
+                say(f"[dspark-trt] using the built-in default pair ({DEFAULT_ASSETS})")
+            llm = cls.from_checkpoints(*dirs, **kw)
+        else:
+            name = src.model or FALLBACK_PRESET
+            get_preset(name).check_limits(kw["max_batch_size"], kw["max_seq_len"])   # before the notice
+            say(f"[dspark-trt] no checkpoint given: preset '{name}' with RANDOM weights on {device} "
+                f"({RANDOM_WEIGHTS_NOTE})")
+            llm = cls.from_preset(name, **kw)
+        if note:
+            say(note)                                     # which dtype a CPU run uses, and why
+        return llm
 
     @classmethod
-    def from_preset(cls, name: str, *, seed: int = 0, dtype=torch.float32, device=None,
+    def from_preset(cls, name: str, *, seed: int = 0, dtype="auto", device=None,
                     num_spec_tokens: int | None = None, tp_size: int = 1,
                     expert_parallel: bool = False, quantization: str | None = None, fuse: bool = True,
                     **kw) -> "LLM":
         """Random weights with the preset's dimensions (acceptance will be low: tau near 1).
-        ``quantization``: ``ModelSource.quantization``; ``fuse``: one GEMM for q/k/v and one for
-        gate/up (as engines)."""
+        ``dtype``: a torch dtype, a ``DTYPES`` name or "auto" (the device's default: bf16 on CUDA,
+        fp32 on a CPU); ``quantization``: ``ModelSource.quantization``; ``fuse``: one GEMM for
+        q/k/v and one for gate/up (as engines)."""
         pair = get_preset(name)
         pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
         device, tp = _join_tp(tp_size, device)
+        dtype = _auto_dtype(dtype, device, None)
         src = ModelSource(model=name, expert_parallel=expert_parallel, quantization=quantization)
         pair, target, draft = prepare_models(src, dtype, device, tp, pair=pair, seed=seed, fuse=fuse)
         return cls(pair, target, draft, device=device, dtype=dtype, num_spec_tokens=num_spec_tokens,
                    tp=tp, **kw)
 
     @classmethod
-    def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path, *, dtype=torch.float32,
+    def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path, *, dtype="auto",
                          device=None, num_spec_tokens: int | None = None, tp_size: int = 1,
                          expert_parallel: bool = False, quantization: str | None = None,
                          fuse: bool = True, **kw) -> "LLM":
         """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
-        shard to its device. ``quantization``: ``ModelSource.quantization``; ``fuse``: as
-        ``from_preset``."""
+        shard to its device. ``dtype``: a torch dtype, a ``DTYPES`` name or "auto" (the target
+        config.json's ``torch_dtype``; bf16 / fp16 run in fp32 on a CPU, ``devices.resolve_dtype``);
+        ``quantization``: ``ModelSource.quantization``; ``fuse``: as ``from_preset``."""
         device, tp = _join_tp(tp_size, device)
+        dtype = _auto_dtype(dtype, device, checkpoint_dtype(target_dir))
         src = ModelSource(checkpoint=str(target_dir), draft_checkpoint=str(draft_dir),
                           expert_parallel=expert_parallel, quantization=quantization)
         pair, target, draft = prepare_models(src, dtype, device, tp, fuse=fuse)
@@ -383,6 +411,20 @@ class LLM:
             gen.step()
             while chunks:
                 yield chunks.pop(0)
+
+
+def checkpoint_dtype(ckpt_dir: str | Path) -> torch.dtype | None:
+    """The dtype the checkpoint's config.json stores its weights in (None: not said)."""
+    path = Path(ckpt_dir) / "config.json"
+    return stored_dtype(read_json(path)) if path.exists() else None
+
+
+def _auto_dtype(dtype, device: torch.device, stored: torch.dtype | None) -> torch.dtype:
+    """``resolve_dtype`` for the Python constructors: its note goes to the log."""
+    dtype, note = resolve_dtype(dtype, str(device), stored)
+    if note:
+        log.info(note.removeprefix("[dspark-trt] "))
+    return dtype
 
 
 def _join_tp(tp_size: int, device) -> tuple[torch.device, TPInfo | None]:

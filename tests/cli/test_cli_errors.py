@@ -51,7 +51,7 @@ def assert_error_line(rc: int, err: str, *needles: str) -> None:
     (["--prompt-ids", "1", "--top-k", "-3"], ["top_k must be an integer >= 1"]),
     (["--prompt-ids", "1", "--repetition-penalty", "0"], ["repetition_penalty must be > 0"]),
     (["--prompt-ids", "1,2", "--max-new-tokens", "99999999999"],
-     ["max_new_tokens (99999999999) exceeds max_seq_len 2048"]),
+     ["max_new_tokens (99999999999) exceeds max_seq_len 4096"]),
     (["--prompt-ids", "1", "--max-seq-len", "99999999999"], ["exceeds the model's context of 4096"]),
     (["--prompt", "a", "--prompt-ids", "1"], ["--prompt or --prompt-ids, not both"]),
     (["--prompt", "caf\udce9"], ["not valid UTF-8"]),

@@ -45,10 +45,12 @@ def test_gpu_memory_utilization_reaches_the_llm(monkeypatch):
     monkeypatch.setattr(LLM, "from_source", staticmethod(from_source))
     with pytest.raises(Stop):
         serve.run(parse("--gpu-memory-utilization", "0.85"))
+    assert seen.pop("say") is not None                 # load notes go to stderr
     assert seen == {"gpu_memory_utilization": 0.85}
     seen.clear()
     with pytest.raises(Stop):
         serve.run(parse())
+    seen.pop("say")
     assert seen == {}
     with pytest.raises(SystemExit, match="--gpu-memory-utilization is for the OpenAI"):
         serve.run(parse("--triton", "--gpu-memory-utilization", "0.5"))
