@@ -14,7 +14,8 @@ Per request (``SamplingParams.verify_mode``):
                  search (the early stop that keeps the admission of draft k independent of x_k).
                  ``B`` = total verified tokens of the batch (1 + admitted per row, fixed / threshold
                  rows counted with their lengths), ``tau`` = expected committed tokens,
-                 ``SPS(B) = 1 / latency(B)`` from a ``CostCurve``.
+                 ``SPS(B) = 1 / latency(B)`` from a ``CostCurve`` (trimmed model with step
+                 latencies: ``1 / (latency(B) + draft_ms + admission overhead)``, the whole round).
 
 The admitted lengths are computed on the device from the confidence logits of the draft step (no
 host synchronisation; inside the draft CUDA graph on the graph path). The verify always runs all N
@@ -410,31 +411,45 @@ class SurvivalEstimate:
     """Prefix-survival curve of the recent speculative rounds from their verified outcomes
     (Kaplan-Meier with the verify window as censoring): per position k, ``at_risk_k`` rows reached
     draft k and verified it, ``survived_k`` of them accepted it; conditional acceptance
-    ``h_k = (survived_k + PRIOR_WEIGHT * PRIOR) / (at_risk_k + PRIOR_WEIGHT)`` and ``curve[k] =
-    prod_{j<=k} h_j``. Counts of the last ``window`` rounds; AR rounds (nothing verified) add
-    nothing, so the estimate is not pulled down by them. The prior keeps a few unlucky rounds at
-    batch 1 from reading as a curve of zeros."""
+    ``h_k = (survived_k + PRIOR_WEIGHT * prior_k) / (at_risk_k + PRIOR_WEIGHT)`` and ``curve[k] =
+    prod_{j<=k} h_j``. The prior ``prior_k`` is the mean calibrated confidence ``c_{r,k}`` of the
+    recent confidence rounds (the head's own prediction of the conditional acceptance, known for
+    every position whatever the window verified), ``PRIOR`` before any. Counts of the last
+    ``window`` rounds; AR rounds (nothing verified) add nothing, so the estimate is not pulled
+    down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros."""
 
     PRIOR, PRIOR_WEIGHT = 0.5, 4.0
 
     def __init__(self, num_spec_tokens: int, window: int = 32):
         self.n = num_spec_tokens
         self.rounds: deque = deque(maxlen=window)        # (at_risk [N], survived [N]) per round
+        self.confidence: deque = deque(maxlen=window)    # (sum_r c_{r,k} [N], rows) per round
 
     def __len__(self) -> int:
         return len(self.rounds)
 
-    def add(self, accepted, verified) -> None:
-        """One round: per row, drafts accepted and drafts verified (accepted <= verified <= N)."""
+    def add(self, accepted, verified, confidence=None) -> None:
+        """One round: per row, drafts accepted and drafts verified (accepted <= verified <= N);
+        ``confidence`` [rows, N]: the rows' calibrated conditional confidences, if the round ran
+        the head."""
         acc, ver = np.asarray(accepted)[:, None], np.asarray(verified)[:, None]
         k = np.arange(self.n)[None]
         self.rounds.append((((acc >= k) & (ver > k)).sum(0), (acc > k).sum(0)))
+        if confidence is not None and len(confidence):
+            c = np.asarray(confidence, dtype=np.float64)[:, : self.n]
+            self.confidence.append((c.sum(0), c.shape[0]))
+
+    def prior(self) -> np.ndarray:
+        """[N] the prior conditional acceptance: mean calibrated confidence, else ``PRIOR``."""
+        if not self.confidence:
+            return np.full(self.n, self.PRIOR)
+        return sum(c for c, _ in self.confidence) / sum(n for _, n in self.confidence)
 
     def curve(self) -> np.ndarray:
         """[N] float64 prefix-survival estimate."""
         at_risk = sum(r[0] for r in self.rounds) if self.rounds else np.zeros(self.n)
         survived = sum(r[1] for r in self.rounds) if self.rounds else np.zeros(self.n)
-        den = at_risk + self.PRIOR_WEIGHT
-        h = np.where(den > 0, (survived + self.PRIOR_WEIGHT * self.PRIOR) / np.maximum(den, 1e-12),
-                     self.PRIOR)                    # nothing seen at k (no prior): the prior mean
+        prior, den = self.prior(), at_risk + self.PRIOR_WEIGHT
+        h = np.where(den > 0, (survived + self.PRIOR_WEIGHT * prior) / np.maximum(den, 1e-12),
+                     prior)                         # nothing seen at k (no prior weight): the prior
         return np.cumprod(h)

@@ -327,13 +327,21 @@ class Generator:
             s.anchor, s.position = t, s.position + 1
             s.commit([t], s.stop_ids(self.eos), rows, i)
 
+    def _scheduler(self):
+        return getattr(getattr(self.steps, "eager", self.steps), "scheduler", None)
+
+    def _tracks_survival(self) -> bool:
+        """Whether spec rounds feed the AR fallback's survival estimate (the scheduler may fall back)."""
+        sched = self._scheduler()
+        return sched is not None and sched.falls_back
+
     def _falls_back_to_ar(self, seqs: list[Sequence]) -> bool:
         """Whether this round of an all-``scheduled`` batch runs as an AR round (the scheduler's
         ``prefers_ar``: AR's tokens per ms against the best window's expected tokens per ms under
         the recent rounds' survival estimate, ``SurvivalEstimate``); after ``AR_PROBE_EVERY`` AR rounds one
         scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
         probes confirm AR). Deterministic: a function of the batch's history."""
-        sched = getattr(getattr(self.steps, "eager", self.steps), "scheduler", None)
+        sched = self._scheduler()
         if (sched is None or not sched.falls_back or self.record_confidence or not len(self._survival)
                 or any(s.params.verify_mode != "scheduled" for s in seqs)
                 or _logprobs_k(seqs) is not None):       # logprob rows come from the eager rounds
@@ -373,8 +381,10 @@ class Generator:
         elif not (r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
-        else:
-            host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence)
+        else:                      # the fallback's estimate reads the head's confidences too
+            eager = getattr(self.steps, "eager", self.steps)
+            track = self._tracks_survival() and eager.needs_admission(r)
+            host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track)
             lims = lims.tolist()
         for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):
             if a < 0:
@@ -382,16 +392,20 @@ class Generator:
                 continue
             new = s.commit(x[:a] + [t], s.stop_ids(self.eos), rows, i)
             s.stats.record(a, len(new), lims[i])
-            if conf is not None:
+            if conf is not None and self.record_confidence:
                 n = s.stats.proposed[-1]          # verified drafts (cut at a stop token / the limit)
                 if s.confidence is None:
                     s.confidence = []
                 s.confidence.append((conf[i].tolist(), n, s.stats.accepted[-1]))
             s.anchor, s.position = t, s.position + a + 1
-        live = [s for s in seqs if s.stats.committed and s.finish_reason is None]
-        if live:                 # verified outcomes (a round cut by a stop token is left out)
-            self._survival.add([s.stats.accepted[-1] for s in live],
-                               [s.stats.proposed[-1] for s in live])
+        live = [i for i, s in enumerate(seqs) if s.stats.committed and s.finish_reason is None]
+        if live and self._tracks_survival():   # verified outcomes (rounds cut by a stop: left out)
+            c = None
+            if conf is not None:               # calibrated conditional confidences [rows, N]
+                inv_t = self._scheduler().inv_temp.cpu().numpy()
+                c = 1.0 / (1.0 + np.exp(-np.asarray(conf, dtype=np.float64)[live] * inv_t[None]))
+            self._survival.add([seqs[i].stats.accepted[-1] for i in live],
+                               [seqs[i].stats.proposed[-1] for i in live], c)
 
     # ---- convenience ---------------------------------------------------------------------------
     def run(self, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:

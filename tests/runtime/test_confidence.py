@@ -695,6 +695,12 @@ def test_flat_h200_curve_admits_near_full_windows_and_never_falls_back_at_batch_
     est.add([0], [2])
     est.add([0], [3])
     assert not s.prefers_ar(1, est.curve()), est.curve()
+    cond = np.asarray(H200_SURVIVAL) / np.concatenate([[1.0], H200_SURVIVAL[:-1]])
+    est = SurvivalEstimate(7)                  # the head's confidences as the prior: near the truth
+    for _ in range(3):
+        est.add([0], [1], cond[None])
+    assert not s.prefers_ar(1, est.curve()), est.curve()
+    np.testing.assert_allclose(est.prior(), cond)
     for B in (2, 4, 8):                                   # expected: spec beats AR at low load
         assert not s.prefers_ar(B, H200_SURVIVAL)
 
