@@ -215,8 +215,8 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     ``trimmed`` (with ``padded_width`` None): every live row costs ``1 + w`` tokens for the
     window ``w = max_r l_r``, what the verify trimmed to the longest admitted prefix runs; the
     candidates are then the window's widths (``_trimmed_lengths``). ``round_ms`` [R] (trimmed
-    only): the round's cost outside the verify at r live rows (draft step + admission overhead,
-    ``VerifyScheduler``), added to ``1 / SPS(B)`` so that Theta is tokens per ms of the whole round.
+    only): the round's cost outside the verify at r live rows (draft step + admission and host
+    overheads, ``VerifyScheduler``), added to ``1 / SPS(B)`` so that Theta is tokens per ms of the whole round.
 
     Tensor ops only (sort, cumsum, cumprod, gathers): no host synchronisation, capturable in a
     CUDA graph.
@@ -291,6 +291,8 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
 
 
 COST_MODELS = ("trimmed", "padded", "packed")
+ROUND_OVERHEAD_MS = 1.3       # host time of a round outside its steps, AR or speculative alike (H200,
+                              # a8f3096: end-to-end round_ms - the curve's steps, batch 1)
 AR_MARGIN = 0.05               # the AR fallback needs AR this much faster than the best window
 ADMISSION_OVERHEAD_MS = 0.25     # head + admission + the width read-back (H200, 5a26239: 6-18 % of a 1-2 ms round)
 
@@ -319,7 +321,8 @@ class VerifyScheduler:
 
     def __init__(self, num_spec_tokens: int, max_tokens: int, device,
                  calibration: Calibration | None = None, cost: CostCurve | None = None,
-                 cost_model: str = "trimmed", admission_overhead_ms: float = ADMISSION_OVERHEAD_MS):
+                 cost_model: str = "trimmed", admission_overhead_ms: float = ADMISSION_OVERHEAD_MS,
+                 round_overhead_ms: float = ROUND_OVERHEAD_MS):
         if cost_model not in COST_MODELS:
             raise ValueError(f"cost_model must be one of {COST_MODELS}, got {cost_model!r}")
         self.num_spec_tokens = num_spec_tokens
@@ -327,6 +330,7 @@ class VerifyScheduler:
         self.cost = cost or CostCurve.default()
         self.cost_model = cost_model
         self.admission_overhead_ms = admission_overhead_ms
+        self.round_overhead_ms = round_overhead_ms
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
@@ -361,10 +365,10 @@ class VerifyScheduler:
         """Expected committed tokens per row per ms of a speculative round at ``rows`` rows for each
         window it may verify, from a prefix-survival estimate ``survival[k] = P(drafts 0..k
         accepted)`` ([N], e.g. ``SurvivalEstimate.curve``): ``(w, (1 + sum_{k<w} s_k) /
-        (draft_ms + latency(rows x (1 + w)) [+ admission_overhead_ms for w < N]))`` for w in
-        ``widths``; w = N is the fixed round (no head, no admission)."""
+        (draft_ms + latency(rows x (1 + w)) + round_overhead_ms [+ admission_overhead_ms for w <
+        N]))`` for w in ``widths``; w = N is the fixed round (no head, no admission)."""
         n, s = self.num_spec_tokens, np.asarray(survival, dtype=np.float64)[: self.num_spec_tokens]
-        draft = self.cost.step_ms("draft", rows)
+        draft = self.cost.step_ms("draft", rows) + self.round_overhead_ms
         out = []
         for w in self.widths:
             ms = draft + self.cost.latency(rows * (1 + w)) + (self.admission_overhead_ms if w < n else 0.0)
@@ -372,22 +376,24 @@ class VerifyScheduler:
         return out
 
     def prefers_ar(self, rows: int, survival, margin: float = AR_MARGIN) -> bool:
-        """Whether an AR round (1 token per row in ``ar_ms(rows)``) is expected to beat the best
+        """Whether an AR round (1 token per row in ``ar_ms(rows) + round_overhead_ms``) is expected
+        to beat the best
         speculative option of ``spec_options(rows, survival)`` by more than ``margin`` (relative):
         the decision compares expected tokens per ms of the options, not a measured tau of past
         trimmed rounds. Host-side and deterministic (the same decision on every TP rank)."""
         if not self.falls_back:
             return False
         best = max(v for _, v in self.spec_options(rows, survival))
-        return 1.0 / self.cost.step_ms("ar", rows) > (1.0 + margin) * best
+        return 1.0 / (self.cost.step_ms("ar", rows) + self.round_overhead_ms) > (1.0 + margin) * best
 
     def round_ms_table(self, max_rows: int, device) -> Tensor | None:
         """[max_rows + 1] float32: a trimmed confidence round's cost outside the verify at r rows
-        (draft step + ``admission_overhead_ms``), what Algorithm 1 adds to ``1 / SPS(B)``; None
-        without the draft step's latency."""
+        (draft step + ``admission_overhead_ms`` + ``round_overhead_ms``), what Algorithm 1 adds to
+        ``1 / SPS(B)``; None without the draft step's latency."""
         if not self.cost.has_steps:
             return None
         return torch.tensor([self.cost.step_ms("draft", max(r, 1)) + self.admission_overhead_ms
+                             + self.round_overhead_ms
                              for r in range(max_rows + 1)], dtype=torch.float32, device=device)
 
     @property

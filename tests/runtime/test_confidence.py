@@ -653,7 +653,7 @@ STEPS = dict(rows=[1, 4], draft_ms=[30.0, 30.0], ar_ms=[1.0, 1.2])      # drafti
 def test_prefers_ar_compares_the_expected_round_throughputs():
     from dspark_trt.runtime.confidence import VerifyScheduler
     cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
-    s = VerifyScheduler(4, 256, "cpu", cost=cheap)
+    s = VerifyScheduler(4, 256, "cpu", cost=cheap, round_overhead_ms=0.0)
     # fixed round: 1.5 ms; 1 + 0.6 + 0.3 + 0.1 + 0 = 2 tokens > 1.05 x 1.5 tokens of AR
     assert s.falls_back and not s.prefers_ar(4, [0.6, 0.3, 0.1, 0.0])
     assert s.prefers_ar(4, [0.3, 0.05, 0.0, 0.0])                 # 1.35 / 1.5 ms < 1 / 1 ms
