@@ -14,7 +14,8 @@ Per request (``SamplingParams.verify_mode``):
                  search (the early stop that keeps the admission of draft k independent of x_k).
                  ``B`` = total verified tokens of the batch (1 + admitted per row, fixed / threshold
                  rows counted with their lengths), ``tau`` = expected committed tokens,
-                 ``SPS(B) = 1 / latency(B)`` from a ``CostCurve``.
+                 ``SPS(B) = 1 / latency(B)`` from a ``CostCurve`` (trimmed model with step
+                 latencies: ``1 / (latency(B) + draft_ms + admission overhead)``, the whole round).
 
 The admitted lengths are computed on the device from the confidence logits of the draft step (no
 host synchronisation; inside the draft CUDA graph on the graph path). The verify always runs all N
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -199,7 +201,7 @@ class CostCurve:
 
 def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor,
                      inv_temp: Tensor, sps: Tensor, padded_width: int | None = None,
-                     trimmed: bool = False) -> Tensor:
+                     trimmed: bool = False, round_ms: Tensor | None = None) -> Tensor:
     """How many drafts each row verifies -> [B] int64 in [0, N] (0 for rows that are not live).
 
     conf_logits [B, N] (confidence logits of the drafted block), live [B] bool, mode [B] int64
@@ -212,7 +214,9 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     so ``SPS(B)`` is one constant and every candidate that raises ``tau`` is admitted.
     ``trimmed`` (with ``padded_width`` None): every live row costs ``1 + w`` tokens for the
     window ``w = max_r l_r``, what the verify trimmed to the longest admitted prefix runs; the
-    candidates are then the window's widths (``_trimmed_lengths``).
+    candidates are then the window's widths (``_trimmed_lengths``). ``round_ms`` [R] (trimmed
+    only): the round's cost outside the verify at r live rows (draft step + admission and host
+    overheads, ``VerifyScheduler``), added to ``1 / SPS(B)`` so that Theta is tokens per ms of the whole round.
 
     Tensor ops only (sort, cumsum, cumprod, gathers): no host synchronisation, capturable in a
     CUDA graph.
@@ -232,7 +236,7 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     other = live & ~sched
     tau0 = (sched.sum() + (other * (1 + (a * (k[None] < length[:, None])).sum(1))).sum()).float()
     if trimmed and padded_width is None:
-        return _trimmed_lengths(a, live, sched, other, length, tau0, sps)
+        return _trimmed_lengths(a, live, sched, other, length, tau0, sps, round_ms)
     b0 = sched.sum() + (other * (1 + length)).sum()
     cand = torch.where(sched[:, None] & (a > 0), a, -1.0).reshape(-1)
     vals, order = torch.sort(cand, descending=True, stable=True)
@@ -257,12 +261,13 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
 
 
 def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, length: Tensor,
-                     tau0: Tensor, sps: Tensor) -> Tensor:
+                     tau0: Tensor, sps: Tensor, round_ms: Tensor | None = None) -> Tensor:
     """Algorithm 1 for a verify trimmed to one window ``w`` of the batch: the candidates are the
     widths w = 1 .. N in order, width w adding ``sum_r a_{r,w-1}`` over the scheduled rows to tau
     and costing ``B(w) = live x (1 + max(w, m0))`` (m0: the longest fixed / threshold row, the
     window's least 1); admitted while ``tau * SPS(B)`` strictly grows, first non-improving width
-    stops. Every scheduled row verifies the admitted width (its drafts below the window cost
+    stops; ``round_ms[live]`` (the draft step + overhead) is added to each width's verify latency.
+    Every scheduled row verifies the admitted width (its drafts below the window cost
     nothing more). Non-anticipating: admitting width w reads ``a_{., w-1}``, i.e. confidences up
     to position w-1, which read drafts before w-1 only. -> [B] int64."""
     B, N = a.shape
@@ -274,8 +279,11 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
     tau = tau0 + torch.cumsum(gain, 0)
     b = (n_live * (1 + torch.maximum(w, m0))).clamp(max=M - 1)             # [N]
     b0 = (n_live * (1 + m0)).clamp(max=M - 1)
-    s_b = sps[b]
-    s_prev = torch.cat([sps[b0.reshape(1)], s_b[:-1]])
+    s_b, s0 = sps[b], sps[b0.reshape(1)]
+    if round_ms is not None:                     # whole-round SPS: 1 / (verify + draft + overhead)
+        extra = round_ms[n_live.clamp(max=round_ms.shape[0] - 1).reshape(1)]            # [1]
+        s_b, s0 = 1.0 / (1.0 / s_b + extra), 1.0 / (1.0 / s0 + extra)
+    s_prev = torch.cat([s0, s_b[:-1]])
     tau_prev = torch.cat([tau0[None], tau[:-1]])
     improve = (gain > 0) & (gain * s_b > tau_prev * (s_prev - s_b))
     K = torch.cumprod(improve.to(torch.int64), 0).sum()
@@ -283,6 +291,9 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
 
 
 COST_MODELS = ("trimmed", "padded", "packed")
+ROUND_OVERHEAD_MS = 1.3       # host time of a round outside its steps, AR or speculative alike (H200,
+                              # a8f3096: end-to-end round_ms - the curve's steps, batch 1)
+AR_MARGIN = 0.05               # the AR fallback needs AR this much faster than the best window
 ADMISSION_OVERHEAD_MS = 0.25     # head + admission + the width read-back (H200, 5a26239: 6-18 % of a 1-2 ms round)
 
 
@@ -310,7 +321,8 @@ class VerifyScheduler:
 
     def __init__(self, num_spec_tokens: int, max_tokens: int, device,
                  calibration: Calibration | None = None, cost: CostCurve | None = None,
-                 cost_model: str = "trimmed", admission_overhead_ms: float = ADMISSION_OVERHEAD_MS):
+                 cost_model: str = "trimmed", admission_overhead_ms: float = ADMISSION_OVERHEAD_MS,
+                 round_overhead_ms: float = ROUND_OVERHEAD_MS):
         if cost_model not in COST_MODELS:
             raise ValueError(f"cost_model must be one of {COST_MODELS}, got {cost_model!r}")
         self.num_spec_tokens = num_spec_tokens
@@ -318,9 +330,11 @@ class VerifyScheduler:
         self.cost = cost or CostCurve.default()
         self.cost_model = cost_model
         self.admission_overhead_ms = admission_overhead_ms
+        self.round_overhead_ms = round_overhead_ms
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
+        self.round_ms = self.round_ms_table(max(1, max_tokens), device)
 
     def admits_every_draft(self, mode: np.ndarray) -> bool:
         """Whether a round of these row modes (host [B] ``MODE_IDS``; rows = live rows) runs as a
@@ -347,17 +361,40 @@ class VerifyScheduler:
         AR step latencies; ``prefers_ar``)."""
         return self.cost.has_steps and self.num_spec_tokens > 0
 
-    def prefers_ar(self, rows: int, tau: float, verified_drafts: float) -> bool:
-        """Whether an AR round (1 token per row in ``ar_ms(rows)``) is expected to beat a
-        scheduled round that commits ``tau`` tokens per row (recent mean) and verifies
-        ``verified_drafts`` drafts per row (recent mean) in ``draft_ms(rows) + latency(rows x (1 +
-        verified_drafts))``. Host-side and deterministic (the same decision on every TP rank)."""
+    def spec_options(self, rows: int, survival) -> list[tuple[int, float]]:
+        """Expected committed tokens per row per ms of a speculative round at ``rows`` rows for each
+        window it may verify, from a prefix-survival estimate ``survival[k] = P(drafts 0..k
+        accepted)`` ([N], e.g. ``SurvivalEstimate.curve``): ``(w, (1 + sum_{k<w} s_k) /
+        (draft_ms + latency(rows x (1 + w)) + round_overhead_ms [+ admission_overhead_ms for w <
+        N]))`` for w in ``widths``; w = N is the fixed round (no head, no admission)."""
+        n, s = self.num_spec_tokens, np.asarray(survival, dtype=np.float64)[: self.num_spec_tokens]
+        draft = self.cost.step_ms("draft", rows) + self.round_overhead_ms
+        out = []
+        for w in self.widths:
+            ms = draft + self.cost.latency(rows * (1 + w)) + (self.admission_overhead_ms if w < n else 0.0)
+            out.append((w, (1.0 + float(s[:w].sum())) / ms))
+        return out
+
+    def prefers_ar(self, rows: int, survival, margin: float = AR_MARGIN) -> bool:
+        """Whether an AR round (1 token per row in ``ar_ms(rows) + round_overhead_ms``) is expected
+        to beat the best
+        speculative option of ``spec_options(rows, survival)`` by more than ``margin`` (relative):
+        the decision compares expected tokens per ms of the options, not a measured tau of past
+        trimmed rounds. Host-side and deterministic (the same decision on every TP rank)."""
         if not self.falls_back:
             return False
-        spec_ms = self.cost.step_ms("draft", rows) + self.cost.latency(rows * (1 + verified_drafts))
-        if not self.admits_every_draft(np.full(rows, MODE_IDS["scheduled"])):
-            spec_ms += self.admission_overhead_ms                # head + admission + read-back
-        return tau / spec_ms < 1.0 / self.cost.step_ms("ar", rows)
+        best = max(v for _, v in self.spec_options(rows, survival))
+        return 1.0 / (self.cost.step_ms("ar", rows) + self.round_overhead_ms) > (1.0 + margin) * best
+
+    def round_ms_table(self, max_rows: int, device) -> Tensor | None:
+        """[max_rows + 1] float32: a trimmed confidence round's cost outside the verify at r rows
+        (draft step + ``admission_overhead_ms`` + ``round_overhead_ms``), what Algorithm 1 adds to
+        ``1 / SPS(B)``; None without the draft step's latency."""
+        if not self.cost.has_steps:
+            return None
+        return torch.tensor([self.cost.step_ms("draft", max(r, 1)) + self.admission_overhead_ms
+                             + self.round_overhead_ms
+                             for r in range(max_rows + 1)], dtype=torch.float32, device=device)
 
     @property
     def trims(self) -> bool:
@@ -373,4 +410,52 @@ class VerifyScheduler:
     def admit(self, conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
         padded = self.num_spec_tokens if self.cost_model == "padded" else None
         return admitted_lengths(conf_logits, live, mode, threshold, self.inv_temp, self.sps, padded,
-                                trimmed=self.cost_model == "trimmed")
+                                trimmed=self.cost_model == "trimmed", round_ms=self.round_ms)
+
+
+class SurvivalEstimate:
+    """Prefix-survival curve of the recent speculative rounds from their verified outcomes
+    (Kaplan-Meier with the verify window as censoring): per position k, ``at_risk_k`` rows reached
+    draft k and verified it, ``survived_k`` of them accepted it; conditional acceptance
+    ``h_k = (survived_k + PRIOR_WEIGHT * prior_k) / (at_risk_k + PRIOR_WEIGHT)`` and ``curve[k] =
+    prod_{j<=k} h_j``. The prior ``prior_k`` is the mean calibrated confidence ``c_{r,k}`` of the
+    recent confidence rounds (the head's own prediction of the conditional acceptance, known for
+    every position whatever the window verified), ``PRIOR`` before any. Counts of the last
+    ``window`` rounds; AR rounds (nothing verified) add nothing, so the estimate is not pulled
+    down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros."""
+
+    PRIOR, PRIOR_WEIGHT = 0.5, 4.0
+
+    def __init__(self, num_spec_tokens: int, window: int = 32):
+        self.n = num_spec_tokens
+        self.rounds: deque = deque(maxlen=window)        # (at_risk [N], survived [N]) per round
+        self.confidence: deque = deque(maxlen=window)    # (sum_r c_{r,k} [N], rows) per round
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def add(self, accepted, verified, confidence=None) -> None:
+        """One round: per row, drafts accepted and drafts verified (accepted <= verified <= N);
+        ``confidence`` [rows, N]: the rows' calibrated conditional confidences, if the round ran
+        the head."""
+        acc, ver = np.asarray(accepted)[:, None], np.asarray(verified)[:, None]
+        k = np.arange(self.n)[None]
+        self.rounds.append((((acc >= k) & (ver > k)).sum(0), (acc > k).sum(0)))
+        if confidence is not None and len(confidence):
+            c = np.asarray(confidence, dtype=np.float64)[:, : self.n]
+            self.confidence.append((c.sum(0), c.shape[0]))
+
+    def prior(self) -> np.ndarray:
+        """[N] the prior conditional acceptance: mean calibrated confidence, else ``PRIOR``."""
+        if not self.confidence:
+            return np.full(self.n, self.PRIOR)
+        return sum(c for c, _ in self.confidence) / sum(n for _, n in self.confidence)
+
+    def curve(self) -> np.ndarray:
+        """[N] float64 prefix-survival estimate."""
+        at_risk = sum(r[0] for r in self.rounds) if self.rounds else np.zeros(self.n)
+        survived = sum(r[1] for r in self.rounds) if self.rounds else np.zeros(self.n)
+        prior, den = self.prior(), at_risk + self.PRIOR_WEIGHT
+        h = np.where(den > 0, (survived + self.PRIOR_WEIGHT * prior) / np.maximum(den, 1e-12),
+                     prior)                         # nothing seen at k (no prior weight): the prior
+        return np.cumprod(h)

@@ -40,7 +40,7 @@ import torch
 
 from .. import plugins
 from .kv_manager import PagedKVManager
-from .confidence import MODE_IDS
+from .confidence import MODE_IDS, SurvivalEstimate
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
 from .sampling_modifiers import Modifiers, uses_penalties
@@ -122,10 +122,10 @@ class Generator:
             raise RequestError("record_confidence: this draft has no confidence head")
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        # the AR fallback of all-scheduled batches: recent scheduled rounds' (tokens committed,
-        # drafts verified) per row, and AR rounds since the last scheduled one (a probe every
+        # the AR fallback of all-scheduled batches: the recent speculative rounds' prefix-survival
+        # estimate (verified outcomes), and AR rounds since the last speculative one (a probe every
         # AR_PROBE_EVERY)
-        self._scheduled_history: deque[tuple[float, float]] = deque(maxlen=4)
+        self._survival = SurvivalEstimate(networks.num_spec_tokens)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
@@ -327,21 +327,29 @@ class Generator:
             s.anchor, s.position = t, s.position + 1
             s.commit([t], s.stop_ids(self.eos), rows, i)
 
+    def _scheduler(self):
+        return getattr(getattr(self.steps, "eager", self.steps), "scheduler", None)
+
+    def _tracks_survival(self) -> bool:
+        """Whether spec rounds feed the AR fallback's survival estimate (the scheduler may fall back)."""
+        sched = self._scheduler()
+        return sched is not None and sched.falls_back
+
     def _falls_back_to_ar(self, seqs: list[Sequence]) -> bool:
         """Whether this round of an all-``scheduled`` batch runs as an AR round (the scheduler's
-        ``prefers_ar`` on the last scheduled rounds' means; after ``AR_PROBE_EVERY`` AR rounds one
+        ``prefers_ar``: AR's tokens per ms against the best window's expected tokens per ms under
+        the recent rounds' survival estimate, ``SurvivalEstimate``); after ``AR_PROBE_EVERY`` AR rounds one
         scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
         probes confirm AR). Deterministic: a function of the batch's history."""
-        sched = getattr(getattr(self.steps, "eager", self.steps), "scheduler", None)
-        if (sched is None or not sched.falls_back or self.record_confidence or not self._scheduled_history
+        sched = self._scheduler()
+        if (sched is None or not sched.falls_back or self.record_confidence or not len(self._survival)
                 or any(s.params.verify_mode != "scheduled" for s in seqs)
                 or _logprobs_k(seqs) is not None):       # logprob rows come from the eager rounds
             return False
         if self._ar_streak >= self._probe_every:          # probe: one scheduled round
             self._probing = True
             return False
-        tau, drafts = np.mean(self._scheduled_history, axis=0)
-        ar = sched.prefers_ar(len(seqs), float(tau), float(drafts))
+        ar = sched.prefers_ar(len(seqs), self._survival.curve())
         if self._probing:                  # the probe confirmed AR: probe half as often (to 1/64)
             self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
             self._probing = False
@@ -373,8 +381,10 @@ class Generator:
         elif not (r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
-        else:
-            host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence)
+        else:                      # the fallback's estimate reads the head's confidences too
+            eager = getattr(self.steps, "eager", self.steps)
+            track = self._tracks_survival() and eager.needs_admission(r)
+            host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track)
             lims = lims.tolist()
         for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):
             if a < 0:
@@ -382,17 +392,20 @@ class Generator:
                 continue
             new = s.commit(x[:a] + [t], s.stop_ids(self.eos), rows, i)
             s.stats.record(a, len(new), lims[i])
-            if conf is not None:
+            if conf is not None and self.record_confidence:
                 n = s.stats.proposed[-1]          # verified drafts (cut at a stop token / the limit)
                 if s.confidence is None:
                     s.confidence = []
                 s.confidence.append((conf[i].tolist(), n, s.stats.accepted[-1]))
             s.anchor, s.position = t, s.position + a + 1
-        if all(s.params.verify_mode == "scheduled" for s in seqs):
-            live = [s for s in seqs if s.stats.committed]
-            if live:
-                self._scheduled_history.append((np.mean([s.stats.committed[-1] for s in live]),
-                                                np.mean([s.stats.proposed[-1] for s in live])))
+        live = [i for i, s in enumerate(seqs) if s.stats.committed and s.finish_reason is None]
+        if live and self._tracks_survival():   # verified outcomes (rounds cut by a stop: left out)
+            c = None
+            if conf is not None:               # calibrated conditional confidences [rows, N]
+                inv_t = self._scheduler().inv_temp.cpu().numpy()
+                c = 1.0 / (1.0 + np.exp(-np.asarray(conf, dtype=np.float64)[live] * inv_t[None]))
+            self._survival.add([seqs[i].stats.accepted[-1] for i in live],
+                               [seqs[i].stats.proposed[-1] for i in live], c)
 
     # ---- convenience ---------------------------------------------------------------------------
     def run(self, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:

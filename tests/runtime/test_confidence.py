@@ -653,12 +653,84 @@ STEPS = dict(rows=[1, 4], draft_ms=[30.0, 30.0], ar_ms=[1.0, 1.2])      # drafti
 def test_prefers_ar_compares_the_expected_round_throughputs():
     from dspark_trt.runtime.confidence import VerifyScheduler
     cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
-    s = VerifyScheduler(4, 256, "cpu", cost=cheap)
-    assert s.falls_back and not s.prefers_ar(4, 2.0, 3.0)        # 2 tokens / 1.5 ms > 1 / 1 ms
-    assert s.prefers_ar(4, 1.4, 3.0)                              # 1.4 / 1.5 ms < 1 / 1 ms
+    s = VerifyScheduler(4, 256, "cpu", cost=cheap, round_overhead_ms=0.0)
+    # fixed round: 1.5 ms; 1 + 0.6 + 0.3 + 0.1 + 0 = 2 tokens > 1.05 x 1.5 tokens of AR
+    assert s.falls_back and not s.prefers_ar(4, [0.6, 0.3, 0.1, 0.0])
+    assert s.prefers_ar(4, [0.3, 0.05, 0.0, 0.0])                 # 1.35 / 1.5 ms < 1 / 1 ms
     assert not VerifyScheduler(4, 256, "cpu", cost=CURVES["linear"]).falls_back   # no step costs
     with pytest.raises(ValueError, match="rows"):
         CostCurve([2], [1.0], "bad", rows=[1, 2], draft_ms=[1.0], ar_ms=[1.0, 1.0])
+
+
+# the H200 situation of issue #25 (verify-concurrency-h200-qwen3-8b-synthetic-a8f3096.json): Qwen3-8B
+# dims, N = 7, a verify curve flat at low load, the shipped pair's prefix-survival curve
+H200_SURVIVAL = [0.64, 0.39, 0.25, 0.16, 0.11, 0.08, 0.06]
+H200_CURVE = CostCurve(
+    [2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512],
+    [8.17, 8.25, 8.36, 8.44, 8.47, 8.51, 8.79, 9.14, 9.39, 10.72, 12.07, 14.97, 22.58], "h200 8b",
+    rows=[1, 2, 4, 8, 16, 32, 64], draft_ms=[1.56, 1.79, 1.98, 1.93, 2.21, 2.73, 4.01],
+    ar_ms=[7.37, 7.77, 8.76, 8.45, 9.65, 10.21, 11.24])
+
+
+def _survival_logits(B: int, survival=H200_SURVIVAL) -> torch.Tensor:
+    """[B, N] confidence logits whose prefix products are ``survival`` (calibrated: T = 1)."""
+    s = np.asarray(survival)
+    cond = s / np.concatenate([[1.0], s[:-1]])
+    return torch.logit(torch.tensor(cond, dtype=torch.float64)).float()[None].expand(B, -1).clone()
+
+
+def test_flat_h200_curve_admits_near_full_windows_and_never_falls_back_at_batch_1():
+    """Issue #25: at batch 1 on the flat H200 curve Algorithm 1 (whole-round cost: draft + overhead
+    + verify) admits a near-full window, and the expected tokens per ms of that window beat AR, so
+    no AR fallback -- neither from the true curve nor from the estimate of a few unlucky rounds
+    (first draft rejected twice: the prior keeps it from reading as zero survival)."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate, VerifyScheduler
+    s = VerifyScheduler(7, 64 * 8, "cpu", cost=H200_CURVE)
+    sched = torch.full((1,), MODE_IDS["scheduled"])
+    got = int(s.admit(_survival_logits(1), torch.ones(1, dtype=torch.bool), sched, torch.zeros(1))[0])
+    assert got >= 6, got
+    best_w, _ = max(s.spec_options(1, H200_SURVIVAL), key=lambda o: o[1])
+    assert best_w >= 6 and not s.prefers_ar(1, H200_SURVIVAL)
+    est = SurvivalEstimate(7)
+    est.add([0], [2])
+    est.add([0], [3])
+    assert not s.prefers_ar(1, est.curve()), est.curve()
+    cond = np.asarray(H200_SURVIVAL) / np.concatenate([[1.0], H200_SURVIVAL[:-1]])
+    est = SurvivalEstimate(7)                  # the head's confidences as the prior: near the truth
+    for _ in range(3):
+        est.add([0], [1], cond[None])
+    assert not s.prefers_ar(1, est.curve()), est.curve()
+    np.testing.assert_allclose(est.prior(), cond)
+    for B in (2, 4, 8):                                   # expected: spec beats AR at low load
+        assert not s.prefers_ar(B, H200_SURVIVAL)
+
+
+def test_ar_fallback_where_ar_is_cheaper_than_every_window():
+    """A steep verify curve at batch 64 (every verified draft costs like an AR step): the best
+    window's expected tokens per ms lose to AR, so the scheduler falls back; the admission trims."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    steep = CostCurve([64, 128, 512], [11.0, 22.0, 88.0], "steep", rows=[1, 64],
+                      draft_ms=[1.5, 4.0], ar_ms=[7.4, 11.2])
+    s = VerifyScheduler(7, 64 * 8, "cpu", cost=steep)
+    assert s.prefers_ar(64, H200_SURVIVAL)
+    assert not s.prefers_ar(64, [0.99] * 7)               # near-certain acceptance: drafting pays
+    B = 64
+    got = s.admit(_survival_logits(B), torch.ones(B, dtype=torch.bool),
+                  torch.full((B,), MODE_IDS["scheduled"]), torch.zeros(B))
+    assert int(got.max()) <= 2, got
+
+
+def test_survival_estimate_is_kaplan_meier_over_the_verified_windows():
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    est = SurvivalEstimate(3, window=2)
+    est.PRIOR_WEIGHT = 0.0
+    est.add([1, 3, 0], [1, 3, 2])      # row 0: window 1 all accepted (censored after 0)
+    # pos 0: at risk 3, survived 2; pos 1: at risk 1 (row 1; row 0 not verified), survived 1
+    # pos 2: at risk 1, survived 1
+    np.testing.assert_allclose(est.curve(), [2 / 3, 2 / 3, 2 / 3])
+    est.add([0], [3])
+    est.add([0], [3])                  # the window drops the first round
+    np.testing.assert_allclose(est.curve()[0], 0.0)
 
 
 def test_ar_round_with_context_writes_the_drafts_context_like_a_verify_that_accepts_nothing():
