@@ -24,7 +24,9 @@ def _attend(attn, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
     """One Qwen3 attention over x [B, T, d]; K/V = [kv_prefix ; own rows]; mask [B, T, S] bool
     (True = visible) or None for causal."""
     B, T, _ = x.shape
-    q = apply_rope_neox(attn.q_norm(attn.q_proj(x).view(B, T, attn.h, attn.d)), cos, sin)
+    q = (attn.q_proj(x) if attn.qkv_proj is None                        # fused like LLM's modules:
+         else F.linear(x, attn.qkv_proj.weight[:attn.qkv_proj.sizes[0]]))  # the q rows of qkv_proj
+    q = apply_rope_neox(attn.q_norm(q.view(B, T, attn.h, attn.d)), cos, sin)
     k, v = attn.kv(x, cos, sin)                                           # [B, T, Hkv, D]
     if kv_prefix is not None:
         k, v = torch.cat([kv_prefix[0], k], 1), torch.cat([kv_prefix[1], v], 1)

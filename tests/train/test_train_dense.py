@@ -72,3 +72,19 @@ def test_dense_draft_blocks_match_runtime_blocks(tiny_pair):
         draft.context(taps, torch.where(pos < a[:, None], pos, -1), table, cache)
         ref = draft.block(tokens.gather(1, a[:, None])[:, 0], a, table, cache)   # [2, N, V]
         torch.testing.assert_close(U[:, j], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_dense_forward_of_fused_modules_equals_unfused(tiny_pair):
+    """LLM's modules come fused (q/k/v and gate/up as one GEMM each): the dense forwards that
+    offline evaluation runs over them compute the same logits and taps."""
+    import copy
+
+    from dspark_trt.models.fuse import fuse_projections_
+    target, _ = tiny_pair
+    fused = copy.deepcopy(target)
+    assert fuse_projections_(fused) > 0
+    tokens = torch.randint(0, target.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    want, want_taps = causal_lm_forward(target, tokens, tap_layer_ids=(0,))
+    got, got_taps = causal_lm_forward(fused, tokens, tap_layer_ids=(0,))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_taps, want_taps, atol=1e-5, rtol=1e-5)
