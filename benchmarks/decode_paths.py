@@ -69,7 +69,7 @@ def measure_path(name: str, llm: LLM, prompts, sizes: list[int], a, ref: dict | 
     t0 = time.perf_counter()
     logits = prefill_logits(llm, prompts[0].tolist())
     for B in sizes:
-        gen = llm.generator()
+        gen = llm.scheduler()
         seqs = [gen.add_request(p.tolist(), SamplingParams(max_new_tokens=a.gen_len, ignore_eos=True))
                 for p in prompts[:B]]
         gen.step()                                                   # prefill: a real context

@@ -2,7 +2,7 @@
 
 For each shape and launch config, the sampler is captured into a CUDA graph (cuda-python capture,
 as the runtime does) from a stream whose access-policy window covers W2 with ``resident`` MB
-persisting (``dspark_trt.runtime.l2_residency``), and timed warm (replayed back to back) and cold
+persisting (``benchmarks/l2_residency.py``), and timed warm (replayed back to back) and cold
 (after a 256 MB write that flushes every normal L2 line, as a target step between two draft steps
 would). Tokens and z are checked against the PyTorch reference. References in the same run, no
 window: N ``torch.mv`` over W2 (cuBLAS GEMV, the same bytes without the sampling), N plain reads of
@@ -27,14 +27,14 @@ import triton  # noqa: E402
 
 from benchmarks.plugins import PEAK, err, markov_bytes, markov_inputs, replay_seconds  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.plugins.kernels import markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.markov_sample import markov_sample_ref  # noqa: E402
-from dspark_trt.runtime import l2_residency as l2  # noqa: E402
+from benchmarks import l2_residency as l2  # noqa: E402
 from dspark_trt.runtime.cuda_graphs import CapturedGraph  # noqa: E402
 
 N = 7
 MB = 1 << 20
-# {} = the batch-1 default (kernels/markov.py MARKOV_B1); a config naming one_launch or gemv is
+# {} = the batch-1 default (kernels/markov_launch.py MARKOV_B1); a config naming one_launch or gemv is
 # taken whole (MARKOV_DEFAULTS + MARKOV_SMALL_B + it). One-launch grids are cut to what fits.
 B1_CONFIGS = [{}, {"packed": False}, {"pipeline": False},
               {"one_launch": False, "reduce": "prologue", "snake": True}]

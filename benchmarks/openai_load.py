@@ -138,7 +138,7 @@ def main() -> None:
         asyncio.run(run_load(thread.url, "dspark", prompts[:1], 1, 1, 4))
         elapsed, stats, results, jobs = asyncio.run(run_load(thread.url, "dspark", prompts, args.clients,
                                                              args.requests, args.max_tokens))
-        preemptions = server.engine.generator.preemptions
+        preemptions = server.engine.scheduler.preemptions
     finally:
         thread.stop()
     unique = list({json.dumps(j[1]): j[1] for js in jobs.values() for j in js}.values())

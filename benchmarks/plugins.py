@@ -32,7 +32,7 @@ import triton  # noqa: E402
 import dspark_trt.plugins  # noqa: E402,F401
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.plugins.block_attention import block_attention_ref  # noqa: E402
-from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov_launch as kmk, markov_topk as kmt  # noqa: E402
 from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm, swa_indices as ksw  # noqa: E402
 from dspark_trt.plugins.kv_cache import kv_cache_write_ref  # noqa: E402
 from dspark_trt.plugins.markov_sample import markov_sample_ref, markov_sample_topk_ref  # noqa: E402
@@ -209,7 +209,7 @@ def bench_markov(rows, batches, shapes, N=7):
                 record(rows, f"markov_sample[{name}]", f"B={B} N={N} V={V} r={r}", f, ref_s, nbytes,
                        tokens_equal=bool(torch.equal(t, rt)), token_mismatches=int((t != rt).sum()),
                        z_max_err=err(z, rz))
-            f = lambda: kmk.markov_sample_topk_triton(*args, 4096, 4)
+            f = lambda: kmt.markov_sample_topk_triton(*args, 4096, 4)
             t, z = f()
             tt, tz = markov_sample_topk_ref(*args, 4096, 4)
             nbytes_fast = B * N * V * (2 + 4) + B * N * (-(-V // 4096) * 4) * r * 2

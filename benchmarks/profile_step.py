@@ -61,7 +61,7 @@ def main() -> None:
     llm = (LLM.from_engine(a.engine, **kw) if a.engine
            else LLM.from_preset(a.model, dtype=torch.bfloat16, **kw))
     nets, N = llm.networks, llm.networks.num_spec_tokens
-    gen = llm.generator()
+    gen = llm.scheduler()
     prompts = np.random.default_rng(0).integers(0, nets.vocab_size, (a.batch_size, a.prompt_len))
     seqs = [gen.add_request(p.tolist(), SamplingParams(max_new_tokens=32, ignore_eos=True)) for p in prompts]
     gen.step()

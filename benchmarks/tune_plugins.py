@@ -8,7 +8,7 @@ exact; float outputs within a stated tolerance) and timed like ``benchmarks/plug
 cold graph time / 4.8 TB/s). A config that fails to compile or launch is recorded with its error.
 Writes tune-plugins-<gpu>-<sha>.json (or into --out) with every measurement and, per shape, the
 fastest correct config. Defaults live in one dict per op: REJECTION_DEFAULTS (kernels/rejection.py),
-MARKOV_DEFAULTS (kernels/markov.py), ATTN_DEFAULTS (kernels/block_attention.py), MLA_DEFAULTS
+MARKOV_DEFAULTS (kernels/markov_launch.py), ATTN_DEFAULTS (kernels/block_attention.py), MLA_DEFAULTS
 (kernels/sparse_mla.py). About 3-4 minutes on one H200 (``--ops attn`` alone: about 2; it ends
 with a table of every block_attention config's bandwidth fraction at every shape).
 
@@ -33,7 +33,7 @@ from benchmarks.plugins import (DEV, PEAK, attention_case, err, graph_time, mark
                                 mla_case, rejection_case, timeit)
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.plugins.block_attention import block_attention_ref  # noqa: E402
-from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm  # noqa: E402
 from dspark_trt.plugins.markov_sample import markov_sample_ref  # noqa: E402
 from dspark_trt.plugins.rejection_sample import rejection_sample_ref  # noqa: E402

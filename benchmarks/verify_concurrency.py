@@ -3,7 +3,7 @@ autoregressive decoding at batch 1 .. 64; tokens/s, verified tokens per request 
 verify windows the confidence rounds ran. JSON + PNG to ``--out-dir``.
 
 Every run goes through ``dspark-trt bench``'s end-to-end loop (``commands.bench.end_to_end``: the
-Generator over the public round interface, ``steps.spec_round_admitted``). Before the runs the
+Scheduler over the public round interface, ``steps.spec_round_admitted``). Before the runs the
 verify cost curve is measured on this model (``commands.bench.cost_curve``) and given to the
 scheduler, so "scheduled" trims its verify window where that curve says a narrower one pays.
 
@@ -105,7 +105,7 @@ def measure_cost_curve(llm, args, sizes):
     """``bench.cost_curve`` on a prefilled batch -> ``CostCurve``."""
     from dspark_trt.runtime.confidence import CostCurve
     prompts = bench.make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request(q.tolist(), bench._greedy(args.gen_len)) for q in prompts]
     gen.step()
     pts = bench.cost_curve(llm, gen.round_inputs(seqs), sizes, args.iters)

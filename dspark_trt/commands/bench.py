@@ -178,7 +178,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
 def run_cost_curve(llm, args, sizes: list[int]) -> int:
     from ..runtime.confidence import CostCurve
     prompts = make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request(p.tolist(), _greedy(args.gen_len)) for p in prompts]
     gen.step()                                                       # prefill: a real context
     pts = cost_curve(llm, gen.round_inputs(seqs), sizes, args.iters)
@@ -204,7 +204,7 @@ def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool,
                verify_mode: str = "fixed") -> dict:
     """Greedy decoding of ``prompts`` [B, T]; decode throughput excludes the prefill step."""
     from ..runtime import SamplingParams
-    gen = llm.generator(speculative)
+    gen = llm.scheduler(speculative)
     sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=verify_mode)
     seqs = [gen.add_request(p.tolist(), sp) for p in prompts]
     gen.step()                                   # admission + prefill (+ first token)
@@ -403,7 +403,7 @@ def run(args) -> int:
             skipped.append(B)
             continue
         prompts = all_prompts[:B]
-        gen = llm.generator()
+        gen = llm.scheduler()
         seqs = [gen.add_request(p.tolist(), _greedy(args.gen_len)) for p in prompts]
         gen.step()                                                   # prefill: a real context
         row = step_latencies(llm, gen.round_inputs(seqs), args.iters)

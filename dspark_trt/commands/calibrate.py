@@ -73,7 +73,7 @@ def collect(llm, prompts: list[list[int]], max_new_tokens: int, temperature: flo
     from ..runtime.sampling_params import RequestError, SamplingParams
     if not getattr(llm.networks, "has_confidence", False):
         raise RequestError("this draft has no confidence head (confidence_head.proj): nothing to calibrate")
-    gen = llm.generator(record_confidence=True)
+    gen = llm.scheduler(record_confidence=True)
     room = llm.max_seq_len - max_new_tokens
     seqs = [gen.add_request(p[-room:], SamplingParams(temperature=temperature, seed=seed + i,
                                                       max_new_tokens=max_new_tokens, ignore_eos=True))

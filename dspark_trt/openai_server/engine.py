@@ -1,10 +1,10 @@
-"""The one background thread that owns the continuous-batching ``Generator``.
+"""The one background thread that owns the continuous-batching ``Scheduler``.
 
 HTTP handlers (on the asyncio loop) call ``submit`` and ``abort``; both only enqueue a command.
-The thread admits commands between steps, runs ``Generator.step`` while there is work, and
+The thread admits commands between steps, runs ``Scheduler.step`` while there is work, and
 sends each request's events to its asyncio queue with ``loop.call_soon_threadsafe``:
 ``Admitted`` or ``Rejected`` first, then ``Tokens`` as rounds commit them, then ``Finished``
-(with a copy of the sequence's ``SpecStats``). The generator is touched by this thread only.
+(with a copy of the sequence's ``SpecStats``). The scheduler is touched by this thread only.
 """
 from __future__ import annotations
 
@@ -68,11 +68,11 @@ def copy_stats(stats: SpecStats) -> SpecStats:
 
 
 class EngineThread:
-    """Runs ``llm.generator()`` in a daemon thread; ``metrics`` (optional) gets its gauges set."""
+    """Runs ``llm.scheduler()`` in a daemon thread; ``metrics`` (optional) gets its gauges set."""
 
     def __init__(self, llm, metrics=None, speculative: bool = True):
         self.llm, self.metrics, self.speculative = llm, metrics, speculative
-        self.generator = llm.generator(speculative)
+        self.scheduler = llm.scheduler(speculative)
         self._commands: queue.Queue = queue.Queue()
         self._handles: dict[int, RequestHandle] = {}      # request_id -> handle, running or waiting
         self._stopping = threading.Event()
@@ -103,10 +103,10 @@ class EngineThread:
 
     # ---- read-only views (any thread; values may be one step old) -----------------------------
     def kv_pages_total(self) -> int:
-        return self.generator.kv.num_pages
+        return self.scheduler.kv.num_pages
 
     def kv_pages_free(self) -> int:
-        return len(self.generator.kv.free)
+        return len(self.scheduler.kv.free)
 
     def num_active(self) -> int:
         return len(self._handles)
@@ -116,8 +116,8 @@ class EngineThread:
         reason = "the server is shutting down"
         try:
             while not self._stopping.is_set():
-                self._drain_commands(block=not self.generator.has_work())
-                if self.generator.has_work():
+                self._drain_commands(block=not self.scheduler.has_work())
+                if self.scheduler.has_work():
                     self._step()
                 self._update_gauges()
         except Exception as e:                         # the thread ends: nobody may wait for it
@@ -160,7 +160,7 @@ class EngineThread:
             lps = admitted[0].logprobs
             handle.push(Tokens(list(toks), None if lps is None else lps[len(lps) - len(toks):]))
         try:
-            seq = self.generator.add_request(handle.prompt_ids, handle.params, on_tokens=on_tokens)
+            seq = self.scheduler.add_request(handle.prompt_ids, handle.params, on_tokens=on_tokens)
             admitted.append(seq)
         except RequestError as e:
             handle.push(Rejected(str(e)))
@@ -172,8 +172,8 @@ class EngineThread:
     def _abort(self, handle: RequestHandle, reason: str) -> None:
         handle.abort_reason = reason
         if handle.request_id is None or self._handles.get(handle.request_id) is not handle:
-            return      # not admitted yet, finished, or from a generator replaced after a failed step
-        seq = self.generator.abort(handle.request_id, reason)
+            return      # not admitted yet, finished, or from a scheduler replaced after a failed step
+        seq = self.scheduler.abort(handle.request_id, reason)
         self._handles.pop(handle.request_id, None)
         self._update_gauges()                          # before the client can hear it finished
         if seq is not None:
@@ -181,14 +181,14 @@ class EngineThread:
 
     def _step(self) -> None:
         try:
-            done = self.generator.step()
+            done = self.scheduler.step()
             self.steps_run += 1
         except Exception as e:                          # keep serving: fail this batch, start afresh
-            log.exception("generator step failed; failing %d requests", len(self._handles))
+            log.exception("scheduler step failed; failing %d requests", len(self._handles))
             for handle in self._handles.values():
                 handle.push(Finished("error", SpecStats(), f"internal error in the engine: {e}"))
             self._handles.clear()
-            self.generator = self.llm.generator(self.speculative)
+            self.scheduler = self.llm.scheduler(self.speculative)
             return
         self._update_gauges()                          # before the clients can hear they finished
         for seq in done:
@@ -199,7 +199,7 @@ class EngineThread:
     def _update_gauges(self) -> None:
         if self.metrics is None:
             return
-        gen = self.generator
+        gen = self.scheduler
         self.metrics.running.set(len(gen.running))
         self.metrics.waiting.set(len(gen.waiting) + self._commands.qsize())
         self.metrics.kv_pages_in_use.set(gen.kv.num_pages - len(gen.kv.free))

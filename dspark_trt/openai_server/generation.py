@@ -71,7 +71,7 @@ class RequestRun:
         self._last_token_time: float | None = None
 
     async def start(self) -> None:
-        """Submit and wait for admission; a request the generator refuses becomes a 400."""
+        """Submit and wait for admission; a request the scheduler refuses becomes a 400."""
         self.engine.submit(self.handle)
         event = await self.handle.events.get()
         if isinstance(event, Rejected):

@@ -1,19 +1,20 @@
 """A served model under tensor parallelism: rank 0 leads, the other ranks replay its scheduler.
 
-Requests reach only rank 0 (the Triton model instance). Every rank holds the same ``Generator``
+Requests reach only rank 0 (the Triton model instance). Every rank holds the same ``Scheduler``
 (the scheduler is deterministic), so it is enough to send the followers what changes it: each
 ``add_request`` (with its seed fixed on rank 0), ``abort`` and ``step`` of rank 0, in order. They
 travel as one ``broadcast_object_list`` per step over a separate gloo group (CPU, long timeout:
 an idle server waits there without an NCCL kernel spinning), before rank 0's own step; then all
 ranks run the step's collectives together.
 
-    rank 0:    LeaderLLM(llm).generator() -> add_request / abort / step  (broadcasts)
+    rank 0:    LeaderLLM(llm).scheduler() -> add_request / abort / step  (broadcasts)
     rank r>0:  follow(llm)                 -> replays them until ``stop``
 """
 from __future__ import annotations
 
 import dataclasses
 import random
+import warnings
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -27,7 +28,7 @@ def control_group():
 
 
 class LeaderLLM:
-    """Rank 0's ``LLM`` as the serving worker sees it: ``generator()`` returns schedulers whose
+    """Rank 0's ``LLM`` as the serving worker sees it: ``scheduler()`` returns schedulers whose
     changes are broadcast; every other attribute is the LLM's."""
 
     def __init__(self, llm):
@@ -38,10 +39,16 @@ class LeaderLLM:
     def __getattr__(self, name):
         return getattr(self.llm, name)
 
-    def generator(self, speculative: bool = True) -> "LeaderGenerator":
+    def scheduler(self, speculative: bool = True) -> "LeaderScheduler":
         gid, self._next_id = self._next_id, self._next_id + 1
         self._pending.append(("new", gid, speculative))
-        return LeaderGenerator(self, self.llm.generator(speculative), gid)
+        return LeaderScheduler(self, self.llm.scheduler(speculative), gid)
+
+    def generator(self, speculative: bool = True) -> "LeaderScheduler":
+        """Deprecated alias of ``scheduler()`` (as ``LLM.generator``)."""
+        warnings.warn("LeaderLLM.generator() is deprecated; use scheduler()", DeprecationWarning,
+                      stacklevel=2)
+        return self.scheduler(speculative)
 
     def flush(self, *tail: tuple) -> None:
         """Broadcast the queued commands (+ ``tail``) to the followers."""
@@ -53,7 +60,7 @@ class LeaderLLM:
         self.flush(("stop",))
 
 
-class LeaderGenerator:
+class LeaderScheduler:
     def __init__(self, leader: LeaderLLM, gen, gid: int):
         self.leader, self.gen, self.gid = leader, gen, gid
 
@@ -84,7 +91,7 @@ def follow(llm) -> int:
         dist.broadcast_object_list(box, src=0, group=group)
         for op, *a in box[0]:
             if op == "new":
-                gens[a[0]] = llm.generator(a[1])
+                gens[a[0]] = llm.scheduler(a[1])
             elif op == "add":
                 gens[a[0]].add_request(a[1], a[2])
             elif op == "abort":

@@ -2,7 +2,7 @@
 
 A sequence reserves pages for what the next round can write (its context + the speculative
 block) at admission and grows by ``grow`` before each round; when the free pages run short the
-generator preempts a sequence (its pages freed, recomputed later: ``generator.py``). A request
+scheduler preempts a sequence (its pages freed, recomputed later: ``scheduler.py``). A request
 whose whole budget (prompt + max_new_tokens + the block) could never fit is refused before it is
 queued. Target and draft caches share one page table (the same
 positions live at the same page offsets). Rollback is by length: rejected positions are simply

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Sequence as Seq
 
@@ -22,12 +23,12 @@ from ..models.fuse import use_skinny_gemm_fused_
 from .compiled import compile_backend, compile_regions_, mark_caches_static
 from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
-from .generator import Generator, to_output
 from .kv_manager import (KVBudgetError, check_kv_fits, context_that_fits, cuda_kv_budget,
                          kv_bytes_per_token, pages_from_budget, table_width_cost)
 from .networks import EagerNetworks
 from .prompts import check_text, is_single_prompt, token_ids
 from .sampling_params import RequestError, RequestOutput, SamplingParams, StreamChunk
+from .scheduler import Scheduler, to_output
 from .steps import DecodeSteps
 
 log = logging.getLogger(__name__)
@@ -317,7 +318,7 @@ class LLM:
 
     @property
     def steps(self):
-        """The decode steps every generator shares: CUDA graphs (captured lazily) or eager."""
+        """The decode steps every scheduler shares: CUDA graphs (captured lazily) or eager."""
         if self._steps is None:
             n = self.networks.num_spec_tokens
             sched = VerifyScheduler(n, self.max_batch_size * (n + 1), self.networks.device,
@@ -332,11 +333,17 @@ class LLM:
         if isinstance(self.steps, GraphedSteps):
             self.steps.capture(speculative)
 
-    def generator(self, speculative: bool = True, record_confidence: bool = False) -> Generator:
+    def scheduler(self, speculative: bool = True, record_confidence: bool = False) -> Scheduler:
         """A fresh scheduler over this model's caches (continuous batching: add_request + step)."""
-        return Generator(self.networks, self.max_batch_size, self.max_seq_len,
+        return Scheduler(self.networks, self.max_batch_size, self.max_seq_len,
                          self.pair.target.vocab_size, self.pair.target.eos_token_id, speculative,
                          steps=self.steps, record_confidence=record_confidence)
+
+    def generator(self, speculative: bool = True, record_confidence: bool = False) -> Scheduler:
+        """Deprecated alias of ``scheduler()`` (removed in the next release)."""
+        warnings.warn("LLM.generator() is deprecated; use LLM.scheduler()", DeprecationWarning,
+                      stacklevel=2)
+        return self.scheduler(speculative, record_confidence)
 
     def generate(self, prompts: str | Seq[int] | list, params: SamplingParams | list | None = None,
                  speculative: bool = True,
@@ -344,7 +351,7 @@ class LLM:
         """Generate for one prompt or a list (text or token ids); outputs in prompt order.
         ``on_chunk`` is called with every ``StreamChunk`` as rounds commit tokens."""
         prompts, plist = self._requests(prompts, params)
-        gen = self.generator(speculative)
+        gen = self.scheduler(speculative)
         seqs = [gen.add_request(self.encode(p), sp) for p, sp in zip(prompts, plist)]
         for chunk in self._drive(gen, seqs):
             if on_chunk is not None:
@@ -359,7 +366,7 @@ class LLM:
         """Run several requests concurrently; yield ``StreamChunk``s as rounds commit tokens.
         Requests are validated here, before the first chunk (a bad one raises ``RequestError``)."""
         prompts, plist = self._requests(prompts, params)
-        gen = self.generator(speculative)
+        gen = self.scheduler(speculative)
         seqs = [gen.add_request(self.encode(p), sp) for p, sp in zip(prompts, plist)]
         return self._drive(gen, seqs)
 
@@ -382,7 +389,7 @@ class LLM:
                 for sp, s in zip(plist, seeds)]
 
     @staticmethod
-    def _drive(gen: Generator, seqs: list) -> Iterator[StreamChunk]:
+    def _drive(gen: Scheduler, seqs: list) -> Iterator[StreamChunk]:
         """Step ``gen`` to completion, yielding each sequence's new tokens; the last chunk of a
         sequence carries its finish reason."""
         index = {s.request_id: i for i, s in enumerate(seqs)}
@@ -403,7 +410,7 @@ class LLM:
     def stream(self, prompt: str | Seq[int], params: SamplingParams | None = None,
                speculative: bool = True) -> Iterator[list[int]]:
         """Yield lists of new token ids as rounds commit them."""
-        gen = self.generator(speculative)
+        gen = self.scheduler(speculative)
         chunks: list[list[int]] = []
         params = self._tp_seeded([params or SamplingParams()])[0]
         gen.add_request(self.encode(prompt), params, on_tokens=chunks.append)

@@ -10,7 +10,7 @@ Penalties (vLLM / HF semantics) for the token after row j of a verify window:
   repetition  r: logits of tokens seen in the prompt or the output: l > 0 -> l / r, else l * r
   frequency   f, presence pr:  l -= f * count + pr * (count > 0)   over the OUTPUT tokens
 where the output counts are the committed tokens' (anchor included) plus the block's drafts
-0 .. j-1. The committed counts live on the device in ``TokenCounts`` (one row per generator slot),
+0 .. j-1. The committed counts live on the device in ``TokenCounts`` (one row per scheduler slot),
 so a round needs no host data beyond the slot indices: fixed shapes, no host sync (CUDA graphs).
 
 Each modifier is keyed by a flag of ``Modifiers`` (a separate CUDA graph per combination): rounds

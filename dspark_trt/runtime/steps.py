@@ -34,7 +34,7 @@ the steps: the fixed round's two launches plus the head and the admission's smal
 confidence runs a narrower, cheaper verify. ``verify_widths`` counts the windows run.
 
 The public round interface (every caller drives a round through it, never through private parts):
-  ``Generator.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
+  ``Scheduler.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
   ``steps.spec_round / spec_round_admitted / ar_round(r, ...)``  one round, host in, host out
   ``steps.eager.spec_round_logprobs / ar_round_logprobs(r, mods, k)``  the same, eager, with the
                                                raw target logprobs of the emitted tokens (top k)

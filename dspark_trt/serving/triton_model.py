@@ -134,7 +134,7 @@ class DSparkModel:
         n = min(self.llm.networks.num_spec_tokens + 2, self.llm.max_seq_len - 2)
         if n < 1:
             return
-        gen = self.llm.generator(self.source.speculative)      # (under TP, every rank runs it)
+        gen = self.llm.scheduler(self.source.speculative)      # (under TP, every rank runs it)
         gen.add_request([0, 1], SamplingParams(max_new_tokens=n, seed=0, ignore_eos=True))
         while gen.has_work():
             gen.step()

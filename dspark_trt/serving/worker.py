@@ -1,9 +1,9 @@
-"""One background thread that owns a ``Generator`` and batches every request of a model instance.
+"""One background thread that owns a ``Scheduler`` and batches every request of a model instance.
 
 Requests arrive from any thread through ``submit`` (a thread-safe queue); between rounds the
 thread admits them into the continuous batch, drops cancelled ones, runs one ``step`` and hands
 each request's new tokens to its ``Sink``. A bad request fails alone; a failing round fails the
-requests it was running and the worker carries on with a fresh generator.
+requests it was running and the worker carries on with a fresh scheduler.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ FinishHook = Callable[[str, int, "SpecStats | None"], None]
 class GenerationWorker:
     def __init__(self, llm, speculative: bool = True, on_finish: FinishHook | None = None):
         self.llm, self.speculative = llm, speculative
-        self.gen = llm.generator(speculative)
+        self.gen = llm.scheduler(speculative)
         self.on_finish = on_finish or (lambda outcome, n, stats: None)
         self.inbox: queue.Queue = queue.Queue()
         self.active: dict[int, _Active] = {}
@@ -83,7 +83,7 @@ class GenerationWorker:
             except Exception as e:                      # a bug or a device error: fail this batch only
                 log.exception("generation round failed")
                 self._fail_all(f"generation failed: {type(e).__name__}: {e}")
-                self.gen = self.llm.generator(self.speculative)
+                self.gen = self.llm.scheduler(self.speculative)
                 continue
             self._emit({s.request_id for s in finished})
         self._fail_all("the model is shutting down")

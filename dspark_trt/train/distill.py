@@ -1,7 +1,7 @@
 """Self-distilled draft data: the target continues prompts through the project's runtime.
 
 Prompts are cut from a token stream (the distill split, or the eval split for held-out text);
-``Generator`` (paged KV cache, continuous batching, no speculation) continues each one by up to
+``Scheduler`` (paged KV cache, continuous batching, no speculation) continues each one by up to
 ``new_tokens`` tokens, greedily for the first ``greedy_frac`` of the prompts and sampled at
 ``temperature`` / ``top_p`` for the rest (DeepSpec: T 0.7, top-p 0.8, top-k 20; the runtime's
 ``SamplingParams`` has no top-k, so top-p only). A continuation ends at the target's eos (kept)
@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from ..runtime.generator import Generator
+from ..runtime.scheduler import Scheduler
 from ..runtime.networks import EagerNetworks
 from ..runtime.sampling_params import SamplingParams
 from .recipe import DistillSpec
@@ -68,8 +68,8 @@ def cut_prompts(stream: Tensor, n: int, min_len: int, max_len: int, seed: int) -
     return out
 
 
-def _generator(target, batch: int, max_seq_len: int, device, dtype, graphs: bool) -> Generator:
-    """A target-only Generator; ``graphs``: replay its decode step from CUDA graphs."""
+def _scheduler(target, batch: int, max_seq_len: int, device, dtype, graphs: bool) -> Scheduler:
+    """A target-only Scheduler; ``graphs``: replay its decode step from CUDA graphs."""
     page = 64 if max_seq_len >= 256 else 16
     pages_per_seq = -(-(max_seq_len + 1) // page)
     nets = EagerNetworks(target, None, batch * pages_per_seq, page, device, dtype)
@@ -78,7 +78,7 @@ def _generator(target, batch: int, max_seq_len: int, device, dtype, graphs: bool
         from ..runtime.cuda_graphs import GraphedSteps
         from ..runtime.steps import DecodeSteps
         steps = GraphedSteps(DecodeSteps(nets), batch, pages_per_seq)
-    return Generator(nets, batch, max_seq_len, target.config.vocab_size, [EOS_ID],
+    return Scheduler(nets, batch, max_seq_len, target.config.vocab_size, [EOS_ID],
                      speculative=False, steps=steps)
 
 
@@ -96,12 +96,12 @@ def continue_prompts(target, prompts: list[list[int]], spec: DistillSpec, seed: 
                                        max_new_tokens=spec.new_tokens, seed=seed * 1_000_003 + i)))
     graphs = torch.device(device).type == "cuda"
     try:                                       # continuous batching over all prompts
-        outs = _generator(target, B, L + 1, device, dtype, graphs).run(reqs)
+        outs = _scheduler(target, B, L + 1, device, dtype, graphs).run(reqs)
     except RuntimeError as e:
         if not graphs:
             raise
         log(f"[train] distill: CUDA graphs failed ({e}); generating eagerly")
-        outs = _generator(target, B, L + 1, device, dtype, False).run(reqs)
+        outs = _scheduler(target, B, L + 1, device, dtype, False).run(reqs)
     tokens = torch.full((len(prompts), L), EOS_ID, dtype=torch.int32)
     mask = torch.zeros(len(prompts), L, dtype=torch.bool)
     for i, (p, o) in enumerate(zip(prompts, outs)):

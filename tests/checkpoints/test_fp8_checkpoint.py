@@ -24,7 +24,7 @@ from dspark_trt.config.source import ModelSource
 from dspark_trt.models import build_models
 from dspark_trt.models.fp8_linear import FP8_PROJECTIONS, Fp8Linear
 from dspark_trt.plugins.fp8_linear import quantize_fp8
-from dspark_trt.runtime.generator import Generator
+from dspark_trt.runtime.scheduler import Scheduler
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
 
@@ -132,7 +132,7 @@ def test_speculative_greedy_equals_autoregressive_of_the_fp8_target(fp8_dirs):
     sp = SamplingParams(max_new_tokens=24)
     ar = llm.generate(prompts, sp, speculative=False)
     spec = llm.generate(prompts, sp, speculative=True)
-    near = Generator(NearTargetNetworks(llm.networks, sigma=0.5, seed=1), 3, llm.max_seq_len,
+    near = Scheduler(NearTargetNetworks(llm.networks, sigma=0.5, seed=1), 3, llm.max_seq_len,
                      llm.pair.target.vocab_size).run([(p, sp) for p in prompts])
     for a, s, n in zip(ar, spec, near):
         assert s.output_ids == a.output_ids == n.output_ids

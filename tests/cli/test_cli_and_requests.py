@@ -61,7 +61,7 @@ def test_bad_requests_name_the_problem(llm, prompt, params, match):
 
 
 def test_a_rejected_request_loses_nothing_already_accepted(llm):
-    gen = llm.generator()
+    gen = llm.scheduler()
     good = gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=6))
     with pytest.raises(RequestError):
         gen.add_request([1, 999], SamplingParams())

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dspark_trt.runtime import LLM, SamplingParams
-from dspark_trt.runtime.generator import Generator
+from dspark_trt.runtime.scheduler import Scheduler
 
 PROMPTS = [list(range(3, 63)), [11, 12, 13, 14, 15]]        # 60 and 5 tokens
 NEW = 72                                                    # crosses window 16, ratios 4 and 16
@@ -60,7 +60,7 @@ def test_partial_accepts_stay_lossless(llm, reference):
     seqs = [p + r for p, r in zip(PROMPTS, reference)]
     for i, prompt in enumerate(PROMPTS):          # one request at a time: rows map to sequences
         nets = ScriptedDraft(llm.networks, [seqs[i]], seed=i)
-        gen = Generator(nets, 2, 320, 512, [], speculative=True)
+        gen = Scheduler(nets, 2, 320, 512, [], speculative=True)
         out = gen.run([(prompt, SamplingParams(max_new_tokens=NEW))])[0]
         assert out.output_ids == reference[i]
         acc = out.stats.accepted

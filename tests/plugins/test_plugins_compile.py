@@ -16,7 +16,7 @@ triton = pytest.importorskip("triton", reason="Triton is not installed")
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
-from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe, rejection as krj, sparse_mla as ksm  # noqa: E402
 from dspark_trt.plugins.kernels import fp8_gemm as kfp8  # noqa: E402
 

@@ -6,7 +6,7 @@ import torch
 
 triton = pytest.importorskip("triton", reason="Triton is not installed")
 
-from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk  # noqa: E402
+from dspark_trt.plugins.kernels import block_attention as kba, markov_exact as kme, markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm  # noqa: E402
 
 SMS = 132
@@ -122,7 +122,7 @@ def test_resident_c_checks_the_grid_it_launches(monkeypatch):
         assert grid[0] == C
         compiled_for.append(C)
         return NS(divisible=C % 16 == 0)
-    monkeypatch.setattr(kmk.markov_sample_kernel, "warmup", warmup)
+    monkeypatch.setattr(kme.markov_sample_kernel, "warmup", warmup)
     monkeypatch.setattr(kmk, "max_resident_programs", lambda k, dev: 5 if k.divisible else 4)
     monkeypatch.setattr(kmk, "num_sms", lambda dev: 132)
     monkeypatch.setattr(kmk, "_FIT_CACHE", {})

@@ -59,7 +59,7 @@ ONE_GEMV = dict(one_launch=True, gemv=True, block_v=16, num_warps=4)
 def test_markov_real_vocab_tokens_exact(B, schedule):
     """*_clamped ask for 64 programs per SM: without the residency clamp the grid barrier would
     wait forever for programs that cannot be scheduled."""
-    from dspark_trt.plugins.kernels.markov import markov_sample_triton
+    from dspark_trt.plugins.kernels.markov_launch import markov_sample_triton
     args = _markov_args(B=B)
     rt, rz = markov_sample_ref(*args)
     t, z = markov_sample_triton(*args, **schedule)
@@ -70,7 +70,7 @@ def test_markov_real_vocab_tokens_exact(B, schedule):
 def test_markov_b1_sampled_tokens_exact():
     """Batch 1, temperature > 0, the default one-launch grid (its greedy rows skip the noise, so the
     sampled branch needs its own case)."""
-    from dspark_trt.plugins.kernels.markov import markov_sample_triton
+    from dspark_trt.plugins.kernels.markov_launch import markov_sample_triton
     args = _markov_args(B=1)
     args = (*args[:4], torch.full((1,), 0.8, device=DEV), *args[5:])
     rt, rz = markov_sample_ref(*args)
@@ -80,7 +80,7 @@ def test_markov_b1_sampled_tokens_exact():
 
 
 def test_markov_fast_mode_matches_its_reference():
-    from dspark_trt.plugins.kernels.markov import markov_sample_topk_triton
+    from dspark_trt.plugins.kernels.markov_topk import markov_sample_topk_triton
     args = _markov_args()
     rt, rz = markov_sample_topk_ref(*args, 4096, 4)
     t, z = markov_sample_topk_triton(*args, 4096, 4)

@@ -51,3 +51,14 @@ def test_exporter_tables_are_derived():
         from dspark_trt.plugins import onnx_export
         assert set(onnx_export.SPECS) == {n for n, op in OPS.items() if op.onnx is not None}
         assert onnx_export.TORCH_OPS["kv_cache_update"] == "kv_cache_write"
+
+
+def test_each_spec_names_a_triton_launcher_that_exists():
+    """``OpSpec.triton`` ("kernels.<module>:<launcher>") is only read by people: check it resolves
+    (a kernel module split or renamed without updating the spec fails here)."""
+    named = {name: spec.triton for name, spec in OPS.items() if spec.triton}
+    assert "markov_sample" in named and "markov_sample_topk" in named
+    for name, where in named.items():
+        module, launcher = where.split(":")
+        mod = importlib.import_module(f"dspark_trt.plugins.{module}")
+        assert callable(getattr(mod, launcher, None)), f"{name}: {where} does not exist"

@@ -17,7 +17,7 @@ from dspark_trt.runtime import calibration as cal
 from dspark_trt.runtime.confidence import (MODE_IDS, Calibration, CostCurve, admitted_lengths)
 from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
 from dspark_trt.runtime.steps import DecodeSteps
-from dspark_trt.runtime.generator import Generator
+from dspark_trt.runtime.scheduler import Scheduler
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
 
@@ -67,7 +67,7 @@ def test_confidence_logits_come_from_the_draft_step_and_match_eq7():
     z of the confidence draft step equal the plain draft step's; inert rows get c = 0."""
     llm = _llm()
     nets, d = llm.networks, llm.draft
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=8)),
             gen.add_request([5, 6], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))]
     gen.step()                                                     # prefill: a context
@@ -179,7 +179,7 @@ def test_v4_draft_step_returns_confidence():
     nets = type(llm.networks)(llm.target, llm.draft, llm.networks.num_pages, llm.networks.page_size,
                               "cpu", torch.float64)
     assert nets.has_confidence
-    gen = Generator(nets, 2, 64, llm.pair.target.vocab_size)
+    gen = Scheduler(nets, 2, 64, llm.pair.target.vocab_size)
     seqs = [gen.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=4))]
     gen.step()
     from dspark_trt.runtime.steps import DeviceInputs
@@ -326,7 +326,7 @@ def test_full_width_verify_equals_the_admitted_width_verify(cost_model):
     llm = _llm(block=5, seed=3, verify_cost=CURVES["linear"], cost_model=cost_model)
     steps = llm.steps
     replay = GraphedSteps(steps, llm.max_batch_size, llm.max_pages_per_seq, EAGER_REPLAY)
-    gen = llm.generator()
+    gen = llm.scheduler()
     modes = ("scheduled", "threshold", "scheduled")
     seqs = [gen.add_request([1 + i, 2, 3], SamplingParams(max_new_tokens=40, temperature=1.0,
                                                           top_p=0.9, seed=7 + i, verify_mode=m,
@@ -738,7 +738,7 @@ def test_ar_round_with_context_writes_the_drafts_context_like_a_verify_that_acce
     speculative round whose verifier accepted no draft does (from the target's taps of the anchor)."""
     llm = _llm(block=4, seed=2)
     nets, steps = llm.networks, llm.steps
-    gen = llm.generator()
+    gen = llm.scheduler()
     for p in ([1, 2, 3], [4, 5], [6, 7, 8, 9]):
         gen.add_request(p, SamplingParams(max_new_tokens=10))
     gen.step()
@@ -778,7 +778,7 @@ def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs):
     """With step costs where drafting never pays, an all-scheduled batch runs AR rounds (0 drafts
     verified, the draft's context kept) with a scheduled probe every AR_PROBE_EVERY rounds; greedy
     output equals the target's; a batch with a fixed row never falls back."""
-    from dspark_trt.runtime.generator import AR_PROBE_EVERY
+    from dspark_trt.runtime.scheduler import AR_PROBE_EVERY
     curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
     if graphs:

@@ -137,7 +137,7 @@ def test_default_max_seq_len_is_capped_to_the_kv_pages_with_the_reason(caplog, c
     with caplog.at_level(logging.WARNING):
         small = LLM(pair, target, draft, max_batch_size=2, page_size=16, num_pages=8)
     assert small.max_seq_len == 8 * 16 - 5 and "instead of 4096" in caplog.text
-    gen = small.generator()
+    gen = small.scheduler()
     with pytest.raises(RequestError, match=f"exceeds max_seq_len {8 * 16 - 5}"):
         gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=8 * 16 - 7))
     out = small.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8 * 16 - 8, ignore_eos=True))[0]

@@ -50,7 +50,7 @@ def test_more_requests_than_fit_equal_each_alone(speculative, graphs):
     # 24 pages of 4 tokens: one request's whole budget is up to 10 + 30 + 5 = 45 tokens (12 pages),
     # so at most two fit reserved up front; four start, then preemptions make room
     small = _llm(24, graphs=graphs)
-    gen = small.generator(speculative)
+    gen = small.scheduler(speculative)
     seqs = [gen.add_request(p, sp) for p, sp in reqs]
     streamed = {s.request_id: [] for s in seqs}
     for s in seqs:

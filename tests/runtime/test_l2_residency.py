@@ -1,8 +1,10 @@
-"""l2_residency: input checks on CPU; the window itself on a GPU (benchmarks/markov_l2.py measures it)."""
+"""benchmarks/l2_residency.py (the persisting L2 window benchmarks/markov_l2.py measures): input
+checks on CPU; on a GPU, that a runtime ``CapturedGraph`` carries the stream's window into its
+kernel nodes."""
 import pytest
 import torch
 
-from dspark_trt.runtime import l2_residency as l2
+from benchmarks import l2_residency as l2
 
 
 def test_window_needs_a_contiguous_cuda_weight():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dspark_trt.models import build_models
-from dspark_trt.runtime.generator import Generator
+from dspark_trt.runtime.scheduler import Scheduler
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.networks import EagerNetworks
 from dspark_trt.runtime.sampling_params import SamplingParams
@@ -49,7 +49,7 @@ def test_greedy_speculative_equals_target_with_long_accepted_runs(block, batch):
     sp = SamplingParams(max_new_tokens=20)
     ar = llm.generate(prompts, sp, speculative=False)
     nets = NearTargetNetworks(llm.networks, sigma=0.5, seed=block)
-    gen = Generator(nets, batch, llm.max_seq_len, llm.pair.target.vocab_size)
+    gen = Scheduler(nets, batch, llm.max_seq_len, llm.pair.target.vocab_size)
     spec = gen.run([(p, sp) for p in prompts])
     for s, a in zip(spec, ar):
         assert s.output_ids == a.output_ids
@@ -84,7 +84,7 @@ def test_temperature_outputs_are_reproducible_per_seed():
 
 def _near_target_run(llm, prompts, sp, seed):
     nets = NearTargetNetworks(llm.networks, sigma=0.5, seed=seed)
-    return Generator(nets, len(prompts), llm.max_seq_len, llm.pair.target.vocab_size).run(
+    return Scheduler(nets, len(prompts), llm.max_seq_len, llm.pair.target.vocab_size).run(
         [(p, sp) for p in prompts])
 
 

@@ -12,7 +12,7 @@ from dspark_trt.checkpoints.files import CheckpointError, write_checkpoint
 from dspark_trt.checkpoints.qwen3 import qwen3_draft_tensors, qwen3_target_tensors
 from dspark_trt.cli import main
 from dspark_trt.models import build_models
-from dspark_trt.runtime.generator import NONFINITE_LOGITS
+from dspark_trt.runtime.scheduler import NONFINITE_LOGITS
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
 

@@ -48,7 +48,7 @@ def test_graph_rounds_equal_eager_rounds(llm, backend, sampled):
     graphed = GraphedSteps(eager, llm.max_batch_size, llm.max_pages_per_seq, backend_or_skip(backend))
     sp = SamplingParams(max_new_tokens=40, temperature=0.8 if sampled else 0.0,
                         top_p=0.9 if sampled else 1.0, seed=7, ignore_eos=True)
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request(p, sp) for p in PROMPTS[:3]]
     gen.step()                                              # eager prefill of 3 rows (bucket 4)
     r = gen.round_inputs(seqs)
@@ -99,7 +99,7 @@ def test_generate_with_sampling_modifiers_through_graphs_equals_eager(llm):
 
 def test_replayed_round_allocates_no_device_memory(llm):
     graphed = GraphedSteps(DecodeSteps(llm.networks), 4, llm.max_pages_per_seq)
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request(p, SamplingParams(max_new_tokens=30, ignore_eos=True)) for p in PROMPTS[:2]]
     gen.step()
     r = gen.round_inputs(seqs)

@@ -84,7 +84,7 @@ def test_autoregressive_mode_equals_greedy(llm, reference):
 
 
 def test_high_acceptance_is_still_lossless(llm, reference):
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request(p, params(n)) for p, n in zip(PROMPTS, NEW)]
     script: dict[int, tuple[int, list[int]]] = {}
     gen.steps = DecodeSteps(ScriptedDraft(llm.networks, script))
@@ -99,7 +99,7 @@ def test_high_acceptance_is_still_lossless(llm, reference):
 
 
 def test_requests_join_and_leave_mid_run(llm, reference):
-    gen = llm.generator()
+    gen = llm.scheduler()
     first = [gen.add_request(PROMPTS[i], params(NEW[i])) for i in (0, 1)]
     for _ in range(3):
         gen.step()
@@ -116,7 +116,7 @@ def test_requests_join_and_leave_mid_run(llm, reference):
 
 
 def test_abort_frees_pages_and_keeps_others(llm, reference):
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request(p, params(n)) for p, n in zip(PROMPTS[:3], NEW[:3])]
     gen.step()
     assert gen.abort(seqs[1].request_id) and not gen.abort(seqs[1].request_id)
@@ -154,7 +154,7 @@ def test_padded_rows_are_inert(llm):
     """What the graph buckets rely on: appending inert rows changes no live output and no cache
     entry outside the pad page."""
     steps = DecodeSteps(llm.networks)
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request(p, params(8)) for p in PROMPTS[:2]]
     gen.step()                                          # prefill: anchors and pages exist
     live = gen.round_inputs(seqs)
@@ -184,7 +184,7 @@ def test_staged_round_is_the_rounds_own_steps(llm):
     from dspark_trt.runtime.steps import verify_window
     steps = DecodeSteps(llm.networks)
     assert steps.eager is steps and steps.replayable(len) is len
-    gen = llm.generator()
+    gen = llm.scheduler()
     seqs = [gen.add_request(p, params(8)) for p in PROMPTS[:2]]
     gen.step()
     r = gen.round_inputs(seqs)
@@ -251,7 +251,7 @@ def test_kv_budget(llm):
         make(gpu_memory_utilization=0.5)
     with pytest.raises(KVBudgetError, match="not both"):
         make(kv_cache_bytes=10**9, gpu_memory_utilization=0.5)
-    gen = m.generator()             # 2 whole budgets fit; pages are reserved as sequences grow,
+    gen = m.scheduler()             # 2 whole budgets fit; pages are reserved as sequences grow,
     seqs = [gen.add_request([1, 2, 3], params(20)) for _ in range(3)]   # so all three start
     gen.step()
     assert len(gen.running) == 3 and not gen.waiting

@@ -14,7 +14,7 @@ import torch
 
 from dspark_trt import plugins
 from dspark_trt.models import build_models
-from dspark_trt.runtime.generator import Generator
+from dspark_trt.runtime.scheduler import Scheduler
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
 
@@ -51,7 +51,7 @@ def exact_law(llm) -> np.ndarray:
 
 
 def sample_tokens(llm, networks=None) -> np.ndarray:
-    gen = Generator(networks or llm.networks, M, llm.max_seq_len, V)
+    gen = Scheduler(networks or llm.networks, M, llm.max_seq_len, V)
     outs = gen.run([(PROMPT, SamplingParams(temperature=T, seed=s, max_new_tokens=3)) for s in range(M)])
     return np.array([o.output_ids for o in outs])                                   # [M, 3]
 
@@ -129,7 +129,7 @@ def test_confidence_modes_sample_the_target_distribution(llm_conf, mode, cost_mo
                                draft_ms=[1e5, 1e5], ar_ms=[1.0, 1.0])
     sched.cost_model = "trimmed" if cost_model == "fallback" else cost_model
     llm_conf.steps.verify_widths.clear()
-    gen = Generator(llm_conf.networks, M, llm_conf.max_seq_len, V, steps=llm_conf.steps)
+    gen = Scheduler(llm_conf.networks, M, llm_conf.max_seq_len, V, steps=llm_conf.steps)
     outs = gen.run([(PROMPT, SamplingParams(temperature=T, seed=s, max_new_tokens=3, verify_mode=mode,
                                             confidence_threshold=0.6)) for s in range(M)])
     sched.cost_model, sched.cost = "packed", cost

@@ -14,7 +14,7 @@ import torch
 
 from dspark_trt.models import build_models
 from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
-from dspark_trt.runtime.generator import Generator
+from dspark_trt.runtime.scheduler import Scheduler
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_modifiers import Modifiers, TokenCounts, apply_modifiers
 from dspark_trt.runtime.sampling_params import RequestError, SamplingParams
@@ -138,7 +138,7 @@ def test_greedy_speculative_equals_greedy_ar(case):
     ar = llm.generate(prompts, sp, speculative=False)
     spec = llm.generate(prompts, sp, speculative=True)
     nets = NearTargetNetworks(llm.networks, sigma=0.3, seed=1)
-    near = Generator(nets, 3, llm.max_seq_len, llm.pair.target.vocab_size).run([(p, sp) for p in prompts])
+    near = Scheduler(nets, 3, llm.max_seq_len, llm.pair.target.vocab_size).run([(p, sp) for p in prompts])
     for a, s, n in zip(ar, spec, near):
         assert s.output_ids == a.output_ids and n.output_ids == a.output_ids
     assert max(x for o in near for x in o.stats.accepted) >= 3
@@ -175,7 +175,7 @@ def test_mixed_batch_rows_equal_their_solo_runs_and_graph_buffers_equal_eager():
         assert llm.generate([p], sp)[0].output_ids == o.output_ids
     graphed = GraphedSteps(DecodeSteps(llm.networks), 3, llm.max_pages_per_seq, EAGER_REPLAY)
     for speculative in (True, False):
-        gen = Generator(llm.networks, 3, llm.max_seq_len, llm.pair.target.vocab_size,
+        gen = Scheduler(llm.networks, 3, llm.max_seq_len, llm.pair.target.vocab_size,
                         speculative=speculative, steps=graphed)
         want = both if speculative else llm.generate(prompts, params, speculative=False)
         assert [o.output_ids for o in gen.run(list(zip(prompts, params)))] == [o.output_ids for o in want]
@@ -188,7 +188,7 @@ def test_device_token_counts_follow_the_committed_output(graphs):
     llm = _llm(4, seed=2, max_batch=2)
     steps = (GraphedSteps(DecodeSteps(llm.networks), 2, llm.max_pages_per_seq, EAGER_REPLAY)
              if graphs else DecodeSteps(llm.networks))
-    gen = Generator(llm.networks, 2, llm.max_seq_len, llm.pair.target.vocab_size, steps=steps)
+    gen = Scheduler(llm.networks, 2, llm.max_seq_len, llm.pair.target.vocab_size, steps=steps)
     prompts = _prompts(1, 2, llm.pair.target.vocab_size)
     seqs = [gen.add_request(p, SamplingParams(max_new_tokens=40, temperature=0.8, seed=i, **PENALTIES))
             for i, p in enumerate(prompts)]
@@ -207,7 +207,7 @@ def test_rounds_without_modifiers_run_the_plain_graphs():
     """The graph key: plain rounds replay the graphs they always did; penalty rounds get their own."""
     llm = _llm(3, seed=4, max_batch=2)
     graphed = GraphedSteps(DecodeSteps(llm.networks), 2, llm.max_pages_per_seq, EAGER_REPLAY)
-    gen = Generator(llm.networks, 2, llm.max_seq_len, llm.pair.target.vocab_size, steps=graphed)
+    gen = Scheduler(llm.networks, 2, llm.max_seq_len, llm.pair.target.vocab_size, steps=graphed)
     gen.run([([1, 2, 3], SamplingParams(max_new_tokens=6))])
     assert {k[2] for k in graphed._graphs} == {Modifiers()}
     gen.run([([1, 2, 3], SamplingParams(max_new_tokens=6, presence_penalty=1.0))])
@@ -263,7 +263,7 @@ def pvalues(tokens: np.ndarray, law: np.ndarray) -> dict[str, float]:
 
 
 def sample(llm, sp: SamplingParams, networks=None) -> np.ndarray:
-    gen = Generator(networks or llm.networks, M, llm.max_seq_len, V)
+    gen = Scheduler(networks or llm.networks, M, llm.max_seq_len, V)
     outs = gen.run([(PROMPT, dataclasses.replace(sp, seed=s)) for s in range(M)])
     return np.array([o.output_ids for o in outs])                                  # [M, 3]
 

@@ -1,4 +1,4 @@
-"""The OpenAI server's engine thread, stepped by hand: a late abort from a request of a generator
+"""The OpenAI server's engine thread, stepped by hand: a late abort from a request of a scheduler
 that was replaced after a failed step must not hit the new request that reuses its id; a failed
 engine answers new requests at once."""
 from __future__ import annotations
@@ -40,14 +40,14 @@ def test_late_abort_of_a_failed_generators_request_does_not_hit_its_successor(ll
 
     def broken_step():
         raise RuntimeError("injected step failure")
-    engine.generator.step = broken_step
-    engine._step()                                            # a fails; a fresh generator takes over
+    engine.scheduler.step = broken_step
+    engine._step()                                            # a fails; a fresh scheduler takes over
     b = RequestHandle([4, 5, 6], params, loop)
     engine.submit(b)
     engine.abort(a)                                           # a's client leaves late
     engine._drain_commands(block=False)
-    assert a.request_id == b.request_id == 0                  # the new generator reuses the id
-    while engine.generator.has_work():
+    assert a.request_id == b.request_id == 0                  # the new scheduler reuses the id
+    while engine.scheduler.has_work():
         engine._step()
     got = events(loop, b)
     assert isinstance(got[0], Admitted) and isinstance(got[-1], Finished)

@@ -49,7 +49,7 @@ def test_concurrent_streams_with_a_short_cache_equal_generate():
         return await asyncio.gather(*(one(client, p) for p in PROMPTS))
     try:
         got = asyncio.run(run())
-        preemptions = server.engine.generator.preemptions
+        preemptions = server.engine.scheduler.preemptions
         free = server.engine.kv_pages_free()
     finally:
         thread.stop()

@@ -151,4 +151,4 @@ def test_a_disconnect_frees_every_choice(served):
     while (engine.kv_pages_free() != total or engine.num_active()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert engine.kv_pages_free() == total and engine.num_active() == 0
-    assert not engine.generator.running and not engine.generator.waiting
+    assert not engine.scheduler.running and not engine.scheduler.waiting

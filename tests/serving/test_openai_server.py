@@ -167,7 +167,7 @@ def test_eight_concurrent_streaming_clients_two_requests_each(served, client, re
     for t in threads:
         t.start()
     while any(t.is_alive() for t in threads):
-        peak_running.append(len(served[0].engine.generator.running))
+        peak_running.append(len(served[0].engine.scheduler.running))
         time.sleep(0.01)
     for t in threads:
         t.join()
@@ -274,7 +274,7 @@ def test_an_engine_failure_fails_its_requests_and_the_next_ones_are_served(serve
 
     def broken_step():
         raise RuntimeError("injected step failure")
-    engine.generator.step = broken_step              # the engine replaces a generator that fails
+    engine.scheduler.step = broken_step              # the engine replaces a generator that fails
     r = http.post("/v1/completions", json=OK)
     assert r.status_code == 500 and "injected step failure" in r.json()["error"]["message"]
     r = http.post("/v1/completions", json=OK)
@@ -298,7 +298,7 @@ def test_client_disconnect_mid_stream_frees_sequence_and_pages(served, http):
     while (engine.kv_pages_free() != total or engine.num_active()) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert engine.kv_pages_free() == total and engine.num_active() == 0
-    assert not engine.generator.running and not engine.generator.waiting
+    assert not engine.scheduler.running and not engine.scheduler.waiting
     wait_for_aborted_count(http, aborted_before + 1, deadline)
 
 

@@ -251,8 +251,8 @@ def test_metrics_count_finished_requests(model):
 
 
 def test_generator_abort_frees_pages_and_keeps_others(llm):
-    """Generator.abort (added for serving): waiting and running requests, pages returned."""
-    gen = llm.generator()
+    """Scheduler.abort (added for serving): waiting and running requests, pages returned."""
+    gen = llm.scheduler()
     free0 = len(gen.kv.free)
     keep = gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=12, seed=9))
     run = gen.add_request([4, 5], SamplingParams(max_new_tokens=12))

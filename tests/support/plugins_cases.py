@@ -179,7 +179,7 @@ def packed_argmax_case(device) -> dict:
 
 def run_all(device, dtype=torch.float32) -> dict:
     """Every kernel launcher against its reference; returns {case: {metric: value}}."""
-    from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov as kmk
+    from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov_launch as kmk, markov_topk as kmt
     from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm, swa_indices as ksw
     out = {}
 
@@ -227,7 +227,7 @@ def run_all(device, dtype=torch.float32) -> dict:
                             BLOCK_B=16, BLOCK_V=64, BLOCK_R=16)
     out["markov_sample_aot"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     rt, rz = markov_sample_topk_ref(*args, 64, 2)
-    tt, tz = kmk.markov_sample_topk_triton(*args, 64, 2)
+    tt, tz = kmt.markov_sample_topk_triton(*args, 64, 2)
     out["markov_sample_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=1, N=4)                 # gemv with one row: the 1-D body
     rt, rz = markov_sample_ref(*args)
@@ -247,7 +247,7 @@ def run_all(device, dtype=torch.float32) -> dict:
         out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=6, N=4, V=1000, r=40)  # candidates span several bias tiles
     rt, rz = markov_sample_topk_ref(*args, 128, 3)
-    tt, tz = kmk.markov_sample_topk_triton(*args, 128, 3)
+    tt, tz = kmt.markov_sample_topk_triton(*args, 128, 3)
     out["markov_sample_topk_wide"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
 
     out["markov_packed_argmax"] = packed_argmax_case(device)
@@ -315,7 +315,7 @@ def tuner_configs(device, dtype=torch.float32) -> dict:
     """Every candidate config of benchmarks/tune_plugins.py on the small inputs: the launchers
     accept it and match the reference (tokens exact, floats within 1e-5). -> {"checked", "failures"}."""
     from benchmarks import tune_plugins as tp
-    from dspark_trt.plugins.kernels import block_attention as kba, markov as kmk
+    from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk, markov_topk as kmt
     from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm
     failures, checked = [], 0
 

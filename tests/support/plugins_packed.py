@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dspark_trt.plugins.kernels.markov import _pack_best, _unpack_index
+from dspark_trt.plugins.kernels.markov_exact import _pack_best, _unpack_index
 
 
 @triton.jit

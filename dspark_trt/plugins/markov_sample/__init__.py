@@ -49,7 +49,7 @@ def markov_sample_ref(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tenso
 def markov_sample(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor,
                   temperature: Tensor, seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
     if use_triton(base_logits):
-        from ..kernels.markov import markov_sample_triton
+        from ..kernels.markov_launch import markov_sample_triton
         return markov_sample_triton(base_logits, anchor, w1, w2, temperature, seed, start)   # markov_config
     return markov_sample_ref(base_logits, anchor, w1, w2, temperature, seed, start)
 
@@ -109,7 +109,7 @@ def markov_sample_topk(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tens
                        temperature: Tensor, seed: Tensor, start: Tensor, chunk: int,
                        per_chunk: int) -> tuple[Tensor, Tensor]:
     if use_triton(base_logits):
-        from ..kernels.markov import markov_sample_topk_triton
+        from ..kernels.markov_topk import markov_sample_topk_triton
         return markov_sample_topk_triton(base_logits, anchor, w1, w2, temperature, seed, start,
                                          chunk, per_chunk)
     return markov_sample_topk_ref(base_logits, anchor, w1, w2, temperature, seed, start, chunk,
@@ -119,13 +119,13 @@ def markov_sample_topk(base_logits: Tensor, anchor: Tensor, w1: Tensor, w2: Tens
 _MARKOV_INPUTS = (("base_logits", "T"), ("anchor", "L"), ("w1", "W"), ("w2", "W"), ("temperature", "F"),
                   ("seed", "L"), ("start", "L"))
 OPS = (
-    OpSpec("markov_sample", markov_sample_ref, triton="kernels.markov:markov_sample_triton",
+    OpSpec("markov_sample", markov_sample_ref, triton="kernels.markov_launch:markov_sample_triton",
            onnx=OnnxNode(_MARKOV_INPUTS, (("tokens", "L"), ("z", "F"))),
            aot=AotDesc(("T", torch.int64, "T", "T", torch.float32, torch.int64, torch.int64),
                        ("B", "N", "V", "R"), (torch.int64, torch.float32),
                        {"BLOCK_B": 16, "BLOCK_V": 128, "BLOCK_R": 64}, num_warps=4),
            tensorrt=True, export_safe=True),
-    OpSpec("markov_sample_topk", markov_sample_topk_ref, triton="kernels.markov:markov_sample_topk_triton",
+    OpSpec("markov_sample_topk", markov_sample_topk_ref, triton="kernels.markov_topk:markov_sample_topk_triton",
            onnx=OnnxNode(_MARKOV_INPUTS, (("tokens", "L"), ("z", "F")), {"chunk": "int", "per_chunk": "int"}),
            export_safe=True),
 )

@@ -3,7 +3,7 @@ op registry, ``compile_ptx``): TensorRT's order, input pointers, int32 scalars, 
 import triton
 import triton.language as tl
 
-from ..kernels.markov import markov_rows_kernel
+from ..kernels.markov_exact import markov_rows_kernel
 
 
 @triton.jit

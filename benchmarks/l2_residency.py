@@ -8,8 +8,9 @@ each later step reads them from L2. The set-aside L2 (``cudaLimitPersistingL2Cac
 by normal accesses while no persisting line needs it.
 
 A stream's window is inherited by kernels launched on it and by kernel nodes captured from it
-(``graph_windows`` checks). Measured by ``benchmarks/markov_l2.py``; the runtime does not set it yet
-(its effect on the target step, which loses that share of L2, is not measured).
+(``graph_windows`` checks). Used and measured by ``benchmarks/markov_l2.py`` (so it lives next to
+it); the runtime does not set it yet (its effect on the target step, which loses that share of L2,
+is not measured).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cuda_graphs import cuda_check
+from dspark_trt.runtime.cuda_graphs import cuda_check
 
 
 @dataclass(frozen=True)

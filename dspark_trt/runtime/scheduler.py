@@ -67,7 +67,7 @@ class Sequence:
     table_row: np.ndarray | None = None  # [max_pages] int64 page ids (-1 padded), set at admission
     error: str | None = None            # why, when finish_reason is "error"
     confidence: list | None = None      # per round: (confidence logits [N], verified, accepted)
-                                        # when the generator records them (calibration data)
+                                        # when the scheduler records them (calibration data)
     slot: int = -1                      # its row of the penalties' token counts, while running
     logprobs: list[TokenLogprob] | None = None   # per output token, when params.logprobs is set
 
@@ -99,7 +99,7 @@ class Sequence:
         return new
 
 
-class Generator:
+class Scheduler:
     """Schedules requests over the paged caches of ``networks`` and runs rounds on them."""
 
     def __init__(self, networks, max_batch_size: int, max_seq_len: int, vocab_size: int,
