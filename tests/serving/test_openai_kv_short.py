@@ -11,11 +11,8 @@ openai = pytest.importorskip("openai", reason="needs the [openai] and [test] ext
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from dspark_trt.commands.common import default_pair_dirs  # noqa: E402
-from dspark_trt.openai_server.app import OpenAIServer, build_app  # noqa: E402
-from dspark_trt.openai_server.launch import UvicornThread  # noqa: E402
-from dspark_trt.runtime.llm import LLM  # noqa: E402
 from dspark_trt.runtime.sampling_params import SamplingParams  # noqa: E402
+from tests.support.openai_serving import default_pair_llm, serving  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The cat sat", "def main():", "import numpy as np\n", "In 1492,",
            "Hello world"]
@@ -24,13 +21,9 @@ PAGES = 10             # pages of 8 tokens: 6 requests x (~5 + 24 + the block) t
 
 
 def test_concurrent_streams_with_a_short_cache_equal_generate():
-    target, draft = default_pair_dirs()
-    llm = LLM.from_checkpoints(target, draft, max_batch_size=8, max_seq_len=128, page_size=8,
-                               num_pages=PAGES)
+    llm = default_pair_llm(max_batch_size=8, max_seq_len=128, page_size=8, num_pages=PAGES)
     want = [o.output_ids for o in llm.generate(PROMPTS, SamplingParams(max_new_tokens=MAX_TOKENS,
                                                                        ignore_eos=True))]
-    server = OpenAIServer(llm, model_name="m")
-    thread = UvicornThread(build_app(server)).start()
 
     async def one(client, prompt):
         stream = await client.completions.create(model="m", prompt=prompt, max_tokens=MAX_TOKENS,
@@ -47,12 +40,10 @@ def test_concurrent_streams_with_a_short_cache_equal_generate():
     async def run():
         client = openai.AsyncOpenAI(base_url=thread.url + "/v1", api_key="x", max_retries=0, timeout=120)
         return await asyncio.gather(*(one(client, p) for p in PROMPTS))
-    try:
+    with serving(llm, "m") as (server, thread):
         got = asyncio.run(run())
         preemptions = server.engine.scheduler.preemptions
         free = server.engine.kv_pages_free()
-    finally:
-        thread.stop()
     assert preemptions > 0, "the cache was not short: nothing was preempted"
     for (text, ids), w in zip(got, want):
         assert ids == w

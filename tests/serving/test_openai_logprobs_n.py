@@ -13,12 +13,8 @@ openai = pytest.importorskip("openai", reason="needs the [openai] and [test] ext
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from dspark_trt.commands.common import default_pair_dirs  # noqa: E402
-from dspark_trt.openai_server.app import OpenAIServer, build_app  # noqa: E402
-from dspark_trt.openai_server.chat_template import ChatTemplate  # noqa: E402
-from dspark_trt.openai_server.launch import UvicornThread  # noqa: E402
-from dspark_trt.runtime.llm import LLM  # noqa: E402
 from dspark_trt.runtime.sampling_params import SamplingParams  # noqa: E402
+from tests.support.openai_serving import default_pair_llm, default_pair_template, serving  # noqa: E402
 
 MODEL = "dspark-default"
 TOL = 1e-5
@@ -26,18 +22,13 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def reference_llm():
-    target, draft = default_pair_dirs()
-    return LLM.from_checkpoints(target, draft)
+    return default_pair_llm()
 
 
 @pytest.fixture(scope="module")
 def served():
-    target, draft = default_pair_dirs()
-    server = OpenAIServer(LLM.from_checkpoints(target, draft), model_name=MODEL,
-                          chat_template=ChatTemplate.from_dir(target))
-    thread = UvicornThread(build_app(server)).start()
-    yield server, thread
-    thread.stop()
+    with serving(default_pair_llm(), MODEL, default_pair_template()) as (server, thread):
+        yield server, thread
 
 
 @pytest.fixture(scope="module")

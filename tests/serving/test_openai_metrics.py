@@ -12,10 +12,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from dspark_trt.commands.common import default_pair_dirs  # noqa: E402
-from dspark_trt.openai_server.app import OpenAIServer, build_app  # noqa: E402
-from dspark_trt.openai_server.launch import UvicornThread  # noqa: E402
-from dspark_trt.runtime.llm import LLM  # noqa: E402
+from tests.support.openai_serving import default_pair_llm, serving  # noqa: E402
 
 MODEL = "dspark-default"
 HIST = "dspark:spec_decode_verified_tokens_per_round"
@@ -23,10 +20,8 @@ HIST = "dspark:spec_decode_verified_tokens_per_round"
 
 @pytest.fixture(scope="module")
 def server_url():
-    target, draft = default_pair_dirs()
-    thread = UvicornThread(build_app(OpenAIServer(LLM.from_checkpoints(target, draft), model_name=MODEL))).start()
-    yield thread.url
-    thread.stop()
+    with serving(default_pair_llm(), MODEL) as (_, thread):
+        yield thread.url
 
 
 def scrape(url: str) -> dict:

@@ -15,12 +15,8 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from dspark_trt.commands.common import default_pair_dirs  # noqa: E402
-from dspark_trt.openai_server.app import OpenAIServer, build_app  # noqa: E402
-from dspark_trt.openai_server.chat_template import ChatTemplate  # noqa: E402
-from dspark_trt.openai_server.launch import UvicornThread  # noqa: E402
-from dspark_trt.runtime.llm import LLM  # noqa: E402
 from dspark_trt.runtime.sampling_params import SamplingParams  # noqa: E402
+from tests.support.openai_serving import default_pair_llm, default_pair_template, serving  # noqa: E402
 
 API_KEY = "test-key-123"
 MODEL = "dspark-default"
@@ -33,18 +29,14 @@ PROMPTS = ["Once upon a time", "The cat sat", "def main():", "import numpy as np
 @pytest.fixture(scope="module")
 def reference_llm():
     """A second copy of the default pair: LLM.generate must not share the server's caches."""
-    target, draft = default_pair_dirs()
-    return LLM.from_checkpoints(target, draft)
+    return default_pair_llm()
 
 
 @pytest.fixture(scope="module")
 def served():
-    target, draft = default_pair_dirs()
-    server = OpenAIServer(LLM.from_checkpoints(target, draft), model_name=MODEL,
-                          chat_template=ChatTemplate.from_dir(target))
-    thread = UvicornThread(build_app(server, max_request_bytes=MAX_BODY, api_key=API_KEY)).start()
-    yield server, thread
-    thread.stop()
+    with serving(default_pair_llm(), MODEL, default_pair_template(), max_request_bytes=MAX_BODY,
+                 api_key=API_KEY) as (server, thread):
+        yield server, thread
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +95,7 @@ def test_streamed_completion_equals_generate(client, reference_llm):
 
 def test_chat_equals_generate_on_the_rendered_template(client, reference_llm):
     messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi there"}]
-    prompt = ChatTemplate.from_dir(default_pair_dirs()[0]).render(messages)
+    prompt = default_pair_template().render(messages)
     assert prompt == "system: You are terse.\nuser: hi there\nassistant:"
     ids, text, reason = reference(reference_llm, prompt, 32)
     r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32,
