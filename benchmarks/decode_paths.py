@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.commands.bench import (load_hf_peer, make_prompts, roofline, step_latencies,  # noqa: E402
-                                       versions)
+from dspark_trt.commands.bench import (context_step_latencies, load_hf_peer, make_prompts,  # noqa: E402
+                                       roofline, versions)
 from dspark_trt.runtime import LLM, SamplingParams  # noqa: E402
 from dspark_trt.runtime.compiled import mark_caches_static  # noqa: E402
 
@@ -69,17 +69,8 @@ def measure_path(name: str, llm: LLM, prompts, sizes: list[int], a, ref: dict | 
     t0 = time.perf_counter()
     logits = prefill_logits(llm, prompts[0].tolist())
     for B in sizes:
-        gen = llm.scheduler()
-        seqs = [gen.add_request(p.tolist(), SamplingParams(max_new_tokens=a.gen_len, ignore_eos=True))
-                for p in prompts[:B]]
-        gen.step()                                                   # prefill: a real context
-        row = step_latencies(llm, gen.round_inputs(seqs), a.iters)
-        for s in seqs:
-            gen.abort(s.request_id)
-        gen.step()
-        row.update(roofline(llm, B, a.prompt_len, a.hbm_tbps))
-        row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
-        out["batch"][B] = row
+        out["batch"][B] = row = context_step_latencies(llm, prompts[:B], a.gen_len, a.iters,
+                                                       a.prompt_len, a.hbm_tbps)
         saved()
         print(f"[paths] {name:14s} B={B:3d} ar {row['ar_step_ms']:.3f} ms "
               f"({row['ar_roofline_efficiency']:.0%} of {row['ar_roofline_ms']:.2f} ms) verify "

@@ -259,6 +259,23 @@ def rank_step_bytes(module: torch.nn.Module) -> int:
                if "embed_tokens" not in n)
 
 
+def context_step_latencies(llm, prompts: np.ndarray, gen_len: int, iters: int, context: int,
+                           tbps: float) -> dict:
+    """``step_latencies`` of a batch of ``prompts`` [B, context] after their real prefill, with
+    the roofline of that batch and context (``roofline``) and the AR step's efficiency against it."""
+    gen = llm.scheduler()
+    seqs = [gen.add_request(p.tolist(), _greedy(gen_len)) for p in prompts]
+    gen.step()                                                   # prefill: a real context
+    row = step_latencies(llm, gen.round_inputs(seqs), iters)
+    for s in seqs:
+        gen.abort(s.request_id)
+    gen.step()
+    row.update(roofline(llm, len(prompts), context, tbps))
+    if "ar_roofline_ms" in row:
+        row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
+    return row
+
+
 def roofline(llm, B: int, context: int, tbps: float) -> dict:
     """Per-rank HBM roofline of the Qwen3 steps (under TP: this rank's weight shards and KV heads;
     an fp8 target: its parameters' bytes as held, fp8 weights + fp32 block scales)."""
@@ -403,16 +420,7 @@ def run(args) -> int:
             skipped.append(B)
             continue
         prompts = all_prompts[:B]
-        gen = llm.scheduler()
-        seqs = [gen.add_request(p.tolist(), _greedy(args.gen_len)) for p in prompts]
-        gen.step()                                                   # prefill: a real context
-        row = step_latencies(llm, gen.round_inputs(seqs), args.iters)
-        for s in seqs:
-            gen.abort(s.request_id)
-        gen.step()
-        row.update(roofline(llm, B, args.prompt_len, args.hbm_tbps))
-        if "ar_roofline_ms" in row:
-            row["ar_roofline_efficiency"] = row["ar_roofline_ms"] / row["ar_step_ms"]
+        row = context_step_latencies(llm, prompts, args.gen_len, args.iters, args.prompt_len, args.hbm_tbps)
         spec, ar = end_to_end(llm, prompts, args.gen_len, True), end_to_end(llm, prompts, args.gen_len, False)
         row["speculative"], row["autoregressive"] = spec, ar
         for mode in [m.strip() for m in args.verify_modes.split(",") if m.strip() not in ("", "fixed")]:
