@@ -57,11 +57,13 @@ def warmup_steps(sched: Schedule, total: int) -> int:
 def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callable[[], Tensor],
                  evaluate: Callable[[], dict], sched: Schedule, budget_s: float, device,
                  log: Callable[[str], None] = print,
-                 on_eval: Callable[[int, dict], None] | None = None) -> History:
+                 on_eval: Callable[[int, dict], None] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> History:
     """Minimise ``step_loss()`` (one fresh batch per call) for ``sched.steps`` steps, or for as many
     as fit in ``budget_s`` seconds (the step time is measured over steps 5..15, evaluations
     excluded); ``evaluate()`` runs at ``sched.eval_points`` evenly spaced steps and at the end,
-    and ``on_eval(step, metrics)`` after each (e.g. to keep the best checkpoint)."""
+    and ``on_eval(step, metrics)`` after each (e.g. to keep the best checkpoint). ``clock`` gives
+    seconds (tests pass a simulated one so the budget does not depend on machine load)."""
     params = [p for p in params if p.requires_grad]
     hist = History(name, trainable_params=sum(p.numel() for p in params))
     opt = _optimizer(params, sched)
@@ -71,7 +73,7 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
     eval_every = max(1, total // sched.eval_points) if not calibrating else total + 1
     eval_s = 0.0                                  # seconds spent in evaluate() so far
     losses: list[Tensor] = []
-    t0 = time.perf_counter()
+    t0 = clock()
     t_cal = t0
     step = 0
     log(f"[train] {name}: {hist.trainable_params / 1e6:.2f} M trainable parameters, "
@@ -81,11 +83,11 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
         if sched.steps is None and step in CALIBRATE:
             _sync(device)
             if step == CALIBRATE[0]:
-                t_cal, eval_cal = time.perf_counter(), eval_s
+                t_cal, eval_cal = clock(), eval_s
             else:
-                window = time.perf_counter() - t_cal - (eval_s - eval_cal)
+                window = clock() - t_cal - (eval_s - eval_cal)
                 hist.step_seconds = window / (CALIBRATE[1] - CALIBRATE[0])
-                left = budget_s - (time.perf_counter() - t0)
+                left = budget_s - (clock() - t0)
                 # ~5 % of the budget goes to evaluations and logging
                 total = max(step + 1, step + int(0.95 * left / hist.step_seconds))
                 progress.total = total
@@ -107,15 +109,15 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
         if step % eval_every == 0 or step == total:
             hist.train_loss += torch.stack(losses).float().cpu().tolist()
             losses = []
-            t_eval = time.perf_counter()
+            t_eval = clock()
             metrics = evaluate()
             _sync(device)
-            eval_s += time.perf_counter() - t_eval
+            eval_s += clock() - t_eval
             hist.eval_steps.append(step)
             hist.eval.append(metrics)
             if on_eval is not None:
                 on_eval(step, metrics)
-            elapsed = time.perf_counter() - t0
+            elapsed = clock() - t0
             shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
             log(f"[train] {name} step {step}/{total} ({elapsed:.0f} s): train loss "
                 f"{hist.train_loss[-1]:.4f}; held-out {shown}")
@@ -127,5 +129,5 @@ def run_training(name: str, params: list[torch.nn.Parameter], step_loss: Callabl
     if losses:
         hist.train_loss += torch.stack(losses).float().cpu().tolist()
     _sync(device)
-    hist.total_steps, hist.seconds = step, time.perf_counter() - t0
+    hist.total_steps, hist.seconds = step, clock() - t0
     return hist
