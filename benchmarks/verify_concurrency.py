@@ -7,6 +7,13 @@ Scheduler over the public round interface, ``steps.spec_round_admitted``). Befor
 verify cost curve is measured on this model (``commands.bench.cost_curve``) and given to the
 scheduler, so "scheduled" trims its verify window where that curve says a narrower one pays.
 
+``--load steady`` measures what a server at concurrency B sees instead of one static batch: B
+requests in flight, each finished one replaced by a new prompt at once (continuous batching, its
+prefill inside the window) until ``--waves`` x B requests were submitted; tokens/s over the rounds
+from the first replacement to the last submission, while all B slots are busy. A static batch
+(``--load static``, the default) ends when its slowest request ends, which penalises the modes whose
+per-request progress varies (speculative rounds) against AR; the steady load has no such tail.
+
 ``--synthetic FILE`` (random weights, where acceptance means nothing): the networks are wrapped by
 ``SyntheticAcceptance``, which replays the trained default pair's measured prefix-survival curve
 (``before.per_position[k].label_mean`` of a ``dspark-trt calibrate`` JSON) as the confidence head's
@@ -96,6 +103,9 @@ def parse_args(argv):
                    help="calibrate JSON whose survival curve is replayed as confidence + acceptance")
     b.add_argument("--spread", type=float, default=1.0, help="per-row logistic spread (synthetic)")
     b.add_argument("--modes", default=",".join(MODES))
+    b.add_argument("--load", choices=("static", "steady"), default="static",
+                   help="static: one batch of B requests; steady: B in flight, replaced as they finish")
+    b.add_argument("--waves", type=int, default=4, help="steady load: requests submitted = waves x B")
     b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
     b.set_defaults(batch_sizes="1,2,4,8,16,32,64", gen_len=32, prompt_len=64, iters=5, hf="none")
     return p.parse_args(["bench"] + list(argv))
@@ -114,6 +124,44 @@ def measure_cost_curve(llm, args, sizes):
     gen.step()
     return CostCurve(pts["tokens"], pts["latency_ms"], "measured by benchmarks/verify_concurrency.py",
                      pts["rows"], pts["draft_ms"], pts["ar_ms"])
+
+
+def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, speculative: bool,
+                 verify_mode: str = "fixed") -> dict:
+    """Greedy decoding at ``concurrency`` requests in flight over the prompt pool ``prompts``
+    [R, T] (R > concurrency): a finished request is replaced by the next prompt in the same round
+    gap; tokens/s (prefill tokens of the new requests excluded, their first token included) over
+    the rounds from the first replacement to the submission of the last prompt."""
+    from dspark_trt.runtime import SamplingParams
+    sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=verify_mode)
+    gen = llm.scheduler(speculative)
+    seqs = [gen.add_request(p.tolist(), sp) for p in prompts[:concurrency]]
+    nxt, t0, rounds, out0 = concurrency, None, 0, 0
+    sync = torch.cuda.synchronize if llm.device.type == "cuda" else (lambda: None)
+    while nxt < len(prompts):
+        done = gen.step()
+        if t0 is not None:
+            rounds += 1
+        for _ in done:
+            if nxt == len(prompts):
+                break
+            if t0 is None:                   # the window opens at the first replacement
+                sync()
+                t0, out0 = time.perf_counter(), sum(len(s.output_ids) for s in seqs)
+            seqs.append(gen.add_request(prompts[nxt].tolist(), sp))
+            nxt += 1
+    sync()
+    dt = time.perf_counter() - t0
+    tokens = sum(len(s.output_ids) for s in seqs) - out0
+    for s in seqs:
+        gen.abort(s.request_id)
+    gen.step()
+    committed = [c for s in seqs for c in s.stats.committed]
+    return {"decode_tokens_per_s": tokens / dt, "rounds": rounds, "round_ms": dt / max(rounds, 1) * 1e3,
+            "tau": sum(committed) / len(committed) if committed else None,
+            "verified_per_round": (sum(p for s in seqs for p in s.stats.proposed) / len(committed) + 1
+                                   if committed else None),
+            "requests_submitted": len(seqs), "window_tokens": tokens}
 
 
 def run(argv) -> dict:
@@ -136,20 +184,28 @@ def run(argv) -> dict:
     llm.verify_cost = curve
     for spec in (True, False):
         llm.capture_graphs(spec)
-    prompts_all = bench.make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
+    steady = args.load == "steady"
+    pool = max(sizes) * (max(2, args.waves) if steady else 1)
+    prompts_all = bench.make_prompts(llm, args.prompts, pool, args.prompt_len, args.seed)
     rows = {}
+
+    def decode(B, speculative, mode="fixed"):
+        if steady:
+            return steady_state(llm, prompts_all[:B * max(2, args.waves)], B, args.gen_len, speculative, mode)
+        return bench.end_to_end(llm, prompts_all[:B], args.gen_len, speculative, mode)
+
     for B in sorted(sizes):
-        prompts, row = prompts_all[:B], {}
+        row = {}
         for mode in modes:
             llm.steps.verify_widths.clear()
-            e2e = bench.end_to_end(llm, prompts, args.gen_len, True, mode)
+            e2e = decode(B, True, mode)
             widths = dict(llm.steps.verify_widths)
             e2e["verify_windows"] = {str(w): c for w, c in sorted(widths.items())}
             rounds = sum(widths.values())
             e2e["confidence_rounds"] = rounds           # the others ran as fixed rounds (window N)
             e2e["mean_verify_window"] = (sum(w * c for w, c in widths.items()) / rounds if rounds else n)
             row[mode] = e2e
-        row["autoregressive"] = bench.end_to_end(llm, prompts, args.gen_len, False)
+        row["autoregressive"] = decode(B, False)
         for r in row.values():
             r.pop("output_ids_row0", None)
         fixed = row["fixed"]["decode_tokens_per_s"]
@@ -180,6 +236,9 @@ def run(argv) -> dict:
         "cost_curve": curve.to_json(), "cost_model": llm.steps.eager.scheduler.cost_model,
         "options": {k: v for k, v in vars(args).items() if k not in ("func",)},
         "prompts": args.prompts, "gen_len": args.gen_len, "prompt_len": args.prompt_len,
+        "load": (f"steady: B requests in flight, replaced as they finish, {max(2, args.waves)} x B "
+                 "submitted; tokens/s from the first replacement to the last submission"
+                 if steady else "static: one batch of B requests, until the last one ends"),
         "batch": rows, "goal_issue_25": goal, "seconds": time.perf_counter() - t0,
         "notes": ["verified_per_round: drafts each request verified per round + 1 (its anchor)",
                   "mean_verify_window: drafts per row the confidence rounds' verify ran (trimmed "
@@ -230,7 +289,8 @@ def main(argv=None) -> int:
     out_dir = Path(parse_args(argv).out_dir)
     tag = parse_args(argv).tag or report["gpu"].replace(" ", "-")
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"verify-concurrency-{tag}-{report['git_sha']}.json"
+    load = "-steady" if parse_args(argv).load == "steady" else ""
+    path = out_dir / f"verify-concurrency-{tag}{load}-{report['git_sha']}.json"
     path.write_text(json.dumps(report, indent=1, default=str))
     print(f"[verify-concurrency] wrote {path} and {plot(report, path.with_suffix('.png'))}")
     return 0

@@ -56,3 +56,36 @@ def test_tiny_run_writes_json_and_plot(tmp_path):
         for m in ("fixed", "scheduled", "threshold"):
             assert row[m]["decode_tokens_per_s"] > 0 and 1 <= row[m]["verified_per_round"] <= n + 1
             assert 1 <= row[m]["mean_verify_window"] <= n
+
+
+def test_steady_load_keeps_the_concurrency_and_stays_lossless(monkeypatch):
+    """--load steady: every round of the window runs B requests (each finished one replaced at
+    once), all waves x B prompts are submitted, and the speculative requests' greedy outputs equal
+    the AR ones of the same prompts (the replacement path is lossless)."""
+    mod = _module()
+    from dspark_trt.commands import bench
+    args = mod.parse_args(["--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
+                           "--batch-sizes", "3", "--prompt-len", "8", "--gen-len", "6"])
+    args.max_batch_size, args.max_seq_len = 3, 14
+    llm = bench.load_llm(args)
+    prompts = bench.make_prompts(llm, "random", 12, 8, 0)
+    from dspark_trt.runtime.scheduler import Scheduler
+    running, step = [], Scheduler.step
+
+    def counting_step(self):
+        running.append(len([s for s in self.running if s.finish_reason is None]) + len(self.waiting))
+        return step(self)
+
+    monkeypatch.setattr(Scheduler, "step", counting_step)
+    outs, calls, add = {}, [], Scheduler.add_request
+    monkeypatch.setattr(Scheduler, "add_request",
+                        lambda self, *a, **k: calls.append(add(self, *a, **k)) or calls[-1])
+    for spec in (True, False):
+        running.clear()
+        calls.clear()
+        r = mod.steady_state(llm, prompts, 3, 6, spec)
+        assert r["requests_submitted"] == 12 and r["window_tokens"] > 0 and r["rounds"] > 0
+        assert all(n == 3 for n in running[1:-1]), running      # B in flight but at the last step
+        outs[spec] = {tuple(s.prompt_ids): s.output_ids for s in calls if s.finish_reason == "length"}
+    both = outs[True].keys() & outs[False].keys()
+    assert len(both) >= 6 and all(outs[True][p] == outs[False][p] for p in both)
