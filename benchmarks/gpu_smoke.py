@@ -3,7 +3,7 @@
     CXX=/usr/bin/g++ OUT=<dir> python3 benchmarks/gpu_smoke.py       (or: bash benchmarks/gpu_smoke.sh)
 
 Steps (each a subprocess with its own time limit; the builds compile on the CPUs while the GPU
-tests run):
+tests run, each build in its own process):
 1. ``pytest -m gpu tests/``: every GPU test (plugin kernels against their references, MoE, CUDA
    graphs, L2 window);
 2. AOTI builds with every dspark kernel compiled in (no reference fallback: a kernel that fails
@@ -19,6 +19,7 @@ Writes ``gpu-smoke-<sha>.json`` (per step: exit code, seconds, key numbers) and 
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -68,6 +69,10 @@ def run(name: str, cmd: list[str], limit_s: float, steps: dict) -> str:
     return finish(name, start(name, cmd), limit_s, steps)
 
 
+BUILDS = ("qwen3-8b-6layers", "v4-tiny")
+BUILD_LIMIT_S = 430            # from the start of the run; the builds compile beside the GPU tests
+
+
 def main() -> int:
     """``--only gpu_tests,generate`` runs a subset (the default: every step)."""
     only = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
@@ -79,31 +84,40 @@ def main() -> int:
     py = sys.executable
     os.environ.setdefault("DSPARK_CHECK_TOOLCHAIN", "0")      # the build's load stage checks the packages
     os.environ["OUT"] = str(OUT)
-    builds = start("builds", [py, "benchmarks/build_gpu.py", "qwen3-8b-6layers", "v4-tiny", "--keep",
-                              "--git-sha", SHA]) if wanted("builds") else None
+    # the two builds in parallel (each ~150-210 s of compiling; one after the other they took ~400 s)
+    builds = {name: start(f"build-{name}", [py, "benchmarks/build_gpu.py", name, "--keep", "--git-sha", SHA])
+              for name in BUILDS} if wanted("builds") else {}
     if wanted("gpu_tests"):
-        tests = run("gpu_tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/", "-p", "no:cacheprovider"],
-                    330, steps)
+        # Triton JIT compilation dominates the GPU tests: 4 workers where pytest-xdist is installed
+        xdist = ["-n", "4"] if importlib.util.find_spec("xdist") else []
+        tests = run("gpu_tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/", "-p", "no:cacheprovider",
+                                  *xdist], 330, steps)
         steps["gpu_tests"]["summary"] = next((ln for ln in reversed(tests.splitlines()) if " passed" in ln
                                               or " failed" in ln), None)
     if "--extra" in sys.argv:
         lines = Path(sys.argv[sys.argv.index("--extra") + 1]).read_text().splitlines()
         for i, cmd in enumerate(c for c in (ln.strip() for ln in lines) if c and not c.startswith("#")):
             run(f"extra{i}", ["bash", "-c", cmd], 240, steps)
-    if builds is not None:
-        finish("builds", builds, 400, steps)
-    for name in ("qwen3-8b-6layers", "v4-tiny"):
+
+    def finish_build(name: str) -> None:
+        if name not in builds:
+            return
+        finish(f"build-{name}", builds.pop(name), BUILD_LIMIT_S, steps)
         f = OUT / f"build-{name}.json"
         if f.exists():
             rec = json.loads(f.read_text())
-            steps["builds"][name] = {"wall_seconds": rec["build"]["wall_seconds"],
-                                     "ops": rec["build"].get("ops"), "parity": rec.get("parity")}
+            steps[f"build-{name}"].update(wall_seconds=rec["build"]["wall_seconds"],
+                                          ops=rec["build"].get("ops"), parity=rec.get("parity"))
+
+    finish_build("qwen3-8b-6layers")                   # the bench's engine; V4 may still compile
     engine = ENGINES / "qwen3-8b-6layers"
     if engine.exists() and wanted("bench"):
         bench = run("bench", [py, "-m", "dspark_trt.cli", "bench", "--engine", str(engine), "--batch-sizes",
                               "1,16", "--hf", "none", "--gen-len", "64", "--time-budget-s", "120",
                               "--out-dir", str(OUT)], 120, steps)
         steps["bench"]["lines"] = [ln for ln in bench.splitlines() if ln.startswith("[bench] B=")]
+    for name in list(builds):
+        finish_build(name)
     if wanted("generate"):
         gen = run("generate", [py, "-m", "dspark_trt.cli", "generate", "--max-new-tokens", "128", "--json"], 60, steps)
         try:
