@@ -8,7 +8,8 @@ verify cost curve is measured on this model (``commands.bench.cost_curve``) and 
 scheduler, so "scheduled" trims its verify window where that curve says a narrower one pays.
 
 ``--load steady`` measures what a server at concurrency B sees instead of one static batch: B
-requests in flight, each finished one replaced by a new prompt at once (continuous batching, its
+requests in flight, asking for gen_len / 2 .. 3 gen_len / 2 new tokens each (the same lengths for
+every mode), each finished one replaced by a new prompt at once (continuous batching, its
 prefill inside the window) until ``--waves`` x B requests were submitted; tokens/s over the rounds
 from the first replacement to the last submission, while all B slots are busy. A static batch
 (``--load static``, the default) ends when its slowest request ends, which penalises the modes whose
@@ -126,16 +127,26 @@ def measure_cost_curve(llm, args, sizes):
                      pts["rows"], pts["draft_ms"], pts["ar_ms"])
 
 
+def steady_lengths(n: int, gen_len: int, seed: int = 0) -> list[int]:
+    """New tokens per request of the steady load: uniform in [gen_len / 2, 3 gen_len / 2], the same
+    for every mode (request i always asks for the same length), so requests finish at different
+    rounds in AR decoding too, as in a server, instead of in lockstep waves."""
+    lo, hi = max(1, gen_len // 2), max(1, (3 * gen_len) // 2)
+    return np.random.default_rng(seed).integers(lo, hi + 1, n).tolist()
+
+
 def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, speculative: bool,
                  verify_mode: str = "fixed") -> dict:
     """Greedy decoding at ``concurrency`` requests in flight over the prompt pool ``prompts``
-    [R, T] (R > concurrency): a finished request is replaced by the next prompt in the same round
-    gap; tokens/s (prefill tokens of the new requests excluded, their first token included) over
-    the rounds from the first replacement to the submission of the last prompt."""
+    [R, T] (R > concurrency), request i asking for ``steady_lengths(R, gen_len)[i]`` tokens: a
+    finished request is replaced by the next prompt at once; tokens/s (the new requests' prefill
+    included in the time, their first token in the tokens) over the rounds from the first
+    replacement to the submission of the last prompt."""
     from dspark_trt.runtime import SamplingParams
-    sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=verify_mode)
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True, verify_mode=verify_mode)
+              for n in steady_lengths(len(prompts), gen_len)]
     gen = llm.scheduler(speculative)
-    seqs = [gen.add_request(p.tolist(), sp) for p in prompts[:concurrency]]
+    seqs = [gen.add_request(p.tolist(), sp) for p, sp in zip(prompts[:concurrency], params)]
     nxt, t0, rounds, out0 = concurrency, None, 0, 0
     sync = torch.cuda.synchronize if llm.device.type == "cuda" else (lambda: None)
     while nxt < len(prompts):
@@ -148,7 +159,7 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
             if t0 is None:                   # the window opens at the first replacement
                 sync()
                 t0, out0 = time.perf_counter(), sum(len(s.output_ids) for s in seqs)
-            seqs.append(gen.add_request(prompts[nxt].tolist(), sp))
+            seqs.append(gen.add_request(prompts[nxt].tolist(), params[nxt]))
             nxt += 1
     sync()
     dt = time.perf_counter() - t0
@@ -169,7 +180,9 @@ def run(argv) -> dict:
     t0 = time.perf_counter()
     sizes = bench._ints(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    args.max_batch_size, args.max_seq_len = max(sizes), args.prompt_len + args.gen_len
+    steady = args.load == "steady"
+    longest = max(1, (3 * args.gen_len) // 2) if steady else args.gen_len     # steady_lengths' top
+    args.max_batch_size, args.max_seq_len = max(sizes), args.prompt_len + longest
     if args.model and not (args.checkpoint or args.engine) and not args.random_weights:
         raise SystemExit("error: --model without checkpoints is RANDOM weights: add --random-weights")
     llm = bench.load_llm(args)
@@ -184,7 +197,6 @@ def run(argv) -> dict:
     llm.verify_cost = curve
     for spec in (True, False):
         llm.capture_graphs(spec)
-    steady = args.load == "steady"
     pool = max(sizes) * (max(2, args.waves) if steady else 1)
     prompts_all = bench.make_prompts(llm, args.prompts, pool, args.prompt_len, args.seed)
     rows = {}
@@ -237,7 +249,8 @@ def run(argv) -> dict:
         "options": {k: v for k, v in vars(args).items() if k not in ("func",)},
         "prompts": args.prompts, "gen_len": args.gen_len, "prompt_len": args.prompt_len,
         "load": (f"steady: B requests in flight, replaced as they finish, {max(2, args.waves)} x B "
-                 "submitted; tokens/s from the first replacement to the last submission"
+                 "submitted, new tokens per request uniform in [gen_len / 2, 3 gen_len / 2]; tokens/s "
+                 "from the first replacement to the last submission"
                  if steady else "static: one batch of B requests, until the last one ends"),
         "batch": rows, "goal_issue_25": goal, "seconds": time.perf_counter() - t0,
         "notes": ["verified_per_round: drafts each request verified per round + 1 (its anchor)",

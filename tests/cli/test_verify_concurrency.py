@@ -66,7 +66,7 @@ def test_steady_load_keeps_the_concurrency_and_stays_lossless(monkeypatch):
     from dspark_trt.commands import bench
     args = mod.parse_args(["--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
                            "--batch-sizes", "3", "--prompt-len", "8", "--gen-len", "6"])
-    args.max_batch_size, args.max_seq_len = 3, 14
+    args.max_batch_size, args.max_seq_len = 3, 8 + 9        # prompt + the longest steady length
     llm = bench.load_llm(args)
     prompts = bench.make_prompts(llm, "random", 12, 8, 0)
     from dspark_trt.runtime.scheduler import Scheduler
@@ -89,3 +89,8 @@ def test_steady_load_keeps_the_concurrency_and_stays_lossless(monkeypatch):
         outs[spec] = {tuple(s.prompt_ids): s.output_ids for s in calls if s.finish_reason == "length"}
     both = outs[True].keys() & outs[False].keys()
     assert len(both) >= 6 and all(outs[True][p] == outs[False][p] for p in both)
+    lengths = mod.steady_lengths(12, 6)
+    assert lengths == mod.steady_lengths(12, 6) and min(lengths) >= 3 and max(lengths) <= 9
+    assert len(set(lengths)) > 1                   # requests end at different rounds, AR included
+    assert all(len(outs[False][p]) == lengths[i] for i, p in enumerate(map(tuple, prompts.tolist()))
+               if p in outs[False])
