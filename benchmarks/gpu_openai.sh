@@ -2,6 +2,7 @@
 # One device call (issue #22): the logprob / graph GPU tests, the OpenAI load benchmark on the
 # default pair (fp32: every response must equal LLM.generate) and at Qwen3-8B dimensions (random
 # bf16 weights, token-id prompts; mismatches only reported). JSON and logs to $OUT. < 3 min on an H200.
+# The H200 image lacks FastAPI / uvicorn: carry the wheels of benchmarks/device_wheels.sh (it says how).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1

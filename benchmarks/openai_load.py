@@ -1,5 +1,6 @@
 """Load test of the OpenAI-compatible server (``dspark-trt serve``): C concurrent streaming clients
-x R requests each (official ``openai`` async client), every response checked token for token
+x R requests each (the official ``openai`` async client; ``httpx`` where it is not installed,
+``--client``), every response checked token for token
 against ``LLM.generate`` at temperature 0; requests/s, TTFT, inter-chunk latency and per-request
 time per output token (TPOT) percentiles, client side, as JSON (git sha, device, GPU, model
 dimensions, command) to ``benchmarks/results/`` or ``$OUT``.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -50,25 +52,46 @@ def percentiles(values: list[float]) -> dict:
             "mean_ms": 1e3 * statistics.fmean(values), "n": len(values)}
 
 
-async def one_client(client, jobs, model, stats, results):
+async def openai_stream(client, model, prompt, max_tokens):
+    """The official ``openai`` async client's completion stream, as plain dicts."""
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"return_token_ids": True})
+    async for chunk in stream:
+        yield chunk.model_dump()
+
+
+async def httpx_stream(client, model, prompt, max_tokens):
+    """The same request over ``httpx`` (server-sent events parsed here), where ``openai`` is not
+    installed (the H200 image has httpx but not the openai client)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True}
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line[6:].strip() == "[DONE]":
+                break
+            yield json.loads(line[6:])
+
+
+async def one_client(stream, client, jobs, model, stats, results):
     for key, prompt, max_tokens in jobs:
         start, last, chunks = time.perf_counter(), None, 0
         ids, first = None, None
-        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,
-                                                 stream=True, stream_options={"include_usage": True},
-                                                 extra_body={"return_token_ids": True})
-        async for chunk in stream:
+        async for chunk in stream(client, model, prompt, max_tokens):
             now = time.perf_counter()
-            for c in chunk.choices:
-                if c.text or c.finish_reason is None:
+            for c in chunk.get("choices") or []:
+                if c.get("text") or c.get("finish_reason") is None:
                     if last is None:
                         first = now - start
                         stats["ttft"].append(first)
                     else:
                         stats["itl"].append(now - last)
                     last, chunks = now, chunks + 1
-                if c.finish_reason is not None:
-                    ids = getattr(c, "token_ids", None) or (c.model_extra or {}).get("token_ids")
+                if c.get("finish_reason") is not None:
+                    ids = c.get("token_ids")
         results[key] = ids
         e2e = time.perf_counter() - start
         stats["e2e"].append(e2e)
@@ -77,15 +100,31 @@ async def one_client(client, jobs, model, stats, results):
         stats["chunks"] += chunks
 
 
-async def run_load(url, model, prompts, clients, requests, max_tokens):
-    import openai
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+def client_kind() -> str:
+    """"openai" (the official client) where installed, else "httpx"."""
+    return "openai" if importlib.util.find_spec("openai") else "httpx"
+
+
+async def run_load(url, model, prompts, clients, requests, max_tokens, kind="openai"):
+    if kind == "openai":
+        import openai
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
+        stream = openai_stream
+    else:
+        import httpx
+        client = httpx.AsyncClient(base_url=url, timeout=600,
+                                   limits=httpx.Limits(max_connections=clients + 1))
+        stream = httpx_stream
     jobs = {c: [((c, k), prompts[(c * requests + k) % len(prompts)], max_tokens) for k in range(requests)]
             for c in range(clients)}
     stats = {"ttft": [], "itl": [], "e2e": [], "tpot": [], "chunks": 0}
     results: dict = {}
     start = time.perf_counter()
-    await asyncio.gather(*(one_client(client, jobs[c], model, stats, results) for c in range(clients)))
+    try:
+        await asyncio.gather(*(one_client(stream, client, jobs[c], model, stats, results)
+                               for c in range(clients)))
+    finally:
+        await client.close() if kind == "openai" else await client.aclose()
     return time.perf_counter() - start, stats, results, jobs
 
 
@@ -120,8 +159,11 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=512)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--client", choices=("openai", "httpx"), default=None,
+                    help="the load's HTTP client (default: openai where installed, else httpx)")
     ap.add_argument("--output-dir", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     args = ap.parse_args()
+    kind = args.client or client_kind()
     commit = git("rev-parse", "--short", "HEAD")
     dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
     t0 = time.perf_counter()
@@ -135,9 +177,9 @@ def main() -> None:
     server = OpenAIServer(llm, model_name="dspark", chat_template=template)
     thread = UvicornThread(build_app(server)).start()
     try:   # one warm-up request (CUDA graphs capture lazily), then the load
-        asyncio.run(run_load(thread.url, "dspark", prompts[:1], 1, 1, 4))
+        asyncio.run(run_load(thread.url, "dspark", prompts[:1], 1, 1, 4, kind))
         elapsed, stats, results, jobs = asyncio.run(run_load(thread.url, "dspark", prompts, args.clients,
-                                                             args.requests, args.max_tokens))
+                                                             args.requests, args.max_tokens, kind))
         preemptions = server.engine.scheduler.preemptions
     finally:
         thread.stop()
@@ -155,7 +197,7 @@ def main() -> None:
               "max_tokens": args.max_tokens, "max_batch_size": args.max_batch_size,
               "max_seq_len": args.max_seq_len, "device": args.device, "dtype": args.dtype,
               "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-              "commit": commit, "dirty": dirty,
+              "commit": commit, "dirty": dirty, "client": kind,
               "command": " ".join([Path(sys.executable).name, *sys.argv]),
               "target_dims": {"hidden": t.hidden_size, "layers": t.num_hidden_layers,
                               "heads": t.num_attention_heads, "kv_heads": t.num_key_value_heads,
