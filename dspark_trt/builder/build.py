@@ -106,7 +106,7 @@ class BuildOptions(ModelSource):
     def command_line(self) -> str:
         args = ["dspark-trt", "build", "--model", self.model]
         for name in ("checkpoint", "draft_checkpoint", "dtype", "backend", "max_batch_size", "max_seq_len",
-                     "num_spec_tokens", "page_size", "output", "device", "markov_sampler"):
+                     "num_spec_tokens", "page_size", "output", "device", "markov_sampler", "quantization"):
             v = getattr(self, name)
             if v is not None:
                 args += [f"--{name.replace('_', '-')}", str(v)]

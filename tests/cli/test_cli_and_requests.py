@@ -88,3 +88,26 @@ def test_build_command_maps_flags_to_build_options(monkeypatch):
     assert seen["opts"].check_toolchain is False and seen["opts"].markov_sampler == "topk"
     main(["build", "--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu"])
     assert seen["opts"].check_toolchain is True
+
+
+def test_recorded_build_command_rebuilds_the_same_options(monkeypatch, tmp_path):
+    """The manifest's ``build_command`` (``BuildOptions.command_line``), run again, gives the same
+    options: no flag that changes the engine (here --quantization fp8, --num-spec-tokens, the
+    sampler, the sizes) is left out."""
+    import shlex
+
+    import dspark_trt.builder.build as build
+    from dspark_trt.cli import main
+    seen = []
+    monkeypatch.setattr(build, "build_engine", lambda opts, report: seen.append(opts))
+    argv = ["build", "--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
+            "--quantization", "fp8", "--num-spec-tokens", "3", "--markov-sampler", "topk",
+            "--max-batch-size", "4", "--max-seq-len", "256", "--page-size", "32",
+            "--output", str(tmp_path / "e")]
+    assert main(argv) == 0
+    first = seen[-1].resolved()
+    assert main(shlex.split(first.command_line())[1:]) == 0
+    again = seen[-1].resolved()
+    skip = {"check_toolchain", "output_note"}
+    assert {k: v for k, v in vars(again).items() if k not in skip} == \
+        {k: v for k, v in vars(first).items() if k not in skip}
