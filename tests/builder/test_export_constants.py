@@ -20,3 +20,30 @@ def test_networks_export_without_tensor_constants(model):
     for spec in network_specs(target, draft, shapes, torch.float32, torch.device("cpu")):
         ep, _ = export_network(spec, set(reference_impls()))
         assert not ep.constants, f"{spec.name}: lifted tensor constants {sorted(ep.constants)[:3]}"
+
+
+def test_fp8_target_exports_with_its_weights_in_fp8_and_runs_like_eager():
+    """An fp8 build (``--quantization fp8``): the exported target keeps its projections as
+    float8_e4m3fn parameters read by ``dspark::fp8_linear`` (not dequantised into bf16 / fp32
+    copies, which would double the engine's weights), and the exported program gives the eager
+    module's outputs bit for bit."""
+    o = BuildOptions(model="qwen3-tiny-dspark", random_weights=True, dtype="fp32", device="cpu",
+                     quantization="fp8", output="unused").resolved()
+    _, target, draft = load_models(o, torch.float32, torch.device("cpu"))
+    shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.config.block_size, o.page_size)
+    spec = next(s for s in network_specs(target, draft, shapes, torch.float32, torch.device("cpu"))
+                if s.name == "target")
+    ep, ops = export_network(spec, set())
+    assert ops.get("dspark::fp8_linear") == "kernel", ops
+    fp8 = [n for n, t in ep.state_dict.items() if t.dtype == torch.float8_e4m3fn]
+    n_proj = 7 * target.config.num_hidden_layers          # q k v o gate up down, fused or not
+    assert fp8 and sum(ep.state_dict[n].numel() for n in fp8) == sum(
+        p.numel() for n, p in target.named_parameters() if p.dtype == torch.float8_e4m3fn) > 0
+    assert len(fp8) <= n_proj
+    calls = [n for n in ep.graph.nodes if n.op == "call_function" and "fp8_linear" in str(n.target)]
+    assert len(calls) == len(fp8)
+    with torch.no_grad():
+        want = spec.module(*spec.args)
+        got = ep.module()(*spec.args)
+    for a, b in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)):
+        assert torch.equal(a, b)
