@@ -159,10 +159,12 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
             if t0 is None:                   # the window opens at the first replacement
                 sync()
                 t0, out0 = time.perf_counter(), sum(len(s.output_ids) for s in seqs)
+                p_calls, p_seqs, p_s = gen.prefill_calls, gen.prefill_seqs, gen.prefill_seconds
             seqs.append(gen.add_request(prompts[nxt].tolist(), params[nxt]))
             nxt += 1
     sync()
     dt = time.perf_counter() - t0
+    prefill = (gen.prefill_calls - p_calls, gen.prefill_seqs - p_seqs, gen.prefill_seconds - p_s)
     tokens = sum(len(s.output_ids) for s in seqs) - out0
     for s in seqs:
         gen.abort(s.request_id)
@@ -172,7 +174,10 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
             "tau": sum(committed) / len(committed) if committed else None,
             "verified_per_round": (sum(p for s in seqs for p in s.stats.proposed) / len(committed) + 1
                                    if committed else None),
-            "requests_submitted": len(seqs), "window_tokens": tokens}
+            "requests_submitted": len(seqs), "window_tokens": tokens,
+            "prefill_calls": prefill[0], "prefill_requests": prefill[1],
+            "prefill_ms_per_call": 1e3 * prefill[2] / max(prefill[0], 1),
+            "prefill_share": prefill[2] / dt}
 
 
 def run(argv) -> dict:

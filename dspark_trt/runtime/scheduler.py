@@ -31,6 +31,7 @@ the same (the sampler's randomness is keyed by seed and position). The steps run
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
@@ -130,6 +131,9 @@ class Scheduler:
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
         self.preemptions = 0                                # sequences preempted for KV pages
+        # admission prefills: calls, sequences and host seconds (each ends in a device read-back,
+        # so the wall time is the prefill's, the previous round having synchronised too)
+        self.prefill_calls, self.prefill_seqs, self.prefill_seconds = 0, 0, 0.0
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
@@ -196,7 +200,10 @@ class Scheduler:
             seq.slot = self._free_slots.pop()
             admitted.append(seq)
         if admitted:
+            t0 = time.perf_counter()
             self._prefill(admitted)
+            self.prefill_calls, self.prefill_seqs = self.prefill_calls + 1, self.prefill_seqs + len(admitted)
+            self.prefill_seconds += time.perf_counter() - t0
         if decoding:
             (self._spec_round if self.speculative else self._ar_round)(decoding)
         done = [s for s in self.running if s.finish_reason is not None]

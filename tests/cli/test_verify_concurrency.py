@@ -85,6 +85,8 @@ def test_steady_load_keeps_the_concurrency_and_stays_lossless(monkeypatch):
         calls.clear()
         r = mod.steady_state(llm, prompts, 3, 6, spec)
         assert r["requests_submitted"] == 12 and r["window_tokens"] > 0 and r["rounds"] > 0
+        # the window admits the 12 - 3 later requests, minus those admitted after the last submission
+        assert 1 <= r["prefill_calls"] <= r["prefill_requests"] <= 9 and 0 < r["prefill_share"] < 1
         assert all(n == 3 for n in running[1:-1]), running      # B in flight but at the last step
         outs[spec] = {tuple(s.prompt_ids): s.output_ids for s in calls if s.finish_reason == "length"}
     both = outs[True].keys() & outs[False].keys()
