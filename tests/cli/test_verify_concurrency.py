@@ -2,21 +2,16 @@
 tiny run writes the JSON + PNG with every mode (random weights, synthetic confidence)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.benchmark_scripts import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("verify_concurrency", REPO / "benchmarks" / "verify_concurrency.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("verify_concurrency")
 
 
 def test_synthetic_acceptance_replays_the_survival_curve():

@@ -128,14 +128,8 @@ def test_random_weights_come_from_the_flag_or_the_engine_manifest():
 
 
 def test_bench_plot_orders_batches_and_writes_png(tmp_path):
-    import importlib.util
-    import sys
-    from pathlib import Path
-    spec = importlib.util.spec_from_file_location(
-        "plot_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "plot_bench.py")
-    plot_bench = importlib.util.module_from_spec(spec)
-    sys.modules["plot_bench"] = plot_bench
-    spec.loader.exec_module(plot_bench)
+    from tests.support.benchmark_scripts import load_benchmark
+    plot_bench = load_benchmark("plot_bench")
     row = lambda ms: {"ar_step_ms": ms, "verify_step_ms": ms + 1, "draft_step_ms": ms / 4,  # noqa: E731
                       "ar_roofline_ms": 1.0, "speculative": {"decode_tokens_per_s": 10 * ms},
                       "autoregressive": {"decode_tokens_per_s": 20 * ms},

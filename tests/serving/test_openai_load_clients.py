@@ -5,8 +5,6 @@ both clients see the same chunks per request."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-from pathlib import Path
 
 import pytest
 
@@ -16,20 +14,12 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from dspark_trt.runtime.sampling_params import SamplingParams  # noqa: E402
+from tests.support.benchmark_scripts import load_benchmark  # noqa: E402
 from tests.support.openai_serving import default_pair_llm, serving  # noqa: E402
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_module():
-    spec = importlib.util.spec_from_file_location("openai_load", REPO / "benchmarks" / "openai_load.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_both_clients_stream_the_generated_tokens():
-    mod = _load_module()
+    mod = load_benchmark("openai_load")
     llm = default_pair_llm(max_batch_size=4, max_seq_len=128)
     prompts = mod.PROMPTS[:3]
     expected = [o.output_ids for o in llm.generate(prompts, SamplingParams(max_new_tokens=6))]
