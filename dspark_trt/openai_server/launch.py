@@ -66,22 +66,43 @@ def _note(line: str) -> None:
 
 
 def serve_from_args(args) -> int:
-    """``dspark-trt serve``: load the model as ``generate`` does and serve until interrupted."""
-    import uvicorn
+    """``dspark-trt serve``: load the model as ``generate`` does and serve until interrupted;
+    under torchrun (``--tp-size N``) rank 0 serves and the other ranks follow its scheduler."""
+    import uvicorn  # noqa: F401  (a missing [openai] extra fails before the model loads)
 
     from ..config.source import ModelSource
     from ..runtime.llm import LLM
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.api_key:
         print(f"[dspark-trt] warning: listening on {args.host} without --api-key", flush=True)
-    if getattr(args, "tp_size", 1) > 1:
-        raise SystemExit("error: serve (OpenAI) does not support --tp-size > 1 yet (every rank would "
-                         "need the same requests); serve one process per GPU or use the Python API")
     max_bytes = args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES
     if max_bytes < 1:
         raise SystemExit(f"error: --max-request-bytes must be positive, got {max_bytes}")
     util = getattr(args, "gpu_memory_utilization", None)
-    llm = LLM.from_source(ModelSource.from_args(args), say=_note,
-                          **({} if util is None else {"gpu_memory_utilization": util}))
+    src = ModelSource.from_args(args)
+    llm = LLM.from_source(src, say=_note, **({} if util is None else {"gpu_memory_utilization": util}))
+    if src.tp_size == 1:
+        return _serve(args, llm, max_bytes)
+    # torchrun, one process per rank: rank 0 serves HTTP and leads, the others replay its scheduler
+    import torch.distributed as dist
+
+    from ..parallel.replica import LeaderLLM, follow
+    try:
+        if dist.get_rank() != 0:
+            follow(llm)
+            return 0
+        leader = LeaderLLM(llm)
+        try:
+            return _serve(args, leader, max_bytes)
+        finally:
+            leader.stop()                                   # the followers return from follow()
+    finally:
+        dist.destroy_process_group()
+
+
+def _serve(args, llm, max_bytes: int) -> int:
+    """Serve ``llm`` (an ``LLM``, or rank 0's ``LeaderLLM`` under tensor parallelism) until
+    interrupted."""
+    import uvicorn
     template = ChatTemplate.from_dir(template_dir_from_args(args))
     server = OpenAIServer(llm, model_name=args.model_name, chat_template=template,
                           speculative=not getattr(args, "no_speculative", False))
