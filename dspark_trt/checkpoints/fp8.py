@@ -7,7 +7,8 @@ kept native, quantised, or dequantised.
 * "fp8": the attention / MLP projections in fp8 (a wider checkpoint or random weights are
   quantised at load: scale = block amax / 448).
 * "none": fp8 projections dequantised to the model dtype (the old path; for debugging).
-Embeddings, norms and lm_head always stay in the model dtype. Qwen3 targets only; one rank only.
+Embeddings, norms and lm_head always stay in the model dtype. Qwen3 targets only; tensor parallelism slices the block
+scales with the weights (``parallel.layers.fp8_blocks``).
 """
 from __future__ import annotations
 
@@ -29,9 +30,6 @@ def check_quantization(mode: str | None, arch: str, tp_world: int = 1) -> str:
     if mode == "fp8" and arch != "qwen3":
         raise ConfigError(f"--quantization fp8: native fp8 weights are implemented for Qwen3 targets "
                           f"only (target arch '{arch}'; DeepSeek-V4 checkpoints are dequantised at load)")
-    if mode == "fp8" and tp_world > 1:
-        raise ConfigError("--quantization fp8 with --tp-size > 1: sharding fp8 block scales is not "
-                          "implemented (use one rank, or --quantization none)")
     return mode
 
 
@@ -57,9 +55,6 @@ def apply_quantization_(pair: ModelPair, target: nn.Module, dtype: torch.dtype, 
     elif mode == "fp8" or (mode == "auto" and preset_fp8):
         fp8_linears_(target, quantize=True)                 # the linears not already fp8
     held = "fp8" if has_fp8(target) else None
-    if held and tp_world > 1:
-        raise ConfigError("fp8 weights with --tp-size > 1: sharding fp8 block scales is not implemented "
-                          "(use one rank, or --quantization none)")
     if hasattr(pair.target, "quantization"):
         pair.target.quantization = held
     return held

@@ -8,12 +8,17 @@ lowers them to in-place ``all_reduce_`` and, in torch 2.13, can fuse a consumer 
 value into a kernel scheduled before the collective, which gives wrong logits.)
 
 Slicing helpers return fresh contiguous modules, so the full weights can be freed after sharding.
+An ``Fp8Linear`` is sliced with its 128 x 128 block scales: a shard must start on a block boundary
+or lie inside one block (each of its rows / columns then keeps its block's scale).
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+from ..models.fp8_linear import Fp8Linear
+from ..plugins.fp8_linear import FP8_BLOCK
 
 
 class ColumnShardError(ValueError):
@@ -66,13 +71,35 @@ def _linear(w: Tensor) -> nn.Linear:
     return out
 
 
-def rows(linear: nn.Linear, lo: int, hi: int) -> nn.Linear:
+def fp8_blocks(lo: int, hi: int, what: str) -> slice:
+    """The fp8 scale blocks of features ``lo..hi``; ``ColumnShardError`` when the shard starts
+    inside a block and reaches into the next one (its first block would need two scales)."""
+    if lo % FP8_BLOCK and lo // FP8_BLOCK != (hi - 1) // FP8_BLOCK:
+        raise ColumnShardError(f"{what} {lo}..{hi}: an fp8 shard must start on a multiple of "
+                               f"{FP8_BLOCK} (the scale block) or lie inside one block")
+    return slice(lo // FP8_BLOCK, (hi - 1) // FP8_BLOCK + 1)
+
+
+def _fp8(w: Tensor, scale: Tensor) -> Fp8Linear:
+    out = Fp8Linear(w.shape[1], w.shape[0], device="meta")
+    out.weight = nn.Parameter(w.contiguous(), requires_grad=False)
+    out.weight_scale_inv = nn.Parameter(scale.contiguous(), requires_grad=False)
+    return out
+
+
+def rows(linear: nn.Linear | Fp8Linear, lo: int, hi: int) -> nn.Linear | Fp8Linear:
     """Column-parallel slice: output features ``lo..hi`` of ``linear``."""
+    if isinstance(linear, Fp8Linear):
+        blocks = fp8_blocks(lo, hi, "output features")
+        return _fp8(linear.weight.data[lo:hi].clone(), linear.weight_scale_inv.data[blocks].clone())
     return _linear(linear.weight.data[lo:hi].clone())
 
 
-def cols(linear: nn.Linear, lo: int, hi: int) -> nn.Linear:
+def cols(linear: nn.Linear | Fp8Linear, lo: int, hi: int) -> nn.Linear | Fp8Linear:
     """Row-parallel slice: input features ``lo..hi`` of ``linear``."""
+    if isinstance(linear, Fp8Linear):
+        blocks = fp8_blocks(lo, hi, "input features")
+        return _fp8(linear.weight.data[:, lo:hi].clone(), linear.weight_scale_inv.data[:, blocks].clone())
     return _linear(linear.weight.data[:, lo:hi].clone())
 
 
