@@ -7,10 +7,14 @@ kept native, quantised, or dequantised.
 * "fp8": the attention / MLP projections in fp8 (a wider checkpoint or random weights are
   quantised at load: scale = block amax / 448).
 * "none": fp8 projections dequantised to the model dtype (the old path; for debugging).
-Embeddings, norms and lm_head always stay in the model dtype. Qwen3 targets only; tensor parallelism slices the block
-scales with the weights (``parallel.layers.fp8_blocks``).
+Embeddings, norms and lm_head always stay in the model dtype. Qwen3 targets (tensor parallelism
+slices the block scales with the weights, ``parallel.layers.fp8_blocks``) and, on one rank, the
+DeepSeek-V4 linears of ``V4_FP8_MODULES`` with ``--quantization fp8`` ("auto" still dequantises a
+V4 checkpoint).
 """
 from __future__ import annotations
+
+import re
 
 import torch
 from torch import nn
@@ -20,6 +24,10 @@ from ..config.source import QUANTIZATIONS
 from ..models.fp8_linear import Fp8Linear, dequantize_fp8_linears_, fp8_linears_
 
 SCALE_SUFFIX = ".weight_scale_inv"
+# DeepSeek-V4 target linears kept in fp8 by --quantization fp8: those its release stores as 128x128
+# fp8 blocks and whose module runs as a linear (``wo_a`` is read as a grouped einsum weight, the
+# routed experts are stacked for the MoE kernel: both stay dequantised)
+V4_FP8_MODULES = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_b)|indexer\.wq_b|shared_experts\.w[123])$")
 
 
 def check_quantization(mode: str | None, arch: str, tp_world: int = 1) -> str:
@@ -27,15 +35,26 @@ def check_quantization(mode: str | None, arch: str, tp_world: int = 1) -> str:
     mode = mode or "auto"
     if mode not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {mode!r}: choose one of {', '.join(QUANTIZATIONS)}")
-    if mode == "fp8" and arch != "qwen3":
-        raise ConfigError(f"--quantization fp8: native fp8 weights are implemented for Qwen3 targets "
-                          f"only (target arch '{arch}'; DeepSeek-V4 checkpoints are dequantised at load)")
+    if mode == "fp8" and arch not in ("qwen3", "deepseek_v4"):
+        raise ConfigError(f"--quantization fp8: native fp8 weights are implemented for Qwen3 and "
+                          f"DeepSeek-V4 targets only (target arch '{arch}')")
+    if mode == "fp8" and arch == "deepseek_v4" and tp_world > 1:
+        raise ConfigError("--quantization fp8 with --tp-size > 1: the DeepSeek-V4 fp8 shards are not "
+                          "checked yet (one rank, or --quantization auto: dequantised at load)")
     return mode
 
 
 def fp8_linear_names(checkpoint_names) -> set[str]:
     """Module names of the linears a checkpoint stores in fp8 (those with a ``weight_scale_inv``)."""
     return {n[:-len(SCALE_SUFFIX)] for n in checkpoint_names if n.endswith(SCALE_SUFFIX)}
+
+
+def fp8_module_names(arch: str, target: nn.Module) -> set[str] | None:
+    """The target linears ``--quantization fp8`` puts in fp8: None (``FP8_PROJECTIONS``) for Qwen3,
+    the ``V4_FP8_MODULES`` plain linears for DeepSeek-V4."""
+    if arch != "deepseek_v4":
+        return None
+    return {n for n, m in target.named_modules() if type(m) is nn.Linear and V4_FP8_MODULES.search(n)}
 
 
 def has_fp8(module: nn.Module) -> bool:
@@ -53,7 +72,7 @@ def apply_quantization_(pair: ModelPair, target: nn.Module, dtype: torch.dtype, 
     if mode == "none":
         dequantize_fp8_linears_(target, dtype)
     elif mode == "fp8" or (mode == "auto" and preset_fp8):
-        fp8_linears_(target, quantize=True)                 # the linears not already fp8
+        fp8_linears_(target, fp8_module_names(pair.target.arch, target), quantize=True)
     held = "fp8" if has_fp8(target) else None
     if hasattr(pair.target, "quantization"):
         pair.target.quantization = held

@@ -34,13 +34,13 @@ register_loader("deepseek_v4", _deepseek_v4)
 def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
               device="cpu", quantization: str | None = None, tp_world: int = 1):
     """-> (ModelPair, target module, draft module) with weights loaded. ``quantization``
-    (``checkpoints.fp8``): Qwen3 loaders only; the others dequantise (``quantization`` "fp8" refused)."""
+    (``checkpoints.fp8``): Qwen3 and DeepSeek-V4 loaders; the others dequantise ("fp8" refused)."""
     model_type = read_json(Path(target_dir) / "config.json").get("model_type", "qwen3")
     if model_type not in _LOADERS:
         raise ConfigError(f"config field 'model_type': no loader for '{model_type}' "
                           f"(known: {', '.join(sorted(_LOADERS))})")
     kw = {}
-    if model_type == "qwen3":
+    if model_type in ("qwen3", "deepseek_v4"):
         kw = dict(quantization=quantization, tp_world=tp_world)
     elif (quantization or "auto") == "fp8":
         from .fp8 import check_quantization

@@ -21,7 +21,9 @@ import torch
 from ..config import DeepSeekV4Config, DSparkV4Config, ModelPair, read_json
 from ..models import build_models
 from .files import CheckpointError, check_finite, checkpoint_files, read_tensors
-from .quant import QuantFormatError, dequant_fp8_block, dequant_mxfp4, quant_fp8_block, quant_mxfp4
+from ..plugins.fp8_linear import quantize_fp8
+from .quant import (QuantFormatError, dequant_fp8_block, dequant_mxfp4, e8m0_to_float, quant_fp8_block,
+                    quant_mxfp4)
 
 HEAD_LEVEL = ("main_proj.", "main_norm.", "norm.", "hc_head_fn", "hc_head_base", "hc_head_scale",
               "markov_head.")
@@ -64,9 +66,25 @@ def _dequantise(name: str, w: torch.Tensor, scales: dict, where: str) -> torch.T
     return w
 
 
+def _native_fp8(name: str, w: torch.Tensor, scales: dict, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp8 weight, fp32 block scales) for an ``Fp8Linear`` parameter ``name``: as stored (E8M0 or
+    fp32 scales), or quantised when the checkpoint holds it wide (no scale)."""
+    base = name[:-len(".weight")]
+    scale = scales.pop(f"{base}.weight_scale_inv", None)
+    if scale is None:
+        return quantize_fp8(w.float())
+    try:
+        dequant_fp8_block(w, scale)                       # checks dtype and the scale's shape
+        return w, scale if scale.dtype == torch.float32 else e8m0_to_float(scale)
+    except QuantFormatError as e:
+        raise CheckpointError(f"tensor '{where}': {e}") from None
+
+
 def _load(module: torch.nn.Module, tensors: dict[str, tuple[str, torch.Tensor, Path]],
           skip_prefixes: tuple[str, ...] = ()) -> None:
-    """tensors: module name -> (checkpoint name, tensor, file). All-or-nothing copy."""
+    """tensors: module name -> (checkpoint name, tensor, file). All-or-nothing copy. A float8
+    parameter (an ``Fp8Linear`` of ``--quantization fp8``) takes its weight and scales as stored;
+    every other quantised weight is dequantised."""
     scale_suffix = (".weight_scale", ".weight_scale_inv")
     scales = {n: t for n, (_, t, _) in tensors.items() if n.endswith(scale_suffix)}
     files = {n: f"{c}' in {f}" for n, (c, _, f) in tensors.items()}
@@ -79,7 +97,10 @@ def _load(module: torch.nn.Module, tensors: dict[str, tuple[str, torch.Tensor, P
         if n not in targets:
             raise CheckpointError(f"unexpected tensor '{files[n]} (no parameter '{n}' in "
                                   f"{type(module).__name__})")
-        values[n] = _dequantise(n, t, scales, files[n])
+        if targets[n].dtype == torch.float8_e4m3fn:
+            values[n], values[n[:-len("weight")] + "weight_scale_inv"] = _native_fp8(n, t, scales, files[n])
+        else:
+            values[n] = _dequantise(n, t, scales, files[n])
     if scales:
         n = next(iter(scales))
         raise CheckpointError(f"scale tensor '{files[n]} has no quantised weight next to it")
@@ -118,10 +139,17 @@ def _collect(ckpt_dir, side: str, expert_dtype: str) -> dict:
 
 
 def load_v4_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-                 device="cpu"):
-    """-> (ModelPair, target module, draft module), weights loaded (dequantised), eval mode."""
+                 device="cpu", quantization: str | None = None, tp_world: int = 1):
+    """-> (ModelPair, target module, draft module), weights loaded, eval mode: dequantised, or with
+    ``quantization="fp8"`` the target's ``V4_FP8_MODULES`` linears kept in fp8 (``Fp8Linear``;
+    a wide checkpoint's are quantised)."""
+    from ..models.fp8_linear import fp8_linears_
+    from .fp8 import check_quantization, fp8_module_names
+    mode = check_quantization(quantization, "deepseek_v4", tp_world)
     pair = read_v4_pair_config(target_dir, draft_dir)
     target, draft = build_models(pair, dtype=dtype, device=device)
+    if mode == "fp8":
+        fp8_linears_(target, fp8_module_names("deepseek_v4", target), quantize=False)
     ed = pair.target.expert_dtype
     _load(target, _collect(target_dir, "target", ed))
     tensors = _collect(draft_dir, "draft", ed)

@@ -130,3 +130,37 @@ def test_bad_checkpoints_name_tensor_and_file(tiny_checkpoint, tmp_path):
         _rewrite(src, dst, edit)
         with pytest.raises(CheckpointError, match=pattern):
             load_pair(dst, dst)
+
+
+def test_fp8_quantization_keeps_the_stored_fp8_linears_native(tiny_checkpoint):
+    """``quantization="fp8"``: the V4 linears of ``V4_FP8_MODULES`` load as ``Fp8Linear`` holding
+    the checkpoint's fp8 bytes and its E8M0 scales as fp32; the target's logits equal the
+    dequantising load's exactly (fp32: the same products); wo_a, the routed experts and the draft
+    stay dequantised; more than one rank is refused."""
+    from dspark_trt.checkpoints.fp8 import V4_FP8_MODULES
+    from dspark_trt.config import ConfigError
+    from dspark_trt.models.fp8_linear import Fp8Linear
+    d, _, _, tensors = tiny_checkpoint
+    _, ref, _ = load_pair(d, d)
+    _, t8, d8 = load_pair(d, d, quantization="fp8")
+    fp8 = {n: m for n, m in t8.named_modules() if isinstance(m, Fp8Linear)}
+    assert fp8 and all(V4_FP8_MODULES.search(n) for n in fp8)
+    assert not any(isinstance(m, Fp8Linear) for m in d8.modules())
+    assert not any(n.endswith("wo_a") or ".experts." in n for n in fp8)
+    for n, m in fp8.items():
+        stored = tensors[f"{n}.weight"]
+        assert torch.equal(m.weight.view(torch.uint8), stored.view(torch.uint8)), n
+        assert torch.equal(m.weight_scale_inv, e8m0_to_float(tensors[f"{n}.scale"])), n
+    from dspark_trt.runtime import LLM, SamplingParams
+    kw = dict(device="cpu", dtype=torch.float32, max_batch_size=1, max_seq_len=64, page_size=16)
+    llms = [LLM.from_checkpoints(d, d, quantization=q, **kw) for q in (None, "fp8")]
+    assert sum(isinstance(m, Fp8Linear) for m in llms[1].networks.target_module.modules()) == len(fp8)
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    positions, table = torch.arange(5)[None], torch.arange(4)[None]
+    with torch.no_grad():
+        (a, _), (b, _) = (llm.networks.target(tokens, positions, table) for llm in llms)
+    assert torch.equal(a, b)
+    outs = [llm.generate([1, 2, 3, 4], SamplingParams(max_new_tokens=8))[0].output_ids for llm in llms]
+    assert outs[0] == outs[1]
+    with pytest.raises(ConfigError, match="tp-size"):
+        load_pair(d, d, quantization="fp8", tp_world=2)
