@@ -7,10 +7,10 @@ kept native, quantised, or dequantised.
 * "fp8": the attention / MLP projections in fp8 (a wider checkpoint or random weights are
   quantised at load: scale = block amax / 448).
 * "none": fp8 projections dequantised to the model dtype (the old path; for debugging).
-Embeddings, norms and lm_head always stay in the model dtype. Qwen3 targets (tensor parallelism
-slices the block scales with the weights, ``parallel.layers.fp8_blocks``) and, on one rank, the
-DeepSeek-V4 linears of ``V4_FP8_MODULES`` with ``--quantization fp8`` ("auto" still dequantises a
-V4 checkpoint).
+Embeddings, norms and lm_head always stay in the model dtype. Qwen3 targets, and the DeepSeek-V4
+linears of ``V4_FP8_MODULES`` with ``--quantization fp8`` ("auto" still dequantises a V4
+checkpoint); tensor parallelism slices the block scales with the weights
+(``parallel.layers.fp8_blocks``).
 """
 from __future__ import annotations
 
@@ -38,9 +38,6 @@ def check_quantization(mode: str | None, arch: str, tp_world: int = 1) -> str:
     if mode == "fp8" and arch not in ("qwen3", "deepseek_v4"):
         raise ConfigError(f"--quantization fp8: native fp8 weights are implemented for Qwen3 and "
                           f"DeepSeek-V4 targets only (target arch '{arch}')")
-    if mode == "fp8" and arch == "deepseek_v4" and tp_world > 1:
-        raise ConfigError("--quantization fp8 with --tp-size > 1: the DeepSeek-V4 fp8 shards are not "
-                          "checked yet (one rank, or --quantization auto: dequantised at load)")
     return mode
 
 

@@ -19,14 +19,16 @@ MoE (router replicated, so every rank routes alike), one all_reduce of the layer
                              (``MoE.first_expert``); the shared expert split as above
 
 Embedding and head are vocabulary-parallel and shared with the draft; hyper-connections, norms,
-the draft's ``main_proj``/``main_norm`` and the Markov head are replicated.
+the draft's ``main_proj``/``main_norm`` and the Markov head are replicated. fp8 linears
+(``--quantization fp8``) are sliced with their scale blocks (``layers.fp8_blocks``).
 """
 from __future__ import annotations
 
 from torch import nn
 
-from .layers import (SumOverRanks, VocabParallelEmbedding, VocabParallelHead, check_rank, cols, rows,
-                     split, vocab_shard)
+from ..models.fp8_linear import Fp8Linear
+from .layers import (SumOverRanks, VocabParallelEmbedding, VocabParallelHead, check_rank, cols, fp8_blocks,
+                     rows, split, vocab_shard)
 
 
 def _shard_attention_(a: nn.Module, rank: int, world: int) -> None:
@@ -58,18 +60,30 @@ def _shard_moe_(moe: nn.Module, rank: int, world: int, expert_parallel: bool) ->
     return SumOverRanks(moe)
 
 
+def _check_fp8(name: str, linear: nn.Module, size: int, world: int) -> None:
+    """Every rank's ``size``-wide slice of an fp8 ``linear`` fits its scale blocks."""
+    if isinstance(linear, Fp8Linear):
+        for r in range(world):
+            fp8_blocks(r * size, (r + 1) * size, f"{name} (fp8) rank {r} of {world}:")
+
+
 def _check(blocks: list[nn.Module], world: int, expert_parallel: bool) -> None:
     for b in blocks:
-        split(b.attn.heads, world, "num_attention_heads")
-        split(b.attn.groups, world, "o_groups")
+        a = b.attn
+        h, g = split(a.heads, world, "num_attention_heads"), split(a.groups, world, "o_groups")
+        _check_fp8("wq_b", a.wq_b, h * a.cfg.head_dim, world)
+        _check_fp8("wo_b", a.wo_b, g * a.cfg.o_lora_rank, world)
         moe = b.ffn
         if expert_parallel:
             split(len(moe.experts), world, "n_routed_experts")
         elif len(moe.experts):
             split(moe.experts[0].w1.out_features, world, "moe_intermediate_size")
         if moe.shared_experts is not None:
-            split(moe.shared_experts.w1.out_features, world,
-                  "moe_intermediate_size * n_shared_experts")
+            e = moe.shared_experts
+            f = split(e.w1.out_features, world, "moe_intermediate_size * n_shared_experts")
+            for name, lin in (("shared_experts.w1", e.w1), ("shared_experts.w3", e.w3),
+                              ("shared_experts.w2", e.w2)):
+                _check_fp8(name, lin, f, world)
 
 
 def shard_v4_(target: nn.Module, draft: nn.Module | None, rank: int, world: int,

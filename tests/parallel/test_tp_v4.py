@@ -27,13 +27,15 @@ from tests.support.ports import free_port as _free_port
 WORLD = 2
 PRESET = "deepseek-v4-tiny-dspark"
 PROMPTS = [list(range(3, 43)), [11, 12, 13, 14, 15]]            # 40 and 5 tokens
-MODES = {"tp": False, "ep": True}                               # mode -> expert_parallel
+# mode -> (expert_parallel, quantization); "tp-fp8": the V4_FP8_MODULES linears in fp8, sliced
+# with their scale blocks, against one process with the same fp8 weights
+MODES = {"tp": (False, None), "ep": (True, None), "tp-fp8": (False, "fp8")}
 
 
-def _llm(tp_size: int, expert_parallel: bool = False) -> LLM:
+def _llm(tp_size: int, expert_parallel: bool = False, quantization: str | None = None) -> LLM:
     return LLM.from_preset(PRESET, dtype=torch.float64, device="cpu", tp_size=tp_size,
-                           expert_parallel=expert_parallel, max_batch_size=2, max_seq_len=96,
-                           page_size=16)
+                           expert_parallel=expert_parallel, quantization=quantization,
+                           max_batch_size=2, max_seq_len=96, page_size=16)
 
 
 def _run(llm: LLM) -> dict:
@@ -61,7 +63,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     init_tp(device_type="cpu")
     try:
-        out = {mode: _run(_llm(WORLD, ep)) for mode, ep in MODES.items()}
+        out = {mode: _run(_llm(WORLD, ep, q)) for mode, (ep, q) in MODES.items()}
         torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -72,12 +74,13 @@ def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp_v4")
     mp.spawn(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
-    return _run(_llm(1)), ranks
+    return {None: _run(_llm(1)), "fp8": _run(_llm(1, quantization="fp8"))}, ranks
 
 
 @pytest.mark.parametrize("mode", list(MODES))
 def test_v4_parallel_logits_equal_single_process(results, mode):
-    ref, ranks = results
+    refs, ranks = results
+    ref = refs[MODES[mode][1]]
     for r in ranks:
         assert r[mode]["logits"].shape == ref["logits"].shape == (1, len(PROMPTS[0]), 512)
         assert (r[mode]["logits"] - ref["logits"]).abs().max().item() < 1e-9
@@ -87,7 +90,8 @@ def test_v4_parallel_logits_equal_single_process(results, mode):
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("run", ["spec", "ar", "sampled"])
 def test_v4_parallel_outputs_equal_single_process_token_for_token(results, mode, run):
-    ref, ranks = results
+    refs, ranks = results
+    ref = refs[MODES[mode][1]]
     assert all(len(o) > 0 for o in ref[run])
     for r in ranks:
         assert r[mode][run] == ref[run]
@@ -96,7 +100,8 @@ def test_v4_parallel_outputs_equal_single_process_token_for_token(results, mode,
 def test_v4_parallel_layout(results):
     """heads 4 -> 2 and groups 2 -> 1 per rank; TP: 8 experts of intermediate 32 -> 16; EP: 4
     whole experts per rank, rank r holding experts 4r..4r+3; the latent caches stay whole."""
-    ref, ranks = results
+    refs, ranks = results
+    ref = refs[None]
     assert ref["layout"] == (4, 2, 8, 0, 32)
     for rank, r in enumerate(ranks):
         assert r["tp"]["layout"] == (2, 1, 8, 0, 16)
