@@ -319,12 +319,15 @@ class Scheduler:
             else:
                 s.commit([t], s.stop_ids(self.eos), rows, i)
 
-    def _ar_round(self, seqs: list[Sequence]) -> None:
-        """Plain autoregressive step on the target (the comparison mode)."""
+    def _ar_round(self, seqs: list[Sequence], fallback: bool = False) -> None:
+        """Plain autoregressive step on the target: the comparison mode, or (``fallback``) an AR
+        round inside speculative decoding, which writes the draft's context too and which each
+        request records as a round of 0 verified drafts (never with logprobs: those batches do
+        not fall back)."""
         mods = Modifiers.for_params(s.params for s in seqs)
         k, rows = _logprobs_k(seqs), None
         if k is None:
-            host = self.steps.ar_round(self.round_inputs(seqs), mods)               # [B, 1]
+            host = self.steps.ar_round(self.round_inputs(seqs), mods, context=fallback)   # [B, 1]
         else:
             host, rows = self.steps.eager.ar_round_logprobs(self.round_inputs(seqs), mods, k)
         for i, (s, (t,)) in enumerate(zip(seqs, host.tolist())):
@@ -332,7 +335,9 @@ class Scheduler:
                 s.fail(NONFINITE_LOGITS)
                 continue
             s.anchor, s.position = t, s.position + 1
-            s.commit([t], s.stop_ids(self.eos), rows, i)
+            new = s.commit([t], s.stop_ids(self.eos), rows, i)
+            if fallback:
+                s.stats.record(0, len(new), 0)
 
     def _scheduler(self):
         return getattr(getattr(self.steps, "eager", self.steps), "scheduler", None)
@@ -362,22 +367,10 @@ class Scheduler:
             self._probing = False
         return ar
 
-    def _ar_fallback_round(self, seqs: list[Sequence]) -> None:
-        """An AR round inside speculative decoding: the draft's context is written too; each
-        request records it as a round of 0 verified drafts."""
-        mods = Modifiers.for_params(s.params for s in seqs)
-        host = self.steps.ar_round(self.round_inputs(seqs), mods, context=True)      # [B, 1]
-        for s, (t,) in zip(seqs, host.tolist()):
-            if t < 0:
-                s.fail(NONFINITE_LOGITS)
-                continue
-            s.stats.record(0, len(s.commit([t], s.stop_ids(self.eos))), 0)
-            s.anchor, s.position = t, s.position + 1
-
     def _spec_round(self, seqs: list[Sequence]) -> None:
         if self._falls_back_to_ar(seqs):
             self._ar_streak += 1
-            return self._ar_fallback_round(seqs)
+            return self._ar_round(seqs, fallback=True)
         self._ar_streak = 0
         mods = Modifiers.for_params(s.params for s in seqs)
         r = self.round_inputs(seqs)
