@@ -21,7 +21,6 @@ import torch
 from ..config import DeepSeekV4Config, DSparkV4Config, ModelPair, read_json
 from ..models import build_models
 from .files import CheckpointError, check_finite, checkpoint_files, read_tensors
-from ..plugins.fp8_linear import quantize_fp8
 from .quant import (QuantFormatError, dequant_fp8_block, dequant_mxfp4, e8m0_to_float, quant_fp8_block,
                     quant_mxfp4)
 
@@ -71,8 +70,9 @@ def _native_fp8(name: str, w: torch.Tensor, scales: dict, where: str) -> tuple[t
     fp32 scales), or quantised when the checkpoint holds it wide (no scale)."""
     base = name[:-len(".weight")]
     scale = scales.pop(f"{base}.weight_scale_inv", None)
-    if scale is None:
-        return quantize_fp8(w.float())
+    if scale is None:                                     # E8M0 (power-of-two) scales, as the release
+        q, s = quant_fp8_block(w.float())
+        return q, e8m0_to_float(s)
     try:
         dequant_fp8_block(w, scale)                       # checks dtype and the scale's shape
         return w, scale if scale.dtype == torch.float32 else e8m0_to_float(scale)
@@ -98,7 +98,9 @@ def _load(module: torch.nn.Module, tensors: dict[str, tuple[str, torch.Tensor, P
             raise CheckpointError(f"unexpected tensor '{files[n]} (no parameter '{n}' in "
                                   f"{type(module).__name__})")
         if targets[n].dtype == torch.float8_e4m3fn:
-            values[n], values[n[:-len("weight")] + "weight_scale_inv"] = _native_fp8(n, t, scales, files[n])
+            scale_name = n[:-len("weight")] + "weight_scale_inv"
+            values[n], values[scale_name] = _native_fp8(n, t, scales, files[n])
+            files.setdefault(scale_name, files[n])           # quantised here: name the weight
         else:
             values[n] = _dequantise(n, t, scales, files[n])
     if scales:

@@ -161,3 +161,23 @@ def test_fp8_quantization_keeps_the_stored_fp8_linears_native(tiny_checkpoint):
     assert torch.equal(a, b)
     outs = [llm.generate([1, 2, 3, 4], SamplingParams(max_new_tokens=8))[0].output_ids for llm in llms]
     assert outs[0] == outs[1]
+
+
+def test_fp8_quantization_of_a_wide_checkpoint(tmp_path):
+    """A V4 checkpoint stored wide (no scales) with ``quantization="fp8"``: the V4_FP8_MODULES
+    linears are quantised at load (E8M0 block scales, as the release's); each dequantises to
+    within the e4m3 format error of the stored weight."""
+    from dspark_trt.models.fp8_linear import Fp8Linear
+    pair = get_preset("deepseek-v4-tiny-dspark")
+    target, draft = build_models(pair, seed=1)
+    write_checkpoint(tmp_path, pair.draft.to_hf(), v4_checkpoint_tensors(target, draft, quantize=False))
+    _, t8, _ = load_pair(tmp_path, tmp_path, quantization="fp8")
+    wide = dict(target.named_modules())
+    fp8 = {n: m for n, m in t8.named_modules() if isinstance(m, Fp8Linear)}
+    assert fp8
+    for n, m in fp8.items():
+        w = wide[n].weight.float()
+        s = m.weight_scale_inv
+        assert torch.equal(s, torch.exp2(torch.log2(s).round()))        # powers of two (E8M0)
+        d = dequant_fp8_block(m.weight, s.log2().add(127).round().to(torch.uint8))
+        assert ((d - w).abs() <= w.abs() * 2 ** -4 + w.abs().max() * 2 ** -9).all(), n

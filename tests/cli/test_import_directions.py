@@ -25,7 +25,7 @@ ALLOWED = {
     "builder": BASE | {"plugins", "models", "parallel", "checkpoints", "engine"},   # never runtime
     "runtime": BASE | {"plugins", "models", "parallel", "checkpoints", "engine"},   # never builder
     "serving": BASE | {"parallel", "runtime"},                 # never commands
-    "openai_server": BASE | {"runtime"},                       # never commands
+    "openai_server": BASE | {"parallel", "runtime"},           # never commands
     "train": BASE | {"plugins", "models", "checkpoints", "runtime"},
     "commands": BASE | {"plugins", "models", "parallel", "checkpoints", "engine", "builder", "runtime",
                         "serving", "openai_server", "train"},
