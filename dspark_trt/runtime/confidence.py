@@ -333,6 +333,7 @@ class VerifyScheduler:
         self.round_overhead_ms = round_overhead_ms
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
+        self._inv_temp_host = self.inv_temp.cpu().numpy().astype(np.float64)
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
         self.round_ms = self.round_ms_table(max(1, max_tokens), device)
 
@@ -406,6 +407,12 @@ class VerifyScheduler:
         ``max_admitted``: the least width bucket >= it (1 at least: row 0 of the verify is the
         anchor's, a width-0 window would still need the target's next token)."""
         return next(w for w in self.widths if w >= max(1, max_admitted))
+
+    def calibrated(self, conf_logits) -> np.ndarray:
+        """Host [rows, N] confidence logits -> the calibrated conditional confidences
+        ``sigmoid(logit_k / T_k)`` (float64), as ``admitted_lengths`` computes them on the device."""
+        z = np.asarray(conf_logits, dtype=np.float64)
+        return 1.0 / (1.0 + np.exp(-z * self._inv_temp_host[None, :z.shape[1]]))
 
     def admit(self, conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
         padded = self.num_spec_tokens if self.cost_model == "padded" else None

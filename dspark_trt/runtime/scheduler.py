@@ -340,7 +340,7 @@ class Scheduler:
                 s.stats.record(0, len(new), 0)
 
     def _scheduler(self):
-        return getattr(getattr(self.steps, "eager", self.steps), "scheduler", None)
+        return self.steps.eager.scheduler
 
     def _tracks_survival(self) -> bool:
         """Whether spec rounds feed the AR fallback's survival estimate (the scheduler may fall back)."""
@@ -382,8 +382,7 @@ class Scheduler:
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
         else:                      # the fallback's estimate reads the head's confidences too
-            eager = getattr(self.steps, "eager", self.steps)
-            track = self._tracks_survival() and eager.needs_admission(r)
+            track = self._tracks_survival() and self.steps.eager.needs_admission(r)
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track)
             lims = lims.tolist()
         for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):
@@ -400,10 +399,7 @@ class Scheduler:
             s.anchor, s.position = t, s.position + a + 1
         live = [i for i, s in enumerate(seqs) if s.stats.committed and s.finish_reason is None]
         if live and self._tracks_survival():   # verified outcomes (rounds cut by a stop: left out)
-            c = None
-            if conf is not None:               # calibrated conditional confidences [rows, N]
-                inv_t = self._scheduler().inv_temp.cpu().numpy()
-                c = 1.0 / (1.0 + np.exp(-np.asarray(conf, dtype=np.float64)[live] * inv_t[None]))
+            c = None if conf is None else self._scheduler().calibrated(np.asarray(conf)[live])
             self._survival.add([seqs[i].stats.accepted[-1] for i in live],
                                [seqs[i].stats.proposed[-1] for i in live], c)
 
