@@ -80,6 +80,14 @@ def fp8_blocks(lo: int, hi: int, what: str) -> slice:
     return slice(lo // FP8_BLOCK, (hi - 1) // FP8_BLOCK + 1)
 
 
+def check_fp8_shards(name: str, linear: nn.Module, size: int, world: int) -> None:
+    """Every rank's ``size``-wide slice of ``linear`` fits its scale blocks when it is an
+    ``Fp8Linear`` (``fp8_blocks``; nothing to check for other linears)."""
+    if isinstance(linear, Fp8Linear):
+        for r in range(world):
+            fp8_blocks(r * size, (r + 1) * size, f"{name} (fp8) rank {r} of {world}:")
+
+
 def _fp8(w: Tensor, scale: Tensor) -> Fp8Linear:
     out = Fp8Linear(w.shape[1], w.shape[0], device="meta")
     out.weight = nn.Parameter(w.contiguous(), requires_grad=False)

@@ -24,9 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..models.fp8_linear import Fp8Linear
-from .layers import (RowParallel, VocabParallelEmbedding, VocabParallelHead, check_rank, cols, fp8_blocks,
-                     rows, split, vocab_shard)
+from .layers import (RowParallel, VocabParallelEmbedding, VocabParallelHead, check_fp8_shards, check_rank,
+                     cols, rows, split, vocab_shard)
 
 
 @dataclass(frozen=True)
@@ -70,15 +69,13 @@ def _shard_decoder_layer_(layer: nn.Module, rank: int, world: int) -> None:
     m.down_proj = RowParallel(cols(m.down_proj, rank * f, (rank + 1) * f))
 
 
-def _check_fp8_shards(layer: nn.Module, world: int, q: int, kv: int, f: int) -> None:
-    """Every rank's slice of the layer's fp8 projections fits their scale blocks (``fp8_blocks``)."""
+def _check_layer_fp8_(layer: nn.Module, world: int, q: int, kv: int, f: int) -> None:
+    """Every rank's slice of the layer's fp8 projections fits their scale blocks."""
     a, m = layer.self_attn, layer.mlp
     for name, lin, size in (("q_proj", a.q_proj, q), ("k_proj", a.k_proj, kv), ("v_proj", a.v_proj, kv),
                             ("o_proj", a.o_proj, q), ("gate_proj", m.gate_proj, f),
                             ("up_proj", m.up_proj, f), ("down_proj", m.down_proj, f)):
-        if isinstance(lin, Fp8Linear):
-            for r in range(world):
-                fp8_blocks(r * size, (r + 1) * size, f"{name} (fp8) rank {r} of {world}:")
+        check_fp8_shards(name, lin, size, world)
 
 
 def shard_qwen3_(target: nn.Module, draft: nn.Module | None, rank: int, world: int) -> None:
@@ -92,7 +89,7 @@ def shard_qwen3_(target: nn.Module, draft: nn.Module | None, rank: int, world: i
         h = split(layer.self_attn.h, world, "num_attention_heads")
         hkv = split(layer.self_attn.hkv, world, "num_key_value_heads")
         f = split(layer.mlp.gate_proj.out_features, world, "intermediate_size")
-        _check_fp8_shards(layer, world, h * layer.self_attn.d, hkv * layer.self_attn.d, f)
+        _check_layer_fp8_(layer, world, h * layer.self_attn.d, hkv * layer.self_attn.d, f)
     V = target.config.vocab_size
     lo, hi = vocab_shard(V, world, rank)
     for layer in layers:

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..models.fp8_linear import Fp8Linear
-from .layers import (SumOverRanks, VocabParallelEmbedding, VocabParallelHead, check_rank, cols, fp8_blocks,
-                     rows, split, vocab_shard)
+from .layers import (SumOverRanks, VocabParallelEmbedding, VocabParallelHead, check_fp8_shards, check_rank,
+                     cols, rows, split, vocab_shard)
 
 
 def _shard_attention_(a: nn.Module, rank: int, world: int) -> None:
@@ -60,19 +59,12 @@ def _shard_moe_(moe: nn.Module, rank: int, world: int, expert_parallel: bool) ->
     return SumOverRanks(moe)
 
 
-def _check_fp8(name: str, linear: nn.Module, size: int, world: int) -> None:
-    """Every rank's ``size``-wide slice of an fp8 ``linear`` fits its scale blocks."""
-    if isinstance(linear, Fp8Linear):
-        for r in range(world):
-            fp8_blocks(r * size, (r + 1) * size, f"{name} (fp8) rank {r} of {world}:")
-
-
 def _check(blocks: list[nn.Module], world: int, expert_parallel: bool) -> None:
     for b in blocks:
         a = b.attn
         h, g = split(a.heads, world, "num_attention_heads"), split(a.groups, world, "o_groups")
-        _check_fp8("wq_b", a.wq_b, h * a.cfg.head_dim, world)
-        _check_fp8("wo_b", a.wo_b, g * a.cfg.o_lora_rank, world)
+        check_fp8_shards("wq_b", a.wq_b, h * a.cfg.head_dim, world)
+        check_fp8_shards("wo_b", a.wo_b, g * a.cfg.o_lora_rank, world)
         moe = b.ffn
         if expert_parallel:
             split(len(moe.experts), world, "n_routed_experts")
@@ -83,7 +75,7 @@ def _check(blocks: list[nn.Module], world: int, expert_parallel: bool) -> None:
             f = split(e.w1.out_features, world, "moe_intermediate_size * n_shared_experts")
             for name, lin in (("shared_experts.w1", e.w1), ("shared_experts.w3", e.w3),
                               ("shared_experts.w2", e.w2)):
-                _check_fp8(name, lin, f, world)
+                check_fp8_shards(name, lin, f, world)
 
 
 def shard_v4_(target: nn.Module, draft: nn.Module | None, rank: int, world: int,
