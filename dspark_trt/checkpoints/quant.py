@@ -44,14 +44,20 @@ def _expand(scale: Tensor, rows: int, cols: int, br: int, bc: int) -> Tensor:
     return scale.repeat_interleave(br, 0)[:rows].repeat_interleave(bc, 1)[:, :cols]
 
 
-def dequant_fp8_block(w: Tensor, scale: Tensor, block: int = FP8_BLOCK) -> Tensor:
-    """float8_e4m3fn [out, in] with E8M0 scale [ceil(out/b), ceil(in/b)] -> float32 [out, in]."""
+def check_fp8_block(w: Tensor, scale: Tensor, block: int = FP8_BLOCK) -> None:
+    """``QuantFormatError`` unless ``w`` is a 2-D float8_e4m3fn weight and ``scale`` has one entry
+    per ``block`` x ``block`` block of it."""
     if w.dtype != torch.float8_e4m3fn or w.dim() != 2:
         raise QuantFormatError(f"FP8 block weight must be 2-D float8_e4m3fn, got {w.dtype} {tuple(w.shape)}")
     want = (-(-w.shape[0] // block), -(-w.shape[1] // block))
     if tuple(scale.shape) != want:
         raise QuantFormatError(f"FP8 block scale has shape {tuple(scale.shape)}, expected {want} "
                                f"for a weight of shape {tuple(w.shape)}")
+
+
+def dequant_fp8_block(w: Tensor, scale: Tensor, block: int = FP8_BLOCK) -> Tensor:
+    """float8_e4m3fn [out, in] with E8M0 scale [ceil(out/b), ceil(in/b)] -> float32 [out, in]."""
+    check_fp8_block(w, scale, block)
     return w.float() * _expand(e8m0_to_float(scale), *w.shape, block, block)
 
 

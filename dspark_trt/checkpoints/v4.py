@@ -21,8 +21,8 @@ import torch
 from ..config import DeepSeekV4Config, DSparkV4Config, ModelPair, read_json
 from ..models import build_models
 from .files import CheckpointError, check_finite, checkpoint_files, read_tensors
-from .quant import (QuantFormatError, dequant_fp8_block, dequant_mxfp4, e8m0_to_float, quant_fp8_block,
-                    quant_mxfp4)
+from .quant import (QuantFormatError, check_fp8_block, dequant_fp8_block, dequant_mxfp4, e8m0_to_float,
+                    quant_fp8_block, quant_mxfp4)
 
 HEAD_LEVEL = ("main_proj.", "main_norm.", "norm.", "hc_head_fn", "hc_head_base", "hc_head_scale",
               "markov_head.")
@@ -74,7 +74,7 @@ def _native_fp8(name: str, w: torch.Tensor, scales: dict, where: str) -> tuple[t
         q, s = quant_fp8_block(w.float())
         return q, e8m0_to_float(s)
     try:
-        dequant_fp8_block(w, scale)                       # checks dtype and the scale's shape
+        check_fp8_block(w, scale)
         return w, scale if scale.dtype == torch.float32 else e8m0_to_float(scale)
     except QuantFormatError as e:
         raise CheckpointError(f"tensor '{where}': {e}") from None

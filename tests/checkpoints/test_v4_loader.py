@@ -181,3 +181,16 @@ def test_fp8_quantization_of_a_wide_checkpoint(tmp_path):
         assert torch.equal(s, torch.exp2(torch.log2(s).round()))        # powers of two (E8M0)
         d = dequant_fp8_block(m.weight, s.log2().add(127).round().to(torch.uint8))
         assert ((d - w).abs() <= w.abs() * 2 ** -4 + w.abs().max() * 2 ** -9).all(), n
+
+
+def test_native_fp8_keeps_fp32_scales_and_names_a_bad_one():
+    """``_native_fp8`` (an Fp8Linear parameter of a V4 load): E8M0 scales become fp32, fp32 scales
+    stay as stored, a scale of the wrong shape is a CheckpointError naming the tensor."""
+    from dspark_trt.checkpoints.v4 import _native_fp8
+    q, s = quant_fp8_block(torch.randn(200, 300, generator=torch.Generator().manual_seed(2)))
+    w, got = _native_fp8("a.weight", q, {"a.weight_scale_inv": s}, "a.weight' in f")
+    assert w is q and torch.equal(got, e8m0_to_float(s))
+    fp32 = e8m0_to_float(s) * 1.5
+    assert torch.equal(_native_fp8("a.weight", q, {"a.weight_scale_inv": fp32}, "x")[1], fp32)
+    with pytest.raises(CheckpointError, match="a.weight' in f.*scale has shape"):
+        _native_fp8("a.weight", q, {"a.weight_scale_inv": s[:1]}, "a.weight' in f")
