@@ -30,7 +30,7 @@ SCALE_SUFFIX = ".weight_scale_inv"
 V4_FP8_MODULES = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_b)|indexer\.wq_b|shared_experts\.w[123])$")
 
 
-def check_quantization(mode: str | None, arch: str, tp_world: int = 1) -> str:
+def check_quantization(mode: str | None, arch: str) -> str:
     """-> the mode ("auto" for None); ConfigError naming what does not fit."""
     mode = mode or "auto"
     if mode not in QUANTIZATIONS:
@@ -59,12 +59,12 @@ def has_fp8(module: nn.Module) -> bool:
 
 
 def apply_quantization_(pair: ModelPair, target: nn.Module, dtype: torch.dtype, mode: str | None,
-                        tp_world: int = 1, loaded: bool = False) -> str | None:
+                        loaded: bool = False) -> str | None:
     """After the target's weights are in place (``loaded``: from a checkpoint, whose stored
     formats "auto" keeps; else random weights, which "auto" quantises where the config says fp8):
     quantise or dequantise its projections for ``mode``; sets and returns
     ``pair.target.quantization`` (what the target now holds)."""
-    mode = check_quantization(mode, pair.target.arch, tp_world)
+    mode = check_quantization(mode, pair.target.arch)
     preset_fp8 = not loaded and getattr(pair.target, "quantization", None) == "fp8"
     if mode == "none":
         dequantize_fp8_linears_(target, dtype)

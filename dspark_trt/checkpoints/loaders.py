@@ -32,7 +32,7 @@ register_loader("deepseek_v4", _deepseek_v4)
 
 
 def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-              device="cpu", quantization: str | None = None, tp_world: int = 1):
+              device="cpu", quantization: str | None = None):
     """-> (ModelPair, target module, draft module) with weights loaded. ``quantization``
     (``checkpoints.fp8``): Qwen3 and DeepSeek-V4 loaders; the others dequantise ("fp8" refused)."""
     model_type = read_json(Path(target_dir) / "config.json").get("model_type", "qwen3")
@@ -41,7 +41,7 @@ def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype 
                           f"(known: {', '.join(sorted(_LOADERS))})")
     kw = {}
     if model_type in ("qwen3", "deepseek_v4"):
-        kw = dict(quantization=quantization, tp_world=tp_world)
+        kw = dict(quantization=quantization)
     elif (quantization or "auto") == "fp8":
         from .fp8 import check_quantization
         check_quantization(quantization, model_type)

@@ -31,12 +31,12 @@ def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pai
         from .loaders import load_pair
         pair, target, draft = load_pair(src.checkpoint, src.draft_checkpoint, dtype,
                                         "cpu" if tp else device,
-                                        quantization=src.quantization, tp_world=tp.world if tp else 1)
+                                        quantization=src.quantization)
     else:
         pair = pair or get_preset(src.model)
-        check_quantization(src.quantization, pair.target.arch, tp.world if tp else 1)
+        check_quantization(src.quantization, pair.target.arch)
         target, draft = build_models(pair, dtype, device, seed)
-        apply_quantization_(pair, target, dtype, src.quantization, tp.world if tp else 1)
+        apply_quantization_(pair, target, dtype, src.quantization)
     if tp:
         from ..parallel import shard_pair_
         shard_pair_(pair, target, draft, tp.rank, tp.world, src.expert_parallel)

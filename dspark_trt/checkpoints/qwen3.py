@@ -91,18 +91,18 @@ def load_confidence_head_(draft, tensors: dict[str, torch.Tensor], where: str) -
 
 
 def load_qwen3_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-                    device="cpu", quantization: str | None = None, tp_world: int = 1):
+                    device="cpu", quantization: str | None = None):
     """-> (ModelPair, target module, draft module), weights loaded, eval mode. Target linears the
     checkpoint stores in fp8 (``weight`` + ``weight_scale_inv``, Qwen3-FP8) load as ``Fp8Linear``;
     ``quantization`` (``checkpoints.fp8``) then keeps, quantises or dequantises them."""
     from .fp8 import apply_quantization_, check_quantization, fp8_linear_names
     pair = read_pair_config(target_dir, draft_dir)
-    check_quantization(quantization, pair.target.arch, tp_world)
+    check_quantization(quantization, pair.target.arch)
     target, draft = build_models(pair, dtype=dtype, device=device)
     tied = pair.target.tie_word_embeddings
     fp8_linears_(target, fp8_linear_names(checkpoint_files(target_dir)), quantize=False)
     load_into_module(target, target_dir, skip=lambda n: tied and n == "lm_head.weight")
-    apply_quantization_(pair, target, dtype, quantization, tp_world, loaded=True)
+    apply_quantization_(pair, target, dtype, quantization, loaded=True)
     names = checkpoint_files(draft_dir)
     in_ckpt = any(n.startswith("confidence_head.") for n in names)
     if in_ckpt and draft.confidence_head is None:

@@ -141,13 +141,13 @@ def _collect(ckpt_dir, side: str, expert_dtype: str) -> dict:
 
 
 def load_v4_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
-                 device="cpu", quantization: str | None = None, tp_world: int = 1):
+                 device="cpu", quantization: str | None = None):
     """-> (ModelPair, target module, draft module), weights loaded, eval mode: dequantised, or with
     ``quantization="fp8"`` the target's ``V4_FP8_MODULES`` linears kept in fp8 (``Fp8Linear``;
     a wide checkpoint's are quantised)."""
     from ..models.fp8_linear import fp8_linears_
     from .fp8 import check_quantization, fp8_module_names
-    mode = check_quantization(quantization, "deepseek_v4", tp_world)
+    mode = check_quantization(quantization, "deepseek_v4")
     pair = read_v4_pair_config(target_dir, draft_dir)
     target, draft = build_models(pair, dtype=dtype, device=device)
     if mode == "fp8":

@@ -185,8 +185,6 @@ def test_bad_fp8_checkpoints_and_options_are_refused(tmp_path, fp8_dirs):
         write_checkpoint(tmp_path / field, c, tensors)
         with pytest.raises(ConfigError, match=match):
             load_pair(tmp_path / field, ddir, torch.float32)
-    _, target, _ = load_pair(tdir, ddir, torch.float32, tp_world=2)   # sharded later, still fp8
-    assert any(isinstance(m, Fp8Linear) for m in target.modules())
     # DeepSeek-V4 random weights: its V4_FP8_MODULES linears quantised; other archs refused
     _, v4, _ = prepare_models(ModelSource(model="deepseek-v4-tiny-dspark", quantization="fp8"), torch.float32, "cpu")
     assert any(isinstance(m, Fp8Linear) for m in v4.modules())
