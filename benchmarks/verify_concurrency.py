@@ -127,11 +127,16 @@ def measure_cost_curve(llm, args, sizes):
                      pts["rows"], pts["draft_ms"], pts["ar_ms"])
 
 
+def steady_range(gen_len: int) -> tuple[int, int]:
+    """The steady load's new tokens per request: [gen_len / 2, 3 gen_len / 2]."""
+    return max(1, gen_len // 2), max(1, (3 * gen_len) // 2)
+
+
 def steady_lengths(n: int, gen_len: int, seed: int = 0) -> list[int]:
-    """New tokens per request of the steady load: uniform in [gen_len / 2, 3 gen_len / 2], the same
-    for every mode (request i always asks for the same length), so requests finish at different
-    rounds in AR decoding too, as in a server, instead of in lockstep waves."""
-    lo, hi = max(1, gen_len // 2), max(1, (3 * gen_len) // 2)
+    """New tokens per request of the steady load: uniform in ``steady_range``, the same for every
+    mode (request i always asks for the same length), so requests finish at different rounds in
+    AR decoding too, as in a server, instead of in lockstep waves."""
+    lo, hi = steady_range(gen_len)
     return np.random.default_rng(seed).integers(lo, hi + 1, n).tolist()
 
 
@@ -169,11 +174,7 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
     for s in seqs:
         gen.abort(s.request_id)
     gen.step()
-    committed = [c for s in seqs for c in s.stats.committed]
-    return {"decode_tokens_per_s": tokens / dt, "rounds": rounds, "round_ms": dt / max(rounds, 1) * 1e3,
-            "tau": sum(committed) / len(committed) if committed else None,
-            "verified_per_round": (sum(p for s in seqs for p in s.stats.proposed) / len(committed) + 1
-                                   if committed else None),
+    return {**bench.decode_stats(seqs, tokens, rounds, dt),
             "requests_submitted": len(seqs), "window_tokens": tokens,
             "prefill_calls": prefill[0], "prefill_requests": prefill[1],
             "prefill_ms_per_call": 1e3 * prefill[2] / max(prefill[0], 1),
@@ -186,7 +187,7 @@ def run(argv) -> dict:
     sizes = bench._ints(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     steady = args.load == "steady"
-    longest = max(1, (3 * args.gen_len) // 2) if steady else args.gen_len     # steady_lengths' top
+    longest = steady_range(args.gen_len)[1] if steady else args.gen_len
     args.max_batch_size, args.max_seq_len = max(sizes), args.prompt_len + longest
     if args.model and not (args.checkpoint or args.engine) and not args.random_weights:
         raise SystemExit("error: --model without checkpoints is RANDOM weights: add --random-weights")

@@ -216,12 +216,17 @@ def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool,
         rounds += 1
     dt = time.perf_counter() - t0
     tokens = sum(len(s.output_ids) - 1 for s in seqs)
+    return {**decode_stats(seqs, tokens, rounds, dt), "output_ids_row0": seqs[0].output_ids}
+
+
+def decode_stats(seqs, tokens: int, rounds: int, seconds: float) -> dict:
+    """tokens/s, round time, tau and verified tokens per request per round of decoded ``seqs``."""
     committed = [c for s in seqs for c in s.stats.committed]
-    return {"decode_tokens_per_s": tokens / dt, "rounds": rounds, "round_ms": dt / max(rounds, 1) * 1e3,
+    return {"decode_tokens_per_s": tokens / seconds, "rounds": rounds,
+            "round_ms": seconds / max(rounds, 1) * 1e3,
             "tau": sum(committed) / len(committed) if committed else None,
             "verified_per_round": (sum(p for s in seqs for p in s.stats.proposed) / len(committed) + 1
-                                   if committed else None),
-            "output_ids_row0": seqs[0].output_ids}
+                                   if committed else None)}
 
 
 def uses_random_weights(llm, args) -> bool:
