@@ -149,7 +149,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     total tokens B * w, latency made non-decreasing in tokens (the smallest latency measured at
     that many tokens or more); and per B the draft step's and the AR step's latency (``rows``,
     ``draft_ms``, ``ar_ms``: the scheduler's AR fallback compares them; ``ar_ms`` is the fallback's
-    AR step, which also writes the draft's context)."""
+    AR step, the plain one: its draft-context write is deferred and batched,
+    ``runtime/deferred_context.py``)."""
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
     eager = steps.eager
@@ -161,8 +162,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
         x = x_all.head(B)
         rows.append(B)
         draft_ms.append(time_ms(steps.replayable(lambda: eager.draft_step(x)), iters, cuda))
-        # the fallback's AR step: with the draft's context write (what ``prefers_ar`` compares)
-        ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, context=True)), iters, cuda))
+        # the fallback's AR step (what ``prefers_ar`` compares); it defers its context write
+        ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, taps_out=True)), iters, cuda))
         for w in range(1, N + 1):
             d, z = drafts_all[:B, :w].contiguous(), z_all[:B, :w].contiguous()
             fn = steps.replayable(lambda: eager.verify_step(x, d, z, False))

@@ -310,8 +310,8 @@ class GraphedSteps:
 
     def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False, width: int | None = None
               ) -> CapturedGraph:
-        """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar", "ar_ctx"
-        (the AR step writing the draft's context)} of bucket
+        """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar", "ar_taps"
+        (the AR step returning its taps too, for the fallback's deferred context)} of bucket
         ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies the first
         ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths."""
         mods = Modifiers() if kind in ("draft", "draft_admit") else Modifiers.of(mods)
@@ -333,8 +333,8 @@ class GraphedSteps:
         elif kind == "verify_admit":
             drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
             fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods, width)  # noqa: E731
-        elif kind in ("ar", "ar_ctx"):
-            fn = lambda: self.steps.ar_step(x, mods, kind == "ar_ctx")  # noqa: E731
+        elif kind in ("ar", "ar_taps"):
+            fn = lambda: self.steps.ar_step(x, mods, taps_out=kind == "ar_taps")  # noqa: E731
         else:
             raise ValueError(f"unknown graph kind '{kind}'")
         log.debug("capturing %s graph for batch bucket %d (%s)", kind, Bb, mods)
@@ -351,7 +351,7 @@ class GraphedSteps:
             kinds = ("draft", "verify") + (("draft_admit", "verify_admit") if self.confidence else ())
         sched = self.steps.scheduler
         if speculative and self.confidence and sched is not None and sched.falls_back:
-            kinds += ("ar_ctx",)
+            kinds += ("ar_taps",)
         widths = sched.widths if sched is not None and sched.trims else [None]
         for Bb in sorted(buckets or self.buckets, reverse=True):
             for kind in kinds:
@@ -397,11 +397,22 @@ class GraphedSteps:
         return widen(out[:, :-1], N), out[:, -1], conf
 
     def ar_round(self, r: RoundInputs, mods: Modifiers | bool, context: bool = False) -> np.ndarray:
+        if context:                       # no graph of it: the fallback defers its context write
+            return self.steps.ar_round(r, mods, context=True)
+        return self._replay_ar("ar", r, mods)
+
+    def ar_round_taps(self, r: RoundInputs, mods: Modifiers | bool) -> tuple[np.ndarray, Tensor]:
+        """As ``DecodeSteps.ar_round_taps``; the taps are the graph's output buffer (rows [:B]),
+        overwritten by its next replay."""
+        nxt = self._replay_ar("ar_taps", r, mods)
+        return nxt, self.graph("ar_taps", self.bucket(r.batch_size), mods).outputs[1][:r.batch_size]
+
+    def _replay_ar(self, kind: str, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         B = r.batch_size
         Bb = self.bucket(B)
-        ar = self.graph("ar_ctx" if context else "ar", Bb, mods)
+        ar = self.graph(kind, Bb, mods)
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()
         ar.launch()
-        return buf.download(ar.outputs, B)
+        return buf.download(ar.outputs if kind == "ar" else ar.outputs[0], B)

@@ -42,6 +42,7 @@ import torch
 from .. import plugins
 from .kv_manager import PagedKVManager
 from .confidence import MODE_IDS, SurvivalEstimate
+from .deferred_context import DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
 from .sampling_modifiers import Modifiers, uses_penalties
@@ -128,6 +129,10 @@ class Scheduler:
         # AR_PROBE_EVERY)
         self._survival = SurvivalEstimate(networks.num_spec_tokens)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
+        # the fallback AR rounds' draft context, written by the next speculative round
+        # (``defer_context=False``: by each AR round itself, the reference behaviour)
+        self.defer_context = True
+        self.deferred = DeferredContext(networks, max_batch_size, AR_PROBE_MAX)
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
         self.preemptions = 0                                # sequences preempted for KV pages
@@ -214,6 +219,7 @@ class Scheduler:
 
     def _release(self, s: Sequence) -> None:
         self.kv.release(s.request_id)
+        self.deferred.drop(s.slot)
         self._free_slots.append(s.slot)
 
     def _need(self, s: Sequence) -> int:
@@ -321,12 +327,18 @@ class Scheduler:
 
     def _ar_round(self, seqs: list[Sequence], fallback: bool = False) -> None:
         """Plain autoregressive step on the target: the comparison mode, or (``fallback``) an AR
-        round inside speculative decoding, which writes the draft's context too and which each
-        request records as a round of 0 verified drafts (never with logprobs: those batches do
-        not fall back)."""
+        round inside speculative decoding, whose draft context waits in ``deferred`` for the
+        next speculative round (``_write_deferred``) and which each request records as a round of
+        0 verified drafts (never with logprobs: those batches do not fall back)."""
         mods = Modifiers.for_params(s.params for s in seqs)
         k, rows = _logprobs_k(seqs), None
-        if k is None:
+        slots = [s.slot for s in seqs]
+        if k is None and fallback and self.defer_context:
+            if not self.deferred.room_for(slots):
+                self._write_deferred(seqs)
+            host, taps = self.steps.ar_round_taps(self.round_inputs(seqs), mods)      # [B, 1], [B, m*d]
+            self.deferred.add(slots, [s.position for s in seqs], taps)
+        elif k is None:
             host = self.steps.ar_round(self.round_inputs(seqs), mods, context=fallback)   # [B, 1]
         else:
             host, rows = self.steps.eager.ar_round_logprobs(self.round_inputs(seqs), mods, k)
@@ -372,6 +384,7 @@ class Scheduler:
             self._ar_streak += 1
             return self._ar_round(seqs, fallback=True)
         self._ar_streak = 0
+        self._write_deferred(seqs)
         mods = Modifiers.for_params(s.params for s in seqs)
         r = self.round_inputs(seqs)
         k, rows = _logprobs_k(seqs), None
@@ -402,6 +415,12 @@ class Scheduler:
             c = None if conf is None else self._scheduler().calibrated(np.asarray(conf)[live])
             self._survival.add([seqs[i].stats.accepted[-1] for i in live],
                                [seqs[i].stats.proposed[-1] for i in live], c)
+
+    def _write_deferred(self, seqs: list[Sequence]) -> None:
+        """The draft context that fallback AR rounds left pending for ``seqs``, in one call."""
+        pending = [s for s in seqs if self.deferred.pending(s.slot)]
+        if pending:
+            self.deferred.flush([s.slot for s in pending], self._table(pending))
 
     # ---- convenience ---------------------------------------------------------------------------
     def run(self, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:

@@ -8,6 +8,7 @@ one CUDA graph, see ``cuda_graphs.py``):
                target over [anchor, drafts] at P .. P+N, the modifiers, on-device acceptance, then
                the context injection of verify rows 0..a (rows > a at position -1: fixed shape N+1)
   ar_step      (anchor, start, table, temperature, top_p, seed) -> out [B, 1] = next token
+               (the scheduler's AR fallback: also the anchors' taps, for a deferred context write)
 
 Modifiers of the target distribution (``sampling_modifiers.py``: penalties, top-k, min-p, top-p)
 are applied to the target logits of every verify row (and the AR step's) before acceptance, each
@@ -36,6 +37,7 @@ confidence runs a narrower, cheaper verify. ``verify_widths`` counts the windows
 The public round interface (every caller drives a round through it, never through private parts):
   ``Scheduler.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
   ``steps.spec_round / spec_round_admitted / ar_round(r, ...)``  one round, host in, host out
+  ``steps.ar_round_taps(r, mods)``             an AR round that also returns its taps (device)
   ``steps.eager.spec_round_logprobs / ar_round_logprobs(r, mods, k)``  the same, eager, with the
                                                raw target logprobs of the emitted tokens (top k)
   ``steps.stage(r)`` -> ``StagedRound``        the round's device inputs and one callable per step
@@ -295,12 +297,13 @@ class DecodeSteps:
 
     @torch.inference_mode()
     def ar_step(self, x: DeviceInputs, mods: Modifiers | bool, context: bool = False,
-                logprobs: int | None = None):
+                logprobs: int | None = None, taps_out: bool = False):
         """One autoregressive target step -> next token [B, 1] (-1 for inert rows). ``context``:
         also write the draft's context at the anchor's position from the target's taps (what a
-        verify that accepted no draft writes), so that a speculative round can follow (the AR
-        rounds of the scheduler's fallback, ``VerifyScheduler.prefers_ar``). With ``logprobs`` = k
-        (eager only) ``(next, (chosen [B, 1], ids, vals))`` as ``verify_step``."""
+        verify that accepted no draft writes), so that a speculative round can follow.
+        ``taps_out``: ``(next, taps [B, m*d])`` instead, the taps of the anchor's position for a
+        later write (the AR rounds of the scheduler's fallback, ``deferred_context.py``). With
+        ``logprobs`` = k (eager only) ``(next, (chosen [B, 1], ids, vals))`` as ``verify_step``."""
         mods = Modifiers.of(mods)
         pos = torch.where(x.start >= 0, x.start, -1)[:, None]                       # [B, 1]
         logits, taps = self.nets.target(x.anchor[:, None], pos, x.table)
@@ -314,6 +317,8 @@ class DecodeSteps:
         nxt = torch.where((x.start >= 0) & finite, nxt, -1)[:, None]                # [B, 1]
         if mods.penalties:
             self.counts.add(x.slot, nxt, nxt >= 0)
+        if taps_out:
+            return nxt, taps[:, 0]
         return nxt if logprobs is None else (nxt, token_logprobs(raw, nxt, logprobs))
 
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
@@ -374,6 +379,12 @@ class DecodeSteps:
         ``ar_step``."""
         return self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods,
                             context).cpu().numpy()
+
+    def ar_round_taps(self, r: RoundInputs, mods: Modifiers | bool) -> tuple[np.ndarray, Tensor]:
+        """-> (next token [B, 1] on the host as ``ar_round``, the anchors' taps [B, m*d] on the
+        device, valid until the next AR round: ``ar_step(taps_out=True)``)."""
+        nxt, taps = self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods, taps_out=True)
+        return nxt.cpu().numpy(), taps
 
 
 def widen(out: np.ndarray, n: int) -> np.ndarray:

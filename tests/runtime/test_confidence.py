@@ -648,6 +648,7 @@ def test_trimmed_rounds_verify_narrower_windows_and_stay_lossless(graphs):
 # ---- the AR fallback of all-scheduled batches -------------------------------------------------------
 
 STEPS = dict(rows=[1, 4], draft_ms=[30.0, 30.0], ar_ms=[1.0, 1.2])      # drafting never pays
+AR_PROBE_EVERY_T = 8              # scheduler.AR_PROBE_EVERY (checked in the fallback tests)
 
 
 def test_prefers_ar_compares_the_expected_round_throughputs():
@@ -783,7 +784,7 @@ def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs):
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
     if graphs:
         llm.capture_graphs(True)
-        assert any(k[0] == "ar_ctx" for k in llm.steps._graphs)
+        assert any(k[0] == "ar_taps" for k in llm.steps._graphs)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=30), speculative=False)
     out = llm.generate(prompts, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
@@ -794,6 +795,38 @@ def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs):
                                    for m in ("fixed", "scheduled", "scheduled")])
     assert [o.output_ids for o in mixed] == [a.output_ids for a in ar]
     assert 0 not in mixed[0].stats.proposed
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_fallback_context_written_late_equals_written_each_round(graphs):
+    """The fallback's AR rounds keep their taps and the next scheduled round writes them in one
+    draft_context call: the same drafts, acceptance and output as writing them in every AR round
+    (fp64), and the draft cache holds the same context; a finished sequence leaves nothing pending."""
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
+    reqs = [([1, 2, 3], SamplingParams(max_new_tokens=40, verify_mode="scheduled")),
+            ([4, 5], SamplingParams(max_new_tokens=25, verify_mode="scheduled"))]
+    runs = {}
+    for defer in (True, False):
+        gen = llm.scheduler()
+        gen.defer_context = defer
+        seqs = [gen.add_request(p, sp) for p, sp in reqs]
+        while seqs[0].stats.proposed.count(0) < 2 * AR_PROBE_EVERY_T:    # stop inside an AR streak
+            gen.step()
+        gen._write_deferred(gen.running)
+        ps = llm.networks.page_size                 # the draft K of every committed position
+        cache = [torch.stack([k[s.table_row[p // ps], p % ps] for p in range(s.position)])
+                 for s in gen.running for k in llm.networks.draft_cache["k"]]
+        while gen.has_work():
+            gen.step()
+        runs[defer] = ([(s.output_ids, s.stats.proposed, s.stats.accepted) for s in seqs], cache, gen)
+    assert runs[True][0] == runs[False][0]
+    for a, b in zip(runs[True][1], runs[False][1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    late = runs[True][2].deferred
+    ar_rounds = sum(p == 0 for _, proposed, _ in runs[True][0] for p in proposed)
+    assert late.flushes >= 2 and 0 < late.flushed_rows <= ar_rounds
+    assert not late.positions and runs[False][2].deferred.flushes == 0
 
 
 def test_ar_fallback_probes_less_often_while_ar_wins():
