@@ -4,7 +4,8 @@
 
 Prefills B random prompts, stages the next round (``steps.stage``), then profiles (torch.profiler,
 CUDA activity) eager calls of the target over its verify window for 1 and N+1 tokens and of the
-draft step. Writes ``profile-<label>.json``: per network
+draft step; ``--prefill``: also a whole admission prefill of the B prompts (``Scheduler.step`` of a
+fresh scheduler: target, first token, draft context), with the host's top operators. Writes ``profile-<label>.json``: per network
 the kernel count, summed kernel time, CUDA-event wall time, and the top kernels by total time,
 so the gap between the step time and the HBM roofline can be attributed.
 """
@@ -29,12 +30,15 @@ from dspark_trt.runtime.llm import LLM  # noqa: E402
 from dspark_trt.runtime.steps import verify_window  # noqa: E402
 
 
-def profile_fn(fn, reps: int = 5, top: int = 25) -> dict:
-    """Kernel table of ``reps`` calls of fn (after 3 warm-ups); times per call in microseconds."""
+def profile_fn(fn, reps: int = 5, top: int = 25, host: bool = False) -> dict:
+    """Kernel table of ``reps`` calls of fn (after 3 warm-ups); times per call in microseconds.
+    ``host``: also the host side, the top operators by self CPU time (where a host-bound call
+    such as an eager prefill spends its time)."""
     for _ in range(2):
         fn()
     wall_us = time_ms(fn, reps, cuda=True) * 1e3          # one more warm-up, then CUDA events
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    acts = [ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if host else [])
+    with profile(activities=acts) as prof:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
@@ -43,9 +47,15 @@ def profile_fn(fn, reps: int = 5, top: int = 25) -> dict:
     for e in kernels:
         by_name.setdefault(e.name, []).append(e.device_time)
     rows = sorted(((sum(v) / reps, len(v) / reps, n) for n, v in by_name.items()), reverse=True)
-    return {"wall_us": wall_us, "kernels_per_call": len(kernels) / reps,
-            "kernel_us_per_call": sum(e.device_time for e in kernels) / reps,
-            "top": [{"us_per_call": round(t, 2), "calls": c, "name": n[:160]} for t, c, n in rows[:top]]}
+    out = {"wall_us": wall_us, "kernels_per_call": len(kernels) / reps,
+           "kernel_us_per_call": sum(e.device_time for e in kernels) / reps,
+           "top": [{"us_per_call": round(t, 2), "calls": c, "name": n[:160]} for t, c, n in rows[:top]]}
+    if host:
+        ops = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+        ops.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+        out["host_top"] = [{"self_cpu_us_per_call": round(e.self_cpu_time_total / reps, 1),
+                            "calls": e.count / reps, "name": e.key[:160]} for e in ops[:top]]
+    return out
 
 
 def main() -> None:
@@ -55,6 +65,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--label", default=None)
+    ap.add_argument("--prefill", action="store_true",
+                    help="also profile the admission prefill of --batch-size prompts (host side too)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     a = ap.parse_args()
     kw = dict(max_batch_size=a.batch_size, max_seq_len=a.prompt_len + 64, device="cuda")
@@ -79,12 +91,25 @@ def main() -> None:
         drafts = torch.zeros(a.batch_size, N, dtype=torch.long, device=nets.device)
         z = torch.randn(a.batch_size, N, nets.vocab_size, device=nets.device)
         fns["verify_greedy"] = lambda: nets.verify(logits, drafts, z, x.temperature, x.seed, x.start)
+    if a.prefill:        # Scheduler.step of a new scheduler with waiting requests: the prefill,
+        def prefill(steps):  # eager and (CUDA graphs on) from the graph of its padded shape
+            g = llm.scheduler()
+            g.steps = steps
+            for p in prompts:
+                g.add_request(p.tolist(), SamplingParams(max_new_tokens=32, ignore_eos=True))
+            g.step()
+        for kind, steps in {"eager": llm.steps.eager, "graph": llm.steps}.items():
+            if kind == "eager" or steps is not llm.steps.eager:
+                fns[f"prefill_{kind}_{a.batch_size}x{a.prompt_len}"] = lambda s=steps: prefill(s)
     for name, fn in fns.items():
-        out["profiles"][name] = r = profile_fn(fn)
+        out["profiles"][name] = r = profile_fn(fn, host=name.startswith("prefill"))
         print(f"[profile] {name}: wall {r['wall_us']:.0f} us, {r['kernels_per_call']:.0f} kernels, "
               f"kernel sum {r['kernel_us_per_call']:.0f} us", flush=True)
         for row in r["top"][:12]:
             print(f"    {row['us_per_call']:9.1f} us  x{row['calls']:<5g} {row['name'][:110]}", flush=True)
+        for row in r.get("host_top", [])[:15]:
+            print(f"    host {row['self_cpu_us_per_call']:9.1f} us  x{row['calls']:<5g} {row['name'][:100]}",
+                  flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
     label = a.label or ("engine" if a.engine else "eager")
     path = Path(a.out) / f"profile-{label}-{out['git_sha']}.json"

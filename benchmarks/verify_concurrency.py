@@ -201,8 +201,8 @@ def run(argv) -> dict:
     llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device,
                                                 llm.calibration, curve)
     llm.verify_cost = curve
-    for spec in (True, False):
-        llm.capture_graphs(spec)
+    for spec in (True, False):               # the steady load's admissions replay prefill graphs
+        llm.capture_graphs(spec, prefill_lengths=[args.prompt_len] if steady else None)
     pool = max(sizes) * (max(2, args.waves) if steady else 1)
     prompts_all = bench.make_prompts(llm, args.prompts, pool, args.prompt_len, args.seed)
     rows = {}

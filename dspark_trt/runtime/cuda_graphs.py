@@ -27,6 +27,9 @@ intermediate buffers are never handed to other tensors (one pool shared by all g
 run concurrently). ``backend="torch"`` uses ``torch.cuda.CUDAGraph`` instead. Each capture is
 preceded by one eager warm-up run on the capture stream (kernel compilation, cuBLAS workspaces).
 
+The admission prefill replays graphs too, one per padded (batch, length) shape
+(``prefill_graphs.py``), captured on first use in the same pool.
+
 ``backend="eager-replay"`` (tests on CPU; not a CLI choice): nothing is captured, ``launch`` reruns
 the step eagerly and copies its results into the first run's output tensors. It checks the static
 buffer plumbing (staging, inert rows, graph-to-graph outputs) where no GPU is available, not
@@ -41,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .prefill_graphs import PrefillGraphs
 from .sampling_modifiers import Modifiers
 from .steps import MODIFIER_FIELDS, DecodeSteps, DeviceInputs, RoundInputs, StagedRound, widen
 
@@ -261,6 +265,8 @@ class GraphedSteps:
             self.capture_stream = torch.cuda.Stream()
         self._buffers: dict[int, BucketBuffers] = {}
         self._graphs: dict[tuple, CapturedGraph] = {}
+        self.prefills = PrefillGraphs(
+            self, lambda fn: CapturedGraph(fn, self.pool, self.backend, self.capture_stream))
 
     @property
     def verify_widths(self):
@@ -343,9 +349,11 @@ class GraphedSteps:
         self._graphs[key] = CapturedGraph(fn, self.pool, self.backend, self.capture_stream)
         return self._graphs[key]
 
-    def capture(self, speculative: bool = True, buckets: list[int] | None = None) -> None:
+    def capture(self, speculative: bool = True, buckets: list[int] | None = None,
+                prefill_lengths: list[int] | None = None) -> None:
         """Capture ahead of time, largest bucket first (the others reuse its pool memory); with a
-        confidence head, the confidence rounds' two graphs too."""
+        confidence head, the confidence rounds' two graphs too; with ``prefill_lengths``, the
+        prefill graphs of those prompt lengths for every bucket that has one."""
         kinds = ("ar",)
         if speculative:
             kinds = ("draft", "verify") + (("draft_admit", "verify_admit") if self.confidence else ())
@@ -357,8 +365,15 @@ class GraphedSteps:
             for kind in kinds:
                 for w in (widths if kind == "verify_admit" else [None]):
                     self.graph(kind, Bb, width=w)
+        if prefill_lengths:
+            self.prefills.capture(sorted(buckets or self.buckets, reverse=True), prefill_lengths,
+                                  context=speculative)
 
     # ---- rounds -----------------------------------------------------------------------------------
+    def prefill(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor, context: bool) -> Tensor:
+        """As ``DecodeSteps.prefill``, from a graph of the padded shape (``prefill_graphs.py``)."""
+        return self.prefills.run(tokens, positions, table, lens, context)
+
     def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         return self._replay_round("draft", "verify", r, mods)[0]
 

@@ -328,10 +328,11 @@ class LLM:
                 eager, self.max_batch_size, self.max_pages_per_seq, self.graph_backend)
         return self._steps
 
-    def capture_graphs(self, speculative: bool = True) -> None:
-        """Capture every batch bucket now (otherwise each is captured on first use)."""
+    def capture_graphs(self, speculative: bool = True, prefill_lengths: list[int] | None = None) -> None:
+        """Capture every batch bucket now (otherwise each is captured on first use); with
+        ``prefill_lengths``, the admission prefill's graphs of prompts that long too."""
         if isinstance(self.steps, GraphedSteps):
-            self.steps.capture(speculative)
+            self.steps.capture(speculative, prefill_lengths=prefill_lengths)
 
     def scheduler(self, speculative: bool = True, record_confidence: bool = False) -> Scheduler:
         """A fresh scheduler over this model's caches (continuous batching: add_request + step)."""

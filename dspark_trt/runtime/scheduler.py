@@ -279,7 +279,8 @@ class Scheduler:
             top_k=np.array([s.params.top_k for s in seqs], dtype=np.int64))
 
     def _prefill(self, seqs: list[Sequence]) -> None:
-        """Target over the prompts (right-padded, pad position -1), first token, draft context.
+        """Target over the prompts (right-padded, pad position -1) and the draft context
+        (``steps.prefill``: CUDA graphs of padded shapes where they exist), first token.
         A preempted sequence (it has output) is recomputed over prompt + output up to its anchor:
         its caches and penalty counts are rebuilt, its anchor and position kept, nothing sampled."""
         ctx = [s.prompt_ids + s.output_ids[:-1] for s in seqs]
@@ -288,9 +289,8 @@ class Scheduler:
         tokens = self._tensor([c + [0] * (L - len(c)) for c in ctx])
         positions = self._tensor([list(range(len(c))) + [-1] * (L - len(c)) for c in ctx])
         table = self._table(seqs)
-        logits, taps = self.nets.target(tokens, positions, table)
         lens = self._tensor([len(c) for c in ctx])
-        last = logits[torch.arange(len(seqs), device=self.device), lens - 1]        # [B, V]
+        last = self.steps.prefill(tokens, positions, table, lens, self.speculative)   # [B, V]
         finite = torch.isfinite(last).all(dim=-1)
         raw = last
         mods = Modifiers.for_params(s.params for s in seqs)
@@ -311,8 +311,6 @@ class Scheduler:
             counts.add(x.slot, first[:, None], ((first >= 0) & fresh)[:, None])
         k = _logprobs_k(seqs)
         rows = None if k is None else to_host(*token_logprobs(raw[:, None], first[:, None], k))
-        if self.speculative:
-            self.nets.draft_context(taps, positions, table)
         for i, (s, t) in enumerate(zip(seqs, first.tolist())):
             self.running.append(s)
             if resumed[i]:                          # anchor and position as before the preemption

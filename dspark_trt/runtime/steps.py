@@ -321,6 +321,23 @@ class DecodeSteps:
             return nxt, taps[:, 0]
         return nxt if logprobs is None else (nxt, token_logprobs(raw, nxt, logprobs))
 
+    @torch.inference_mode()
+    def prefill_step(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor,
+                     context: bool) -> Tensor:
+        """The admission prefill: the target over right-padded prompts ``tokens`` / ``positions``
+        [B, T] (pad position -1) and, with ``context``, the draft's context of every prompt row
+        -> the target logits of each row's last prompt token (row ``lens - 1``) [B, V]."""
+        logits, taps = self.nets.target(tokens, positions, table)
+        if context:
+            self.nets.draft_context(taps, positions, table)
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        return logits[rows, (lens - 1).clamp(min=0)]
+
+    def prefill(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor,
+                context: bool) -> Tensor:
+        """``prefill_step`` (``GraphedSteps.prefill``: a CUDA graph per padded shape)."""
+        return self.prefill_step(tokens, positions, table, lens, context)
+
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
     def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         """-> [B, 2 + N] int64 on the host: accepted (-1: non-finite logits), next token, drafts."""
