@@ -376,6 +376,13 @@ class VerifyScheduler:
             out.append((w, (1.0 + float(s[:w].sum())) / ms))
         return out
 
+    def prefers_full_window(self, rows: int, survival) -> bool:
+        """Whether the best option of ``spec_options(rows, survival)`` is the fixed round (w = N):
+        then a scheduled batch runs the plain draft and verify, without the head, the admission
+        and the read-back of the admitted lengths, which it would pay to verify the same window."""
+        opts = self.spec_options(rows, survival)
+        return max(opts, key=lambda o: (o[1], o[0]))[0] == self.num_spec_tokens
+
     def prefers_ar(self, rows: int, survival, margin: float = AR_MARGIN) -> bool:
         """Whether an AR round (1 token per row in ``ar_ms(rows) + round_overhead_ms``) is expected
         to beat the best

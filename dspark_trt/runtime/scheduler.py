@@ -364,9 +364,7 @@ class Scheduler:
         scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
         probes confirm AR). Deterministic: a function of the batch's history."""
         sched = self._scheduler()
-        if (sched is None or not sched.falls_back or self.record_confidence or not len(self._survival)
-                or any(s.params.verify_mode != "scheduled" for s in seqs)
-                or _logprobs_k(seqs) is not None):       # logprob rows come from the eager rounds
+        if not self._estimates_rounds(seqs):
             return False
         if self._ar_streak >= self._probe_every:          # probe: one scheduled round
             self._probing = True
@@ -376,6 +374,22 @@ class Scheduler:
             self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
             self._probing = False
         return ar
+
+    def _estimates_rounds(self, seqs: list[Sequence]) -> bool:
+        """Whether this batch's round kind comes from the survival estimate (an all-``scheduled``
+        batch, a cost curve with step latencies, an estimate; no calibration run, no logprobs:
+        their rows come from the eager confidence rounds)."""
+        sched = self._scheduler()
+        return not (sched is None or not sched.falls_back or self.record_confidence
+                    or not len(self._survival) or any(s.params.verify_mode != "scheduled" for s in seqs)
+                    or _logprobs_k(seqs) is not None)
+
+    def _full_window(self, seqs: list[Sequence]) -> bool:
+        """Whether this round of an all-``scheduled`` batch runs as a fixed round (the scheduler's
+        ``prefers_full_window`` under the survival estimate: trimming would not pay for the head,
+        the admission and its read-back); fixed rounds feed the estimate too, uncensored."""
+        return self._estimates_rounds(seqs) and self._scheduler().prefers_full_window(
+            len(seqs), self._survival.curve())
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
         if self._falls_back_to_ar(seqs):
@@ -389,7 +403,7 @@ class Scheduler:
         if k is not None:                           # eager steps with logprob outputs
             host, lims, rows = self.steps.eager.spec_round_logprobs(r, mods, k)
             lims, conf = (lims.tolist() if r.uses_confidence else [None] * len(seqs)), None
-        elif not (r.uses_confidence or self.record_confidence):
+        elif self._full_window(seqs) or not (r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
         else:                      # the fallback's estimate reads the head's confidences too

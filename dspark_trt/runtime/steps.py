@@ -65,6 +65,7 @@ import torch
 from torch import Tensor
 
 from .. import plugins
+from .confidence import MODE_IDS
 from .logprobs import LogprobRows, emitted_tokens, to_host, token_logprobs
 from .sampling_modifiers import Modifiers, TokenCounts, apply_modifiers
 
@@ -249,6 +250,12 @@ class DecodeSteps:
         round's host read-back in one tensor."""
         w = drafts.shape[1] if width is None else width
         d, zw = drafts[:, :w].contiguous(), z[:, :w].contiguous()
+        # the window's w+1 target rows are computed for every row: a scheduled row verifies all
+        # of them (its admission chose the window; a shorter prefix would only lose tokens), but
+        # under the "packed" cost model, which prices each row's own prefix (tests)
+        if self.scheduler is None or self.scheduler.cost_model != "packed":
+            sched = (x.verify_mode == MODE_IDS["scheduled"]) & (x.start >= 0)
+            limit = torch.where(sched, w, limit)
         return torch.cat([self.verify_step(x, d, zw, mods, limit), limit[:, None]], 1)
 
     def window(self, limit: Tensor) -> int:

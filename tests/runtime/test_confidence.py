@@ -351,6 +351,28 @@ def test_full_width_verify_equals_the_admitted_width_verify(cost_model):
     assert any(s.stats.proposed for s in seqs)
 
 
+def test_scheduled_rows_verify_the_whole_trimmed_window():
+    """A trimmed round computes every row's w+1 target rows, so its scheduled rows verify all w
+    drafts whatever they were admitted, and its threshold rows their own admitted prefix: the
+    round's limits, and the same accepted / next tokens as a verify with those limits."""
+    from dspark_trt.runtime.steps import DeviceInputs
+    llm = _llm(block=5, seed=3, verify_cost=CURVES["linear"], cost_model="trimmed")
+    steps = llm.steps
+    gen = llm.scheduler()
+    for i, m in enumerate(("scheduled", "threshold", "scheduled")):
+        gen.add_request([1 + i, 2, 3], SamplingParams(max_new_tokens=40, verify_mode=m,
+                                                      confidence_threshold=0.5))
+    gen.step()                                                                  # prefill
+    x = DeviceInputs.from_host(gen.round_inputs(gen.running), llm.device, confidence=True)
+    drafts, z, _, _ = steps.draft_admit_step(x)
+    admitted = torch.tensor([1, 2, 0])                    # as an admission could have given
+    out = steps.verify_admit_step(x, drafts, z, admitted, False, width=4)
+    assert out[:, -1].tolist() == [4, 2, 4]
+    want = steps.verify_step(x, drafts[:, :4].contiguous(), z[:, :4].contiguous(), False,
+                             torch.tensor([4, 2, 4]))
+    assert torch.equal(out[:, :-1], want)
+
+
 def test_admission_is_greedy_by_prefix_survival():
     """Two rows: row 0's survival products [0.9, 0.45], row 1's [0.8, 0.72]; with room for exactly
     three extra tokens the admitted are 0.9, 0.8, 0.72 -> lengths [1, 2], even though row 0's c_2 is
@@ -827,6 +849,35 @@ def test_fallback_context_written_late_equals_written_each_round(graphs):
     ar_rounds = sum(p == 0 for _, proposed, _ in runs[True][0] for p in proposed)
     assert late.flushes >= 2 and 0 < late.flushed_rows <= ar_rounds
     assert not late.positions and runs[False][2].deferred.flushes == 0
+
+
+def test_prefers_full_window_where_trimming_does_not_pay():
+    """Flat verify cost: the fixed round (w = N) is the best option; a steep one with a low survival
+    curve: a narrower window."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    steps = dict(rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[10.0, 10.0])
+    flat = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 1.0], "flat", **steps))
+    steep = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 40.0], "steep", **steps))
+    assert flat.prefers_full_window(4, [0.9, 0.8, 0.7, 0.6])
+    assert not steep.prefers_full_window(4, [0.5, 0.1, 0.01, 0.001])
+
+
+def test_scheduled_batches_run_fixed_rounds_where_the_full_window_is_best():
+    """A verify cost that grows slowly (trimming 3 rows from 5 to 2 tokens would save 0.38 ms, more
+    than the admission's overhead), cheap drafts, AR expensive: after the first (confidence) round,
+    which gives the survival estimate, an all-scheduled batch runs plain fixed rounds (no head, no
+    admission: no trimmed window counted) verifying all N drafts; greedy output equals the target's."""
+    curve = CostCurve([1, 64], [1.0, 3.0], "test: trimming could pay", rows=[1, 4], draft_ms=[0.1, 0.1],
+                      ar_ms=[10.0, 10.0])
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=30), speculative=False)
+    before = sum(llm.steps.verify_widths.values())
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert sum(llm.steps.verify_widths.values()) - before == 1          # the first round only
+    proposed = out[0].stats.proposed
+    assert len(proposed) > 3 and all(p == 4 for p in proposed[1:-1]), proposed
 
 
 def test_ar_fallback_probes_less_often_while_ar_wins():
