@@ -296,6 +296,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
             tmp = _shared_path(tmp, tp)
             sub = f"rank{tp.rank}/" if tp else ""
             try:
+                _check_visible(tmp, tp)
                 (tmp / sub).mkdir(exist_ok=True)
                 if backend == "aoti":
                     _build_aoti(o, specs, device, tmp, part, prog, report, sub)
@@ -337,12 +338,14 @@ def _join_build_group(o: BuildOptions):
     if o.tp_size == 1:
         return None
     from ..parallel import init_tp
-    tp = init_tp(device_type=torch.device(o.device).type)
-    if tp.world != o.tp_size:
-        raise ConfigError(f"--tp-size {o.tp_size} but this process group has WORLD_SIZE={tp.world}: "
-                          f"run `dspark-trt build --tp-size {o.tp_size}` (it starts the ranks) or "
-                          f"launch with `torchrun --nproc-per-node {o.tp_size}`")
-    return tp
+    from ..parallel.topology import Launch, check_tp_size
+    launch = Launch.from_env()
+    try:
+        check_tp_size(o.tp_size, launch, f"--tp-size {o.tp_size}")
+    except ConfigError as e:
+        raise ConfigError(f"{e} (on one node, `dspark-trt build --tp-size {o.tp_size}` outside "
+                          "torchrun starts the ranks itself)") from None
+    return init_tp(device_type=torch.device(o.device).type)
 
 
 @contextmanager
@@ -358,6 +361,16 @@ def _shared_path(tmp: Path | None, tp) -> Path:
     box = [str(tmp) if tmp is not None else None]
     dist.broadcast_object_list(box, src=0)
     return Path(box[0])
+
+
+def _check_visible(tmp: Path, tp) -> None:
+    """Every rank writes its part into rank 0's temporary directory: on several nodes the output
+    must be on a filesystem that all of them mount at the same path."""
+    if tp and tp.rank != 0 and not tmp.is_dir():
+        where = tp.launch.describe() if tp.launch else f"rank {tp.rank}"
+        raise BuildError(f"{where} does not see rank 0's temporary engine directory {tmp}: a "
+                         "tensor-parallel build on several nodes needs --output on a filesystem "
+                         "shared by every node at the same path (or build on one node and copy it)")
 
 
 def _ranks_agree(ok: bool, tp) -> bool:

@@ -463,7 +463,7 @@ def run(args) -> int:
     report = {
         "git_sha": provenance.git_sha(), "command": " ".join(sys.argv),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu", "versions": versions(),
-        "parallel": {"tp_size": llm.tp_size, "world": _world(),
+        "parallel": {"tp_size": llm.tp_size, "world": _world(), "nodes": _nodes(),
                      "expert_parallel": bool(getattr(args, "expert_parallel", False))},
         "model": {"preset": args.model, "checkpoint": args.checkpoint, "engine": args.engine,
                   "random_weights": random_weights, "dtype": str(llm.networks.dtype),
@@ -505,6 +505,12 @@ def run(args) -> int:
 def _world() -> int:
     import torch.distributed as dist
     return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _nodes() -> int:
+    """Nodes of the torchrun launch (GROUP_WORLD_SIZE; 1 outside torchrun)."""
+    from ..parallel.topology import Launch
+    return Launch.from_env().nodes or 1
 
 
 def _rank0_says(flag: bool, llm) -> bool:

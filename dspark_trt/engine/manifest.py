@@ -78,8 +78,11 @@ def rebuild_hint(manifest: dict) -> str:
     return f"rebuild it with: {cmd}" if cmd else "rebuild it with `dspark-trt build`"
 
 
-def check_engine(engine_dir: str | Path, device: torch.device, verify_checksums: bool = True) -> dict:
-    """Read and validate the manifest against the files and this machine; return it."""
+def check_engine(engine_dir: str | Path, device: torch.device, verify_checksums: bool = True,
+                 rank: int | None = None) -> dict:
+    """Read and validate the manifest against the files and this machine; return it. ``rank``:
+    of a tensor-parallel engine, check the shared files and only this rank's ``rank<r>/`` part
+    (each rank reads only its own; a node may hold only the parts of its ranks)."""
     engine_dir = Path(engine_dir)
     m = read_manifest(engine_dir)
     hint = rebuild_hint(m)
@@ -87,6 +90,8 @@ def check_engine(engine_dir: str | Path, device: torch.device, verify_checksums:
         raise EngineError(f"{engine_dir}: engine format version {m.get('format_version')!r}, this "
                           f"dspark_trt reads version {FORMAT_VERSION}; {hint}")
     for name, info in m.get("files", {}).items():
+        if rank is not None and rank_of_file(name) not in (None, rank):
+            continue
         path = engine_dir / name
         if not path.is_file():
             raise EngineError(f"{engine_dir}: file '{name}' listed in the manifest is missing; {hint}")
@@ -110,6 +115,14 @@ def check_engine(engine_dir: str | Path, device: torch.device, verify_checksums:
             raise EngineError(f"{engine_dir}: TensorRT engine built with TensorRT "
                               f"{versions.get('tensorrt')}, this machine has {trt}; {hint}")
     return m
+
+
+def rank_of_file(name: str) -> int | None:
+    """The rank whose part holds the manifest file ``name`` (``rank3/weights.safetensors`` -> 3;
+    None: a file every rank shares)."""
+    top = name.split("/", 1)[0]
+    digits = top.removeprefix("rank")
+    return int(digits) if "/" in name and top.startswith("rank") and digits.isdigit() else None
 
 
 # ---- configs in the manifest ---------------------------------------------------------------------

@@ -67,7 +67,8 @@ def _note(line: str) -> None:
 
 def serve_from_args(args) -> int:
     """``dspark-trt serve``: load the model as ``generate`` does and serve until interrupted;
-    under torchrun (``--tp-size N``) rank 0 serves and the other ranks follow its scheduler."""
+    under torchrun (``--tp-size N``, one node or several) RANK 0 serves HTTP on its node and the
+    other ranks follow its scheduler (commands over gloo, no other port)."""
     import uvicorn  # noqa: F401  (a missing [openai] extra fails before the model loads)
 
     from ..config.source import ModelSource
@@ -86,11 +87,14 @@ def serve_from_args(args) -> int:
     import torch.distributed as dist
 
     from ..parallel.replica import LeaderLLM, follow
+    from ..parallel.topology import Launch
     try:
         if dist.get_rank() != 0:
             follow(llm)
             return 0
         leader = LeaderLLM(llm)
+        print(f"[dspark-trt] tensor parallel: {Launch.from_env().describe()} serves HTTP on host "
+              f"{socket.gethostname()}; the other ranks follow its scheduler", flush=True)
         try:
             return _serve(args, leader, max_bytes)
         finally:

@@ -17,7 +17,6 @@ the same order. ``world == 1`` changes nothing and issues no collective.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -26,31 +25,40 @@ from torch import nn
 
 from .layers import (RowParallel, VocabParallelEmbedding, VocabParallelHead, check_fp8_shards, check_rank,
                      cols, rows, split, vocab_shard)
+from .topology import Launch, check_gpus, check_tp_size
 
 
 @dataclass(frozen=True)
 class TPInfo:
-    rank: int
-    world: int
-    local_rank: int
+    rank: int                   # global rank (RANK)
+    world: int                  # WORLD_SIZE: the tensor-parallel size, over every node
+    local_rank: int             # LOCAL_RANK: the GPU of this rank on its node
     device: torch.device
+    launch: Launch | None = None  # the torchrun variables (None: a TPInfo made by hand)
 
 
-def init_tp(backend: str | None = None, device_type: str | None = None) -> TPInfo:
+def init_tp(backend: str | None = None, device_type: str | None = None, tp_size: int | None = None,
+            what: str | None = None) -> TPInfo:
     """Join the process group described by torchrun's RANK / WORLD_SIZE / LOCAL_RANK (and
-    MASTER_ADDR / MASTER_PORT). Backend: nccl on cuda, gloo on cpu. Without WORLD_SIZE (or with
-    WORLD_SIZE=1) nothing is initialised: rank 0 of 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    MASTER_ADDR / MASTER_PORT), on one node or several. Backend: nccl on cuda, gloo on cpu; on
+    cuda a rank uses ``cuda:LOCAL_RANK``. Checked first, on every rank (``ConfigError``): the
+    variables (``topology.Launch``), the node's GPUs, and with ``tp_size`` that WORLD_SIZE is
+    ``tp_size`` (``what`` names the option in the message, default ``tp_size=N``). Without
+    WORLD_SIZE (or with WORLD_SIZE=1) nothing is initialised: rank 0 of 1."""
+    launch = Launch.from_env()
+    if tp_size is not None:
+        check_tp_size(tp_size, launch, what or f"tp_size={tp_size}")
     device_type = device_type or ("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device_type, local) if device_type == "cuda" else torch.device("cpu")
+    device = torch.device("cpu")
     if device_type == "cuda":
+        check_gpus(launch, torch.cuda.device_count())
+        device = torch.device("cuda", launch.local_rank)
         torch.cuda.set_device(device)
-    if world > 1 and not dist.is_initialized():
+    if launch.world > 1 and not dist.is_initialized():
         dist.init_process_group(backend or ("nccl" if device_type == "cuda" else "gloo"),
-                                rank=rank, world_size=world,
+                                rank=launch.rank, world_size=launch.world,
                                 **({"device_id": device} if device_type == "cuda" else {}))
-    return TPInfo(rank, world, local, device)
+    return TPInfo(launch.rank, launch.world, launch.local_rank, device, launch)
 
 
 def _shard_decoder_layer_(layer: nn.Module, rank: int, world: int) -> None:

@@ -6,7 +6,8 @@ compiled networks, which write them in place. The verifier has no weights and ru
 ``dspark::rejection_sample`` op directly.
 
 A tensor-parallel engine (manifest ``tp_size`` > 1) holds one ``rank<r>/`` part per rank; each
-process of a group of exactly that size loads its own rank's part.
+process of a group of exactly that size loads (and checks the files of) only its own rank's part,
+so on several nodes each node needs the shared files and the ``rank<r>/`` parts of its ranks.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..engine.caches import allocate_caches
 from ..engine.manifest import EngineError, check_engine, config_from_json
 from ..config import ModelPair
 from ..config.dtypes import DTYPES
+from ..parallel.topology import launch_hint
 
 
 class EngineNetworks:
@@ -28,7 +30,7 @@ class EngineNetworks:
                  verify_checksums: bool = True):
         self.engine_dir = Path(engine_dir)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        m = self.manifest = check_engine(self.engine_dir, self.device, verify_checksums)
+        m = self.manifest = check_engine(self.engine_dir, self.device, verify_checksums, _group_rank())
         self.tp_size, part = self._rank_part(m)
         s = m["shapes"]
         self.max_batch_size = self._within(max_batch_size, s["max_batch_size"], "max_batch_size")
@@ -55,8 +57,7 @@ class EngineNetworks:
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world != tp:
             raise EngineError(f"{self.engine_dir}: engine built for tp_size={tp} (one part per rank), "
-                              f"this process group has WORLD_SIZE={world}: launch with `torchrun "
-                              f"--nproc-per-node {tp} -m dspark_trt.cli ... --tp-size {tp}`")
+                              f"this process group has WORLD_SIZE={world}: {launch_hint(tp)}")
         return tp, m["ranks"][dist.get_rank()]
 
     def _within(self, value: int | None, built: int, name: str) -> int:
@@ -113,3 +114,9 @@ class EngineNetworks:
     def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,
                seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         return plugins.rejection_sample(logits, drafts, draft_logits, temperature, seed, start)
+
+
+def _group_rank() -> int | None:
+    """This process's rank in a process group of more than one rank, else None."""
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_initialized() and dist.get_world_size() > 1 else None

@@ -18,6 +18,7 @@ from ..devices import default_device, resolve_device, resolve_dtype  # noqa: F40
 from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..parallel import TPInfo, init_tp, shared_seeds
+from ..parallel.topology import launch_hint
 from ..plugins.decode_linear import skinny_gemm_enabled, use_decode_linear_
 from ..models.fuse import use_skinny_gemm_fused_
 from .compiled import compile_backend, compile_regions_, mark_caches_static
@@ -288,8 +289,7 @@ class LLM:
         built = manifest.get("tp_size", 1)
         if tp_size is not None and tp_size != built:
             raise EngineError(f"{engine_dir}: engine built for tp_size={built}, asked for "
-                              f"tp_size={tp_size}: run it with `torchrun --nproc-per-node {built} "
-                              f"-m dspark_trt.cli ... --tp-size {built}`, or rebuild with --tp-size {tp_size}")
+                              f"tp_size={tp_size}: {launch_hint(built)}; or rebuild with --tp-size {tp_size}")
         if built > 1:
             tp = init_tp(device_type=device.type)
             device = tp.device if tp.world == built else device
@@ -443,10 +443,10 @@ def _join_tp(tp_size: int, device) -> tuple[torch.device, TPInfo | None]:
     device = resolve_device(device)
     if tp_size == 1:
         return device, None
-    tp = init_tp(device_type=device.type)
-    if tp.world != tp_size:
-        raise ConfigError(f"tp_size={tp_size} but this process group has WORLD_SIZE={tp.world}: launch "
-                         f"with `torchrun --nproc-per-node {tp_size} ...`")
+    if device.index is not None:
+        raise ConfigError(f"device {str(device)!r} with tp_size={tp_size}: each rank uses "
+                          "cuda:LOCAL_RANK of its node; give 'cuda' (select the GPUs with CUDA_VISIBLE_DEVICES)")
+    tp = init_tp(device_type=device.type, tp_size=tp_size)     # checks WORLD_SIZE, LOCAL_RANK, GPUs
     return tp.device, tp
 
 

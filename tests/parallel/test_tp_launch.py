@@ -41,7 +41,7 @@ def test_bench_under_torchrun_rank0_writes_one_report(tmp_path, single):
     assert run.returncode == 0, run.stderr[-3000:]
     (path,) = tmp_path.glob("bench-cpu-tp2-*.json")                 # rank 0 only
     rep = json.loads(path.read_text())
-    assert rep["parallel"] == {"tp_size": 2, "world": 2, "expert_parallel": False}
+    assert rep["parallel"] == {"tp_size": 2, "world": 2, "nodes": 1, "expert_parallel": False}
     assert "tensor parallel" in rep["hf_peer"]["skipped"]
     prompts = np.random.default_rng(0).integers(0, single.pair.target.vocab_size, (2, 8))
     for b in ("1", "2"):
