@@ -11,15 +11,13 @@ name and agent pid), so the tests find which agent got node 0 instead of assumin
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 import torch
 
 from dspark_trt.runtime.sampling_params import SamplingParams
 from tests.support.multinode import NODES, PROCS, Nodes
-from tests.support.openai_serving import default_pair_llm
-from tests.support.ports import free_port
+from tests.support.ports import free_port, wait_serving
 
 WORLD = NODES * PROCS
 PROMPT, TOKENS = [5, 6, 7, 8], 16
@@ -30,6 +28,7 @@ LAUNCH_TIMEOUT_S = 300                      # ~45 s on 2 loaded cores: 4 ranks +
 @pytest.fixture(scope="module")
 def reference() -> list[int]:
     """What one process generates (greedy) for PROMPT."""
+    from tests.support.openai_serving import default_pair_llm   # imports the server (fastapi)
     llm = default_pair_llm(dtype=torch.float64, device="cpu", max_batch_size=1, max_seq_len=64)
     return llm.generate(PROMPT, SamplingParams(max_new_tokens=TOKENS))[0].output_ids
 
@@ -81,16 +80,7 @@ def test_serve_on_two_nodes_answers_as_one_process(tmp_path, reference):
     argv = ["serve", "--tp-size", str(WORLD), *MODEL, "--port", str(port), "--model-name", "tp4"]
     url = f"http://127.0.0.1:{port}"
     with Nodes(argv, tmp_path) as nodes:
-        deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-        while True:
-            assert nodes.alive(), "an agent exited before serving\n" + nodes.tails()
-            assert time.monotonic() < deadline, "serve did not come up\n" + nodes.tails()
-            try:
-                if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_serving(url, nodes.alive, nodes.tails, LAUNCH_TIMEOUT_S)
         r = httpx.post(url + "/v1/completions", timeout=120, json={
             "model": "tp4", "prompt": PROMPT, "max_tokens": TOKENS, "temperature": 0,
             "return_token_ids": True})

@@ -8,7 +8,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -20,25 +19,11 @@ pytest.importorskip("uvicorn")
 
 from dspark_trt.runtime.llm import LLM  # noqa: E402
 from dspark_trt.runtime.sampling_params import SamplingParams  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
+from tests.support.ports import free_port, wait_serving  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PRESET, WORLD, TOKENS = "qwen3-tiny-dspark", 2, 10
 PROMPTS = [[3 + i, 17 + 2 * i, 40 + i % 5, 9] for i in range(16)]
-
-
-def _wait_up(url: str, proc: subprocess.Popen, timeout: float = 150.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"serve exited with {proc.returncode}: {proc.stdout.read()[-3000:]}")
-        try:
-            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError("serve did not come up")
 
 
 async def _stream_all(url: str) -> list[list[int]]:
@@ -71,7 +56,9 @@ def test_serve_under_torchrun_streams_what_one_process_generates():
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_up(url, proc)
+        wait_serving(url, lambda: proc.poll() is None,
+                     lambda: "" if proc.poll() is None    # its output only once it exited (no block)
+                     else f"exit {proc.returncode}: {proc.stdout.read()[-3000:]}", 150.0)
         got = asyncio.run(_stream_all(url))
     finally:
         proc.terminate()
