@@ -107,6 +107,11 @@ def parse_args(argv):
     b.add_argument("--load", choices=("static", "steady"), default="static",
                    help="static: one batch of B requests; steady: B in flight, replaced as they finish")
     b.add_argument("--waves", type=int, default=4, help="steady load: requests submitted = waves x B")
+    b.add_argument("--min-requests", type=int, default=16,
+                   help="steady load: at least this many requests per point (small batches)")
+    b.add_argument("--round-kinds", action="store_true",
+                   help="also time one round of each kind per batch (fixed, confidence with the "
+                        "read-back, estimated window without it)")
     b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
     b.set_defaults(batch_sizes="1,2,4,8,16,32,64", gen_len=32, prompt_len=64, iters=5, hf="none")
     return p.parse_args(["bench"] + list(argv))
@@ -125,6 +130,40 @@ def measure_cost_curve(llm, args, sizes):
     gen.step()
     return CostCurve(pts["tokens"], pts["latency_ms"], "measured by benchmarks/verify_concurrency.py",
                      pts["rows"], pts["draft_ms"], pts["ar_ms"])
+
+
+def round_kinds(llm, args, B: int, survival, iters: int = 20) -> dict:
+    """Wall ms of one round of each kind at ``B`` rows after a prefill of ``args.prompt_len``
+    (host in, host out, as the Scheduler pays it): "fixed" (draft + verify of N), "confidence"
+    (head + admission, read-back of the admitted lengths, verify of that window) and
+    "estimated" (head + admission, verify of ``best_window(B, survival)`` without the
+    read-back). Rounds are not committed: each replays the same positions."""
+    from dspark_trt.runtime import SamplingParams
+    from dspark_trt.runtime.sampling_modifiers import Modifiers
+    prompts = bench.make_prompts(llm, args.prompts, B, args.prompt_len, args.seed)
+    sp = SamplingParams(max_new_tokens=args.gen_len, ignore_eos=True, verify_mode="scheduled")
+    gen = llm.scheduler()
+    seqs = [gen.add_request(q.tolist(), sp) for q in prompts]
+    gen.step()
+    r, mods = gen.round_inputs(seqs), Modifiers.for_params([sp] * B)
+    sched = llm.steps.eager.scheduler
+    w = sched.best_window(B, survival)
+    kinds = {"fixed": lambda: llm.steps.spec_round(r, mods),
+             "confidence": lambda: llm.steps.spec_round_admitted(r, mods),
+             "estimated": lambda: llm.steps.spec_round_admitted(r, mods, width=w)}
+    out = {"estimated_window": w}
+    for name, fn in kinds.items():
+        fn()                                                      # warm (graph capture)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        out[f"{name}_ms"] = 1e3 * (time.perf_counter() - t0) / iters
+    out["curve_fixed_ms"] = sched.cost.step_ms("draft", B) + sched.cost.latency(B * (1 + sched.num_spec_tokens))
+    out["curve_window_ms"] = sched.cost.step_ms("draft", B) + sched.cost.latency(B * (1 + w))
+    for s in seqs:
+        gen.abort(s.request_id)
+    gen.step()
+    return out
 
 
 def steady_range(gen_len: int) -> tuple[int, int]:
@@ -203,13 +242,14 @@ def run(argv) -> dict:
     llm.verify_cost = curve
     for spec in (True, False):               # the steady load's admissions replay prefill graphs
         llm.capture_graphs(spec, prefill_lengths=[args.prompt_len] if steady else None)
-    pool = max(sizes) * (max(2, args.waves) if steady else 1)
+    requests = lambda B: max(B * max(2, args.waves), B + 1, args.min_requests)  # noqa: E731 (steady)
+    pool = max(requests(B) for B in sizes) if steady else max(sizes)
     prompts_all = bench.make_prompts(llm, args.prompts, pool, args.prompt_len, args.seed)
     rows = {}
 
     def decode(B, speculative, mode="fixed"):
         if steady:
-            return steady_state(llm, prompts_all[:B * max(2, args.waves)], B, args.gen_len, speculative, mode)
+            return steady_state(llm, prompts_all[:requests(B)], B, args.gen_len, speculative, mode)
         return bench.end_to_end(llm, prompts_all[:B], args.gen_len, speculative, mode)
 
     for B in sorted(sizes):
@@ -231,10 +271,16 @@ def run(argv) -> dict:
             row[mode]["speedup_vs_fixed"] = row[mode]["decode_tokens_per_s"] / fixed
             row[mode]["speedup_vs_autoregressive"] = (row[mode]["decode_tokens_per_s"]
                                                       / row["autoregressive"]["decode_tokens_per_s"])
+        if args.round_kinds and "scheduled" in modes:
+            survival = (args.synthetic and survival_curve(args.synthetic)) or [0.5 ** (k + 1) for k in range(n)]
+            row["round_kinds"] = round_kinds(llm, args, B, survival)
         rows[str(B)] = row
         print(f"[verify-concurrency] B={B:3d} " + " | ".join(
             f"{m} {r['decode_tokens_per_s']:.0f} tok/s v/r {r.get('verified_per_round') or 1:.2f}"
-            for m, r in row.items()), flush=True)
+            for m, r in row.items() if m != "round_kinds"), flush=True)
+        if "round_kinds" in row:
+            print(f"[verify-concurrency] B={B:3d} round ms: " + ", ".join(
+                f"{k} {v:.2f}" for k, v in row["round_kinds"].items()), flush=True)
     cuda = llm.device.type == "cuda"
     tps = lambda b, m: rows[b][m]["decode_tokens_per_s"]  # noqa: E731
     goal = ({"scheduled_ge_fixed_every_batch": all(tps(b, "scheduled") >= tps(b, "fixed") for b in rows),
@@ -254,8 +300,8 @@ def run(argv) -> dict:
         "cost_curve": curve.to_json(), "cost_model": llm.steps.eager.scheduler.cost_model,
         "options": {k: v for k, v in vars(args).items() if k not in ("func",)},
         "prompts": args.prompts, "gen_len": args.gen_len, "prompt_len": args.prompt_len,
-        "load": (f"steady: B requests in flight, replaced as they finish, {max(2, args.waves)} x B "
-                 "submitted, new tokens per request uniform in [gen_len / 2, 3 gen_len / 2]; tokens/s "
+        "load": (f"steady: B requests in flight, replaced as they finish, max({max(2, args.waves)} x B, "
+                 f"{args.min_requests}) submitted, new tokens per request uniform in [gen_len / 2, 3 gen_len / 2]; tokens/s "
                  "from the first replacement to the last submission"
                  if steady else "static: one batch of B requests, until the last one ends"),
         "batch": rows, "goal_issue_25": goal, "seconds": time.perf_counter() - t0,

@@ -376,12 +376,15 @@ class VerifyScheduler:
             out.append((w, (1.0 + float(s[:w].sum())) / ms))
         return out
 
+    def best_window(self, rows: int, survival) -> int:
+        """The window of the best option of ``spec_options(rows, survival)`` (ties: the wider)."""
+        return max(self.spec_options(rows, survival), key=lambda o: (o[1], o[0]))[0]
+
     def prefers_full_window(self, rows: int, survival) -> bool:
         """Whether the best option of ``spec_options(rows, survival)`` is the fixed round (w = N):
         then a scheduled batch runs the plain draft and verify, without the head, the admission
         and the read-back of the admitted lengths, which it would pay to verify the same window."""
-        opts = self.spec_options(rows, survival)
-        return max(opts, key=lambda o: (o[1], o[0]))[0] == self.num_spec_tokens
+        return self.best_window(rows, survival) == self.num_spec_tokens
 
     def prefers_ar(self, rows: int, survival, margin: float = AR_MARGIN) -> bool:
         """Whether an AR round (1 token per row in ``ar_ms(rows) + round_overhead_ms``) is expected

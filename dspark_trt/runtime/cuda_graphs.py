@@ -377,23 +377,26 @@ class GraphedSteps:
     def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         return self._replay_round("draft", "verify", r, mods)[0]
 
-    def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, mods: Modifiers | bool):
+    def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, mods: Modifiers | bool,
+                      width: int | None = None):
         """Upload ``r``, replay the draft then the verify graph of its bucket -> (verify outputs
         [B, ...] on the host, the draft graph). A "verify_admit" round of a trimming scheduler
-        reads the admitted lengths back between the two to pick the window's graph."""
+        reads the admitted lengths back between the two to pick the window's graph, unless the
+        caller chose the window (``width``)."""
         B = r.batch_size
         Bb = self.bucket(B)
         sched = self.steps.scheduler
-        trims = verify_kind == "verify_admit" and sched is not None and sched.trims
+        trims = (width is None and verify_kind == "verify_admit" and sched is not None
+                 and sched.trims)
         # every graph the round may launch exists before the inputs are staged (a capture stages
         # inert rows)
         draft = self.graph(draft_kind, Bb)
-        verify = {w: self.graph(verify_kind, Bb, mods, w) for w in (sched.widths if trims else [None])}
+        verify = {w: self.graph(verify_kind, Bb, mods, w)
+                  for w in (sched.widths if trims else [width])}
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()
         draft.launch()
-        width = None
         if trims:                                        # [B] admitted lengths -> the window
             width = sched.verify_width(int(buf.download(draft.outputs[3].view(-1, 1), B).max()))
         if verify_kind == "verify_admit":
@@ -401,13 +404,14 @@ class GraphedSteps:
         verify[width].launch()
         return buf.download(verify[width].outputs, B), draft
 
-    def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False):
+    def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False,
+                            width: int | None = None):
         """As ``DecodeSteps.spec_round_admitted``: fixed rounds replay the plain graphs, confidence
-        rounds "draft_admit" + "verify_admit" (the window of ``_replay_round``)."""
+        rounds "draft_admit" + "verify_admit" (the window of ``_replay_round``, or ``width``)."""
         B, N = r.batch_size, self.num_spec_tokens
-        if not (self.steps.needs_admission(r) or want_confidence):
+        if width is None and not (self.steps.needs_admission(r) or want_confidence):
             return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
-        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods)  # [B, 3+w]: ..., limit
+        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods, width)  # [B, 3+w]
         conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None
         return widen(out[:, :-1], N), out[:, -1], conf
 

@@ -50,6 +50,8 @@ from .steps import DecodeSteps, DeviceInputs, RoundInputs
 
 AR_PROBE_EVERY = 8           # AR fallback rounds before a scheduled round measures tau again,
 AR_PROBE_MAX = 64            # doubled after each probe that confirms AR, up to this
+ESTIMATED_WINDOW_MIN_ROWS = 8    # from this many rows a trimmed window comes from the survival
+                                 # estimate, not from a read-back of the round's own admission
 NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
                     "generation stopped (check the weights and the dtype)")
 
@@ -384,12 +386,22 @@ class Scheduler:
                     or not len(self._survival) or any(s.params.verify_mode != "scheduled" for s in seqs)
                     or _logprobs_k(seqs) is not None)
 
-    def _full_window(self, seqs: list[Sequence]) -> bool:
-        """Whether this round of an all-``scheduled`` batch runs as a fixed round (the scheduler's
-        ``prefers_full_window`` under the survival estimate: trimming would not pay for the head,
-        the admission and its read-back); fixed rounds feed the estimate too, uncensored."""
-        return self._estimates_rounds(seqs) and self._scheduler().prefers_full_window(
-            len(seqs), self._survival.curve())
+    def _estimated_window(self, seqs: list[Sequence]) -> int | None:
+        """The verify window of this round of an all-``scheduled`` batch from the survival estimate
+        (the scheduler's ``best_window``), or None where the round's own confidences choose it
+        (no estimate, mixed modes, batches under ``ESTIMATED_WINDOW_MIN_ROWS`` rows, a scheduler
+        that does not trim). N: a plain fixed round (trimming would not pay for the head and the
+        admission), which feeds the estimate too, uncensored. Under N: the confidence steps over
+        that window without the read-back of the admitted lengths between them. With many rows the
+        window the round's confidences would give is close to the estimate's (it sums them over
+        the rows), and the read-back stalls the device between the two steps."""
+        sched = self._scheduler()
+        if not self._estimates_rounds(seqs) or not sched.trims:
+            return None
+        w = sched.best_window(len(seqs), self._survival.curve())
+        if w < sched.num_spec_tokens and len(seqs) < ESTIMATED_WINDOW_MIN_ROWS:
+            return None
+        return w
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
         if self._falls_back_to_ar(seqs):
@@ -403,12 +415,14 @@ class Scheduler:
         if k is not None:                           # eager steps with logprob outputs
             host, lims, rows = self.steps.eager.spec_round_logprobs(r, mods, k)
             lims, conf = (lims.tolist() if r.uses_confidence else [None] * len(seqs)), None
-        elif self._full_window(seqs) or not (r.uses_confidence or self.record_confidence):
+        elif (window := self._estimated_window(seqs)) == self.nets.num_spec_tokens or not (
+                r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
         else:                      # the fallback's estimate reads the head's confidences too
-            track = self._tracks_survival() and self.steps.eager.needs_admission(r)
-            host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track)
+            track = self._tracks_survival() and (window is not None or self.steps.eager.needs_admission(r))
+            host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track,
+                                                              width=window)
             lims = lims.tolist()
         for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):
             if a < 0:

@@ -358,19 +358,22 @@ class DecodeSteps:
         return r.uses_confidence and (self.scheduler is None
                                       or not self.scheduler.admits_every_draft(r.verify_mode))
 
-    def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False
+    def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False,
+                            width: int | None = None
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """-> (as ``spec_round``: [B, 2 + N]; admitted drafts per row [B]; the confidence logits
         [B, N] when ``want_confidence``, else None). Rounds with a confidence mode (or
-        ``want_confidence``) run ``draft_admit_step`` + ``verify_admit_step`` over the window
-        ``window(limit)`` (drafts past it come back as -1); rounds that admit every draft
+        ``want_confidence``, or a ``width``) run ``draft_admit_step`` + ``verify_admit_step`` over
+        the window ``window(limit)`` (drafts past it come back as -1), or over ``width`` drafts
+        when the caller chose the window ahead (``Scheduler``'s estimated window: no read-back of
+        the admitted lengths between the steps); rounds that admit every draft
         (``needs_admission``) run the plain steps."""
         N = self.num_spec_tokens
-        if not (self.needs_admission(r) or want_confidence):
+        if width is None and not (self.needs_admission(r) or want_confidence):
             return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
         x = DeviceInputs.from_host(r, self.device, confidence=True, mods=mods)
         drafts, z, conf, limit = self.draft_admit_step(x)
-        w = self.window(limit)
+        w = self.window(limit) if width is None else width
         self.verify_widths[w] += 1
         out = self.verify_admit_step(x, drafts, z, limit, mods, w).cpu().numpy()
         return widen(out[:, :-1], N), out[:, -1], conf.cpu().numpy() if want_confidence else None

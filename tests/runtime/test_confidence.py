@@ -888,3 +888,32 @@ def test_ar_fallback_probes_less_often_while_ar_wins():
     ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80), speculative=False)[0]
     assert out.output_ids == ar.output_ids
     assert [i for i, p in enumerate(out.stats.proposed) if p > 0][:4] == [0, 9, 26, 59]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_large_scheduled_batches_take_the_window_from_the_estimate(graphs, monkeypatch):
+    """From ``ESTIMATED_WINDOW_MIN_ROWS`` rows, a steep verify cost: after the first confidence
+    round (which reads its admitted lengths back to pick the window and gives the survival
+    estimate) the rounds of all its rows verify the estimate's window below N without that
+    read-back (rounds after some rows finished read back again); greedy
+    output equals the target's, and each row verifies the whole window."""
+    from dspark_trt.runtime import scheduler as sched_mod
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, AR dear", rows=[1, 8], draft_ms=[0.1, 0.1],
+                      ar_ms=[30.0, 30.0])
+    llm = _llm(block=4, seed=6, batch=8, verify_cost=curve, cost_model="trimmed", graphs=graphs)
+    prompts = [[1 + i, 2, 3 + i] for i in range(sched_mod.ESTIMATED_WINDOW_MIN_ROWS)]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
+    eager = llm.steps.eager
+    readbacks = []
+    monkeypatch.setattr(eager, "window", lambda limit: readbacks.append(len(limit)) or DecodeSteps.window(eager, limit))
+    before = sum(llm.steps.verify_widths.values())
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    windowed = sum(llm.steps.verify_widths.values()) - before
+    narrow = [w for w, n in llm.steps.verify_widths.items() if w < 4 and n]
+    assert windowed > 3 and narrow, llm.steps.verify_widths
+    if not graphs:
+        rows = sched_mod.ESTIMATED_WINDOW_MIN_ROWS        # later read-backs: rounds after some finished
+        assert readbacks[0] == rows and all(n < rows for n in readbacks[1:]), readbacks
+    proposed = out[0].stats.proposed
+    assert all(p in narrow for p in proposed[1:-1]), proposed
