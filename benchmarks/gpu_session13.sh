@@ -3,10 +3,11 @@
 # device tool returns at most 8 files):
 #   part 1: the smoke's AOTI builds (Qwen3-8B dims 6 layers, V4-tiny) on CPUs 8-15, beside every GPU
 #           test (4 xdist workers) and the verify modes under a steady load (#25: Qwen3-8B dims with
-#           the replayed acceptance curve, and the trained default pair) on CPUs 0-7; then the
-#           smoke's engine bench and the default pair's generate.
+#           the replayed acceptance curve, with one round of each kind timed per batch; and the
+#           trained default pair) on CPUs 0-7; then the smoke's engine bench and the default pair's
+#           generate.
 #   part 2: EXTRA=<file of commands> run one after the other (the change's own benchmarks).
-#   DSPARK_GIT_SHA=<sha> OUT=<dir> bash benchmarks/gpu_session12.sh 1|2
+#   DSPARK_GIT_SHA=<sha> OUT=<dir> bash benchmarks/gpu_session13.sh 1|2
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1 DSPARK_GIT_SHA=${DSPARK_GIT_SHA:?}
@@ -18,17 +19,18 @@ if [ "$1" = 1 ]; then
   OUT=$R taskset -c 8-15 python3 benchmarks/gpu_smoke.py --only builds > "$R/builds.out" 2>&1 &
   B=$!
   step "GPU tests"
-  timeout 300 taskset -c 0-7 python3 -m pytest -q -m gpu tests/ -n 4 -p no:cacheprovider -rfE \
+  timeout 200 taskset -c 0-7 python3 -m pytest -q -m gpu tests/ -n 4 -p no:cacheprovider -rfE \
     > "$R/gpu-tests-$DSPARK_GIT_SHA.log" 2>&1
   grep -E "passed|failed|FAILED|ERROR" "$R/gpu-tests-$DSPARK_GIT_SHA.log" | tail -15 | tee -a "$R/session.log"
   step "verify modes, steady load, Qwen3-8B dims, synthetic acceptance"
-  timeout 170 taskset -c 0-7 python3 benchmarks/verify_concurrency.py --model qwen3-8b-dspark-block7 --random-weights \
+  timeout 240 taskset -c 0-7 python3 benchmarks/verify_concurrency.py --model qwen3-8b-dspark-block7 --random-weights \
     --dtype bf16 --synthetic benchmarks/results/confidence-calibration-h200-462ac15.json --gen-len 64 \
-    --prompt-len 128 --iters 10 --load steady --waves 3 --tag h200-qwen3-8b-synthetic --out-dir "$R" 2>&1 \
+    --prompt-len 128 --iters 10 --load steady --waves 3 --min-requests 16 --round-kinds \
+    --tag h200-qwen3-8b-synthetic --out-dir "$R" 2>&1 \
     | grep "verify-concurrency\|rror" | tee -a "$R/session.log"
   step "verify modes, steady load, default pair"
   timeout 80 taskset -c 0-7 python3 benchmarks/verify_concurrency.py --prompts heldout --gen-len 32 --prompt-len 128 \
-    --iters 10 --load steady --waves 3 --tag h200-default-pair --out-dir "$R" 2>&1 \
+    --iters 10 --load steady --waves 3 --min-requests 16 --round-kinds --tag h200-default-pair --out-dir "$R" 2>&1 \
     | grep "verify-concurrency\|rror" | tee -a "$R/session.log"
   step "waiting for the builds"
   wait $B
