@@ -3,7 +3,8 @@
 # device tool returns at most 8 files):
 #   part 1: the smoke's AOTI builds (Qwen3-8B dims 6 layers, V4-tiny) on CPUs 8-15, beside every GPU
 #           test (4 xdist workers) and the verify modes under a steady load (#25: Qwen3-8B dims with
-#           the replayed acceptance curve, with one round of each kind timed per batch; and the
+#           the replayed acceptance curve, fixed / scheduled / packed verify, one round of each kind
+#           timed per batch; and the
 #           trained default pair) on CPUs 0-7; then the smoke's engine bench and the default pair's
 #           generate.
 #   part 2: EXTRA=<file of commands> run one after the other (the change's own benchmarks).
@@ -25,12 +26,12 @@ if [ "$1" = 1 ]; then
   step "verify modes, steady load, Qwen3-8B dims, synthetic acceptance"
   timeout 240 taskset -c 0-7 python3 benchmarks/verify_concurrency.py --model qwen3-8b-dspark-block7 --random-weights \
     --dtype bf16 --synthetic benchmarks/results/confidence-calibration-h200-462ac15.json --gen-len 64 \
-    --prompt-len 128 --iters 10 --load steady --waves 3 --min-requests 16 --round-kinds \
+    --prompt-len 128 --iters 10 --load steady --waves 3 --min-requests 16 --round-kinds --modes fixed,scheduled,packed \
     --tag h200-qwen3-8b-synthetic --out-dir "$R" 2>&1 \
     | grep "verify-concurrency\|rror" | tee -a "$R/session.log"
   step "verify modes, steady load, default pair"
   timeout 80 taskset -c 0-7 python3 benchmarks/verify_concurrency.py --prompts heldout --gen-len 32 --prompt-len 128 \
-    --iters 10 --load steady --waves 3 --min-requests 16 --round-kinds --tag h200-default-pair --out-dir "$R" 2>&1 \
+    --iters 10 --load steady --waves 3 --min-requests 16 --round-kinds --modes fixed,scheduled,packed --tag h200-default-pair --out-dir "$R" 2>&1 \
     | grep "verify-concurrency\|rror" | tee -a "$R/session.log"
   step "waiting for the builds"
   wait $B

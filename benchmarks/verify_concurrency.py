@@ -48,6 +48,7 @@ from dspark_trt.commands import bench  # noqa: E402
 from dspark_trt.plugins import rng  # noqa: E402
 
 MODES = ("fixed", "scheduled", "threshold")
+EXTRA_MODES = {"packed": ("scheduled", "packed")}   # bench mode -> (verify_mode, cost model)
 STREAM_SYNTH_ROW, STREAM_SYNTH_ACCEPT = 11, 12       # keyed streams of the synthetic acceptance
 
 
@@ -103,7 +104,9 @@ def parse_args(argv):
     b.add_argument("--synthetic", default=None,
                    help="calibrate JSON whose survival curve is replayed as confidence + acceptance")
     b.add_argument("--spread", type=float, default=1.0, help="per-row logistic spread (synthetic)")
-    b.add_argument("--modes", default=",".join(MODES))
+    b.add_argument("--modes", default=",".join(MODES),
+                   help=f"of {MODES + tuple(EXTRA_MODES)}; 'packed': scheduled with the packed "
+                        "variable-length verify (each row its own admitted prefix)")
     b.add_argument("--load", choices=("static", "steady"), default="static",
                    help="static: one batch of B requests; steady: B in flight, replaced as they finish")
     b.add_argument("--waves", type=int, default=4, help="steady load: requests submitted = waves x B")
@@ -132,12 +135,14 @@ def measure_cost_curve(llm, args, sizes):
                      pts["rows"], pts["draft_ms"], pts["ar_ms"])
 
 
-def round_kinds(llm, args, B: int, survival, iters: int = 20) -> dict:
+def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = False) -> dict:
     """Wall ms of one round of each kind at ``B`` rows after a prefill of ``args.prompt_len``
     (host in, host out, as the Scheduler pays it): "fixed" (draft + verify of N), "confidence"
-    (head + admission, read-back of the admitted lengths, verify of that window) and
+    (head + admission, read-back of the admitted lengths, verify of that window),
     "estimated" (head + admission, verify of ``best_window(B, survival)`` without the
-    read-back). Rounds are not committed: each replays the same positions."""
+    read-back) and with ``packed`` "packed" (the packed cost model's admission, read-back,
+    packed verify of the admitted prefixes). Rounds are not committed: each replays the same
+    positions."""
     from dspark_trt.runtime import SamplingParams
     from dspark_trt.runtime.sampling_modifiers import Modifiers
     prompts = bench.make_prompts(llm, args.prompts, B, args.prompt_len, args.seed)
@@ -151,13 +156,18 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20) -> dict:
     kinds = {"fixed": lambda: llm.steps.spec_round(r, mods),
              "confidence": lambda: llm.steps.spec_round_admitted(r, mods),
              "estimated": lambda: llm.steps.spec_round_admitted(r, mods, width=w)}
+    if packed:
+        kinds["packed"] = lambda: llm.steps.spec_round_admitted(r, mods)
     out = {"estimated_window": w}
+    model = sched.cost_model
     for name, fn in kinds.items():
+        sched.cost_model = "packed" if name == "packed" else model
         fn()                                                      # warm (graph capture)
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
         out[f"{name}_ms"] = 1e3 * (time.perf_counter() - t0) / iters
+    sched.cost_model = model
     out["curve_fixed_ms"] = sched.cost.step_ms("draft", B) + sched.cost.latency(B * (1 + sched.num_spec_tokens))
     out["curve_window_ms"] = sched.cost.step_ms("draft", B) + sched.cost.latency(B * (1 + w))
     for s in seqs:
@@ -247,7 +257,13 @@ def run(argv) -> dict:
     prompts_all = bench.make_prompts(llm, args.prompts, pool, args.prompt_len, args.seed)
     rows = {}
 
+    sched = llm.steps.eager.scheduler
+    trimmed = sched.cost_model
+
     def decode(B, speculative, mode="fixed"):
+        mode, sched.cost_model = EXTRA_MODES.get(mode, (mode, trimmed))
+        if sched.cost_model != trimmed:
+            llm.capture_graphs(True)                  # the packed verify's slot graphs
         if steady:
             return steady_state(llm, prompts_all[:requests(B)], B, args.gen_len, speculative, mode)
         return bench.end_to_end(llm, prompts_all[:B], args.gen_len, speculative, mode)
@@ -256,9 +272,11 @@ def run(argv) -> dict:
         row = {}
         for mode in modes:
             llm.steps.verify_widths.clear()
+            llm.steps.verify_slots.clear()
             e2e = decode(B, True, mode)
             widths = dict(llm.steps.verify_widths)
             e2e["verify_windows"] = {str(w): c for w, c in sorted(widths.items())}
+            e2e["verify_slots"] = {str(t): c for t, c in sorted(llm.steps.verify_slots.items())}
             rounds = sum(widths.values())
             e2e["confidence_rounds"] = rounds           # the others ran as fixed rounds (window N)
             e2e["mean_verify_window"] = (sum(w * c for w, c in widths.items()) / rounds if rounds else n)
@@ -273,7 +291,7 @@ def run(argv) -> dict:
                                                       / row["autoregressive"]["decode_tokens_per_s"])
         if args.round_kinds and "scheduled" in modes:
             survival = (args.synthetic and survival_curve(args.synthetic)) or [0.5 ** (k + 1) for k in range(n)]
-            row["round_kinds"] = round_kinds(llm, args, B, survival)
+            row["round_kinds"] = round_kinds(llm, args, B, survival, packed="packed" in modes)
         rows[str(B)] = row
         print(f"[verify-concurrency] B={B:3d} " + " | ".join(
             f"{m} {r['decode_tokens_per_s']:.0f} tok/s v/r {r.get('verified_per_round') or 1:.2f}"
@@ -283,11 +301,14 @@ def run(argv) -> dict:
                 f"{k} {v:.2f}" for k, v in row["round_kinds"].items()), flush=True)
     cuda = llm.device.type == "cuda"
     tps = lambda b, m: rows[b][m]["decode_tokens_per_s"]  # noqa: E731
-    goal = ({"scheduled_ge_fixed_every_batch": all(tps(b, "scheduled") >= tps(b, "fixed") for b in rows),
-             "scheduled_ge_autoregressive_every_batch": all(
-                 tps(b, "scheduled") >= tps(b, "autoregressive") for b in rows),
-             "scheduled_over_fixed_at_largest_batch": tps(str(max(sizes)), "scheduled") / tps(str(max(sizes)), "fixed"),
-             "bound_at_batch_64": 1.2} if {"scheduled", "fixed"} <= set(modes) else {})
+    goal = {}
+    for m in ("scheduled", "packed"):
+        if {m, "fixed"} <= set(modes):
+            goal.update({f"{m}_ge_fixed_every_batch": all(tps(b, m) >= tps(b, "fixed") for b in rows),
+                         f"{m}_ge_autoregressive_every_batch": all(
+                             tps(b, m) >= tps(b, "autoregressive") for b in rows),
+                         f"{m}_over_fixed_at_largest_batch": tps(str(max(sizes)), m) / tps(str(max(sizes)), "fixed"),
+                         "bound_at_batch_64": 1.2})
     return {
         "git_sha": provenance.git_sha(), "command": "python benchmarks/verify_concurrency.py " + " ".join(argv),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu",
@@ -320,8 +341,9 @@ def plot(report: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
     bs = sorted(int(b) for b in report["batch"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = {"autoregressive": "k", "fixed": "C0", "scheduled": "C1", "threshold": "C2"}
-    for mode, style in (("autoregressive", "--"), ("fixed", "o-"), ("scheduled", "s-"), ("threshold", "^-")):
+    colors = {"autoregressive": "k", "fixed": "C0", "scheduled": "C1", "threshold": "C2", "packed": "C3"}
+    for mode, style in (("autoregressive", "--"), ("fixed", "o-"), ("scheduled", "s-"), ("threshold", "^-"),
+                        ("packed", "D-")):
         if mode not in report["batch"][str(bs[0])]:
             continue
         tps = [report["batch"][str(x)][mode]["decode_tokens_per_s"] for x in bs]

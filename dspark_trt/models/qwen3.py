@@ -92,6 +92,9 @@ class Qwen3Model(nn.Module):
 class Qwen3ForCausalLM(nn.Module):
     """The target network. ``tap_layer_ids`` are the layers whose raw outputs feed the draft."""
 
+    packs_rows = True    # rows are independent: a row's tokens may run as rows of one token each
+                         # sharing its block table (the packed verify, runtime/packed_verify.py)
+
     def __init__(self, cfg: Qwen3Config, tap_layer_ids: list[int] | tuple[int, ...] = ()):
         super().__init__()
         self.config = cfg

@@ -43,6 +43,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .packed_verify import token_buckets
+
 VERIFY_MODES = ("fixed", "threshold", "scheduled")
 MODE_IDS = {m: i for i, m in enumerate(VERIFY_MODES)}
 CALIBRATION_FILE = "confidence_calibration.json"
@@ -315,9 +317,10 @@ class VerifyScheduler:
       cost. The round reads the admitted lengths back once to pick the width (``verify_width``).
     * "padded": the verify runs every row at the full width N whatever is admitted, so ``SPS(B)``
       is one constant and Algorithm 1 admits every draft (scheduled = fixed).
-    * "packed": the paper's ``sum (1 + l_r)``, the cost of a packed variable-length verify; the
-      runtime has none (the verify runs the trimmed window), so with this model the scheduler
-      gives up drafts the window pays for anyway -- kept for tests (admissions of 0 .. N)."""
+    * "packed": the paper's ``sum (1 + l_r)``: each row verifies its own admitted prefix in a
+      packed variable-length verify (``packed_verify.py``) of ``verify_slots(sum (1 + l_r))``
+      token slots, read back once like the trimmed window. Targets whose rows are not
+      independent cannot pack (``LLM`` refuses the model there)."""
 
     def __init__(self, num_spec_tokens: int, max_tokens: int, device,
                  calibration: Calibration | None = None, cost: CostCurve | None = None,
@@ -332,6 +335,7 @@ class VerifyScheduler:
         self.admission_overhead_ms = admission_overhead_ms
         self.round_overhead_ms = round_overhead_ms
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
+        self.slot_buckets = token_buckets(max(1, max_tokens))
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
         self._inv_temp_host = self.inv_temp.cpu().numpy().astype(np.float64)
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
@@ -411,6 +415,20 @@ class VerifyScheduler:
     def trims(self) -> bool:
         """Whether confidence rounds verify a window trimmed to the admitted lengths."""
         return self.cost_model != "padded"
+
+    @property
+    def packs(self) -> bool:
+        """Whether confidence rounds verify each row's own prefix, packed (``packed_verify.py``)."""
+        return self.cost_model == "packed"
+
+    def verify_slots(self, tokens: int) -> int:
+        """The packed verify's slot count for ``tokens`` window tokens: the least slot bucket >= it."""
+        return next((b for b in self.slot_buckets if b >= tokens), self.slot_buckets[-1])
+
+    def slot_sizes(self, rows: int) -> list[int]:
+        """The slot buckets a packed verify of up to ``rows`` rows may run (to capture)."""
+        top = self.verify_slots(rows * (1 + self.num_spec_tokens))
+        return [b for b in self.slot_buckets if b <= top]
 
     def verify_width(self, max_admitted: int) -> int:
         """The verify window (drafts) of a trimmed round whose longest admitted prefix is

@@ -44,6 +44,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .packed_verify import check_packable
 from .prefill_graphs import PrefillGraphs
 from .sampling_modifiers import Modifiers
 from .steps import MODIFIER_FIELDS, DecodeSteps, DeviceInputs, RoundInputs, StagedRound, widen
@@ -274,6 +275,11 @@ class GraphedSteps:
         return self.steps.verify_widths
 
     @property
+    def verify_slots(self):
+        """Packed confidence rounds per slot count (the eager steps' counter)."""
+        return self.steps.verify_slots
+
+    @property
     def eager(self) -> DecodeSteps:
         """The eager steps these graphs replay."""
         return self.steps
@@ -314,17 +320,18 @@ class GraphedSteps:
         return (self.steps.scheduler is not None
                 and getattr(self.steps.nets, "has_confidence", False))
 
-    def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False, width: int | None = None
-              ) -> CapturedGraph:
+    def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False, width: int | None = None,
+              slots: int | None = None) -> CapturedGraph:
         """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar", "ar_taps"
         (the AR step returning its taps too, for the fallback's deferred context)} of bucket
         ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies the first
-        ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths."""
+        ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths,
+        packed into ``slots`` token slots when given (``packed_verify.py``)."""
         mods = Modifiers() if kind in ("draft", "draft_admit") else Modifiers.of(mods)
         if kind == "verify_admit" and width is None:
             width = self.num_spec_tokens
         # penalty graphs bake in the token counts' tensors: keyed by that state too
-        key = ((kind, Bb, mods) + ((width,) if kind == "verify_admit" else ())
+        key = ((kind, Bb, mods) + ((width, slots) if kind == "verify_admit" else ())
                + ((self.steps.counts,) if mods.penalties else ()))
         if key in self._graphs:
             return self._graphs[key]
@@ -338,7 +345,7 @@ class GraphedSteps:
             fn = lambda: self.steps.verify_step(x, drafts, z, mods)  # noqa: E731
         elif kind == "verify_admit":
             drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
-            fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods, width)  # noqa: E731
+            fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods, width, slots)  # noqa: E731
         elif kind in ("ar", "ar_taps"):
             fn = lambda: self.steps.ar_step(x, mods, taps_out=kind == "ar_taps")  # noqa: E731
         else:
@@ -360,11 +367,10 @@ class GraphedSteps:
         sched = self.steps.scheduler
         if speculative and self.confidence and sched is not None and sched.falls_back:
             kinds += ("ar_taps",)
-        widths = sched.widths if sched is not None and sched.trims else [None]
         for Bb in sorted(buckets or self.buckets, reverse=True):
             for kind in kinds:
-                for w in (widths if kind == "verify_admit" else [None]):
-                    self.graph(kind, Bb, width=w)
+                for w, n in (self._verify_sizes(Bb) if kind == "verify_admit" else [(None, None)]):
+                    self.graph(kind, Bb, width=w, slots=n)
         if prefill_lengths:
             self.prefills.capture(sorted(buckets or self.buckets, reverse=True), prefill_lengths,
                                   context=speculative)
@@ -377,12 +383,21 @@ class GraphedSteps:
     def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         return self._replay_round("draft", "verify", r, mods)[0]
 
+    def _verify_sizes(self, Bb: int) -> list[tuple[int | None, int | None]]:
+        """The (width, slots) of the "verify_admit" graphs of bucket ``Bb``: one per width bucket
+        (trimmed), per slot bucket at width N (packed), or the full window."""
+        sched = self.steps.scheduler
+        if sched is not None and sched.packs:
+            check_packable(self.steps.nets)
+            return [(None, n) for n in sched.slot_sizes(Bb)]
+        return [(w, None) for w in (sched.widths if sched is not None and sched.trims else [None])]
+
     def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, mods: Modifiers | bool,
                       width: int | None = None):
         """Upload ``r``, replay the draft then the verify graph of its bucket -> (verify outputs
         [B, ...] on the host, the draft graph). A "verify_admit" round of a trimming scheduler
-        reads the admitted lengths back between the two to pick the window's graph, unless the
-        caller chose the window (``width``)."""
+        reads the admitted lengths back between the two to pick the window's graph (a packing
+        one: the slots' graph), unless the caller chose the window (``width``)."""
         B = r.batch_size
         Bb = self.bucket(B)
         sched = self.steps.scheduler
@@ -391,18 +406,26 @@ class GraphedSteps:
         # every graph the round may launch exists before the inputs are staged (a capture stages
         # inert rows)
         draft = self.graph(draft_kind, Bb)
-        verify = {w: self.graph(verify_kind, Bb, mods, w)
-                  for w in (sched.widths if trims else [width])}
+        sizes = self._verify_sizes(Bb) if trims else [(width, None)]
+        verify = {s: self.graph(verify_kind, Bb, mods, *s) for s in sizes}
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()
         draft.launch()
+        slots = None
         if trims:                                        # [B] admitted lengths -> the window
-            width = sched.verify_width(int(buf.download(draft.outputs[3].view(-1, 1), B).max()))
+            lim = buf.download(draft.outputs[3].view(-1, 1), B)[:, 0]
+            if sched.packs:
+                slots = sched.verify_slots(int(np.where(r.start >= 0, 1 + lim, 0).sum()))
+            else:
+                width = sched.verify_width(int(lim.max()))
         if verify_kind == "verify_admit":
             self.steps.verify_widths[width or self.num_spec_tokens] += 1
-        verify[width].launch()
-        return buf.download(verify[width].outputs, B), draft
+        if slots is not None:
+            self.steps.verify_slots[slots] += 1
+        g = verify[(width, slots)]
+        g.launch()
+        return buf.download(g.outputs, B), draft
 
     def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False,
                             width: int | None = None):

@@ -35,6 +35,7 @@ class EagerNetworks:
         self.target_cache = target.make_cache(num_pages, page_size, dtype, device)
         self.draft_cache = draft.make_cache(num_pages, page_size, dtype, device) if draft else None
         self.has_confidence = getattr(draft, "confidence_head", None) is not None
+        self.packs_rows = getattr(target, "packs_rows", False)     # packed verify (packed_verify.py)
 
     @torch.inference_mode()
     def target(self, tokens: Tensor, positions: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:

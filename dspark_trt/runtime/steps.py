@@ -32,7 +32,10 @@ The window: ``w = N`` under the scheduler's "padded" cost model (no host synchro
 the steps: the fixed round's two launches plus the head and the admission's small kernels); under
 "trimmed" (the default) the round reads ``max l`` back after the draft step and verifies
 ``w = scheduler.verify_width(max l)`` drafts (one graph per width bucket), so a batch of low
-confidence runs a narrower, cheaper verify. ``verify_widths`` counts the windows run.
+confidence runs a narrower, cheaper verify. ``verify_widths`` counts the windows run. Under
+"packed" each row verifies its own admitted prefix, the rows' window tokens packed end to end
+(``packed_verify.py``) into ``scheduler.verify_slots(sum (1 + l))`` slots (one graph per slot
+bucket, read back like the trimmed window); ``verify_slots`` counts the slot buckets run.
 
 The public round interface (every caller drives a round through it, never through private parts):
   ``Scheduler.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
@@ -67,6 +70,7 @@ from torch import Tensor
 from .. import plugins
 from .confidence import MODE_IDS
 from .logprobs import LogprobRows, emitted_tokens, to_host, token_logprobs
+from .packed_verify import check_packable, packed_target
 from .sampling_modifiers import Modifiers, TokenCounts, apply_modifiers
 
 
@@ -183,6 +187,7 @@ class DecodeSteps:
         self.scheduler = scheduler
         self.counts: TokenCounts | None = None        # the penalties' per-slot token counts
         self.verify_widths: Counter = Counter()       # confidence rounds per verify window
+        self.verify_slots: Counter = Counter()        # packed confidence rounds per slot count
 
     def token_counts(self, slots: int, vocab: int) -> TokenCounts:
         """The penalties' device state with at least ``slots`` slots (allocated on first use; a
@@ -244,10 +249,12 @@ class DecodeSteps:
 
     @torch.inference_mode()
     def verify_admit_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, limit: Tensor,
-                          mods: Modifiers | bool, width: int | None = None) -> Tensor:
+                          mods: Modifiers | bool, width: int | None = None,
+                          slots: int | None = None) -> Tensor:
         """``verify_step`` of the first ``width`` (default all N) drafts with ``limit`` (every
         ``limit <= width``) -> [B, 3 + width] (accepted, next, drafts[:, :width], limit): the
-        round's host read-back in one tensor."""
+        round's host read-back in one tensor. ``slots``: the packed verify of ``slots`` tokens
+        (``packed_verify.py``: each row's own admitted prefix only)."""
         w = drafts.shape[1] if width is None else width
         d, zw = drafts[:, :w].contiguous(), z[:, :w].contiguous()
         # the window's w+1 target rows are computed for every row: a scheduled row verifies all
@@ -256,29 +263,42 @@ class DecodeSteps:
         if self.scheduler is None or self.scheduler.cost_model != "packed":
             sched = (x.verify_mode == MODE_IDS["scheduled"]) & (x.start >= 0)
             limit = torch.where(sched, w, limit)
-        return torch.cat([self.verify_step(x, d, zw, mods, limit), limit[:, None]], 1)
+        return torch.cat([self.verify_step(x, d, zw, mods, limit, slots=slots), limit[:, None]], 1)
 
     def window(self, limit: Tensor) -> int:
         """The verify width of a confidence round with admitted lengths ``limit`` [B] (device):
         N, or under a trimming scheduler ``verify_width(max limit)`` (one host read-back)."""
-        if self.scheduler is None or not self.scheduler.trims:
+        if self.scheduler is None or not self.scheduler.trims or self.scheduler.packs:
             return self.num_spec_tokens
         return self.scheduler.verify_width(int(limit.max()))
 
+    def slots(self, x: DeviceInputs, limit: Tensor) -> int | None:
+        """The packed verify's slot count for admitted lengths ``limit`` [B] under a packing
+        scheduler (``verify_slots`` of the live rows' ``sum (1 + l)``, one host read-back), else None."""
+        if self.scheduler is None or not self.scheduler.packs:
+            return None
+        check_packable(self.nets)
+        return self.scheduler.verify_slots(int(torch.where(x.start >= 0, 1 + limit, 0).sum()))
+
     @torch.inference_mode()
     def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, mods: Modifiers | bool,
-                    limit: Tensor | None = None, logprobs: int | None = None):
+                    limit: Tensor | None = None, logprobs: int | None = None, slots: int | None = None):
         """Target verify + acceptance + context injection -> [B, 2 + w] (accepted, next, drafts)
         for the w = drafts.shape[1] drafts given; ``mods``: the modifiers to apply (a bool: top-p
         or none); ``limit`` [B] (optional): each row verifies only its first ``limit`` drafts
         (exact; see the module docstring). ``logprobs`` = k (eager only): also the raw target
         logprobs of the token each row emits and its top k, ``(out, (chosen [B, N+1], ids, vals))``
-        (``logprobs.py``)."""
+        (``logprobs.py``). ``slots`` (with ``limit``): the target runs packed, over each row's
+        ``1 + limit`` window tokens only, in ``slots`` slots (``packed_verify.py``)."""
         mods = Modifiers.of(mods)
         N = drafts.shape[1]
         offs = torch.arange(N + 1, device=x.start.device)
         tokens, pos = verify_window(x, drafts)                                    # [B, N+1]
-        logits, taps = self.nets.target(tokens, pos, x.table)
+        if slots is None:
+            logits, taps = self.nets.target(tokens, pos, x.table)
+        else:
+            lengths = torch.where(x.start >= 0, 1 + limit.clamp(max=N), 0)       # [B]
+            logits, taps = packed_target(self.nets.target, tokens, pos, x.table, lengths, slots)
         raw = logits
         finite = torch.isfinite(logits).all(dim=-1).all(dim=-1)                   # [B]
         if mods.any:                                # row j counts the drafts before it
@@ -374,8 +394,11 @@ class DecodeSteps:
         x = DeviceInputs.from_host(r, self.device, confidence=True, mods=mods)
         drafts, z, conf, limit = self.draft_admit_step(x)
         w = self.window(limit) if width is None else width
+        slots = self.slots(x, limit) if width is None else None
         self.verify_widths[w] += 1
-        out = self.verify_admit_step(x, drafts, z, limit, mods, w).cpu().numpy()
+        if slots is not None:
+            self.verify_slots[slots] += 1
+        out = self.verify_admit_step(x, drafts, z, limit, mods, w, slots).cpu().numpy()
         return widen(out[:, :-1], N), out[:, -1], conf.cpu().numpy() if want_confidence else None
 
     def spec_round_logprobs(self, r: RoundInputs, mods: Modifiers | bool, k: int

@@ -917,3 +917,72 @@ def test_large_scheduled_batches_take_the_window_from_the_estimate(graphs, monke
         assert readbacks[0] == rows and all(n < rows for n in readbacks[1:]), readbacks
     proposed = out[0].stats.proposed
     assert all(p in narrow for p in proposed[1:-1]), proposed
+
+
+def test_packed_target_equals_the_window_on_admitted_rows():
+    """``packed_target``: each row's first ``1 + l`` window tokens as rows of one token (fp64):
+    logits and taps equal the rectangular target's on entries ``j <= l``, the target K/V of the
+    admitted positions equal, and pad slots / rows past ``l`` / inert rows write no K/V."""
+    from dspark_trt.runtime.packed_verify import packed_target, pack_slots
+    llm = _llm(block=4, seed=3)
+    nets = llm.networks
+    B, N = 3, 4
+    g = torch.Generator().manual_seed(0)
+    table = torch.tensor([[0, 1], [2, 3], [-1, -1]])                   # row 2 inert
+    start = torch.tensor([5, 9, -1])
+    offs = torch.arange(N + 1)
+    pos = torch.where((start >= 0)[:, None], start[:, None] + offs, -1)
+    tokens = torch.randint(0, nets.vocab_size, (B, N + 1), generator=g)
+    limit = torch.tensor([1, 4, 0])
+    lengths = torch.where(start >= 0, 1 + limit, 0)
+    for cache in nets.target_cache.values():
+        for c in cache:
+            c.zero_()
+    ref_logits, ref_taps = nets.target(tokens, pos, table)
+    ref_k = [c.clone() for c in nets.target_cache["k"]]
+    for cache in nets.target_cache.values():
+        for c in cache:
+            c.zero_()
+    logits, taps = packed_target(nets.target, tokens, pos, table, lengths, 12)
+    for r in range(2):
+        j = int(lengths[r])
+        torch.testing.assert_close(logits[r, :j], ref_logits[r, :j], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(taps[r, :j], ref_taps[r, :j], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(logits[r, j:], logits[r, j - 1:j].expand(N + 1 - j, -1))
+    ps = llm.page_size if hasattr(llm, "page_size") else nets.page_size
+    for k_new, k_ref in zip(nets.target_cache["k"], ref_k):
+        for r in range(2):
+            for p in range(int(start[r]), int(start[r]) + N + 1):
+                page, off = int(table[r, p // ps]), p % ps
+                if p < int(start[r] + lengths[r]):
+                    torch.testing.assert_close(k_new[page, off], k_ref[page, off], rtol=1e-12, atol=1e-12)
+                else:                                              # past the row's prefix: untouched
+                    assert not k_new[page, off].any()
+    row, col, live = pack_slots(lengths, 12)
+    assert live.sum() == 7 and row[:7].tolist() == [0, 0, 1, 1, 1, 1, 1] and col[:7].tolist() == [0, 1, 0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_packed_rounds_verify_each_rows_own_prefix(graphs):
+    """The packed cost model with a steep curve: rows admit different prefixes, the verify runs
+    fewer slots than the rectangular window (counted per slot bucket), each row's proposal is its
+    own admission, and greedy output equals the target's."""
+    curve = CURVES["linear"]
+    llm = _llm(block=4, seed=6, batch=4, verify_cost=curve, cost_model="packed", graphs=graphs)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3]]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=20), speculative=False)
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=20, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    slots = llm.steps.verify_slots
+    assert slots and min(slots) < 4 * 5, slots
+    per_round = list(zip(*[o.stats.proposed[:5] for o in out]))
+    assert any(len(set(r)) > 1 for r in per_round), per_round       # rows verify different prefixes
+
+
+def test_packed_cost_model_refuses_a_target_that_cannot_pack():
+    from dspark_trt.runtime.packed_verify import check_packable
+    llm = _llm()
+    check_packable(llm.networks)
+    llm.networks.packs_rows = False
+    with pytest.raises(ValueError, match="cannot pack"):
+        check_packable(llm.networks)

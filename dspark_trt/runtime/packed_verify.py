@@ -1,0 +1,79 @@
+"""Packed variable-length verify (issue #25, the paper's cost model ``sum_r (1 + l_r)``).
+
+A confidence round whose scheduler packs (``VerifyScheduler(cost_model="packed")``) verifies each
+row's own admitted prefix: row r contributes its ``1 + l_r`` window tokens (anchor, drafts
+``0 .. l_r - 1`` at positions ``P_r .. P_r + l_r``), the rows' tokens are laid end to end in ``T``
+slots (a CUDA-graph bucket >= their sum; the slots past it are inert, position -1), and the
+target runs once over them as ``T`` rows of one token each: slot t carries its row's block table,
+so its K/V lands in that row's pages and its attention reads that row's cache up to its own
+position (every slot's K/V is written before any slot's attention, layer by layer, so a draft
+sees the anchor and the drafts before it). The logits and taps come back in the window's
+``[B, W]`` layout (row r's entries past ``l_r`` repeat entry ``l_r``; the verifier reads rows
+``<= l_r`` only), so acceptance, the bonus row and the draft context are those of the
+rectangular verify.
+
+The linear layers then run on ``T`` tokens instead of ``B x (1 + w)``; attention reads a row's
+cache once per slot of that row (the same pages, back to back: mostly L2 hits). Needs a target
+whose rows are independent (the Qwen3 family; ``packs_rows``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def check_packable(networks) -> None:
+    """Raise ValueError unless ``networks`` can run a packed verify (``packs_rows``)."""
+    if not getattr(networks, "packs_rows", False):
+        raise ValueError(f"the 'packed' cost model needs a target whose rows are independent (the "
+                         f"Qwen3 family, eager or graphed); {type(networks).__name__} over this "
+                         f"target cannot pack: use cost_model 'trimmed'")
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """The slot counts a packed verify runs (one CUDA graph each): 8, 12, 16, 24, 32, 48, ... below
+    ``max_tokens``, then ``max_tokens``."""
+    out, k = [], 8
+    while k < max_tokens:
+        out.append(k)
+        if k + k // 2 < max_tokens:
+            out.append(k + k // 2)
+        k *= 2
+    return out + [max_tokens]
+
+
+def pack_slots(lengths: Tensor, T: int) -> tuple[Tensor, Tensor, Tensor]:
+    """lengths [B] (window tokens per row, 0 for inert rows; sum <= T) -> (row [T], col [T],
+    live [T] bool): slot t holds token ``col[t]`` of row ``row[t]``, rows end to end in row order;
+    slots past the sum are not live (row / col clamped into range)."""
+    B = lengths.shape[0]
+    ends = torch.cumsum(lengths, 0)                                           # [B]
+    t = torch.arange(T, device=lengths.device)
+    row = torch.searchsorted(ends, t, right=True)                             # [T] in [0, B]
+    live = row < B
+    row = row.clamp(max=B - 1)
+    col = (t - (ends - lengths)[row]).clamp(min=0)
+    return row, col, live
+
+
+def window_index(lengths: Tensor, W: int, T: int) -> Tensor:
+    """[B, W] slot of window entry (r, j), j clamped to the row's last token (``lengths - 1``)."""
+    begins = torch.cumsum(lengths, 0) - lengths                               # [B]
+    j = torch.arange(W, device=lengths.device)[None, :]
+    j = torch.minimum(j, (lengths - 1).clamp(min=0)[:, None])
+    return (begins[:, None] + j).clamp(max=T - 1)
+
+
+def packed_target(target, tokens: Tensor, positions: Tensor, table: Tensor, lengths: Tensor,
+                  T: int) -> tuple[Tensor, Tensor]:
+    """``target(tokens, positions, table)`` over the first ``lengths[r]`` window tokens of each row
+    only, packed into ``T`` slots. tokens, positions [B, W] (positions -1 on inert rows); table
+    [B, pages]; lengths [B] (<= W, 0 on inert rows) -> logits [B, W, V], taps [B, W, m*d] in the
+    window layout (entries past a row's length repeat its last one)."""
+    row, col, live = pack_slots(lengths, T)
+    col = col.clamp(max=tokens.shape[1] - 1)                                  # pad slots
+    tok = tokens[row, col][:, None]                                           # [T, 1]
+    pos = torch.where(live, positions[row, col], -1)[:, None]                 # [T, 1]
+    logits, taps = target(tok, pos, table[row])                               # [T, 1, .]
+    idx = window_index(lengths, tokens.shape[1], T)                           # [B, W]
+    return logits[idx, 0], taps[idx, 0]
