@@ -217,8 +217,9 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     ``trimmed`` (with ``padded_width`` None): every live row costs ``1 + w`` tokens for the
     window ``w = max_r l_r``, what the verify trimmed to the longest admitted prefix runs; the
     candidates are then the window's widths (``_trimmed_lengths``). ``round_ms`` [R] (trimmed
-    only): the round's cost outside the verify at r live rows (draft step + admission and host
-    overheads, ``VerifyScheduler``), added to ``1 / SPS(B)`` so that Theta is tokens per ms of the whole round.
+    and packed): the round's cost outside the verify at r live rows (draft step + admission and
+    host overheads, ``VerifyScheduler``), added to ``1 / SPS(B)`` so that Theta is tokens per ms
+    of the whole round.
 
     Tensor ops only (sort, cumsum, cumprod, gathers): no host synchronisation, capturable in a
     CUDA graph.
@@ -252,8 +253,11 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
         b = b0.expand(B * N)
     # Theta = tau * SPS(B) grows  <=>  a * SPS(b) > tau_prev * (SPS(b_prev) - SPS(b)): the same test
     # written so that a constant SPS (the padded model) admits every a > 0 despite float rounding
-    s_b = sps[b]
-    s_prev = torch.cat([sps[b0.reshape(1)], s_b[:-1]])    # (sps[b0] on a 0-dim index syncs)
+    s_b, s0 = sps[b], sps[b0.reshape(1)]                  # (sps[b0] on a 0-dim index syncs)
+    if round_ms is not None and padded_width is None:     # packed: whole-round SPS, as trimmed
+        extra = round_ms[live.sum().clamp(max=round_ms.shape[0] - 1).reshape(1)]          # [1]
+        s_b, s0 = 1.0 / (1.0 / s_b + extra), 1.0 / (1.0 / s0 + extra)
+    s_prev = torch.cat([s0, s_b[:-1]])
     tau_prev = torch.cat([tau0[None], tau[:-1]])
     improve = valid & (vals.clamp(min=0) * s_b > tau_prev * (s_prev - s_b))
     K = torch.cumprod(improve.to(torch.int64), 0).sum()
@@ -424,6 +428,19 @@ class VerifyScheduler:
     def verify_slots(self, tokens: int) -> int:
         """The packed verify's slot count for ``tokens`` window tokens: the least slot bucket >= it."""
         return next((b for b in self.slot_buckets if b >= tokens), self.slot_buckets[-1])
+
+    def verify_shape(self, lengths, rows: int) -> tuple[int, int | None]:
+        """(width, slots) of the verify of a confidence round whose live rows admitted ``lengths``
+        (host [live]) in a batch of ``rows`` rows (inert ones included): trimmed,
+        ``(verify_width(max l), None)``; packed, ``(N, verify_slots(sum (1 + l)))``, unless the
+        rectangular window ``verify_width(max l)`` runs no more tokens (``rows x (1 + w)``), then
+        that window (each row still verifies its own prefix: the packed model keeps the limits)."""
+        lengths = np.asarray(lengths)
+        w = self.verify_width(int(lengths.max()) if lengths.size else 0)
+        if not self.packs:
+            return w, None
+        slots = self.verify_slots(int((1 + lengths).sum()))
+        return (w, None) if rows * (1 + w) <= slots else (self.num_spec_tokens, slots)
 
     def slot_sizes(self, rows: int) -> list[int]:
         """The slot buckets a packed verify of up to ``rows`` rows may run (to capture)."""

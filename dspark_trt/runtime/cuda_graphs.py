@@ -331,7 +331,9 @@ class GraphedSteps:
         if kind == "verify_admit" and width is None:
             width = self.num_spec_tokens
         # penalty graphs bake in the token counts' tensors: keyed by that state too
+        sched = self.steps.scheduler                  # its cost model is baked into the admission
         key = ((kind, Bb, mods) + ((width, slots) if kind == "verify_admit" else ())
+               + ((sched.cost_model,) if kind in ("draft_admit", "verify_admit") else ())
                + ((self.steps.counts,) if mods.penalties else ()))
         if key in self._graphs:
             return self._graphs[key]
@@ -387,10 +389,11 @@ class GraphedSteps:
         """The (width, slots) of the "verify_admit" graphs of bucket ``Bb``: one per width bucket
         (trimmed), per slot bucket at width N (packed), or the full window."""
         sched = self.steps.scheduler
+        sizes = [(w, None) for w in (sched.widths if sched is not None and sched.trims else [None])]
         if sched is not None and sched.packs:
             check_packable(self.steps.nets)
-            return [(None, n) for n in sched.slot_sizes(Bb)]
-        return [(w, None) for w in (sched.widths if sched is not None and sched.trims else [None])]
+            sizes += [(self.num_spec_tokens, n) for n in sched.slot_sizes(Bb)]
+        return sizes
 
     def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, mods: Modifiers | bool,
                       width: int | None = None):
@@ -415,10 +418,7 @@ class GraphedSteps:
         slots = None
         if trims:                                        # [B] admitted lengths -> the window
             lim = buf.download(draft.outputs[3].view(-1, 1), B)[:, 0]
-            if sched.packs:
-                slots = sched.verify_slots(int(np.where(r.start >= 0, 1 + lim, 0).sum()))
-            else:
-                width = sched.verify_width(int(lim.max()))
+            width, slots = sched.verify_shape(lim[np.asarray(r.start) >= 0], Bb)
         if verify_kind == "verify_admit":
             self.steps.verify_widths[width or self.num_spec_tokens] += 1
         if slots is not None:

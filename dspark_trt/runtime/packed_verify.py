@@ -31,14 +31,13 @@ def check_packable(networks) -> None:
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """The slot counts a packed verify runs (one CUDA graph each): 8, 12, 16, 24, 32, 48, ... below
-    ``max_tokens``, then ``max_tokens``."""
+    """The slot counts a packed verify runs (one CUDA graph each), below ``max_tokens`` and then
+    ``max_tokens``: steps of 8 to 64, of 16 to 128, of 32 to 256, then of 64 (a round pays at most
+    about 1/8 of its tokens in padding past 16 slots)."""
     out, k = [], 8
     while k < max_tokens:
         out.append(k)
-        if k + k // 2 < max_tokens:
-            out.append(k + k // 2)
-        k *= 2
+        k += 8 if k < 64 else 16 if k < 128 else 32 if k < 256 else 64
     return out + [max_tokens]
 
 

@@ -265,20 +265,15 @@ class DecodeSteps:
             limit = torch.where(sched, w, limit)
         return torch.cat([self.verify_step(x, d, zw, mods, limit, slots=slots), limit[:, None]], 1)
 
-    def window(self, limit: Tensor) -> int:
-        """The verify width of a confidence round with admitted lengths ``limit`` [B] (device):
-        N, or under a trimming scheduler ``verify_width(max limit)`` (one host read-back)."""
-        if self.scheduler is None or not self.scheduler.trims or self.scheduler.packs:
-            return self.num_spec_tokens
-        return self.scheduler.verify_width(int(limit.max()))
-
-    def slots(self, x: DeviceInputs, limit: Tensor) -> int | None:
-        """The packed verify's slot count for admitted lengths ``limit`` [B] under a packing
-        scheduler (``verify_slots`` of the live rows' ``sum (1 + l)``, one host read-back), else None."""
-        if self.scheduler is None or not self.scheduler.packs:
-            return None
-        check_packable(self.nets)
-        return self.scheduler.verify_slots(int(torch.where(x.start >= 0, 1 + limit, 0).sum()))
+    def shape(self, x: DeviceInputs, limit: Tensor) -> tuple[int, int | None]:
+        """(width, slots) of the verify of a confidence round with admitted lengths ``limit`` [B]
+        (device): (N, None), or under a trimming / packing scheduler its ``verify_shape`` of the
+        live rows' lengths (one host read-back)."""
+        if self.scheduler is None or not self.scheduler.trims:
+            return self.num_spec_tokens, None
+        if self.scheduler.packs:
+            check_packable(self.nets)
+        return self.scheduler.verify_shape(limit[x.start >= 0].cpu().numpy(), x.start.shape[0])
 
     @torch.inference_mode()
     def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, mods: Modifiers | bool,
@@ -384,7 +379,7 @@ class DecodeSteps:
         """-> (as ``spec_round``: [B, 2 + N]; admitted drafts per row [B]; the confidence logits
         [B, N] when ``want_confidence``, else None). Rounds with a confidence mode (or
         ``want_confidence``, or a ``width``) run ``draft_admit_step`` + ``verify_admit_step`` over
-        the window ``window(limit)`` (drafts past it come back as -1), or over ``width`` drafts
+        the window of ``shape(x, limit)`` (drafts past it come back as -1), or over ``width`` drafts
         when the caller chose the window ahead (``Scheduler``'s estimated window: no read-back of
         the admitted lengths between the steps); rounds that admit every draft
         (``needs_admission``) run the plain steps."""
@@ -393,8 +388,7 @@ class DecodeSteps:
             return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
         x = DeviceInputs.from_host(r, self.device, confidence=True, mods=mods)
         drafts, z, conf, limit = self.draft_admit_step(x)
-        w = self.window(limit) if width is None else width
-        slots = self.slots(x, limit) if width is None else None
+        w, slots = self.shape(x, limit) if width is None else (width, None)
         self.verify_widths[w] += 1
         if slots is not None:
             self.verify_slots[slots] += 1

@@ -905,7 +905,7 @@ def test_large_scheduled_batches_take_the_window_from_the_estimate(graphs, monke
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
     eager = llm.steps.eager
     readbacks = []
-    monkeypatch.setattr(eager, "window", lambda limit: readbacks.append(len(limit)) or DecodeSteps.window(eager, limit))
+    monkeypatch.setattr(eager, "shape", lambda x, limit: readbacks.append(len(limit)) or DecodeSteps.shape(eager, x, limit))
     before = sum(llm.steps.verify_widths.values())
     out = llm.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode="scheduled"))
     assert [o.output_ids for o in out] == [a.output_ids for a in ar]
@@ -964,17 +964,17 @@ def test_packed_target_equals_the_window_on_admitted_rows():
 
 @pytest.mark.parametrize("graphs", [False, True])
 def test_packed_rounds_verify_each_rows_own_prefix(graphs):
-    """The packed cost model with a steep curve: rows admit different prefixes, the verify runs
-    fewer slots than the rectangular window (counted per slot bucket), each row's proposal is its
-    own admission, and greedy output equals the target's."""
+    """The packed cost model with a steep curve: rows admit different prefixes; where their
+    packed tokens take fewer slots than the rectangular window, the verify runs packed (counted
+    per slot bucket); each row's proposal is its own admission; greedy output equals the target's."""
     curve = CURVES["linear"]
-    llm = _llm(block=4, seed=6, batch=4, verify_cost=curve, cost_model="packed", graphs=graphs)
-    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3]]
+    llm = _llm(block=4, seed=6, batch=8, verify_cost=curve, cost_model="packed", graphs=graphs)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3], [5, 1], [2, 2, 2], [7], [9, 8]]
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=20), speculative=False)
     out = llm.generate(prompts, SamplingParams(max_new_tokens=20, verify_mode="scheduled"))
     assert [o.output_ids for o in out] == [a.output_ids for a in ar]
     slots = llm.steps.verify_slots
-    assert slots and min(slots) < 4 * 5, slots
+    assert slots and max(slots) < 8 * 5, slots               # packed where it beats the window
     per_round = list(zip(*[o.stats.proposed[:5] for o in out]))
     assert any(len(set(r)) > 1 for r in per_round), per_round       # rows verify different prefixes
 
@@ -986,3 +986,14 @@ def test_packed_cost_model_refuses_a_target_that_cannot_pack():
     llm.networks.packs_rows = False
     with pytest.raises(ValueError, match="cannot pack"):
         check_packable(llm.networks)
+
+
+def test_verify_shape_packs_only_where_it_runs_fewer_tokens():
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    s = VerifyScheduler(7, 64 * 8, "cpu", cost_model="trimmed")
+    assert s.verify_shape([0, 0, 0, 7], 4) == (7, None)
+    s.cost_model = "packed"
+    assert s.verify_shape([0, 0, 0, 7], 4) == (7, 16)           # 11 tokens: 16 slots < 4 x 8
+    assert s.verify_shape([2, 2, 2, 2], 4) == (2, None)         # 12 tokens: the window's 12 <= 16
+    assert s.verify_shape([1] * 60 + [7] * 4, 64) == (7, 160)   # 152 tokens -> 160 slots < 512
+    assert s.slot_buckets[:9] == [8, 16, 24, 32, 40, 48, 56, 64, 80] and s.slot_buckets[-1] == 512
