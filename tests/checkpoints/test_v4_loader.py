@@ -135,8 +135,8 @@ def test_bad_checkpoints_name_tensor_and_file(tiny_checkpoint, tmp_path):
 def test_fp8_quantization_keeps_the_stored_fp8_linears_native(tiny_checkpoint):
     """``quantization="fp8"``: the V4 linears of ``V4_FP8_MODULES`` load as ``Fp8Linear`` holding
     the checkpoint's fp8 bytes and its E8M0 scales as fp32; the target's logits equal the
-    dequantising load's exactly (fp32: the same products); wo_a, the routed experts and the draft
-    stay dequantised."""
+    dequantising load's exactly (fp32: the same products); wo_a and the draft stay dequantised
+    (the routed experts stay MXFP4: next test)."""
     from dspark_trt.checkpoints.fp8 import V4_FP8_MODULES
     from dspark_trt.models.fp8_linear import Fp8Linear
     d, _, _, tensors = tiny_checkpoint
@@ -163,11 +163,76 @@ def test_fp8_quantization_keeps_the_stored_fp8_linears_native(tiny_checkpoint):
     assert outs[0] == outs[1]
 
 
+def test_fp8_quantization_keeps_the_routed_experts_in_mxfp4(tiny_checkpoint):
+    """``quantization="fp8"`` with fp4 experts: the target's routed experts load as ``Mxfp4Linear``
+    holding the checkpoint's packed bytes and E8M0 scales unchanged (the draft's are dequantised)
+    and ``LLM.from_checkpoints`` stacks them into ``dspark::moe_experts_mxfp4``'s buffers.
+    Tolerance of the logits against the dequantising load: 0, in fp32 and in bf16 (on CPU both run
+    the references: the same dequantised values, exact in either dtype, through the same matmuls).
+    Greedy tokens equal; speculative greedy equals autoregressive greedy of the MXFP4 target, with
+    the checkpoint's draft and with a near-target oracle draft (long accepted runs)."""
+    from dspark_trt.models.mxfp4_linear import Mxfp4Linear
+    from dspark_trt.runtime import LLM, SamplingParams
+    from dspark_trt.runtime.scheduler import Scheduler
+    from tests.support.draft_oracles import NearTargetNetworks
+    d, _, _, tensors = tiny_checkpoint
+    _, t8, d8 = load_pair(d, d, quantization="fp8")
+    mx = {n: m for n, m in t8.named_modules() if isinstance(m, Mxfp4Linear)}
+    assert len(mx) == 3 * 8 * 5 and not any(isinstance(m, Mxfp4Linear) for m in d8.modules())
+    for n, m in mx.items():
+        assert torch.equal(m.weight, tensors[f"{n}.weight"].view(torch.uint8)), n
+        assert torch.equal(m.weight_scale, tensors[f"{n}.scale"].view(torch.uint8)), n
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    positions, table = torch.arange(5)[None], torch.arange(4)[None]
+    llms = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        kw = dict(device="cpu", dtype=dtype, max_batch_size=3, max_seq_len=64, page_size=16)
+        native, deq = llms[dtype] = [LLM.from_checkpoints(d, d, quantization=q, **kw) for q in ("fp8", None)]
+        moe = native.target.layers[1].ffn
+        assert moe.w13 is None and moe.w13_packed.dtype == moe.w13_scale.dtype == torch.uint8
+        assert [tuple(t.shape) for t in (moe.w13_packed, moe.w13_scale, moe.w2_packed, moe.w2_scale)] == \
+            [(8, 64, 32), (8, 64, 2), (8, 64, 16), (8, 64, 1)]
+        assert deq.target.layers[1].ffn.w13.dtype == dtype
+        with torch.no_grad():
+            (a, _), (b, _) = (llm.networks.target(tokens, positions, table) for llm in (native, deq))
+        assert torch.equal(a, b), dtype
+    native, deq = llms[torch.float32]
+    prompts = [[1, 2, 3, 4], [7, 8, 9], [100, 3, 50, 60, 2]]
+    sp = SamplingParams(max_new_tokens=16)
+    ar = native.generate(prompts, sp, speculative=False)
+    assert [o.output_ids for o in ar] == [o.output_ids for o in deq.generate(prompts, sp, speculative=False)]
+    spec = native.generate(prompts, sp, speculative=True)
+    near = Scheduler(NearTargetNetworks(native.networks, sigma=0.1, seed=1), 3, native.max_seq_len,
+                     native.pair.target.vocab_size).run([(p, sp) for p in prompts])
+    for a, s, n in zip(ar, spec, near):
+        assert s.output_ids == a.output_ids == n.output_ids and len(a.output_ids) == 16
+    assert max(x for n in near for x in n.stats.accepted) >= 3, "the oracle draft should get runs accepted"
+
+
+def test_native_mxfp4_names_a_bad_expert_tensor(tiny_checkpoint, tmp_path):
+    src = tiny_checkpoint[0]
+    name = "layers.1.ffn.experts.2.w1"
+
+    def nan_scale(t):
+        t[f"{name}.scale"] = t[f"{name}.scale"].clone().view(torch.uint8).fill_(255).view(t[f"{name}.scale"].dtype)
+
+    cases = [(lambda t: t.update({f"{name}.scale": t[f"{name}.scale"][:, :1]}), "MXFP4 scale has shape"),
+             (nan_scale, "without 255"),
+             (lambda t: t.pop(f"{name}.scale"), "MXFP4 weight torch.int8 .* has no scale")]
+    for i, (edit, pattern) in enumerate(cases):
+        dst = tmp_path / f"bad{i}"
+        _rewrite(src, dst, edit)
+        with pytest.raises(CheckpointError, match=f"{name}.weight' in .*{pattern}"):
+            load_pair(dst, dst, quantization="fp8")
+
+
 def test_fp8_quantization_of_a_wide_checkpoint(tmp_path):
     """A V4 checkpoint stored wide (no scales) with ``quantization="fp8"``: the V4_FP8_MODULES
-    linears are quantised at load (E8M0 block scales, as the release's); each dequantises to
-    within the e4m3 format error of the stored weight."""
+    linears are quantised at load (E8M0 block scales, as the release's), the routed experts to
+    MXFP4 (``quant_mxfp4``); each dequantises to within its format's error of the stored weight."""
+    from dspark_trt.checkpoints.quant import quant_mxfp4_u8
     from dspark_trt.models.fp8_linear import Fp8Linear
+    from dspark_trt.models.mxfp4_linear import Mxfp4Linear
     pair = get_preset("deepseek-v4-tiny-dspark")
     target, draft = build_models(pair, seed=1)
     write_checkpoint(tmp_path, pair.draft.to_hf(), v4_checkpoint_tensors(target, draft, quantize=False))
@@ -181,6 +246,13 @@ def test_fp8_quantization_of_a_wide_checkpoint(tmp_path):
         assert torch.equal(s, torch.exp2(torch.log2(s).round()))        # powers of two (E8M0)
         d = dequant_fp8_block(m.weight, s.log2().add(127).round().to(torch.uint8))
         assert ((d - w).abs() <= w.abs() * 2 ** -4 + w.abs().max() * 2 ** -9).all(), n
+    mx = {n: m for n, m in t8.named_modules() if isinstance(m, Mxfp4Linear)}
+    assert len(mx) == 3 * 8 * 5
+    for n, m in mx.items():
+        w = wide[n].weight.float()
+        assert all(torch.equal(a, b) for a, b in zip((m.weight, m.weight_scale), quant_mxfp4_u8(w))), n
+        grid = e8m0_to_float(m.weight_scale).repeat_interleave(32, 1)       # one E2M1 unit at most
+        assert ((dequant_mxfp4(m.weight, m.weight_scale) - w).abs() <= grid).all(), n
 
 
 def test_native_fp8_keeps_fp32_scales_and_names_a_bad_one():
