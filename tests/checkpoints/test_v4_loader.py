@@ -266,3 +266,33 @@ def test_native_fp8_keeps_fp32_scales_and_names_a_bad_one():
     assert torch.equal(_native_fp8("a.weight", q, {"a.weight_scale_inv": fp32}, "x")[1], fp32)
     with pytest.raises(CheckpointError, match="a.weight' in f.*scale has shape"):
         _native_fp8("a.weight", q, {"a.weight_scale_inv": s[:1]}, "a.weight' in f")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mxfp4_experts_on_gpu_run_the_kernel(tiny_checkpoint):
+    """On CUDA the stacked MXFP4 experts run the Triton kernel (its calls are counted). fp32
+    activations: logits within 1e-3 of the largest logit of the dequantising load (the experts'
+    products are the same; the fp8 linears' kernel and the summation orders are not);
+    speculative greedy == autoregressive greedy of the MXFP4 target, token for token."""
+    from dspark_trt.plugins.kernels import moe as kmoe
+    from dspark_trt.runtime import LLM, SamplingParams
+    d = tiny_checkpoint[0]
+    calls, orig = [], kmoe.moe_experts_mxfp4_triton
+    kmoe.moe_experts_mxfp4_triton = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    try:
+        kw = dict(device="cuda", dtype=torch.float32, max_batch_size=3, max_seq_len=64, page_size=16)
+        native, deq = (LLM.from_checkpoints(d, d, quantization=q, **kw) for q in ("fp8", None))
+        tokens = torch.tensor([[1, 2, 3, 4, 5]], device="cuda")
+        positions, table = torch.arange(5, device="cuda")[None], torch.arange(4, device="cuda")[None]
+        with torch.no_grad():
+            (a, _), (b, _) = (llm.networks.target(tokens, positions, table) for llm in (native, deq))
+        assert calls, "the MXFP4 kernel did not run"
+        assert float((a - b).abs().max()) <= 1e-3 * float(b.abs().max())
+        prompts = [[1, 2, 3, 4], [7, 8, 9], [100, 3, 50, 60, 2]]
+        sp = SamplingParams(max_new_tokens=16)
+        ar = native.generate(prompts, sp, speculative=False)
+        spec = native.generate(prompts, sp, speculative=True)
+        assert [s.output_ids for s in spec] == [x.output_ids for x in ar]
+    finally:
+        kmoe.moe_experts_mxfp4_triton = orig
