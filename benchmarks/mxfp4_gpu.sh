@@ -6,14 +6,7 @@
 #      the tiny V4 checkpoint with --quantization fp8 on CUDA (MXFP4 kernel, spec == AR)     ~2-3 min
 #   2. benchmarks/moe_mxfp4_bench.py: MXFP4 vs bf16 grouped experts at V4-Flash / V4-Pro shapes,
 #      M = 1, 16, 64, cold L2, JSON (written after every row, so a timeout keeps what ran)    ~2-3 min
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
-O=${OUT:-benchmarks/results}
-mkdir -p "$O"
-SHA=$(git rev-parse --short HEAD 2>/dev/null || echo "${DSPARK_GIT_SHA:-unknown}")
-LOG=$O/mxfp4-gpu-$SHA.log
-step() { echo "===== $1 ($(date +%T))" | tee -a "$LOG"; }
+source "$(dirname "$0")/gpu_log.sh" mxfp4-gpu
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 | tee -a "$LOG"
 step "MoE GPU tests (bf16 and MXFP4 experts)"
 timeout 200 python3 -m pytest -q -m gpu tests/plugins/test_moe_gpu.py \

@@ -163,6 +163,29 @@ def test_fp8_quantization_keeps_the_stored_fp8_linears_native(tiny_checkpoint):
     assert outs[0] == outs[1]
 
 
+MX_PROMPTS = [[1, 2, 3, 4], [7, 8, 9], [100, 3, 50, 60, 2]]
+
+
+def _native_vs_dequantised(d, device: str, dtype: torch.dtype):
+    """LLMs of checkpoint ``d`` with ``quantization="fp8"`` and with the default (dequantised), and
+    their target logits on one 5-token prompt -> (native, dequantised, logits, logits)."""
+    from dspark_trt.runtime import LLM
+    kw = dict(device=device, dtype=dtype, max_batch_size=3, max_seq_len=64, page_size=16)
+    llms = [LLM.from_checkpoints(d, d, quantization=q, **kw) for q in ("fp8", None)]
+    tokens = torch.tensor([[1, 2, 3, 4, 5]], device=device)
+    positions, table = torch.arange(5, device=device)[None], torch.arange(4, device=device)[None]
+    with torch.no_grad():
+        logits = [llm.networks.target(tokens, positions, table)[0] for llm in llms]
+    return (*llms, *logits)
+
+
+def _greedy(llm, speculative: bool, n: int = 16) -> list[list[int]]:
+    from dspark_trt.runtime import SamplingParams
+    outs = llm.generate(MX_PROMPTS, SamplingParams(max_new_tokens=n), speculative=speculative)
+    assert all(len(o.output_ids) == n for o in outs)
+    return [o.output_ids for o in outs]
+
+
 def test_fp8_quantization_keeps_the_routed_experts_in_mxfp4(tiny_checkpoint):
     """``quantization="fp8"`` with fp4 experts: the target's routed experts load as ``Mxfp4Linear``
     holding the checkpoint's packed bytes and E8M0 scales unchanged (the draft's are dequantised)
@@ -172,7 +195,7 @@ def test_fp8_quantization_keeps_the_routed_experts_in_mxfp4(tiny_checkpoint):
     Greedy tokens equal; speculative greedy equals autoregressive greedy of the MXFP4 target, with
     the checkpoint's draft and with a near-target oracle draft (long accepted runs)."""
     from dspark_trt.models.mxfp4_linear import Mxfp4Linear
-    from dspark_trt.runtime import LLM, SamplingParams
+    from dspark_trt.runtime import SamplingParams
     from dspark_trt.runtime.scheduler import Scheduler
     from tests.support.draft_oracles import NearTargetNetworks
     d, _, _, tensors = tiny_checkpoint
@@ -182,30 +205,20 @@ def test_fp8_quantization_keeps_the_routed_experts_in_mxfp4(tiny_checkpoint):
     for n, m in mx.items():
         assert torch.equal(m.weight, tensors[f"{n}.weight"].view(torch.uint8)), n
         assert torch.equal(m.weight_scale, tensors[f"{n}.scale"].view(torch.uint8)), n
-    tokens = torch.tensor([[1, 2, 3, 4, 5]])
-    positions, table = torch.arange(5)[None], torch.arange(4)[None]
-    llms = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        kw = dict(device="cpu", dtype=dtype, max_batch_size=3, max_seq_len=64, page_size=16)
-        native, deq = llms[dtype] = [LLM.from_checkpoints(d, d, quantization=q, **kw) for q in ("fp8", None)]
+    for dtype in (torch.bfloat16, torch.float32):
+        native, deq, a, b = _native_vs_dequantised(d, "cpu", dtype)
         moe = native.target.layers[1].ffn
         assert moe.w13 is None and moe.w13_packed.dtype == moe.w13_scale.dtype == torch.uint8
         assert [tuple(t.shape) for t in (moe.w13_packed, moe.w13_scale, moe.w2_packed, moe.w2_scale)] == \
             [(8, 64, 32), (8, 64, 2), (8, 64, 16), (8, 64, 1)]
         assert deq.target.layers[1].ffn.w13.dtype == dtype
-        with torch.no_grad():
-            (a, _), (b, _) = (llm.networks.target(tokens, positions, table) for llm in (native, deq))
         assert torch.equal(a, b), dtype
-    native, deq = llms[torch.float32]
-    prompts = [[1, 2, 3, 4], [7, 8, 9], [100, 3, 50, 60, 2]]
+    ar = _greedy(native, False)                                            # fp32 from here on
+    assert ar == _greedy(deq, False) == _greedy(native, True)
     sp = SamplingParams(max_new_tokens=16)
-    ar = native.generate(prompts, sp, speculative=False)
-    assert [o.output_ids for o in ar] == [o.output_ids for o in deq.generate(prompts, sp, speculative=False)]
-    spec = native.generate(prompts, sp, speculative=True)
     near = Scheduler(NearTargetNetworks(native.networks, sigma=0.1, seed=1), 3, native.max_seq_len,
-                     native.pair.target.vocab_size).run([(p, sp) for p in prompts])
-    for a, s, n in zip(ar, spec, near):
-        assert s.output_ids == a.output_ids == n.output_ids and len(a.output_ids) == 16
+                     native.pair.target.vocab_size).run([(p, sp) for p in MX_PROMPTS])
+    assert [n.output_ids for n in near] == ar
     assert max(x for n in near for x in n.stats.accepted) >= 3, "the oracle draft should get runs accepted"
 
 
@@ -270,29 +283,15 @@ def test_native_fp8_keeps_fp32_scales_and_names_a_bad_one():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_mxfp4_experts_on_gpu_run_the_kernel(tiny_checkpoint):
+def test_mxfp4_experts_on_gpu_run_the_kernel(tiny_checkpoint, monkeypatch):
     """On CUDA the stacked MXFP4 experts run the Triton kernel (its calls are counted). fp32
     activations: logits within 1e-3 of the largest logit of the dequantising load (the experts'
     products are the same; the fp8 linears' kernel and the summation orders are not);
     speculative greedy == autoregressive greedy of the MXFP4 target, token for token."""
     from dspark_trt.plugins.kernels import moe as kmoe
-    from dspark_trt.runtime import LLM, SamplingParams
-    d = tiny_checkpoint[0]
     calls, orig = [], kmoe.moe_experts_mxfp4_triton
-    kmoe.moe_experts_mxfp4_triton = lambda *a, **k: calls.append(1) or orig(*a, **k)
-    try:
-        kw = dict(device="cuda", dtype=torch.float32, max_batch_size=3, max_seq_len=64, page_size=16)
-        native, deq = (LLM.from_checkpoints(d, d, quantization=q, **kw) for q in ("fp8", None))
-        tokens = torch.tensor([[1, 2, 3, 4, 5]], device="cuda")
-        positions, table = torch.arange(5, device="cuda")[None], torch.arange(4, device="cuda")[None]
-        with torch.no_grad():
-            (a, _), (b, _) = (llm.networks.target(tokens, positions, table) for llm in (native, deq))
-        assert calls, "the MXFP4 kernel did not run"
-        assert float((a - b).abs().max()) <= 1e-3 * float(b.abs().max())
-        prompts = [[1, 2, 3, 4], [7, 8, 9], [100, 3, 50, 60, 2]]
-        sp = SamplingParams(max_new_tokens=16)
-        ar = native.generate(prompts, sp, speculative=False)
-        spec = native.generate(prompts, sp, speculative=True)
-        assert [s.output_ids for s in spec] == [x.output_ids for x in ar]
-    finally:
-        kmoe.moe_experts_mxfp4_triton = orig
+    monkeypatch.setattr(kmoe, "moe_experts_mxfp4_triton", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    native, _, a, b = _native_vs_dequantised(tiny_checkpoint[0], "cuda", torch.float32)
+    assert calls, "the MXFP4 kernel did not run"
+    assert float((a - b).abs().max()) <= 1e-3 * float(b.abs().max())
+    assert _greedy(native, True) == _greedy(native, False)

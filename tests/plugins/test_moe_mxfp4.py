@@ -106,3 +106,12 @@ def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
 def test_dot_scaled_variant_in_the_interpreter(kernel_results):
     r = kernel_results["moe_mxfp4_dot_scaled"]
     assert r["err"] <= 2 * r["err16"] + 1e-3 * r["scale"], r
+
+
+def test_dot_scaled_needs_a_16_bit_x():
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton
+    args = moe_mxfp4_inputs("cpu")
+    with pytest.raises(ValueError, match="dot_scaled needs bf16 / fp16 x and block_k a multiple of 32 "
+                                         r"\(x torch.float32, block_k 64\)"):
+        moe_experts_mxfp4_triton(*args, dot_scaled=True)

@@ -253,6 +253,10 @@ def moe_experts_mxfp4_triton(x: Tensor, expert_ids: Tensor, routing_weights: Ten
                              swiglu_limit: float, dot_scaled: bool = False, **launch) -> Tensor:
     """Same contract as ``moe_experts_mxfp4_ref``; ``dot_scaled``: ``tl.dot_scaled`` on the packed
     tiles (bf16 / fp16 x, block_k a multiple of 32; off by default, unverified on Hopper)."""
+    block_k = launch.get("block_k") or MOE_DEFAULTS["block_k"]
+    if dot_scaled and (x.dtype not in (torch.bfloat16, torch.float16) or block_k % 32):
+        raise ValueError(f"moe_experts_mxfp4: dot_scaled needs bf16 / fp16 x and block_k a multiple of 32 "
+                         f"(x {x.dtype}, block_k {block_k})")
     return grouped_experts(x, expert_ids, routing_weights, (w13_packed, w13_scale), (w2_packed, w2_scale),
                            first_expert, swiglu_limit, H=2 * w2_packed.shape[2], dot_scaled=dot_scaled, **launch)
 
