@@ -3,14 +3,7 @@
 #   1. the fp8 GPU tests (kernel at Qwen3-8B shapes, tiny fp8 checkpoint on CUDA)      ~30 s
 #   2. benchmarks/fp8_gemm_bench.py: fp8 block-scaled GEMM vs bf16 cuBLAS, JSON         ~1-2 min
 # Optional (FP8_AR=1, +~2 min): LLM AR / speculative steps at Qwen3-8B dims, fp8 vs bf16 preset.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
-O=${OUT:-benchmarks/results}
-mkdir -p "$O"
-SHA=$(git rev-parse --short HEAD 2>/dev/null || echo "${DSPARK_GIT_SHA:-unknown}")
-LOG=$O/fp8-gpu-$SHA.log
-step() { echo "===== $1 ($(date +%T))" | tee -a "$LOG"; }
+source "$(dirname "$0")/gpu_log.sh" fp8-gpu
 step "fp8 GPU tests"
 timeout 200 python3 -m pytest -q -m gpu tests/plugins/test_fp8_linear.py tests/checkpoints/test_fp8_checkpoint.py \
   -p no:cacheprovider -rfE 2>&1 | tail -20 | tee -a "$LOG"

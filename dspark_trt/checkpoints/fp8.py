@@ -10,7 +10,9 @@ kept native, quantised, or dequantised.
 Embeddings, norms and lm_head always stay in the model dtype. Qwen3 targets, and the DeepSeek-V4
 linears of ``V4_FP8_MODULES`` with ``--quantization fp8`` ("auto" still dequantises a V4
 checkpoint); tensor parallelism slices the block scales with the weights
-(``parallel.layers.fp8_blocks``).
+(``parallel.layers.fp8_blocks``). DeepSeek-V4's routed experts go with them in MXFP4
+(``models.mxfp4_linear``; random weights quantised with ``quant_mxfp4``, a shard must keep whole
+32-column scale groups: ``parallel.layers.mxfp4_groups``).
 """
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ from torch import nn
 from ..config import ConfigError, ModelPair
 from ..config.source import QUANTIZATIONS
 from ..models.fp8_linear import Fp8Linear, dequantize_fp8_linears_, fp8_linears_
+from ..models.mxfp4_linear import dequantize_mxfp4_linears_, mxfp4_experts_
+from .quant import quant_mxfp4_u8
 
 SCALE_SUFFIX = ".weight_scale_inv"
 # DeepSeek-V4 target linears kept in fp8 by --quantization fp8: those its release stores as 128x128
-# fp8 blocks and whose module runs as a linear (``wo_a`` is read as a grouped einsum weight, the
-# routed experts are stacked for the MoE kernel: both stay dequantised)
+# fp8 blocks and whose module runs as a linear (``wo_a`` is read as a grouped einsum weight and
+# stays dequantised; the routed experts stay MXFP4, ``Mxfp4Linear``)
 V4_FP8_MODULES = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_b)|indexer\.wq_b|shared_experts\.w[123])$")
 
 
@@ -68,8 +72,11 @@ def apply_quantization_(pair: ModelPair, target: nn.Module, dtype: torch.dtype, 
     preset_fp8 = not loaded and getattr(pair.target, "quantization", None) == "fp8"
     if mode == "none":
         dequantize_fp8_linears_(target, dtype)
+        dequantize_mxfp4_linears_(target, dtype)
     elif mode == "fp8" or (mode == "auto" and preset_fp8):
         fp8_linears_(target, fp8_module_names(pair.target.arch, target), quantize=True)
+        if pair.target.arch == "deepseek_v4" and pair.target.expert_dtype == "fp4":
+            mxfp4_experts_(target, quant_mxfp4_u8)
     held = "fp8" if has_fp8(target) else None
     if hasattr(pair.target, "quantization"):
         pair.target.quantization = held

@@ -61,14 +61,21 @@ def dequant_fp8_block(w: Tensor, scale: Tensor, block: int = FP8_BLOCK) -> Tenso
     return w.float() * _expand(e8m0_to_float(scale), *w.shape, block, block)
 
 
-def dequant_mxfp4(packed: Tensor, scale: Tensor, group: int = MXFP4_GROUP) -> Tensor:
-    """int8/uint8 [out, in/2] with E8M0 scale [out, in/group] -> float32 [out, in]."""
+def check_mxfp4(packed: Tensor, scale: Tensor, group: int = MXFP4_GROUP) -> None:
+    """``QuantFormatError`` unless ``packed`` is 2-D int8 / uint8 [out, in/2] and ``scale`` has one
+    entry per ``group`` logical columns, [out, in/group]."""
     if packed.dtype not in (torch.int8, torch.uint8) or packed.dim() != 2:
         raise QuantFormatError(f"MXFP4 weight must be 2-D int8, got {packed.dtype} {tuple(packed.shape)}")
     out, cols = packed.shape[0], packed.shape[1] * 2
     if tuple(scale.shape) != (out, cols // group) or cols % group:
         raise QuantFormatError(f"MXFP4 scale has shape {tuple(scale.shape)}, expected "
                                f"{(out, cols // group)} for logical weight [{out}, {cols}]")
+
+
+def dequant_mxfp4(packed: Tensor, scale: Tensor, group: int = MXFP4_GROUP) -> Tensor:
+    """int8/uint8 [out, in/2] with E8M0 scale [out, in/group] -> float32 [out, in]."""
+    check_mxfp4(packed, scale, group)
+    out, cols = packed.shape[0], packed.shape[1] * 2
     b = packed.view(torch.uint8).to(torch.int64)
     codes = torch.stack([b & 0xF, b >> 4], -1).view(out, cols)          # low nibble = even index
     mag = E2M1.to(packed.device)[codes & 7]
@@ -92,6 +99,12 @@ def quant_fp8_block(w: Tensor, block: int = FP8_BLOCK) -> tuple[Tensor, Tensor]:
     e = _pow2_exponent(amax, FP8_MAX)
     q = (w.float() / _expand(torch.ldexp(torch.ones_like(amax), e), out, inp, block, block))
     return q.to(torch.float8_e4m3fn), float_to_e8m0(e)
+
+
+def quant_mxfp4_u8(w: Tensor) -> tuple[Tensor, Tensor]:
+    """``quant_mxfp4`` as the uint8 bytes an ``Mxfp4Linear`` holds: (packed [out, in/2], E8M0 [out, in/32])."""
+    q, s = quant_mxfp4(w.float())
+    return q.view(torch.uint8), s.view(torch.uint8)
 
 
 def quant_mxfp4(w: Tensor, group: int = MXFP4_GROUP) -> tuple[Tensor, Tensor]:

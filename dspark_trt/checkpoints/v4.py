@@ -8,8 +8,11 @@
   loaded from any stage (the release has it on the last, some loaders put it on ``mtp.0``).
 * ``.scale`` is aliased to ``.weight_scale`` for fp4 routed experts (MXFP4, per-32 scales) and to
   ``.weight_scale_inv`` everywhere else (128x128 block fp8); a weight with a scale is dequantised
-  to the model dtype (reference path). ``hc_{attn,ffn,head}_{fn,base,scale}`` map onto the
-  ``hc_*`` submodules. Errors name the tensor and its file.
+  to the model dtype (reference path), except with ``quantization="fp8"``: the fp8 linears of
+  ``V4_FP8_MODULES`` and the target's MXFP4 routed experts (``Mxfp4Linear``: packed bytes + E8M0
+  scales as stored, a wide checkpoint's quantised with ``quant_mxfp4``) stay native.
+  ``hc_{attn,ffn,head}_{fn,base,scale}`` map onto the ``hc_*`` submodules. Errors name the tensor
+  and its file.
 """
 from __future__ import annotations
 
@@ -21,8 +24,8 @@ import torch
 from ..config import DeepSeekV4Config, DSparkV4Config, ModelPair, read_json
 from ..models import build_models
 from .files import CheckpointError, check_finite, checkpoint_files, read_tensors
-from .quant import (QuantFormatError, check_fp8_block, dequant_fp8_block, dequant_mxfp4, e8m0_to_float,
-                    quant_fp8_block, quant_mxfp4)
+from .quant import (QuantFormatError, check_fp8_block, check_mxfp4, dequant_fp8_block, dequant_mxfp4,
+                    e8m0_to_float, quant_fp8_block, quant_mxfp4, quant_mxfp4_u8)
 
 HEAD_LEVEL = ("main_proj.", "main_norm.", "norm.", "hc_head_fn", "hc_head_base", "hc_head_scale",
               "markov_head.")
@@ -80,16 +83,37 @@ def _native_fp8(name: str, w: torch.Tensor, scales: dict, where: str) -> tuple[t
         raise CheckpointError(f"tensor '{where}': {e}") from None
 
 
+def _native_mxfp4(name: str, w: torch.Tensor, scales: dict, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(packed uint8, E8M0 uint8) for an ``Mxfp4Linear`` buffer ``name``: as stored, or quantised
+    when the checkpoint holds the weight wide (no scale)."""
+    scale = scales.pop(f"{name[:-len('.weight')]}.weight_scale", None)
+    try:
+        if scale is None and w.is_floating_point():
+            return quant_mxfp4_u8(w)
+        if scale is None:
+            raise QuantFormatError(f"MXFP4 weight {w.dtype} {tuple(w.shape)} has no scale next to it")
+        check_mxfp4(w, scale)
+        if scale.dtype not in (torch.uint8, torch.float8_e8m0fnu) or bool((scale.view(torch.uint8) == 255).any()):
+            raise QuantFormatError(f"MXFP4 scale must be E8M0 bytes (uint8 / float8_e8m0fnu) without 255 (NaN), "
+                                   f"got {scale.dtype}")
+    except QuantFormatError as e:
+        raise CheckpointError(f"tensor '{where}': {e}") from None
+    return w.view(torch.uint8), scale.view(torch.uint8)
+
+
 def _load(module: torch.nn.Module, tensors: dict[str, tuple[str, torch.Tensor, Path]],
           skip_prefixes: tuple[str, ...] = ()) -> None:
     """tensors: module name -> (checkpoint name, tensor, file). All-or-nothing copy. A float8
-    parameter (an ``Fp8Linear`` of ``--quantization fp8``) takes its weight and scales as stored;
-    every other quantised weight is dequantised."""
+    parameter (an ``Fp8Linear`` of ``--quantization fp8``) and an ``Mxfp4Linear`` take their
+    weight and scales as stored (a wide weight is quantised); every other quantised weight is
+    dequantised."""
+    from ..models.mxfp4_linear import Mxfp4Linear
     scale_suffix = (".weight_scale", ".weight_scale_inv")
     scales = {n: t for n, (_, t, _) in tensors.items() if n.endswith(scale_suffix)}
     files = {n: f"{c}' in {f}" for n, (c, _, f) in tensors.items()}
     targets = dict(module.named_parameters())
     targets.update(dict(module.named_buffers()))
+    mxfp4 = {f"{n}.weight" for n, m in module.named_modules() if isinstance(m, Mxfp4Linear)}
     values = {}
     for n, (c, t, f) in tensors.items():
         if n.endswith(scale_suffix):
@@ -101,6 +125,10 @@ def _load(module: torch.nn.Module, tensors: dict[str, tuple[str, torch.Tensor, P
             scale_name = n[:-len("weight")] + "weight_scale_inv"
             values[n], values[scale_name] = _native_fp8(n, t, scales, files[n])
             files.setdefault(scale_name, files[n])           # quantised here: name the weight
+        elif n in mxfp4:
+            scale_name = n[:-len("weight")] + "weight_scale"
+            values[n], values[scale_name] = _native_mxfp4(n, t, scales, files[n])
+            files.setdefault(scale_name, files[n])
         else:
             values[n] = _dequantise(n, t, scales, files[n])
     if scales:
@@ -143,15 +171,19 @@ def _collect(ckpt_dir, side: str, expert_dtype: str) -> dict:
 def load_v4_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype = torch.float32,
                  device="cpu", quantization: str | None = None):
     """-> (ModelPair, target module, draft module), weights loaded, eval mode: dequantised, or with
-    ``quantization="fp8"`` the target's ``V4_FP8_MODULES`` linears kept in fp8 (``Fp8Linear``;
-    a wide checkpoint's are quantised)."""
+    ``quantization="fp8"`` the target's ``V4_FP8_MODULES`` linears kept in fp8 (``Fp8Linear``)
+    and, with ``expert_dtype`` fp4, its routed experts in MXFP4 (``Mxfp4Linear``; a wide
+    checkpoint's are quantised)."""
     from ..models.fp8_linear import fp8_linears_
+    from ..models.mxfp4_linear import mxfp4_experts_
     from .fp8 import check_quantization, fp8_module_names
     mode = check_quantization(quantization, "deepseek_v4")
     pair = read_v4_pair_config(target_dir, draft_dir)
     target, draft = build_models(pair, dtype=dtype, device=device)
     if mode == "fp8":
         fp8_linears_(target, fp8_module_names("deepseek_v4", target), quantize=False)
+        if pair.target.expert_dtype == "fp4":
+            mxfp4_experts_(target)
     ed = pair.target.expert_dtype
     _load(target, _collect(target_dir, "target", ed))
     tensors = _collect(draft_dir, "draft", ed)

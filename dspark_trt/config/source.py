@@ -70,7 +70,8 @@ class ModelSource:
     quantization: str | None = None          # QUANTIZATIONS; None / "auto": the checkpoint's or
                                              # preset's format (fp8 kept native); "fp8": target
                                              # projections in fp8 (quantised at load if stored
-                                             # wider); "none": fp8 dequantised to --dtype at load
+                                             # wider; DeepSeek-V4: routed experts in MXFP4);
+                                             # "none": fp8 dequantised to --dtype at load
     tp_size: int = 1                         # tensor-parallel ranks (torchrun)
     expert_parallel: bool = False            # with tp_size > 1: MoE experts split by expert
     max_batch_size: int | None = None        # None: DEFAULT_MAX_BATCH_SIZE (an engine's own)
@@ -110,7 +111,8 @@ FLAGS = {
     "quantization": dict(choices=list(QUANTIZATIONS),
                          help="target weights: auto (default: as stored; an fp8 checkpoint / preset "
                               "stays fp8 in memory), fp8 (attention / MLP projections in fp8 e4m3 "
-                              "with 128x128 block scales), none (dequantise fp8 to --dtype)"),
+                              "with 128x128 block scales; DeepSeek-V4: routed experts in MXFP4), "
+                              "none (dequantise to --dtype)"),
     "tp_size": dict(type=int, default=1, help="tensor-parallel ranks; launch with `torchrun "
                                               "--nproc-per-node TP -m dspark_trt.cli`"),
     "expert_parallel": dict(action="store_true",

@@ -11,7 +11,10 @@ routing weight applied before ``w2``; one always-on shared expert with the same 
 Compiled engines stack the routed experts after loading (``stack_experts_``: ``w13 [E, 2h, d]``,
 ``w2 [E, d, h]``, checkpoints keep the per-expert names) and run them through the grouped
 ``dspark::moe_experts`` op, which reads only the chosen experts, in eager, export and CUDA-graph
-capture alike. Unstacked modules keep the per-expert code.
+capture alike. Routed experts held in MXFP4 (``Mxfp4Linear``, ``--quantization fp8``) stack into
+packed / E8M0 buffers of the same layout (``w13_packed [E, 2h, d/2]``, ``w13_scale [E, 2h, d/32]``,
+``w2_packed [E, d, h/2]``, ``w2_scale [E, d, h/32]``) run by ``dspark::moe_experts_mxfp4``.
+Unstacked modules keep the per-expert code.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from torch import Tensor, nn
 
 from .. import plugins  # noqa: F401  (registers dspark::moe_experts)
 from ..config import DeepSeekV4Config
+from .mxfp4_linear import Mxfp4Linear
 
 
 class Expert(nn.Module):
@@ -82,22 +86,37 @@ class MoE(nn.Module):
         self.limit = lim
         self.register_parameter("w13", None)       # [E, 2h, d] gate then up rows, once stacked
         self.register_parameter("w2", None)        # [E, d, h]
+        for name in ("w13_packed", "w13_scale", "w2_packed", "w2_scale"):
+            self.register_buffer(name, None)        # MXFP4 experts, once stacked (module doc)
         self.shared_experts = Expert(d, h * cfg.n_shared_experts, lim) if cfg.n_shared_experts else None
 
     @torch.no_grad()
     def stack_experts_(self) -> None:
-        """Move the routed experts' weights into ``w13``/``w2`` (one expert at a time, so the peak
-        is one expert above the model) and drop ``experts``."""
+        """Move the routed experts' weights into ``w13``/``w2`` (MXFP4 experts: their packed bytes
+        and scales into ``w13_packed``/``w13_scale``/``w2_packed``/``w2_scale``), one expert at a
+        time, so the peak is one expert above the model, and drop ``experts``."""
         experts = list(self.experts)
-        E, (h, d) = len(experts), experts[0].w1.weight.shape
-        ref = experts[0].w1.weight
-        w13 = torch.empty(E, 2 * h, d, dtype=ref.dtype, device=ref.device)
-        w2 = torch.empty(E, d, h, dtype=ref.dtype, device=ref.device)
+        mx = isinstance(experts[0].w1, Mxfp4Linear)
+        names = ({"weight": ("w13_packed", "w2_packed"), "weight_scale": ("w13_scale", "w2_scale")} if mx
+                 else {"weight": ("w13", "w2")})
+        keep = (lambda t: t) if mx else (lambda t: nn.Parameter(t, requires_grad=False))    # buffers / params
+        out = {}
+        for part in names:                          # [E, 2h, cols] gate then up rows; [E, d, cols]
+            w1, w2 = getattr(experts[0].w1, part), getattr(experts[0].w2, part)
+            out[part] = (w1.new_empty(len(experts), 2 * w1.shape[0], w1.shape[1]), w2.new_empty(len(experts), *w2.shape))
         for j, e in enumerate(experts):
-            w13[j, :h], w13[j, h:], w2[j] = e.w1.weight, e.w3.weight, e.w2.weight
+            for part, (w13, w2) in out.items():
+                h = w13.shape[1] // 2
+                w13[j, :h], w13[j, h:], w2[j] = getattr(e.w1, part), getattr(e.w3, part), getattr(e.w2, part)
             e.w1 = e.w2 = e.w3 = None
-        self.w13, self.w2 = nn.Parameter(w13, requires_grad=False), nn.Parameter(w2, requires_grad=False)
+        for part, (n13, n2) in names.items():
+            setattr(self, n13, keep(out[part][0]))
+            setattr(self, n2, keep(out[part][1]))
         self.experts = nn.ModuleList()
+
+    @property
+    def stacked(self) -> bool:
+        return self.w13 is not None or self.w13_packed is not None
 
     def forward(self, x: Tensor, token_ids: Tensor) -> Tensor:
         """x [..., d], token_ids [...] -> [..., d]."""
@@ -106,6 +125,9 @@ class MoE(nn.Module):
         w, idx = self.gate(x, token_ids)                                    # [M, k]
         if self.w13 is not None:                                            # stacked: chosen experts only
             y = torch.ops.dspark.moe_experts(x, idx, w, self.w13, self.w2, self.first_expert, self.limit)
+        elif self.w13_packed is not None:                                   # the same, MXFP4 experts
+            y = torch.ops.dspark.moe_experts_mxfp4(x, idx, w, self.w13_packed, self.w13_scale, self.w2_packed,
+                                                   self.w2_scale, self.first_expert, self.limit)
         else:
             y = self._experts_unstacked(x, w, idx)
         if self.shared_experts is not None:
@@ -134,7 +156,7 @@ class MoE(nn.Module):
 def stack_experts_(module: nn.Module) -> int:
     """Stack the routed experts of every unstacked ``MoE`` inside ``module`` (after loading and
     after tensor / expert-parallel sharding); returns how many were stacked."""
-    moes = [m for m in module.modules() if isinstance(m, MoE) and m.w13 is None and len(m.experts)]
+    moes = [m for m in module.modules() if isinstance(m, MoE) and not m.stacked and len(m.experts)]
     for m in moes:
         m.stack_experts_()
     return len(moes)

@@ -9,7 +9,9 @@ value into a kernel scheduled before the collective, which gives wrong logits.)
 
 Slicing helpers return fresh contiguous modules, so the full weights can be freed after sharding.
 An ``Fp8Linear`` is sliced with its 128 x 128 block scales: a shard must start on a block boundary
-or lie inside one block (each of its rows / columns then keeps its block's scale).
+or lie inside one block (each of its rows / columns then keeps its block's scale). An
+``Mxfp4Linear`` (routed experts) is sliced with its E8M0 scales: any rows, and input columns in
+whole 32-column scale groups.
 """
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ..models.fp8_linear import Fp8Linear
+from ..models.mxfp4_linear import Mxfp4Linear
 from ..plugins.fp8_linear import FP8_BLOCK
+from ..plugins.moe_experts_mxfp4 import MXFP4_GROUP
 
 
 class ColumnShardError(ValueError):
@@ -88,6 +92,24 @@ def check_fp8_shards(name: str, linear: nn.Module, size: int, world: int) -> Non
             fp8_blocks(r * size, (r + 1) * size, f"{name} (fp8) rank {r} of {world}:")
 
 
+def mxfp4_groups(lo: int, hi: int, what: str) -> slice:
+    """The E8M0 scale groups of input features ``lo..hi``; ``ColumnShardError`` unless both ends
+    are multiples of 32 (a group's 32 columns share one scale and 16 packed bytes)."""
+    if lo % MXFP4_GROUP or hi % MXFP4_GROUP:
+        raise ColumnShardError(f"{what} input features {lo}..{hi}: an MXFP4 shard must start and end on a "
+                               f"multiple of {MXFP4_GROUP} (one E8M0 scale per {MXFP4_GROUP} columns)")
+    return slice(lo // MXFP4_GROUP, hi // MXFP4_GROUP)
+
+
+def check_mxfp4_cols(name: str, linear: nn.Module, size: int, world: int) -> None:
+    """Every rank's ``size``-wide input slice of ``linear`` keeps whole scale groups when it is an
+    ``Mxfp4Linear`` (nothing to check for other linears)."""
+    if isinstance(linear, Mxfp4Linear):
+        shape = [linear.out_features, linear.in_features]
+        for r in range(world):
+            mxfp4_groups(r * size, (r + 1) * size, f"{name} (MXFP4, weight {shape}) rank {r} of {world}:")
+
+
 def _fp8(w: Tensor, scale: Tensor) -> Fp8Linear:
     out = Fp8Linear(w.shape[1], w.shape[0], device="meta")
     out.weight = nn.Parameter(w.contiguous(), requires_grad=False)
@@ -95,16 +117,21 @@ def _fp8(w: Tensor, scale: Tensor) -> Fp8Linear:
     return out
 
 
-def rows(linear: nn.Linear | Fp8Linear, lo: int, hi: int) -> nn.Linear | Fp8Linear:
+def rows(linear: nn.Linear | Fp8Linear | Mxfp4Linear, lo: int, hi: int) -> nn.Module:
     """Column-parallel slice: output features ``lo..hi`` of ``linear``."""
+    if isinstance(linear, Mxfp4Linear):
+        return Mxfp4Linear.from_parts(linear.weight[lo:hi].clone(), linear.weight_scale[lo:hi].clone())
     if isinstance(linear, Fp8Linear):
         blocks = fp8_blocks(lo, hi, "output features")
         return _fp8(linear.weight.data[lo:hi].clone(), linear.weight_scale_inv.data[blocks].clone())
     return _linear(linear.weight.data[lo:hi].clone())
 
 
-def cols(linear: nn.Linear | Fp8Linear, lo: int, hi: int) -> nn.Linear | Fp8Linear:
+def cols(linear: nn.Linear | Fp8Linear | Mxfp4Linear, lo: int, hi: int) -> nn.Module:
     """Row-parallel slice: input features ``lo..hi`` of ``linear``."""
+    if isinstance(linear, Mxfp4Linear):
+        groups = mxfp4_groups(lo, hi, "")
+        return Mxfp4Linear.from_parts(linear.weight[:, lo // 2:hi // 2].clone(), linear.weight_scale[:, groups].clone())
     if isinstance(linear, Fp8Linear):
         blocks = fp8_blocks(lo, hi, "input features")
         return _fp8(linear.weight.data[:, lo:hi].clone(), linear.weight_scale_inv.data[:, blocks].clone())

@@ -20,14 +20,17 @@ MoE (router replicated, so every rank routes alike), one all_reduce of the layer
 
 Embedding and head are vocabulary-parallel and shared with the draft; hyper-connections, norms,
 the draft's ``main_proj``/``main_norm`` and the Markov head are replicated. fp8 linears
-(``--quantization fp8``) are sliced with their scale blocks (``layers.fp8_blocks``).
+(``--quantization fp8``) are sliced with their scale blocks (``layers.fp8_blocks``), MXFP4 routed
+experts with their scale groups: expert parallelism moves whole experts, tensor parallelism needs
+``moe_intermediate_size / world`` to be a multiple of 32 (``layers.mxfp4_groups``; refused before
+any module changes otherwise).
 """
 from __future__ import annotations
 
 from torch import nn
 
-from .layers import (SumOverRanks, VocabParallelEmbedding, VocabParallelHead, check_fp8_shards, check_rank,
-                     cols, rows, split, vocab_shard)
+from .layers import (SumOverRanks, VocabParallelEmbedding, VocabParallelHead, check_fp8_shards, check_mxfp4_cols,
+                     check_rank, cols, rows, split, vocab_shard)
 
 
 def _shard_attention_(a: nn.Module, rank: int, world: int) -> None:
@@ -69,7 +72,8 @@ def _check(blocks: list[nn.Module], world: int, expert_parallel: bool) -> None:
         if expert_parallel:
             split(len(moe.experts), world, "n_routed_experts")
         elif len(moe.experts):
-            split(moe.experts[0].w1.out_features, world, "moe_intermediate_size")
+            f = split(moe.experts[0].w1.out_features, world, "moe_intermediate_size")
+            check_mxfp4_cols("routed experts' w2", moe.experts[0].w2, f, world)
         if moe.shared_experts is not None:
             e = moe.shared_experts
             f = split(e.w1.out_features, world, "moe_intermediate_size * n_shared_experts")

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 # torch.ops.dspark.<name> for every registered op (kv_cache_write, kv_cache_update: its functional
 # twin for ONNX export, block_attention, markov_sample, markov_sample_topk: the fast mode's
 # candidate-restricted proposal, rejection_sample, noncausal_swa_indices, sparse_mla_attention,
-# moe_experts, fp8_linear)
+# moe_experts, moe_experts_mxfp4: its routed experts in MXFP4, fp8_linear)
 globals().update({name: getattr(torch.ops.dspark, name) for name in registry.OPS})
 
 __all__ = [*registry.OPS, "apply_top_p", "sample_tokens"]

@@ -26,7 +26,7 @@ OPTIONS = {"ptx_version": 90, "enable_fp_fusion": False}
 
 
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16",
-        torch.int64: "*i64", torch.int32: "*i32"}
+        torch.int64: "*i64", torch.int32: "*i32", torch.uint8: "*u8"}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ PLUGIN_VERSION = "1"
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 _INTS = ["tensor(int64)", "tensor(int32)"]
 TYPES = {"T": _FLOATS, "W": _FLOATS, "I": _INTS, "F": ["tensor(float)"], "L": ["tensor(int64)"],
-         "I32": ["tensor(int32)"]}
+         "I32": ["tensor(int32)"], "U8": ["tensor(uint8)"]}
 INT, FLOAT = OpSchema.AttrType.INT, OpSchema.AttrType.FLOAT
 
 

@@ -54,6 +54,7 @@ PACKAGES = (
     "noncausal_swa_indices",
     "sparse_mla_attention",
     "moe_experts",
+    "moe_experts_mxfp4",
     "fp8_linear",
 )
 OPS: dict[str, OpSpec] = _collect(*(importlib.import_module(f"{__package__}.{p}") for p in PACKAGES))

@@ -9,7 +9,7 @@ runs without Python. Attributes are not serialized into AOT plans: they are bake
 
 Limitations: ``markov_sample`` uses the row-group schedule (one program per <= 16 rows runs all N
 steps; a grid-wide split needs a zeroed workspace that AOT plugins do not get); the fast
-``markov_sample_topk`` is two kernels and has no TensorRT plugin; ``moe_experts`` runs the
+``markov_sample_topk`` is two kernels and has no TensorRT plugin; ``moe_experts`` (and ``moe_experts_mxfp4``) runs the
 per-token schedule (no workspace for the expert grouping, so each token reads its experts' w13
 once per output tile: correct, not fast).
 """

@@ -135,8 +135,8 @@ def test_bad_checkpoints_name_tensor_and_file(tiny_checkpoint, tmp_path):
 def test_fp8_quantization_keeps_the_stored_fp8_linears_native(tiny_checkpoint):
     """``quantization="fp8"``: the V4 linears of ``V4_FP8_MODULES`` load as ``Fp8Linear`` holding
     the checkpoint's fp8 bytes and its E8M0 scales as fp32; the target's logits equal the
-    dequantising load's exactly (fp32: the same products); wo_a, the routed experts and the draft
-    stay dequantised."""
+    dequantising load's exactly (fp32: the same products); wo_a and the draft stay dequantised
+    (the routed experts stay MXFP4: next test)."""
     from dspark_trt.checkpoints.fp8 import V4_FP8_MODULES
     from dspark_trt.models.fp8_linear import Fp8Linear
     d, _, _, tensors = tiny_checkpoint
@@ -163,11 +163,89 @@ def test_fp8_quantization_keeps_the_stored_fp8_linears_native(tiny_checkpoint):
     assert outs[0] == outs[1]
 
 
+MX_PROMPTS = [[1, 2, 3, 4], [7, 8, 9], [100, 3, 50, 60, 2]]
+
+
+def _native_vs_dequantised(d, device: str, dtype: torch.dtype):
+    """LLMs of checkpoint ``d`` with ``quantization="fp8"`` and with the default (dequantised), and
+    their target logits on one 5-token prompt -> (native, dequantised, logits, logits)."""
+    from dspark_trt.runtime import LLM
+    kw = dict(device=device, dtype=dtype, max_batch_size=3, max_seq_len=64, page_size=16)
+    llms = [LLM.from_checkpoints(d, d, quantization=q, **kw) for q in ("fp8", None)]
+    tokens = torch.tensor([[1, 2, 3, 4, 5]], device=device)
+    positions, table = torch.arange(5, device=device)[None], torch.arange(4, device=device)[None]
+    with torch.no_grad():
+        logits = [llm.networks.target(tokens, positions, table)[0] for llm in llms]
+    return (*llms, *logits)
+
+
+def _greedy(llm, speculative: bool, n: int = 16) -> list[list[int]]:
+    from dspark_trt.runtime import SamplingParams
+    outs = llm.generate(MX_PROMPTS, SamplingParams(max_new_tokens=n), speculative=speculative)
+    assert all(len(o.output_ids) == n for o in outs)
+    return [o.output_ids for o in outs]
+
+
+def test_fp8_quantization_keeps_the_routed_experts_in_mxfp4(tiny_checkpoint):
+    """``quantization="fp8"`` with fp4 experts: the target's routed experts load as ``Mxfp4Linear``
+    holding the checkpoint's packed bytes and E8M0 scales unchanged (the draft's are dequantised)
+    and ``LLM.from_checkpoints`` stacks them into ``dspark::moe_experts_mxfp4``'s buffers.
+    Tolerance of the logits against the dequantising load: 0, in fp32 and in bf16 (on CPU both run
+    the references: the same dequantised values, exact in either dtype, through the same matmuls).
+    Greedy tokens equal; speculative greedy equals autoregressive greedy of the MXFP4 target, with
+    the checkpoint's draft and with a near-target oracle draft (long accepted runs)."""
+    from dspark_trt.models.mxfp4_linear import Mxfp4Linear
+    from dspark_trt.runtime import SamplingParams
+    from dspark_trt.runtime.scheduler import Scheduler
+    from tests.support.draft_oracles import NearTargetNetworks
+    d, _, _, tensors = tiny_checkpoint
+    _, t8, d8 = load_pair(d, d, quantization="fp8")
+    mx = {n: m for n, m in t8.named_modules() if isinstance(m, Mxfp4Linear)}
+    assert len(mx) == 3 * 8 * 5 and not any(isinstance(m, Mxfp4Linear) for m in d8.modules())
+    for n, m in mx.items():
+        assert torch.equal(m.weight, tensors[f"{n}.weight"].view(torch.uint8)), n
+        assert torch.equal(m.weight_scale, tensors[f"{n}.scale"].view(torch.uint8)), n
+    for dtype in (torch.bfloat16, torch.float32):
+        native, deq, a, b = _native_vs_dequantised(d, "cpu", dtype)
+        moe = native.target.layers[1].ffn
+        assert moe.w13 is None and moe.w13_packed.dtype == moe.w13_scale.dtype == torch.uint8
+        assert [tuple(t.shape) for t in (moe.w13_packed, moe.w13_scale, moe.w2_packed, moe.w2_scale)] == \
+            [(8, 64, 32), (8, 64, 2), (8, 64, 16), (8, 64, 1)]
+        assert deq.target.layers[1].ffn.w13.dtype == dtype
+        assert torch.equal(a, b), dtype
+    ar = _greedy(native, False)                                            # fp32 from here on
+    assert ar == _greedy(deq, False) == _greedy(native, True)
+    sp = SamplingParams(max_new_tokens=16)
+    near = Scheduler(NearTargetNetworks(native.networks, sigma=0.1, seed=1), 3, native.max_seq_len,
+                     native.pair.target.vocab_size).run([(p, sp) for p in MX_PROMPTS])
+    assert [n.output_ids for n in near] == ar
+    assert max(x for n in near for x in n.stats.accepted) >= 3, "the oracle draft should get runs accepted"
+
+
+def test_native_mxfp4_names_a_bad_expert_tensor(tiny_checkpoint, tmp_path):
+    src = tiny_checkpoint[0]
+    name = "layers.1.ffn.experts.2.w1"
+
+    def nan_scale(t):
+        t[f"{name}.scale"] = t[f"{name}.scale"].clone().view(torch.uint8).fill_(255).view(t[f"{name}.scale"].dtype)
+
+    cases = [(lambda t: t.update({f"{name}.scale": t[f"{name}.scale"][:, :1]}), "MXFP4 scale has shape"),
+             (nan_scale, "without 255"),
+             (lambda t: t.pop(f"{name}.scale"), "MXFP4 weight torch.int8 .* has no scale")]
+    for i, (edit, pattern) in enumerate(cases):
+        dst = tmp_path / f"bad{i}"
+        _rewrite(src, dst, edit)
+        with pytest.raises(CheckpointError, match=f"{name}.weight' in .*{pattern}"):
+            load_pair(dst, dst, quantization="fp8")
+
+
 def test_fp8_quantization_of_a_wide_checkpoint(tmp_path):
     """A V4 checkpoint stored wide (no scales) with ``quantization="fp8"``: the V4_FP8_MODULES
-    linears are quantised at load (E8M0 block scales, as the release's); each dequantises to
-    within the e4m3 format error of the stored weight."""
+    linears are quantised at load (E8M0 block scales, as the release's), the routed experts to
+    MXFP4 (``quant_mxfp4``); each dequantises to within its format's error of the stored weight."""
+    from dspark_trt.checkpoints.quant import quant_mxfp4_u8
     from dspark_trt.models.fp8_linear import Fp8Linear
+    from dspark_trt.models.mxfp4_linear import Mxfp4Linear
     pair = get_preset("deepseek-v4-tiny-dspark")
     target, draft = build_models(pair, seed=1)
     write_checkpoint(tmp_path, pair.draft.to_hf(), v4_checkpoint_tensors(target, draft, quantize=False))
@@ -181,6 +259,13 @@ def test_fp8_quantization_of_a_wide_checkpoint(tmp_path):
         assert torch.equal(s, torch.exp2(torch.log2(s).round()))        # powers of two (E8M0)
         d = dequant_fp8_block(m.weight, s.log2().add(127).round().to(torch.uint8))
         assert ((d - w).abs() <= w.abs() * 2 ** -4 + w.abs().max() * 2 ** -9).all(), n
+    mx = {n: m for n, m in t8.named_modules() if isinstance(m, Mxfp4Linear)}
+    assert len(mx) == 3 * 8 * 5
+    for n, m in mx.items():
+        w = wide[n].weight.float()
+        assert all(torch.equal(a, b) for a, b in zip((m.weight, m.weight_scale), quant_mxfp4_u8(w))), n
+        grid = e8m0_to_float(m.weight_scale).repeat_interleave(32, 1)       # one E2M1 unit at most
+        assert ((dequant_mxfp4(m.weight, m.weight_scale) - w).abs() <= grid).all(), n
 
 
 def test_native_fp8_keeps_fp32_scales_and_names_a_bad_one():
@@ -194,3 +279,19 @@ def test_native_fp8_keeps_fp32_scales_and_names_a_bad_one():
     assert torch.equal(_native_fp8("a.weight", q, {"a.weight_scale_inv": fp32}, "x")[1], fp32)
     with pytest.raises(CheckpointError, match="a.weight' in f.*scale has shape"):
         _native_fp8("a.weight", q, {"a.weight_scale_inv": s[:1]}, "a.weight' in f")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_mxfp4_experts_on_gpu_run_the_kernel(tiny_checkpoint, monkeypatch):
+    """On CUDA the stacked MXFP4 experts run the Triton kernel (its calls are counted). fp32
+    activations: logits within 1e-3 of the largest logit of the dequantising load (the experts'
+    products are the same; the fp8 linears' kernel and the summation orders are not);
+    speculative greedy == autoregressive greedy of the MXFP4 target, token for token."""
+    from dspark_trt.plugins.kernels import moe as kmoe
+    calls, orig = [], kmoe.moe_experts_mxfp4_triton
+    monkeypatch.setattr(kmoe, "moe_experts_mxfp4_triton", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    native, _, a, b = _native_vs_dequantised(tiny_checkpoint[0], "cuda", torch.float32)
+    assert calls, "the MXFP4 kernel did not run"
+    assert float((a - b).abs().max()) <= 1e-3 * float(b.abs().max())
+    assert _greedy(native, True) == _greedy(native, False)

@@ -78,3 +78,21 @@ def test_qwen3_fp8_preset_counts_fp32_block_scales():
 def test_replicated_kv_that_fits_no_gpu_is_said():
     plan = memory_estimate("deepseek-v4-tiny-dspark", torch.bfloat16, 64, 10 ** 9)["native_precision"]
     assert plan["gpus_needed"] is None and "lower --max-batch-size" in plan["verdict"]
+
+
+def test_mxfp4_plan_is_what_quantization_fp8_holds():
+    """``--quantization fp8`` holds the target's routed experts in exactly the bytes the plan
+    counts for them (stacked packed nibbles + E8M0 scales: 0.5 B + 1 B per 32 weights)."""
+    from dspark_trt.checkpoints.prepare import prepare_models
+    from dspark_trt.config.source import ModelSource
+    from dspark_trt.models import build_models
+    name = "deepseek-v4-tiny-dspark"
+    pair = get_preset(name)
+    meta, _ = build_models(pair, torch.bfloat16, "meta", seed=None)
+    fmts = {n: info.native_format(pair, "target", n) for n, _ in meta.named_parameters()}
+    planned = sum(info.native_bytes(info.MXFP4, p.shape, torch.bfloat16, 1)
+                  for n, p in meta.named_parameters() if fmts[n] == info.MXFP4)
+    _, target, _ = prepare_models(ModelSource(model=name, quantization="fp8"), torch.float32, "cpu")
+    held = {n: b for n, b in target.named_buffers() if n.endswith(("w13_packed", "w13_scale", "w2_packed", "w2_scale"))}
+    assert len(held) == 4 * pair.target.num_hidden_layers
+    assert sum(b.numel() * b.element_size() for b in held.values()) == planned > 0

@@ -84,6 +84,33 @@ def test_sharded_then_stacked_ranks_sum_to_the_full_moe(expert_parallel):
     torch.testing.assert_close(total, want, rtol=0, atol=ATOL)
 
 
+@pytest.mark.parametrize("expert_parallel", [False, True])
+def test_mxfp4_experts_sharded_then_stacked_sum_to_the_full_moe(expert_parallel):
+    """Routed experts in MXFP4 (``Mxfp4Linear``, intermediate 64 so that a TP rank's 32 columns of
+    w2 are one scale group): unstacked they run dequantise + matmul; stacked per rank they run
+    ``dspark::moe_experts_mxfp4`` on the rank's packed slices, and the ranks sum to the whole."""
+    from dspark_trt.checkpoints.quant import quant_mxfp4_u8
+    from dspark_trt.models.mxfp4_linear import mxfp4_experts_
+
+    def mx_moe():
+        moe = _moe(False, moe_intermediate_size=64)
+        assert mxfp4_experts_(moe, quant_mxfp4_u8) == 3 * 8
+        return moe
+
+    x, tok = _inputs()
+    with torch.no_grad():
+        want = mx_moe()(x, tok)
+        total = torch.zeros_like(want)
+        for rank in range(2):
+            part = _shard_moe_(mx_moe(), rank, 2, expert_parallel).inner
+            stack_experts_(part)
+            assert part.w13 is None and part.w13_packed.shape == ((4, 128, 32) if expert_parallel else (8, 64, 32))
+            assert part.w2_scale.shape == ((4, 64, 2) if expert_parallel else (8, 64, 1))
+            total += part(x, tok)
+    torch.testing.assert_close(total, want, rtol=0, atol=ATOL)
+    assert not torch.allclose(want, _moe(False, moe_intermediate_size=64)(x, tok), atol=1e-3)   # really MXFP4
+
+
 def test_bad_shapes_are_named():
     moe = _moe(False)
     stack_experts_(moe)

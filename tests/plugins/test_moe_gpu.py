@@ -1,9 +1,11 @@
-"""dspark::moe_experts on a CUDA GPU: V4-Flash shapes in bf16, CUDA-graph capture, AOTInductor with
-a dynamic token count.
+"""dspark::moe_experts and dspark::moe_experts_mxfp4 on a CUDA GPU: V4-Flash shapes in bf16,
+CUDA-graph capture, AOTInductor with a dynamic token count.
 
 bf16 tolerance: both the kernel and the bf16 reference are compared with the reference evaluated in
 fp32 on the same bf16 inputs; the kernel's error may be at most twice the bf16 reference's plus
 1e-3 of the output scale (the rounding points are the same, the GEMM summation order is not).
+MXFP4: random packed bytes and E8M0 exponents 116..119 (|w| <= 6 * 2^-8); the fp32 reference
+dequantises them exactly, so the same bound applies (also to the opt-in ``tl.dot_scaled`` variant).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ pytestmark = [pytest.mark.gpu,
 
 import dspark_trt.plugins  # noqa: E402,F401
 from dspark_trt.plugins.moe_experts import moe_experts_ref  # noqa: E402
+from dspark_trt.plugins.moe_experts_mxfp4 import moe_experts_mxfp4_ref  # noqa: E402
 
 DEV = "cuda"
 D, H, E, K = 4096, 2048, 256, 6                 # deepseek-v4-flash-dspark: hidden, moe_intermediate, experts, top-k
@@ -28,6 +31,15 @@ def flash_weights():
     return w13, w2
 
 
+@pytest.fixture(scope="module")
+def flash_mxfp4():
+    """(w13_packed, w13_scale, w2_packed, w2_scale) at V4-Flash shapes."""
+    g = torch.Generator(device=DEV).manual_seed(2)
+    byte = lambda *shape, lo=0, hi=256: torch.randint(lo, hi, shape, device=DEV, generator=g, dtype=torch.uint8)  # noqa: E731
+    return (byte(E, 2 * H, D // 2), byte(E, 2 * H, D // 32, lo=116, hi=120),
+            byte(E, D, H // 2), byte(E, D, H // 32, lo=116, hi=120))
+
+
 def _routing(M, seed=1):
     """x [M, D] bf16, k distinct global expert ids per token (one slot -1), routing weights."""
     g = torch.Generator(device=DEV).manual_seed(seed)
@@ -38,10 +50,22 @@ def _routing(M, seed=1):
     return x, ids, w
 
 
-def _ref(x, ids, w, w13, w2, first_expert, rows):
-    """The reference a few tokens at a time (it gathers every slot's weights)."""
-    return torch.cat([moe_experts_ref(x[i:i + rows], ids[i:i + rows], w[i:i + rows], w13, w2, first_expert, 10.0)
+def _ref(x, ids, w, w13, w2, first_expert, rows, ref=moe_experts_ref):
+    """The reference a few tokens at a time (it gathers every slot's weights): ``w13`` / ``w2`` a
+    tensor each, or (packed, scale) pairs for ``moe_experts_mxfp4_ref``."""
+    weights = (*w13, *w2) if isinstance(w13, tuple) else (w13, w2)
+    return torch.cat([ref(x[i:i + rows], ids[i:i + rows], w[i:i + rows], *weights, first_expert, 10.0)
                       for i in range(0, x.shape[0], rows)])
+
+
+def _check_bf16(got, x, ids, w, w13, w2, first_expert, ref=moe_experts_ref):
+    """The kernel's error against the fp32 reference <= 2x the bf16 reference's + 1e-3 of the scale."""
+    ref16 = _ref(x, ids, w, w13, w2, first_expert, 4, ref).float()
+    wide = (lambda t: t) if isinstance(w13, tuple) else (lambda t: t.float())
+    ref32 = _ref(x.float(), ids, w, wide(w13), wide(w2), first_expert, 2, ref)
+    scale = ref32.abs().max()
+    err, err16 = (got.float() - ref32).abs().max(), (ref16 - ref32).abs().max()
+    assert err <= 2 * err16 + 1e-3 * scale, (float(err), float(err16), float(scale))
 
 
 @pytest.mark.parametrize("M, first_expert, E_local", [(1, 0, E), (5, 0, E), (37, 128, 128)])
@@ -49,49 +73,70 @@ def test_flash_shapes_bf16(flash_weights, M, first_expert, E_local):
     """E_local < E: the second expert-parallel rank's block (ids below it are skipped)."""
     w13, w2 = (t[E - E_local:] for t in flash_weights)
     x, ids, w = _routing(M)
-    got = torch.ops.dspark.moe_experts(x, ids, w, w13, w2, first_expert, 10.0).float()
-    ref16 = _ref(x, ids, w, w13, w2, first_expert, 4).float()
-    ref32 = _ref(x.float(), ids, w, w13.float(), w2.float(), first_expert, 2)
-    scale = ref32.abs().max()
-    err, err16 = (got - ref32).abs().max(), (ref16 - ref32).abs().max()
-    assert err <= 2 * err16 + 1e-3 * scale, (float(err), float(err16), float(scale))
+    got = torch.ops.dspark.moe_experts(x, ids, w, w13, w2, first_expert, 10.0)
+    _check_bf16(got, x, ids, w, w13, w2, first_expert)
 
 
-def test_op_in_cuda_graph(flash_weights):
-    w13, w2 = flash_weights
+@pytest.mark.parametrize("M, first_expert, E_local", [(1, 0, E), (16, 0, E), (37, 128, 128)])
+def test_mxfp4_flash_shapes_bf16(flash_mxfp4, M, first_expert, E_local):
+    w13p, w13s, w2p, w2s = (t[E - E_local:] for t in flash_mxfp4)
+    x, ids, w = _routing(M)
+    got = torch.ops.dspark.moe_experts_mxfp4(x, ids, w, w13p, w13s, w2p, w2s, first_expert, 10.0)
+    _check_bf16(got, x, ids, w, (w13p, w13s), (w2p, w2s), first_expert, moe_experts_mxfp4_ref)
+
+
+@pytest.mark.parametrize("M", [1, 16])
+def test_mxfp4_dot_scaled_variant_flash_shapes(flash_mxfp4, M):
+    """The opt-in ``tl.dot_scaled`` inner product (DSPARK_MXFP4_DOT_SCALED=1), same bound."""
+    from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton
+    w13p, w13s, w2p, w2s = flash_mxfp4
+    x, ids, w = _routing(M)
+    got = moe_experts_mxfp4_triton(x, ids, w, w13p, w13s, w2p, w2s, 0, 10.0, dot_scaled=True)
+    _check_bf16(got, x, ids, w, (w13p, w13s), (w2p, w2s), 0, moe_experts_mxfp4_ref)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+def test_op_in_cuda_graph(flash_weights, flash_mxfp4, fmt):
+    weights = flash_weights if fmt == "bf16" else flash_mxfp4
+    op = torch.ops.dspark.moe_experts if fmt == "bf16" else torch.ops.dspark.moe_experts_mxfp4
     x, ids, w = _routing(5)
-    want = torch.ops.dspark.moe_experts(x, ids, w, w13, w2, 0, 10.0)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        torch.ops.dspark.moe_experts(x, ids, w, w13, w2, 0, 10.0)      # warm-up (compiles)
+        op(x, ids, w, *weights, 0, 10.0)                                  # warm-up (compiles)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = torch.ops.dspark.moe_experts(x, ids, w, w13, w2, 0, 10.0)
+        out = op(x, ids, w, *weights, 0, 10.0)
     x2, ids2, w2_ = _routing(5, seed=7)
     x.copy_(x2), ids.copy_(ids2), w.copy_(w2_)
     graph.replay()
-    assert torch.equal(out, torch.ops.dspark.moe_experts(x2, ids2, w2_, w13, w2, 0, 10.0))
-    x.copy_(_routing(5)[0])
+    assert torch.equal(out, op(x2, ids2, w2_, *weights, 0, 10.0))
 
 
-def test_aoti_package_with_dynamic_tokens(tmp_path):
-    """A stacked tiny-V4 MoE (fp32) exported with M dynamic, the op kept as a plugin node, compiled
-    by AOTInductor: equals the eager module at M = 1, 7, 300 (atol 1e-5)."""
+@pytest.mark.parametrize("fmt", ["fp32", "mxfp4"])
+def test_aoti_package_with_dynamic_tokens(tmp_path, fmt):
+    """A stacked tiny-V4 MoE (fp32 activations; experts fp32 or MXFP4) exported with M dynamic, the
+    op kept as a plugin node, compiled by AOTInductor: equals the eager module at M = 1, 7, 300
+    (atol 1e-5)."""
     import dataclasses
     from torch.export import Dim
+    from dspark_trt.checkpoints.quant import quant_mxfp4_u8
     from dspark_trt.config import get_preset
+    from dspark_trt.models.mxfp4_linear import mxfp4_experts_
     from dspark_trt.models.v4_moe import MoE, stack_experts_
     torch.manual_seed(0)
     moe = MoE(dataclasses.replace(get_preset("deepseek-v4-tiny-dspark").target), False).to(DEV)
+    if fmt == "mxfp4":
+        mxfp4_experts_(moe, quant_mxfp4_u8)
     stack_experts_(moe)
-    d = moe.w13.shape[2]
+    d = moe.gate.weight.shape[1]
     m = Dim("m", min=1, max=4096)
     x, tok = torch.randn(5, d, device=DEV), torch.randint(0, 512, (5,), device=DEV)
+    op = "moe_experts_mxfp4" if fmt == "mxfp4" else "moe_experts.default"
     with torch.no_grad():
         ep = torch.export.export(moe, (x, tok), dynamic_shapes=({0: m}, {0: m}), strict=False)
-        assert any("moe_experts" in str(n.target) for n in ep.graph.nodes)
+        assert any(op in str(n.target) for n in ep.graph.nodes)
         path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "moe.pt2"))
         runner = torch._inductor.aoti_load_package(path)
         for M in (1, 7, 300):

@@ -20,12 +20,12 @@ from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as 
 from dspark_trt.plugins.kernels import moe as kmoe, rejection as krj, sparse_mla as ksm  # noqa: E402
 from dspark_trt.plugins.kernels import fp8_gemm as kfp8  # noqa: E402
 
-from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, rejection_inputs,  # noqa: E402
-                           sparse_mla_inputs)
+from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, moe_mxfp4_inputs,  # noqa: E402
+                                         rejection_inputs, sparse_mla_inputs)
 
 TARGET = GPUTarget("cuda", 90, 32)
 _PTR = {torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
-        torch.int32: "*i32"}
+        torch.int32: "*i32", torch.uint8: "*u8", torch.int8: "*i8"}
 _OPTIONS = ("num_warps", "num_stages")
 SM90_MAX_SHARED = 232448                  # bytes of shared memory one H100 / H200 block may use
 
@@ -170,6 +170,18 @@ def _launches_moe(monkeypatch):
     return out
 
 
+def _launches_moe_mxfp4(monkeypatch):
+    """The MXFP4 weight format of the grouped kernels: bf16 (default tiles, the large tile, the
+    opt-in ``tl.dot_scaled``) and fp32 x."""
+    out = []
+    big = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4}
+    for dtype, configs in ((torch.bfloat16, ({}, big, {"dot_scaled": True})), (torch.float32, ({},))):
+        args = moe_mxfp4_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)
+        for kw in configs:
+            out += record(monkeypatch, kmoe, kmoe.moe_experts_mxfp4_triton, *args, **kw)
+    return out
+
+
 def _launches_fp8(monkeypatch):
     """Every default config family (CUDA-core M <= 4 with split-K, swap-AB tl.dot with 64 and 128
     rows) and odd K, for bf16 and fp32 activations."""
@@ -187,7 +199,7 @@ def _launches_fp8(monkeypatch):
     return out
 
 
-@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe", "fp8"])
+@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe", "moe_mxfp4", "fp8"])
 def test_launches_compile_for_sm90(monkeypatch, op):
     launches = globals()[f"_launches_{op}"](monkeypatch)
     seen = set()
@@ -211,7 +223,7 @@ def _float_launches(op: str, monkeypatch) -> list:
     return list(firsts.values())
 
 
-@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe"])
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe", "moe_mxfp4"])
 def test_float_scalars_passed_as_fp64_compile(monkeypatch, op):
     """AOTInductor (Triton 3.6) passes Python-float arguments (scales, limits) as fp64: each kernel
     with a float argument casts it, so no fp64 reaches a loop-carried fp32 value. Uncast, the

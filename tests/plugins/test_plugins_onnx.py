@@ -13,8 +13,8 @@ import dspark_trt.plugins  # noqa: F401  (registers the ops)
 from dspark_trt.plugins.onnx_export import (SPECS, check_node, custom_translation_table,
                                             reference_evaluator_ops)
 
-from tests.support.plugins_cases import (block_attention_inputs, kv_cache_inputs, markov_inputs, moe_inputs, rejection_inputs,
-                           sparse_mla_inputs, swa_inputs)
+from tests.support.plugins_cases import (block_attention_inputs, kv_cache_inputs, markov_inputs, moe_inputs,
+                                         moe_mxfp4_inputs, rejection_inputs, sparse_mla_inputs, swa_inputs)
 
 ops = torch.ops.dspark
 
@@ -38,6 +38,7 @@ def _cases():
     start, table_s, n, page, window, width = swa_inputs("cpu")
     qs, kvs, idx, sink, sscale, dv = sparse_mla_inputs("cpu")
     *moe, first, limit = moe_inputs("cpu")
+    *mx, mx_first, mx_limit = moe_mxfp4_inputs("cpu")
     return {
         "kv_cache_write": (Call(ops.kv_cache_update), (kc, vc, k, v, table, pos)),
         "block_attention": (Call(ops.block_attention, scale), (q, kcb, vcb, tb, posb, causal)),
@@ -47,6 +48,7 @@ def _cases():
         "noncausal_swa_indices": (Call(ops.noncausal_swa_indices, n, page, window, width), (start, table_s)),
         "sparse_mla_attention": (Call(ops.sparse_mla_attention, sscale, dv), (qs, kvs, idx, sink)),
         "moe_experts": (Call(ops.moe_experts, first, limit), tuple(moe)),
+        "moe_experts_mxfp4": (Call(ops.moe_experts_mxfp4, mx_first, mx_limit), tuple(mx)),
     }
 
 

@@ -151,6 +151,21 @@ def moe_inputs(device, dtype=torch.float32, M=7, k=3, E=5, d=48, h=40, first_exp
     return x, ids.to(device), w.to(device), w13, w2, first_expert, limit
 
 
+def moe_mxfp4_inputs(device, dtype=torch.float32, M=7, k=3, E=5, d=64, h=32, first_expert=2, limit=0.7):
+    """``moe_inputs``' routing (other ranks' ids, -1 slots, a repeated expert, a token with no local
+    slot) over MXFP4 experts: ``quant_mxfp4`` of random weights (every code occurs), so that the
+    E8M0 exponents vary per 32-column group. -> (x, ids, w, w13_packed, w13_scale, w2_packed,
+    w2_scale, first_expert, limit)."""
+    from dspark_trt.checkpoints.quant import quant_mxfp4
+    x, ids, w, w13, w2, first_expert, limit = moe_inputs("cpu", torch.float32, M, k, E, d, h, first_expert, limit)
+    packed = []
+    for t in (w13, w2):
+        rows = t * torch.logspace(-3, 3, t.shape[-1], base=2)                    # exponents across groups
+        q, s = quant_mxfp4(rows.reshape(-1, t.shape[-1]))
+        packed += [q.view(torch.uint8).view(*t.shape[:-1], -1), s.view(torch.uint8).view(*t.shape[:-1], -1)]
+    return (x.to(device, dtype), ids.to(device), w.to(device), *(t.to(device) for t in packed), first_expert, limit)
+
+
 def _err(a, b):
     a, b = a.float(), b.float()
     both_inf = torch.isinf(a) & torch.isinf(b) & (a.sign() == b.sign())
@@ -311,6 +326,39 @@ def run_all(device, dtype=torch.float32) -> dict:
     return out
 
 
+def moe_mxfp4_cases(device) -> dict:
+    """dspark::moe_experts_mxfp4's kernels vs its reference (fp32 x): grouped (tiles not dividing
+    d / h, several blocks per expert, int8 packing, no clamp, EP offset 0), the AOT token entry;
+    bf16 x through ``tl.dot_scaled``: {"err", "err16"} against the fp32 reference (err16: the bf16
+    reference's). -> {case: {"err": max abs error, "scale": max |reference|}}."""
+    from dspark_trt.plugins.kernels import moe as kmoe
+    from dspark_trt.plugins.moe_experts_mxfp4 import moe_experts_mxfp4_ref
+    from dspark_trt.plugins.moe_experts_mxfp4.aot import moe_experts_mxfp4_aot
+    base = moe_mxfp4_inputs(device)
+    int8 = tuple(a.view(torch.int8) if i in (3, 5) else a for i, a in enumerate(base))
+    cases = {"moe_mxfp4": (base, {}),
+             "moe_mxfp4_tiles": (base, {"block_n": 16, "block_k": 32}),
+             "moe_mxfp4_blocks": (moe_mxfp4_inputs(device, M=40, k=2, E=3, d=96, h=64, first_expert=0, limit=0.0),
+                                  {"block_n": 32, "block_k": 64}),
+             "moe_mxfp4_int8": (int8, {"block_m": 32})}
+    out = {}
+    for name, (args, kw) in cases.items():
+        ref = moe_experts_mxfp4_ref(*args)
+        out[name] = {"err": _err(kmoe.moe_experts_mxfp4_triton(*args, **kw), ref), "scale": float(ref.abs().max())}
+    x, ids, w, w13p, w13s, w2p, w2s, first, limit = base
+    y = torch.empty_like(x)
+    moe_experts_mxfp4_aot[(x.shape[0], 2)](x, ids, w, w13p, w13s, w2p, w2s, first, w13p.shape[0], x.shape[1],
+                                           2 * w2p.shape[2], ids.shape[1], y, LIMIT=limit, BLOCK_D=32, BLOCK_H=32,
+                                           BLOCK_K=32)
+    ref = moe_experts_mxfp4_ref(*base)
+    out["moe_mxfp4_aot"] = {"err": _err(y, ref), "scale": float(ref.abs().max())}
+    b16 = (x.bfloat16(), *base[1:])
+    got = kmoe.moe_experts_mxfp4_triton(*b16, dot_scaled=True, block_k=32)
+    out["moe_mxfp4_dot_scaled"] = {"err": _err(got, ref), "err16": _err(moe_experts_mxfp4_ref(*b16), ref),
+                                   "scale": float(ref.abs().max())}
+    return out
+
+
 def tuner_configs(device, dtype=torch.float32) -> dict:
     """Every candidate config of benchmarks/tune_plugins.py on the small inputs: the launchers
     accept it and match the reference (tokens exact, floats within 1e-5). -> {"checked", "failures"}."""
@@ -347,7 +395,8 @@ def tuner_configs(device, dtype=torch.float32) -> dict:
     return {"checked": checked, "failures": failures}
 
 
-if __name__ == "__main__":                                  # python -m tests.support.plugins_cases (TRITON_INTERPRET=1)
+if __name__ == "__main__":       # python -m tests.support.plugins_cases [moe_mxfp4] (TRITON_INTERPRET=1)
     import json
     import sys
-    sys.stdout.write("RESULT " + json.dumps(run_all("cpu")) + "\n")
+    only = sys.argv[1:] == ["moe_mxfp4"]
+    sys.stdout.write("RESULT " + json.dumps(moe_mxfp4_cases("cpu") if only else run_all("cpu")) + "\n")

@@ -12,6 +12,15 @@ blocks past the used ones (leading entry -1) exit at once.
   rounded to x's dtype -> ``act [M*k, h]`` at the pair's row.
 * ``moe_down_kernel``: ``act_rows @ w2^T`` -> ``out [M*k, d]`` (x's dtype) at the pair's row.
 
+Weight format (``FORMAT``, a constexpr of every kernel; ``load_weight`` reads a tile): ``DENSE``
+weights in x's dtype, or ``MXFP4`` (``dspark::moe_experts_mxfp4``): packed E2M1 nibbles
+``[rows, cols/2]`` (low nibble = even column) with one E8M0 exponent byte per 32 columns
+``[rows, cols/32]``, decoded in registers (nibble split, E2M1 by integer arithmetic, times
+``2^(e - 127)`` built from the exponent bits) into x's dtype, exact for bf16 / fp32, then the same
+``tl.dot``: only the chosen experts' packed bytes are read. ``DOT_SCALED`` (MXFP4 with bf16 / fp16
+x, off by default: unverified on Hopper, where Triton emulates it) hands the packed tile and its
+scales to ``tl.dot_scaled`` instead.
+
 The launcher sums ``out`` over the k slots in fp32 (skipped slots count 0) and rounds once. Launch
 choices depend only on static sizes when traced with a dynamic M (``torch.export``).
 
@@ -30,6 +39,71 @@ from torch import Tensor
 from ..expert_ids import local_experts
 from .common import launcher
 
+DENSE = tl.constexpr(0)
+MXFP4 = tl.constexpr(1)
+MX_GROUP = tl.constexpr(32)               # columns per E8M0 scale
+
+
+@triton.jit
+def e2m1_to_float(code):
+    """E2M1 codes (int32 0..15, bit 3 the sign) -> float32 0, .5, 1, 1.5, 2, 3, 4, 6 (and negatives)."""
+    ex, man = (code >> 1) & 3, code & 1
+    twice = tl.where(ex == 0, man, (2 + man) << tl.maximum(ex - 1, 0))          # 2|v|: 0 1 2 3 4 6 8 12
+    return tl.where((code & 8) != 0, -twice, twice).to(tl.float32) * 0.5
+
+
+@triton.jit
+def e8m0_to_float(e):
+    """E8M0 exponent bytes (int32) -> float32 2^(e - 127), the exponent field itself (0 -> 0)."""
+    return (e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_weight(w, w_scale, rows, rmask, c0, ncols, OUT: tl.constexpr, FORMAT: tl.constexpr,
+                BLOCK_C: tl.constexpr, TRANS: tl.constexpr):
+    """``W[rows, c0 : c0 + BLOCK_C]`` of a row-major weight of ``ncols`` logical columns, 0 outside:
+    [R, BLOCK_C], or its transpose [BLOCK_C, R] with TRANS. DENSE: ``w`` holds the values (w_scale
+    unused); MXFP4: ``w [rows, ncols/2]`` E2M1 pairs, ``w_scale [rows, ncols/32]`` E8M0, -> OUT."""
+    cols = c0 + tl.arange(0, BLOCK_C)
+    cmask = cols < ncols
+    r64 = rows.to(tl.int64)
+    if FORMAT == DENSE:
+        if TRANS:
+            tile = tl.load(w + r64[None, :] * ncols + cols[:, None], mask=cmask[:, None] & rmask[None, :], other=0.0)
+        else:
+            tile = tl.load(w + r64[:, None] * ncols + cols[None, :], mask=rmask[:, None] & cmask[None, :], other=0.0)
+    else:
+        half = c0 // 2 + tl.arange(0, BLOCK_C // 2)
+        b = tl.load(w + r64[:, None] * (ncols // 2) + half[None, :],
+                    mask=rmask[:, None] & (half < ncols // 2)[None, :], other=0).to(tl.int32)   # [R, BC/2]
+        code = tl.reshape(tl.join(b & 15, (b >> 4) & 15), [rows.shape[0], BLOCK_C])     # column 2j + nibble
+        e = tl.load(w_scale + r64[:, None] * (ncols // MX_GROUP) + cols[None, :] // MX_GROUP,
+                    mask=rmask[:, None] & cmask[None, :], other=0).to(tl.int32)          # [R, BC]
+        tile = (e2m1_to_float(code) * e8m0_to_float(e)).to(OUT)
+        if TRANS:
+            tile = tl.trans(tile)
+    return tile
+
+
+@triton.jit
+def dot_weight(a, acc, w, w_scale, rows, rmask, c0, ncols, FORMAT: tl.constexpr, DOT_SCALED: tl.constexpr,
+               BLOCK_C: tl.constexpr):
+    """``acc + a @ W[rows, c0 : c0 + BLOCK_C]^T``: a [BM, BLOCK_C] in x's dtype, acc [BM, R] fp32."""
+    if DOT_SCALED:
+        half = c0 // 2 + tl.arange(0, BLOCK_C // 2)
+        r64 = rows.to(tl.int64)
+        b = tl.load(w + r64[None, :] * (ncols // 2) + half[:, None],
+                    mask=(half < ncols // 2)[:, None] & rmask[None, :], other=0).to(tl.uint8, bitcast=True)
+        g = c0 // MX_GROUP + tl.arange(0, BLOCK_C // MX_GROUP)
+        e = tl.load(w_scale + r64[:, None] * (ncols // MX_GROUP) + g[None, :],
+                    mask=rmask[:, None] & (g < ncols // MX_GROUP)[None, :], other=0).to(tl.uint8, bitcast=True)
+        fmt: tl.constexpr = "bf16" if a.dtype == tl.bfloat16 else "fp16"
+        acc = tl.dot_scaled(a, None, fmt, b, e, "e2m1", acc)                          # b [BC/2, R], e [R, BC/32]
+    else:
+        wt = load_weight(w, w_scale, rows, rmask, c0, ncols, a.dtype, FORMAT, BLOCK_C, True)   # [BC, R]
+        acc = tl.dot(a, wt, acc, input_precision="ieee")
+    return acc
+
 
 @triton.jit
 def _block_expert(sorted_pairs, expert_ids, first_expert, BLOCK_M: tl.constexpr):
@@ -42,28 +116,25 @@ def _block_expert(sorted_pairs, expert_ids, first_expert, BLOCK_M: tl.constexpr)
 
 
 @triton.jit
-def moe_gate_up_kernel(x, expert_ids, routing_weights, w13, sorted_pairs, act, first_expert, limit,
-                       D, H, K, HAS_LIMIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Grid (blocks, cdiv(H, BLOCK_N)); x [M, D], w13 [E, 2H, D], act [M*K, H]."""
+def moe_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, sorted_pairs, act, first_expert, limit,
+                       D, H, K, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr, DOT_SCALED: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Grid (blocks, cdiv(H, BLOCK_N)); x [M, D], w13 [E, 2H, D] (MXFP4: [E, 2H, D/2] + scales
+    [E, 2H, D/32]), act [M*K, H]."""
     pair, e = _block_expert(sorted_pairs, expert_ids, first_expert, BLOCK_M)
     if e >= 0:
         live = pair >= 0
         tok = tl.where(live, pair // K, 0).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = n < H
-        base = w13 + e * 2 * H * D
+        rows = e * 2 * H + n                                     # gate rows; up rows are H further
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, D, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
-            kmask = kk < D
-            xt = tl.load(x + tok[:, None] * D + kk[None, :], mask=live[:, None] & kmask[None, :], other=0.0)
-            wmask = kmask[:, None] & nmask[None, :]
-            g = tl.load(base + n[None, :].to(tl.int64) * D + kk[:, None], mask=wmask, other=0.0)      # [BK, BN]
-            u = tl.load(base + (H + n[None, :]).to(tl.int64) * D + kk[:, None], mask=wmask, other=0.0)
-            acc_g = tl.dot(xt, g, acc_g, input_precision="ieee")
-            acc_u = tl.dot(xt, u, acc_u, input_precision="ieee")
+            xt = tl.load(x + tok[:, None] * D + kk[None, :], mask=live[:, None] & (kk < D)[None, :], other=0.0)
+            acc_g = dot_weight(xt, acc_g, w13, w13_scale, rows, nmask, k0, D, FORMAT, DOT_SCALED, BLOCK_K)
+            acc_u = dot_weight(xt, acc_u, w13, w13_scale, rows + H, nmask, k0, D, FORMAT, DOT_SCALED, BLOCK_K)
         gate = acc_g.to(x.dtype.element_ty).to(tl.float32)       # the eager matmul's rounding
         up = acc_u.to(x.dtype.element_ty).to(tl.float32)
         if HAS_LIMIT:
@@ -77,33 +148,30 @@ def moe_gate_up_kernel(x, expert_ids, routing_weights, w13, sorted_pairs, act, f
 
 
 @triton.jit
-def moe_down_kernel(act, expert_ids, w2, sorted_pairs, out, first_expert, D, H,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Grid (blocks, cdiv(D, BLOCK_N)); act [M*K, H], w2 [E, D, H], out [M*K, D]."""
+def moe_down_kernel(act, expert_ids, w2, w2_scale, sorted_pairs, out, first_expert, D, H, FORMAT: tl.constexpr,
+                    DOT_SCALED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Grid (blocks, cdiv(D, BLOCK_N)); act [M*K, H], w2 [E, D, H] (MXFP4: [E, D, H/2] + scales
+    [E, D, H/32]), out [M*K, D]."""
     pair, e = _block_expert(sorted_pairs, expert_ids, first_expert, BLOCK_M)
     if e >= 0:
         live = pair >= 0
         row = tl.maximum(pair, 0).to(tl.int64)
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = n < D
-        base = w2 + e * D * H
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, H, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
-            kmask = kk < H
-            a = tl.load(act + row[:, None] * H + kk[None, :], mask=live[:, None] & kmask[None, :], other=0.0)
-            w = tl.load(base + n[None, :].to(tl.int64) * H + kk[:, None],
-                        mask=kmask[:, None] & nmask[None, :], other=0.0)                          # [BK, BN]
-            acc = tl.dot(a, w, acc, input_precision="ieee")
+            a = tl.load(act + row[:, None] * H + kk[None, :], mask=live[:, None] & (kk < H)[None, :], other=0.0)
+            acc = dot_weight(a, acc, w2, w2_scale, e * D + n, nmask, k0, H, FORMAT, DOT_SCALED, BLOCK_K)
         tl.store(out + row[:, None] * D + n[None, :], acc.to(out.dtype.element_ty),
                  mask=live[:, None] & nmask[None, :])
 
 
 @triton.jit
-def moe_experts_token_kernel(x, expert_ids, routing_weights, w13, w2, out, first_expert, E, D, H, K,
-                             LIMIT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr,
-                             BLOCK_K: tl.constexpr):
-    """Grid (M, cdiv(D, BLOCK_D)); same rounding points as the grouped kernels."""
+def moe_experts_token_kernel(x, expert_ids, routing_weights, w13, w13_scale, w2, w2_scale, out, first_expert,
+                             E, D, H, K, LIMIT: tl.constexpr, FORMAT: tl.constexpr, BLOCK_D: tl.constexpr,
+                             BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Grid (M, cdiv(D, BLOCK_D)); same rounding points as the grouped kernels (weights as there)."""
     m = tl.program_id(0).to(tl.int64)
     dcol = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     dmask = dcol < D
@@ -121,12 +189,11 @@ def moe_experts_token_kernel(x, expert_ids, routing_weights, w13, w2, out, first
                 u = tl.zeros([BLOCK_H], tl.float32)
                 for k0 in range(0, D, BLOCK_K):
                     kk = k0 + tl.arange(0, BLOCK_K)
-                    kmask = kk < D
-                    xv = tl.load(x + m * D + kk, mask=kmask, other=0.0).to(tl.float32)
-                    wmask = hmask[:, None] & kmask[None, :]
+                    xv = tl.load(x + m * D + kk, mask=kk < D, other=0.0).to(tl.float32)
                     rows = e * 2 * H + hh
-                    wg = tl.load(w13 + rows[:, None].to(tl.int64) * D + kk[None, :], mask=wmask, other=0.0)
-                    wu = tl.load(w13 + (rows + H)[:, None].to(tl.int64) * D + kk[None, :], mask=wmask, other=0.0)
+                    wg = load_weight(w13, w13_scale, rows, hmask, k0, D, x.dtype.element_ty, FORMAT, BLOCK_K, False)
+                    wu = load_weight(w13, w13_scale, rows + H, hmask, k0, D, x.dtype.element_ty, FORMAT, BLOCK_K,
+                                     False)
                     g += tl.sum(wg.to(tl.float32) * xv[None, :], 1)
                     u += tl.sum(wu.to(tl.float32) * xv[None, :], 1)
                 g = g.to(x.dtype.element_ty).to(tl.float32)
@@ -135,8 +202,7 @@ def moe_experts_token_kernel(x, expert_ids, routing_weights, w13, w2, out, first
                     g = tl.minimum(g, LIMIT)
                     u = tl.minimum(tl.maximum(u, -LIMIT), LIMIT)
                 a = (g / (1.0 + tl.exp(-g)) * u * wt).to(x.dtype.element_ty).to(tl.float32)
-                w = tl.load(w2 + (e * D + dcol)[:, None].to(tl.int64) * H + hh[None, :],
-                            mask=dmask[:, None] & hmask[None, :], other=0.0)
+                w = load_weight(w2, w2_scale, e * D + dcol, dmask, h0, H, x.dtype.element_ty, FORMAT, BLOCK_H, False)
                 slot += tl.sum(w.to(tl.float32) * a[None, :], 1)
             y += slot.to(x.dtype.element_ty).to(tl.float32)
     tl.store(out + m * D + dcol, y.to(out.dtype.element_ty), mask=dmask)
@@ -177,24 +243,49 @@ def moe_experts_triton(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w
                        block_n: int | None = None, block_k: int | None = None,
                        num_warps: int | None = None, num_stages: int | None = None) -> Tensor:
     """Same contract as ``moe_experts_ref``; unset launch parameters from ``MOE_DEFAULTS``."""
-    cfg = {**MOE_DEFAULTS, **{k: v for k, v in dict(block_m=block_m, block_n=block_n, block_k=block_k,
-                                                      num_warps=num_warps, num_stages=num_stages).items()
-                              if v is not None}}
+    return grouped_experts(x, expert_ids, routing_weights, (w13, None), (w2, None), first_expert, swiglu_limit,
+                           H=w2.shape[2], block_m=block_m, block_n=block_n, block_k=block_k,
+                           num_warps=num_warps, num_stages=num_stages)
+
+
+def moe_experts_mxfp4_triton(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13_packed: Tensor,
+                             w13_scale: Tensor, w2_packed: Tensor, w2_scale: Tensor, first_expert: int,
+                             swiglu_limit: float, dot_scaled: bool = False, **launch) -> Tensor:
+    """Same contract as ``moe_experts_mxfp4_ref``; ``dot_scaled``: ``tl.dot_scaled`` on the packed
+    tiles (bf16 / fp16 x, block_k a multiple of 32; off by default, unverified on Hopper)."""
+    block_k = launch.get("block_k") or MOE_DEFAULTS["block_k"]
+    if dot_scaled and (x.dtype not in (torch.bfloat16, torch.float16) or block_k % 32):
+        raise ValueError(f"moe_experts_mxfp4: dot_scaled needs bf16 / fp16 x and block_k a multiple of 32 "
+                         f"(x {x.dtype}, block_k {block_k})")
+    return grouped_experts(x, expert_ids, routing_weights, (w13_packed, w13_scale), (w2_packed, w2_scale),
+                           first_expert, swiglu_limit, H=2 * w2_packed.shape[2], dot_scaled=dot_scaled, **launch)
+
+
+def grouped_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
+                    first_expert: int, swiglu_limit: float, H: int, dot_scaled: bool = False,
+                    **launch) -> Tensor:
+    """The two grouped launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or
+    (packed, E8M0 scales) MXFP4; H the intermediate size."""
+    cfg = {**MOE_DEFAULTS, **{k: v for k, v in launch.items() if v is not None}}
     M, D = x.shape
     k = expert_ids.shape[1]
-    E, H = w13.shape[0], w2.shape[2]
+    E = w13[0].shape[0]
+    fmt = DENSE if w13[1] is None else MXFP4
     bm, bn, bk = cfg["block_m"], cfg["block_n"], cfg["block_k"]
     x, ids = x.contiguous(), expert_ids.contiguous()
+    w13_v, w2_v = w13[0].contiguous(), w2[0].contiguous()
+    w13_s, w2_s = (w13_v, w2_v) if fmt == DENSE else (w13[1].contiguous(), w2[1].contiguous())  # dense: unread
     sorted_pairs = align_by_expert(ids, first_expert, E, bm)
     blocks = num_blocks(M * k, E, bm)
     act = torch.empty((M * k, H), dtype=x.dtype, device=x.device)
     out = torch.empty((M * k, D), dtype=x.dtype, device=x.device)
-    opts = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    opts = dict(FORMAT=fmt, DOT_SCALED=bool(dot_scaled), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     launcher(moe_gate_up_kernel)[(blocks, triton.cdiv(H, bn))](
-        x, ids, routing_weights.contiguous(), w13.contiguous(), sorted_pairs, act, int(first_expert),
+        x, ids, routing_weights.contiguous(), w13_v, w13_s, sorted_pairs, act, int(first_expert),
         float(swiglu_limit), D, H, k, HAS_LIMIT=swiglu_limit > 0, **opts)
     launcher(moe_down_kernel)[(blocks, triton.cdiv(D, bn))](
-        act, ids, w2.contiguous(), sorted_pairs, out, int(first_expert), D, H, **opts)
+        act, ids, w2_v, w2_s, sorted_pairs, out, int(first_expert), D, H, **opts)
     live = local_experts(ids, first_expert, E)[1]                                   # [M, k]
     acc = torch.promote_types(x.dtype, torch.float32)
     return torch.where(live[..., None], out.view(M, k, D).to(acc), 0.0).sum(1).to(x.dtype)

@@ -1,0 +1,117 @@
+"""dspark::moe_experts_mxfp4: its reference is moe_experts on the dequantised experts, its argument
+checks name what is wrong, and its Triton kernels (``kernels/moe.py`` with the MXFP4 weight format)
+match the reference under the Triton interpreter (one subprocess, ``plugins_cases.moe_mxfp4_cases``).
+
+Tolerances: the reference against moe_experts on the same dequantised weights, 0 (the same
+computation); fp32 kernels 1e-6 of the largest output (summation order); the ``tl.dot_scaled``
+variant (bf16 x) at most twice the bf16 reference's error against the fp32 reference, + 1e-3 of
+the largest output.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import dspark_trt.plugins  # noqa: F401
+from dspark_trt.checkpoints.quant import dequant_mxfp4
+from dspark_trt.plugins.moe_experts import moe_experts_ref
+from dspark_trt.plugins.moe_experts_mxfp4 import dequantize_mxfp4, moe_experts_mxfp4_ref
+
+from tests.support.plugins_cases import moe_mxfp4_inputs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_decoding_equals_the_checkpoint_decoder():
+    """Every byte (both nibbles) under every finite non-zero exponent: the op's arithmetic E2M1 /
+    exponent-bit decoding equals ``checkpoints.quant.dequant_mxfp4``'s table lookup."""
+    packed = torch.arange(256, dtype=torch.int32).to(torch.uint8).repeat(254, 1)     # [254, 256] -> 512 cols
+    scale = torch.arange(1, 255, dtype=torch.int32).to(torch.uint8)[:, None].repeat(1, 16)   # row 126: 2^0
+    got = dequantize_mxfp4(packed, scale, torch.float32)
+    assert torch.equal(got, dequant_mxfp4(packed.view(torch.int8), scale))
+    assert torch.equal(got[126, :16], torch.tensor([0, 0, .5, 0, 1, 0, 1.5, 0, 2, 0, 3, 0, 4, 0, 6, 0]))
+
+
+def test_reference_is_moe_experts_on_dequantised_experts():
+    x, ids, w, w13p, w13s, w2p, w2s, first, limit = moe_mxfp4_inputs("cpu")
+    w13, w2 = dequantize_mxfp4(w13p, w13s, x.dtype), dequantize_mxfp4(w2p, w2s, x.dtype)
+    for lim in (limit, 0.0):
+        got = torch.ops.dspark.moe_experts_mxfp4(x, ids, w, w13p, w13s, w2p, w2s, first, lim)   # CPU: the reference
+        assert torch.equal(got, moe_experts_ref(x, ids, w, w13, w2, first, lim))
+    assert not torch.equal(moe_experts_mxfp4_ref(x, ids, w, w13p, w13s, w2p, w2s, first, limit),
+                           moe_experts_mxfp4_ref(x, ids, w, w13p, w13s, w2p, w2s, first, 0.0))   # the clamp bites
+
+
+def test_bad_arguments_are_named():
+    x, ids, w, w13p, w13s, w2p, w2s, first, limit = moe_mxfp4_inputs("cpu")      # E=5, d=64, h=32
+    op = torch.ops.dspark.moe_experts_mxfp4
+    cases = [((x, ids, w, w13p.float(), w13s, w2p, w2s), r"w13_packed must be 3-D uint8 / int8"),
+             ((x, ids, w, w13p, w13s, w2p[..., :8], w2s), r"w2 \(5, 64, 8\) is not \[E=5, d=64, h/2=16\]"),
+             ((x, ids, w, w13p[..., :16], w13s, w2p, w2s), r"w13 \(5, 64, 16\) is not \[E, 2h, d/2=32\]"),
+             ((x, ids, w, w13p, w13s[..., :1], w2p, w2s), r"w13_scale is torch.uint8 \(5, 64, 1\), expected .*\(5, 64, 2\)"),
+             ((x, ids, w, w13p, w13s, w2p, w2s.float()), r"w2_scale is torch.float32"),
+             ((x, ids, w[:, :1], w13p, w13s, w2p, w2s), "routing_weights"),
+             ((x[:, :48], ids, w, w13p[..., :24], w13s[..., :1], w2p[:, :48], w2s[:, :48]),
+              "hidden size d=48 and intermediate size h=32 must be multiples of 32")]
+    for args, match in cases:
+        with pytest.raises(ValueError, match=f"dspark::moe_experts_mxfp4: {match}"):
+            op(*args, first, limit)
+
+
+def test_exports_as_one_node_with_dynamic_tokens():
+    from torch.export import Dim
+
+    class Moe(torch.nn.Module):
+        def __init__(self, *weights):
+            super().__init__()
+            for n, t in zip(("w13p", "w13s", "w2p", "w2s"), weights):
+                self.register_buffer(n, t)
+
+        def forward(self, x, ids, w):
+            return torch.ops.dspark.moe_experts_mxfp4(x, ids, w, self.w13p, self.w13s, self.w2p, self.w2s, 2, 0.7)
+
+    x, ids, w, *weights, _, _ = moe_mxfp4_inputs("cpu")
+    m = Moe(*weights)
+    dim = Dim("m", min=1, max=512)
+    ep = torch.export.export(m, (x, ids, w), dynamic_shapes=({0: dim}, {0: dim}, {0: dim}), strict=False)
+    assert sum("moe_experts_mxfp4" in str(n.target) for n in ep.graph.nodes) == 1
+    x2, ids2, w2, *_ = moe_mxfp4_inputs("cpu", M=11)
+    assert torch.equal(ep.module()(x2, ids2, w2), m(x2, ids2, w2))
+
+
+@pytest.fixture(scope="module")
+def kernel_results() -> dict:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.support.plugins_cases", "moe_mxfp4"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",
+                                  "moe_mxfp4_aot"])
+def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
+    r = kernel_results[case]
+    assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
+
+
+def test_dot_scaled_variant_in_the_interpreter(kernel_results):
+    r = kernel_results["moe_mxfp4_dot_scaled"]
+    assert r["err"] <= 2 * r["err16"] + 1e-3 * r["scale"], r
+
+
+def test_dot_scaled_needs_a_16_bit_x():
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton
+    args = moe_mxfp4_inputs("cpu")
+    with pytest.raises(ValueError, match="dot_scaled needs bf16 / fp16 x and block_k a multiple of 32 "
+                                         r"\(x torch.float32, block_k 64\)"):
+        moe_experts_mxfp4_triton(*args, dot_scaled=True)
