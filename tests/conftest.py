@@ -47,3 +47,19 @@ def pytest_configure(config):
     if os.environ.get("CI") == "true" and importlib.util.find_spec("triton") is None:
         raise pytest.UsageError("CI=true but Triton is not installed: every kernel test would be skipped "
                                 "(install the test extra: pip install -e \".[test]\")")
+
+
+@pytest.hookimpl(trylast=True)                  # after -m / -k deselection
+def pytest_collection_modifyitems(session, config, items):
+    """Start the background jobs (tests/support/prebuilt.py) of the selected tests and run the
+    modules that use them last. Not for --collect-only, nor in an xdist worker (which runs only
+    some of the items: its jobs start when a test first waits for them)."""
+    if config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    from tests.support import prebuilt
+    items[:] = prebuilt.start_for(items)
+
+
+def pytest_unconfigure(config):
+    from tests.support import prebuilt
+    prebuilt.shutdown()
