@@ -192,12 +192,8 @@ def packed_argmax_case(device) -> dict:
     return {"tokens_equal": bool(torch.equal(got.cpu(), scores.cpu().argmax(1)))}
 
 
-def run_all(device, dtype=torch.float32) -> dict:
-    """Every kernel launcher against its reference; returns {case: {metric: value}}."""
-    from dspark_trt.plugins.kernels import block_attention as kba, kv_cache as kkv, markov_launch as kmk, markov_topk as kmt
-    from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm, swa_indices as ksw
-    out = {}
-
+def _kv_cache_cases(device, dtype, out):
+    from dspark_trt.plugins.kernels import kv_cache as kkv
     kc, vc, k, v, table, pos = kv_cache_inputs(device, dtype)
     rk, rv = kc.clone(), vc.clone()
     kv_cache_write_ref(rk, rv, k, v, table, pos)
@@ -207,6 +203,9 @@ def run_all(device, dtype=torch.float32) -> dict:
     out["kv_cache_write"] = {"err": max(_err(tk[:pad], rk[:pad]), _err(tv[:pad], rv[:pad])),
                              "pad_page_untouched": bool(torch.equal(tk[pad], kc[pad]))}
 
+
+def _block_attention_cases(device, dtype, out):
+    from dspark_trt.plugins.kernels import block_attention as kba
     q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
     for name, lim in (("causal", causal), ("block", block)):
         ref = block_attention_ref(q, kc, vc, table, pos, lim, scale)
@@ -217,6 +216,9 @@ def run_all(device, dtype=torch.float32) -> dict:
                                                  block_n=16, **kw)
                 out[f"block_attention_{name}{variant}_split{splits}"] = {"err": _err(got, ref)}
 
+
+def _markov_cases(device, dtype, out):
+    from dspark_trt.plugins.kernels import markov_launch as kmk, markov_topk as kmt
     args = markov_inputs(device, dtype)
     rt, rz = markov_sample_ref(*args)
     tiles = dict(num_programs=3, block_v=64, block_r=16)
@@ -267,6 +269,9 @@ def run_all(device, dtype=torch.float32) -> dict:
 
     out["markov_packed_argmax"] = packed_argmax_case(device)
 
+
+def _rejection_cases(device, dtype, out):
+    from dspark_trt.plugins.kernels import rejection as krj
     # split schedule: default launch, then several vocabulary chunks per row (partial last chunk)
     L, drafts, z, temp, seed, start = rejection_inputs(device, dtype)
     cases = {"rejection_sample": ((L, drafts, z, temp, seed, start), {}),
@@ -284,6 +289,9 @@ def run_all(device, dtype=torch.float32) -> dict:
         ta, tn = krj.rejection_sample_triton(*args, **kw)
         out[name] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)), "accepted": ra.tolist()}
 
+
+def _swa_and_mla_cases(device, dtype, out):
+    from dspark_trt.plugins.kernels import sparse_mla as ksm, swa_indices as ksw
     args = swa_inputs(device)
     ri, rl = noncausal_swa_indices_ref(*args)
     ti, tl_ = ksw.noncausal_swa_indices_triton(*args)
@@ -307,6 +315,9 @@ def run_all(device, dtype=torch.float32) -> dict:
                                                         {"block_n": 16, "num_splits": 3, "prefetch": False})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
+
+
+def _moe_cases(device, dtype, out):
     from dspark_trt.plugins.kernels import moe as kmoe
     cases = {"moe_experts": (moe_inputs(device, dtype), {}),
              # several blocks per expert (k=2 over 40 tokens), tiles not dividing d / h, no clamp
@@ -322,7 +333,32 @@ def run_all(device, dtype=torch.float32) -> dict:
     moe_experts_aot[(x.shape[0], 2)](x, ids, w, w13, w2, first, w13.shape[0], x.shape[1], w2.shape[2], ids.shape[1],
                                      y, LIMIT=limit, BLOCK_D=32, BLOCK_H=16, BLOCK_K=32)
     out["moe_experts_aot"] = {"err": _err(y, moe_experts_ref(*args))}
-    out["tuner_configs"] = tuner_configs(device, dtype)
+
+
+def _tuner_cases(*ops):
+    def cases(device, dtype, out):
+        r = tuner_configs(device, dtype, ops)
+        prev = out.setdefault("tuner_configs", {"checked": 0, "distinct": 0, "failures": []})
+        for k in prev:
+            prev[k] += r[k]
+    return cases
+
+
+# run_all's cases in sections, so that a caller can spread them over processes (the interpreter
+# runs programs one after another: tests/plugins/test_plugins_triton_interpret.py runs two halves)
+SECTIONS = {"kv_cache": _kv_cache_cases, "block_attention": _block_attention_cases, "markov": _markov_cases,
+            "rejection": _rejection_cases, "swa_and_mla": _swa_and_mla_cases, "moe": _moe_cases,
+            "tuner_rejection": _tuner_cases("rejection"), "tuner_markov": _tuner_cases("markov"),
+            "tuner_block_attention": _tuner_cases("block_attention"),
+            "tuner_sparse_mla": _tuner_cases("sparse_mla")}
+
+
+def run_all(device, dtype=torch.float32, sections=None) -> dict:
+    """Every kernel launcher against its reference (or the named ``SECTIONS``); returns
+    {case: {metric: value}}; "tuner_configs" sums the tuner sections run."""
+    out = {}
+    for name in SECTIONS if sections is None else sections:
+        SECTIONS[name](device, dtype, out)
     return out
 
 
@@ -359,13 +395,52 @@ def moe_mxfp4_cases(device) -> dict:
     return out
 
 
-def tuner_configs(device, dtype=torch.float32) -> dict:
-    """Every candidate config of benchmarks/tune_plugins.py on the small inputs: the launchers
-    accept it and match the reference (tokens exact, floats within 1e-5). -> {"checked", "failures"}."""
+def distinct(configs: list[dict]) -> list[dict]:
+    """``configs`` without repeats (the tuner's lists share entries: on one input a repeat runs the same)."""
+    import json
+    seen = {}
+    for cfg in configs:
+        seen.setdefault(json.dumps(cfg, sort_keys=True), cfg)
+    return list(seen.values())
+
+
+def one_grid_override(configs: list[dict]) -> list[dict]:
+    """Markov configs that differ only in ``num_programs`` (the old per-step grid rule at the tuner's
+    vocabularies: 594, 1010 programs) keep the first. On ``markov_inputs`` (V=300: 3 tiles of 128,
+    B=3: partials reduced 256 a chunk) both values give the same code path: programs beyond the 3rd
+    get no tile, the partials take several chunks, the last one partial. The interpreter runs the
+    programs one after another (70 s for 594 programs, 2 min for 1010); the GPU runs them all."""
+    import json
+    seen, kept = set(), []
+    for cfg in configs:
+        if "num_programs" in cfg:
+            assert cfg["num_programs"] > 2 * 256, cfg           # the case made for these grids
+            key = json.dumps({k: v for k, v in cfg.items() if k != "num_programs"}, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(cfg)
+    return kept
+
+
+TUNER_OPS = ("rejection", "markov", "block_attention", "sparse_mla")
+
+
+def tuner_configs(device, dtype=torch.float32, ops=TUNER_OPS) -> dict:
+    """Every candidate config of benchmarks/tune_plugins.py (of ``ops``) on the small inputs: the
+    launchers accept it and match the reference (tokens exact, floats within 1e-5). The tuner runs
+    each op's lists on several shapes, and some configs are in more than one list: here every input
+    is one small case per op, so each distinct config runs once. -> {"checked", "distinct", "failures"}."""
     from benchmarks import tune_plugins as tp
-    from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk, markov_topk as kmt
+    from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk
     from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm
     failures, checked = [], 0
+    lists = {"rejection": distinct(tp.REJECTION_CONFIGS),
+             "markov": distinct(tp.MARKOV_B1 + tp.MARKOV_B64 + tp.MARKOV_R512),
+             "block_attention": distinct(tp.ATTN_CONFIGS + tp.ATTN_B1), "sparse_mla": distinct(tp.MLA_CONFIGS)}
+
+    if torch.device(device).type == "cpu":                   # the interpreter: see one_grid_override
+        lists["markov"] = one_grid_override(lists["markov"])
 
     def check(name, cfg, ok):
         nonlocal checked
@@ -373,30 +448,46 @@ def tuner_configs(device, dtype=torch.float32) -> dict:
         if not ok:
             failures.append(f"{name} {cfg}")
 
-    args = rejection_inputs(device, dtype)
-    ra, rn = rejection_sample_ref(*args)
-    for cfg in tp.REJECTION_CONFIGS:
-        a, n = krj.rejection_sample_triton(*args, **cfg)
-        check("rejection", cfg, torch.equal(a, ra) and torch.equal(n, rn))
-    args = markov_inputs(device, dtype)
-    rt, rz = markov_sample_ref(*args)
-    for cfg in tp.MARKOV_B1 + tp.MARKOV_B64 + tp.MARKOV_R512:
-        t, z = kmk.markov_sample_triton(*args, **cfg)
-        check("markov", cfg, torch.equal(t, rt) and _err(z, rz) < 1e-5)
-    q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
-    ref = block_attention_ref(q, kc, vc, table, pos, block, scale)
-    for cfg in tp.ATTN_CONFIGS + tp.ATTN_B1:
-        check("block_attention", cfg, _err(kba.block_attention_triton(q, kc, vc, table, pos, block, scale, **cfg),
-                                           ref) < 1e-5)
-    args = sparse_mla_inputs(device, dtype)
-    ref = sparse_mla_attention_ref(*args)
-    for cfg in tp.MLA_CONFIGS:
-        check("sparse_mla", cfg, _err(ksm.sparse_mla_attention_triton(*args, **cfg), ref) < 1e-5)
-    return {"checked": checked, "failures": failures}
+    if "rejection" in ops:
+        args = rejection_inputs(device, dtype)
+        ra, rn = rejection_sample_ref(*args)
+        for cfg in lists["rejection"]:
+            a, n = krj.rejection_sample_triton(*args, **cfg)
+            check("rejection", cfg, torch.equal(a, ra) and torch.equal(n, rn))
+    if "markov" in ops:
+        args = markov_inputs(device, dtype)
+        rt, rz = markov_sample_ref(*args)
+        for cfg in lists["markov"]:
+            t, z = kmk.markov_sample_triton(*args, **cfg)
+            check("markov", cfg, torch.equal(t, rt) and _err(z, rz) < 1e-5)
+    if "block_attention" in ops:
+        q, kc, vc, table, pos, causal, block, scale = block_attention_inputs(device, dtype)
+        ref = block_attention_ref(q, kc, vc, table, pos, block, scale)
+        for cfg in lists["block_attention"]:
+            check("block_attention", cfg, _err(kba.block_attention_triton(q, kc, vc, table, pos, block, scale,
+                                                                          **cfg), ref) < 1e-5)
+    if "sparse_mla" in ops:
+        args = sparse_mla_inputs(device, dtype)
+        ref = sparse_mla_attention_ref(*args)
+        for cfg in lists["sparse_mla"]:
+            check("sparse_mla", cfg, _err(ksm.sparse_mla_attention_triton(*args, **cfg), ref) < 1e-5)
+    return {"checked": checked, "distinct": sum(len(lists[op]) for op in ops), "failures": failures}
 
 
-if __name__ == "__main__":       # python -m tests.support.plugins_cases [moe_mxfp4] (TRITON_INTERPRET=1)
+def write_results(out, sections) -> None:
+    """run_all of ``sections`` on the CPU into ``out``/results.json (a background job of the
+    interpreter tests, tests/support/prebuilt.py, with TRITON_INTERPRET=1)."""
+    import json
+    import os
+    assert os.environ.get("TRITON_INTERPRET") == "1", "the interpreter cases need TRITON_INTERPRET=1"
+    (out / "results.json").write_text(json.dumps(run_all("cpu", sections=sections)))
+
+
+if __name__ == "__main__":       # python -m tests.support.plugins_cases [moe_mxfp4 | SECTION,...] (TRITON_INTERPRET=1)
     import json
     import sys
-    only = sys.argv[1:] == ["moe_mxfp4"]
-    sys.stdout.write("RESULT " + json.dumps(moe_mxfp4_cases("cpu") if only else run_all("cpu")) + "\n")
+    if sys.argv[1:] == ["moe_mxfp4"]:
+        out = moe_mxfp4_cases("cpu")
+    else:
+        out = run_all("cpu", sections=sys.argv[1].split(",") if len(sys.argv) > 1 else None)   # default: all
+    sys.stdout.write("RESULT " + json.dumps(out) + "\n")
