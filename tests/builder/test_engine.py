@@ -1,4 +1,5 @@
-"""A tiny Qwen3 engine built once with AOTI on CPU: load, parity with eager, manifest checks."""
+"""A tiny Qwen3 engine built once with AOTI on CPU (in the background: tests/support/prebuilt.py):
+load, parity with eager, manifest checks."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,7 @@ from dspark_trt.runtime import LLM, SamplingParams
 from dspark_trt.runtime.engine import EngineNetworks
 from dspark_trt.runtime.networks import EagerNetworks
 
+from tests.support import prebuilt
 from tests.support.aoti_build import build_cpu_engine
 
 MODEL = "qwen3-tiny-dspark"
@@ -20,9 +22,16 @@ SHAPES = dict(max_batch_size=4, max_seq_len=96, page_size=8)
 CPU = torch.device("cpu")
 
 
+def build(out: Path) -> None:                   # in a background process (tests/support/prebuilt.py)
+    build_cpu_engine(MODEL, out / MODEL, seed=0, **SHAPES)
+
+
+BUILD = prebuilt.job("qwen3-tiny-engine", build, fixture="engine", timeout=1200)
+
+
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory) -> Path:
-    return build_cpu_engine(MODEL, tmp_path_factory.mktemp("engines") / MODEL, seed=0, **SHAPES)
+def engine() -> Path:
+    return BUILD.wait() / MODEL
 
 
 @pytest.fixture(scope="module")
