@@ -18,6 +18,7 @@ from dspark_trt.builder.export import BuildShapes, network_specs
 from dspark_trt.config import PRESETS, ConfigError, get_preset
 from dspark_trt.models import build_models
 
+from tests.support import prebuilt
 from tests.support.aoti_build import build_cpu_engine
 
 TINY = "qwen3-tiny-dspark"
@@ -162,20 +163,49 @@ def test_tensorrt_engine_generation_equals_eager(tmp_path):
 
 
 V4 = "deepseek-v4-tiny-dspark"
+# The tiny V4 target has 5 layers: (attention, MoE routing) = (SWA-only, hash), (CSA ratio 4 +
+# indexer, hash), (HCA ratio 16, score), (CSA, score), (HCA, score). Its first 3 layers keep every
+# attention kind and both routings (a layer's attention and its MoE are separate modules), the 3
+# draft taps (now 0, 1, 2: the last tap on the last layer, as V4 allows) and the draft unchanged;
+# the AOTI build compiles 3 target layers instead of 5.
+V4_CUT = ["draft.target_layer_ids=[0,1,2]", "num_hidden_layers=3"]
+V4_SHAPES = dict(max_batch_size=2, max_seq_len=64, page_size=8)
+
+
+def build_v4(out: Path) -> None:                # in a background process (tests/support/prebuilt.py)
+    build_cpu_engine(V4, out / V4, overrides=V4_CUT, **V4_SHAPES)
+
+
+V4_BUILD = prebuilt.job("v4-tiny-engine", build_v4, fixture="v4_engine", timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def v4_engine() -> Path:
+    return V4_BUILD.wait() / V4
+
+
+def test_v4_cut_keeps_every_layer_kind():
+    full, cut = get_preset(V4).target, apply_overrides(get_preset(V4), V4_CUT)
+    kinds = lambda t: {(t.layer_ratio(i), i < t.num_hash_layers) for i in range(t.num_hidden_layers)}
+    assert cut.target.num_hidden_layers == 3 and cut.draft.target_layer_ids == [0, 1, 2]
+    assert {r for r, _ in kinds(cut.target)} == {r for r, _ in kinds(full)} == {0, 4, 16}
+    assert {h for _, h in kinds(cut.target)} == {True, False}
+    assert cut.draft.num_stages == get_preset(V4).draft.num_stages
+    assert [cut.draft.stage_ratio(s) for s in range(cut.draft.num_stages)] == [0] * cut.draft.num_stages
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(V4 not in PRESETS, reason=f"preset '{V4}' not defined yet (DeepSeek-V4 models not merged)")
-def test_v4_tiny_engine_generation_equals_eager(tmp_path):
-    """Greedy generation from the AOTI engine equals eager, token for token and round for round;
-    30 new tokens cross the window (16) and the first HCA entry (ratio 16)."""
+def test_v4_tiny_engine_generation_equals_eager(v4_engine, monkeypatch):
+    """Greedy generation from the AOTI engine (V4_CUT) equals eager, token for token and round for
+    round; 30 new tokens cross the window (16) and the first HCA entry (ratio 16)."""
     from dspark_trt.runtime import LLM, SamplingParams
-    shapes = dict(max_batch_size=2, max_seq_len=64, page_size=8)
-    engine = build_cpu_engine(V4, tmp_path / V4, **shapes)
+    cut = apply_overrides(get_preset(V4), V4_CUT)
+    monkeypatch.setitem(PRESETS, V4, lambda: dataclasses.replace(cut))     # eager: the same cut
     sp = SamplingParams(max_new_tokens=30, ignore_eos=True)
     prompts = [[1, 2, 3], [4, 5]]
-    got = LLM.from_engine(engine, device="cpu").generate(prompts, sp)
-    want = LLM.from_preset(V4, seed=0, dtype=torch.float32, device="cpu", **shapes).generate(prompts, sp)
+    got = LLM.from_engine(v4_engine, device="cpu").generate(prompts, sp)
+    want = LLM.from_preset(V4, seed=0, dtype=torch.float32, device="cpu", **V4_SHAPES).generate(prompts, sp)
     for g, w in zip(got, want):
         assert g.output_ids == w.output_ids
         assert g.stats.accepted == w.stats.accepted
