@@ -2,13 +2,15 @@
 compiles its shard with the collectives inside (``_c10d_functional`` ops), and the TP=2 engine
 generates exactly what the single-process eager model generates (greedy, fp32).
 
-The build runs in the same two spawned ranks as the generation (one process start-up). A smaller
-tiny pair (3 target layers, 1 draft layer, N = 2) keeps the six compilations short.
+The build runs in the same two spawned ranks as the generation (one process start-up), in the
+background (tests/support/prebuilt.py). A smaller tiny pair (3 target layers, 1 draft layer,
+N = 2) and the CPU tests' inductor knob (tests/support/aoti_build.py) keep the six compilations short.
 """
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,8 @@ from dspark_trt.config import get_preset
 from dspark_trt.models import build_models
 from dspark_trt.runtime import LLM, SamplingParams
 
+from tests.support import prebuilt
+from tests.support.aoti_build import TEST_INDUCTOR_CONFIG
 from tests.support.ports import free_port as _free_port
 
 WORLD = 2
@@ -47,7 +51,8 @@ def _worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
     inductor_config.compile_threads = 1          # two ranks share the cores: no compile pool
     try:
-        build_engine(_options(out), report=lambda m: None)
+        with inductor_config.patch(TEST_INDUCTOR_CONFIG):        # shorter compiles, same values (fp32)
+            build_engine(_options(out), report=lambda m: None)
         llm = LLM.from_engine(out, device="cpu", tp_size=WORLD)
         res = {"tp_size": llm.tp_size, "kv_heads": llm.networks.target_cache[0].shape[2],
                "spec": llm.generate(PROMPTS, GREEDY), "ar": llm.generate(PROMPTS, GREEDY, speculative=False)}
@@ -57,10 +62,16 @@ def _worker(rank: int, port: int, out: str) -> None:
         dist.destroy_process_group()
 
 
+def build_and_generate(out: Path) -> None:      # in a background process (tests/support/prebuilt.py)
+    mp.spawn(_worker, args=(_free_port(), str(out / "engine")), nprocs=WORLD, join=True)
+
+
+BUILD = prebuilt.job("tp2-engine", build_and_generate, fixture="built", timeout=1800, procs=WORLD)
+
+
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("tp_engine") / "engine")
-    mp.spawn(_worker, args=(_free_port(), out), nprocs=WORLD, join=True)
+def built():
+    out = str(BUILD.wait() / "engine")
     return out, [torch.load(f"{out}.rank{r}.pt") for r in range(WORLD)]
 
 
