@@ -339,6 +339,7 @@ class VerifyScheduler:
         self.admission_overhead_ms = admission_overhead_ms
         self.round_overhead_ms = round_overhead_ms
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
+        self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
         self.slot_buckets = token_buckets(max(1, max_tokens))
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
         self._inv_temp_host = self.inv_temp.cpu().numpy().astype(np.float64)
@@ -370,23 +371,36 @@ class VerifyScheduler:
         AR step latencies; ``prefers_ar``)."""
         return self.cost.has_steps and self.num_spec_tokens > 0
 
+    def option_ms(self, rows: int) -> np.ndarray:
+        """[len(widths)] the round's ms at ``rows`` rows for each window (``spec_options``' cost),
+        cached per row count: the rounds' decisions read it every round."""
+        ms = self._option_ms.get((rows, id(self.cost)))
+        if ms is None:
+            n, draft = self.num_spec_tokens, self.cost.step_ms("draft", rows) + self.round_overhead_ms
+            ms = np.array([draft + self.cost.latency(rows * (1 + w))
+                           + (self.admission_overhead_ms if w < n else 0.0) for w in self.widths])
+            self._option_ms[(rows, id(self.cost))] = ms
+        return ms
+
+    def _option_values(self, rows: int, survival) -> np.ndarray:
+        """[len(widths)] expected committed tokens per row per ms of each window."""
+        s = np.zeros(self.num_spec_tokens)                  # a shorter curve: 0 past its end
+        v = np.asarray(survival, dtype=np.float64)[: self.num_spec_tokens]
+        s[: len(v)] = v
+        return (1.0 + np.cumsum(s)[np.asarray(self.widths) - 1]) / self.option_ms(rows)
+
     def spec_options(self, rows: int, survival) -> list[tuple[int, float]]:
         """Expected committed tokens per row per ms of a speculative round at ``rows`` rows for each
         window it may verify, from a prefix-survival estimate ``survival[k] = P(drafts 0..k
         accepted)`` ([N], e.g. ``SurvivalEstimate.curve``): ``(w, (1 + sum_{k<w} s_k) /
         (draft_ms + latency(rows x (1 + w)) + round_overhead_ms [+ admission_overhead_ms for w <
         N]))`` for w in ``widths``; w = N is the fixed round (no head, no admission)."""
-        n, s = self.num_spec_tokens, np.asarray(survival, dtype=np.float64)[: self.num_spec_tokens]
-        draft = self.cost.step_ms("draft", rows) + self.round_overhead_ms
-        out = []
-        for w in self.widths:
-            ms = draft + self.cost.latency(rows * (1 + w)) + (self.admission_overhead_ms if w < n else 0.0)
-            out.append((w, (1.0 + float(s[:w].sum())) / ms))
-        return out
+        return list(zip(self.widths, self._option_values(rows, survival).tolist()))
 
     def best_window(self, rows: int, survival) -> int:
         """The window of the best option of ``spec_options(rows, survival)`` (ties: the wider)."""
-        return max(self.spec_options(rows, survival), key=lambda o: (o[1], o[0]))[0]
+        v = self._option_values(rows, survival)
+        return self.widths[len(v) - 1 - int(np.argmax(v[::-1]))]
 
     def prefers_full_window(self, rows: int, survival) -> bool:
         """Whether the best option of ``spec_options(rows, survival)`` is the fixed round (w = N):
@@ -402,7 +416,7 @@ class VerifyScheduler:
         trimmed rounds. Host-side and deterministic (the same decision on every TP rank)."""
         if not self.falls_back:
             return False
-        best = max(v for _, v in self.spec_options(rows, survival))
+        best = float(self._option_values(rows, survival).max())
         return 1.0 / (self.cost.step_ms("ar", rows) + self.round_overhead_ms) > (1.0 + margin) * best
 
     def round_ms_table(self, max_rows: int, device) -> Tensor | None:
@@ -482,6 +496,10 @@ class SurvivalEstimate:
         self.n = num_spec_tokens
         self.rounds: deque = deque(maxlen=window)        # (at_risk [N], survived [N]) per round
         self.confidence: deque = deque(maxlen=window)    # (sum_r c_{r,k} [N], rows) per round
+        # running sums of both windows (the rounds' decisions read the curve every round)
+        self._risk, self._surv = np.zeros(self.n), np.zeros(self.n)
+        self._conf, self._conf_rows = np.zeros(self.n), 0
+        self._curve: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.rounds)
@@ -492,21 +510,34 @@ class SurvivalEstimate:
         the head."""
         acc, ver = np.asarray(accepted)[:, None], np.asarray(verified)[:, None]
         k = np.arange(self.n)[None]
-        self.rounds.append((((acc >= k) & (ver > k)).sum(0), (acc > k).sum(0)))
+        if len(self.rounds) == self.rounds.maxlen:
+            old = self.rounds[0]
+            self._risk, self._surv = self._risk - old[0], self._surv - old[1]
+        new = (((acc >= k) & (ver > k)).sum(0), (acc > k).sum(0))
+        self.rounds.append(new)
+        self._risk, self._surv = self._risk + new[0], self._surv + new[1]
         if confidence is not None and len(confidence):
             c = np.asarray(confidence, dtype=np.float64)[:, : self.n]
+            if len(self.confidence) == self.confidence.maxlen:
+                self._conf, self._conf_rows = self._conf - self.confidence[0][0], self._conf_rows - self.confidence[0][1]
             self.confidence.append((c.sum(0), c.shape[0]))
+            self._conf, self._conf_rows = self._conf + c.sum(0), self._conf_rows + c.shape[0]
+        self._curve = None
 
     def prior(self) -> np.ndarray:
         """[N] the prior conditional acceptance: mean calibrated confidence, else ``PRIOR``."""
         if not self.confidence:
             return np.full(self.n, self.PRIOR)
-        return sum(c for c, _ in self.confidence) / sum(n for _, n in self.confidence)
+        return self._conf / self._conf_rows
 
     def curve(self) -> np.ndarray:
-        """[N] float64 prefix-survival estimate."""
-        at_risk = sum(r[0] for r in self.rounds) if self.rounds else np.zeros(self.n)
-        survived = sum(r[1] for r in self.rounds) if self.rounds else np.zeros(self.n)
+        """[N] float64 prefix-survival estimate (cached until the next ``add``)."""
+        if self._curve is None:
+            self._curve = self._estimate()
+        return self._curve
+
+    def _estimate(self) -> np.ndarray:
+        at_risk, survived = self._risk, self._surv
         prior, den = self.prior(), at_risk + self.PRIOR_WEIGHT
         h = np.where(den > 0, (survived + self.PRIOR_WEIGHT * prior) / np.maximum(den, 1e-12),
                      prior)                         # nothing seen at k (no prior weight): the prior

@@ -359,14 +359,15 @@ class Scheduler:
         sched = self._scheduler()
         return sched is not None and sched.falls_back
 
-    def _falls_back_to_ar(self, seqs: list[Sequence]) -> bool:
+    def _falls_back_to_ar(self, seqs: list[Sequence], estimates: bool) -> bool:
         """Whether this round of an all-``scheduled`` batch runs as an AR round (the scheduler's
         ``prefers_ar``: AR's tokens per ms against the best window's expected tokens per ms under
         the recent rounds' survival estimate, ``SurvivalEstimate``); after ``AR_PROBE_EVERY`` AR rounds one
         scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
-        probes confirm AR). Deterministic: a function of the batch's history."""
+        probes confirm AR). Deterministic: a function of the batch's history. ``estimates``: the
+        round's ``_estimates_rounds``."""
         sched = self._scheduler()
-        if not self._estimates_rounds(seqs):
+        if not estimates:
             return False
         if self._ar_streak >= self._probe_every:          # probe: one scheduled round
             self._probing = True
@@ -386,17 +387,17 @@ class Scheduler:
                     or not len(self._survival) or any(s.params.verify_mode != "scheduled" for s in seqs)
                     or _logprobs_k(seqs) is not None)
 
-    def _estimated_window(self, seqs: list[Sequence]) -> int | None:
+    def _estimated_window(self, seqs: list[Sequence], estimates: bool) -> int | None:
         """The verify window of this round of an all-``scheduled`` batch from the survival estimate
         (the scheduler's ``best_window``), or None where the round's own confidences choose it
         (no estimate, mixed modes, batches under ``ESTIMATED_WINDOW_MIN_ROWS`` rows, a scheduler
-        that does not trim, or packs: each row its own prefix). N: a plain fixed round (trimming would not pay for the head and the
-        admission), which feeds the estimate too, uncensored. Under N: the confidence steps over
+        that does not trim, or packs: each row its own prefix). N: a plain fixed round (trimming
+        would not pay for the head and the admission), which feeds the estimate too, uncensored. Under N: the confidence steps over
         that window without the read-back of the admitted lengths between them. With many rows the
         window the round's confidences would give is close to the estimate's (it sums them over
         the rows), and the read-back stalls the device between the two steps."""
         sched = self._scheduler()
-        if not self._estimates_rounds(seqs) or sched.cost_model != "trimmed":
+        if not estimates or sched.cost_model != "trimmed":
             return None
         w = sched.best_window(len(seqs), self._survival.curve())
         if w < sched.num_spec_tokens and len(seqs) < ESTIMATED_WINDOW_MIN_ROWS:
@@ -404,7 +405,8 @@ class Scheduler:
         return w
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
-        if self._falls_back_to_ar(seqs):
+        estimates = self._estimates_rounds(seqs)         # the round's decisions, host-side, once
+        if self._falls_back_to_ar(seqs, estimates):
             self._ar_streak += 1
             return self._ar_round(seqs, fallback=True)
         self._ar_streak = 0
@@ -415,7 +417,7 @@ class Scheduler:
         if k is not None:                           # eager steps with logprob outputs
             host, lims, rows = self.steps.eager.spec_round_logprobs(r, mods, k)
             lims, conf = (lims.tolist() if r.uses_confidence else [None] * len(seqs)), None
-        elif (window := self._estimated_window(seqs)) == self.nets.num_spec_tokens or not (
+        elif (window := self._estimated_window(seqs, estimates)) == self.nets.num_spec_tokens or not (
                 r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None

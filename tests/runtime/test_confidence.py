@@ -997,3 +997,32 @@ def test_verify_shape_packs_only_where_it_runs_fewer_tokens():
     assert s.verify_shape([2, 2, 2, 2], 4) == (2, None)         # 12 tokens: the window's 12 <= 16
     assert s.verify_shape([1] * 60 + [7] * 4, 64) == (7, 160)   # 152 tokens -> 160 slots < 512
     assert s.slot_buckets[:9] == [8, 16, 24, 32, 40, 48, 56, 64, 80] and s.slot_buckets[-1] == 512
+
+
+def test_survival_running_sums_equal_the_windows_sums():
+    """``SurvivalEstimate`` keeps running sums of its last ``window`` rounds: after more rounds
+    than the window (evictions) its curve equals the estimate recomputed from the kept rounds."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    rng = np.random.default_rng(3)
+    est = SurvivalEstimate(5, window=4)
+    for i in range(11):
+        acc = rng.integers(0, 6, 7)
+        conf = rng.random((7, 5)) if i % 3 else None
+        est.add(acc, np.maximum(acc, rng.integers(0, 6, 7)), conf)
+        risk = sum(r[0] for r in est.rounds)
+        surv = sum(r[1] for r in est.rounds)
+        prior = (sum(c for c, _ in est.confidence) / sum(n for _, n in est.confidence)
+                 if est.confidence else np.full(5, est.PRIOR))
+        h = (surv + est.PRIOR_WEIGHT * prior) / (risk + est.PRIOR_WEIGHT)
+        np.testing.assert_allclose(est.curve(), np.cumprod(h), rtol=1e-12)
+
+
+def test_best_window_takes_the_wider_of_equal_options():
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    flat = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 1.0], "flat", rows=[1, 4],
+                                                        draft_ms=[0.1, 0.1], ar_ms=[9.0, 9.0]),
+                           admission_overhead_ms=0.0)
+    assert flat.best_window(4, [0.0, 0.0, 0.0, 0.0]) == 4          # all equal: the widest
+    opts = flat.spec_options(4, [0.5, 0.2, 0.1, 0.0])
+    assert [w for w, _ in opts] == [1, 2, 3, 4] and opts[3][1] == opts[2][1] > opts[1][1]
+    assert flat.best_window(4, [0.5, 0.2, 0.1, 0.0]) == 4
