@@ -150,30 +150,34 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     that many tokens or more); and per B the draft step's and the AR step's latency (``rows``,
     ``draft_ms``, ``ar_ms``: the scheduler's AR fallback compares them; ``ar_ms`` is the fallback's
     AR step, the plain one: its draft-context write is deferred and batched,
-    ``runtime/deferred_context.py``)."""
+    ``runtime/deferred_context.py``); ``verify_ms`` [rows][w - 1]: each (B, w) as measured, the
+    trimmed window's cost by rows and width (``CostCurve.verify_ms``)."""
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
     eager = steps.eager
     cuda = nets.device.type == "cuda"
     x_all = DeviceInputs.from_host(r, nets.device)
     drafts_all, z_all = eager.draft_step(x_all)
-    points, rows, draft_ms, ar_ms = {}, [], [], []
+    points, rows, draft_ms, ar_ms, grid = {}, [], [], [], []
     for B in sorted(sizes):
         x = x_all.head(B)
         rows.append(B)
         draft_ms.append(time_ms(steps.replayable(lambda: eager.draft_step(x)), iters, cuda))
         # the fallback's AR step (what ``prefers_ar`` compares); it defers its context write
         ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, taps_out=True)), iters, cuda))
+        grid.append([])
         for w in range(1, N + 1):
             d, z = drafts_all[:B, :w].contiguous(), z_all[:B, :w].contiguous()
             fn = steps.replayable(lambda: eager.verify_step(x, d, z, False))
             ms = time_ms(fn, iters, cuda)
+            grid[-1].append(ms)
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
     tokens = sorted(points)
     lat = [points[t] for t in tokens]
     for i in range(len(lat) - 2, -1, -1):            # non-decreasing: min over >= this many tokens
         lat[i] = min(lat[i], lat[i + 1])
-    return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms}
+    return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms,
+            "verify_ms": grid}
 
 
 def run_cost_curve(llm, args, sizes: list[int]) -> int:
@@ -189,7 +193,7 @@ def run_cost_curve(llm, args, sizes: list[int]) -> int:
     curve = CostCurve(pts["tokens"], pts["latency_ms"],
                       f"dspark-trt bench --cost-curve, {device}, {provenance.git_sha()}, "
                       f"batch sizes {sizes}, N={llm.networks.num_spec_tokens}",
-                      pts["rows"], pts["draft_ms"], pts["ar_ms"])
+                      pts["rows"], pts["draft_ms"], pts["ar_ms"], pts["verify_ms"])
     out = args.cost_curve_out or args.draft_checkpoint or args.engine
     for t, ms in zip(curve.tokens, curve.latency_ms):
         print(f"[bench] verify {t:5d} tokens: {ms:.3f} ms")

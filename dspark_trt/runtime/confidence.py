@@ -121,7 +121,10 @@ def _interp(xs: list, ys: list, n: float) -> float:
 class CostCurve:
     """Verify-step latency (ms) vs total verified tokens of the batch; optionally the draft step's
     and the autoregressive step's latency vs batch rows (``rows``, ``draft_ms``, ``ar_ms``: what
-    the scheduler's AR fallback compares, ``VerifyScheduler.prefers_ar``)."""
+    the scheduler's AR fallback compares, ``VerifyScheduler.prefers_ar``), and the verify's
+    latency by rows and window (``verify_ms [rows][w - 1]``, w = 1 .. N: what a trimmed window
+    costs; the token curve alone misses what grows with the rows at equal tokens, e.g. 64 x 3
+    against 24 x 8)."""
 
     tokens: list[int]
     latency_ms: list[float]
@@ -129,6 +132,7 @@ class CostCurve:
     rows: list[int] | None = None
     draft_ms: list[float] | None = None
     ar_ms: list[float] | None = None
+    verify_ms: list[list[float]] | None = None
 
     def __post_init__(self):
         ok = (len(self.tokens) == len(self.latency_ms) >= 1
@@ -146,6 +150,13 @@ class CostCurve:
                 and all(math.isfinite(v) and v > 0 for v in self.draft_ms + self.ar_ms)):
             raise ConfidenceFileError(f"cost curve ({self.source}): 'rows' (increasing integers >= 1), "
                                       f"'draft_ms' and 'ar_ms' (positive) must come together, same length")
+        g = self.verify_ms
+        if g is not None and not (
+                self.rows is not None and len(g) == len(self.rows) and len(g[0]) >= 1
+                and all(len(r) == len(g[0]) for r in g)
+                and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for r in g for v in r)):
+            raise ConfidenceFileError(f"cost curve ({self.source}): 'verify_ms' must be one list of "
+                                      f"positive latencies per entry of 'rows', each of the same length (widths 1 .. N)")
 
     @property
     def has_steps(self) -> bool:
@@ -165,6 +176,14 @@ class CostCurve:
     def latency(self, n: float) -> float:
         return _interp(self.tokens, self.latency_ms, n)
 
+    def window_ms(self, rows: float, w: int) -> float:
+        """The verify of ``rows`` rows x ``w`` drafts: ``verify_ms`` interpolated over the rows
+        where measured (widths past the grid's: its widest), else ``latency(rows x (1 + w))``."""
+        if self.verify_ms is None:
+            return self.latency(rows * (1 + w))
+        k = min(w, len(self.verify_ms[0])) - 1
+        return _interp(self.rows, [r[k] for r in self.verify_ms], rows)
+
     def sps_table(self, max_tokens: int, device) -> Tensor:
         """[max_tokens + 1] float32: SPS(B) = 1 / latency(B) for B = 0 .. max_tokens."""
         return torch.tensor([1.0 / self.latency(max(b, 1)) for b in range(max_tokens + 1)],
@@ -173,6 +192,8 @@ class CostCurve:
     def to_json(self) -> dict:
         steps = ({"rows": self.rows, "draft_ms": self.draft_ms, "ar_ms": self.ar_ms}
                  if self.has_steps else {})
+        if self.verify_ms is not None:
+            steps["verify_ms"] = self.verify_ms
         return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
     def save(self, directory: str | Path) -> Path:
@@ -185,9 +206,10 @@ class CostCurve:
         d = _read_json(Path(path))
         try:
             opt = lambda k, f: None if d.get(k) is None else [f(v) for v in d[k]]  # noqa: E731
+            grid = None if d.get("verify_ms") is None else [[float(v) for v in r] for r in d["verify_ms"]]
             return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
                        str(d.get("source", path)), opt("rows", int), opt("draft_ms", float),
-                       opt("ar_ms", float))
+                       opt("ar_ms", float), grid)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
@@ -203,7 +225,8 @@ class CostCurve:
 
 def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor,
                      inv_temp: Tensor, sps: Tensor, padded_width: int | None = None,
-                     trimmed: bool = False, round_ms: Tensor | None = None) -> Tensor:
+                     trimmed: bool = False, round_ms: Tensor | None = None,
+                     window_sps: Tensor | None = None) -> Tensor:
     """How many drafts each row verifies -> [B] int64 in [0, N] (0 for rows that are not live).
 
     conf_logits [B, N] (confidence logits of the drafted block), live [B] bool, mode [B] int64
@@ -220,6 +243,10 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     and packed): the round's cost outside the verify at r live rows (draft step + admission and
     host overheads, ``VerifyScheduler``), added to ``1 / SPS(B)`` so that Theta is tokens per ms
     of the whole round.
+
+    ``window_sps`` [R, N] (trimmed only, ``VerifyScheduler.window_sps_table``): ``1 / latency`` of
+    the verify of r rows at window w, used instead of ``sps`` at ``r x (1 + w)`` tokens when the
+    cost curve has its ``verify_ms`` grid.
 
     Tensor ops only (sort, cumsum, cumprod, gathers): no host synchronisation, capturable in a
     CUDA graph.
@@ -239,7 +266,7 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     other = live & ~sched
     tau0 = (sched.sum() + (other * (1 + (a * (k[None] < length[:, None])).sum(1))).sum()).float()
     if trimmed and padded_width is None:
-        return _trimmed_lengths(a, live, sched, other, length, tau0, sps, round_ms)
+        return _trimmed_lengths(a, live, sched, other, length, tau0, sps, round_ms, window_sps)
     b0 = sched.sum() + (other * (1 + length)).sum()
     cand = torch.where(sched[:, None] & (a > 0), a, -1.0).reshape(-1)
     vals, order = torch.sort(cand, descending=True, stable=True)
@@ -267,7 +294,8 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
 
 
 def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, length: Tensor,
-                     tau0: Tensor, sps: Tensor, round_ms: Tensor | None = None) -> Tensor:
+                     tau0: Tensor, sps: Tensor, round_ms: Tensor | None = None,
+                     window_sps: Tensor | None = None) -> Tensor:
     """Algorithm 1 for a verify trimmed to one window ``w`` of the batch: the candidates are the
     widths w = 1 .. N in order, width w adding ``sum_r a_{r,w-1}`` over the scheduled rows to tau
     and costing ``B(w) = live x (1 + max(w, m0))`` (m0: the longest fixed / threshold row, the
@@ -283,9 +311,14 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
     w = torch.arange(1, N + 1, device=a.device)
     gain = (a * sched[:, None]).sum(0)                                       # [N]: level w-1
     tau = tau0 + torch.cumsum(gain, 0)
-    b = (n_live * (1 + torch.maximum(w, m0))).clamp(max=M - 1)             # [N]
-    b0 = (n_live * (1 + m0)).clamp(max=M - 1)
-    s_b, s0 = sps[b], sps[b0.reshape(1)]
+    if window_sps is None:
+        b = (n_live * (1 + torch.maximum(w, m0))).clamp(max=M - 1)         # [N]
+        b0 = (n_live * (1 + m0)).clamp(max=M - 1)
+        s_b, s0 = sps[b], sps[b0.reshape(1)]
+    else:                                        # by rows and width: [rows, N] table
+        r = n_live.clamp(max=window_sps.shape[0] - 1)
+        s_b = window_sps[r, torch.maximum(w, m0) - 1]
+        s0 = window_sps[r, m0 - 1].reshape(1)
     if round_ms is not None:                     # whole-round SPS: 1 / (verify + draft + overhead)
         extra = round_ms[n_live.clamp(max=round_ms.shape[0] - 1).reshape(1)]            # [1]
         s_b, s0 = 1.0 / (1.0 / s_b + extra), 1.0 / (1.0 / s0 + extra)
@@ -345,6 +378,7 @@ class VerifyScheduler:
         self._inv_temp_host = self.inv_temp.cpu().numpy().astype(np.float64)
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
         self.round_ms = self.round_ms_table(max(1, max_tokens), device)
+        self.window_sps = self.window_sps_table(max(1, max_tokens), device)
 
     def admits_every_draft(self, mode: np.ndarray) -> bool:
         """Whether a round of these row modes (host [B] ``MODE_IDS``; rows = live rows) runs as a
@@ -361,7 +395,7 @@ class VerifyScheduler:
             if self.cost.source == "default":
                 return True
             rows, n = max(1, len(mode)), self.num_spec_tokens
-            saving = self.cost.latency(rows * (n + 1)) - self.cost.latency(rows * 2)
+            saving = self.cost.window_ms(rows, n) - self.cost.window_ms(rows, 1)
             return saving < self.admission_overhead_ms
         return False
 
@@ -377,7 +411,7 @@ class VerifyScheduler:
         ms = self._option_ms.get((rows, id(self.cost)))
         if ms is None:
             n, draft = self.num_spec_tokens, self.cost.step_ms("draft", rows) + self.round_overhead_ms
-            ms = np.array([draft + self.cost.latency(rows * (1 + w))
+            ms = np.array([draft + self.cost.window_ms(rows, w)
                            + (self.admission_overhead_ms if w < n else 0.0) for w in self.widths])
             self._option_ms[(rows, id(self.cost))] = ms
         return ms
@@ -418,6 +452,14 @@ class VerifyScheduler:
             return False
         best = float(self._option_values(rows, survival).max())
         return 1.0 / (self.cost.step_ms("ar", rows) + self.round_overhead_ms) > (1.0 + margin) * best
+
+    def window_sps_table(self, max_rows: int, device) -> Tensor | None:
+        """[max_rows + 1, N] float32: ``1 / window_ms(r, w)`` (the trimmed admission's SPS by rows
+        and width), None without the cost curve's ``verify_ms``."""
+        if self.cost.verify_ms is None or not self.num_spec_tokens:
+            return None
+        return torch.tensor([[1.0 / self.cost.window_ms(max(r, 1), w) for w in range(1, self.num_spec_tokens + 1)]
+                             for r in range(max_rows + 1)], dtype=torch.float32, device=device)
 
     def round_ms_table(self, max_rows: int, device) -> Tensor | None:
         """[max_rows + 1] float32: a trimmed confidence round's cost outside the verify at r rows
@@ -476,7 +518,8 @@ class VerifyScheduler:
     def admit(self, conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
         padded = self.num_spec_tokens if self.cost_model == "padded" else None
         return admitted_lengths(conf_logits, live, mode, threshold, self.inv_temp, self.sps, padded,
-                                trimmed=self.cost_model == "trimmed", round_ms=self.round_ms)
+                                trimmed=self.cost_model == "trimmed", round_ms=self.round_ms,
+                                window_sps=self.window_sps)
 
 
 class SurvivalEstimate:

@@ -507,6 +507,9 @@ def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys):
     curve = CostCurve.find(out)
     assert curve.tokens == [2, 3, 4, 5, 6, 8, 10] and "bench --cost-curve" in curve.source
     assert all(b >= a for a, b in zip(curve.latency_ms, curve.latency_ms[1:]))
+    n = len(curve.verify_ms[0])                                    # one latency per (rows, width)
+    assert len(curve.verify_ms) == len(curve.rows) == 2 and n >= 1
+    assert curve.window_ms(2, n) == curve.verify_ms[1][n - 1]
 
 
 def test_generate_cli_verify_mode(tmp_path, capsys):
@@ -1026,3 +1029,28 @@ def test_best_window_takes_the_wider_of_equal_options():
     opts = flat.spec_options(4, [0.5, 0.2, 0.1, 0.0])
     assert [w for w, _ in opts] == [1, 2, 3, 4] and opts[3][1] == opts[2][1] > opts[1][1]
     assert flat.best_window(4, [0.5, 0.2, 0.1, 0.0]) == 4
+
+
+def test_cost_grid_by_rows_and_width(tmp_path):
+    """``verify_ms`` [rows][w-1]: saved and loaded, interpolated over the rows, checked; with it the
+    trimmed admission and the options price a window by rows and width: a grid where the full
+    window costs what a narrow one does admits N where the steep token curve trims."""
+    from dspark_trt.runtime.confidence import ConfidenceFileError, VerifyScheduler
+    steps = dict(rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[50.0, 50.0])
+    grid = [[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]]
+    c = CostCurve([1, 64], [1.0, 40.0], "t", **steps, verify_ms=grid)
+    c.save(tmp_path)
+    c2 = CostCurve.find(tmp_path)
+    assert c2.verify_ms == grid and c2.window_ms(2.5, 3) == 1.5 and c2.window_ms(4, 9) == 2.0
+    with pytest.raises(ConfidenceFileError, match="verify_ms"):
+        CostCurve([1, 64], [1.0, 40.0], "bad", **steps, verify_ms=[[1.0], [1.0, 2.0]])
+    conf = torch.full((4, 4), 0.0)                                  # c = 0.5 everywhere
+    live = torch.ones(4, dtype=torch.bool)
+    mode = torch.full((4,), MODE_IDS["scheduled"])
+    tokens_only = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 40.0], "t", **steps),
+                                  cost_model="trimmed")
+    by_grid = VerifyScheduler(4, 64, "cpu", cost=c, cost_model="trimmed")
+    assert tokens_only.admit(conf, live, mode, torch.zeros(4)).tolist() != [4] * 4
+    assert by_grid.admit(conf, live, mode, torch.zeros(4)).tolist() == [4] * 4
+    assert by_grid.best_window(4, [0.5, 0.25, 0.125, 0.06]) == 4
+    assert tokens_only.best_window(4, [0.5, 0.25, 0.125, 0.06]) < 4
