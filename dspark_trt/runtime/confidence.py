@@ -316,9 +316,9 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
         b0 = (n_live * (1 + m0)).clamp(max=M - 1)
         s_b, s0 = sps[b], sps[b0.reshape(1)]
     else:                                        # by rows and width: [rows, N] table
-        r = n_live.clamp(max=window_sps.shape[0] - 1)
-        s_b = window_sps[r, torch.maximum(w, m0) - 1]
-        s0 = window_sps[r, m0 - 1].reshape(1)
+        r = n_live.clamp(max=window_sps.shape[0] - 1).reshape(1)          # (a 0-dim index syncs)
+        s_b = window_sps[r, torch.maximum(w, m0) - 1]                      # [N]
+        s0 = window_sps[r, (m0 - 1).reshape(1)]                            # [1]
     if round_ms is not None:                     # whole-round SPS: 1 / (verify + draft + overhead)
         extra = round_ms[n_live.clamp(max=round_ms.shape[0] - 1).reshape(1)]            # [1]
         s_b, s0 = 1.0 / (1.0 / s_b + extra), 1.0 / (1.0 / s0 + extra)

@@ -299,11 +299,14 @@ def test_admission_runs_without_host_synchronisation():
     a 0-dim tensor used as an index, ``.cpu()`` raise on meta tensors): capturable, no sync."""
     B, N = 6, 5
     m = dict(device="meta")
-    for padded, trimmed in ((None, False), (N, False), (None, True)):
+    M = B * (N + 1) + 1
+    for padded, trimmed, grid in ((None, False, False), (N, False, False), (None, True, False),
+                                  (None, True, True), (None, False, True)):
         out = admitted_lengths(torch.randn(B, N, **m), torch.ones(B, dtype=torch.bool, **m),
                                torch.full((B,), MODE_IDS["scheduled"], **m), torch.zeros(B, **m),
-                               torch.ones(N, **m), torch.ones(B * (N + 1) + 1, **m), padded,
-                               trimmed=trimmed)
+                               torch.ones(N, **m), torch.ones(M, **m), padded, trimmed=trimmed,
+                               round_ms=torch.ones(M, **m) if grid else None,
+                               window_sps=torch.ones(M, N, **m) if grid else None)
         assert out.shape == (B,) and out.dtype == torch.int64
 
 
