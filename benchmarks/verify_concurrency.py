@@ -168,8 +168,9 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
             fn()
         out[f"{name}_ms"] = 1e3 * (time.perf_counter() - t0) / iters
     sched.cost_model = model
-    out["curve_fixed_ms"] = sched.cost.step_ms("draft", B) + sched.cost.latency(B * (1 + sched.num_spec_tokens))
-    out["curve_window_ms"] = sched.cost.step_ms("draft", B) + sched.cost.latency(B * (1 + w))
+    draft = sched.cost.step_ms("draft", B)               # the curve's prediction, as the scheduler prices it
+    out["curve_fixed_ms"] = draft + sched.cost.window_ms(B, sched.num_spec_tokens)
+    out["curve_window_ms"] = draft + sched.cost.window_ms(B, w)
     for s in seqs:
         gen.abort(s.request_id)
     gen.step()
@@ -268,6 +269,8 @@ def run(argv) -> dict:
             return steady_state(llm, prompts_all[:requests(B)], B, args.gen_len, speculative, mode)
         return bench.end_to_end(llm, prompts_all[:B], args.gen_len, speculative, mode)
 
+    kinds_survival = (args.round_kinds and "scheduled" in modes
+                      and ((args.synthetic and survival_curve(args.synthetic)) or [0.5 ** (k + 1) for k in range(n)]))
     for B in sorted(sizes):
         row = {}
         for mode in modes:
@@ -289,9 +292,8 @@ def run(argv) -> dict:
             row[mode]["speedup_vs_fixed"] = row[mode]["decode_tokens_per_s"] / fixed
             row[mode]["speedup_vs_autoregressive"] = (row[mode]["decode_tokens_per_s"]
                                                       / row["autoregressive"]["decode_tokens_per_s"])
-        if args.round_kinds and "scheduled" in modes:
-            survival = (args.synthetic and survival_curve(args.synthetic)) or [0.5 ** (k + 1) for k in range(n)]
-            row["round_kinds"] = round_kinds(llm, args, B, survival, packed="packed" in modes)
+        if kinds_survival:
+            row["round_kinds"] = round_kinds(llm, args, B, kinds_survival, packed="packed" in modes)
         rows[str(B)] = row
         print(f"[verify-concurrency] B={B:3d} " + " | ".join(
             f"{m} {r['decode_tokens_per_s']:.0f} tok/s v/r {r.get('verified_per_round') or 1:.2f}"

@@ -282,8 +282,7 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     # written so that a constant SPS (the padded model) admits every a > 0 despite float rounding
     s_b, s0 = sps[b], sps[b0.reshape(1)]                  # (sps[b0] on a 0-dim index syncs)
     if round_ms is not None and padded_width is None:     # packed: whole-round SPS, as trimmed
-        extra = round_ms[live.sum().clamp(max=round_ms.shape[0] - 1).reshape(1)]          # [1]
-        s_b, s0 = 1.0 / (1.0 / s_b + extra), 1.0 / (1.0 / s0 + extra)
+        s_b, s0 = _whole_round(s_b, s0, round_ms, live.sum())
     s_prev = torch.cat([s0, s_b[:-1]])
     tau_prev = torch.cat([tau0[None], tau[:-1]])
     improve = valid & (vals.clamp(min=0) * s_b > tau_prev * (s_prev - s_b))
@@ -291,6 +290,13 @@ def admitted_lengths(conf_logits: Tensor, live: Tensor, mode: Tensor, threshold:
     take = torch.zeros(B * N, dtype=torch.int64, device=dev).scatter_(
         0, order, (torch.arange(B * N, device=dev) < K).to(torch.int64))
     return torch.where(sched, take.view(B, N).sum(1), length)
+
+
+def _whole_round(s_b: Tensor, s0: Tensor, round_ms: Tensor, n_live: Tensor) -> tuple[Tensor, Tensor]:
+    """The verify's SPS values as whole-round ones: ``1 / (1 / SPS + round_ms[n_live])`` (verify +
+    draft + overheads at ``n_live`` rows, a 0-dim count read as a 1-element index: no sync)."""
+    extra = round_ms[n_live.clamp(max=round_ms.shape[0] - 1).reshape(1)]                  # [1]
+    return 1.0 / (1.0 / s_b + extra), 1.0 / (1.0 / s0 + extra)
 
 
 def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, length: Tensor,
@@ -319,9 +325,8 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
         r = n_live.clamp(max=window_sps.shape[0] - 1).reshape(1)          # (a 0-dim index syncs)
         s_b = window_sps[r, torch.maximum(w, m0) - 1]                      # [N]
         s0 = window_sps[r, (m0 - 1).reshape(1)]                            # [1]
-    if round_ms is not None:                     # whole-round SPS: 1 / (verify + draft + overhead)
-        extra = round_ms[n_live.clamp(max=round_ms.shape[0] - 1).reshape(1)]            # [1]
-        s_b, s0 = 1.0 / (1.0 / s_b + extra), 1.0 / (1.0 / s0 + extra)
+    if round_ms is not None:
+        s_b, s0 = _whole_round(s_b, s0, round_ms, n_live)
     s_prev = torch.cat([s0, s_b[:-1]])
     tau_prev = torch.cat([tau0[None], tau[:-1]])
     improve = (gain > 0) & (gain * s_b > tau_prev * (s_prev - s_b))
@@ -458,7 +463,8 @@ class VerifyScheduler:
         and width), None without the cost curve's ``verify_ms``."""
         if self.cost.verify_ms is None or not self.num_spec_tokens:
             return None
-        return torch.tensor([[1.0 / self.cost.window_ms(max(r, 1), w) for w in range(1, self.num_spec_tokens + 1)]
+        widths = range(1, self.num_spec_tokens + 1)
+        return torch.tensor([[1.0 / self.cost.window_ms(max(r, 1), w) for w in widths]
                              for r in range(max_rows + 1)], dtype=torch.float32, device=device)
 
     def round_ms_table(self, max_rows: int, device) -> Tensor | None:
@@ -562,7 +568,8 @@ class SurvivalEstimate:
         if confidence is not None and len(confidence):
             c = np.asarray(confidence, dtype=np.float64)[:, : self.n]
             if len(self.confidence) == self.confidence.maxlen:
-                self._conf, self._conf_rows = self._conf - self.confidence[0][0], self._conf_rows - self.confidence[0][1]
+                old_sum, old_rows = self.confidence[0]
+                self._conf, self._conf_rows = self._conf - old_sum, self._conf_rows - old_rows
             self.confidence.append((c.sum(0), c.shape[0]))
             self._conf, self._conf_rows = self._conf + c.sum(0), self._conf_rows + c.shape[0]
         self._curve = None

@@ -387,7 +387,8 @@ class GraphedSteps:
 
     def _verify_sizes(self, Bb: int) -> list[tuple[int | None, int | None]]:
         """The (width, slots) of the "verify_admit" graphs of bucket ``Bb``: one per width bucket
-        (trimmed), per slot bucket at width N (packed), or the full window."""
+        (trimmed and packed: a packed round whose window runs no more tokens verifies that
+        window), plus one per slot bucket at width N (packed); else the full window."""
         sched = self.steps.scheduler
         sizes = [(w, None) for w in (sched.widths if sched is not None and sched.trims else [None])]
         if sched is not None and sched.packs:

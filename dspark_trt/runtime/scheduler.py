@@ -392,10 +392,11 @@ class Scheduler:
         (the scheduler's ``best_window``), or None where the round's own confidences choose it
         (no estimate, mixed modes, batches under ``ESTIMATED_WINDOW_MIN_ROWS`` rows, a scheduler
         that does not trim, or packs: each row its own prefix). N: a plain fixed round (trimming
-        would not pay for the head and the admission), which feeds the estimate too, uncensored. Under N: the confidence steps over
-        that window without the read-back of the admitted lengths between them. With many rows the
-        window the round's confidences would give is close to the estimate's (it sums them over
-        the rows), and the read-back stalls the device between the two steps."""
+        would not pay for the head and the admission), which feeds the estimate too, uncensored.
+        Under N: the confidence steps over that window without the read-back of the admitted
+        lengths between them. With many rows the window the round's confidences would give is
+        close to the estimate's (it sums them over the rows), and the read-back stalls the device
+        between the two steps."""
         sched = self._scheduler()
         if not estimates or sched.cost_model != "trimmed":
             return None
