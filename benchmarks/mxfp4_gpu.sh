@@ -2,7 +2,7 @@
 # Issue #23 MXFP4 routed experts: GPU checks in one device call (under 6 minutes on an H200; run
 # from the repo root, logs and JSON into $OUT, else benchmarks/results):
 #   1. the MoE GPU tests: moe_experts and moe_experts_mxfp4 (kernel vs reference at V4-Flash shapes,
-#      the opt-in tl.dot_scaled variant, CUDA-graph capture, AOTInductor with dynamic tokens) and
+#      the tl.dot_scaled variant (the op's default with bf16 x), CUDA-graph capture, AOTInductor with dynamic tokens) and
 #      the tiny V4 checkpoint with --quantization fp8 on CUDA (MXFP4 kernel, spec == AR)     ~2-3 min
 #   2. benchmarks/moe_mxfp4_bench.py: MXFP4 vs bf16 grouped experts at V4-Flash / V4-Pro shapes,
 #      M = 1, 16, 64, cold L2, JSON (written after every row, so a timeout keeps what ran)    ~2-3 min

@@ -5,7 +5,7 @@ bf16 tolerance: both the kernel and the bf16 reference are compared with the ref
 fp32 on the same bf16 inputs; the kernel's error may be at most twice the bf16 reference's plus
 1e-3 of the output scale (the rounding points are the same, the GEMM summation order is not).
 MXFP4: random packed bytes and E8M0 exponents 116..119 (|w| <= 6 * 2^-8); the fp32 reference
-dequantises them exactly, so the same bound applies (also to the opt-in ``tl.dot_scaled`` variant).
+dequantises them exactly, so the same bound applies (also to the ``tl.dot_scaled`` variant, the op's default with bf16 x).
 """
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def test_mxfp4_flash_shapes_bf16(flash_mxfp4, M, first_expert, E_local):
 
 @pytest.mark.parametrize("M", [1, 16])
 def test_mxfp4_dot_scaled_variant_flash_shapes(flash_mxfp4, M):
-    """The opt-in ``tl.dot_scaled`` inner product (DSPARK_MXFP4_DOT_SCALED=1), same bound."""
+    """The ``tl.dot_scaled`` inner product (the op's default with bf16 x; DSPARK_MXFP4_DOT_SCALED=0
+    turns it off), same bound."""
     from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton
     w13p, w13s, w2p, w2s = flash_mxfp4
     x, ids, w = _routing(M)

@@ -172,7 +172,7 @@ def _launches_moe(monkeypatch):
 
 def _launches_moe_mxfp4(monkeypatch):
     """The MXFP4 weight format of the grouped kernels: bf16 (default tiles, the large tile, the
-    opt-in ``tl.dot_scaled``) and fp32 x."""
+    ``tl.dot_scaled``, the op's default with bf16 x) and fp32 x."""
     out = []
     big = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4}
     for dtype, configs in ((torch.bfloat16, ({}, big, {"dot_scaled": True})), (torch.float32, ({},))):
