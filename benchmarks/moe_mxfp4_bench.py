@@ -1,22 +1,23 @@
-"""MXFP4 routed experts on one GPU (issue #23): ``dspark::moe_experts_mxfp4``'s grouped Triton
-kernels (packed E2M1 + E8M0 per 32) against the bf16 ``dspark::moe_experts``
-kernels on the same chosen experts, at the DeepSeek-V4-Flash and V4-Pro routed-expert shapes (from
-the presets: hidden d, moe_intermediate h, n_routed_experts E, num_experts_per_tok k), for M = 1, 16,
-64 tokens (top-k distinct random experts per token).
+"""MXFP4 routed experts on one GPU (issue #23): ``dspark::moe_experts_mxfp4``'s Triton kernels
+(packed E2M1 + E8M0 per 32) against the bf16 ``dspark::moe_experts`` kernels on the same chosen
+experts, at the DeepSeek-V4-Flash and V4-Pro routed-expert shapes (from the presets: hidden d,
+moe_intermediate h, n_routed_experts E, num_experts_per_tok k), for M = 1..64 tokens (top-k distinct
+random experts per token).
 
 Timing as ``benchmarks/plugins.py``: each call replayed in a CUDA graph, cold L2 (replays of
 [256 MB flush + call] minus replays of the flush alone; median of CUDA-event batches). Bytes = the
 chosen experts' weights actually read (U distinct experts x 3 d h x 0.53125 B for MXFP4, x 2 B for
 bf16) + x, routing and output; bandwidth as % of 4.8 TB/s. The bf16 weights are the MXFP4 ones
-dequantised (exact), so both kernels compute the same products: parity is the max abs difference
-between the two outputs, against the bf16 output's scale. The MXFP4 kernel runs the in-register
-decode at its default launch config and two alternative tiles, and the ``tl.dot_scaled`` variant
-(what the op runs with bf16 / fp16 x); failures are recorded.
+dequantised (exact), so both formats compute the same products: parity is the max abs difference
+to the bf16 grouped output, against its scale. Schedules: the GEMV decode schedule
+(``kernels/moe_decode.py``, the op's choice up to ``DECODE_MAX_PAIRS`` pairs; its tile sweep at
+--sweep-ms) and the grouped kernels (``tl.dot_scaled``, the op's choice above; the in-register
+decode at --grouped-decode-ms), for bf16 the grouped and the GEMV schedule; failures are recorded.
 
 Writes ``moe-mxfp4-<gpu>-<sha>.json`` into --out ($OUT, else benchmarks/results/): git sha, GPU
 name, versions, shapes, the command. About 2-3 minutes on an H200 (V4-Pro's bf16 experts: 51 GB).
 
-    python benchmarks/moe_mxfp4_bench.py [--models flash,pro] [--ms 1,16,64] [--out DIR]
+    python benchmarks/moe_mxfp4_bench.py [--models flash,pro] [--ms 1,2,4,8,16,32,64] [--sweep-ms 1,16] [--out DIR]
 """
 from __future__ import annotations
 
@@ -37,15 +38,19 @@ from benchmarks.plugins import err, graph_time, timeit  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.config import get_preset  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe  # noqa: E402
+from dspark_trt.plugins.kernels.moe_decode import DECODE_DEFAULTS, DECODE_MAX_PAIRS  # noqa: E402
 from dspark_trt.plugins.moe_experts_mxfp4 import MXFP4_GROUP, dequantize_mxfp4  # noqa: E402
 
 PEAK = 4.8e12
 DEV = "cuda"
 MODELS = {"flash": "deepseek-v4-flash-dspark", "pro": "deepseek-v4-pro-dspark"}
-VARIANTS = {"mxfp4_decode": {},
-            "mxfp4_n128_k128": dict(block_n=128, block_k=128, num_warps=4, num_stages=3),
-            "mxfp4_n64_k128_w8": dict(block_n=64, block_k=128, num_warps=8, num_stages=4),
-            "mxfp4_dot_scaled": dict(dot_scaled=True)}
+# MXFP4 variants: the GEMV decode schedule (kernels/moe_decode.py, the op's choice up to
+# DECODE_MAX_PAIRS pairs) at its defaults, the grouped kernels with tl.dot_scaled (the op's choice
+# above) and with the in-register decode; --sweep-ms adds GEMV tiles.
+VARIANTS = {"mxfp4_gemv": dict(schedule="decode"),
+            "mxfp4_grouped_dot_scaled": dict(schedule="grouped", dot_scaled=True),
+            "mxfp4_grouped_decode": dict(schedule="grouped")}
+GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (8, 16, 32) for k in (256, 512, 1024) for w in (4, 8)]
 
 
 def shape(model: str) -> dict:
@@ -74,6 +79,10 @@ def routing(M: int, d: int, E: int, k: int, gen: torch.Generator):
     return x, ids, w
 
 
+def parse(csv: str) -> list[int]:
+    return [int(m) for m in csv.split(",") if m]
+
+
 def measure(fn) -> dict:
     plain = timeit(fn)
     warm, cold = graph_time(fn, plain)
@@ -83,7 +92,9 @@ def measure(fn) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="flash,pro")
-    ap.add_argument("--ms", default="1,16,64")
+    ap.add_argument("--ms", default="1,2,4,8,16,32,64")
+    ap.add_argument("--sweep-ms", default="1,16", help="token counts at which GEMV_SWEEP's tiles also run")
+    ap.add_argument("--grouped-decode-ms", default="1,16", help="token counts for mxfp4_grouped_decode (slow)")
     ap.add_argument("--limit", type=float, default=10.0, help="swiglu_limit")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
@@ -96,7 +107,8 @@ def main():
     def write():                                   # after every row: a run cut short keeps its rows
         doc = {"git_sha": sha, "gpu": gpu, "versions": provenance.versions(), "command": " ".join(sys.argv),
                "peak_bytes_per_s": PEAK, "shapes": shapes, "swiglu_limit": args.limit,
-               "defaults": kmoe.MOE_DEFAULTS, "seconds": time.time() - t0, "rows": rows}
+               "defaults": kmoe.MOE_DEFAULTS, "decode_defaults": DECODE_DEFAULTS,
+               "decode_max_pairs": DECODE_MAX_PAIRS, "seconds": time.time() - t0, "rows": rows}
         path.write_text(json.dumps(doc, indent=1))
 
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -105,17 +117,26 @@ def main():
         d, h, E, k = s["d"], s["h"], s["E"], s["k"]
         mx, (w13, w2) = weights(d, h, E, gen)
         per_mx, per_bf16 = 3 * d * h // 2 + 3 * d * h // MXFP4_GROUP, 3 * d * h * 2     # bytes per expert
-        for M in (int(m) for m in args.ms.split(",")):
+        for M in parse(args.ms):
             x, ids, w = routing(M, d, E, k, gen)
             used = int(ids.unique().numel())
             act = M * d * 2 * 2 + M * k * (8 + 4)                                      # x, y; ids, weights
             row = {"model": model, **s, "M": M, "experts_read": used,
                    "mxfp4_bytes": used * per_mx + act, "bf16_bytes": used * per_bf16 + act}
-            want = kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit)
-            row["bf16"] = measure(lambda: kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit))
-            row["bf16"]["pct"] = row["bf16_bytes"] / (row["bf16"]["cold_us"] * 1e-6) / PEAK * 100
+            want = kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, schedule="grouped")
             scale = float(want.float().abs().max())
-            for name, kw in VARIANTS.items():
+            for name in ("bf16", "bf16_gemv"):
+                kw = dict(schedule="grouped" if name == "bf16" else "decode")
+                row[name] = measure(lambda kw=kw: kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, **kw))
+                row[name]["pct"] = row["bf16_bytes"] / (row[name]["cold_us"] * 1e-6) / PEAK * 100
+            row["bf16_gemv"]["max_diff_vs_bf16"] = err(
+                kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, schedule="decode"), want)
+            variants = {n: kw for n, kw in VARIANTS.items()
+                        if n != "mxfp4_grouped_decode" or M in parse(args.grouped_decode_ms)}
+            if M in parse(args.sweep_ms):
+                variants.update({"mxfp4_gemv_n{block_n}_k{block_k}_w{num_warps}".format(**kw): dict(schedule="decode", **kw)
+                                 for kw in GEMV_SWEEP})
+            for name, kw in variants.items():
                 rec = {"config": kw}
                 try:
                     fn = lambda kw=kw: kmoe.moe_experts_mxfp4_triton(x, ids, w, *mx, 0, args.limit, **kw)  # noqa: E731
@@ -133,10 +154,13 @@ def main():
             write()
             best = min((r for n, r in row.items() if n.startswith("mxfp4_") and isinstance(r, dict)
                         and r.get("ok")), key=lambda r: r["cold_us"], default=None)
+            gemv = row["mxfp4_gemv"]
             print(f"[{time.time() - t0:6.1f}s] {model:5s} d={d} h={h} E={E} k={k} M={M:3d} experts read {used:3d}: "
-                  f"bf16 {row['bf16']['cold_us']:9.1f} us ({row['bf16']['pct']:5.1f}%)  mxfp4 decode "
-                  + (f"{row['mxfp4_decode']['cold_us']:9.1f} us ({row['mxfp4_decode']['pct']:5.1f}%)"
-                     if "cold_us" in row["mxfp4_decode"] else row["mxfp4_decode"].get("error", "?"))
+                  f"bf16 {row['bf16']['cold_us']:8.1f} us ({row['bf16']['pct']:5.1f}%) bf16 gemv "
+                  f"{row['bf16_gemv']['cold_us']:8.1f} us ({row['bf16_gemv']['pct']:5.1f}%)  mxfp4 gemv "
+                  + (f"{gemv['cold_us']:8.1f} us ({gemv['pct']:5.1f}%) dot_scaled "
+                     f"{row['mxfp4_grouped_dot_scaled'].get('cold_us', float('nan')):8.1f} us"
+                     if "cold_us" in gemv else gemv.get("error", "?"))
                   + (f"  best {best['cold_us']:9.1f} us ({best['pct']:5.1f}%) x{best['speedup_vs_bf16']:.2f} "
                      f"{best['config']}" if best else "  none correct"), flush=True)
         del mx, w13, w2

@@ -1,5 +1,6 @@
-"""dspark::moe_experts and dspark::moe_experts_mxfp4 on a CUDA GPU: V4-Flash shapes in bf16,
-CUDA-graph capture, AOTInductor with a dynamic token count.
+"""dspark::moe_experts and dspark::moe_experts_mxfp4 on a CUDA GPU: V4-Flash shapes in bf16 (the op
+picks the GEMV decode schedule up to ``DECODE_MAX_PAIRS`` (token, slot) pairs, the grouped kernels
+above; both forced on either side), CUDA-graph capture, AOTInductor with a dynamic token count.
 
 bf16 tolerance: both the kernel and the bf16 reference are compared with the reference evaluated in
 fp32 on the same bf16 inputs; the kernel's error may be at most twice the bf16 reference's plus
@@ -92,8 +93,27 @@ def test_mxfp4_dot_scaled_variant_flash_shapes(flash_mxfp4, M):
     from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton
     w13p, w13s, w2p, w2s = flash_mxfp4
     x, ids, w = _routing(M)
-    got = moe_experts_mxfp4_triton(x, ids, w, w13p, w13s, w2p, w2s, 0, 10.0, dot_scaled=True)
+    got = moe_experts_mxfp4_triton(x, ids, w, w13p, w13s, w2p, w2s, 0, 10.0, dot_scaled=True, schedule="grouped")
     _check_bf16(got, x, ids, w, (w13p, w13s), (w2p, w2s), 0, moe_experts_mxfp4_ref)
+
+
+@pytest.mark.parametrize("schedule", ["grouped", "decode"])
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+def test_both_schedules_flash_shapes(flash_weights, flash_mxfp4, schedule, fmt):
+    """Each schedule forced on both sides of ``DECODE_MAX_PAIRS`` (3 tokens: 18 pairs; 30: 180) and
+    on the second expert-parallel rank's block; same bound."""
+    from dspark_trt.plugins.kernels import moe as kmoe
+    for M, first_expert in ((3, 0), (30, 128)):
+        x, ids, w = _routing(M, seed=M)
+        if fmt == "bf16":
+            w13, w2 = (t[first_expert:] for t in flash_weights)
+            got = kmoe.moe_experts_triton(x, ids, w, w13, w2, first_expert, 10.0, schedule=schedule)
+            _check_bf16(got, x, ids, w, w13, w2, first_expert)
+        else:
+            w13p, w13s, w2p, w2s = (t[first_expert:] for t in flash_mxfp4)
+            got = kmoe.moe_experts_mxfp4_triton(x, ids, w, w13p, w13s, w2p, w2s, first_expert, 10.0,
+                                                schedule=schedule)
+            _check_bf16(got, x, ids, w, (w13p, w13s), (w2p, w2s), first_expert, moe_experts_mxfp4_ref)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])

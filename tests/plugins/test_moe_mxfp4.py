@@ -97,7 +97,7 @@ def kernel_results() -> dict:
 
 
 @pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",
-                                  "moe_mxfp4_aot"])
+                                  "moe_mxfp4_aot", "moe_mxfp4_decode", "moe_mxfp4_decode_tiles"])
 def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
     r = kernel_results[case]
     assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
@@ -105,6 +105,13 @@ def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
 
 def test_dot_scaled_variant_in_the_interpreter(kernel_results):
     r = kernel_results["moe_mxfp4_dot_scaled"]
+    assert r["err"] <= 2 * r["err16"] + 1e-3 * r["scale"], r
+
+
+def test_decode_schedule_with_bf16_x_in_the_interpreter(kernel_results):
+    """The GEMV schedule with bf16 x (what a decode step runs): as close to the fp32 reference as
+    the bf16 reference is, plus 1e-3 of the scale (same rounding points, other summation order)."""
+    r = kernel_results["moe_mxfp4_decode_bf16"]
     assert r["err"] <= 2 * r["err16"] + 1e-3 * r["scale"], r
 
 

@@ -319,7 +319,12 @@ def _swa_and_mla_cases(device, dtype, out):
 
 def _moe_cases(device, dtype, out):
     from dspark_trt.plugins.kernels import moe as kmoe
-    cases = {"moe_experts": (moe_inputs(device, dtype), {}),
+    cases = {"moe_experts": (moe_inputs(device, dtype), {"schedule": "grouped"}),
+             # the GEMV schedule: the op's choice at these sizes; tiles not dividing d / h, no clamp
+             "moe_experts_decode": (moe_inputs(device, dtype), {}),
+             "moe_experts_decode_tiles": (moe_inputs(device, dtype, M=5, k=2, E=3, d=40, h=24, first_expert=0,
+                                                     limit=0.0), {"schedule": "decode", "block_n": 16,
+                                                                  "block_k": 32, "num_warps": 2}),
              # several blocks per expert (k=2 over 40 tokens), tiles not dividing d / h, no clamp
              "moe_experts_blocks": (moe_inputs(device, dtype, M=40, k=2, E=3, d=40, h=24, first_expert=0, limit=0.0),
                                     {"block_n": 16, "block_k": 16}),
@@ -372,7 +377,12 @@ def moe_mxfp4_cases(device) -> dict:
     from dspark_trt.plugins.moe_experts_mxfp4.aot import moe_experts_mxfp4_aot
     base = moe_mxfp4_inputs(device)
     int8 = tuple(a.view(torch.int8) if i in (3, 5) else a for i, a in enumerate(base))
-    cases = {"moe_mxfp4": (base, {}),
+    cases = {"moe_mxfp4": (base, {"schedule": "grouped"}),
+             "moe_mxfp4_decode": (base, {}),
+             # d, h not multiples of block_k (several chunks, the last one partial), no clamp, EP offset 0
+             "moe_mxfp4_decode_tiles": (moe_mxfp4_inputs(device, M=5, k=2, E=3, d=96, h=64, first_expert=0,
+                                                         limit=0.0), {"schedule": "decode", "block_n": 8,
+                                                                      "block_k": 64, "num_warps": 2}),
              "moe_mxfp4_tiles": (base, {"block_n": 16, "block_k": 32}),
              "moe_mxfp4_blocks": (moe_mxfp4_inputs(device, M=40, k=2, E=3, d=96, h=64, first_expert=0, limit=0.0),
                                   {"block_n": 32, "block_k": 64}),
@@ -392,6 +402,9 @@ def moe_mxfp4_cases(device) -> dict:
     got = kmoe.moe_experts_mxfp4_triton(*b16, dot_scaled=True, block_k=32)
     out["moe_mxfp4_dot_scaled"] = {"err": _err(got, ref), "err16": _err(moe_experts_mxfp4_ref(*b16), ref),
                                    "scale": float(ref.abs().max())}
+    got = kmoe.moe_experts_mxfp4_triton(*b16, schedule="decode")
+    out["moe_mxfp4_decode_bf16"] = {"err": _err(got, ref), "err16": _err(moe_experts_mxfp4_ref(*b16), ref),
+                                    "scale": float(ref.abs().max())}
     return out
 
 

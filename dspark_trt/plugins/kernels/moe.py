@@ -241,24 +241,48 @@ MOE_DEFAULTS = dict(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=
 def moe_experts_triton(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: Tensor, w2: Tensor,
                        first_expert: int, swiglu_limit: float, block_m: int | None = None,
                        block_n: int | None = None, block_k: int | None = None,
-                       num_warps: int | None = None, num_stages: int | None = None) -> Tensor:
-    """Same contract as ``moe_experts_ref``; unset launch parameters from ``MOE_DEFAULTS``."""
-    return grouped_experts(x, expert_ids, routing_weights, (w13, None), (w2, None), first_expert, swiglu_limit,
-                           H=w2.shape[2], block_m=block_m, block_n=block_n, block_k=block_k,
-                           num_warps=num_warps, num_stages=num_stages)
+                       num_warps: int | None = None, num_stages: int | None = None,
+                       schedule: str = "auto") -> Tensor:
+    """Same contract as ``moe_experts_ref``; unset launch parameters from ``MOE_DEFAULTS`` (grouped)
+    or ``moe_decode.DECODE_DEFAULTS``; ``schedule`` as ``schedule_experts``."""
+    launch = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    return schedule_experts(x, expert_ids, routing_weights, (w13, None), (w2, None), first_expert, swiglu_limit,
+                            w2.shape[2], schedule, launch)
 
 
 def moe_experts_mxfp4_triton(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13_packed: Tensor,
                              w13_scale: Tensor, w2_packed: Tensor, w2_scale: Tensor, first_expert: int,
-                             swiglu_limit: float, dot_scaled: bool = False, **launch) -> Tensor:
-    """Same contract as ``moe_experts_mxfp4_ref``; ``dot_scaled``: ``tl.dot_scaled`` on the packed
-    tiles (bf16 / fp16 x, block_k a multiple of 32; off by default, unverified on Hopper)."""
+                             swiglu_limit: float, dot_scaled: bool = False, schedule: str = "auto",
+                             **launch) -> Tensor:
+    """Same contract as ``moe_experts_mxfp4_ref``; ``dot_scaled``: the grouped kernels' inner product
+    by ``tl.dot_scaled`` on the packed tiles (bf16 / fp16 x, block_k a multiple of 32); ``schedule``
+    as ``schedule_experts``."""
     block_k = launch.get("block_k") or MOE_DEFAULTS["block_k"]
     if dot_scaled and (x.dtype not in (torch.bfloat16, torch.float16) or block_k % 32):
         raise ValueError(f"moe_experts_mxfp4: dot_scaled needs bf16 / fp16 x and block_k a multiple of 32 "
                          f"(x {x.dtype}, block_k {block_k})")
-    return grouped_experts(x, expert_ids, routing_weights, (w13_packed, w13_scale), (w2_packed, w2_scale),
-                           first_expert, swiglu_limit, H=2 * w2_packed.shape[2], dot_scaled=dot_scaled, **launch)
+    return schedule_experts(x, expert_ids, routing_weights, (w13_packed, w13_scale), (w2_packed, w2_scale),
+                            first_expert, swiglu_limit, 2 * w2_packed.shape[2], schedule,
+                            {**launch, "dot_scaled": dot_scaled})
+
+
+def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
+                     first_expert: int, swiglu_limit: float, H: int, schedule: str, launch: dict) -> Tensor:
+    """``schedule``: "grouped" (``grouped_experts``), "decode" (``moe_decode.decode_experts``: GEMVs
+    per (token, slot) pair), or "auto": decode for a small concrete pair count unless grouped launch
+    parameters are given (``moe_decode.use_decode``)."""
+    from . import moe_decode
+    if schedule not in ("auto", "grouped", "decode"):
+        raise ValueError(f"moe_experts: schedule must be auto, grouped or decode, got {schedule!r}")
+    grouped_only = {k for k, v in launch.items() if v and k in ("block_m", "num_stages", "dot_scaled")}
+    set_launch = {k for k, v in launch.items() if v is not None and v is not False}
+    if schedule == "decode" or (schedule == "auto" and not (set_launch - {"dot_scaled"})
+                                and moe_decode.use_decode(x, expert_ids)):
+        if schedule == "decode" and grouped_only:
+            raise ValueError(f"moe_experts: {sorted(grouped_only)} apply to the grouped schedule only")
+        return moe_decode.decode_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H,
+                                         **{k: launch.get(k) for k in ("block_n", "block_k", "num_warps")})
+    return grouped_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H=H, **launch)
 
 
 def grouped_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# This session's GPU checks, one device call each, results packed into one tarball per call (the
+# A session's GPU checks, one device call each, results packed into one tarball per call (the
 # device tool returns at most 8 files):
 #   part 1: the smoke's AOTI builds (Qwen3-8B dims 6 layers, V4-tiny) on CPUs 8-15, beside every GPU
 #           test (4 xdist workers) and the verify modes under a steady load (#25: Qwen3-8B dims with
@@ -7,8 +7,9 @@
 #           timed per batch; and the
 #           trained default pair) on CPUs 0-7; then the smoke's engine bench and the default pair's
 #           generate.
-#   part 2: EXTRA=<file of commands> run one after the other (the change's own benchmarks).
-#   DSPARK_GIT_SHA=<sha> OUT=<dir> bash benchmarks/gpu_session13.sh 1|2
+#   part N > 1: EXTRA=<file of commands> run one after the other (the change's own benchmarks;
+#           e.g. benchmarks/gpu_session14_part2.txt).
+#   DSPARK_GIT_SHA=<sha> OUT=<dir> [EXTRA=<file>] bash benchmarks/gpu_session.sh 1|N
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1 DSPARK_GIT_SHA=${DSPARK_GIT_SHA:?}
@@ -44,7 +45,7 @@ if [ "$1" = 1 ]; then
 else
   grep -v '^\s*#' "${EXTRA:?}" | grep . | while read -r cmd; do
     step "$cmd"
-    bash -c "$cmd" 2>&1 | tail -25 | tee -a "$R/session.log"
+    bash -c "$cmd" 2>&1 | tail -60 | tee -a "$R/session.log"
   done
 fi
 (cd "$O" && tar czf "results-part$1.tgz" results && rm -rf results)

@@ -1,0 +1,176 @@
+"""Decode schedule of ``dspark::moe_experts`` / ``moe_experts_mxfp4``: the chosen experts as GEMVs.
+
+At decode sizes (a few tokens, each with its k experts, nearly all distinct) the grouped kernels
+of ``moe.py`` pad every expert's one or two rows to a 16-row MMA tile and, for MXFP4, convert the
+weights into the MMA operand layout: on the H200 they read the experts at 7-20 % of HBM. Here each
+(token, slot) pair is a GEMV over its expert's rows on the CUDA cores, fp32 accumulation, without
+the sort by expert:
+
+* ``moe_decode_gate_up_kernel``, grid (M*k, cdiv(h, BLOCK_N)): gate and up rows of the pair's
+  expert against x[token], rounded to x's dtype like the eager matmul, then
+  ``silu(min(gate, L)) * clamp(up, -L, L) * routing weight`` -> ``act [M*k, h]`` (x's dtype).
+* ``moe_decode_down_kernel``, grid (M, cdiv(d, BLOCK_N)): a token's k slots one after another,
+  ``act[pair] @ w2[e]^T`` rounded to x's dtype per slot, summed in fp32 and rounded once: the slot
+  sum of ``grouped_experts`` inside the kernel.
+
+The rounding points are the grouped kernels', so only the summation order differs. A pair whose
+expert another token also chose reads that expert again (from L2 when they run together): past a
+few tokens per expert the grouped kernels win (``DECODE_MAX_PAIRS``).
+
+MXFP4 decode in registers, two weights per packed byte: an E2M1 code ``s e1 e0 m`` placed as the
+fp16 bit pattern ``s 000 e1 e0 m 000000000`` is the code's value times 2^-14 (E2M1's subnormals,
+``e = 0``, land on fp16 subnormals, which the fp16 -> fp32 conversion keeps exactly); the 2^14 goes
+into the per-32 E8M0 scale, applied once per group to the fp32 partial sums.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .common import launcher
+from .moe import DENSE, MXFP4
+
+# (token, slot) pairs up to which the GEMV schedule runs; above it the grouped kernels. Decode and
+# verify steps of a few requests are far below, prefill far above.
+DECODE_MAX_PAIRS = 128
+# Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
+DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
+                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
+
+
+@triton.jit
+def e2m1_fp16_scaled(nib):
+    """E2M1 codes (int32, bits 0-3) -> float32 value * 2^-14, through the fp16 bit pattern."""
+    bits = ((nib & 7) << 9) | ((nib & 8) << 12)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xv, k0, ncols, FORMAT: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``W[rows, k0 : k0 + BLOCK_K] @ xv`` -> [BLOCK_N] fp32. xv [BLOCK_K] fp32 (0 past ncols);
+    row_ptr_off [BLOCK_N] int64: row * (ncols, or ncols / 2 packed bytes); scale_off: row * ncols / 32."""
+    if FORMAT == DENSE:
+        cols = k0 + tl.arange(0, BLOCK_K)
+        tile = tl.load(w + row_ptr_off[:, None] + cols[None, :], mask=rmask[:, None] & (cols < ncols)[None, :],
+                       other=0.0)
+        return tl.sum(tile.to(tl.float32) * xv[None, :], 1)
+    else:
+        HALF: tl.constexpr = BLOCK_K // 2
+        G: tl.constexpr = BLOCK_K // 32
+        byte = k0 // 2 + tl.arange(0, HALF)
+        b = tl.load(w + row_ptr_off[:, None] + byte[None, :], mask=rmask[:, None] & (byte < ncols // 2)[None, :],
+                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, BK/2]
+        x_even, x_odd = tl.split(tl.reshape(xv, [HALF, 2]))                                  # columns 2j, 2j+1
+        part = e2m1_fp16_scaled(b) * x_even[None, :] + e2m1_fp16_scaled(b >> 4) * x_odd[None, :]
+        part = tl.sum(tl.reshape(part, [BLOCK_N, G, 16]), 2)                                 # per 32 columns
+        g = k0 // 32 + tl.arange(0, G)
+        e = tl.load(w_scale + scale_off[:, None] + g[None, :], mask=rmask[:, None] & (g < ncols // 32)[None, :],
+                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, G] E8M0
+        scale = (e << 23).to(tl.float32, bitcast=True) * 16384.0                             # 2^(e-127) * 2^14
+        return tl.sum(part * scale, 1)
+
+
+@triton.jit
+def _row_offsets(rows, ncols, FORMAT: tl.constexpr):
+    r64 = rows.to(tl.int64)
+    if FORMAT == DENSE:
+        return r64 * ncols, r64
+    else:
+        return r64 * (ncols // 2), r64 * (ncols // 32)
+
+
+@triton.jit
+def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, act, first_expert, limit,
+                              E, D, H, K, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Grid (M*K, cdiv(H, BLOCK_N)). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4: [E, 2H, D/2] + [E, 2H, D/32])
+    -> act [M*K, H] for live pairs."""
+    pair = tl.program_id(0).to(tl.int64)
+    gid = tl.load(expert_ids + pair).to(tl.int64)
+    e = gid - first_expert
+    if (gid >= 0) & (e >= 0) & (e < E):
+        tok = pair // K
+        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = n < H
+        gate_off, gate_soff = _row_offsets(e * 2 * H + n, D, FORMAT)
+        up_off, up_soff = _row_offsets(e * 2 * H + H + n, D, FORMAT)
+        acc_g = tl.zeros([BLOCK_N], tl.float32)
+        acc_u = tl.zeros([BLOCK_N], tl.float32)
+        for k0 in range(0, D, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x + tok * D + kk, mask=kk < D, other=0.0).to(tl.float32)
+            acc_g += gemv_chunk(w13, w13_scale, gate_off, gate_soff, nmask, xv, k0, D, FORMAT, BLOCK_N, BLOCK_K)
+            acc_u += gemv_chunk(w13, w13_scale, up_off, up_soff, nmask, xv, k0, D, FORMAT, BLOCK_N, BLOCK_K)
+        gate = acc_g.to(x.dtype.element_ty).to(tl.float32)        # the eager matmul's rounding
+        up = acc_u.to(x.dtype.element_ty).to(tl.float32)
+        if HAS_LIMIT:
+            lim = tl.cast(limit, tl.float32)      # AOTInductor passes Python floats as fp64 (Triton 3.6)
+            gate = tl.minimum(gate, lim)
+            up = tl.minimum(tl.maximum(up, -lim), lim)
+        wt = tl.load(routing_weights + pair).to(tl.float32)
+        h = gate / (1.0 + tl.exp(-gate)) * up * wt
+        tl.store(act + pair * H + n, h.to(act.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Grid (M, cdiv(D, BLOCK_N)). act [M*K, H]; w2 [E, D, H] (MXFP4: [E, D, H/2] + [E, D, H/32])
+    -> out [M, D]: the token's live slots, each rounded to out's dtype, summed in fp32."""
+    m = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = n < D
+    y = tl.zeros([BLOCK_N], tl.float32)
+    for j in range(K):
+        pair = m * K + j
+        gid = tl.load(expert_ids + pair).to(tl.int64)
+        e = gid - first_expert
+        if (gid >= 0) & (e >= 0) & (e < E):
+            off, soff = _row_offsets(e * D + n, H, FORMAT)
+            acc = tl.zeros([BLOCK_N], tl.float32)
+            for k0 in range(0, H, BLOCK_K):
+                kk = k0 + tl.arange(0, BLOCK_K)
+                av = tl.load(act + pair * H + kk, mask=kk < H, other=0.0).to(tl.float32)
+                acc += gemv_chunk(w2, w2_scale, off, soff, nmask, av, k0, H, FORMAT, BLOCK_N, BLOCK_K)
+            y += acc.to(out.dtype.element_ty).to(tl.float32)
+    tl.store(out + m * D + n, y.to(out.dtype.element_ty), mask=nmask)
+
+
+def use_decode(x: Tensor, expert_ids: Tensor) -> bool:
+    """The GEMV schedule for a concrete, small pair count (a symbolic one, as in a ``torch.export``
+    with dynamic tokens, keeps the grouped kernels, which serve every size)."""
+    pairs = expert_ids.numel()
+    return isinstance(pairs, int) and pairs <= DECODE_MAX_PAIRS and x.dtype in (
+        torch.float32, torch.bfloat16, torch.float16)
+
+
+def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
+                   first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
+                   block_k: int | None = None, num_warps: int | None = None) -> Tensor:
+    """The two GEMV launches; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
+    H the intermediate size. Same contract as ``moe.grouped_experts``."""
+    dense = w13[1] is None
+    cfg = {**DECODE_DEFAULTS["dense" if dense else "mxfp4"],
+           **{k: v for k, v in dict(block_n=block_n, block_k=block_k, num_warps=num_warps).items() if v is not None}}
+    if not dense and cfg["block_k"] % 32:
+        raise ValueError(f"moe decode: MXFP4 needs block_k a multiple of 32, got {cfg['block_k']}")
+    M, D = x.shape
+    k = expert_ids.shape[1]
+    E = w13[0].shape[0]
+    fmt = int((DENSE if dense else MXFP4).value)
+    x, ids = x.contiguous(), expert_ids.contiguous()
+    w13_v, w2_v = w13[0].contiguous(), w2[0].contiguous()
+    w13_s, w2_s = (w13_v, w2_v) if dense else (w13[1].contiguous(), w2[1].contiguous())   # dense: unread
+    act = torch.empty((M * k, H), dtype=x.dtype, device=x.device)
+    out = torch.empty((M, D), dtype=x.dtype, device=x.device)
+    bn, bk, warps = cfg["block_n"], cfg["block_k"], cfg["num_warps"]
+    launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
+        x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
+        E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+    launcher(moe_decode_down_kernel)[(M, triton.cdiv(D, bn))](
+        act, ids, w2_v, w2_s, out, int(first_expert), E, D, H, k, FORMAT=fmt, BLOCK_N=bn, BLOCK_K=bk,
+        num_warps=warps)
+    return out
