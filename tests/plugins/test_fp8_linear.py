@@ -72,6 +72,19 @@ def test_mma_variant_is_opt_in(monkeypatch):
 
 def test_interpreter_converts_every_fp8_code(results):
     assert results["codes_exact"], "TRITON_INTERPRET's float8e4nv -> fp32 differs from torch"
+    assert results["codes_exact_bits"], "the CUDA-core body's bit-pattern decode differs from torch"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("bits", [True, False])
+def test_cuda_core_body_decodes_every_code_on_gpu(bits):
+    """Every non-NaN e4m3 code, subnormals included (a flush to zero of the bit-pattern route's
+    fp32 subnormals would lose 14 codes), exactly."""
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm
+    from tests.support.fp8_gemm_cases import every_code_weights
+    x, w8, s, want = every_code_weights("cuda")
+    assert torch.equal(fp8_gemm(x, w8, s, dict(BLOCK_N=64, BLOCK_K=128, DOT=False, BITS=bits)), want)
 
 
 def test_reference_is_dequantise_then_linear():

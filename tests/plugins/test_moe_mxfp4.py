@@ -97,7 +97,8 @@ def kernel_results() -> dict:
 
 
 @pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",
-                                  "moe_mxfp4_aot", "moe_mxfp4_decode", "moe_mxfp4_decode_tiles"])
+                                  "moe_mxfp4_aot", "moe_mxfp4_decode", "moe_mxfp4_decode_tiles",
+                                  "moe_mxfp4_decode_fp16"])
 def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
     r = kernel_results[case]
     assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
@@ -113,6 +114,20 @@ def test_decode_schedule_with_bf16_x_in_the_interpreter(kernel_results):
     the bf16 reference is, plus 1e-3 of the scale (same rounding points, other summation order)."""
     r = kernel_results["moe_mxfp4_decode_bf16"]
     assert r["err"] <= 2 * r["err16"] + 1e-3 * r["scale"], r
+
+
+def test_schedule_arguments_are_checked():
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton
+    args = moe_mxfp4_inputs("cpu")
+    with pytest.raises(ValueError, match=r"\['block_m'\] do not apply to the decode schedule"):
+        moe_experts_mxfp4_triton(*args, schedule="decode", block_m=16)
+    with pytest.raises(ValueError, match=r"\['decode'\] do not apply to the grouped schedule"):
+        moe_experts_mxfp4_triton(*args, schedule="grouped", decode="fp16")
+    with pytest.raises(ValueError, match="schedule must be auto, grouped or decode, got 'gemv'"):
+        moe_experts_mxfp4_triton(*args, schedule="gemv")
+    with pytest.raises(ValueError, match="MXFP4 needs block_k a multiple of 32, got 48"):
+        moe_experts_mxfp4_triton(*args, schedule="decode", block_k=48)
 
 
 def test_dot_scaled_needs_a_16_bit_x():

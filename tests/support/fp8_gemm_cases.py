@@ -22,6 +22,7 @@ CASES = [
     ("m40_mtiles", 40, 150, 140, "bf16", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=1, BLOCK_M=16)),
     ("m5_fp32", 5, 129, 129, "fp32", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),
     ("m2_fp16", 2, 64, 200, "fp16", dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1)),
+    ("m3_convert", 3, 130, 390, "bf16", dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3, BITS=False)),   # .to(fp32) route
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
@@ -61,6 +62,19 @@ def codes_exact() -> bool:
     return bool(torch.equal(got[:254], codes.float()))
 
 
+def every_code_weights(device="cpu"):
+    """(x [1, 128] fp32 = e_0, w8 [254, 128] with code n at row n, column 0, scale 1, want [1, 254]):
+    ``x @ w8^T`` is each non-NaN e4m3 code's value, through whichever decode the kernel runs."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes = codes[(codes & 0x7F) != 0x7F]
+    w8 = torch.zeros(254, 128, dtype=torch.uint8)
+    w8[:, 0] = codes
+    w8 = w8.view(torch.float8_e4m3fn).to(device)
+    x = torch.zeros(1, 128, device=device)
+    x[0, 0] = 1.0
+    return x, w8, torch.ones(2, 1, device=device), codes.view(torch.float8_e4m3fn).float().to(device)[None]
+
+
 def main():
     assert os.environ.get("TRITON_INTERPRET") == "1"            # set before triton is imported
     from dspark_trt.plugins.fp8_linear import dequantize_fp8, fp8_linear_ref
@@ -76,6 +90,8 @@ def main():
         out[name] = {"ulp": ulp_err(y1, exact), "rel": rel, "ref_ulp": ulp_err(ref, exact), "bitwise": bool(torch.equal(y1, y2)),
                      "dtype": str(y1.dtype), "shape": list(y1.shape)}
     out["codes_exact"] = codes_exact()
+    x, w8, s, want = every_code_weights()
+    out["codes_exact_bits"] = bool(torch.equal(fp8_gemm(x, w8, s, dict(BLOCK_N=64, BLOCK_K=128, DOT=False)), want))
     out.update(mma_results())
     print("RESULT " + json.dumps(out))
 

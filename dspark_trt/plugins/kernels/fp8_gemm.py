@@ -11,7 +11,12 @@ halves it against bf16; the kernel streams W once (per M tile) in the layout of
 * Per tile: the fp8 bytes are converted to x's dtype in registers (e4m3 -> bf16 / fp16 / fp32 is
   exact), multiplied against x with fp32 accumulation, and the tile's partial sum is multiplied by
   its block scale before it joins the accumulator (``tl.dot`` with W as the left operand for
-  M > 4, "swap AB"; a CUDA-core multiply-reduce per token for M <= 4).
+  M > 4, "swap AB"; a CUDA-core multiply-reduce per token for M <= 4). The CUDA-core body decodes
+  e4m3 without a conversion instruction (``BITS``, default; the H200's conversions bound the
+  ``.to(float32)`` route near 60 % of HBM): the byte ``s eeee mmm`` as the fp32 bit pattern
+  ``s 0000 eeee mmm 0...`` is its value times 2^-120 (e4m3 subnormals land on fp32 subnormals, which
+  Triton's fp32 multiplies keep), times 2^120 exact. The e4m3fn NaN codes 0x7F / 0xFF read as
+  +-480 there (checkpoints hold none: quantisation clamps to 448).
 * Rows past N are clamped to N - 1 (dropped at the store); K is masked when ``K % BLOCK_K != 0``.
 * SPLIT_K > 1: fp32 partials ``[SPLIT_K, M, N]`` summed in split order by
   ``skinny_gemm.splitk_reduce_kernel`` (two launches, deterministic, no counters).
@@ -46,7 +51,7 @@ SCALE_BLOCK = 128
 def fp8_gemm_kernel(x, w, s, y, ws, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_sn, stride_ym,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     DOT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
-                    INTERPRET_DOT: tl.constexpr):
+                    INTERPRET_DOT: tl.constexpr, BITS: tl.constexpr):
     """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials (SPLIT only).
     K_SPLIT: a multiple of BLOCK_K. BLOCK_N, BLOCK_K: powers of two <= 128 (one scale per tile)."""
     pid_n = tl.program_id(0)
@@ -83,7 +88,11 @@ def fp8_gemm_kernel(x, w, s, y, ws, M, N, K, K_SPLIT, stride_xm, stride_wn, stri
                 part = tl.dot(wt.to(x.dtype.element_ty), tl.trans(xt))  # [BN, BK] @ [BK, BM], fp32 acc
             acc += part * sc
         else:
-            wf = wt.to(tl.float32)
+            if BITS:                       # e4m3 bits as fp32 bits (value * 2^-120; e = 0: subnormal)
+                b = wt.to(tl.uint8, bitcast=True).to(tl.int32)
+                wf = (((b & 0x7F) << 20) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True) * 1.329227995784916e36
+            else:
+                wf = wt.to(tl.float32)
             for m in tl.static_range(BLOCK_M):                    # few tokens: CUDA-core multiply-reduce
                 xrow = x + tl.minimum(pid_m * BLOCK_M + m, M - 1) * stride_xm + kk + offs_k
                 if EVEN_K:
@@ -234,7 +243,7 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     launcher(fp8_gemm_kernel)[grid](
         x, w, scale, y, ws, M, N, K, k_split, x.stride(0), w.stride(0), scale.stride(0), y.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, SPLIT=split > 1, EVEN_K=(K % bk == 0),
-        INTERPRET_DOT=INTERPRET, num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
+        INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", True)), num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
     if split > 1:
         block = 1024
         launcher(splitk_reduce_kernel)[(triton.cdiv(M * N, block),)](

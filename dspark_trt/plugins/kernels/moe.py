@@ -24,6 +24,10 @@ the scaled MMA) hands the packed tile and its scales to ``tl.dot_scaled`` instea
 The launcher sums ``out`` over the k slots in fp32 (skipped slots count 0) and rounds once. Launch
 choices depend only on static sizes when traced with a dynamic M (``torch.export``).
 
+``schedule_experts`` picks between these grouped kernels and the GEMV decode schedule of
+``moe_decode.py`` (a few tokens: no padding to MMA tiles, no sort); both compute the same rounding
+points.
+
 ``moe_experts_token_kernel`` is the one-launch schedule without workspace for the TensorRT AOT
 plugin: a program per (token, BLOCK_D output columns) runs its k experts as GEMVs, recomputing
 the token's gate/up for each column tile (correct, not fast: each expert's w13 is read once per
@@ -269,20 +273,26 @@ def moe_experts_mxfp4_triton(x: Tensor, expert_ids: Tensor, routing_weights: Ten
 def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                      first_expert: int, swiglu_limit: float, H: int, schedule: str, launch: dict) -> Tensor:
     """``schedule``: "grouped" (``grouped_experts``), "decode" (``moe_decode.decode_experts``: GEMVs
-    per (token, slot) pair), or "auto": decode for a small concrete pair count unless grouped launch
-    parameters are given (``moe_decode.use_decode``)."""
+    per (token, slot) pair), or "auto": decode for a small concrete pair count
+    (``moe_decode.use_decode``) unless launch parameters are given (``dot_scaled`` and ``decode``
+    aside: each applies when auto picks its schedule)."""
     from . import moe_decode
     if schedule not in ("auto", "grouped", "decode"):
         raise ValueError(f"moe_experts: schedule must be auto, grouped or decode, got {schedule!r}")
-    grouped_only = {k for k, v in launch.items() if v and k in ("block_m", "num_stages", "dot_scaled")}
-    set_launch = {k for k, v in launch.items() if v is not None and v is not False}
-    if schedule == "decode" or (schedule == "auto" and not (set_launch - {"dot_scaled"})
-                                and moe_decode.use_decode(x, expert_ids)):
-        if schedule == "decode" and grouped_only:
-            raise ValueError(f"moe_experts: {sorted(grouped_only)} apply to the grouped schedule only")
+    given = {k for k, v in launch.items() if v is not None and v is not False}
+    prefs = {"dot_scaled", "decode"}                 # each schedule's inner product: kept for when it runs
+    if schedule == "auto":
+        small = moe_decode.use_decode(x, expert_ids, dense=w13[1] is None)
+        schedule = "decode" if small and not given - prefs else "grouped"
+        given -= prefs
+    foreign = given & ({"block_m", "num_stages", "dot_scaled"} if schedule == "decode" else {"decode"})
+    if foreign:
+        raise ValueError(f"moe_experts: {sorted(foreign)} do not apply to the {schedule} schedule")
+    if schedule == "decode":
         return moe_decode.decode_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H,
-                                         **{k: launch.get(k) for k in ("block_n", "block_k", "num_warps")})
-    return grouped_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H=H, **launch)
+                                         **{k: launch.get(k) for k in ("block_n", "block_k", "num_warps", "decode")})
+    return grouped_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H=H,
+                           **{k: v for k, v in launch.items() if k != "decode"})
 
 
 def grouped_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,

@@ -17,12 +17,17 @@ The rounding points are the grouped kernels', so only the summation order differ
 expert another token also chose reads that expert again (from L2 when they run together): past a
 few tokens per expert the grouped kernels win (``DECODE_MAX_PAIRS``).
 
-MXFP4 decode in registers, two weights per packed byte: an E2M1 code ``s e1 e0 m`` placed as the
-fp16 bit pattern ``s 000 e1 e0 m 000000000`` is the code's value times 2^-14 (E2M1's subnormals,
-``e = 0``, land on fp16 subnormals, which the fp16 -> fp32 conversion keeps exactly); the 2^14 goes
-into the per-32 E8M0 scale, applied once per group to the fp32 partial sums.
+MXFP4 decode in registers, two weights per packed byte, no conversion instruction
+(``DSPARK_MXFP4_DECODE``): ``fp32`` (default) places an E2M1 code ``s e1 e0 m`` as the fp32 bit
+pattern ``s 0000000 e1 e0 m 0...`` = value * 2^-126 (``e = 0`` codes are fp32 subnormals) and one
+multiply by 2^126 makes it exact (needs subnormals kept, as Triton's fp32 multiplies do); ``fp16``
+uses the fp16 pattern ``s 000 e1 e0 m 0...`` = value * 2^-14 and an fp16 -> fp32 conversion (on the
+H200 conversions bound it at ~25 % of HBM), the 2^14 going into the per-32 E8M0 scale, applied
+once per group to the fp32 partial sums.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -32,24 +37,37 @@ from torch import Tensor
 from .common import launcher
 from .moe import DENSE, MXFP4
 
-# (token, slot) pairs up to which the GEMV schedule runs; above it the grouped kernels. Decode and
-# verify steps of a few requests are far below, prefill far above.
-DECODE_MAX_PAIRS = 128
+FP16 = tl.constexpr(0)                      # E2M1 decode through fp16 bits + a conversion per weight
+FP32 = tl.constexpr(1)                      # through fp32 bits (a subnormal for e = 0) times 2^126
+MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "fp32")
+# (token, slot) pairs up to which the GEMV schedule runs, per weight format; above it the grouped
+# kernels (H200, V4-Flash / V4-Pro experts, moe-mxfp4-NVIDIA-H200-e9d2e5a.json: bf16 GEMVs win up to
+# 8 tokens x 6 experts, MXFP4 ones up to 16 x 6). Prefill is far above.
+DECODE_MAX_PAIRS = {"dense": 64, "mxfp4": 128}
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
                    "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
 
 
 @triton.jit
-def e2m1_fp16_scaled(nib):
-    """E2M1 codes (int32, bits 0-3) -> float32 value * 2^-14, through the fp16 bit pattern."""
-    bits = ((nib & 7) << 9) | ((nib & 8) << 12)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+def e2m1_pair(b, DECODE: tl.constexpr):
+    """Packed bytes (int32 0..255) -> (low, high) codes' E2M1 values as float32, both times 2^-14
+    (``FP16``) or exact (``FP32``)."""
+    if DECODE == FP16:
+        lo = ((b & 7) << 9) | ((b & 8) << 12)
+        hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
+        return (lo.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32),
+                hi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))
+    else:
+        lo = ((b & 7) << 22) | ((b & 8) << 28)
+        hi = ((b & 0x70) << 18) | ((b & 0x80) << 24)
+        return (lo.to(tl.float32, bitcast=True) * 8.507059173023462e37,           # * 2^126
+                hi.to(tl.float32, bitcast=True) * 8.507059173023462e37)
 
 
 @triton.jit
 def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xv, k0, ncols, FORMAT: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+               DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``W[rows, k0 : k0 + BLOCK_K] @ xv`` -> [BLOCK_N] fp32. xv [BLOCK_K] fp32 (0 past ncols);
     row_ptr_off [BLOCK_N] int64: row * (ncols, or ncols / 2 packed bytes); scale_off: row * ncols / 32."""
     if FORMAT == DENSE:
@@ -64,12 +82,15 @@ def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xv, k0, ncols, FORMAT:
         b = tl.load(w + row_ptr_off[:, None] + byte[None, :], mask=rmask[:, None] & (byte < ncols // 2)[None, :],
                     other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, BK/2]
         x_even, x_odd = tl.split(tl.reshape(xv, [HALF, 2]))                                  # columns 2j, 2j+1
-        part = e2m1_fp16_scaled(b) * x_even[None, :] + e2m1_fp16_scaled(b >> 4) * x_odd[None, :]
+        w_lo, w_hi = e2m1_pair(b, DECODE)
+        part = w_lo * x_even[None, :] + w_hi * x_odd[None, :]
         part = tl.sum(tl.reshape(part, [BLOCK_N, G, 16]), 2)                                 # per 32 columns
         g = k0 // 32 + tl.arange(0, G)
         e = tl.load(w_scale + scale_off[:, None] + g[None, :], mask=rmask[:, None] & (g < ncols // 32)[None, :],
                     other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, G] E8M0
-        scale = (e << 23).to(tl.float32, bitcast=True) * 16384.0                             # 2^(e-127) * 2^14
+        scale = (e << 23).to(tl.float32, bitcast=True)                                       # 2^(e-127)
+        if DECODE == FP16:
+            scale = scale * 16384.0
         return tl.sum(part * scale, 1)
 
 
@@ -85,7 +106,7 @@ def _row_offsets(rows, ncols, FORMAT: tl.constexpr):
 @triton.jit
 def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, act, first_expert, limit,
                               E, D, H, K, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                              DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Grid (M*K, cdiv(H, BLOCK_N)). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4: [E, 2H, D/2] + [E, 2H, D/32])
     -> act [M*K, H] for live pairs."""
     pair = tl.program_id(0).to(tl.int64)
@@ -102,8 +123,8 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
         for k0 in range(0, D, BLOCK_K):
             kk = k0 + tl.arange(0, BLOCK_K)
             xv = tl.load(x + tok * D + kk, mask=kk < D, other=0.0).to(tl.float32)
-            acc_g += gemv_chunk(w13, w13_scale, gate_off, gate_soff, nmask, xv, k0, D, FORMAT, BLOCK_N, BLOCK_K)
-            acc_u += gemv_chunk(w13, w13_scale, up_off, up_soff, nmask, xv, k0, D, FORMAT, BLOCK_N, BLOCK_K)
+            acc_g += gemv_chunk(w13, w13_scale, gate_off, gate_soff, nmask, xv, k0, D, FORMAT, DECODE, BLOCK_N, BLOCK_K)
+            acc_u += gemv_chunk(w13, w13_scale, up_off, up_soff, nmask, xv, k0, D, FORMAT, DECODE, BLOCK_N, BLOCK_K)
         gate = acc_g.to(x.dtype.element_ty).to(tl.float32)        # the eager matmul's rounding
         up = acc_u.to(x.dtype.element_ty).to(tl.float32)
         if HAS_LIMIT:
@@ -117,7 +138,7 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
 
 @triton.jit
 def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                           DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Grid (M, cdiv(D, BLOCK_N)). act [M*K, H]; w2 [E, D, H] (MXFP4: [E, D, H/2] + [E, D, H/32])
     -> out [M, D]: the token's live slots, each rounded to out's dtype, summed in fp32."""
     m = tl.program_id(0).to(tl.int64)
@@ -134,22 +155,22 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, out, first_expert, E, 
             for k0 in range(0, H, BLOCK_K):
                 kk = k0 + tl.arange(0, BLOCK_K)
                 av = tl.load(act + pair * H + kk, mask=kk < H, other=0.0).to(tl.float32)
-                acc += gemv_chunk(w2, w2_scale, off, soff, nmask, av, k0, H, FORMAT, BLOCK_N, BLOCK_K)
+                acc += gemv_chunk(w2, w2_scale, off, soff, nmask, av, k0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
             y += acc.to(out.dtype.element_ty).to(tl.float32)
     tl.store(out + m * D + n, y.to(out.dtype.element_ty), mask=nmask)
 
 
-def use_decode(x: Tensor, expert_ids: Tensor) -> bool:
+def use_decode(x: Tensor, expert_ids: Tensor, dense: bool) -> bool:
     """The GEMV schedule for a concrete, small pair count (a symbolic one, as in a ``torch.export``
     with dynamic tokens, keeps the grouped kernels, which serve every size)."""
     pairs = expert_ids.numel()
-    return isinstance(pairs, int) and pairs <= DECODE_MAX_PAIRS and x.dtype in (
+    return isinstance(pairs, int) and pairs <= DECODE_MAX_PAIRS["dense" if dense else "mxfp4"] and x.dtype in (
         torch.float32, torch.bfloat16, torch.float16)
 
 
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
-                   block_k: int | None = None, num_warps: int | None = None) -> Tensor:
+                   block_k: int | None = None, num_warps: int | None = None, decode: str | None = None) -> Tensor:
     """The two GEMV launches; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
     H the intermediate size. Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
@@ -167,10 +188,11 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     act = torch.empty((M * k, H), dtype=x.dtype, device=x.device)
     out = torch.empty((M, D), dtype=x.dtype, device=x.device)
     bn, bk, warps = cfg["block_n"], cfg["block_k"], cfg["num_warps"]
+    decode = {"fp16": int(FP16.value), "fp32": int(FP32.value)}[decode or MXFP4_DECODE]
     launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
         x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
-        E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
     launcher(moe_decode_down_kernel)[(M, triton.cdiv(D, bn))](
-        act, ids, w2_v, w2_s, out, int(first_expert), E, D, H, k, FORMAT=fmt, BLOCK_N=bn, BLOCK_K=bk,
-        num_warps=warps)
+        act, ids, w2_v, w2_s, out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
+        BLOCK_K=bk, num_warps=warps)
     return out

@@ -16,6 +16,8 @@ values up to the GEMM summation order and reads only the chosen experts' packed 
 equals the reference and takes 219 / 1,168 us at V4-Flash shapes for 1 / 16 tokens where the
 in-register decode takes 1,063 / 9,920 us (bf16 experts: 155 / 1,090 us).
 ``DSPARK_MXFP4_DOT_SCALED=0`` (read at import) selects the in-register decode (fp32 x always).
+Up to ``moe_decode.DECODE_MAX_PAIRS`` (token, slot) pairs the op runs the GEMV decode schedule
+instead (``kernels/moe_decode.py``: E2M1 through fp32 bit patterns, no MMA tiles).
 """
 from __future__ import annotations
 
