@@ -17,7 +17,7 @@ triton = pytest.importorskip("triton", reason="Triton is not installed")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk  # noqa: E402
-from dspark_trt.plugins.kernels import moe as kmoe, rejection as krj, sparse_mla as ksm  # noqa: E402
+from dspark_trt.plugins.kernels import moe as kmoe, moe_decode as kmd, rejection as krj, sparse_mla as ksm  # noqa: E402
 from dspark_trt.plugins.kernels import fp8_gemm as kfp8  # noqa: E402
 
 from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, moe_mxfp4_inputs,  # noqa: E402
@@ -49,8 +49,10 @@ class _Grid:
 
 
 def record(monkeypatch, module, fn, *args, **kwargs):
+    """``module``: the kernel module whose ``launcher`` ``fn`` calls, or a tuple of them."""
     launches = []
-    monkeypatch.setattr(module, "launcher", _Recorder(launches))
+    for m in module if isinstance(module, tuple) else (module,):
+        monkeypatch.setattr(m, "launcher", _Recorder(launches))
     fn(*args, **kwargs)
     assert launches, f"{fn.__name__} launched nothing"
     return launches
@@ -160,31 +162,42 @@ def _launches_sparse_mla(monkeypatch):
     return out
 
 
+_MOE_BIG = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4}
+_GROUPED = {"schedule": "grouped"}
+_DECODE = {"schedule": "decode"}
+
+
 def _launches_moe(monkeypatch):
+    """Both schedules of the bf16 / fp32 experts: grouped (default and large tiles) and decode
+    (default and wide tiles)."""
     out = []
-    big = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4}
-    for dtype, configs in ((torch.bfloat16, ({}, big)), (torch.float32, ({},))):
+    for dtype, configs in ((torch.bfloat16, (_GROUPED, _MOE_BIG, _DECODE, {**_DECODE, "block_n": 64, "block_k": 128,
+                                                                         "num_warps": 8})),
+                           (torch.float32, (_GROUPED, _DECODE))):
         args = moe_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)
         for kw in configs:
-            out += record(monkeypatch, kmoe, kmoe.moe_experts_triton, *args, **kw)
+            out += record(monkeypatch, (kmoe, kmd), kmoe.moe_experts_triton, *args, **kw)
     return out
 
 
 def _launches_moe_mxfp4(monkeypatch):
-    """The MXFP4 weight format of the grouped kernels: bf16 (default tiles, the large tile, the
-    ``tl.dot_scaled``, the op's default with bf16 x) and fp32 x."""
+    """The MXFP4 weight format of both schedules: grouped with bf16 x (default tiles, the large
+    tile, ``tl.dot_scaled``) and fp32 x; decode with each E2M1 route (int32 words, bytes)
+    and a long block_k."""
     out = []
-    big = {"block_m": 64, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 4}
-    for dtype, configs in ((torch.bfloat16, ({}, big, {"dot_scaled": True})), (torch.float32, ({},))):
+    configs = {torch.bfloat16: (_GROUPED, _MOE_BIG, {**_GROUPED, "dot_scaled": True}, _DECODE,
+                                {**_DECODE, "decode": "bytes"}, {**_DECODE, "block_n": 8, "block_k": 1024}),
+               torch.float32: (_GROUPED, _DECODE)}
+    for dtype, kws in configs.items():
         args = moe_mxfp4_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)
-        for kw in configs:
-            out += record(monkeypatch, kmoe, kmoe.moe_experts_mxfp4_triton, *args, **kw)
+        for kw in kws:
+            out += record(monkeypatch, (kmoe, kmd), kmoe.moe_experts_mxfp4_triton, *args, **kw)
     return out
 
 
 def _launches_fp8(monkeypatch):
     """Every default config family (CUDA-core M <= 4 with split-K, swap-AB tl.dot with 64 and 128
-    rows) and odd K, for bf16 and fp32 activations."""
+    rows) and odd K, for bf16 and fp32 activations; the opt-in BITS decode and W8A8 MMA."""
     from dspark_trt.plugins.fp8_linear import quantize_fp8
     out = []
     w8, s = quantize_fp8(torch.randn(512, 1024))
@@ -193,6 +206,8 @@ def _launches_fp8(monkeypatch):
         for M, w, sc in ((1, w8, s), (16, w8, s), (128, w8, s), (3, w8o, so), (40, w8o, so)):
             x = torch.randn(M, w.shape[1]).to(dtype)
             out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc)
+    x = torch.randn(1, w8.shape[1]).bfloat16()                      # the opt-in bit-pattern e4m3 decode
+    out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w8, s, {**kfp8.default_config(1, *w8.shape), "BITS": True})
     for M, w, sc in ((256, w8, s), (40, w8o, so)):                 # the opt-in W8A8 (fp8 MMA) variant
         x = torch.randn(M, w.shape[1]).bfloat16()
         out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, kfp8.mma_config(M, *w.shape))

@@ -20,6 +20,10 @@ C2 = tl.constexpr(rng.C2)
 STREAM_DRAFT = tl.constexpr(rng.STREAM_DRAFT)
 STREAM_ACCEPT = tl.constexpr(rng.STREAM_ACCEPT)
 STREAM_RESIDUAL = tl.constexpr(rng.STREAM_RESIDUAL)
+# Expert weight formats of the MoE kernels (moe.py, moe_decode.py): bf16 / fp32 values, or MXFP4
+# (packed E2M1 nibbles + one E8M0 scale per 32 columns).
+DENSE = tl.constexpr(0)
+MXFP4 = tl.constexpr(1)
 
 
 @triton.jit

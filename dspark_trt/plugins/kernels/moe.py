@@ -41,10 +41,9 @@ import triton.language as tl
 from torch import Tensor
 
 from ..expert_ids import local_experts
-from .common import launcher
+from . import moe_decode
+from .common import DENSE, MXFP4, launcher
 
-DENSE = tl.constexpr(0)
-MXFP4 = tl.constexpr(1)
 MX_GROUP = tl.constexpr(32)               # columns per E8M0 scale
 
 
@@ -276,7 +275,6 @@ def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13
     per (token, slot) pair), or "auto": decode for a small concrete pair count
     (``moe_decode.use_decode``) unless launch parameters are given (``dot_scaled`` and ``decode``
     aside: each applies when auto picks its schedule)."""
-    from . import moe_decode
     if schedule not in ("auto", "grouped", "decode"):
         raise ValueError(f"moe_experts: schedule must be auto, grouped or decode, got {schedule!r}")
     given = {k for k, v in launch.items() if v is not None and v is not False}
