@@ -45,10 +45,10 @@ PEAK = 4.8e12
 DEV = "cuda"
 MODELS = {"flash": "deepseek-v4-flash-dspark", "pro": "deepseek-v4-pro-dspark"}
 # MXFP4 variants: the GEMV decode schedule (kernels/moe_decode.py, the op's choice up to
-# DECODE_MAX_PAIRS pairs) at its defaults (E2M1 via fp32 bits; and via fp16 bits), the grouped kernels with tl.dot_scaled (the op's choice
+# DECODE_MAX_PAIRS pairs) at its defaults (E2M1 from int32 words of 8 codes; and from single bytes), the grouped kernels with tl.dot_scaled (the op's choice
 # above) and with the in-register decode; --sweep-ms adds GEMV tiles.
 VARIANTS = {"mxfp4_gemv": dict(schedule="decode"),
-            "mxfp4_gemv_fp16": dict(schedule="decode", decode="fp16"),
+            "mxfp4_gemv_bytes": dict(schedule="decode", decode="bytes"),
             "mxfp4_grouped_dot_scaled": dict(schedule="grouped", dot_scaled=True),
             "mxfp4_grouped_decode": dict(schedule="grouped")}
 GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (8, 16, 32) for k in (256, 512, 1024) for w in (4, 8)]

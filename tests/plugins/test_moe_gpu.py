@@ -116,10 +116,10 @@ def test_both_schedules_flash_shapes(flash_weights, flash_mxfp4, schedule, fmt):
             _check_bf16(got, x, ids, w, (w13p, w13s), (w2p, w2s), first_expert, moe_experts_mxfp4_ref)
 
 
-@pytest.mark.parametrize("decode", ["fp32", "fp16"])
+@pytest.mark.parametrize("decode", ["words", "bytes"])
 def test_mxfp4_decode_schedule_exact_in_fp32(flash_mxfp4, decode):
-    """fp32 x: the GEMV schedule's E2M1 decode (both bit-pattern routes; fp32 keeps the e = 0 codes
-    as subnormals, which a flush to zero would lose: 1 in 8 codes) equals the fp32 reference up to
+    """fp32 x: the GEMV schedule's E2M1 decode (both routes keep the e = 0 codes as fp32
+    subnormals, which a flush to zero would lose: 1 in 8 codes) equals the fp32 reference up to
     summation order, 1e-5 of the scale."""
     from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton
     w13p, w13s, w2p, w2s = flash_mxfp4
@@ -128,6 +128,15 @@ def test_mxfp4_decode_schedule_exact_in_fp32(flash_mxfp4, decode):
                                    decode=decode)
     ref = _ref(x.float(), ids, w, (w13p, w13s), (w2p, w2s), 0, 1, moe_experts_mxfp4_ref)
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("decode", ["words", "bytes"])
+def test_gemv_decodes_every_code_exactly_on_gpu(decode):
+    """Every E2M1 code at every word position, x from 2^-60 to 2^60, on the GPU's fp32 units
+    (subnormal operands of the words route's multiplies kept): exact."""
+    from tests.support.mxfp4_codes import every_code_case
+    r = every_code_case("cuda", decode)
+    assert r["exact"], r["runs"]
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])

@@ -98,10 +98,18 @@ def kernel_results() -> dict:
 
 @pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",
                                   "moe_mxfp4_aot", "moe_mxfp4_decode", "moe_mxfp4_decode_tiles",
-                                  "moe_mxfp4_decode_fp16"])
+                                  "moe_mxfp4_decode_bytes"])
 def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
     r = kernel_results[case]
     assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
+
+
+@pytest.mark.parametrize("decode", ["words", "bytes"])
+def test_gemv_decodes_every_code_exactly_in_the_interpreter(kernel_results, decode):
+    """All 16 E2M1 codes at each of the 8 positions of a word, x from 2^-60 to 2^60: exact
+    (``tests/support/mxfp4_codes.py``)."""
+    r = kernel_results[f"mxfp4_codes_{decode}"]
+    assert r["exact"], r["runs"]
 
 
 def test_dot_scaled_variant_in_the_interpreter(kernel_results):
@@ -123,7 +131,9 @@ def test_schedule_arguments_are_checked():
     with pytest.raises(ValueError, match=r"\['block_m'\] do not apply to the decode schedule"):
         moe_experts_mxfp4_triton(*args, schedule="decode", block_m=16)
     with pytest.raises(ValueError, match=r"\['decode'\] do not apply to the grouped schedule"):
-        moe_experts_mxfp4_triton(*args, schedule="grouped", decode="fp16")
+        moe_experts_mxfp4_triton(*args, schedule="grouped", decode="bytes")
+    with pytest.raises(ValueError, match="decode must be one of \\['bytes', 'words'\\], got 'fp16'"):
+        moe_experts_mxfp4_triton(*args, schedule="decode", decode="fp16")
     with pytest.raises(ValueError, match="schedule must be auto, grouped or decode, got 'gemv'"):
         moe_experts_mxfp4_triton(*args, schedule="gemv")
     with pytest.raises(ValueError, match="MXFP4 needs block_k a multiple of 32, got 48"):

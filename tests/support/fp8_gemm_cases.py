@@ -22,7 +22,7 @@ CASES = [
     ("m40_mtiles", 40, 150, 140, "bf16", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=1, BLOCK_M=16)),
     ("m5_fp32", 5, 129, 129, "fp32", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),
     ("m2_fp16", 2, 64, 200, "fp16", dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1)),
-    ("m3_convert", 3, 130, 390, "bf16", dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3, BITS=False)),   # .to(fp32) route
+    ("m3_bits", 3, 130, 390, "bf16", dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3, BITS=True)),   # bit-pattern decode
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}

@@ -405,8 +405,11 @@ def moe_mxfp4_cases(device) -> dict:
     got = kmoe.moe_experts_mxfp4_triton(*b16, schedule="decode")
     out["moe_mxfp4_decode_bf16"] = {"err": _err(got, ref), "err16": _err(moe_experts_mxfp4_ref(*b16), ref),
                                     "scale": float(ref.abs().max())}
-    out["moe_mxfp4_decode_fp16"] = {"err": _err(kmoe.moe_experts_mxfp4_triton(*base, decode="fp16"), ref),
-                                    "scale": float(ref.abs().max())}
+    out["moe_mxfp4_decode_bytes"] = {"err": _err(kmoe.moe_experts_mxfp4_triton(*base, decode="bytes"), ref),
+                                     "scale": float(ref.abs().max())}
+    from tests.support.mxfp4_codes import every_code_case
+    for decode in ("words", "bytes"):
+        out[f"mxfp4_codes_{decode}"] = every_code_case(device, decode)
     return out
 
 

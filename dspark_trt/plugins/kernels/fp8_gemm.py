@@ -11,12 +11,13 @@ halves it against bf16; the kernel streams W once (per M tile) in the layout of
 * Per tile: the fp8 bytes are converted to x's dtype in registers (e4m3 -> bf16 / fp16 / fp32 is
   exact), multiplied against x with fp32 accumulation, and the tile's partial sum is multiplied by
   its block scale before it joins the accumulator (``tl.dot`` with W as the left operand for
-  M > 4, "swap AB"; a CUDA-core multiply-reduce per token for M <= 4). The CUDA-core body decodes
-  e4m3 without a conversion instruction (``BITS``, default; the H200's conversions bound the
-  ``.to(float32)`` route near 60 % of HBM): the byte ``s eeee mmm`` as the fp32 bit pattern
-  ``s 0000 eeee mmm 0...`` is its value times 2^-120 (e4m3 subnormals land on fp32 subnormals, which
-  Triton's fp32 multiplies keep), times 2^120 exact. The e4m3fn NaN codes 0x7F / 0xFF read as
-  +-480 there (checkpoints hold none: quantisation clamps to 448).
+  M > 4, "swap AB"; a CUDA-core multiply-reduce per token for M <= 4). ``BITS`` (opt-in) has the
+  CUDA-core body decode e4m3 without a conversion instruction: the byte ``s eeee mmm`` as the fp32
+  bit pattern ``s 0000 eeee mmm 0...`` is its value times 2^-120 (e4m3 subnormals land on fp32
+  subnormals, which Triton's fp32 multiplies keep), times 2^120 exact; the e4m3fn NaN codes
+  0x7F / 0xFF read as +-480 there (checkpoints hold none: quantisation clamps to 448). On the H200
+  it was slower than the ``.to(float32)`` route at every M = 1 shape (fp8-gemm-NVIDIA-H200-8fa3a00.json:
+  e.g. gate/up 36 vs 50 % of HBM, down 39 vs 52 %), so it stays off by default.
 * Rows past N are clamped to N - 1 (dropped at the store); K is masked when ``K % BLOCK_K != 0``.
 * SPLIT_K > 1: fp32 partials ``[SPLIT_K, M, N]`` summed in split order by
   ``skinny_gemm.splitk_reduce_kernel`` (two launches, deterministic, no counters).
@@ -243,7 +244,7 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     launcher(fp8_gemm_kernel)[grid](
         x, w, scale, y, ws, M, N, K, k_split, x.stride(0), w.stride(0), scale.stride(0), y.stride(0),
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, SPLIT=split > 1, EVEN_K=(K % bk == 0),
-        INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", True)), num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
+        INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)), num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
     if split > 1:
         block = 1024
         launcher(splitk_reduce_kernel)[(triton.cdiv(M * N, block),)](

@@ -17,13 +17,18 @@ The rounding points are the grouped kernels', so only the summation order differ
 expert another token also chose reads that expert again (from L2 when they run together): past a
 few tokens per expert the grouped kernels win (``DECODE_MAX_PAIRS``).
 
-MXFP4 decode in registers, two weights per packed byte, no conversion instruction
-(``DSPARK_MXFP4_DECODE``): ``fp32`` (default) places an E2M1 code ``s e1 e0 m`` as the fp32 bit
-pattern ``s 0000000 e1 e0 m 0...`` = value * 2^-126 (``e = 0`` codes are fp32 subnormals) and one
-multiply by 2^126 makes it exact (needs subnormals kept, as Triton's fp32 multiplies do); ``fp16``
-uses the fp16 pattern ``s 000 e1 e0 m 0...`` = value * 2^-14 and an fp16 -> fp32 conversion (on the
-H200 conversions bound it at ~25 % of HBM), the 2^14 going into the per-32 E8M0 scale, applied
-once per group to the fp32 partial sums.
+MXFP4 decode in registers without a conversion instruction: an E2M1 code ``s e1 e0 m`` placed as
+the fp32 bit pattern ``s 0000000 e1 e0 m 0...`` is its value times 2^-126 (``e = 0`` codes are
+fp32 subnormals, which Triton's fp32 arithmetic keeps). The H200 run of 8fa3a00 put the byte-wise
+decode at ~25 % of HBM with the integer pipe (half the fp32 rate) the bound, ~13 issue slots per
+weight, so ``DSPARK_MXFP4_DECODE`` picks:
+
+* ``words`` (default): int32 words of 8 codes; code ``j`` of every word is two shifts and two masks
+  (columns ``8i + j``, x split to match), and the 2^126 never multiplies a weight: x enters
+  scaled by 2^63 and the per-32 E8M0 scale times 2^63 leaves on the fp32 partial sums. Exact while
+  ``|x| < 2^65`` and each nonzero ``|w x| >= 2^-63`` (below, a product is an fp32 subnormal).
+* ``bytes``: the packed bytes one by one, two codes each, every weight times 2^126 (the earlier
+  route, kept for comparison).
 """
 from __future__ import annotations
 
@@ -34,71 +39,111 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import launcher
-from .moe import DENSE, MXFP4
+from .common import DENSE, MXFP4, launcher
 
-FP16 = tl.constexpr(0)                      # E2M1 decode through fp16 bits + a conversion per weight
-FP32 = tl.constexpr(1)                      # through fp32 bits (a subnormal for e = 0) times 2^126
-MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "fp32")
+BYTES = tl.constexpr(0)                     # packed bytes, each weight times 2^126
+WORDS = tl.constexpr(1)                     # int32 words of 8 codes, 2^126 applied per group
+DECODES = {"bytes": 0, "words": 1}
+MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "words")
+TWO_126 = tl.constexpr(8.507059173023462e37)      # a code's fp32 bit pattern is its value * 2^-126
+X_SCALE = tl.constexpr(9.223372036854775808e18)    # words: x * 2^63 ...
+SUM_SCALE = tl.constexpr(9.223372036854775808e18)  # ... and the sums * 2^(126 - 63)
 # (token, slot) pairs up to which the GEMV schedule runs, per weight format; above it the grouped
-# kernels (H200, V4-Flash / V4-Pro experts, moe-mxfp4-NVIDIA-H200-e9d2e5a.json: bf16 GEMVs win up to
-# 8 tokens x 6 experts, MXFP4 ones up to 16 x 6). Prefill is far above.
-DECODE_MAX_PAIRS = {"dense": 64, "mxfp4": 128}
+# kernels. H200, V4-Flash / V4-Pro experts (6 per token): bf16 GEMVs win up to 8 tokens
+# (moe-mxfp4-NVIDIA-H200-e9d2e5a.json), MXFP4 ones up to 32 tokens, 192 pairs, already with the
+# byte-wise decode (moe-mxfp4-NVIDIA-H200-8fa3a00.json: flash 1592 vs 1778 us, pro 4181 vs 5131 us
+# for tl.dot_scaled grouped at 32 tokens; grouped wins at 64). Prefill is far above.
+DECODE_MAX_PAIRS = {"dense": 64, "mxfp4": 192}
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
                    "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
 
 
 @triton.jit
-def e2m1_pair(b, DECODE: tl.constexpr):
-    """Packed bytes (int32 0..255) -> (low, high) codes' E2M1 values as float32, both times 2^-14
-    (``FP16``) or exact (``FP32``)."""
-    if DECODE == FP16:
-        lo = ((b & 7) << 9) | ((b & 8) << 12)
-        hi = ((b & 0x70) << 5) | ((b & 0x80) << 8)
-        return (lo.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32),
-                hi.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32))
+def e2m1_pair(b):
+    """Packed bytes (int32 0..255) -> (low, high) codes' E2M1 values as float32, exact."""
+    lo = ((b & 7) << 22) | ((b & 8) << 28)
+    hi = ((b & 0x70) << 18) | ((b & 0x80) << 24)
+    return lo.to(tl.float32, bitcast=True) * TWO_126, hi.to(tl.float32, bitcast=True) * TWO_126
+
+
+@triton.jit
+def e2m1_word_code(wd, J: tl.constexpr):
+    """int32 words of 8 codes -> code J of each (bits 4J .. 4J+3) as fp32: its value times 2^-126."""
+    if J < 6:
+        mag = wd << (22 - 4 * J)                # bits 4J .. 4J+2 -> 22 .. 24
     else:
-        lo = ((b & 7) << 22) | ((b & 8) << 28)
-        hi = ((b & 0x70) << 18) | ((b & 0x80) << 24)
-        return (lo.to(tl.float32, bitcast=True) * 8.507059173023462e37,           # * 2^126
-                hi.to(tl.float32, bitcast=True) * 8.507059173023462e37)
+        mag = wd >> (4 * J - 22)
+    if J < 7:
+        sign = wd << (28 - 4 * J)               # bit 4J+3 -> 31
+    else:
+        sign = wd
+    return ((mag & 0x01C00000) | (sign & -2147483648)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def split8(xv, W8: tl.constexpr):
+    """xv [8 * W8] -> its 8 strided parts x[8i + t], t = 0..7, each [W8]."""
+    even, odd = tl.split(tl.reshape(xv, [W8, 4, 2]))          # t = 2a + b
+    e0, e2 = tl.split(tl.reshape(even, [W8, 2, 2]))          # t in {0, 4} / {2, 6}
+    o1, o3 = tl.split(tl.reshape(odd, [W8, 2, 2]))           # t in {1, 5} / {3, 7}
+    x0, x4 = tl.split(e0)
+    x2, x6 = tl.split(e2)
+    x1, x5 = tl.split(o1)
+    x3, x7 = tl.split(o3)
+    return x0, x1, x2, x3, x4, x5, x6, x7
 
 
 @triton.jit
 def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xv, k0, ncols, FORMAT: tl.constexpr,
                DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``W[rows, k0 : k0 + BLOCK_K] @ xv`` -> [BLOCK_N] fp32. xv [BLOCK_K] fp32 (0 past ncols);
-    row_ptr_off [BLOCK_N] int64: row * (ncols, or ncols / 2 packed bytes); scale_off: row * ncols / 32."""
+    row_ptr_off [BLOCK_N] int64: row * (ncols, or its packed bytes or int32 words: ``_row_offsets``);
+    scale_off: row * ncols / 32."""
     if FORMAT == DENSE:
         cols = k0 + tl.arange(0, BLOCK_K)
         tile = tl.load(w + row_ptr_off[:, None] + cols[None, :], mask=rmask[:, None] & (cols < ncols)[None, :],
                        other=0.0)
         return tl.sum(tile.to(tl.float32) * xv[None, :], 1)
     else:
-        HALF: tl.constexpr = BLOCK_K // 2
         G: tl.constexpr = BLOCK_K // 32
-        byte = k0 // 2 + tl.arange(0, HALF)
-        b = tl.load(w + row_ptr_off[:, None] + byte[None, :], mask=rmask[:, None] & (byte < ncols // 2)[None, :],
-                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, BK/2]
-        x_even, x_odd = tl.split(tl.reshape(xv, [HALF, 2]))                                  # columns 2j, 2j+1
-        w_lo, w_hi = e2m1_pair(b, DECODE)
-        part = w_lo * x_even[None, :] + w_hi * x_odd[None, :]
-        part = tl.sum(tl.reshape(part, [BLOCK_N, G, 16]), 2)                                 # per 32 columns
+        if DECODE == WORDS:
+            W8: tl.constexpr = BLOCK_K // 8
+            word = k0 // 8 + tl.arange(0, W8)
+            wd = tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
+                         other=0)                                                            # [BN, BK/8] int32
+            x0, x1, x2, x3, x4, x5, x6, x7 = split8(xv * X_SCALE, W8)
+            part = e2m1_word_code(wd, 0) * x0[None, :] + e2m1_word_code(wd, 1) * x1[None, :]
+            part += e2m1_word_code(wd, 2) * x2[None, :] + e2m1_word_code(wd, 3) * x3[None, :]
+            part += e2m1_word_code(wd, 4) * x4[None, :] + e2m1_word_code(wd, 5) * x5[None, :]
+            part += e2m1_word_code(wd, 6) * x6[None, :] + e2m1_word_code(wd, 7) * x7[None, :]
+            part = tl.sum(tl.reshape(part, [BLOCK_N, G, 4]), 2)                                # per 32 columns
+        else:
+            HALF: tl.constexpr = BLOCK_K // 2
+            byte = k0 // 2 + tl.arange(0, HALF)
+            b = tl.load(w + row_ptr_off[:, None] + byte[None, :],
+                        mask=rmask[:, None] & (byte < ncols // 2)[None, :], other=0).to(tl.uint8, bitcast=True).to(tl.int32)
+            x_even, x_odd = tl.split(tl.reshape(xv, [HALF, 2]))                              # columns 2j, 2j+1
+            w_lo, w_hi = e2m1_pair(b)
+            part = tl.sum(tl.reshape(w_lo * x_even[None, :] + w_hi * x_odd[None, :], [BLOCK_N, G, 16]), 2)
         g = k0 // 32 + tl.arange(0, G)
         e = tl.load(w_scale + scale_off[:, None] + g[None, :], mask=rmask[:, None] & (g < ncols // 32)[None, :],
                     other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, G] E8M0
         scale = (e << 23).to(tl.float32, bitcast=True)                                       # 2^(e-127)
-        if DECODE == FP16:
-            scale = scale * 16384.0
-        return tl.sum(part * scale, 1)
+        y = tl.sum(part * scale, 1)
+        if DECODE == WORDS:
+            y = y * SUM_SCALE
+        return y
 
 
 @triton.jit
-def _row_offsets(rows, ncols, FORMAT: tl.constexpr):
+def _row_offsets(rows, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr):
+    """Row starts in W's elements (dense; MXFP4 packed bytes or int32 words) and in its scales."""
     r64 = rows.to(tl.int64)
     if FORMAT == DENSE:
         return r64 * ncols, r64
+    elif DECODE == WORDS:
+        return r64 * (ncols // 8), r64 * (ncols // 32)
     else:
         return r64 * (ncols // 2), r64 * (ncols // 32)
 
@@ -116,8 +161,8 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
         tok = pair // K
         n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = n < H
-        gate_off, gate_soff = _row_offsets(e * 2 * H + n, D, FORMAT)
-        up_off, up_soff = _row_offsets(e * 2 * H + H + n, D, FORMAT)
+        gate_off, gate_soff = _row_offsets(e * 2 * H + n, D, FORMAT, DECODE)
+        up_off, up_soff = _row_offsets(e * 2 * H + H + n, D, FORMAT, DECODE)
         acc_g = tl.zeros([BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_N], tl.float32)
         for k0 in range(0, D, BLOCK_K):
@@ -150,7 +195,7 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, out, first_expert, E, 
         gid = tl.load(expert_ids + pair).to(tl.int64)
         e = gid - first_expert
         if (gid >= 0) & (e >= 0) & (e < E):
-            off, soff = _row_offsets(e * D + n, H, FORMAT)
+            off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
             acc = tl.zeros([BLOCK_N], tl.float32)
             for k0 in range(0, H, BLOCK_K):
                 kk = k0 + tl.arange(0, BLOCK_K)
@@ -188,7 +233,12 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     act = torch.empty((M * k, H), dtype=x.dtype, device=x.device)
     out = torch.empty((M, D), dtype=x.dtype, device=x.device)
     bn, bk, warps = cfg["block_n"], cfg["block_k"], cfg["num_warps"]
-    decode = {"fp16": int(FP16.value), "fp32": int(FP32.value)}[decode or MXFP4_DECODE]
+    decode = decode or MXFP4_DECODE
+    if decode not in DECODES:
+        raise ValueError(f"moe decode: decode must be one of {sorted(DECODES)}, got {decode!r}")
+    if not dense and decode == "words":                  # 8 codes per int32 (rows are 16-byte multiples)
+        w13_v, w2_v = w13_v.view(torch.int32), w2_v.view(torch.int32)
+    decode = DECODES[decode]
     launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
         x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
         E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
