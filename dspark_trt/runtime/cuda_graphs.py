@@ -37,6 +37,8 @@ capturability.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 from typing import Callable
 
@@ -119,14 +121,14 @@ class CapturedGraph:
         stream.synchronize()
         if backend == "torch":
             self._graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self._graph, pool=pool, stream=stream,
-                                  capture_error_mode="thread_local"):
+            with _no_gc(), torch.cuda.graph(self._graph, pool=pool, stream=stream,
+                                            capture_error_mode="thread_local"):
                 self.outputs = fn()
             self._prime()
             return
         from cuda.bindings import runtime as rt
         handle = stream.cuda_stream
-        with torch.cuda.stream(stream), torch.cuda.use_mem_pool(pool):
+        with _no_gc(), torch.cuda.stream(stream), torch.cuda.use_mem_pool(pool):
             cuda_check(rt.cudaStreamBeginCapture(
                 handle, rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture")
             try:
@@ -168,6 +170,21 @@ class CapturedGraph:
                 self._rt.cudaGraphDestroy(self._graph)
             except Exception:          # interpreter shutdown
                 pass
+
+
+@contextlib.contextmanager
+def _no_gc():
+    """No garbage collection while a stream captures: a collected ``CapturedGraph`` (or any
+    object freeing CUDA resources) would destroy its graph mid-capture, which aborts the process
+    (seen on the H200 in a test that captures many graphs); the cycles wait for the next
+    collection after the capture."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 # ---- static buffers of one bucket ---------------------------------------------------------------

@@ -119,3 +119,4 @@ def test_bucket_inputs_are_16_byte_aligned(Bb):
     for name in ("anchor", "start", "seed", "table", "temperature", "top_p", "top_k", "min_p",
                  "presence_penalty", "frequency_penalty", "repetition_penalty", "slot"):
         assert getattr(x, name).data_ptr() % 16 == 0, name
+
