@@ -9,9 +9,11 @@ the sort by expert:
 * ``moe_decode_gate_up_kernel``, grid (M*k, cdiv(h, BLOCK_N)): gate and up rows of the pair's
   expert against x[token], rounded to x's dtype like the eager matmul, then
   ``silu(min(gate, L)) * clamp(up, -L, L) * routing weight`` -> ``act [M*k, h]`` (x's dtype).
-* ``moe_decode_down_kernel``, grid (M, cdiv(d, BLOCK_N)): a token's k slots one after another,
-  ``act[pair] @ w2[e]^T`` rounded to x's dtype per slot, summed in fp32 and rounded once: the slot
-  sum of ``grouped_experts`` inside the kernel.
+* ``moe_decode_down_kernel``, grid (M*k, cdiv(d, BLOCK_N)): ``act[pair] @ w2[e]^T`` rounded to
+  x's dtype per pair -> ``slot_out [M*k, d]`` (a program per token looping over its slots ran
+  256 programs at one V4-Flash token);
+* ``moe_decode_slot_sum_kernel``: a token's slots summed in fp32 in slot order and rounded once,
+  the slot sum of ``grouped_experts``.
 
 The rounding points are the grouped kernels', so only the summation order differs. A pair whose
 expert another token also chose reads that expert again (from L2 when they run together): past a
@@ -54,6 +56,7 @@ SUM_SCALE = tl.constexpr(9.223372036854775808e18)  # ... and the sums * 2^(126 -
 # byte-wise decode (moe-mxfp4-NVIDIA-H200-8fa3a00.json: flash 1592 vs 1778 us, pro 4181 vs 5131 us
 # for tl.dot_scaled grouped at 32 tokens; grouped wins at 64). Prefill is far above.
 DECODE_MAX_PAIRS = {"dense": 64, "mxfp4": 192}
+SUM_BLOCK = 1024                            # columns per program of the slot sum
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
                    "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
@@ -182,26 +185,37 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
 
 
 @triton.jit
-def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
+def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
                            DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Grid (M, cdiv(D, BLOCK_N)). act [M*K, H]; w2 [E, D, H] (MXFP4: [E, D, H/2] + [E, D, H/32])
-    -> out [M, D]: the token's live slots, each rounded to out's dtype, summed in fp32."""
-    m = tl.program_id(0).to(tl.int64)
+    """Grid (M*K, cdiv(D, BLOCK_N)), one program per pair and row block (a program per token
+    looping over its slots left most of the H200 idle at one token). act [M*K, H]; w2 [E, D, H]
+    (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's dtype, 0 for
+    pairs that are not live."""
+    pair = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < D
-    y = tl.zeros([BLOCK_N], tl.float32)
+    gid = tl.load(expert_ids + pair).to(tl.int64)
+    e = gid - first_expert
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    if (gid >= 0) & (e >= 0) & (e < E):
+        off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
+        for k0 in range(0, H, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            av = tl.load(act + pair * H + kk, mask=kk < H, other=0.0).to(tl.float32)
+            acc += gemv_chunk(w2, w2_scale, off, soff, nmask, av, k0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
+    tl.store(slot_out + pair * D + n, acc.to(slot_out.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def moe_decode_slot_sum_kernel(slot_out, out, D, K, BLOCK: tl.constexpr):
+    """Grid (M, cdiv(D, BLOCK)). slot_out [M*K, D] -> out [M, D]: the token's slots summed in fp32
+    in slot order (the grouped kernels' rounding: each slot rounded to out's dtype first)."""
+    m = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    nmask = n < D
+    y = tl.zeros([BLOCK], tl.float32)
     for j in range(K):
-        pair = m * K + j
-        gid = tl.load(expert_ids + pair).to(tl.int64)
-        e = gid - first_expert
-        if (gid >= 0) & (e >= 0) & (e < E):
-            off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
-            acc = tl.zeros([BLOCK_N], tl.float32)
-            for k0 in range(0, H, BLOCK_K):
-                kk = k0 + tl.arange(0, BLOCK_K)
-                av = tl.load(act + pair * H + kk, mask=kk < H, other=0.0).to(tl.float32)
-                acc += gemv_chunk(w2, w2_scale, off, soff, nmask, av, k0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-            y += acc.to(out.dtype.element_ty).to(tl.float32)
+        y += tl.load(slot_out + (m * K + j) * D + n, mask=nmask, other=0.0).to(tl.float32)
     tl.store(out + m * D + n, y.to(out.dtype.element_ty), mask=nmask)
 
 
@@ -216,7 +230,7 @@ def use_decode(x: Tensor, expert_ids: Tensor, dense: bool) -> bool:
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
                    block_k: int | None = None, num_warps: int | None = None, decode: str | None = None) -> Tensor:
-    """The two GEMV launches; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
+    """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
     H the intermediate size. Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
     cfg = {**DECODE_DEFAULTS["dense" if dense else "mxfp4"],
@@ -231,6 +245,7 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     w13_v, w2_v = w13[0].contiguous(), w2[0].contiguous()
     w13_s, w2_s = (w13_v, w2_v) if dense else (w13[1].contiguous(), w2[1].contiguous())   # dense: unread
     act = torch.empty((M * k, H), dtype=x.dtype, device=x.device)
+    slot_out = torch.empty((M * k, D), dtype=x.dtype, device=x.device)
     out = torch.empty((M, D), dtype=x.dtype, device=x.device)
     bn, bk, warps = cfg["block_n"], cfg["block_k"], cfg["num_warps"]
     decode = decode or MXFP4_DECODE
@@ -242,7 +257,9 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
         x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
         E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
-    launcher(moe_decode_down_kernel)[(M, triton.cdiv(D, bn))](
-        act, ids, w2_v, w2_s, out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
+    launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
+        act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
         BLOCK_K=bk, num_warps=warps)
+    launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, k, BLOCK=SUM_BLOCK,
+                                                                         num_warps=4)
     return out
