@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from dspark_trt.plugins.kernels.common import MXFP4
-from dspark_trt.plugins.kernels.moe_decode import DECODES, _row_offsets, gemv_chunk
+from dspark_trt.plugins.kernels.moe_decode import DECODES, _row_offsets, gemv_chunk, part_width, row_sums
 
 ROWS, COLS = 16, 128
 EXPONENTS = (-60, -20, 0, 20, 60)
@@ -21,15 +21,13 @@ EXPONENTS = (-60, -20, 0, 20, 60)
 
 @triton.jit
 def _gemv_rows_kernel(w, w_scale, x, out, ncols, DECODE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
+                      BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
     n = tl.arange(0, BLOCK_N)
     off, soff = _row_offsets(n, ncols, MXFP4, DECODE)
-    acc = tl.zeros([BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
     for k0 in range(0, ncols, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)
-        xv = tl.load(x + kk, mask=kk < ncols, other=0.0)
-        acc += gemv_chunk(w, w_scale, off, soff, n < BLOCK_N, xv, k0, ncols, MXFP4, DECODE, BLOCK_N, BLOCK_K)
-    tl.store(out + n, acc)
+        acc += gemv_chunk(w, w_scale, off, soff, n < BLOCK_N, x, k0, ncols, MXFP4, DECODE, BLOCK_N, BLOCK_K)
+    tl.store(out + n, row_sums(acc, MXFP4, DECODE))
 
 
 def every_code_weights(device):
@@ -51,6 +49,7 @@ def every_code_case(device, decode: str) -> dict:
         x = signs * 2.0 ** a
         want = (ref_w @ x).float()
         got = torch.empty(ROWS, dtype=torch.float32, device=device)
-        _gemv_rows_kernel[(1,)](w, scale, x.float(), got, COLS, DECODE=DECODES[decode], BLOCK_N=ROWS, BLOCK_K=64)
+        _gemv_rows_kernel[(1,)](w, scale, x.float(), got, COLS, DECODE=DECODES[decode], BLOCK_N=ROWS, BLOCK_K=64,
+                                 PART_W=part_width(False, decode, 64))
         runs.append((a, float((got.double() - want.double()).abs().max()), bool(torch.equal(got, want))))
     return {"exact": all(r[2] for r in runs), "runs": runs}

@@ -85,58 +85,58 @@ def e2m1_word_code(wd, J: tl.constexpr):
 
 
 @triton.jit
-def split8(xv, W8: tl.constexpr):
-    """xv [8 * W8] -> its 8 strided parts x[8i + t], t = 0..7, each [W8]."""
-    even, odd = tl.split(tl.reshape(xv, [W8, 4, 2]))          # t = 2a + b
-    e0, e2 = tl.split(tl.reshape(even, [W8, 2, 2]))          # t in {0, 4} / {2, 6}
-    o1, o3 = tl.split(tl.reshape(odd, [W8, 2, 2]))           # t in {1, 5} / {3, 7}
-    x0, x4 = tl.split(e0)
-    x2, x6 = tl.split(e2)
-    x1, x5 = tl.split(o1)
-    x3, x7 = tl.split(o3)
-    return x0, x1, x2, x3, x4, x5, x6, x7
+def _x_at(xrow, cols, ncols, SCALE: tl.constexpr):
+    """xrow[cols] as fp32 times SCALE, 0 past ncols."""
+    return tl.load(xrow + cols, mask=cols < ncols, other=0.0).to(tl.float32) * SCALE
 
 
 @triton.jit
-def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xv, k0, ncols, FORMAT: tl.constexpr,
+def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMAT: tl.constexpr,
                DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``W[rows, k0 : k0 + BLOCK_K] @ xv`` -> [BLOCK_N] fp32. xv [BLOCK_K] fp32 (0 past ncols);
-    row_ptr_off [BLOCK_N] int64: row * (ncols, or its packed bytes or int32 words: ``_row_offsets``);
-    scale_off: row * ncols / 32."""
+    """``W[rows, k0 : k0 + BLOCK_K]`` times ``xrow[k0 : k0 + BLOCK_K]`` elementwise, as an fp32
+    partial [BLOCK_N, PART_W] (``part_width``) that the caller accumulates over the K loop and sums
+    once at its end (``row_sums``): no reduction or layout change per iteration. x is read strided
+    to match the packed columns (from L1). row_ptr_off [BLOCK_N] int64: row * (ncols, or its packed
+    bytes or int32 words: ``_row_offsets``); scale_off: row * ncols / 32."""
     if FORMAT == DENSE:
         cols = k0 + tl.arange(0, BLOCK_K)
         tile = tl.load(w + row_ptr_off[:, None] + cols[None, :], mask=rmask[:, None] & (cols < ncols)[None, :],
                        other=0.0)
-        return tl.sum(tile.to(tl.float32) * xv[None, :], 1)
+        return tile.to(tl.float32) * _x_at(xrow, cols, ncols, 1.0)[None, :]                # [BN, BK]
     else:
-        G: tl.constexpr = BLOCK_K // 32
         if DECODE == WORDS:
-            W8: tl.constexpr = BLOCK_K // 8
-            word = k0 // 8 + tl.arange(0, W8)
-            wd = tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
-                         other=0)                                                            # [BN, BK/8] int32
-            x0, x1, x2, x3, x4, x5, x6, x7 = split8(xv * X_SCALE, W8)
-            part = e2m1_word_code(wd, 0) * x0[None, :] + e2m1_word_code(wd, 1) * x1[None, :]
-            part += e2m1_word_code(wd, 2) * x2[None, :] + e2m1_word_code(wd, 3) * x3[None, :]
-            part += e2m1_word_code(wd, 4) * x4[None, :] + e2m1_word_code(wd, 5) * x5[None, :]
-            part += e2m1_word_code(wd, 6) * x6[None, :] + e2m1_word_code(wd, 7) * x7[None, :]
-            part = tl.sum(tl.reshape(part, [BLOCK_N, G, 4]), 2)                                # per 32 columns
+            unit = k0 // 8 + tl.arange(0, BLOCK_K // 8)                                      # int32 words
+            umask = rmask[:, None] & (unit < ncols // 8)[None, :]
+            wd = tl.load(w + row_ptr_off[:, None] + unit[None, :], mask=umask, other=0)      # [BN, BK/8]
+            part = e2m1_word_code(wd, 0) * _x_at(xrow, unit * 8, ncols, X_SCALE)[None, :]
+            for j in tl.static_range(1, 8):
+                part += e2m1_word_code(wd, j) * _x_at(xrow, unit * 8 + j, ncols, X_SCALE)[None, :]
+            group = unit // 4
         else:
-            HALF: tl.constexpr = BLOCK_K // 2
-            byte = k0 // 2 + tl.arange(0, HALF)
-            b = tl.load(w + row_ptr_off[:, None] + byte[None, :],
-                        mask=rmask[:, None] & (byte < ncols // 2)[None, :], other=0).to(tl.uint8, bitcast=True).to(tl.int32)
-            x_even, x_odd = tl.split(tl.reshape(xv, [HALF, 2]))                              # columns 2j, 2j+1
-            w_lo, w_hi = e2m1_pair(b)
-            part = tl.sum(tl.reshape(w_lo * x_even[None, :] + w_hi * x_odd[None, :], [BLOCK_N, G, 16]), 2)
-        g = k0 // 32 + tl.arange(0, G)
-        e = tl.load(w_scale + scale_off[:, None] + g[None, :], mask=rmask[:, None] & (g < ncols // 32)[None, :],
-                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, G] E8M0
-        scale = (e << 23).to(tl.float32, bitcast=True)                                       # 2^(e-127)
-        y = tl.sum(part * scale, 1)
+            unit = k0 // 2 + tl.arange(0, BLOCK_K // 2)                                      # packed bytes
+            umask = rmask[:, None] & (unit < ncols // 2)[None, :]
+            b = tl.load(w + row_ptr_off[:, None] + unit[None, :], mask=umask, other=0).to(tl.uint8, bitcast=True).to(tl.int32)
+            w_lo, w_hi = e2m1_pair(b)                                                        # [BN, BK/2]
+            part = w_lo * _x_at(xrow, unit * 2, ncols, 1.0)[None, :] + w_hi * _x_at(xrow, unit * 2 + 1, ncols, 1.0)[None, :]
+            group = unit // 16
+        e = tl.load(w_scale + scale_off[:, None] + group[None, :], mask=umask,
+                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)   # E8M0 per unit (from L1)
+        return part * (e << 23).to(tl.float32, bitcast=True)                                # * 2^(e-127)
+
+
+@triton.jit
+def row_sums(acc, FORMAT: tl.constexpr, DECODE: tl.constexpr):
+    """The accumulated partials [BLOCK_N, PART_W] -> [BLOCK_N] (words: x entered times 2^63)."""
+    y = tl.sum(acc, 1)
+    if FORMAT != DENSE:
         if DECODE == WORDS:
             y = y * SUM_SCALE
-        return y
+    return y
+
+
+def part_width(dense: bool, decode: str, block_k: int) -> int:
+    """Columns of ``gemv_chunk``'s partial: one per weight (dense), int32 word or packed byte."""
+    return block_k if dense else block_k // (8 if decode == "words" else 2)
 
 
 @triton.jit
@@ -154,7 +154,8 @@ def _row_offsets(rows, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr):
 @triton.jit
 def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, act, first_expert, limit,
                               E, D, H, K, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr,
-                              DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                              DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                              PART_W: tl.constexpr):
     """Grid (M*K, cdiv(H, BLOCK_N)). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4: [E, 2H, D/2] + [E, 2H, D/32])
     -> act [M*K, H] for live pairs."""
     pair = tl.program_id(0).to(tl.int64)
@@ -166,15 +167,15 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
         nmask = n < H
         gate_off, gate_soff = _row_offsets(e * 2 * H + n, D, FORMAT, DECODE)
         up_off, up_soff = _row_offsets(e * 2 * H + H + n, D, FORMAT, DECODE)
-        acc_g = tl.zeros([BLOCK_N], tl.float32)
-        acc_u = tl.zeros([BLOCK_N], tl.float32)
+        acc_g = tl.zeros([BLOCK_N, PART_W], tl.float32)
+        acc_u = tl.zeros([BLOCK_N, PART_W], tl.float32)
         for k0 in range(0, D, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x + tok * D + kk, mask=kk < D, other=0.0).to(tl.float32)
-            acc_g += gemv_chunk(w13, w13_scale, gate_off, gate_soff, nmask, xv, k0, D, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-            acc_u += gemv_chunk(w13, w13_scale, up_off, up_soff, nmask, xv, k0, D, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-        gate = acc_g.to(x.dtype.element_ty).to(tl.float32)        # the eager matmul's rounding
-        up = acc_u.to(x.dtype.element_ty).to(tl.float32)
+            acc_g += gemv_chunk(w13, w13_scale, gate_off, gate_soff, nmask, x + tok * D, k0, D, FORMAT, DECODE,
+                                BLOCK_N, BLOCK_K)
+            acc_u += gemv_chunk(w13, w13_scale, up_off, up_soff, nmask, x + tok * D, k0, D, FORMAT, DECODE,
+                                BLOCK_N, BLOCK_K)
+        gate = row_sums(acc_g, FORMAT, DECODE).to(x.dtype.element_ty).to(tl.float32)   # the eager matmul's rounding
+        up = row_sums(acc_u, FORMAT, DECODE).to(x.dtype.element_ty).to(tl.float32)
         if HAS_LIMIT:
             lim = tl.cast(limit, tl.float32)      # AOTInductor passes Python floats as fp64 (Triton 3.6)
             gate = tl.minimum(gate, lim)
@@ -186,7 +187,7 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
 
 @triton.jit
 def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
-                           DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                           DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
     """Grid (M*K, cdiv(D, BLOCK_N)), one program per pair and row block (a program per token
     looping over its slots left most of the H200 idle at one token). act [M*K, H]; w2 [E, D, H]
     (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's dtype, 0 for
@@ -196,14 +197,12 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert
     nmask = n < D
     gid = tl.load(expert_ids + pair).to(tl.int64)
     e = gid - first_expert
-    acc = tl.zeros([BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
     if (gid >= 0) & (e >= 0) & (e < E):
         off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
         for k0 in range(0, H, BLOCK_K):
-            kk = k0 + tl.arange(0, BLOCK_K)
-            av = tl.load(act + pair * H + kk, mask=kk < H, other=0.0).to(tl.float32)
-            acc += gemv_chunk(w2, w2_scale, off, soff, nmask, av, k0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-    tl.store(slot_out + pair * D + n, acc.to(slot_out.dtype.element_ty), mask=nmask)
+            acc += gemv_chunk(w2, w2_scale, off, soff, nmask, act + pair * H, k0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
+    tl.store(slot_out + pair * D + n, row_sums(acc, FORMAT, DECODE).to(slot_out.dtype.element_ty), mask=nmask)
 
 
 @triton.jit
@@ -253,13 +252,15 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
         raise ValueError(f"moe decode: decode must be one of {sorted(DECODES)}, got {decode!r}")
     if not dense and decode == "words":                  # 8 codes per int32 (rows are 16-byte multiples)
         w13_v, w2_v = w13_v.view(torch.int32), w2_v.view(torch.int32)
+    part_w = part_width(dense, decode, bk)
     decode = DECODES[decode]
     launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
         x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
-        E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, PART_W=part_w,
+        num_warps=warps)
     launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
         act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
-        BLOCK_K=bk, num_warps=warps)
+        BLOCK_K=bk, PART_W=part_w, num_warps=warps)
     launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, k, BLOCK=SUM_BLOCK,
                                                                          num_warps=4)
     return out
