@@ -67,6 +67,7 @@ def stream(url: str, model: str, requests: list[dict], cancel_after: int | None 
     ``{"error": ..., "client_error": true}`` (so does each one open when the stream breaks).
     """
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     out: dict[str, list[dict]] = {str(i): [] for i in range(len(requests))}
@@ -79,9 +80,15 @@ def stream(url: str, model: str, requests: list[dict], cancel_after: int | None 
     try:
         client.start_stream(callback=lambda result, error: q.put((result, error)))
         for i, r in enumerate(requests):
-            client.async_stream_infer(model, make_inputs(grpcclient, r), request_id=str(i),
-                                      outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
-                                      enable_empty_final_response=True)
+            try:
+                client.async_stream_infer(model, make_inputs(grpcclient, r), request_id=str(i),
+                                          outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
+                                          enable_empty_final_response=True)
+            except InferenceServerException as e:   # the stream broke before this request was sent
+                for rid in range(i, len(requests)):
+                    out[str(rid)].append({"error": f"the stream failed: {e}", "client_error": True})
+                    open_ids.discard(str(rid))
+                break
         received = 0
         while open_ids:
             try:

@@ -51,11 +51,11 @@ TWO_126 = tl.constexpr(8.507059173023462e37)      # a code's fp32 bit pattern is
 X_SCALE = tl.constexpr(9.223372036854775808e18)    # words: x * 2^63 ...
 SUM_SCALE = tl.constexpr(9.223372036854775808e18)  # ... and the sums * 2^(126 - 63)
 # (token, slot) pairs up to which the GEMV schedule runs, per weight format; above it the grouped
-# kernels. H200, V4-Flash / V4-Pro experts (6 per token): bf16 GEMVs win up to 8 tokens
-# (moe-mxfp4-NVIDIA-H200-e9d2e5a.json), MXFP4 ones up to 32 tokens, 192 pairs, already with the
+# kernels. H200, V4-Flash / V4-Pro experts (6 per token): bf16 GEMVs win up to 16 tokens and tie
+# at 32 (moe-mxfp4-NVIDIA-H200-25e553b.json: flash 998 vs 1095 us at 16, 1772 vs 1746 at 32), MXFP4 ones up to 32 tokens, 192 pairs, already with the
 # byte-wise decode (moe-mxfp4-NVIDIA-H200-8fa3a00.json: flash 1592 vs 1778 us, pro 4181 vs 5131 us
 # for tl.dot_scaled grouped at 32 tokens; grouped wins at 64). Prefill is far above.
-DECODE_MAX_PAIRS = {"dense": 64, "mxfp4": 192}
+DECODE_MAX_PAIRS = {"dense": 128, "mxfp4": 192}
 SUM_BLOCK = 1024                            # columns per program of the slot sum
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
@@ -91,36 +91,57 @@ def _x_at(xrow, cols, ncols, SCALE: tl.constexpr):
 
 
 @triton.jit
+def split8(xv, W8: tl.constexpr):
+    """xv [8 * W8] -> its 8 strided parts x[8i + t], t = 0..7, each [W8]."""
+    even, odd = tl.split(tl.reshape(xv, [W8, 4, 2]))          # t = 2a + b
+    e0, e2 = tl.split(tl.reshape(even, [W8, 2, 2]))          # t in {0, 4} / {2, 6}
+    o1, o3 = tl.split(tl.reshape(odd, [W8, 2, 2]))           # t in {1, 5} / {3, 7}
+    x0, x4 = tl.split(e0)
+    x2, x6 = tl.split(e2)
+    x1, x5 = tl.split(o1)
+    x3, x7 = tl.split(o3)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
 def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMAT: tl.constexpr,
                DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``W[rows, k0 : k0 + BLOCK_K]`` times ``xrow[k0 : k0 + BLOCK_K]`` elementwise, as an fp32
-    partial [BLOCK_N, PART_W] (``part_width``) that the caller accumulates over the K loop and sums
-    once at its end (``row_sums``): no reduction or layout change per iteration. x is read strided
-    to match the packed columns (from L1). row_ptr_off [BLOCK_N] int64: row * (ncols, or its packed
-    bytes or int32 words: ``_row_offsets``); scale_off: row * ncols / 32."""
+    """``W[rows, k0 : k0 + BLOCK_K]`` times ``xrow[k0 : k0 + BLOCK_K]`` as an fp32 partial
+    [BLOCK_N, PART_W] (``part_width``) that the caller accumulates over the K loop and sums once at
+    its end (``row_sums``). Dense: one column per weight, no reduction per iteration (on the H200
+    67-89 % of HBM from one token on; a sum per iteration had 41 % at one token). MXFP4: one column
+    per 32-column scale group (per-weight partials with the scale read per packed unit were slower
+    there: 293 vs 214 us at 4 V4-Flash tokens). row_ptr_off [BLOCK_N] int64: row * (ncols, or its
+    packed bytes or int32 words: ``_row_offsets``); scale_off: row * ncols / 32."""
+    cols = k0 + tl.arange(0, BLOCK_K)
     if FORMAT == DENSE:
-        cols = k0 + tl.arange(0, BLOCK_K)
         tile = tl.load(w + row_ptr_off[:, None] + cols[None, :], mask=rmask[:, None] & (cols < ncols)[None, :],
                        other=0.0)
         return tile.to(tl.float32) * _x_at(xrow, cols, ncols, 1.0)[None, :]                # [BN, BK]
     else:
+        G: tl.constexpr = BLOCK_K // 32
         if DECODE == WORDS:
-            unit = k0 // 8 + tl.arange(0, BLOCK_K // 8)                                      # int32 words
-            umask = rmask[:, None] & (unit < ncols // 8)[None, :]
-            wd = tl.load(w + row_ptr_off[:, None] + unit[None, :], mask=umask, other=0)      # [BN, BK/8]
-            part = e2m1_word_code(wd, 0) * _x_at(xrow, unit * 8, ncols, X_SCALE)[None, :]
-            for j in tl.static_range(1, 8):
-                part += e2m1_word_code(wd, j) * _x_at(xrow, unit * 8 + j, ncols, X_SCALE)[None, :]
-            group = unit // 4
+            W8: tl.constexpr = BLOCK_K // 8
+            word = k0 // 8 + tl.arange(0, W8)
+            wd = tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
+                         other=0)                                                            # [BN, BK/8] int32
+            x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, X_SCALE), W8)
+            part = e2m1_word_code(wd, 0) * x0[None, :] + e2m1_word_code(wd, 1) * x1[None, :]
+            part += e2m1_word_code(wd, 2) * x2[None, :] + e2m1_word_code(wd, 3) * x3[None, :]
+            part += e2m1_word_code(wd, 4) * x4[None, :] + e2m1_word_code(wd, 5) * x5[None, :]
+            part += e2m1_word_code(wd, 6) * x6[None, :] + e2m1_word_code(wd, 7) * x7[None, :]
+            part = tl.sum(tl.reshape(part, [BLOCK_N, G, 4]), 2)                                # per 32 columns
         else:
-            unit = k0 // 2 + tl.arange(0, BLOCK_K // 2)                                      # packed bytes
-            umask = rmask[:, None] & (unit < ncols // 2)[None, :]
-            b = tl.load(w + row_ptr_off[:, None] + unit[None, :], mask=umask, other=0).to(tl.uint8, bitcast=True).to(tl.int32)
-            w_lo, w_hi = e2m1_pair(b)                                                        # [BN, BK/2]
-            part = w_lo * _x_at(xrow, unit * 2, ncols, 1.0)[None, :] + w_hi * _x_at(xrow, unit * 2 + 1, ncols, 1.0)[None, :]
-            group = unit // 16
-        e = tl.load(w_scale + scale_off[:, None] + group[None, :], mask=umask,
-                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)   # E8M0 per unit (from L1)
+            HALF: tl.constexpr = BLOCK_K // 2
+            byte = k0 // 2 + tl.arange(0, HALF)
+            b = tl.load(w + row_ptr_off[:, None] + byte[None, :],
+                        mask=rmask[:, None] & (byte < ncols // 2)[None, :], other=0).to(tl.uint8, bitcast=True).to(tl.int32)
+            x_even, x_odd = tl.split(tl.reshape(_x_at(xrow, cols, ncols, 1.0), [HALF, 2]))   # columns 2j, 2j+1
+            w_lo, w_hi = e2m1_pair(b)
+            part = tl.sum(tl.reshape(w_lo * x_even[None, :] + w_hi * x_odd[None, :], [BLOCK_N, G, 16]), 2)
+        g = k0 // 32 + tl.arange(0, G)
+        e = tl.load(w_scale + scale_off[:, None] + g[None, :], mask=rmask[:, None] & (g < ncols // 32)[None, :],
+                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, G] E8M0
         return part * (e << 23).to(tl.float32, bitcast=True)                                # * 2^(e-127)
 
 
@@ -135,8 +156,8 @@ def row_sums(acc, FORMAT: tl.constexpr, DECODE: tl.constexpr):
 
 
 def part_width(dense: bool, decode: str, block_k: int) -> int:
-    """Columns of ``gemv_chunk``'s partial: one per weight (dense), int32 word or packed byte."""
-    return block_k if dense else block_k // (8 if decode == "words" else 2)
+    """Columns of ``gemv_chunk``'s partial: one per weight (dense) or per 32-column group (MXFP4)."""
+    return block_k if dense else block_k // 32
 
 
 @triton.jit
