@@ -46,7 +46,7 @@ from .common import DENSE, MXFP4, launcher
 
 BYTES = tl.constexpr(0)                     # packed bytes, each weight times 2^126
 WORDS = tl.constexpr(1)                     # int32 words of 8 codes, 2^126 applied per group
-DECODES = {"bytes": 0, "words": 1}
+DECODES = {"bytes": int(BYTES.value), "words": int(WORDS.value)}
 MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "words")
 TWO_126 = tl.constexpr(8.507059173023462e37)      # a code's fp32 bit pattern is its value * 2^-126
 X_SCALE = tl.constexpr(9.223372036854775808e18)    # words: x * 2^63 ...
@@ -156,7 +156,7 @@ def row_sums(acc, FORMAT: tl.constexpr, DECODE: tl.constexpr):
     return y
 
 
-def part_width(dense: bool, decode: str, block_k: int) -> int:
+def part_width(dense: bool, block_k: int) -> int:
     """Columns of ``gemv_chunk``'s partial: one per weight (dense) or per 32-column group (MXFP4)."""
     return block_k if dense else block_k // 32
 
@@ -274,7 +274,7 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
         raise ValueError(f"moe decode: decode must be one of {sorted(DECODES)}, got {decode!r}")
     if not dense and decode == "words":                  # 8 codes per int32 (rows are 16-byte multiples)
         w13_v, w2_v = w13_v.view(torch.int32), w2_v.view(torch.int32)
-    part_w = part_width(dense, decode, bk)
+    part_w = part_width(dense, bk)
     decode = DECODES[decode]
     launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
         x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
