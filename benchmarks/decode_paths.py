@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,11 @@ PATHS = {  # name -> LLM.from_preset options
     "eager_unfused": {"fuse": False},
     "eager_fused": {},
     "compiled": {"compile": True},
+    "compiled_skinny": {"compile": True},
 }
+# environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears, with
+# DSPARK_SKINNY_GEMM_TABLE (a skinny_gemm_bench.py JSON of this GPU) if the caller set one
+PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"}}
 HF = "hf_compiled"            # the compiled HF peer's place in --paths (on the current path's weights)
 STEP_KEYS = ("ar_step_ms", "verify_step_ms", "draft_step_ms", "ar_roofline_ms", "ar_roofline_efficiency")
 
@@ -132,8 +137,9 @@ def summary(paths: dict, hf: dict, sizes: list[int]) -> dict:
         if h:
             row["hf_compiled"] = {"decode_step_ms": h["decode_step_ms"], "roofline_efficiency": h["roofline_efficiency"]}
         ar = {p: v["ar_step_ms"] for p, v in row.items() if p in paths}
-        if "eager_unfused" in ar:
-            row["ar_speedup_over_eager_unfused"] = {p: ar["eager_unfused"] / v for p, v in ar.items()}
+        for base in ("eager_unfused", "compiled"):
+            if base in ar:
+                row[f"ar_speedup_over_{base}"] = {p: ar[base] / v for p, v in ar.items()}
         if h:
             row["ar_speedup_over_hf_compiled"] = {p: h["decode_step_ms"] / v for p, v in ar.items()}
         s[B] = row
@@ -220,6 +226,8 @@ def main() -> int:
         opts = dict(PATHS[name])
         if opts.get("compile"):
             opts["compile"] = a.compile_backend
+        saved_env = {k: os.environ.get(k) for k in PATH_ENV.get(name, {})}
+        os.environ.update(PATH_ENV.get(name, {}))
         try:
             llm = LLM.from_preset(a.model, dtype=dtype, device=a.device, seed=a.seed,
                                   max_batch_size=max(sizes), max_seq_len=a.prompt_len + a.gen_len + 8,
@@ -235,6 +243,12 @@ def main() -> int:
             print(f"[paths] {name}: FAILED {type(e).__name__}: {e}", flush=True)
             write()
             continue
+        finally:
+            for k, v in saved_env.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        if name != "compiled" and "greedy_ar_row0" in report["paths"].get("compiled", {}):
+            report["paths"][name]["greedy_ar_equal_prefix_to_compiled"] = equal_prefix(
+                report["paths"][name]["greedy_ar_row0"], report["paths"]["compiled"]["greedy_ar_row0"])
         if ref is None and name == "eager_unfused":
             ref = {"logits": logits, "ar": report["paths"][name]["greedy_ar_row0"]}
         del logits

@@ -56,9 +56,17 @@ FMA_TILES = [(32, 256, 4, 3), (16, 512, 4, 3), (64, 128, 4, 3), (32, 512, 8, 2),
 DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 8, 4), (128, 64, 4, 4), (64, 64, 4, 6), (32, 256, 4, 4)]
 
 
+# The per-column-partial body keeps BLOCK_M x BLOCK_N x BLOCK_K fp32 partials: BLOCK_K shrinks with
+# M (at least 64) so a thread holds about as many as at M = 1.
+PARTIAL_TILES = [(32, 256, 4, 3), (16, 512, 4, 3), (64, 128, 4, 4), (32, 512, 8, 3), (16, 256, 4, 4)]
+
+
 def tiles_for(M: int) -> list[dict]:
     if M <= 4:
-        return [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s, DOT=False) for n, k, w, s in FMA_TILES]
+        partial = [dict(BLOCK_N=n, BLOCK_K=max(64, k // sg.pow2(M)), num_warps=w, num_stages=s, DOT=False,
+                        PARTIAL=True) for n, k, w, s in PARTIAL_TILES]
+        old = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s, DOT=False) for n, k, w, s in FMA_TILES[:3]]
+        return partial + old
     out = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s, DOT=True) for n, k, w, s in DOT_TILES[:5]]
     if M <= 8:
         out.append(dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3, DOT=False))   # CUDA-core, 8 rows
@@ -108,7 +116,7 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--max-tiles", type=int, default=6, help="tile candidates per M (x2 splits); 3 halves the time")
+    ap.add_argument("--max-tiles", type=int, default=8, help="tile candidates per M (x2 splits); 3 halves the time")
     ap.add_argument("--rotate-mb", type=float, default=256.0)
     ap.add_argument("--win", type=float, default=0.02, help="Triton must be this fraction faster to win")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
@@ -116,7 +124,7 @@ def main():
     dev = torch.device("cuda")
     ms = [int(m) for m in args.ms.split(",")]
     t_start = time.time()
-    rows, configs, wins = [], {}, {}
+    rows = []
     torch.manual_seed(0)
     for name in args.shapes.split(","):
         N, K = SHAPES[name]
@@ -157,9 +165,6 @@ def main():
                                                       args.iters)
                     except Exception as e:           # noqa: BLE001
                         row["two_pass_error"] = str(e)[:300]
-                key = (sg.m_bucket(M), N, K)
-                configs[key] = best["config"]
-                wins[key] = best["us"] * (1 + args.win) <= cublas
             bad = sum(1 for r in row["configs"] if not r.get("ok"))
             print(f"[{time.time() - t_start:6.1f}s] {name:8s} N={N:6d} K={K:5d} M={M:3d}  cuBLAS {cublas:8.2f} us "
                   f"({row['cublas_pct']:5.1f}%)  Triton " + (f"{best['us']:8.2f} us ({best['pct']:5.1f}%) "
@@ -169,6 +174,7 @@ def main():
         del ws
         torch.cuda.empty_cache()
 
+    configs, wins = sg.tables_from_rows(rows, args.win)
     sha = provenance.git_sha()
     gpu = provenance.gpu_name()
     out = Path(args.out)
@@ -178,7 +184,7 @@ def main():
     wins_lit = "TRITON_WINS = {\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(wins.items())) + "}"
     doc = {"git_sha": sha, "gpu": gpu, "versions": provenance.versions(), "command": " ".join(sys.argv),
            "peak_bytes_per_s": PEAK, "shapes": {s: SHAPES[s] for s in args.shapes.split(",")}, "ms": ms,
-           "iters": args.iters, "rotate_mb": args.rotate_mb, "seconds": time.time() - t_start, "rows": rows,
+           "iters": args.iters, "rotate_mb": args.rotate_mb, "win": args.win, "seconds": time.time() - t_start, "rows": rows,
            "configs_literal": configs_lit, "triton_wins_literal": wins_lit}
     path.write_text(json.dumps(doc, indent=1))
     print(f"\n{'shape':8s} {'M':>4s} {'cuBLAS %':>9s} {'Triton %':>9s} {'speedup':>8s}")

@@ -6,7 +6,10 @@ Off by default: the kernel is used only when ``DSPARK_SKINNY_GEMM=1`` (read at c
 ``kernels.skinny_gemm.TRITON_WINS`` holds True for (M bucket, N, K) (the H200 measurement: M = 1
 for most Qwen3-8B shapes, the lm_head up to 64 rows). No bias (Qwen3 has none).
 ``LLM`` swaps its eager modules' linears for ``DecodeLinear`` when the variable is set
-(``use_decode_linear_``); compiled engines keep cuBLAS (the kernel is not an exportable op yet).
+(``use_decode_linear_``); under ``LLM(compile=True)`` the kernel call stays an eager island in the
+compiled regions. ``DSPARK_SKINNY_GEMM_TABLE=<skinny_gemm_bench.py JSON>`` replaces the built-in
+table by a measurement (e.g. of this GPU). Compiled engines keep cuBLAS (the kernel is not an
+exportable op yet).
 """
 from __future__ import annotations
 
@@ -20,10 +23,22 @@ from .dispatch import HAVE_TRITON
 
 MAX_M = 64
 ENV = "DSPARK_SKINNY_GEMM"
+TABLE_ENV = "DSPARK_SKINNY_GEMM_TABLE"      # a skinny_gemm_bench.py JSON replacing the built-in table
+_loaded_table: list[str] = []
 
 
 def skinny_gemm_enabled() -> bool:
     return os.environ.get(ENV, "0") == "1"
+
+
+def _table():
+    """kernels.skinny_gemm with ``DSPARK_SKINNY_GEMM_TABLE``'s measurement loaded (once per path)."""
+    from .kernels import skinny_gemm
+    path = os.environ.get(TABLE_ENV)
+    if path and path not in _loaded_table:
+        skinny_gemm.load_table(path)
+        _loaded_table[:] = [path]
+    return skinny_gemm
 
 
 def use_skinny_gemm(M: int, N: int, K: int, x: Tensor, w: Tensor, enabled: bool | None = None) -> bool:
@@ -32,8 +47,16 @@ def use_skinny_gemm(M: int, N: int, K: int, x: Tensor, w: Tensor, enabled: bool 
         return False
     if not (HAVE_TRITON and x.is_cuda and w.is_cuda and x.dtype == w.dtype == torch.bfloat16 and 0 < M <= MAX_M):
         return False
-    from .kernels.skinny_gemm import TRITON_WINS, m_bucket
-    return bool(TRITON_WINS.get((m_bucket(M), N, K), False))
+    sg = _table()
+    return bool(sg.TRITON_WINS.get((sg.m_bucket(M), N, K), False))
+
+
+@torch.compiler.disable
+def _skinny(x: Tensor, w: Tensor) -> Tensor:
+    """The kernel call, an eager island under torch.compile (its launch parameters are chosen from
+    the concrete row count, which a dynamic-shape trace would have to guard on)."""
+    K, N = x.shape[-1], w.shape[0]
+    return _table().skinny_gemm(x.reshape(-1, K), w).view(*x.shape[:-1], N)
 
 
 def decode_linear(x: Tensor, w: Tensor, enabled: bool | None = None) -> Tensor:
@@ -43,8 +66,7 @@ def decode_linear(x: Tensor, w: Tensor, enabled: bool | None = None) -> Tensor:
     M = x.numel() // K if K else 0
     if not use_skinny_gemm(M, N, K, x, w, enabled):
         return F.linear(x, w)
-    from .kernels.skinny_gemm import skinny_gemm
-    return skinny_gemm(x.reshape(M, K), w).view(*x.shape[:-1], N)
+    return _skinny(x, w)
 
 
 class DecodeLinear(nn.Module):
