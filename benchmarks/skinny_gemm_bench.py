@@ -56,17 +56,9 @@ FMA_TILES = [(32, 256, 4, 3), (16, 512, 4, 3), (64, 128, 4, 3), (32, 512, 8, 2),
 DOT_TILES = [(64, 128, 4, 4), (64, 256, 4, 3), (128, 128, 8, 4), (128, 64, 4, 4), (64, 64, 4, 6), (32, 256, 4, 4)]
 
 
-# The per-column-partial body keeps BLOCK_M x BLOCK_N x BLOCK_K fp32 partials: BLOCK_K shrinks with
-# M (at least 64) so a thread holds about as many as at M = 1.
-PARTIAL_TILES = [(32, 256, 4, 3), (16, 512, 4, 3), (64, 128, 4, 4), (32, 512, 8, 3), (16, 256, 4, 4)]
-
-
 def tiles_for(M: int) -> list[dict]:
     if M <= 4:
-        partial = [dict(BLOCK_N=n, BLOCK_K=max(64, k // sg.pow2(M)), num_warps=w, num_stages=s, DOT=False,
-                        PARTIAL=True) for n, k, w, s in PARTIAL_TILES]
-        old = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s, DOT=False) for n, k, w, s in FMA_TILES[:3]]
-        return partial + old
+        return [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s, DOT=False) for n, k, w, s in FMA_TILES]
     out = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w, num_stages=s, DOT=True) for n, k, w, s in DOT_TILES[:5]]
     if M <= 8:
         out.append(dict(BLOCK_N=16, BLOCK_K=256, num_warps=4, num_stages=3, DOT=False))   # CUDA-core, 8 rows
@@ -116,7 +108,7 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--max-tiles", type=int, default=8, help="tile candidates per M (x2 splits); 3 halves the time")
+    ap.add_argument("--max-tiles", type=int, default=6, help="tile candidates per M (x2 splits); 3 halves the time")
     ap.add_argument("--rotate-mb", type=float, default=256.0)
     ap.add_argument("--win", type=float, default=0.02, help="Triton must be this fraction faster to win")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))

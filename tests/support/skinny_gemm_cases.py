@@ -10,8 +10,7 @@ import torch
 
 
 # (name, M, N, K, config): odd N (not a multiple of BLOCK_N), K not a multiple of BLOCK_K,
-# split-K with both reductions, the three bodies (CUDA-core M <= 4 with a sum per iteration or
-# per-column partials, tl.dot otherwise), M tiling.
+# split-K with both reductions, both bodies (CUDA-core M <= 4, tl.dot otherwise), M tiling.
 CASES = [
     ("m1_splitk", 1, 37, 200, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2)),
     ("m1_nosplit", 1, 24, 128, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=1)),
@@ -24,11 +23,6 @@ CASES = [
     ("m16_splitk_oddk", 16, 50, 100, dict(BLOCK_N=32, BLOCK_K=32, SPLIT_K=2)),
     ("m64_splitk", 64, 48, 192, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=3)),
     ("m40_mtiles", 40, 20, 64, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=2, BLOCK_M=16)),
-    ("m1_partial_splitk", 1, 37, 200, dict(BLOCK_N=16, BLOCK_K=64, SPLIT_K=2, PARTIAL=True)),
-    ("m1_partial", 1, 24, 128, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=1, PARTIAL=True)),
-    ("m3_partial_splitk4", 3, 40, 256, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=4, PARTIAL=True)),
-    ("m2_partial_default", 2, 48, 512, None),
-    ("m6_partial_cudacore", 6, 33, 160, dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=2, DOT=False, PARTIAL=True)),
 ]
 
 

@@ -12,11 +12,10 @@ streaming W once with enough programs in flight to saturate HBM:
   - ``DOT`` (M > 4 by default): ``tl.dot(w_tile, x_tile^T)`` with the weights as the *left*
     operand ("swap AB": W's rows fill the MMA's 64-row side, the few tokens the narrow side, padded
     to >= 16 as ``tl.dot`` requires); the accumulator is ``[BLOCK_N, BLOCK_M]``, stored transposed.
-  - CUDA-core (M <= 4), ``PARTIAL`` (default for unmeasured shapes): the fp32 products
-    ``w_tile * x[m]`` accumulate per column into ``[BLOCK_M, BLOCK_N, BLOCK_K]`` partials, summed
-    along K once after the loop (no reduction per iteration; the MoE decode GEMVs' body, 41 -> 68 %
-    of HBM at one token on the H200). Without it, ``sum(w_tile * x[m], axis=1)`` per token and
-    iteration (the body the 78981bd table was measured with). No padding to 16 either way.
+  - CUDA-core (M <= 4): per token ``m``, ``sum(w_tile * x[m], axis=1)`` in fp32 (no padding to 16).
+    Per-column fp32 partials summed once after the K loop (the MoE decode GEMVs' body) were slower
+    here on the H200 at every shape for M = 1..4 (skinny-gemm-NVIDIA-H200-32c8d2b.json: o at one
+    row 13.5 vs 11.9 us, gate/up 51.1 vs 48.7 us), so this body stays.
   Weight rows past N are clamped to row N-1 (the load needs no mask along N; their results are
   dropped at the store); K is masked only when ``K % BLOCK_K != 0``.
 * Split-K reduction, deterministic (run-to-run bitwise identical; no float atomics):
@@ -30,8 +29,8 @@ streaming W once with enough programs in flight to saturate HBM:
   Both sum the same partials in the same order, so they give identical results.
 
 Configs are dicts ``{BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages}`` plus optional ``BLOCK_M``
-(cap on the M tile), ``DOT`` (bool; default M > 4), ``PARTIAL`` (bool; default False) and
-``REDUCE`` ("ticket" / "two_pass").
+(cap on the M tile), ``DOT`` (bool; default M > 4) and ``REDUCE`` ("ticket" / "two_pass").
+``load_table`` replaces both tables by a bench JSON (``DSPARK_SKINNY_GEMM_TABLE``).
 ``choose_config(M, N, K)`` reads ``CONFIGS`` (keyed by (M bucket, N, K), filled from
 ``benchmarks/skinny_gemm_bench.py`` on an H200) and falls back to ``default_config``.
 ``TRITON_WINS`` says for which (M bucket, N, K) the measured kernel beats cuBLAS; ``..decode_linear``
@@ -53,7 +52,7 @@ _REDUCE = {"two_pass": REDUCE_TWO_PASS, "ticket": REDUCE_TICKET}
 @triton.jit
 def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_xm, stride_wn, stride_ym,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       DOT: tl.constexpr, PARTIAL: tl.constexpr, REDUCE: tl.constexpr,
+                       DOT: tl.constexpr, REDUCE: tl.constexpr,
                        EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
     """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials (unused when SPLIT_K = 1);
     counter: int32 [N tiles * M tiles] zeros (REDUCE_TICKET only). K_SPLIT: a multiple of BLOCK_K.
@@ -71,8 +70,6 @@ def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
     w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
     x_ptr = x + rm[:, None] * stride_xm + (k0 + offs_k)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    if PARTIAL:
-        part = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     for kk in range(k0, k_end, BLOCK_K):
         if EVEN_K:
             wt = tl.load(w_ptr)
@@ -88,12 +85,6 @@ def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
                 acc = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
             else:
                 acc = tl.dot(wt, tl.trans(xt), acc)         # [BLOCK_N, BLOCK_K] @ [BLOCK_K, BLOCK_M]
-        elif PARTIAL:                                       # products summed once, after the loop
-            if EVEN_K:
-                xt = tl.load(x_ptr)
-            else:
-                xt = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
-            part += wt.to(tl.float32)[None, :, :] * xt.to(tl.float32)[:, None, :]    # [BM, BN, BK]
         else:
             wf = wt.to(tl.float32)
             for m in tl.static_range(BLOCK_M):              # few tokens: CUDA-core multiply-reduce
@@ -106,8 +97,6 @@ def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
                 acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == m, s[:, None], 0.0)
         w_ptr += BLOCK_K
         x_ptr += BLOCK_K
-    if PARTIAL:
-        acc = tl.trans(tl.sum(part, 2))                     # [BLOCK_N, BLOCK_M]
 
     out_mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
     y_ptr = y + offs_m[None, :] * stride_ym + offs_n[:, None]
@@ -200,17 +189,17 @@ def m_bucket(M: int) -> int:
 
 
 def default_config(M: int, N: int, K: int, sms: int = H200_SMS) -> dict:
-    """Unmeasured shapes: the CUDA-core body with per-column partials for M <= 4 (32 rows x
-    256 / M columns per tile: 64 fp32 partials per thread), swap-AB tl.dot for more tokens (64 rows
-    x 128 K); split K until >= 2 programs per SM, keeping >= 4 tiles of K per split."""
+    """Unmeasured shapes: CUDA-core body for M <= 4 (32 rows x 256 K per tile: 16 KB of bf16),
+    swap-AB tl.dot for more tokens (64 rows x 128 K); split K until >= 2 programs per SM, keeping
+    >= 4 tiles of K per split."""
     dot = M > 4
-    bn, bk = (64, 128) if dot else (32, max(64, 256 // pow2(M)))
+    bn, bk = (64, 128) if dot else (32, 256)
     tiles = triton.cdiv(N, bn) * triton.cdiv(M, 64)
     split = 1
     while tiles * split < 2 * sms and K // (2 * split * bk) >= 4:
         split *= 2
     return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4, "num_stages": 4 if dot else 3,
-            "DOT": dot, "PARTIAL": not dot}
+            "DOT": dot}
 
 
 def choose_config(M: int, N: int, K: int) -> dict:
@@ -244,7 +233,6 @@ def skinny_gemm(x: Tensor, w: Tensor, config: dict | None = None, out: Tensor | 
     cfg = dict(config) if config is not None else choose_config(M, N, K)
     bn, bk, split = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"]), int(cfg.get("SPLIT_K", 1))
     dot = bool(cfg.get("DOT", M > 4))
-    partial = bool(cfg.get("PARTIAL", False)) and not dot
     bm_cap = int(cfg.get("BLOCK_M", 64))
     bm = max(16, min(pow2(M), pow2(bm_cap))) if dot else min(pow2(M), pow2(bm_cap))
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -259,7 +247,7 @@ def skinny_gemm(x: Tensor, w: Tensor, config: dict | None = None, out: Tensor | 
     counter = _ticket_counters(x.device, grid[0] * grid[2]) if reduce == REDUCE_TICKET else ws
     launcher(skinny_gemm_kernel)[grid](
         x, w, y, ws, counter, M, N, K, k_split, split, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, PARTIAL=partial, REDUCE=reduce,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, REDUCE=reduce,
         EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)))
     if reduce == REDUCE_TWO_PASS:
         block = 1024
