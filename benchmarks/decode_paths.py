@@ -41,12 +41,10 @@ PATHS = {  # name -> LLM.from_preset options
     "eager_fused": {},
     "compiled": {"compile": True},
     "compiled_skinny": {"compile": True},
-    "compiled_prefetch": {"compile": True},
 }
-# environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears (with
-# DSPARK_SKINNY_GEMM_TABLE, a skinny_gemm_bench.py JSON of this GPU, if the caller set one), the
-# o projection's L2 prefetch during attention
-PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"}, "compiled_prefetch": {"DSPARK_L2_PREFETCH": "1"}}
+# environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears, with
+# DSPARK_SKINNY_GEMM_TABLE (a skinny_gemm_bench.py JSON of this GPU) if the caller set one
+PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"}}
 HF = "hf_compiled"            # the compiled HF peer's place in --paths (on the current path's weights)
 STEP_KEYS = ("ar_step_ms", "verify_step_ms", "draft_step_ms", "ar_roofline_ms", "ar_roofline_efficiency")
 

@@ -13,7 +13,6 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import Qwen3Config
-from ..plugins.l2_prefetch import prefetch_weight
 from .layers import RMSNorm, SwiGLU, apply_rope_neox, make_paged_kv_cache, rope_cos_sin
 
 
@@ -57,9 +56,7 @@ class Qwen3Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                block_table: Tensor, positions: Tensor, kv_limit: Tensor) -> Tensor:
         """Write k / v [B, T, Hkv, D] into the paged caches, attend q [B, T, H, D] -> [B, T, H, D]
-        (the two ``dspark`` ops; ``runtime.compiled`` keeps them out of torch.compile's graphs).
-        With ``DSPARK_L2_PREFETCH=1`` the o projection's weights start moving into L2 first."""
-        prefetch_weight(getattr(self.o_proj, "weight", None))
+        (the two ``dspark`` ops; ``runtime.compiled`` keeps them out of torch.compile's graphs)."""
         plugins.kv_cache_write(k_cache, v_cache, k, v, block_table, positions)
         return plugins.block_attention(q, k_cache, v_cache, block_table, positions, kv_limit, self.d ** -0.5)
 
