@@ -391,16 +391,19 @@ class Scheduler:
         """The verify window of this round of an all-``scheduled`` batch from the survival estimate
         (the scheduler's ``best_window``), or None where the round's own confidences choose it
         (no estimate, mixed modes, batches under ``ESTIMATED_WINDOW_MIN_ROWS`` rows, a scheduler
-        that does not trim, or packs: each row its own prefix). N: a plain fixed round (trimming
-        would not pay for the head and the admission), which feeds the estimate too, uncensored.
+        that does not trim, or packs a round that would trim: each row its own prefix). N: a plain
+        fixed round (trimming would not pay for the head and the admission; under the packed model
+        too), which feeds the estimate too, uncensored.
         Under N: the confidence steps over that window without the read-back of the admitted
         lengths between them. With many rows the window the round's confidences would give is
         close to the estimate's (it sums them over the rows), and the read-back stalls the device
         between the two steps."""
         sched = self._scheduler()
-        if not estimates or sched.cost_model != "trimmed":
+        if not estimates or sched.cost_model not in ("trimmed", "packed"):
             return None
         w = sched.best_window(len(seqs), self._survival.curve())
+        if sched.cost_model == "packed":      # packing pays only where a window would trim
+            return w if w == sched.num_spec_tokens else None
         if w < sched.num_spec_tokens and len(seqs) < ESTIMATED_WINDOW_MIN_ROWS:
             return None
         return w

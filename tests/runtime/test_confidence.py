@@ -868,20 +868,23 @@ def test_prefers_full_window_where_trimming_does_not_pay():
     assert not steep.prefers_full_window(4, [0.5, 0.1, 0.01, 0.001])
 
 
-def test_scheduled_batches_run_fixed_rounds_where_the_full_window_is_best():
+@pytest.mark.parametrize("cost_model", ["trimmed", "packed"])
+def test_scheduled_batches_run_fixed_rounds_where_the_full_window_is_best(cost_model):
     """A verify cost that grows slowly (trimming 3 rows from 5 to 2 tokens would save 0.38 ms, more
     than the admission's overhead), cheap drafts, AR expensive: after the first (confidence) round,
     which gives the survival estimate, an all-scheduled batch runs plain fixed rounds (no head, no
-    admission: no trimmed window counted) verifying all N drafts; greedy output equals the target's."""
+    admission: no trimmed window or packed verify counted) verifying all N drafts, under either cost
+    model; greedy output equals the target's."""
     curve = CostCurve([1, 64], [1.0, 3.0], "test: trimming could pay", rows=[1, 4], draft_ms=[0.1, 0.1],
                       ar_ms=[10.0, 10.0])
-    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model=cost_model)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=30), speculative=False)
-    before = sum(llm.steps.verify_widths.values())
+    counted = lambda: sum(llm.steps.verify_widths.values()) + sum(llm.steps.verify_slots.values())
+    before = counted()
     out = llm.generate(prompts, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
     assert [o.output_ids for o in out] == [a.output_ids for a in ar]
-    assert sum(llm.steps.verify_widths.values()) - before == 1          # the first round only
+    assert counted() - before == 1                                      # the first round only
     proposed = out[0].stats.proposed
     assert len(proposed) > 3 and all(p == 4 for p in proposed[1:-1]), proposed
 
@@ -1011,16 +1014,59 @@ def test_survival_running_sums_equal_the_windows_sums():
     from dspark_trt.runtime.confidence import SurvivalEstimate
     rng = np.random.default_rng(3)
     est = SurvivalEstimate(5, window=4)
+    kept = []                                        # the confidence arrays of the window's rounds
     for i in range(11):
         acc = rng.integers(0, 6, 7)
-        conf = rng.random((7, 5)) if i % 3 else None
+        conf = 0.2 + 0.8 * rng.random((7, 5)) if i % 3 else None
         est.add(acc, np.maximum(acc, rng.integers(0, 6, 7)), conf)
+        kept = (kept + [conf])[-4:] if conf is not None else kept
         risk = sum(r[0] for r in est.rounds)
         surv = sum(r[1] for r in est.rounds)
-        prior = (sum(c for c, _ in est.confidence) / sum(n for _, n in est.confidence)
-                 if est.confidence else np.full(5, est.PRIOR))
+        if kept:
+            s = np.cumprod(np.concatenate(kept), axis=1).mean(0)           # S_k, mean prefix product
+            prior = s / np.concatenate([[1.0], s[:-1]])
+        else:
+            prior = np.full(5, est.PRIOR)
         h = (surv + est.PRIOR_WEIGHT * prior) / (risk + est.PRIOR_WEIGHT)
         np.testing.assert_allclose(est.curve(), np.cumprod(h), rtol=1e-12)
+
+
+# the trained pair's sampled (T = 1) prefix survival, confidence-calibration-h200-462ac15.json
+SAMPLED_SURVIVAL = [0.45, 0.179, 0.072, 0.027, 0.008, 0.004, 0.003]
+
+
+def _correlated_rounds(rng, rows: int, survival=SAMPLED_SURVIVAL):
+    """Confidences and outcomes of one round whose rows are calibrated but correlated across
+    positions (one logistic offset per row, as ``verify_concurrency.py --synthetic`` replays):
+    ``q [rows, N]`` conditional acceptances, ``acc [rows]`` accepted drafts of the full block."""
+    s = np.asarray(survival)
+    cond = s / np.concatenate([[1.0], s[:-1]])
+    u = rng.random((rows, 1))
+    q = 1.0 / (1.0 + np.exp(-(np.log(cond / (1 - cond))[None] + np.log(u / (1 - u)))))
+    acc = np.cumprod(rng.random(q.shape) < q, axis=1).sum(1)
+    return q, acc
+
+
+def test_survival_estimate_of_censored_windows_follows_the_heads_prefix_products():
+    """Rows verifying 3 of 7 drafts say nothing about drafts 3..6: there the estimate is the
+    head's prior, which must be the mean calibrated prefix product (the survival of correlated
+    rows), not the product of mean conditionals (too low a tail: it kept windows trimmed that
+    should be full, scheduled 0.92x fixed at batch 16 on the H200, e9d2e5a). With it the window
+    decision equals the one on the true survival curve."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate, VerifyScheduler
+    rng = np.random.default_rng(0)
+    q, acc = _correlated_rounds(rng, 200_000)
+    true = np.array([(acc > k).mean() for k in range(7)])              # uncensored survival
+    naive = np.cumprod(q.mean(0))
+    assert naive[3:].sum() < 0.6 * true[3:].sum()                      # the bias this fixes
+    est = SurvivalEstimate(7)
+    for _ in range(32):
+        q, acc = _correlated_rounds(rng, 64)
+        est.add(np.minimum(acc, 3), np.full(64, 3), q)                 # window 3: censored at 3
+    np.testing.assert_allclose(est.curve(), true, atol=0.02, rtol=0.15)
+    s = VerifyScheduler(7, 64 * 8, "cpu", cost=H200_CURVE)
+    for rows in (8, 16, 32, 64):
+        assert s.best_window(rows, est.curve()) == s.best_window(rows, true), rows
 
 
 def test_best_window_takes_the_wider_of_equal_options():
