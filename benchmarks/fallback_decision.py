@@ -1,9 +1,17 @@
-"""What the scheduled mode's decisions are on a measured cost curve (issue #25): per batch size,
-expected tokens per row per ms (host overhead included) of AR, of the fixed round and of the best verify window under a
-prefix-survival curve, ``VerifyScheduler.prefers_ar`` and Algorithm 1's admitted width for rows at
-that curve's expected confidences. Reads a ``verify_concurrency.py`` JSON (its ``cost_curve``).
+"""The scheduled mode's decisions and what any schedule could gain on a measured cost curve (issue
+#25). Per batch size, expected committed tokens per row per ms of a round (draft, verify, host
+overhead) for AR, the fixed round, the best trimmed window, and an oracle of the packed verify
+(the paper's Algorithm 1 per row on each row's exact conditional acceptances, priced like a
+rectangle of as many tokens: a bound, the packed verify measured costlier), each over the fixed
+round; the measured steady-load ratios of the same JSON beside them. Prefill time is not in a
+round, so a steady load's ratios sit closer to 1 by its prefill share.
 
-    python benchmarks/fallback_decision.py benchmarks/results/verify-concurrency-h200-qwen3-8b-synthetic-a8f3096.json \
+The survival of the rows is the one ``verify_concurrency.py --synthetic`` replays: the calibrate
+JSON's curve as conditional acceptances, one logistic offset per row (``--spread``, from the
+result's options by default), so a row's positions are correlated and the batch survival
+``E[prod_k q_k]`` has a heavier tail than the curve itself.
+
+    python benchmarks/fallback_decision.py benchmarks/results/verify-concurrency-h200-qwen3-8b-synthetic-steady-0ab0aab.json \\
         --survival benchmarks/results/confidence-calibration-h200-462ac15.json
 """
 from __future__ import annotations
@@ -14,27 +22,71 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dspark_trt.runtime.confidence import MODE_IDS, CostCurve, VerifyScheduler  # noqa: E402
+from dspark_trt.runtime.confidence import CostCurve, VerifyScheduler  # noqa: E402
+from verify_concurrency import conditional_acceptance, survival_curve  # noqa: E402
 
 
-def decisions(curve: CostCurve, survival: list[float], n: int) -> dict:
-    s = np.asarray(survival[:n], dtype=np.float64)
-    cond = s / np.concatenate([[1.0], s[:-1]])                       # conditional acceptance
+def synthetic_rows(rng, rows: int, cond: np.ndarray, spread: float) -> np.ndarray:
+    """[rows, N] conditional acceptances ``sigmoid(logit p_k + spread * e_r)``, e_r logistic."""
+    u = rng.random((rows, 1))
+    return 1.0 / (1.0 + np.exp(-(np.log(cond / (1 - cond))[None] + spread * np.log(u / (1 - u)))))
+
+
+def packed_oracle(sched: VerifyScheduler, curve: CostCurve, rows: int, cond, spread, rng, rounds=200) -> float:
+    """Mean committed tokens per row per ms of Algorithm 1 per row (candidates by prefix survival,
+    admitted while the round's tokens per ms grow), the verify of T tokens priced at the rows'
+    rectangle of T tokens (interpolated over the widths)."""
+    n = len(cond)
+    grid = np.array([curve.window_ms(rows, w) for w in range(1, n + 1)])            # [N] verify ms
+    fixed_cost = sched.option_ms(rows)[-1] - grid[-1]            # draft + host overhead
+    extra = fixed_cost + sched.admission_overhead_ms
+    widths_tokens = rows * np.arange(2, n + 2)
+
+    def round_ms(tokens: float) -> float:
+        return float(np.interp(tokens, widths_tokens, grid, left=grid[0])) + extra
+
+    got = []
+    for _ in range(rounds):
+        a = np.cumprod(synthetic_rows(rng, rows, cond, spread), axis=1)
+        tokens, tau = rows, float(rows)
+        best = tau / round_ms(tokens)
+        for x in np.sort(a.ravel())[::-1]:
+            v = (tau + x) / round_ms(tokens + 1)
+            if v <= best:
+                break
+            tokens, tau, best = tokens + 1, tau + x, v
+        got.append(best / rows)
+    return float(np.mean(got))
+
+
+def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) -> dict:
+    c = result["cost_curve"]
+    n = result["model"]["num_spec_tokens"]
+    curve = CostCurve(c["tokens"], c["latency_ms"], c.get("source", "result"), c["rows"], c["draft_ms"],
+                      c["ar_ms"], c.get("verify_ms"))
     sched = VerifyScheduler(n, max(curve.rows) * (n + 1), "cpu", cost=curve)
-    out = {}
+    cond = np.asarray(conditional_acceptance(survival, n))
+    rng = np.random.default_rng(seed)
+    true = np.cumprod(synthetic_rows(rng, 200_000, cond, spread), axis=1).mean(0)   # [N] batch survival
+    out = {"survival": true.round(4).tolist(), "spread": spread, "batch": {}}
     for B in curve.rows:
-        opts = dict(sched.spec_options(B, s))
-        best = max(opts, key=opts.get)
-        logits = torch.logit(torch.tensor(cond)).float()[None].expand(B, -1).contiguous()
-        adm = sched.admit(logits, torch.ones(B, dtype=torch.bool),
-                          torch.full((B,), MODE_IDS["scheduled"]), torch.zeros(B))
-        out[str(B)] = {"ar": 1.0 / (curve.step_ms("ar", B) + sched.round_overhead_ms), "fixed": opts[n], "best_window": best,
-                       "best": opts[best], "prefers_ar": sched.prefers_ar(B, s),
-                       "admitted_width": int(adm.max())}
+        opts = dict(sched.spec_options(B, true))
+        fixed, best = opts[n], max(opts, key=opts.get)
+        ar = 1.0 / (curve.step_ms("ar", B) + sched.round_overhead_ms)
+        row = {"fixed": fixed, "ar_over_fixed": ar / fixed, "best_window": best,
+               "window_over_fixed": opts[best] / fixed,
+               "packed_oracle_over_fixed": packed_oracle(sched, curve, B, cond, spread, rng) / fixed,
+               "prefers_ar": sched.prefers_ar(B, true)}
+        measured = result.get("batch", {}).get(str(B), {})
+        base = measured.get("fixed", {}).get("decode_tokens_per_s")
+        for mode in ("scheduled", "packed", "autoregressive"):
+            if base and mode in measured:
+                row[f"measured_{mode}_over_fixed"] = measured[mode]["decode_tokens_per_s"] / base
+        out["batch"][str(B)] = row
     return out
 
 
@@ -42,14 +94,22 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("result", help="verify_concurrency.py JSON (cost_curve, model.num_spec_tokens)")
     p.add_argument("--survival", required=True, help="calibrate JSON (before.per_position[*].label_mean)")
+    p.add_argument("--spread", type=float, default=None, help="per-row logistic spread (default: the result's)")
+    p.add_argument("--out", default=None, help="write the table as JSON here")
     a = p.parse_args(argv)
     r = json.loads(Path(a.result).read_text())
-    c = r["cost_curve"]
-    curve = CostCurve(c["tokens"], c["latency_ms"], c.get("source", a.result), c["rows"], c["draft_ms"], c["ar_ms"])
-    surv = [float(q["label_mean"]) for q in json.loads(Path(a.survival).read_text())["before"]["per_position"]]
-    for B, d in decisions(curve, surv, r["model"]["num_spec_tokens"]).items():
-        print(f"B={int(B):3d} tokens/row/ms: AR {d['ar']:.4f} fixed {d['fixed']:.4f} best w={d['best_window']} "
-              f"{d['best']:.4f} -> {'AR' if d['prefers_ar'] else 'spec'}; admitted width {d['admitted_width']}")
+    spread = a.spread if a.spread is not None else float(r.get("options", {}).get("spread") or 1.0)
+    b = bounds(r, survival_curve(a.survival), spread)
+    print(f"batch survival (spread {spread}): {b['survival']}")
+    for B, d in b["batch"].items():
+        m = " ".join(f"{k[9:-11]} {v:.2f}" for k, v in d.items() if k.startswith("measured_"))  # measured_X_over_fixed
+        print(f"B={int(B):3d} over fixed: AR {d['ar_over_fixed']:.2f}, best window w={d['best_window']} "
+              f"{d['window_over_fixed']:.2f}, packed oracle {d['packed_oracle_over_fixed']:.2f}"
+              + (f" | measured {m}" if m else ""))
+    if a.out:
+        b.update(result=a.result, survival_file=a.survival)
+        Path(a.out).write_text(json.dumps(b, indent=1) + "\n")
+        print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

@@ -61,17 +61,23 @@ def survival_curve(path: str | Path) -> list[float]:
         raise SystemExit(f"error: {path}: needs before.per_position[*].label_mean ({e})") from None
 
 
+def conditional_acceptance(survival: list[float], n: int) -> list[float]:
+    """[n] the conditional acceptances ``p_k = s_k / s_{k-1}`` of a prefix-survival curve (clipped
+    away from 0 and 1; a curve shorter than n repeats its last ratio): what ``SyntheticAcceptance``
+    offsets per row."""
+    s = [min(max(v, 1e-4), 1 - 1e-4) for v in survival] or [0.5]
+    cond = [s[0]] + [min(b / a, 0.999) for a, b in zip(s, s[1:])]
+    return (cond + [cond[-1]] * max(0, n - len(cond)))[:n]
+
+
 class SyntheticAcceptance:
     """``networks`` with the confidence logits and the verifier's accepted counts replayed from a
     survival curve (see the module docstring); everything else is the wrapped networks'."""
 
     def __init__(self, networks, survival: list[float], spread: float = 1.0):
         self.inner, self.spread = networks, spread
-        n = networks.num_spec_tokens
-        s = [min(max(v, 1e-4), 1 - 1e-4) for v in survival] or [0.5]
-        cond = [s[0]] + [min(b / a, 0.999) for a, b in zip(s, s[1:])]
-        cond += [cond[-1]] * max(0, n - len(cond))                  # longer blocks: the last ratio
-        self.logit_p = torch.logit(torch.tensor(cond[:n], dtype=torch.float32)).to(networks.device)
+        cond = conditional_acceptance(survival, networks.num_spec_tokens)
+        self.logit_p = torch.logit(torch.tensor(cond, dtype=torch.float32)).to(networks.device)
         self.has_confidence = True
 
     def __getattr__(self, name):
@@ -190,16 +196,23 @@ def steady_lengths(n: int, gen_len: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(lo, hi + 1, n).tolist()
 
 
+def request_seed(run_seed: int, i: int) -> int:
+    """Request i's sampling seed, the same in every mode: the synthetic acceptance is keyed by
+    seed and position, so modes whose rounds agree see the same outcomes (common random numbers:
+    the modes' difference is not buried in acceptance noise, +-10 % between runs of 16 requests)."""
+    return (run_seed << 20) + i
+
+
 def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, speculative: bool,
-                 verify_mode: str = "fixed") -> dict:
+                 verify_mode: str = "fixed", seed: int = 0) -> dict:
     """Greedy decoding at ``concurrency`` requests in flight over the prompt pool ``prompts``
     [R, T] (R > concurrency), request i asking for ``steady_lengths(R, gen_len)[i]`` tokens: a
     finished request is replaced by the next prompt at once; tokens/s (the new requests' prefill
     included in the time, their first token in the tokens) over the rounds from the first
     replacement to the submission of the last prompt."""
     from dspark_trt.runtime import SamplingParams
-    params = [SamplingParams(max_new_tokens=n, ignore_eos=True, verify_mode=verify_mode)
-              for n in steady_lengths(len(prompts), gen_len)]
+    params = [SamplingParams(max_new_tokens=n, ignore_eos=True, verify_mode=verify_mode, seed=request_seed(seed, i))
+              for i, n in enumerate(steady_lengths(len(prompts), gen_len))]
     gen = llm.scheduler(speculative)
     seqs = [gen.add_request(p.tolist(), sp) for p, sp in zip(prompts[:concurrency], params)]
     nxt, t0, rounds, out0 = concurrency, None, 0, 0
@@ -266,8 +279,8 @@ def run(argv) -> dict:
         if sched.cost_model != trimmed:
             llm.capture_graphs(True)                  # the packed verify's slot graphs
         if steady:
-            return steady_state(llm, prompts_all[:requests(B)], B, args.gen_len, speculative, mode)
-        return bench.end_to_end(llm, prompts_all[:B], args.gen_len, speculative, mode)
+            return steady_state(llm, prompts_all[:requests(B)], B, args.gen_len, speculative, mode, args.seed)
+        return bench.end_to_end(llm, prompts_all[:B], args.gen_len, speculative, mode, request_seed(args.seed, 0))
 
     kinds_survival = (args.round_kinds and "scheduled" in modes
                       and ((args.synthetic and survival_curve(args.synthetic)) or [0.5 ** (k + 1) for k in range(n)]))

@@ -206,12 +206,14 @@ def run_cost_curve(llm, args, sizes: list[int]) -> int:
 
 
 def end_to_end(llm, prompts: np.ndarray, gen_len: int, speculative: bool,
-               verify_mode: str = "fixed") -> dict:
-    """Greedy decoding of ``prompts`` [B, T]; decode throughput excludes the prefill step."""
+               verify_mode: str = "fixed", seed: int | None = None) -> dict:
+    """Greedy decoding of ``prompts`` [B, T]; decode throughput excludes the prefill step.
+    ``seed``: request i samples with seed ``seed + i`` (else drawn at admission)."""
     from ..runtime import SamplingParams
     gen = llm.scheduler(speculative)
-    sp = SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=verify_mode)
-    seqs = [gen.add_request(p.tolist(), sp) for p in prompts]
+    sp = [SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=verify_mode,
+                         seed=None if seed is None else seed + i) for i in range(len(prompts))]
+    seqs = [gen.add_request(p.tolist(), s) for p, s in zip(prompts, sp)]
     gen.step()                                   # admission + prefill (+ first token)
     if llm.device.type == "cuda":
         torch.cuda.synchronize()

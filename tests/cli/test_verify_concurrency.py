@@ -97,3 +97,62 @@ def test_steady_load_keeps_the_concurrency_and_stays_lossless(monkeypatch):
     assert len(set(lengths)) > 1                   # requests end at different rounds, AR included
     assert all(len(outs[False][p]) == lengths[i] for i, p in enumerate(map(tuple, prompts.tolist()))
                if p in outs[False])
+
+
+def test_steady_load_seeds_requests_for_common_random_numbers(tmp_path):
+    """Request i samples with ``request_seed(run seed, i)`` in every mode, so the synthetic
+    acceptance (keyed by seed and position) gives two runs of the same rounds the same outcomes:
+    equal accepted counts per request; another run seed draws other outcomes."""
+    mod = _module()
+    from dspark_trt.commands import bench
+    from dspark_trt.runtime.scheduler import Scheduler
+    args = mod.parse_args(["--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
+                           "--batch-sizes", "3", "--prompt-len", "8", "--gen-len", "8"])
+    args.max_batch_size, args.max_seq_len = 3, 8 + 12
+    llm = bench.load_llm(args)
+    llm.networks = mod.SyntheticAcceptance(llm.networks, [0.6, 0.4, 0.3, 0.2], spread=1.0)
+    llm._steps = None
+    prompts = bench.make_prompts(llm, "random", 12, 8, 0)
+    accepted, add = [], Scheduler.add_request
+
+    def run(seed):
+        accepted.clear()
+        Scheduler.add_request = lambda self, *a, **k: accepted.append(add(self, *a, **k)) or accepted[-1]
+        try:
+            mod.steady_state(llm, prompts, 3, 8, True, "fixed", seed)
+        finally:
+            Scheduler.add_request = add
+        assert [s.seed for s in accepted] == [mod.request_seed(seed, i) for i in range(len(accepted))]
+        return [list(s.stats.accepted) for s in accepted]
+
+    first = run(0)
+    assert run(0) == first
+    assert run(1) != first
+
+
+def test_schedule_bounds_of_a_cost_grid():
+    """``fallback_decision.bounds``: spread 0 keeps the curve as the batch survival; on a grid
+    where 64 rows x 7 drafts cost 3x the 1-draft verify, the best window trims and the per-row
+    oracle beats it; on a flat grid the full window is best and nothing beats the fixed round by
+    more than the oracle's rounding."""
+    import sys
+    mod = load_benchmark("fallback_decision")
+    assert "verify_concurrency" in sys.modules
+    survival = [0.45, 0.18, 0.07, 0.03]
+    n, rows = 4, [1, 64]
+
+    def result(grid):
+        return {"model": {"num_spec_tokens": n},
+                "cost_curve": {"tokens": [2, 320], "latency_ms": [1.0, 3.0], "rows": rows, "draft_ms": [0.2, 0.4],
+                               "ar_ms": [1.0, 1.5], "verify_ms": grid},
+                "batch": {"64": {"fixed": {"decode_tokens_per_s": 100.0}, "scheduled": {"decode_tokens_per_s": 90.0}}}}
+
+    steep = mod.bounds(result([[1.0] * n, [4.0, 6.0, 9.0, 12.0]]), survival, spread=0.0)
+    assert abs(steep["survival"][0] - 0.45) < 0.01 and abs(steep["survival"][2] - 0.07) < 0.01
+    b64 = steep["batch"]["64"]
+    assert b64["best_window"] < n and b64["window_over_fixed"] > 1.1
+    assert b64["packed_oracle_over_fixed"] >= b64["window_over_fixed"] - 0.02
+    assert abs(b64["measured_scheduled_over_fixed"] - 0.9) < 1e-9
+    flat = mod.bounds(result([[1.0] * n, [1.0] * n]), survival, spread=1.0)["batch"]["64"]
+    assert flat["best_window"] == n and flat["window_over_fixed"] == 1.0
+    assert flat["packed_oracle_over_fixed"] < 1.05
