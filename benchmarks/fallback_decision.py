@@ -67,7 +67,7 @@ def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) ->
     c = result["cost_curve"]
     n = result["model"]["num_spec_tokens"]
     curve = CostCurve(c["tokens"], c["latency_ms"], c.get("source", "result"), c["rows"], c["draft_ms"],
-                      c["ar_ms"], c.get("verify_ms"))
+                      c["ar_ms"], c.get("verify_ms"), c.get("admission_ms"))
     sched = VerifyScheduler(n, max(curve.rows) * (n + 1), "cpu", cost=curve)
     cond = np.asarray(conditional_acceptance(survival, n))
     rng = np.random.default_rng(seed)

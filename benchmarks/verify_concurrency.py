@@ -138,7 +138,7 @@ def measure_cost_curve(llm, args, sizes):
         gen.abort(s.request_id)
     gen.step()
     return CostCurve(pts["tokens"], pts["latency_ms"], "measured by benchmarks/verify_concurrency.py",
-                     pts["rows"], pts["draft_ms"], pts["ar_ms"], pts["verify_ms"])
+                     pts["rows"], pts["draft_ms"], pts["ar_ms"], pts["verify_ms"], pts["admission_ms"])
 
 
 def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = False) -> dict:

@@ -124,7 +124,11 @@ class CostCurve:
     the scheduler's AR fallback compares, ``VerifyScheduler.prefers_ar``), and the verify's
     latency by rows and window (``verify_ms [rows][w - 1]``, w = 1 .. N: what a trimmed window
     costs; the token curve alone misses what grows with the rows at equal tokens, e.g. 64 x 3
-    against 24 x 8)."""
+    against 24 x 8), and ``admission_ms`` per rows: what a confidence round's steps (head,
+    admission, the verify with limits) cost on the device over the fixed round's at the same width
+    (on the H200 at Qwen3-8B dims a confidence round cost ~0.3 ms more than a fixed one at 16
+    rows and ~1.6 ms at 64, round kinds of 0ab0aab: the constant ``ADMISSION_OVERHEAD_MS``
+    under-priced every trimmed window at 64 rows)."""
 
     tokens: list[int]
     latency_ms: list[float]
@@ -133,6 +137,7 @@ class CostCurve:
     draft_ms: list[float] | None = None
     ar_ms: list[float] | None = None
     verify_ms: list[list[float]] | None = None
+    admission_ms: list[float] | None = None
 
     def __post_init__(self):
         ok = (len(self.tokens) == len(self.latency_ms) >= 1
@@ -157,6 +162,11 @@ class CostCurve:
                 and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for r in g for v in r)):
             raise ConfidenceFileError(f"cost curve ({self.source}): 'verify_ms' must be one list of "
                                       f"positive latencies per entry of 'rows', each of the same length (widths 1 .. N)")
+        a = self.admission_ms
+        if a is not None and not (self.rows is not None and len(a) == len(self.rows) and all(
+                isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in a)):
+            raise ConfidenceFileError(f"cost curve ({self.source}): 'admission_ms' must be one non-negative "
+                                      f"latency per entry of 'rows'")
 
     @property
     def has_steps(self) -> bool:
@@ -164,8 +174,10 @@ class CostCurve:
         return self.rows is not None
 
     def step_ms(self, kind: str, rows: float) -> float:
-        """The "draft" or "ar" step's latency at ``rows`` rows (interpolated like ``latency``)."""
-        return _interp(self.rows, self.draft_ms if kind == "draft" else self.ar_ms, rows)
+        """The "draft", "ar" or "admission" step's latency at ``rows`` rows (interpolated like
+        ``latency``)."""
+        return _interp(self.rows, {"draft": self.draft_ms, "ar": self.ar_ms,
+                                   "admission": self.admission_ms}[kind], rows)
 
     @classmethod
     def default(cls) -> "CostCurve":
@@ -194,6 +206,8 @@ class CostCurve:
                  if self.has_steps else {})
         if self.verify_ms is not None:
             steps["verify_ms"] = self.verify_ms
+        if self.admission_ms is not None:
+            steps["admission_ms"] = self.admission_ms
         return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
     def save(self, directory: str | Path) -> Path:
@@ -209,7 +223,7 @@ class CostCurve:
             grid = None if d.get("verify_ms") is None else [[float(v) for v in r] for r in d["verify_ms"]]
             return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
                        str(d.get("source", path)), opt("rows", int), opt("draft_ms", float),
-                       opt("ar_ms", float), grid)
+                       opt("ar_ms", float), grid, opt("admission_ms", float))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
@@ -401,7 +415,7 @@ class VerifyScheduler:
                 return True
             rows, n = max(1, len(mode)), self.num_spec_tokens
             saving = self.cost.window_ms(rows, n) - self.cost.window_ms(rows, 1)
-            return saving < self.admission_overhead_ms
+            return saving < self.admission_ms(rows)
         return False
 
     @property
@@ -410,14 +424,23 @@ class VerifyScheduler:
         AR step latencies; ``prefers_ar``)."""
         return self.cost.has_steps and self.num_spec_tokens > 0
 
+    def admission_ms(self, rows: float) -> float:
+        """What a confidence round costs over a fixed one at ``rows`` rows: ``admission_overhead_ms``
+        (host: read-back, decisions) plus the cost curve's measured device share ``admission_ms``
+        where it has one."""
+        if self.cost.admission_ms is None:
+            return self.admission_overhead_ms
+        return self.admission_overhead_ms + self.cost.step_ms("admission", max(rows, 1))
+
     def option_ms(self, rows: int) -> np.ndarray:
         """[len(widths)] the round's ms at ``rows`` rows for each window (``spec_options``' cost),
         cached per row count: the rounds' decisions read it every round."""
         ms = self._option_ms.get((rows, id(self.cost)))
         if ms is None:
             n, draft = self.num_spec_tokens, self.cost.step_ms("draft", rows) + self.round_overhead_ms
+            admission = self.admission_ms(rows)
             ms = np.array([draft + self.cost.window_ms(rows, w)
-                           + (self.admission_overhead_ms if w < n else 0.0) for w in self.widths])
+                           + (admission if w < n else 0.0) for w in self.widths])
             self._option_ms[(rows, id(self.cost))] = ms
         return ms
 
@@ -473,7 +496,7 @@ class VerifyScheduler:
         ``1 / SPS(B)``; None without the draft step's latency."""
         if not self.cost.has_steps:
             return None
-        return torch.tensor([self.cost.step_ms("draft", max(r, 1)) + self.admission_overhead_ms
+        return torch.tensor([self.cost.step_ms("draft", max(r, 1)) + self.admission_ms(r)
                              + self.round_overhead_ms
                              for r in range(max_rows + 1)], dtype=torch.float32, device=device)
 

@@ -146,9 +146,11 @@ class DeviceInputs:
                    mode, thr, **extra)
 
     def head(self, B: int) -> "DeviceInputs":
-        """The first B rows (the fixed-round fields only: no verify modes / thresholds)."""
+        """The first B rows (the fixed-round fields, and the verify modes / thresholds if present;
+        no modifiers)."""
+        cut = lambda v: None if v is None else v[:B]  # noqa: E731
         return DeviceInputs(self.anchor[:B], self.start[:B], self.seed[:B], self.temperature[:B],
-                            self.top_p[:B], self.table[:B])
+                            self.top_p[:B], self.table[:B], cut(self.verify_mode), cut(self.threshold))
 
 
 def verify_window(x: DeviceInputs, drafts: Tensor) -> tuple[Tensor, Tensor]:

@@ -513,6 +513,34 @@ def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys):
     n = len(curve.verify_ms[0])                                    # one latency per (rows, width)
     assert len(curve.verify_ms) == len(curve.rows) == 2 and n >= 1
     assert curve.window_ms(2, n) == curve.verify_ms[1][n - 1]
+    # the draft has a head: the confidence round's device cost over the fixed round's, per rows
+    assert len(curve.admission_ms) == 2 and all(v >= 0 for v in curve.admission_ms)
+
+
+def test_measured_admission_cost_prices_trimmed_windows(tmp_path):
+    """``admission_ms`` per rows (saved, loaded, checked) adds to every trimmed option and to the
+    trimmed admission's round cost: a window that pays against the 0.25 ms constant stops paying
+    when a confidence round measurably costs 3 ms more at 4 rows, so the full (fixed) window wins
+    and such a batch runs fixed rounds (no head, no admission), where at 1 row it still may not."""
+    from dspark_trt.runtime.confidence import ConfidenceFileError, VerifyScheduler
+    steps = dict(rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[50.0, 50.0],
+                 verify_ms=[[1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
+    measured = CostCurve([1, 64], [1.0, 40.0], "t", **steps, admission_ms=[0.0, 3.0])
+    measured.save(tmp_path)
+    assert CostCurve.find(tmp_path).admission_ms == [0.0, 3.0]
+    with pytest.raises(ConfidenceFileError, match="admission_ms"):
+        CostCurve([1, 64], [1.0, 40.0], "bad", **steps, admission_ms=[0.1])
+    with pytest.raises(ConfidenceFileError, match="admission_ms"):
+        CostCurve([1, 64], [1.0, 40.0], "bad", **steps, admission_ms=[0.1, -1.0])
+    constant = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 40.0], "t", **steps))
+    priced = VerifyScheduler(4, 64, "cpu", cost=measured)
+    assert priced.admission_ms(4) == pytest.approx(priced.admission_overhead_ms + 3.0)
+    assert priced.admission_ms(1) == pytest.approx(priced.admission_overhead_ms)
+    survival = [0.5, 0.25, 0.125, 0.06]
+    assert constant.best_window(4, survival) < 4 and priced.best_window(4, survival) == 4
+    scheduled = np.full(4, MODE_IDS["scheduled"])
+    assert priced.admits_every_draft(scheduled) and not constant.admits_every_draft(scheduled)
+    assert priced.round_ms[4] - constant.round_ms[4] == pytest.approx(3.0)      # Algorithm 1's cost
 
 
 def test_generate_cli_verify_mode(tmp_path, capsys):
