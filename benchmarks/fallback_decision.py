@@ -11,12 +11,13 @@ JSON's curve as conditional acceptances, one logistic offset per row (``--spread
 result's options by default), so a row's positions are correlated and the batch survival
 ``E[prod_k q_k]`` has a heavier tail than the curve itself.
 
-    python benchmarks/fallback_decision.py benchmarks/results/verify-concurrency-h200-qwen3-8b-synthetic-steady-0ab0aab.json \\
+    python benchmarks/fallback_decision.py benchmarks/results/verify-concurrency-h200-qwen3-8b-synthetic-steady-0ab0aab.json.gz \\
         --survival benchmarks/results/confidence-calibration-h200-462ac15.json
 """
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -97,7 +98,7 @@ def main(argv=None) -> None:
     p.add_argument("--spread", type=float, default=None, help="per-row logistic spread (default: the result's)")
     p.add_argument("--out", default=None, help="write the table as JSON here")
     a = p.parse_args(argv)
-    r = json.loads(Path(a.result).read_text())
+    r = json.loads((gzip.open if a.result.endswith(".gz") else open)(a.result, "rt").read())
     spread = a.spread if a.spread is not None else float(r.get("options", {}).get("spread") or 1.0)
     b = bounds(r, survival_curve(a.survival), spread)
     print(f"batch survival (spread {spread}): {b['survival']}")

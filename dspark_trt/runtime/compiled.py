@@ -9,7 +9,7 @@ GEMMs and the ``dspark`` ops stay their Triton kernels, as in an AOTI engine. Th
 ops (KV-cache write, block attention: ``Qwen3Attention.attend``) run outside the compiled graphs
 (``torch.compiler.disable``; a graph break on each side): inductor's decomposition of the
 user-Triton-kernel wrapper asserted on the block-attention kernel at head dim 16 on the H200
-(torch 2.11, ``benchmarks/results/gpu-smoke-a8f3096.log``), and the kernels gain nothing from
+(torch 2.11, ``benchmarks/results/gpu-smoke-a8f3096.log.gz``), and the kernels gain nothing from
 being traced.
 
 Shapes are dynamic (batch, tokens and pages per row symbolic; sizes 1 get their own graph), so the

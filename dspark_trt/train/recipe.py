@@ -168,7 +168,7 @@ def _staged_h200() -> TrainRecipe:
     2-layer drafts (DSpark: Markov rank 64) on the target's own continuations.
     The target trains a fixed 1,400 steps (~4.9 epochs of its 9.4 M-token split on the H200's
     packages; ~70 s): a 7-minute run (8,325 steps) reached its best held-out loss at step 1,040
-    and memorised after that (benchmarks/results/train-h200-target-7min-76887d6.log)."""
+    and memorised after that (benchmarks/results/train-h200-target-7min-76887d6.log.gz)."""
     drafts = deepspec_draft_schedule(steps=2000, batch_size=16, seq_len=512, num_anchors=512)
     return TrainRecipe(
         name="h200", vocab_size=8192, hidden_size=512, num_layers=6, num_heads=8,

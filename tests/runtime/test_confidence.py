@@ -719,7 +719,7 @@ def test_prefers_ar_compares_the_expected_round_throughputs():
         CostCurve([2], [1.0], "bad", rows=[1, 2], draft_ms=[1.0], ar_ms=[1.0, 1.0])
 
 
-# the H200 situation of issue #25 (verify-concurrency-h200-qwen3-8b-synthetic-a8f3096.json): Qwen3-8B
+# the H200 situation of issue #25 (verify-concurrency-h200-qwen3-8b-synthetic-a8f3096.json.gz): Qwen3-8B
 # dims, N = 7, a verify curve flat at low load, the shipped pair's prefix-survival curve
 H200_SURVIVAL = [0.64, 0.39, 0.25, 0.16, 0.11, 0.08, 0.06]
 H200_CURVE = CostCurve(

@@ -164,7 +164,7 @@ def block_attention_reduce_kernel(part_ml, part_acc, out, NUM_SPLITS, D: tl.cons
 
 EXPORT_NUM_SPLITS = 8     # fixed split count of exported (dynamic-shape) engines
 
-# Defaults, from benchmarks/tune_plugins.py on an H200 (tune-plugins-NVIDIA_H200-7e0cc94.json):
+# Defaults, from benchmarks/tune_plugins.py on an H200 (tune-plugins-NVIDIA_H200-7e0cc94.json.gz):
 # page lookups one tile ahead (prefetch) let Triton pipeline K/V num_stages - 1 deep; at block_n 64,
 # 4 warps, 3 stages a program takes 204 registers x 128 threads and 76 KB of shared memory, so an SM
 # holds 2 (programs_per_sm, from ptxas for sm_90), and the key range is split so that the grid

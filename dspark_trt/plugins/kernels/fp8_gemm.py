@@ -16,7 +16,7 @@ halves it against bf16; the kernel streams W once (per M tile) in the layout of
   bit pattern ``s 0000 eeee mmm 0...`` is its value times 2^-120 (e4m3 subnormals land on fp32
   subnormals, which Triton's fp32 multiplies keep), times 2^120 exact; the e4m3fn NaN codes
   0x7F / 0xFF read as +-480 there (checkpoints hold none: quantisation clamps to 448). On the H200
-  it was slower than the ``.to(float32)`` route at every M = 1 shape (fp8-gemm-NVIDIA-H200-8fa3a00.json:
+  it was slower than the ``.to(float32)`` route at every M = 1 shape (fp8-gemm-NVIDIA-H200-8fa3a00.json.gz:
   e.g. gate/up 36 vs 50 % of HBM, down 39 vs 52 %), so it stays off by default.
 * Rows past N are clamped to N - 1 (dropped at the store); K is masked when ``K % BLOCK_K != 0``.
 * SPLIT_K > 1: fp32 partials ``[SPLIT_K, M, N]`` summed in split order by

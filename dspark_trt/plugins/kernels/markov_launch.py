@@ -30,13 +30,13 @@ MARKOV_DEFAULTS = dict(one_launch=False, block_v=128, block_r=64, programs_per_s
 # Overrides of MARKOV_DEFAULTS for batches up to GEMV_MAX_B; empty = the same defaults for every batch.
 MARKOV_SMALL_B: dict = dict(reduce="prologue", snake=True)   # H200, B=1 V=151936 r=256: 200 vs 219 us
 # The batch-1 schedule, used unless the caller picks one_launch or gemv itself. H200, B=1 N=7, cold
-# L2 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-1471c02.json): V=151936 r=256 138 us greedy
+# L2 (benchmarks/markov_l2.py, markov-l2-NVIDIA_H200-1471c02.json.gz): V=151936 r=256 138 us greedy
 # (83% of 4.8 TB/s), 146 us sampled (T=0.8); 151 us with per-program partials instead of the packed
 # atomic_max (packed=False), 144 us without pipeline, 198 us of MARKOV_SMALL_B's per-step launches;
 # 169 us of 7 torch.mv (cuBLAS GEMV), 186 us of 7 plain reads of W2 (torch.sum). Pipelining only
 # pays while two tiles in flight leave room for enough programs: V=129280 r=512 (16 KB tiles) 229 us
 # without, 230 us with (3 programs per SM instead of 4). Batches 2..4 keep MARKOV_SMALL_B (B=4 in one
-# launch: 741 vs 348 us, markov-l2-NVIDIA_H200-f4e9738.json).
+# launch: 741 vs 348 us, markov-l2-NVIDIA_H200-f4e9738.json.gz).
 MARKOV_B1: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resident_per_sm=6, snake=True,
                        pipeline=True)
 # Batches ONE_LAUNCH_B[0]..ONE_LAUNCH_B[1] run the tensor-core body in one launch (same file,

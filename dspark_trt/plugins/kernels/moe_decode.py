@@ -23,7 +23,7 @@ MXFP4 decode in registers without a conversion instruction: an E2M1 code ``s e1 
 the fp32 bit pattern ``s 0000000 e1 e0 m 0...`` is its value times 2^-126 (``e = 0`` codes are
 fp32 subnormals, which Triton's fp32 arithmetic keeps). The decode bounds these GEMVs by
 instruction issue, not HBM (sm_90 SASS of the gate/up loop: 6.3 instructions per weight, 7.5 with
-``bytes``; on the H200 23-35 % of HBM, moe-mxfp4-NVIDIA-H200-6b084b6.json). ``DSPARK_MXFP4_DECODE``
+``bytes``; on the H200 23-35 % of HBM, moe-mxfp4-NVIDIA-H200-6b084b6.json.gz). ``DSPARK_MXFP4_DECODE``
 picks:
 
 * ``words`` (default): int32 words of 8 codes; code ``j`` of every word is two shifts and two masks
@@ -53,8 +53,8 @@ X_SCALE = tl.constexpr(9.223372036854775808e18)    # words: x * 2^63 ...
 SUM_SCALE = tl.constexpr(9.223372036854775808e18)  # ... and the sums * 2^(126 - 63)
 # (token, slot) pairs up to which the GEMV schedule runs, per weight format; above it the grouped
 # kernels. H200, V4-Flash / V4-Pro experts (6 per token): bf16 GEMVs win up to 16 tokens and tie
-# at 32 (moe-mxfp4-NVIDIA-H200-25e553b.json: flash 998 vs 1095 us at 16, 1772 vs 1746 at 32), MXFP4 ones up to 32 tokens, 192 pairs, already with the
-# byte-wise decode (moe-mxfp4-NVIDIA-H200-8fa3a00.json: flash 1592 vs 1778 us, pro 4181 vs 5131 us
+# at 32 (moe-mxfp4-NVIDIA-H200-25e553b.json.gz: flash 998 vs 1095 us at 16, 1772 vs 1746 at 32), MXFP4 ones up to 32 tokens, 192 pairs, already with the
+# byte-wise decode (moe-mxfp4-NVIDIA-H200-8fa3a00.json.gz: flash 1592 vs 1778 us, pro 4181 vs 5131 us
 # for tl.dot_scaled grouped at 32 tokens; grouped wins at 64). Prefill is far above.
 DECODE_MAX_PAIRS = {"dense": 128, "mxfp4": 192}
 SUM_BLOCK = 1024                            # columns per program of the slot sum

@@ -14,7 +14,7 @@ streaming W once with enough programs in flight to saturate HBM:
     to >= 16 as ``tl.dot`` requires); the accumulator is ``[BLOCK_N, BLOCK_M]``, stored transposed.
   - CUDA-core (M <= 4): per token ``m``, ``sum(w_tile * x[m], axis=1)`` in fp32 (no padding to 16).
     Per-column fp32 partials summed once after the K loop (the MoE decode GEMVs' body) were slower
-    here on the H200 at every shape for M = 1..4 (skinny-gemm-NVIDIA-H200-32c8d2b.json: o at one
+    here on the H200 at every shape for M = 1..4 (skinny-gemm-NVIDIA-H200-32c8d2b.json.gz: o at one
     row 13.5 vs 11.9 us, gate/up 51.1 vs 48.7 us), so this body stays.
   Weight rows past N are clamped to row N-1 (the load needs no mask along N; their results are
   dropped at the store); K is masked only when ``K % BLOCK_K != 0``.
@@ -133,7 +133,7 @@ M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 H200_SMS = 132
 
 # (M bucket, N, K) -> config: the winners of benchmarks/skinny_gemm_bench.py on the H200 at 78981bd
-# (benchmarks/results/skinny-gemm-h200-78981bd.log; Triton >= 2 % faster than cuBLAS, CUDA-graph
+# (benchmarks/results/skinny-gemm-h200-78981bd.log.gz; Triton >= 2 % faster than cuBLAS, CUDA-graph
 # replays over rotated weight copies). Everything else runs F.linear.
 CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 1024, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 8},

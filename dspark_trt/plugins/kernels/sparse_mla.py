@@ -150,7 +150,7 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
 # block_dv: value dims per program (all 512: the scores are computed once); programs_per_sm: the
 # index list is split while the grid has fewer programs than this many per SM; num_warps (None):
 # 4 for whole lists, 8 for split ones; prefetch: indices one tile ahead. H200, batch 64
-# (tune-plugins-NVIDIA_H200-26d611d.json): 32 heads x 512 dims, 4 warps (255 registers, a 28-byte
+# (tune-plugins-NVIDIA_H200-26d611d.json.gz): 32 heads x 512 dims, 4 warps (255 registers, a 28-byte
 # spill; 66 KB of shared memory, two programs per SM) 167 us; 64 heads x 256 dims 231 us with 4
 # warps and prefetch, 311 us with 8 warps without (the earlier default); batch 1 (split) 15 us.
 MLA_DEFAULTS = dict(block_h=32, block_dv=512, block_n=32, num_warps=None, num_stages=2, programs_per_sm=1,

@@ -12,7 +12,7 @@ significant bits times a power of two), then ``moe_experts``' math and rounding 
 format (``kernels/moe.py``): the packed bytes are decoded in registers, so it computes the same
 values up to the GEMM summation order and reads only the chosen experts' packed bytes and scales
 (~0.53 B per weight against 2 B in bf16). With bf16 / fp16 x the inner product is
-``tl.dot_scaled`` by default: on the H200 (Triton 3.6, ``moe-mxfp4-NVIDIA-H200-900325a.json``) it
+``tl.dot_scaled`` by default: on the H200 (Triton 3.6, ``moe-mxfp4-NVIDIA-H200-900325a.json.gz``) it
 equals the reference and takes 219 / 1,168 us at V4-Flash shapes for 1 / 16 tokens where the
 in-register decode takes 1,063 / 9,920 us (bf16 experts: 155 / 1,090 us).
 ``DSPARK_MXFP4_DOT_SCALED=0`` (read at import) selects the in-register decode (fp32 x always).

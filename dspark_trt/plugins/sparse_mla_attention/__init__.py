@@ -52,5 +52,5 @@ OPS = (
            reference_reason="its launcher sizes the split and scan tiles from the index-list "
                             "width, which the V4 networks derive from the dynamic pages_per_seq: "
                             "export with the kernel fails with a constraint violation "
-                            "(H200, benchmarks/results/gpu-smoke-217075e.log)"),
+                            "(H200, benchmarks/results/gpu-smoke-217075e.log.gz)"),
 )
