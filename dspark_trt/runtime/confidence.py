@@ -352,6 +352,8 @@ COST_MODELS = ("trimmed", "padded", "packed")
 ROUND_OVERHEAD_MS = 1.3       # host time of a round outside its steps, AR or speculative alike (H200,
                               # a8f3096: end-to-end round_ms - the curve's steps, batch 1)
 AR_MARGIN = 0.05               # the AR fallback needs AR this much faster than the best window
+TRIM_MARGIN = 0.05             # a trimmed window must beat the fixed round by this much (H200, cb44cdd:
+                               # narrow 64-row rounds ran ~2 % slower than the curve said; a tie lost 4 %)
 ADMISSION_OVERHEAD_MS = 0.25     # head + admission + the width read-back (H200, 5a26239: 6-18 % of a 1-2 ms round)
 
 
@@ -460,9 +462,14 @@ class VerifyScheduler:
         return list(zip(self.widths, self._option_values(rows, survival).tolist()))
 
     def best_window(self, rows: int, survival) -> int:
-        """The window of the best option of ``spec_options(rows, survival)`` (ties: the wider)."""
+        """The window of the best option of ``spec_options(rows, survival)`` (ties: the wider); N
+        unless that window beats the fixed round by ``TRIM_MARGIN`` (the curve's error on narrow
+        rounds is of that order, and the fixed round needs no head, admission or read-back)."""
         v = self._option_values(rows, survival)
-        return self.widths[len(v) - 1 - int(np.argmax(v[::-1]))]
+        best = len(v) - 1 - int(np.argmax(v[::-1]))
+        if self.widths[-1] == self.num_spec_tokens and v[best] < (1.0 + TRIM_MARGIN) * v[-1]:
+            return self.num_spec_tokens
+        return self.widths[best]
 
     def prefers_full_window(self, rows: int, survival) -> bool:
         """Whether the best option of ``spec_options(rows, survival)`` is the fixed round (w = N):
