@@ -1,8 +1,9 @@
 """The scheduled mode's decisions and what any schedule could gain on a measured cost curve (issue
 #25). Per batch size, expected committed tokens per row per ms of a round (draft, verify, host
 overhead) for AR, the fixed round, the best trimmed window, and an oracle of the packed verify
-(the paper's Algorithm 1 per row on each row's exact conditional acceptances, priced like a
-rectangle of as many tokens: a bound, the packed verify measured costlier), each over the fixed
+(``VerifyScheduler.packed_gain``: the paper's Algorithm 1 per row on each row's exact conditional
+acceptances, priced by the token curve measured on rectangles: a bound, the packed verify
+measured costlier), each over the fixed
 round; the measured steady-load ratios of the same JSON beside them. Prefill time is not in a
 round, so a steady load's ratios sit closer to 1 by its prefill share.
 
@@ -37,31 +38,10 @@ def synthetic_rows(rng, rows: int, cond: np.ndarray, spread: float) -> np.ndarra
     return 1.0 / (1.0 + np.exp(-(np.log(cond / (1 - cond))[None] + spread * np.log(u / (1 - u)))))
 
 
-def packed_oracle(sched: VerifyScheduler, curve: CostCurve, rows: int, cond, spread, rng, rounds=200) -> float:
-    """Mean committed tokens per row per ms of Algorithm 1 per row (candidates by prefix survival,
-    admitted while the round's tokens per ms grow), the verify of T tokens priced at the rows'
-    rectangle of T tokens (interpolated over the widths)."""
-    n = len(cond)
-    grid = np.array([curve.window_ms(rows, w) for w in range(1, n + 1)])            # [N] verify ms
-    fixed_cost = sched.option_ms(rows)[-1] - grid[-1]            # draft + host overhead
-    extra = fixed_cost + sched.admission_overhead_ms
-    widths_tokens = rows * np.arange(2, n + 2)
-
-    def round_ms(tokens: float) -> float:
-        return float(np.interp(tokens, widths_tokens, grid, left=grid[0])) + extra
-
-    got = []
-    for _ in range(rounds):
-        a = np.cumprod(synthetic_rows(rng, rows, cond, spread), axis=1)
-        tokens, tau = rows, float(rows)
-        best = tau / round_ms(tokens)
-        for x in np.sort(a.ravel())[::-1]:
-            v = (tau + x) / round_ms(tokens + 1)
-            if v <= best:
-                break
-            tokens, tau, best = tokens + 1, tau + x, v
-        got.append(best / rows)
-    return float(np.mean(got))
+def packed_oracle(sched: VerifyScheduler, rows: int, cond, spread, rng, rounds=200) -> float:
+    """Mean ``VerifyScheduler.packed_gain`` (Algorithm 1 per row on each row's exact conditional
+    acceptances, the packed verify priced by the token curve) over ``rounds`` synthetic rounds."""
+    return float(np.mean([sched.packed_gain(synthetic_rows(rng, rows, cond, spread)) for _ in range(rounds)]))
 
 
 def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) -> dict:
@@ -80,7 +60,7 @@ def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) ->
         ar = 1.0 / (curve.step_ms("ar", B) + sched.round_overhead_ms)
         row = {"fixed": fixed, "ar_over_fixed": ar / fixed, "best_window": best,
                "window_over_fixed": opts[best] / fixed,
-               "packed_oracle_over_fixed": packed_oracle(sched, curve, B, cond, spread, rng) / fixed,
+               "packed_oracle_over_fixed": packed_oracle(sched, B, cond, spread, rng),
                "prefers_ar": sched.prefers_ar(B, true)}
         measured = result.get("batch", {}).get(str(B), {})
         base = measured.get("fixed", {}).get("decode_tokens_per_s")

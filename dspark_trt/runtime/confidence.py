@@ -394,6 +394,7 @@ class VerifyScheduler:
         self.round_overhead_ms = round_overhead_ms
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
+        self._host_tables: tuple | None = None              # (sps, round_ms) on the host: packed_gain
         self.slot_buckets = token_buckets(max(1, max_tokens))
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
         self._inv_temp_host = self.inv_temp.cpu().numpy().astype(np.float64)
@@ -551,6 +552,32 @@ class VerifyScheduler:
         z = np.asarray(conf_logits, dtype=np.float64)
         return 1.0 / (1.0 + np.exp(-z * self._inv_temp_host[None, :z.shape[1]]))
 
+    def packed_gain(self, confidence) -> float:
+        """Expected tokens per ms of a packed round over the fixed round's for rows whose
+        calibrated conditional confidences are ``confidence`` [rows, N] (host; e.g. the last
+        confidence round's): Algorithm 1's packed admission of those rows (``admitted_lengths``
+        on host copies of the tables) priced by the token curve and the round's cost outside the
+        verify, against all N drafts priced as the fixed round. Per row, not per batch: rows whose
+        confidences differ can gain where no common window does (``spec_options``)."""
+        c = torch.as_tensor(np.asarray(confidence, dtype=np.float64)).clamp(1e-6, 1 - 1e-6)
+        rows, n = c.shape
+        if not rows or not n:
+            return 0.0
+        if self._host_tables is None:
+            self._host_tables = (self.sps.cpu(), None if self.round_ms is None else self.round_ms.cpu())
+        sps, round_ms = self._host_tables
+        mode = torch.full((rows,), MODE_IDS["scheduled"])
+        length = admitted_lengths(torch.logit(c).float(), torch.ones(rows, dtype=torch.bool), mode,
+                                  torch.zeros(rows), torch.ones(n), sps, round_ms=round_ms)
+        a = torch.cumprod(c, 1)
+        k = torch.arange(n)[None]
+        tokens = rows + int(length.sum())
+        packed_ms = (self.cost.latency(tokens) + self.cost.step_ms("draft", rows) + self.round_overhead_ms
+                     + self.admission_ms(rows))
+        packed = (rows + float((a * (k < length[:, None])).sum())) / packed_ms
+        fixed = (rows + float(a.sum())) / float(self.option_ms(rows)[-1])
+        return packed / fixed
+
     def admit(self, conf_logits: Tensor, live: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
         padded = self.num_spec_tokens if self.cost_model == "padded" else None
         return admitted_lengths(conf_logits, live, mode, threshold, self.inv_temp, self.sps, padded,
@@ -583,6 +610,7 @@ class SurvivalEstimate:
         self._risk, self._surv = np.zeros(self.n), np.zeros(self.n)
         self._conf, self._conf_rows = np.zeros(self.n), 0
         self._curve: np.ndarray | None = None
+        self.last_confidence: np.ndarray | None = None   # [rows, N] of the latest round with the head
 
     def __len__(self) -> int:
         return len(self.rounds)
@@ -604,6 +632,7 @@ class SurvivalEstimate:
             if len(self.confidence) == self.confidence.maxlen:
                 old_sum, old_rows = self.confidence[0]
                 self._conf, self._conf_rows = self._conf - old_sum, self._conf_rows - old_rows
+            self.last_confidence = c                                                # [rows, N]
             prefix = np.cumprod(c, axis=1).sum(0)                                   # [N]
             self.confidence.append((prefix, c.shape[0]))
             self._conf, self._conf_rows = self._conf + prefix, self._conf_rows + c.shape[0]

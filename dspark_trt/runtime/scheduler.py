@@ -41,7 +41,7 @@ import torch
 
 from .. import plugins
 from .kv_manager import PagedKVManager
-from .confidence import MODE_IDS, SurvivalEstimate
+from .confidence import MODE_IDS, TRIM_MARGIN, SurvivalEstimate
 from .deferred_context import DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
@@ -50,6 +50,7 @@ from .steps import DecodeSteps, DeviceInputs, RoundInputs
 
 AR_PROBE_EVERY = 8           # AR fallback rounds before a scheduled round measures tau again,
 AR_PROBE_MAX = 64            # doubled after each probe that confirms AR, up to this
+PACKED_PROBE_EVERY = 8           # packed model: a packed round at least every this many fixed rounds
 ESTIMATED_WINDOW_MIN_ROWS = 8    # from this many rows a trimmed window comes from the survival
                                  # estimate, not from a read-back of the round's own admission
 NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
@@ -131,6 +132,7 @@ class Scheduler:
         # AR_PROBE_EVERY)
         self._survival = SurvivalEstimate(networks.num_spec_tokens)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
+        self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
         # the fallback AR rounds' draft context, written by the next speculative round
         # (``defer_context=False``: by each AR round itself, the reference behaviour)
         self.defer_context = True
@@ -391,9 +393,9 @@ class Scheduler:
         """The verify window of this round of an all-``scheduled`` batch from the survival estimate
         (the scheduler's ``best_window``), or None where the round's own confidences choose it
         (no estimate, mixed modes, batches under ``ESTIMATED_WINDOW_MIN_ROWS`` rows, a scheduler
-        that does not trim, or packs a round that would trim: each row its own prefix). N: a plain
-        fixed round (trimming would not pay for the head and the admission; under the packed model
-        too), which feeds the estimate too, uncensored.
+        that does not trim; under the packed model ``_packed_or_fixed``: each row its own prefix).
+        N: a plain fixed round (trimming, or packing, would not pay for the head and the
+        admission), which feeds the estimate too, uncensored.
         Under N: the confidence steps over that window without the read-back of the admitted
         lengths between them. With many rows the window the round's confidences would give is
         close to the estimate's (it sums them over the rows), and the read-back stalls the device
@@ -401,12 +403,24 @@ class Scheduler:
         sched = self._scheduler()
         if not estimates or sched.cost_model not in ("trimmed", "packed"):
             return None
+        if sched.cost_model == "packed":
+            return self._packed_or_fixed(sched)
         w = sched.best_window(len(seqs), self._survival.curve())
-        if sched.cost_model == "packed":      # packing pays only where a window would trim
-            return w if w == sched.num_spec_tokens else None
         if w < sched.num_spec_tokens and len(seqs) < ESTIMATED_WINDOW_MIN_ROWS:
             return None
         return w
+
+    def _packed_or_fixed(self, sched) -> int | None:
+        """Packed model: None (a packed round) where the last confidence round's rows gain by
+        ``TRIM_MARGIN`` from packing (``VerifyScheduler.packed_gain``), at least every
+        ``PACKED_PROBE_EVERY`` rounds (a fresh look at the rows' confidences), else N (a fixed
+        round: no head, no admission, no read-back)."""
+        conf = self._survival.last_confidence
+        if conf is None or self._fixed_streak >= PACKED_PROBE_EVERY or sched.packed_gain(conf) > 1.0 + TRIM_MARGIN:
+            self._fixed_streak = 0
+            return None
+        self._fixed_streak += 1
+        return sched.num_spec_tokens
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
         estimates = self._estimates_rounds(seqs)         # the round's decisions, host-side, once

@@ -903,6 +903,7 @@ def test_scheduled_batches_run_fixed_rounds_where_the_full_window_is_best(cost_m
     which gives the survival estimate, an all-scheduled batch runs plain fixed rounds (no head, no
     admission: no trimmed window or packed verify counted) verifying all N drafts, under either cost
     model; greedy output equals the target's."""
+    from dspark_trt.runtime import scheduler as sched_mod
     curve = CostCurve([1, 64], [1.0, 3.0], "test: trimming could pay", rows=[1, 4], draft_ms=[0.1, 0.1],
                       ar_ms=[10.0, 10.0])
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model=cost_model)
@@ -912,7 +913,10 @@ def test_scheduled_batches_run_fixed_rounds_where_the_full_window_is_best(cost_m
     before = counted()
     out = llm.generate(prompts, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
     assert [o.output_ids for o in out] == [a.output_ids for a in ar]
-    assert counted() - before == 1                                      # the first round only
+    rounds = len(out[0].stats.proposed)
+    # the first round only; packed: and a probe every PACKED_PROBE_EVERY fixed rounds
+    probes = 0 if cost_model == "trimmed" else (rounds - 1) // (sched_mod.PACKED_PROBE_EVERY + 1)
+    assert counted() - before == 1 + probes and rounds > 3
     proposed = out[0].stats.proposed
     assert len(proposed) > 3 and all(p == 4 for p in proposed[1:-1]), proposed
 
@@ -1148,3 +1152,43 @@ def test_cost_grid_by_rows_and_width(tmp_path):
     assert by_grid.admit(conf, live, mode, torch.zeros(4)).tolist() == [4] * 4
     assert by_grid.best_window(4, [0.5, 0.25, 0.125, 0.06]) == 4
     assert tokens_only.best_window(4, [0.5, 0.25, 0.125, 0.06]) < 4
+
+
+def test_packed_gain_prices_per_row_prefixes():
+    """``packed_gain``: on the steep H200 token curve, 64 rows whose calibrated confidences are
+    correlated per row (the replayed curve) gain from packing (Algorithm 1 gives the confident
+    rows long prefixes, the others none) -- more than a common window could (``spec_options``:
+    best window over the fixed round); on a flat curve packing only adds the admission's cost."""
+    from dspark_trt.runtime.confidence import TRIM_MARGIN, VerifyScheduler
+    rng = np.random.default_rng(5)
+    s = VerifyScheduler(7, 64 * 8, "cpu", cost=H200_CURVE)
+    rounds = [_correlated_rounds(rng, 64)[0] for _ in range(20)]
+    gains = [s.packed_gain(q) for q in rounds]
+    survival = np.cumprod(np.concatenate(rounds), axis=1).mean(0)          # these rows' batch survival
+    opts = dict(s.spec_options(64, survival))
+    assert np.mean(gains) > 1.0 + TRIM_MARGIN and np.mean(gains) > max(opts.values()) / opts[7]
+    flat = VerifyScheduler(7, 64 * 8, "cpu", cost=CostCurve([1, 1024], [10.0, 10.0], "flat", rows=[1, 64],
+                                                             draft_ms=[1.0, 1.0], ar_ms=[9.0, 9.0]))
+    assert max(flat.packed_gain(_correlated_rounds(rng, 64)[0]) for _ in range(5)) < 1.0
+
+
+@pytest.mark.parametrize("gain", [2.0, 1.0])
+def test_packed_model_packs_where_the_rows_gain(gain, monkeypatch):
+    """The packed cost model packs every round while ``packed_gain`` of the last confidence
+    round's rows clears the margin, else runs fixed rounds with a packed probe every
+    ``PACKED_PROBE_EVERY``; greedy output equals the target's either way."""
+    from dspark_trt.runtime import scheduler as sched_mod
+    curve = CostCurve([1, 64], [1.0, 3.0], "test", rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[10.0, 10.0])
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="packed")
+    monkeypatch.setattr(llm.steps.eager.scheduler, "packed_gain", lambda conf: gain)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=40), speculative=False)
+    before = sum(llm.steps.verify_widths.values())
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=40, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    confidence_rounds = sum(llm.steps.verify_widths.values()) - before
+    rounds = len(out[0].stats.proposed)
+    if gain > 1.5:
+        assert confidence_rounds >= rounds - 1 > 3
+    else:
+        assert confidence_rounds == 1 + (rounds - 1) // (sched_mod.PACKED_PROBE_EVERY + 1) and rounds > 9
