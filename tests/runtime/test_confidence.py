@@ -1180,7 +1180,8 @@ def test_packed_model_packs_where_the_rows_gain(gain, monkeypatch):
     from dspark_trt.runtime import scheduler as sched_mod
     curve = CostCurve([1, 64], [1.0, 3.0], "test", rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[10.0, 10.0])
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="packed")
-    monkeypatch.setattr(llm.steps.eager.scheduler, "packed_gain", lambda conf: gain)
+    calls = []
+    monkeypatch.setattr(llm.steps.eager.scheduler, "packed_gain", lambda conf: calls.append(conf) or gain)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=40), speculative=False)
     before = sum(llm.steps.verify_widths.values())
@@ -1188,6 +1189,7 @@ def test_packed_model_packs_where_the_rows_gain(gain, monkeypatch):
     assert [o.output_ids for o in out] == [a.output_ids for a in ar]
     confidence_rounds = sum(llm.steps.verify_widths.values()) - before
     rounds = len(out[0].stats.proposed)
+    assert len(calls) <= confidence_rounds                  # once per round that read confidences
     if gain > 1.5:
         assert confidence_rounds >= rounds - 1 > 3
     else:
