@@ -556,15 +556,16 @@ class VerifyScheduler:
         """Expected tokens per ms of a packed round over the fixed round's for rows whose
         calibrated conditional confidences are ``confidence`` [rows, N] (host; e.g. the last
         confidence round's): Algorithm 1's packed admission of those rows (``admitted_lengths``
-        on host copies of the tables) priced by the token curve and the round's cost outside the
-        verify, against all N drafts priced as the fixed round. Per row, not per batch: rows whose
+        on host copies of the tables) priced by the token curve plus ``round_ms`` (the round's cost
+        outside the verify, as the admission prices it), against all N drafts priced as the fixed
+        round. Needs the cost curve's step latencies (``falls_back``). Per row, not per batch: rows whose
         confidences differ can gain where no common window does (``spec_options``)."""
         c = torch.as_tensor(np.asarray(confidence, dtype=np.float64)).clamp(1e-6, 1 - 1e-6)
         rows, n = c.shape
         if not rows or not n:
             return 0.0
-        if self._host_tables is None:
-            self._host_tables = (self.sps.cpu(), None if self.round_ms is None else self.round_ms.cpu())
+        if self._host_tables is None:       # packed batches fall back to AR too: the curve has steps
+            self._host_tables = (self.sps.cpu(), self.round_ms.cpu())
         sps, round_ms = self._host_tables
         mode = torch.full((rows,), MODE_IDS["scheduled"])
         length = admitted_lengths(torch.logit(c).float(), torch.ones(rows, dtype=torch.bool), mode,
@@ -572,8 +573,7 @@ class VerifyScheduler:
         a = torch.cumprod(c, 1)
         k = torch.arange(n)[None]
         tokens = rows + int(length.sum())
-        packed_ms = (self.cost.latency(tokens) + self.cost.step_ms("draft", rows) + self.round_overhead_ms
-                     + self.admission_ms(rows))
+        packed_ms = self.cost.latency(tokens) + float(round_ms[min(rows, len(round_ms) - 1)])
         packed = (rows + float((a * (k < length[:, None])).sum())) / packed_ms
         fixed = (rows + float(a.sum())) / float(self.option_ms(rows)[-1])
         return packed / fixed
