@@ -83,7 +83,8 @@ def main(argv=None) -> None:
     b = bounds(r, survival_curve(a.survival), spread)
     print(f"batch survival (spread {spread}): {b['survival']}")
     for B, d in b["batch"].items():
-        m = " ".join(f"{k[9:-11]} {v:.2f}" for k, v in d.items() if k.startswith("measured_"))  # measured_X_over_fixed
+        m = " ".join(f"{k.removeprefix('measured_').removesuffix('_over_fixed')} {v:.2f}"
+                     for k, v in d.items() if k.startswith("measured_"))
         print(f"B={int(B):3d} over fixed: AR {d['ar_over_fixed']:.2f}, best window w={d['best_window']} "
               f"{d['window_over_fixed']:.2f}, packed oracle {d['packed_oracle_over_fixed']:.2f}"
               + (f" | measured {m}" if m else ""))
