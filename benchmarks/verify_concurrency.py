@@ -254,7 +254,7 @@ def run(argv) -> dict:
     args.max_batch_size, args.max_seq_len = max(sizes), args.prompt_len + longest
     if args.model and not (args.checkpoint or args.engine) and not args.random_weights:
         raise SystemExit("error: --model without checkpoints is RANDOM weights: add --random-weights")
-    llm = bench.load_llm(args)
+    llm = bench.load_llm(args, **bench.step_path_kwargs(args))   # --compile / --unfused
     if args.synthetic:
         llm.networks = SyntheticAcceptance(llm.networks, survival_curve(args.synthetic), args.spread)
         llm._steps = None                       # the steps are built over the wrapped networks
@@ -329,7 +329,8 @@ def run(argv) -> dict:
         "gpu": torch.cuda.get_device_name() if cuda else "cpu",
         "model": {"preset": args.model, "checkpoint": args.checkpoint, "random_weights": bool(args.random_weights),
                   "dtype": str(llm.networks.dtype), "num_spec_tokens": n,
-                  "target_layers": llm.pair.target.num_hidden_layers, "hidden": llm.pair.target.hidden_size},
+                  "target_layers": llm.pair.target.num_hidden_layers, "hidden": llm.pair.target.hidden_size,
+                  "step_path": bench.eager_path(llm)},
         "confidence": (f"synthetic, replayed from {args.synthetic} (spread {args.spread})" if args.synthetic
                        else "the draft's confidence head" + (" (calibrated)" if llm.calibration else "")),
         "acceptance": "synthetic (same file)" if args.synthetic else "measured (greedy verification)",

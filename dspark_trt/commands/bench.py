@@ -410,6 +410,14 @@ def write_plot(report: dict, json_path: Path) -> str:
         return f"not written: {type(e).__name__}: {e}"
 
 
+def step_path_kwargs(args) -> dict:
+    """The ``LLM`` options of ``--compile`` / ``--unfused``: how the eager modules' steps run."""
+    kw = {"compile": args.compile} if args.compile else {}
+    if args.unfused:
+        kw["fuse"] = False
+    return kw
+
+
 def run(args) -> int:
     t_start = time.perf_counter()
     if args.model and not (args.checkpoint or args.engine) and not args.random_weights:
@@ -419,10 +427,7 @@ def run(args) -> int:
     hf_modes = [] if args.hf == "none" else [m.strip() for m in args.hf.split(",") if m.strip()]
     args.max_batch_size = max(sizes)
     args.max_seq_len = args.prompt_len + args.gen_len
-    path_kw = {"compile": args.compile} if args.compile else {}
-    if args.unfused:
-        path_kw["fuse"] = False
-    llm = load_llm(args, **path_kw)
+    llm = load_llm(args, **step_path_kwargs(args))
     if args.graph_backend:
         llm.graph_backend = args.graph_backend
     cuda = llm.device.type == "cuda"

@@ -41,9 +41,10 @@ def test_tiny_run_writes_json_and_plot(tmp_path):
     assert mod.main(["--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
                      "--batch-sizes", "1,2", "--gen-len", "6", "--prompt-len", "8", "--iters", "1",
                      "--synthetic", str(calib), "--modes", "fixed,scheduled,threshold,packed",
-                     "--round-kinds", "--out-dir", str(tmp_path / "out")]) == 0
+                     "--round-kinds", "--compile", "aot_eager", "--out-dir", str(tmp_path / "out")]) == 0
     path = next((tmp_path / "out").glob("verify-concurrency-*.json"))
     report = json.loads(path.read_text())
+    assert report["model"]["step_path"] == {"engine": False, "fused_projections": True, "compiled": "aot_eager"}
     assert report["confidence"].startswith(f"synthetic, replayed from {calib}")
     assert path.with_suffix(".png").exists()
     n = report["model"]["num_spec_tokens"]
