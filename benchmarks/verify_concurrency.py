@@ -146,7 +146,8 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
     (host in, host out, as the Scheduler pays it): "fixed" (draft + verify of N), "confidence"
     (head + admission, read-back of the admitted lengths, verify of that window),
     "estimated" (head + admission, verify of ``best_window(B, survival)`` without the
-    read-back) and with ``packed`` "packed" (the packed cost model's admission, read-back,
+    read-back), "window" (the window round of that width: its drafts only, no head, no
+    admission) and with ``packed`` "packed" (the packed cost model's admission, read-back,
     packed verify of the admitted prefixes). Rounds are not committed: each replays the same
     positions."""
     from dspark_trt.runtime import SamplingParams
@@ -161,7 +162,8 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
     w = sched.best_window(B, survival)
     kinds = {"fixed": lambda: llm.steps.spec_round(r, mods),
              "confidence": lambda: llm.steps.spec_round_admitted(r, mods),
-             "estimated": lambda: llm.steps.spec_round_admitted(r, mods, width=w)}
+             "estimated": lambda: llm.steps.spec_round_admitted(r, mods, width=w),
+             "window": lambda: llm.steps.spec_round(r, mods, width=w)}
     if packed:
         kinds["packed"] = lambda: llm.steps.spec_round_admitted(r, mods)
     out = {"estimated_window": w}
@@ -238,6 +240,9 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
         gen.abort(s.request_id)
     gen.step()
     return {**bench.decode_stats(seqs, tokens, rounds, dt),
+            # a decode instance of a prefill / decode-disaggregated deployment: the admissions'
+            # prefill time and the first tokens they sample left out
+            "decode_only_tokens_per_s": (tokens - prefill[1]) / max(dt - prefill[2], 1e-9),
             "requests_submitted": len(seqs), "window_tokens": tokens,
             "prefill_calls": prefill[0], "prefill_requests": prefill[1],
             "prefill_ms_per_call": 1e3 * prefill[2] / max(prefill[0], 1),
@@ -287,15 +292,19 @@ def run(argv) -> dict:
     for B in sorted(sizes):
         row = {}
         for mode in modes:
-            llm.steps.verify_widths.clear()
-            llm.steps.verify_slots.clear()
+            for counter in (llm.steps.verify_widths, llm.steps.verify_slots, llm.steps.window_rounds):
+                counter.clear()
             e2e = decode(B, True, mode)
             widths = dict(llm.steps.verify_widths)
             e2e["verify_windows"] = {str(w): c for w, c in sorted(widths.items())}
             e2e["verify_slots"] = {str(t): c for t, c in sorted(llm.steps.verify_slots.items())}
-            rounds = sum(widths.values())
-            e2e["confidence_rounds"] = rounds           # the others ran as fixed rounds (window N)
-            e2e["mean_verify_window"] = (sum(w * c for w, c in widths.items()) / rounds if rounds else n)
+            e2e["window_rounds"] = {str(w): c for w, c in sorted(llm.steps.window_rounds.items())}
+            e2e["confidence_rounds"] = sum(widths.values())   # the others: fixed or window rounds
+            narrow = widths.copy()
+            for w, c in llm.steps.window_rounds.items():
+                narrow[w] = narrow.get(w, 0) + c
+            rounds = sum(narrow.values())
+            e2e["mean_verify_window"] = (sum(w * c for w, c in narrow.items()) / rounds if rounds else n)
             row[mode] = e2e
         row["autoregressive"] = decode(B, False)
         for r in row.values():
@@ -309,7 +318,9 @@ def run(argv) -> dict:
             row["round_kinds"] = round_kinds(llm, args, B, kinds_survival, packed="packed" in modes)
         rows[str(B)] = row
         print(f"[verify-concurrency] B={B:3d} " + " | ".join(
-            f"{m} {r['decode_tokens_per_s']:.0f} tok/s v/r {r.get('verified_per_round') or 1:.2f}"
+            f"{m} {r['decode_tokens_per_s']:.0f} tok/s"
+            + (f" ({r['decode_only_tokens_per_s']:.0f} decode-only)" if "decode_only_tokens_per_s" in r else "")
+            + f" v/r {r.get('verified_per_round') or 1:.2f}"
             for m, r in row.items() if m != "round_kinds"), flush=True)
         if "round_kinds" in row:
             print(f"[verify-concurrency] B={B:3d} round ms: " + ", ".join(
@@ -323,6 +334,9 @@ def run(argv) -> dict:
                          f"{m}_ge_autoregressive_every_batch": all(
                              tps(b, m) >= tps(b, "autoregressive") for b in rows),
                          f"{m}_over_fixed_at_largest_batch": tps(str(max(sizes)), m) / tps(str(max(sizes)), "fixed"),
+                         **({f"{m}_over_fixed_at_largest_batch_decode_only":
+                             rows[str(max(sizes))][m]["decode_only_tokens_per_s"]
+                             / rows[str(max(sizes))]["fixed"]["decode_only_tokens_per_s"]} if steady else {}),
                          "bound_at_batch_64": 1.2})
     return {
         "git_sha": provenance.git_sha(), "command": "python benchmarks/verify_concurrency.py " + " ".join(argv),
@@ -343,11 +357,16 @@ def run(argv) -> dict:
                  if steady else "static: one batch of B requests, until the last one ends"),
         "batch": rows, "goal_issue_25": goal, "seconds": time.perf_counter() - t0,
         "notes": ["verified_per_round: drafts each request verified per round + 1 (its anchor)",
-                  "mean_verify_window: drafts per row the confidence rounds' verify ran (trimmed "
-                  "window) averaged over the rounds that ran the head and the admission "
-                  "(confidence_rounds); N when none did (fixed rounds); AR fallback rounds verify 0 "
-                  "drafts and count in verified_per_round only",
-                  "decode_tokens_per_s excludes the prefill step"],
+                  "mean_verify_window: drafts per row the confidence rounds' and window rounds' "
+                  "verify ran (trimmed window), averaged over those rounds (confidence_rounds ran "
+                  "the head and the admission, window_rounds only the window's drafts); N when none "
+                  "ran (fixed rounds); AR fallback rounds verify 0 drafts and count in "
+                  "verified_per_round only",
+                  "decode_tokens_per_s: static load, the prefill step excluded; steady load, the "
+                  "window's admission prefills included (prefill_share of the time)",
+                  "decode_only_tokens_per_s (steady load): the admission prefills' time and their "
+                  "first tokens left out, as a decode instance of a prefill / decode-disaggregated "
+                  "deployment sees the load"],
     }
 
 
@@ -356,7 +375,7 @@ def plot(report: dict, out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     bs = sorted(int(b) for b in report["batch"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
     colors = {"autoregressive": "k", "fixed": "C0", "scheduled": "C1", "threshold": "C2", "packed": "C3"}
     for mode, style in (("autoregressive", "--"), ("fixed", "o-"), ("scheduled", "s-"), ("threshold", "^-"),
                         ("packed", "D-")):
@@ -374,7 +393,16 @@ def plot(report: dict, out: Path) -> Path:
     a.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="decode tokens/s", title=title)
     b.set(xscale="log", xlabel="concurrent requests", ylabel="tokens per request per round",
           title="verified tokens per request per round" + (" (synthetic)" if "synthetic" in report["confidence"] else ""))
-    for ax in (a, b):
+    for mode, style in (("scheduled", "s-"), ("packed", "D-"), ("autoregressive", "--")):
+        for key, suffix, fill in (("decode_tokens_per_s", "", None), ("decode_only_tokens_per_s", ", decode only", "none")):
+            rows = [report["batch"][str(x)] for x in bs]
+            if mode in rows[0] and key in rows[0][mode]:
+                c.plot(bs, [r[mode][key] / r["fixed"][key] for r in rows], style, color=colors[mode],
+                       mfc=fill, label=mode + suffix)
+    c.axhline(1.0, color="C0", lw=0.8)
+    c.axhline(1.2, color="grey", lw=0.8, ls=":", label="issue goal at 64 (1.2x)")
+    c.set(xscale="log", xlabel="concurrent requests", ylabel="tokens/s over fixed N", title="over fixed N")
+    for ax in (a, b, c):
         ax.set_xticks(bs, [str(x) for x in bs])
         ax.legend(fontsize=8)
     fig.tight_layout()

@@ -107,12 +107,16 @@ class DSparkV4Draft(nn.Module):
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,
-                sampler: str = "exact", num_spec_tokens: int | None = None):
+                sampler: str = "exact", num_spec_tokens: int | None = None, width: int | None = None):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
         (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``).
         ``sampler``: the Markov sampler mode; ``num_spec_tokens``: N (None: ``config.block_size``);
-        both are run settings the caller passes (the runtime's networks, the export wrapper)."""
+        both are run settings the caller passes (the runtime's networks, the export wrapper).
+        ``width`` (< N): sample only the first ``width`` drafts: the block pass is the N-token one
+        (the same hidden states), the head and the sequential sampler run on ``width`` rows."""
         h = self.block_hidden(anchor, start, block_table, cache, num_spec_tokens)
+        if width is not None:
+            h = h[:, :width]                                                  # [B, w, d]
         U = self.head(self.norm(h))
         w1, w2 = self.markov_weights()
         drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)

@@ -355,6 +355,10 @@ AR_MARGIN = 0.05               # the AR fallback needs AR this much faster than 
 TRIM_MARGIN = 0.05             # a trimmed window must beat the fixed round by this much (H200, cb44cdd:
                                # narrow 64-row rounds ran ~2 % slower than the curve said; a tie lost 4 %)
 ADMISSION_OVERHEAD_MS = 0.25     # head + admission + the width read-back (H200, 5a26239: 6-18 % of a 1-2 ms round)
+ESTIMATED_WINDOW_MIN_ROWS = 8    # from this many rows a trimmed window comes from the survival estimate
+                                 # and runs as a window round (no head, admission or read-back) ...
+CONFIDENCE_PROBE_EVERY = 8       # ... but every this many such rounds one runs the confidence steps over
+                                 # the window (the head's prefix products: the estimate's prior)
 
 
 def width_buckets(n: int) -> list[int]:
@@ -442,6 +446,8 @@ class VerifyScheduler:
         if ms is None:
             n, draft = self.num_spec_tokens, self.cost.step_ms("draft", rows) + self.round_overhead_ms
             admission = self.admission_ms(rows)
+            if self.cost_model == "trimmed" and rows >= ESTIMATED_WINDOW_MIN_ROWS:
+                admission /= CONFIDENCE_PROBE_EVERY      # window rounds: only the probes pay it
             ms = np.array([draft + self.cost.window_ms(rows, w)
                            + (admission if w < n else 0.0) for w in self.widths])
             self._option_ms[(rows, id(self.cost))] = ms
@@ -458,8 +464,10 @@ class VerifyScheduler:
         """Expected committed tokens per row per ms of a speculative round at ``rows`` rows for each
         window it may verify, from a prefix-survival estimate ``survival[k] = P(drafts 0..k
         accepted)`` ([N], e.g. ``SurvivalEstimate.curve``): ``(w, (1 + sum_{k<w} s_k) /
-        (draft_ms + latency(rows x (1 + w)) + round_overhead_ms [+ admission_overhead_ms for w <
-        N]))`` for w in ``widths``; w = N is the fixed round (no head, no admission)."""
+        (draft_ms + latency(rows x (1 + w)) + round_overhead_ms [+ admission_ms(rows) for w <
+        N]))`` for w in ``widths``; w = N is the fixed round (no head, no admission). From
+        ``ESTIMATED_WINDOW_MIN_ROWS`` rows the trimmed model's windows run as window rounds and
+        only one in ``CONFIDENCE_PROBE_EVERY`` pays the admission (``option_ms``)."""
         return list(zip(self.widths, self._option_values(rows, survival).tolist()))
 
     def best_window(self, rows: int, survival) -> int:

@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .confidence import ESTIMATED_WINDOW_MIN_ROWS
 from .packed_verify import check_packable
 from .prefill_graphs import PrefillGraphs
 from .sampling_modifiers import Modifiers
@@ -292,6 +293,11 @@ class GraphedSteps:
         return self.steps.verify_widths
 
     @property
+    def window_rounds(self):
+        """Window rounds per width (the eager steps' counter)."""
+        return self.steps.window_rounds
+
+    @property
     def verify_slots(self):
         """Packed confidence rounds per slot count (the eager steps' counter)."""
         return self.steps.verify_slots
@@ -343,24 +349,27 @@ class GraphedSteps:
         (the AR step returning its taps too, for the fallback's deferred context)} of bucket
         ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies the first
         ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths,
-        packed into ``slots`` token slots when given (``packed_verify.py``)."""
+        packed into ``slots`` token slots when given (``packed_verify.py``); "draft" / "verify"
+        with ``width`` < N: the window round's steps (``DecodeSteps.spec_round(width=)``)."""
         mods = Modifiers() if kind in ("draft", "draft_admit") else Modifiers.of(mods)
         if kind == "verify_admit" and width is None:
             width = self.num_spec_tokens
+        window = kind in ("draft", "verify") and width is not None and width < self.num_spec_tokens
         # penalty graphs bake in the token counts' tensors: keyed by that state too
         sched = self.steps.scheduler                  # its cost model is baked into the admission
         key = ((kind, Bb, mods) + ((width, slots) if kind == "verify_admit" else ())
+               + ((width,) if window else ())
                + ((sched.cost_model,) if kind in ("draft_admit", "verify_admit") else ())
                + ((self.steps.counts,) if mods.penalties else ()))
         if key in self._graphs:
             return self._graphs[key]
         x = self.buffers(Bb).inputs
         if kind == "draft":
-            fn = lambda: self.steps.draft_step(x)  # noqa: E731
+            fn = lambda: self.steps.draft_step(x, width)  # noqa: E731
         elif kind == "draft_admit":
             fn = lambda: self.steps.draft_admit_step(x)  # noqa: E731
         elif kind == "verify":
-            drafts, z = self.graph("draft", Bb).outputs
+            drafts, z = self.graph("draft", Bb, width=width).outputs
             fn = lambda: self.steps.verify_step(x, drafts, z, mods)  # noqa: E731
         elif kind == "verify_admit":
             drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
@@ -390,6 +399,8 @@ class GraphedSteps:
             for kind in kinds:
                 for w, n in (self._verify_sizes(Bb) if kind == "verify_admit" else [(None, None)]):
                     self.graph(kind, Bb, width=w, slots=n)
+            for w in (self._window_widths(Bb) if speculative else []):
+                self.graph("verify", Bb, width=w)                  # captures its "draft" too
         if prefill_lengths:
             self.prefills.capture(sorted(buckets or self.buckets, reverse=True), prefill_lengths,
                                   context=speculative)
@@ -399,8 +410,22 @@ class GraphedSteps:
         """As ``DecodeSteps.prefill``, from a graph of the padded shape (``prefill_graphs.py``)."""
         return self.prefills.run(tokens, positions, table, lens, context)
 
-    def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
-        return self._replay_round("draft", "verify", r, mods)[0]
+    def spec_round(self, r: RoundInputs, mods: Modifiers | bool, width: int | None = None) -> np.ndarray:
+        """As ``DecodeSteps.spec_round``: the "draft" and "verify" graphs (of the window ``width``)."""
+        if width is not None and width >= self.num_spec_tokens:
+            width = None
+        if width is not None:
+            self.steps.window_rounds[width] += 1
+        return widen(self._replay_round("draft", "verify", r, mods, width)[0], self.num_spec_tokens)
+
+    def _window_widths(self, Bb: int) -> list[int]:
+        """The widths < N of bucket ``Bb``'s window rounds: those of a trimming scheduler that
+        estimates windows (a confidence head, a cost curve with step latencies) from
+        ``ESTIMATED_WINDOW_MIN_ROWS`` rows; none otherwise."""
+        sched = self.steps.scheduler
+        if not (self.confidence and sched.trims and sched.falls_back and Bb >= ESTIMATED_WINDOW_MIN_ROWS):
+            return []
+        return [w for w in sched.widths if w < self.num_spec_tokens]
 
     def _verify_sizes(self, Bb: int) -> list[tuple[int | None, int | None]]:
         """The (width, slots) of the "verify_admit" graphs of bucket ``Bb``: one per width bucket
@@ -426,7 +451,7 @@ class GraphedSteps:
                  and sched.trims)
         # every graph the round may launch exists before the inputs are staged (a capture stages
         # inert rows)
-        draft = self.graph(draft_kind, Bb)
+        draft = self.graph(draft_kind, Bb, width=width if draft_kind == "draft" else None)
         sizes = self._verify_sizes(Bb) if trims else [(width, None)]
         verify = {s: self.graph(verify_kind, Bb, mods, *s) for s in sizes}
         buf = self.buffers(Bb)

@@ -103,8 +103,12 @@ class EngineNetworks:
 
     @torch.inference_mode()
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
-                    seed: Tensor) -> tuple[Tensor, Tensor]:
-        """-> drafts [B, N] i64, proposal logits z [B, N, V] f32."""
+                    seed: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
+        """-> drafts [B, N] i64, proposal logits z [B, N, V] f32 (N is compiled in: ``width``
+        must be None or N)."""
+        if width not in (None, self.num_spec_tokens):
+            raise EngineError(f"this engine drafts all {self.num_spec_tokens} tokens of a block "
+                              f"(compiled in); a window of {width} needs eager modules")
         self._check_rows(anchor, "draft_block")
         drafts, z = self.nets["draft_block"](anchor, start, block_table, temperature.to(torch.float32),
                                              seed, self.draft_cache)

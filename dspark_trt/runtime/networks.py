@@ -48,9 +48,11 @@ class EagerNetworks:
 
     @torch.inference_mode()
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
-                    seed: Tensor) -> tuple[Tensor, Tensor]:
+                    seed: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
+        """-> drafts [B, w], z [B, w, V]: the first ``width`` (None: all N) drafts of the block."""
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
-                                 sampler=self.markov_sampler, num_spec_tokens=self.num_spec_tokens)
+                                 sampler=self.markov_sampler, num_spec_tokens=self.num_spec_tokens,
+                                 width=None if width == self.num_spec_tokens else width)
 
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,

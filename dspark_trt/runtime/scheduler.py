@@ -41,7 +41,8 @@ import torch
 
 from .. import plugins
 from .kv_manager import PagedKVManager
-from .confidence import MODE_IDS, TRIM_MARGIN, SurvivalEstimate
+from .confidence import (CONFIDENCE_PROBE_EVERY, ESTIMATED_WINDOW_MIN_ROWS, MODE_IDS, TRIM_MARGIN,
+                         SurvivalEstimate)
 from .deferred_context import DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
@@ -51,8 +52,6 @@ from .steps import DecodeSteps, DeviceInputs, RoundInputs
 AR_PROBE_EVERY = 8           # AR fallback rounds before a scheduled round measures tau again,
 AR_PROBE_MAX = 64            # doubled after each probe that confirms AR, up to this
 PACKED_PROBE_EVERY = 8           # packed model: a packed round at least every this many fixed rounds
-ESTIMATED_WINDOW_MIN_ROWS = 8    # from this many rows a trimmed window comes from the survival
-                                 # estimate, not from a read-back of the round's own admission
 NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
                     "generation stopped (check the weights and the dtype)")
 
@@ -133,6 +132,7 @@ class Scheduler:
         self._survival = SurvivalEstimate(networks.num_spec_tokens)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
         self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
+        self._window_streak = 0                # window rounds since the last confidence probe
         self._packed_gain: tuple = (None, 0.0)  # (the confidences it was computed from, packed_gain)
         # the fallback AR rounds' draft context, written by the next speculative round
         # (``defer_context=False``: by each AR round itself, the reference behaviour)
@@ -397,9 +397,10 @@ class Scheduler:
         that does not trim; under the packed model ``_packed_or_fixed``: each row its own prefix).
         N: a plain fixed round (trimming, or packing, would not pay for the head and the
         admission), which feeds the estimate too, uncensored.
-        Under N: the confidence steps over that window without the read-back of the admitted
-        lengths between them. With many rows the window the round's confidences would give is
-        close to the estimate's (it sums them over the rows), and the read-back stalls the device
+        Under N: a window round (``_window_round``: the fixed round of the window's drafts, no
+        head, no admission, no read-back), one in ``CONFIDENCE_PROBE_EVERY`` the confidence steps
+        over that window. With many rows the window the round's confidences would give is close
+        to the estimate's (it sums them over the rows), and the read-back stalls the device
         between the two steps."""
         sched = self._scheduler()
         if not estimates or sched.cost_model not in ("trimmed", "packed"):
@@ -425,6 +426,18 @@ class Scheduler:
         self._fixed_streak += 1
         return sched.num_spec_tokens
 
+    def _window_round(self) -> bool:
+        """Whether an estimated window (< N) runs as a window round (the fixed round of its
+        drafts: no head, no admission, no read-back) rather than as a confidence round over it:
+        all but one in ``CONFIDENCE_PROBE_EVERY``, whose head confidences keep the survival
+        estimate's prior current (``SurvivalEstimate.prior``)."""
+        if self.record_confidence or self._window_streak >= CONFIDENCE_PROBE_EVERY - 1 \
+                or self._survival.last_confidence is None:
+            self._window_streak = 0
+            return False
+        self._window_streak += 1
+        return True
+
     def _spec_round(self, seqs: list[Sequence]) -> None:
         estimates = self._estimates_rounds(seqs)         # the round's decisions, host-side, once
         if self._falls_back_to_ar(seqs, estimates):
@@ -442,6 +455,9 @@ class Scheduler:
                 r.uses_confidence or self.record_confidence):
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
+        elif window is not None and self._window_round():       # the window's drafts, no head
+            host = self.steps.spec_round(r, mods, width=window)                      # [B, 2+N]
+            lims, conf = [window] * len(seqs), None
         else:                      # the fallback's estimate reads the head's confidences too
             track = self._tracks_survival() and (window is not None or self.steps.eager.needs_admission(r))
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track,

@@ -32,7 +32,11 @@ The window: ``w = N`` under the scheduler's "padded" cost model (no host synchro
 the steps: the fixed round's two launches plus the head and the admission's small kernels); under
 "trimmed" (the default) the round reads ``max l`` back after the draft step and verifies
 ``w = scheduler.verify_width(max l)`` drafts (one graph per width bucket), so a batch of low
-confidence runs a narrower, cheaper verify. ``verify_widths`` counts the windows run. Under
+confidence runs a narrower, cheaper verify. ``verify_widths`` counts the windows run. A window
+chosen before the round (the scheduler's survival estimate, from ``ESTIMATED_WINDOW_MIN_ROWS``
+rows) runs as a *window round*: ``spec_round(r, mods, width=w)``, the fixed round of the first w
+drafts (the draft's block pass over all N positions, its head and Markov sampler over w rows, the
+verify of w), with no head, no admission and no read-back; ``window_rounds`` counts them. Under
 "packed" each row verifies its own admitted prefix, the rows' window tokens packed end to end
 (``packed_verify.py``) into ``scheduler.verify_slots(sum (1 + l))`` slots (one graph per slot
 bucket, read back like the trimmed window); ``verify_slots`` counts the slot buckets run.
@@ -190,6 +194,7 @@ class DecodeSteps:
         self.counts: TokenCounts | None = None        # the penalties' per-slot token counts
         self.verify_widths: Counter = Counter()       # confidence rounds per verify window
         self.verify_slots: Counter = Counter()        # packed confidence rounds per slot count
+        self.window_rounds: Counter = Counter()       # window rounds (w < N drafts, no head) per w
 
     def token_counts(self, slots: int, vocab: int) -> TokenCounts:
         """The penalties' device state with at least ``slots`` slots (allocated on first use; a
@@ -226,9 +231,12 @@ class DecodeSteps:
 
     # ---- the steps (device tensors in, device tensors out; no host synchronisation) -------------
     @torch.inference_mode()
-    def draft_step(self, x: DeviceInputs) -> tuple[Tensor, Tensor]:
-        """Draft block + Markov sampler -> drafts [B, N] i64, proposal logits z [B, N, V] f32."""
-        return self.nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed)
+    def draft_step(self, x: DeviceInputs, width: int | None = None) -> tuple[Tensor, Tensor]:
+        """Draft block + Markov sampler -> drafts [B, N] i64, proposal logits z [B, N, V] f32;
+        with ``width`` < N only the first ``width`` drafts ([B, w], [B, w, V])."""
+        if width is None or width == self.num_spec_tokens:
+            return self.nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed)
+        return self.nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed, width=width)
 
     @torch.inference_mode()
     def draft_step_confidence(self, x: DeviceInputs) -> tuple[Tensor, Tensor, Tensor]:
@@ -363,11 +371,15 @@ class DecodeSteps:
         return self.prefill_step(tokens, positions, table, lens, context)
 
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
-    def spec_round(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
-        """-> [B, 2 + N] int64 on the host: accepted (-1: non-finite logits), next token, drafts."""
+    def spec_round(self, r: RoundInputs, mods: Modifiers | bool, width: int | None = None) -> np.ndarray:
+        """-> [B, 2 + N] int64 on the host: accepted (-1: non-finite logits), next token, drafts.
+        ``width`` < N: a window round, the fixed round of the first ``width`` drafts (drafts past
+        it come back as -1; no head, no admission, no read-back between the steps)."""
         x = DeviceInputs.from_host(r, self.device, mods=mods)
-        drafts, z = self.draft_step(x)
-        return self.verify_step(x, drafts, z, mods).cpu().numpy()
+        drafts, z = self.draft_step(x, width)
+        if width is not None and width < self.num_spec_tokens:
+            self.window_rounds[width] += 1
+        return widen(self.verify_step(x, drafts, z, mods).cpu().numpy(), self.num_spec_tokens)
 
     def needs_admission(self, r: RoundInputs) -> bool:
         """Whether round ``r`` runs the confidence steps (head + admission): some row has a

@@ -112,23 +112,28 @@ def llm_conf():
 
 
 @pytest.mark.parametrize("mode,cost_model", [("scheduled", "packed"), ("threshold", "packed"),
-                                             ("scheduled", "trimmed"), ("scheduled", "fallback")])
+                                             ("scheduled", "trimmed"), ("scheduled", "fallback"),
+                                             ("scheduled", "window")])
 def test_confidence_modes_sample_the_target_distribution(llm_conf, mode, cost_model):
     """Verifying only an admitted prefix (Algorithm 1 across the batch, or the per-step threshold)
     keeps every token's law the target's; the rounds did verify varying numbers of drafts. With the
     "trimmed" cost model (3000 rows: a wider window costs 3000 tokens) the verify runs a window
     narrower than N = 3 (the target over [anchor, x_0 .. x_{w-1}] only), each row's l = w. With
     "fallback" (trimmed, and step costs under which drafting never pays) the second round is the
-    AR fallback's round (0 drafts verified, the draft's context written)."""
+    AR fallback's round (0 drafts verified, the draft's context written). With "window" (trimmed,
+    step costs under which AR never pays) the rounds after the first are window rounds: the
+    fixed round of the estimate's w < N drafts, no head and no admission."""
     from dspark_trt.runtime.confidence import CostCurve
     law = exact_law(llm_conf)
     sched = llm_conf.steps.scheduler
     cost = sched.cost
-    if cost_model == "fallback":
-        sched.cost = CostCurve(cost.tokens, cost.latency_ms, "test: AR pays", rows=[1, M],
-                               draft_ms=[1e5, 1e5], ar_ms=[1.0, 1.0])
-    sched.cost_model = "trimmed" if cost_model == "fallback" else cost_model
+    if cost_model in ("fallback", "window"):
+        steps = dict(draft_ms=[1e5, 1e5], ar_ms=[1.0, 1.0]) if cost_model == "fallback" else \
+            dict(draft_ms=[1.0, 1.0], ar_ms=[1e6, 1e6])
+        sched.cost = CostCurve(cost.tokens, cost.latency_ms, f"test: {cost_model}", rows=[1, M], **steps)
+    sched.cost_model = "trimmed" if cost_model in ("fallback", "window") else cost_model
     llm_conf.steps.verify_widths.clear()
+    llm_conf.steps.window_rounds.clear()
     gen = Scheduler(llm_conf.networks, M, llm_conf.max_seq_len, V, steps=llm_conf.steps)
     outs = gen.run([(PROMPT, SamplingParams(temperature=T, seed=s, max_new_tokens=3, verify_mode=mode,
                                             confidence_threshold=0.6)) for s in range(M)])
@@ -139,6 +144,10 @@ def test_confidence_modes_sample_the_target_distribution(llm_conf, mode, cost_mo
     elif cost_model == "fallback":            # every second round (rows not done after one) is AR
         second = [o.stats.proposed[1] for o in outs if len(o.stats.proposed) > 1]
         assert len(second) > M // 10 and set(second) == {0}, sorted(set(second))
+    elif cost_model == "window":              # the second round of rows not done after one
+        second = [o.stats.proposed[1] for o in outs if len(o.stats.proposed) > 1]
+        assert llm_conf.steps.window_rounds and len(second) > M // 10, llm_conf.steps.window_rounds
+        assert max(second) < 3 and max(llm_conf.steps.window_rounds) < 3, sorted(set(second))
     else:
         widths = llm_conf.steps.verify_widths
         assert widths and max(widths) < 3, widths                       # trimmed windows ran

@@ -1,0 +1,156 @@
+"""Window rounds (issue #25): an estimated window w < N runs as the fixed round of the block's
+first w drafts (the draft's head and Markov sampler over w rows, the verify of w), without the
+confidence head, the admission or a read-back; one round in ``CONFIDENCE_PROBE_EVERY`` runs the
+confidence steps to keep the survival estimate's prior current."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dspark_trt.models import build_models
+from dspark_trt.runtime.confidence import (CONFIDENCE_PROBE_EVERY, ESTIMATED_WINDOW_MIN_ROWS, CostCurve,
+                                           VerifyScheduler)
+from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
+from dspark_trt.runtime.llm import LLM
+from dspark_trt.runtime.sampling_params import SamplingParams
+from dspark_trt.runtime.steps import DeviceInputs
+
+from tests.runtime.test_confidence import _llm, _pair, _scheduler, _spread_head_
+from tests.support.models import scale_weights_
+
+STEEP = CostCurve([1, 64], [1.0, 40.0], "test: steep, AR dear", rows=[1, 8], draft_ms=[0.1, 0.1],
+                  ar_ms=[30.0, 30.0])
+
+
+def _inputs(llm, params):
+    gen = llm.scheduler()
+    seqs = [gen.add_request(p, sp) for p, sp in params]
+    gen.step()                                                     # prefill: a context
+    return DeviceInputs.from_host(gen.round_inputs(seqs), "cpu")
+
+
+@pytest.mark.parametrize("width", [1, 3])
+def test_window_draft_is_the_blocks_first_drafts(width):
+    """The window's drafts, proposal logits and confidences are the full block's first ``width``
+    (same block pass; the sampler's randomness is keyed by seed and position), greedy and sampled."""
+    llm = _llm(block=4)
+    nets = llm.networks
+    x = _inputs(llm, [([1, 2, 3], SamplingParams(max_new_tokens=8)),
+                      ([5, 6], SamplingParams(max_new_tokens=8, temperature=1.0, seed=3))])
+    drafts, z = nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed)
+    dw, zw = nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed, width=width)
+    assert dw.shape == (2, width) and zw.shape == (2, width, z.shape[-1])
+    assert torch.equal(dw, drafts[:, :width])
+    torch.testing.assert_close(zw, z[:, :width], rtol=1e-12, atol=1e-12)
+    _, _, conf = nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed)
+    _, _, conf_w = nets.draft_module(x.anchor, x.start, x.table, x.temperature, x.seed, nets.draft_cache,
+                                     with_confidence=True, width=width)
+    torch.testing.assert_close(conf_w, conf[:, :width], rtol=1e-12, atol=1e-12)
+
+
+def test_v4_window_draft_is_the_blocks_first_drafts():
+    llm = LLM.from_preset("deepseek-v4-tiny-dspark", dtype=torch.float64, device="cpu",
+                          max_batch_size=2, max_seq_len=64)
+    nets = llm.networks
+    x = _inputs(llm, [([1, 2, 3, 4], SamplingParams(max_new_tokens=4, temperature=1.0, seed=7))])
+    drafts, z = nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed)
+    dw, zw = nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed, width=2)
+    assert torch.equal(dw, drafts[:, :2])
+    torch.testing.assert_close(zw, z[:, :2], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_large_scheduled_batches_run_window_rounds_losslessly(graphs):
+    """From ``ESTIMATED_WINDOW_MIN_ROWS`` rows under a steep verify cost, the rounds after the
+    first confidence round are window rounds of the estimate's width, one in
+    ``CONFIDENCE_PROBE_EVERY`` a confidence round over that window; greedy output equals the
+    target's token for token (eager steps and graph replay)."""
+    rows = ESTIMATED_WINDOW_MIN_ROWS
+    llm = _llm(block=4, seed=6, batch=rows, verify_cost=STEEP, cost_model="trimmed", graphs=graphs)
+    prompts = [[1 + i, 2, 3 + i] for i in range(rows)]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=40), speculative=False)
+    kinds = []
+    spec_round, admitted = llm.steps.spec_round, llm.steps.spec_round_admitted
+
+    def record(kind, fn):
+        def run(r, *a, **kw):
+            if r.batch_size == rows:                             # the full batch's rounds
+                kinds.append(kind if kind != "fixed" or kw.get("width") is None else "window")
+            return fn(r, *a, **kw)
+        return run
+    llm.steps.spec_round, llm.steps.spec_round_admitted = record("fixed", spec_round), record("confidence", admitted)
+    try:
+        out = llm.generate(prompts, SamplingParams(max_new_tokens=40, verify_mode="scheduled"))
+    finally:
+        llm.steps.spec_round, llm.steps.spec_round_admitted = spec_round, admitted
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert kinds[0] == "confidence" and "fixed" not in kinds, kinds
+    window = kinds[1:]
+    assert window.count("window") >= CONFIDENCE_PROBE_EVERY, kinds
+    for i in range(0, len(window) - CONFIDENCE_PROBE_EVERY + 1):          # a probe in every stretch
+        assert "confidence" in window[i:i + CONFIDENCE_PROBE_EVERY], kinds
+        assert window[i:i + CONFIDENCE_PROBE_EVERY].count("confidence") == 1, kinds
+    assert sum(llm.steps.window_rounds.values()) == window.count("window") and max(llm.steps.window_rounds) < 4
+    assert all(p < 4 for p in out[0].stats.proposed[1:-1]), out[0].stats.proposed
+
+
+def test_window_rounds_pay_the_admission_only_in_their_probes():
+    """The trimmed model prices a window below N with the admission's cost under
+    ``ESTIMATED_WINDOW_MIN_ROWS`` rows (each round admits) and with 1 / ``CONFIDENCE_PROBE_EVERY``
+    of it from there (window rounds; only the probes run the head); the fixed round never."""
+    curve = CostCurve([1, 512], [1.0, 1.0], "test: flat", rows=[1, 64], draft_ms=[1.0, 1.0],
+                      ar_ms=[5.0, 5.0], admission_ms=[0.8, 0.8])
+    sched = VerifyScheduler(4, 512, "cpu", cost=curve)
+    base = sched.cost.step_ms("draft", 1) + sched.round_overhead_ms + 1.0            # flat verify
+    adm = sched.admission_ms(1)
+    np.testing.assert_allclose(sched.option_ms(ESTIMATED_WINDOW_MIN_ROWS - 1), [base + adm] * 3 + [base])
+    np.testing.assert_allclose(sched.option_ms(ESTIMATED_WINDOW_MIN_ROWS),
+                               [base + adm / CONFIDENCE_PROBE_EVERY] * 3 + [base])
+
+
+def test_engines_draft_the_whole_block():
+    """An engine's N is compiled in: a window draft is refused with the reason."""
+    from dspark_trt.engine.manifest import EngineError
+    from dspark_trt.runtime.engine import EngineNetworks
+    nets = EngineNetworks.__new__(EngineNetworks)
+    nets.num_spec_tokens = 4
+    t = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(EngineError, match="drafts all 4 tokens"):
+        nets.draft_block(t, t, t[:, None], t.float(), t, width=2)
+
+
+
+@pytest.mark.parametrize("backend", [pytest.param("torch", marks=pytest.mark.gpu),
+                                     pytest.param("cuda-python", marks=pytest.mark.gpu), EAGER_REPLAY])
+def test_window_round_graphs_are_captured_ahead_and_lossless(backend):
+    """``capture_graphs`` captures the window rounds' "draft" / "verify" graphs of every width < N
+    for the buckets from ``ESTIMATED_WINDOW_MIN_ROWS`` rows (none below, none on first use); the
+    scheduled batch then replays them with the target's greedy output. GPU: captured graphs; CPU:
+    the eager-replay backend."""
+    device = "cpu" if backend == EAGER_REPLAY else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU")
+    if backend == "cuda-python":
+        pytest.importorskip("cuda.bindings", reason="needs cuda-python")
+    rows, n = ESTIMATED_WINDOW_MIN_ROWS, 5
+    pair = _pair(block=n, hidden=64)              # head dim 16: the Triton attention kernel's least
+    target, draft = build_models(pair, torch.float32, device, seed=4)
+    scale_weights_(target, 4.0)
+    _spread_head_(draft)
+    llm = LLM(pair, target, draft, max_batch_size=rows, max_seq_len=96, page_size=8,
+              cuda_graphs=device == "cuda", graph_backend=backend, verify_cost=STEEP)
+    if device == "cpu":
+        llm._steps = GraphedSteps(llm.steps, rows, llm.max_pages_per_seq, EAGER_REPLAY)
+    _scheduler(llm).cost_model = "trimmed"
+    llm.capture_graphs(True)
+    llm.capture_graphs(False)
+    captured = set(llm.steps._graphs)
+    window = {(k[0], k[1], k[3]) for k in captured if k[0] in ("draft", "verify") and len(k) == 4}
+    assert window == {(kind, rows, w) for kind in ("draft", "verify") for w in range(1, n)}, window
+    prompts = [[1 + i, 2, 3 + i] for i in range(rows)]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert llm.steps.window_rounds and max(llm.steps.window_rounds) < n, llm.steps.window_rounds
+    assert set(llm.steps._graphs) == captured                     # nothing captured on first use
