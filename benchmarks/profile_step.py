@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--label", default=None)
     ap.add_argument("--prefill", action="store_true",
                     help="also profile the admission prefill of --batch-size prompts (host side too)")
+    ap.add_argument("--window", type=int, default=None,
+                    help="also profile the window round's draft step of this many drafts (< N)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     a = ap.parse_args()
     kw = dict(max_batch_size=a.batch_size, max_seq_len=a.prompt_len + 64, device="cuda")
@@ -87,6 +89,8 @@ def main() -> None:
            f"target_{N + 1}": lambda: nets.target(tokens, pos, x.table)}
     if N:
         fns["draft_block"] = st.draft
+        if a.window:
+            fns[f"draft_window_{a.window}"] = lambda: llm.steps.eager.draft_step(x, a.window)
         logits = torch.randn(a.batch_size, N + 1, nets.vocab_size, device=nets.device)
         drafts = torch.zeros(a.batch_size, N, dtype=torch.long, device=nets.device)
         z = torch.randn(a.batch_size, N, nets.vocab_size, device=nets.device)
