@@ -186,7 +186,7 @@ class DSparkQwen3Draft(nn.Module):
         (the same hidden states), the head and the sequential sampler run on ``width`` rows."""
         h = self.block_hidden(anchor, start, block_table, cache, num_spec_tokens)
         if width is not None:
-            h = h[:, :width]                                                  # [B, w, d]
+            h = h[:, :width].contiguous()   # [B, w, d]; strided, cuBLAS picked an 18.9 ms lm_head (H200, B=64)
         U = self.lm_head(h)
         w1, w2 = self.markov_weights()
         drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
