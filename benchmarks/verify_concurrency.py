@@ -137,8 +137,7 @@ def measure_cost_curve(llm, args, sizes):
     for s in seqs:
         gen.abort(s.request_id)
     gen.step()
-    return CostCurve(pts["tokens"], pts["latency_ms"], "measured by benchmarks/verify_concurrency.py",
-                     pts["rows"], pts["draft_ms"], pts["ar_ms"], pts["verify_ms"], pts["admission_ms"])
+    return CostCurve.from_points(pts, "measured by benchmarks/verify_concurrency.py")
 
 
 def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = False) -> dict:
@@ -179,6 +178,7 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
     draft = sched.cost.step_ms("draft", B)               # the curve's prediction, as the scheduler prices it
     out["curve_fixed_ms"] = draft + sched.cost.window_ms(B, sched.num_spec_tokens)
     out["curve_window_ms"] = draft + sched.cost.window_ms(B, w)
+    out["curve_window_round_ms"] = sched.cost.draft_window(B, w) + sched.cost.window_ms(B, w)   # its draft: w rows
     for s in seqs:
         gen.abort(s.request_id)
     gen.step()

@@ -153,7 +153,9 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     ``runtime/deferred_context.py``); ``verify_ms`` [rows][w - 1]: each (B, w) as measured, the
     trimmed window's cost by rows and width (``CostCurve.verify_ms``); with a confidence head
     and a scheduler, ``admission_ms`` per B: the confidence round's steps (``draft_admit_step`` +
-    ``verify_admit_step`` of all N) over the fixed round's (``CostCurve.admission_ms``)."""
+    ``verify_admit_step`` of all N) over the fixed round's (``CostCurve.admission_ms``), and
+    ``draft_window_ms`` [rows][w - 1], w = 1 .. N - 1: the window rounds' draft step
+    (``CostCurve.draft_window_ms``)."""
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
     eager = steps.eager
@@ -162,7 +164,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     xc_all = (DeviceInputs.from_host(r, nets.device, confidence=True)
               if getattr(nets, "has_confidence", False) and eager.scheduler is not None else None)
     drafts_all, z_all = eager.draft_step(x_all)
-    points, rows, draft_ms, ar_ms, grid, admission = {}, [], [], [], [], []
+    points, rows, draft_ms, ar_ms, grid, admission, draft_window = {}, [], [], [], [], [], []
     for B in sorted(sizes):
         x = x_all.head(B)
         rows.append(B)
@@ -177,6 +179,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             fixed = steps.replayable(lambda: eager.verify_step(x, *eager.draft_step(x), False))
             confidence = steps.replayable(confidence_round)
             admission.append(max(0.0, time_ms(confidence, iters, cuda) - time_ms(fixed, iters, cuda)))
+            draft_window.append([time_ms(steps.replayable(lambda w=w: eager.draft_step(x, w)), iters, cuda)
+                                 for w in range(1, N)])
         # the fallback's AR step (what ``prefers_ar`` compares); it defers its context write
         ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, taps_out=True)), iters, cuda))
         grid.append([])
@@ -191,7 +195,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     for i in range(len(lat) - 2, -1, -1):            # non-decreasing: min over >= this many tokens
         lat[i] = min(lat[i], lat[i + 1])
     return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms,
-            "verify_ms": grid, "admission_ms": admission if xc_all is not None else None}
+            "verify_ms": grid, "admission_ms": admission if xc_all is not None else None,
+            "draft_window_ms": draft_window if xc_all is not None and N > 1 else None}
 
 
 def run_cost_curve(llm, args, sizes: list[int]) -> int:
@@ -204,10 +209,8 @@ def run_cost_curve(llm, args, sizes: list[int]) -> int:
     for s in seqs:
         gen.abort(s.request_id)
     device = torch.cuda.get_device_name() if llm.device.type == "cuda" else "cpu"
-    curve = CostCurve(pts["tokens"], pts["latency_ms"],
-                      f"dspark-trt bench --cost-curve, {device}, {provenance.git_sha()}, "
-                      f"batch sizes {sizes}, N={llm.networks.num_spec_tokens}",
-                      pts["rows"], pts["draft_ms"], pts["ar_ms"], pts["verify_ms"], pts["admission_ms"])
+    curve = CostCurve.from_points(pts, f"dspark-trt bench --cost-curve, {device}, {provenance.git_sha()}, "
+                                       f"batch sizes {sizes}, N={llm.networks.num_spec_tokens}")
     out = args.cost_curve_out or args.draft_checkpoint or args.engine
     for t, ms in zip(curve.tokens, curve.latency_ms):
         print(f"[bench] verify {t:5d} tokens: {ms:.3f} ms")

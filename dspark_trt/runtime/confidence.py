@@ -128,7 +128,9 @@ class CostCurve:
     admission, the verify with limits) cost on the device over the fixed round's at the same width
     (on the H200 at Qwen3-8B dims a confidence round cost ~0.3 ms more than a fixed one at 16
     rows and ~1.6 ms at 64, round kinds of 0ab0aab: the constant ``ADMISSION_OVERHEAD_MS``
-    under-priced every trimmed window at 64 rows)."""
+    under-priced every trimmed window at 64 rows), and ``draft_window_ms [rows][w - 1]``, w = 1 ..
+    N - 1: the window round's draft step (its head and Markov sampler over w rows; on the H200 at
+    64 rows the sampler alone takes 182 us for 2 drafts against 642 for 7, profile-window-b64-dda0476)."""
 
     tokens: list[int]
     latency_ms: list[float]
@@ -138,6 +140,7 @@ class CostCurve:
     ar_ms: list[float] | None = None
     verify_ms: list[list[float]] | None = None
     admission_ms: list[float] | None = None
+    draft_window_ms: list[list[float]] | None = None
 
     def __post_init__(self):
         ok = (len(self.tokens) == len(self.latency_ms) >= 1
@@ -155,13 +158,14 @@ class CostCurve:
                 and all(math.isfinite(v) and v > 0 for v in self.draft_ms + self.ar_ms)):
             raise ConfidenceFileError(f"cost curve ({self.source}): 'rows' (increasing integers >= 1), "
                                       f"'draft_ms' and 'ar_ms' (positive) must come together, same length")
-        g = self.verify_ms
-        if g is not None and not (
-                self.rows is not None and len(g) == len(self.rows) and len(g[0]) >= 1
-                and all(len(r) == len(g[0]) for r in g)
-                and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for r in g for v in r)):
-            raise ConfidenceFileError(f"cost curve ({self.source}): 'verify_ms' must be one list of "
-                                      f"positive latencies per entry of 'rows', each of the same length (widths 1 .. N)")
+        for name, widths in (("verify_ms", "1 .. N"), ("draft_window_ms", "1 .. N - 1")):
+            g = getattr(self, name)
+            if g is not None and not (
+                    self.rows is not None and len(g) == len(self.rows) and len(g[0]) >= 1
+                    and all(len(r) == len(g[0]) for r in g)
+                    and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for r in g for v in r)):
+                raise ConfidenceFileError(f"cost curve ({self.source}): '{name}' must be one list of positive "
+                                          f"latencies per entry of 'rows', each of the same length (widths {widths})")
         a = self.admission_ms
         if a is not None and not (self.rows is not None and len(a) == len(self.rows) and all(
                 isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in a)):
@@ -180,6 +184,12 @@ class CostCurve:
                                    "admission": self.admission_ms}[kind], rows)
 
     @classmethod
+    def from_points(cls, pts: dict, source: str) -> "CostCurve":
+        """The curve of ``commands.bench.cost_curve``'s measurements."""
+        return cls(pts["tokens"], pts["latency_ms"], source, pts["rows"], pts["draft_ms"], pts["ar_ms"],
+                   pts["verify_ms"], pts["admission_ms"], pts.get("draft_window_ms"))
+
+    @classmethod
     def default(cls) -> "CostCurve":
         """A memory-bound step: flat up to 128 verified tokens, then linear (a GPU-like shape;
         measure the real one with ``dspark-trt bench --cost-curve``)."""
@@ -187,6 +197,14 @@ class CostCurve:
 
     def latency(self, n: float) -> float:
         return _interp(self.tokens, self.latency_ms, n)
+
+    def draft_window(self, rows: float, w: int) -> float:
+        """The draft step of a window round of ``w`` drafts at ``rows`` rows: ``draft_window_ms``
+        interpolated over the rows where measured, else (and for w past it) the full draft step."""
+        g = self.draft_window_ms
+        if g is None or w > len(g[0]):
+            return self.step_ms("draft", rows)
+        return _interp(self.rows, [r[w - 1] for r in g], rows)
 
     def window_ms(self, rows: float, w: int) -> float:
         """The verify of ``rows`` rows x ``w`` drafts: ``verify_ms`` interpolated over the rows
@@ -208,6 +226,8 @@ class CostCurve:
             steps["verify_ms"] = self.verify_ms
         if self.admission_ms is not None:
             steps["admission_ms"] = self.admission_ms
+        if self.draft_window_ms is not None:
+            steps["draft_window_ms"] = self.draft_window_ms
         return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
     def save(self, directory: str | Path) -> Path:
@@ -220,10 +240,11 @@ class CostCurve:
         d = _read_json(Path(path))
         try:
             opt = lambda k, f: None if d.get(k) is None else [f(v) for v in d[k]]  # noqa: E731
-            grid = None if d.get("verify_ms") is None else [[float(v) for v in r] for r in d["verify_ms"]]
+            grid = lambda k: None if d.get(k) is None else [[float(v) for v in r] for r in d[k]]  # noqa: E731
             return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
                        str(d.get("source", path)), opt("rows", int), opt("draft_ms", float),
-                       opt("ar_ms", float), grid, opt("admission_ms", float))
+                       opt("ar_ms", float), grid("verify_ms"), opt("admission_ms", float),
+                       grid("draft_window_ms"))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
@@ -444,11 +465,13 @@ class VerifyScheduler:
         cached per row count: the rounds' decisions read it every round."""
         ms = self._option_ms.get((rows, id(self.cost)))
         if ms is None:
-            n, draft = self.num_spec_tokens, self.cost.step_ms("draft", rows) + self.round_overhead_ms
+            n, draft = self.num_spec_tokens, self.cost.step_ms("draft", rows)
             admission = self.admission_ms(rows)
-            if self.cost_model == "trimmed" and rows >= ESTIMATED_WINDOW_MIN_ROWS:
-                admission /= CONFIDENCE_PROBE_EVERY      # window rounds: only the probes pay it
-            ms = np.array([draft + self.cost.window_ms(rows, w)
+            windows = self.cost_model == "trimmed" and rows >= ESTIMATED_WINDOW_MIN_ROWS
+            if windows:                    # window rounds: a draft of w rows; only the probes admit
+                admission /= CONFIDENCE_PROBE_EVERY
+            ms = np.array([(self.cost.draft_window(rows, w) if windows and w < n else draft)
+                           + self.round_overhead_ms + self.cost.window_ms(rows, w)
                            + (admission if w < n else 0.0) for w in self.widths])
             self._option_ms[(rows, id(self.cost))] = ms
         return ms

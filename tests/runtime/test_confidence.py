@@ -513,8 +513,10 @@ def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys):
     n = len(curve.verify_ms[0])                                    # one latency per (rows, width)
     assert len(curve.verify_ms) == len(curve.rows) == 2 and n >= 1
     assert curve.window_ms(2, n) == curve.verify_ms[1][n - 1]
-    # the draft has a head: the confidence round's device cost over the fixed round's, per rows
+    # the draft has a head: the confidence round's device cost over the fixed round's, per rows,
+    # and the window rounds' draft step per rows and width 1 .. N - 1
     assert len(curve.admission_ms) == 2 and all(v >= 0 for v in curve.admission_ms)
+    assert [len(r) for r in curve.draft_window_ms] == [3, 3] and curve.draft_window(2, 2) == curve.draft_window_ms[1][1]
 
 
 def test_measured_admission_cost_prices_trimmed_windows(tmp_path):

@@ -109,6 +109,29 @@ def test_window_rounds_pay_the_admission_only_in_their_probes():
                                [base + adm / CONFIDENCE_PROBE_EVERY] * 3 + [base])
 
 
+def test_window_options_price_the_window_draft(tmp_path):
+    """From ``ESTIMATED_WINDOW_MIN_ROWS`` rows a window option's draft is the measured window
+    draft of its width (``draft_window_ms``, saved and loaded; checked on load), below that and for
+    the fixed round the full draft step; a faster window draft can turn the best window from N to
+    a narrower one."""
+    from dspark_trt.runtime.confidence import ConfidenceFileError
+    rows = [1, ESTIMATED_WINDOW_MIN_ROWS]
+    steps = dict(rows=rows, draft_ms=[4.0, 4.0], ar_ms=[50.0, 50.0], verify_ms=[[1.0] * 4, [3.0, 3.5, 4.0, 4.5]])
+    windows = [[1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]
+    measured = CostCurve([1, 64], [1.0, 40.0], "t", **steps, draft_window_ms=windows)
+    measured.save(tmp_path)
+    assert CostCurve.find(tmp_path).draft_window_ms == windows
+    with pytest.raises(ConfidenceFileError, match="draft_window_ms"):
+        CostCurve([1, 64], [1.0, 40.0], "bad", **steps, draft_window_ms=[[1.0, 2.0, 3.0]])
+    full = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 40.0], "t", **steps))
+    priced = VerifyScheduler(4, 64, "cpu", cost=measured)
+    r = ESTIMATED_WINDOW_MIN_ROWS
+    np.testing.assert_allclose(priced.option_ms(r) - full.option_ms(r), [-3.0, -2.0, -1.0, 0.0])
+    np.testing.assert_allclose(priced.option_ms(r - 1), full.option_ms(r - 1))
+    survival = [0.5, 0.2, 0.08, 0.03]
+    assert full.best_window(r, survival) == 4 and priced.best_window(r, survival) < 4
+
+
 def test_engines_draft_the_whole_block():
     """An engine's N is compiled in: a window draft is refused with the reason."""
     from dspark_trt.engine.manifest import EngineError
