@@ -26,7 +26,8 @@ from ..config import DSparkV4Config
 from ..config.source import resolve_num_spec_tokens
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
-from .dspark_qwen3 import ConfidenceHead, MarkovHead, confidence_logits, markov_sampler_op, markov_weights
+from .dspark_qwen3 import (ConfidenceHead, MarkovHead, confidence_logits, markov_sampler_op, markov_weights,
+                           window_rows)
 from .layers import RMSNorm
 from .v4_hc import HyperHead
 from .v4_layers import check_rows, same_rows
@@ -114,9 +115,7 @@ class DSparkV4Draft(nn.Module):
         both are run settings the caller passes (the runtime's networks, the export wrapper).
         ``width`` (< N): sample only the first ``width`` drafts: the block pass is the N-token one
         (the same hidden states), the head and the sequential sampler run on ``width`` rows."""
-        h = self.block_hidden(anchor, start, block_table, cache, num_spec_tokens)
-        if width is not None:
-            h = h[:, :width].contiguous()   # [B, w, d]; strided, cuBLAS picked an 18.9 ms lm_head (H200, B=64)
+        h = window_rows(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens), width)
         U = self.head(self.norm(h))
         w1, w2 = self.markov_weights()
         drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)

@@ -460,6 +460,13 @@ class VerifyScheduler:
             return self.admission_overhead_ms
         return self.admission_overhead_ms + self.cost.step_ms("admission", max(rows, 1))
 
+    def estimates_windows(self, rows: int) -> bool:
+        """Whether an all-scheduled batch of ``rows`` rows takes its trimmed window from the
+        survival estimate and runs it as a window round (``Scheduler._estimated_window``): the
+        trimmed model from ``ESTIMATED_WINDOW_MIN_ROWS`` rows, where the round's own admitted
+        lengths would be close to the estimate's and their read-back stalls the device."""
+        return self.cost_model == "trimmed" and rows >= ESTIMATED_WINDOW_MIN_ROWS
+
     def option_ms(self, rows: int) -> np.ndarray:
         """[len(widths)] the round's ms at ``rows`` rows for each window (``spec_options``' cost),
         cached per row count: the rounds' decisions read it every round."""
@@ -467,7 +474,7 @@ class VerifyScheduler:
         if ms is None:
             n, draft = self.num_spec_tokens, self.cost.step_ms("draft", rows)
             admission = self.admission_ms(rows)
-            windows = self.cost_model == "trimmed" and rows >= ESTIMATED_WINDOW_MIN_ROWS
+            windows = self.estimates_windows(rows)
             if windows:                    # window rounds: a draft of w rows; only the probes admit
                 admission /= CONFIDENCE_PROBE_EVERY
             ms = np.array([(self.cost.draft_window(rows, w) if windows and w < n else draft)

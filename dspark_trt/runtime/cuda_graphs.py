@@ -46,7 +46,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .confidence import ESTIMATED_WINDOW_MIN_ROWS
 from .packed_verify import check_packable
 from .prefill_graphs import PrefillGraphs
 from .sampling_modifiers import Modifiers
@@ -419,11 +418,11 @@ class GraphedSteps:
         return widen(self._replay_round("draft", "verify", r, mods, width)[0], self.num_spec_tokens)
 
     def _window_widths(self, Bb: int) -> list[int]:
-        """The widths < N of bucket ``Bb``'s window rounds: those of a trimming scheduler that
-        estimates windows (a confidence head, a cost curve with step latencies) from
-        ``ESTIMATED_WINDOW_MIN_ROWS`` rows; none otherwise."""
+        """The widths < N of bucket ``Bb``'s window rounds, where its scheduler estimates windows
+        (``VerifyScheduler.estimates_windows``; a confidence head, a cost curve with step
+        latencies); none otherwise."""
         sched = self.steps.scheduler
-        if not (self.confidence and sched.trims and sched.falls_back and Bb >= ESTIMATED_WINDOW_MIN_ROWS):
+        if not (self.confidence and sched.falls_back and sched.estimates_windows(Bb)):
             return []
         return [w for w in sched.widths if w < self.num_spec_tokens]
 

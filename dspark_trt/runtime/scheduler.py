@@ -41,8 +41,7 @@ import torch
 
 from .. import plugins
 from .kv_manager import PagedKVManager
-from .confidence import (CONFIDENCE_PROBE_EVERY, ESTIMATED_WINDOW_MIN_ROWS, MODE_IDS, TRIM_MARGIN,
-                         SurvivalEstimate)
+from .confidence import CONFIDENCE_PROBE_EVERY, MODE_IDS, TRIM_MARGIN, SurvivalEstimate
 from .deferred_context import DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
@@ -408,9 +407,7 @@ class Scheduler:
         if sched.cost_model == "packed":
             return self._packed_or_fixed(sched)
         w = sched.best_window(len(seqs), self._survival.curve())
-        if w < sched.num_spec_tokens and len(seqs) < ESTIMATED_WINDOW_MIN_ROWS:
-            return None
-        return w
+        return w if w == sched.num_spec_tokens or sched.estimates_windows(len(seqs)) else None
 
     def _packed_or_fixed(self, sched) -> int | None:
         """Packed model: None (a packed round) where the last confidence round's rows gain by

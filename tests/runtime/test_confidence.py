@@ -14,7 +14,8 @@ from dspark_trt.checkpoints.qwen3 import load_qwen3_pair, qwen3_draft_tensors, q
 from dspark_trt.cli import main
 from dspark_trt.models import build_models
 from dspark_trt.runtime import calibration as cal
-from dspark_trt.runtime.confidence import (MODE_IDS, Calibration, CostCurve, admitted_lengths)
+from dspark_trt.runtime.confidence import (ESTIMATED_WINDOW_MIN_ROWS, MODE_IDS, Calibration, CostCurve,
+                                           admitted_lengths)
 from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
 from dspark_trt.runtime.steps import DecodeSteps
 from dspark_trt.runtime.scheduler import Scheduler
@@ -938,13 +939,13 @@ def test_large_scheduled_batches_take_the_window_from_the_estimate(graphs, monke
     """From ``ESTIMATED_WINDOW_MIN_ROWS`` rows, a steep verify cost: after the first confidence
     round (which reads its admitted lengths back to pick the window and gives the survival
     estimate) the rounds of all its rows verify the estimate's window below N without that
-    read-back (rounds after some rows finished read back again); greedy
+    read-back (window rounds, and the confidence probes among them: ``test_window_rounds.py``;
+    rounds after some rows finished read back again); greedy
     output equals the target's, and each row verifies the whole window."""
-    from dspark_trt.runtime import scheduler as sched_mod
     curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, AR dear", rows=[1, 8], draft_ms=[0.1, 0.1],
                       ar_ms=[30.0, 30.0])
     llm = _llm(block=4, seed=6, batch=8, verify_cost=curve, cost_model="trimmed", graphs=graphs)
-    prompts = [[1 + i, 2, 3 + i] for i in range(sched_mod.ESTIMATED_WINDOW_MIN_ROWS)]
+    prompts = [[1 + i, 2, 3 + i] for i in range(ESTIMATED_WINDOW_MIN_ROWS)]
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
     eager = llm.steps.eager
     readbacks = []
@@ -956,7 +957,7 @@ def test_large_scheduled_batches_take_the_window_from_the_estimate(graphs, monke
     narrow = [w for w, n in llm.steps.verify_widths.items() if w < 4 and n]
     assert windowed > 3 and narrow, llm.steps.verify_widths
     if not graphs:
-        rows = sched_mod.ESTIMATED_WINDOW_MIN_ROWS        # later read-backs: rounds after some finished
+        rows = ESTIMATED_WINDOW_MIN_ROWS        # later read-backs: rounds after some finished
         assert readbacks[0] == rows and all(n < rows for n in readbacks[1:]), readbacks
     proposed = out[0].stats.proposed
     assert all(p in narrow for p in proposed[1:-1]), proposed
