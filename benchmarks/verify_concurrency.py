@@ -32,6 +32,7 @@ run in full (their cost is what is measured); only the accepted count is replace
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 import time
@@ -393,17 +394,19 @@ def plot(report: dict, out: Path) -> Path:
     a.set(xscale="log", yscale="log", xlabel="concurrent requests", ylabel="decode tokens/s", title=title)
     b.set(xscale="log", xlabel="concurrent requests", ylabel="tokens per request per round",
           title="verified tokens per request per round" + (" (synthetic)" if "synthetic" in report["confidence"] else ""))
-    for mode, style in (("scheduled", "s-"), ("packed", "D-"), ("autoregressive", "--")):
-        for key, suffix, fill in (("decode_tokens_per_s", "", None), ("decode_only_tokens_per_s", ", decode only", "none")):
-            rows = [report["batch"][str(x)] for x in bs]
-            if mode in rows[0] and key in rows[0][mode]:
-                c.plot(bs, [r[mode][key] / r["fixed"][key] for r in rows], style, color=colors[mode],
-                       mfc=fill, label=mode + suffix)
+    rows = [report["batch"][str(x)] for x in bs]
+    for mode, marker in (("scheduled", "s"), ("packed", "D"), ("autoregressive", None)):
+        for key, suffix, ls in (("decode_tokens_per_s", "", "-"), ("decode_only_tokens_per_s", ", decode only", ":")):
+            if mode in rows[0] and key in rows[0][mode]:        # decode only: dotted, open markers
+                c.plot(bs, [r[mode][key] / r["fixed"][key] for r in rows], marker=marker, color=colors[mode],
+                       ls="--" if mode == "autoregressive" and ls == "-" else ls,
+                       mfc="none" if ls == ":" else colors[mode], label=mode + suffix)
     c.axhline(1.0, color="C0", lw=0.8)
     c.axhline(1.2, color="grey", lw=0.8, ls=":", label="issue goal at 64 (1.2x)")
     c.set(xscale="log", xlabel="concurrent requests", ylabel="tokens/s over fixed N", title="over fixed N")
     for ax in (a, b, c):
         ax.set_xticks(bs, [str(x) for x in bs])
+        ax.minorticks_off()                       # log axes: only the batch sizes are labelled
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -413,8 +416,9 @@ def plot(report: dict, out: Path) -> Path:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--plot"]:                      # re-plot a JSON: --plot FILE.json
-        path = Path(argv[1])
-        print(plot(json.loads(path.read_text()), path.with_suffix(".png")))
+        path = Path(argv[1])                        # .json or .json.gz
+        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+        print(plot(json.loads(text), Path(str(path).removesuffix(".gz")).with_suffix(".png")))
         return 0
     report = run(argv)
     out_dir = Path(parse_args(argv).out_dir)
