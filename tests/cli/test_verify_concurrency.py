@@ -2,6 +2,7 @@
 tiny run writes the JSON + PNG with every mode (random weights, synthetic confidence)."""
 from __future__ import annotations
 
+import gzip
 import json
 from types import SimpleNamespace
 
@@ -58,6 +59,12 @@ def test_tiny_run_writes_json_and_plot(tmp_path):
         assert 1 <= kinds["estimated_window"] <= n
         assert all(kinds[f"{k}_ms"] > 0 for k in ("fixed", "confidence", "estimated", "packed"))
     assert {"packed_over_fixed_at_largest_batch", "scheduled_over_fixed_at_largest_batch"} <= set(report["goal_issue_25"])
+    # results over 4 KB are kept gzipped: --plot draws them again from the .json.gz
+    gz = path.with_name(path.name + ".gz")
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    path.unlink()
+    path.with_suffix(".png").unlink()
+    assert mod.main(["--plot", str(gz)]) == 0 and path.with_suffix(".png").stat().st_size > 0
 
 
 def test_steady_load_keeps_the_concurrency_and_stays_lossless(monkeypatch):
