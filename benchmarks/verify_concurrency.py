@@ -301,9 +301,7 @@ def run(argv) -> dict:
             e2e["verify_slots"] = {str(t): c for t, c in sorted(llm.steps.verify_slots.items())}
             e2e["window_rounds"] = {str(w): c for w, c in sorted(llm.steps.window_rounds.items())}
             e2e["confidence_rounds"] = sum(widths.values())   # the others: fixed or window rounds
-            narrow = widths.copy()
-            for w, c in llm.steps.window_rounds.items():
-                narrow[w] = narrow.get(w, 0) + c
+            narrow = llm.steps.verify_widths + llm.steps.window_rounds      # Counters: rounds per window
             rounds = sum(narrow.values())
             e2e["mean_verify_window"] = (sum(w * c for w, c in narrow.items()) / rounds if rounds else n)
             row[mode] = e2e

@@ -52,7 +52,7 @@ class EagerNetworks:
         """-> drafts [B, w], z [B, w, V]: the first ``width`` (None: all N) drafts of the block."""
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
                                  sampler=self.markov_sampler, num_spec_tokens=self.num_spec_tokens,
-                                 width=None if width == self.num_spec_tokens else width)
+                                 width=width)
 
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
