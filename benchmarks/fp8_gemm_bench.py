@@ -48,35 +48,39 @@ MS = (1, 16, 64, 128)
 
 
 def shapes() -> dict[str, tuple[int, int]]:
-    """name -> (N, K) of the weight [N, K]: Qwen3-8B (unfused: fp8 projections are not fused) and
-    V4-Flash (attention wq_a / wq_b / wkv / wo_a / wo_b, the CSA indexer's wq_b, shared expert)."""
+    """name -> (N, K) of the weight [N, K]: Qwen3-8B (unfused: fp8 projections are not fused),
+    V4-Flash and V4-Pro (attention wq_a / wq_b / wkv / wo_a / wo_b, the CSA indexer's wq_b, shared
+    expert)."""
     q = get_preset("qwen3-8b-fp8-dspark-block7").target
     d, qd, kv, m = q.hidden_size, q.num_attention_heads * q.head_dim, q.num_key_value_heads * q.head_dim, \
         q.intermediate_size
     out = {"qwen3_q": (qd, d), "qwen3_kv": (kv, d), "qwen3_o": (d, qd), "qwen3_gate_up": (m, d),
            "qwen3_down": (d, m)}
-    c = get_preset("deepseek-v4-flash-dspark").target
-    D, H, hd, ql, ol, g, h = (c.hidden_size, c.num_attention_heads, c.head_dim, c.q_lora_rank, c.o_lora_rank,
-                              c.o_groups, c.moe_intermediate_size)
-    out.update({"v4f_wq_a": (ql, D), "v4f_wq_b": (H * hd, ql), "v4f_wkv": (hd, D),
-                "v4f_wo_a": (g * ol, H * hd // g), "v4f_wo_b": (D, g * ol),
-                "v4f_idx_wq_b": (c.index_n_heads * c.index_head_dim, ql),
-                "v4f_shared_w13": (h, D), "v4f_shared_w2": (D, h)})
+    for tag, preset in (("v4f", "deepseek-v4-flash-dspark"), ("v4p", "deepseek-v4-pro-dspark")):
+        c = get_preset(preset).target
+        D, H, hd, ql, ol, g, h = (c.hidden_size, c.num_attention_heads, c.head_dim, c.q_lora_rank,
+                                  c.o_lora_rank, c.o_groups, c.moe_intermediate_size)
+        out.update({f"{tag}_wq_a": (ql, D), f"{tag}_wq_b": (H * hd, ql), f"{tag}_wkv": (hd, D),
+                    f"{tag}_wo_a": (g * ol, H * hd // g), f"{tag}_wo_b": (D, g * ol),
+                    f"{tag}_idx_wq_b": (c.index_n_heads * c.index_head_dim, ql),
+                    f"{tag}_shared_w13": (h, D), f"{tag}_shared_w2": (D, h)})
     return out
 
 
 def sweep(M: int, N: int, K: int) -> list[dict]:
-    """The default config first, then a few tiles (each with the default rule's split)."""
+    """The default config first (then, at M <= 4, the same with the bit-pattern decode), then a few
+    tiles, each with the default rule's split and, where K allows, twice that split. At M <= 4 the
+    CUDA-core tiles go up to 1024 K columns (several scale blocks per tile)."""
     base = fg.default_config(M, N, K)
     if M <= 4:
-        tiles = [(128, 128, 4, 4, False, None), (32, 128, 4, 3, False, None), (128, 128, 8, 3, False, None)]
+        tiles = [(128, 128, 8, 3, False, None), (32, 128, 4, 3, False, None), (16, 512, 4, 3, False, None),
+                 (32, 256, 4, 3, False, None), (32, 512, 4, 3, False, None), (64, 256, 4, 3, False, None),
+                 (64, 512, 8, 3, False, None), (16, 1024, 4, 2, False, None), (128, 256, 8, 3, False, None)]
     elif M <= 64:
         tiles = [(128, 128, 8, 4, True, None), (32, 128, 4, 4, True, None), (64, 64, 4, 6, True, None)]
     else:
         tiles = [(64, 128, 4, 4, True, None), (128, 128, 8, 3, True, 128), (128, 64, 8, 4, True, None)]
     out = [base] + ([{**base, "BITS": True}] if M <= 4 else [])      # the CUDA-core body's bit-pattern decode
-    if M <= 4:
-        tiles += [(64, 128, 8, 4, False, None), (64, 64, 4, 4, False, None)]
     for bn, bk, w, s, dot, bm in tiles:
         cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, DOT=dot)
         if bm:
@@ -85,9 +89,10 @@ def sweep(M: int, N: int, K: int) -> list[dict]:
         split = 1
         while n_tiles * split < 2 * fg.H200_SMS and K // (2 * split * bk) >= 4:
             split *= 2
-        cfg["SPLIT_K"] = split
-        if cfg not in out:
-            out.append(cfg)
+        for sp in (split, 2 * split) if K // (2 * split * bk) >= 1 else (split,):
+            c = {**cfg, "SPLIT_K": sp}
+            if c not in out:
+                out.append(c)
     return out
 
 

@@ -155,7 +155,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     and a scheduler, ``admission_ms`` per B: the confidence round's steps (``draft_admit_step`` +
     ``verify_admit_step`` of all N) over the fixed round's (``CostCurve.admission_ms``), and
     ``draft_window_ms`` [rows][w - 1], w = 1 .. N - 1: the window rounds' draft step
-    (``CostCurve.draft_window_ms``)."""
+    (``CostCurve.draft_window_ms``); ``host_ms`` per B: a fixed round called from the host
+    (``steps.spec_round``: inputs staged, results read back) minus its draft and verify steps."""
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
     eager = steps.eager
@@ -164,7 +165,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     xc_all = (DeviceInputs.from_host(r, nets.device, confidence=True)
               if getattr(nets, "has_confidence", False) and eager.scheduler is not None else None)
     drafts_all, z_all = eager.draft_step(x_all)
-    points, rows, draft_ms, ar_ms, grid, admission, draft_window = {}, [], [], [], [], [], []
+    points, rows, draft_ms, ar_ms, grid, admission, draft_window, host = {}, [], [], [], [], [], [], []
     for B in sorted(sizes):
         x = x_all.head(B)
         rows.append(B)
@@ -190,13 +191,15 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             ms = time_ms(fn, iters, cuda)
             grid[-1].append(ms)
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
+        round_ms = time_ms(lambda: steps.spec_round(r.head(B), False), iters, cuda)   # host in, host out
+        host.append(max(0.0, round_ms - draft_ms[-1] - grid[-1][-1]))
     tokens = sorted(points)
     lat = [points[t] for t in tokens]
     for i in range(len(lat) - 2, -1, -1):            # non-decreasing: min over >= this many tokens
         lat[i] = min(lat[i], lat[i + 1])
     return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms,
             "verify_ms": grid, "admission_ms": admission if xc_all is not None else None,
-            "draft_window_ms": draft_window if xc_all is not None and N > 1 else None}
+            "draft_window_ms": draft_window if xc_all is not None and N > 1 else None, "host_ms": host}
 
 
 def run_cost_curve(llm, args, sizes: list[int]) -> int:

@@ -130,7 +130,9 @@ class CostCurve:
     rows and ~1.6 ms at 64, round kinds of 0ab0aab: the constant ``ADMISSION_OVERHEAD_MS``
     under-priced every trimmed window at 64 rows), and ``draft_window_ms [rows][w - 1]``, w = 1 ..
     N - 1: the window round's draft step (its head and Markov sampler over w rows; on the H200 at
-    64 rows the sampler alone takes 182 us for 2 drafts against 642 for 7, profile-window-b64-dda0476)."""
+    64 rows the sampler alone takes 182 us for 2 drafts against 642 for 7, profile-window-b64-dda0476),
+    and ``host_ms`` per rows: a fixed round called from the host (inputs staged, results read back)
+    minus its draft and verify steps (``VerifyScheduler.overhead_ms``)."""
 
     tokens: list[int]
     latency_ms: list[float]
@@ -141,6 +143,7 @@ class CostCurve:
     verify_ms: list[list[float]] | None = None
     admission_ms: list[float] | None = None
     draft_window_ms: list[list[float]] | None = None
+    host_ms: list[float] | None = None
 
     def __post_init__(self):
         ok = (len(self.tokens) == len(self.latency_ms) >= 1
@@ -166,11 +169,12 @@ class CostCurve:
                     and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for r in g for v in r)):
                 raise ConfidenceFileError(f"cost curve ({self.source}): '{name}' must be one list of positive "
                                           f"latencies per entry of 'rows', each of the same length (widths {widths})")
-        a = self.admission_ms
-        if a is not None and not (self.rows is not None and len(a) == len(self.rows) and all(
-                isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in a)):
-            raise ConfidenceFileError(f"cost curve ({self.source}): 'admission_ms' must be one non-negative "
-                                      f"latency per entry of 'rows'")
+        for name in ("admission_ms", "host_ms"):
+            a = getattr(self, name)
+            if a is not None and not (self.rows is not None and len(a) == len(self.rows) and all(
+                    isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in a)):
+                raise ConfidenceFileError(f"cost curve ({self.source}): '{name}' must be one non-negative "
+                                          f"latency per entry of 'rows'")
 
     @property
     def has_steps(self) -> bool:
@@ -178,16 +182,16 @@ class CostCurve:
         return self.rows is not None
 
     def step_ms(self, kind: str, rows: float) -> float:
-        """The "draft", "ar" or "admission" step's latency at ``rows`` rows (interpolated like
-        ``latency``)."""
-        return _interp(self.rows, {"draft": self.draft_ms, "ar": self.ar_ms,
-                                   "admission": self.admission_ms}[kind], rows)
+        """The "draft", "ar", "admission" or "host" step's latency at ``rows`` rows (interpolated
+        like ``latency``)."""
+        return _interp(self.rows, {"draft": self.draft_ms, "ar": self.ar_ms, "admission": self.admission_ms,
+                                   "host": self.host_ms}[kind], rows)
 
     @classmethod
     def from_points(cls, pts: dict, source: str) -> "CostCurve":
         """The curve of ``commands.bench.cost_curve``'s measurements."""
         return cls(pts["tokens"], pts["latency_ms"], source, pts["rows"], pts["draft_ms"], pts["ar_ms"],
-                   pts["verify_ms"], pts["admission_ms"], pts.get("draft_window_ms"))
+                   pts["verify_ms"], pts["admission_ms"], pts.get("draft_window_ms"), pts.get("host_ms"))
 
     @classmethod
     def default(cls) -> "CostCurve":
@@ -228,6 +232,8 @@ class CostCurve:
             steps["admission_ms"] = self.admission_ms
         if self.draft_window_ms is not None:
             steps["draft_window_ms"] = self.draft_window_ms
+        if self.host_ms is not None:
+            steps["host_ms"] = self.host_ms
         return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
     def save(self, directory: str | Path) -> Path:
@@ -244,7 +250,7 @@ class CostCurve:
             return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
                        str(d.get("source", path)), opt("rows", int), opt("draft_ms", float),
                        opt("ar_ms", float), grid("verify_ms"), opt("admission_ms", float),
-                       grid("draft_window_ms"))
+                       grid("draft_window_ms"), opt("host_ms", float))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
@@ -370,11 +376,17 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
 
 
 COST_MODELS = ("trimmed", "padded", "packed")
-ROUND_OVERHEAD_MS = 1.3       # host time of a round outside its steps, AR or speculative alike (H200,
-                              # a8f3096: end-to-end round_ms - the curve's steps, batch 1)
+ROUND_OVERHEAD_MS = 1.3       # host time of a round outside its steps, AR or speculative alike, where the
+                              # cost curve has no ``host_ms`` (H200, a8f3096, eager steps: end-to-end
+                              # round_ms - the curve's steps, batch 1)
+SCHEDULER_ROW_MS = 0.01       # with ``host_ms``: the Scheduler's own Python per row and round (commit,
+                              # round inputs; H200 3599eb9, compiled steps: steady-load decode round
+                              # minus the timed fixed round, 0.35 ms at 16 rows, 0.63 ms at 64)
 AR_MARGIN = 0.05               # the AR fallback needs AR this much faster than the best window
-TRIM_MARGIN = 0.05             # a trimmed window must beat the fixed round by this much (H200, cb44cdd:
-                               # narrow 64-row rounds ran ~2 % slower than the curve said; a tie lost 4 %)
+TRIM_MARGIN = 0.02             # a trimmed window must beat the fixed round by this much: the curve's
+                               # error between the two kinds (H200 3599eb9, with ``draft_window_ms``:
+                               # timed / predicted window round over fixed round 0.99-1.01 at 16-64
+                               # rows; 0.05 before, cb44cdd, when window drafts were priced as full)
 ADMISSION_OVERHEAD_MS = 0.25     # head + admission + the width read-back (H200, 5a26239: 6-18 % of a 1-2 ms round)
 ESTIMATED_WINDOW_MIN_ROWS = 8    # from this many rows a trimmed window comes from the survival estimate
                                  # and runs as a window round (no head, admission or read-back) ...
@@ -460,6 +472,14 @@ class VerifyScheduler:
             return self.admission_overhead_ms
         return self.admission_overhead_ms + self.cost.step_ms("admission", max(rows, 1))
 
+    def overhead_ms(self, rows: float) -> float:
+        """Host time of a round at ``rows`` rows outside its device steps, AR or speculative alike:
+        the cost curve's measured ``host_ms`` plus ``SCHEDULER_ROW_MS`` per row where it has one,
+        else ``round_overhead_ms``."""
+        if self.cost.host_ms is None:
+            return self.round_overhead_ms
+        return self.cost.step_ms("host", max(rows, 1)) + SCHEDULER_ROW_MS * rows
+
     def estimates_windows(self, rows: int) -> bool:
         """Whether an all-scheduled batch of ``rows`` rows takes its trimmed window from the
         survival estimate and runs it as a window round (``Scheduler._estimated_window``): the
@@ -478,7 +498,7 @@ class VerifyScheduler:
             if windows:                    # window rounds: a draft of w rows; only the probes admit
                 admission /= CONFIDENCE_PROBE_EVERY
             ms = np.array([(self.cost.draft_window(rows, w) if windows and w < n else draft)
-                           + self.round_overhead_ms + self.cost.window_ms(rows, w)
+                           + self.overhead_ms(rows) + self.cost.window_ms(rows, w)
                            + (admission if w < n else 0.0) for w in self.widths])
             self._option_ms[(rows, id(self.cost))] = ms
         return ms
@@ -494,7 +514,7 @@ class VerifyScheduler:
         """Expected committed tokens per row per ms of a speculative round at ``rows`` rows for each
         window it may verify, from a prefix-survival estimate ``survival[k] = P(drafts 0..k
         accepted)`` ([N], e.g. ``SurvivalEstimate.curve``): ``(w, (1 + sum_{k<w} s_k) /
-        (draft_ms + latency(rows x (1 + w)) + round_overhead_ms [+ admission_ms(rows) for w <
+        (draft_ms + latency(rows x (1 + w)) + overhead_ms(rows) [+ admission_ms(rows) for w <
         N]))`` for w in ``widths``; w = N is the fixed round (no head, no admission). From
         ``ESTIMATED_WINDOW_MIN_ROWS`` rows the trimmed model's windows run as window rounds and
         only one in ``CONFIDENCE_PROBE_EVERY`` pays the admission (``option_ms``)."""
@@ -517,7 +537,7 @@ class VerifyScheduler:
         return self.best_window(rows, survival) == self.num_spec_tokens
 
     def prefers_ar(self, rows: int, survival, margin: float = AR_MARGIN) -> bool:
-        """Whether an AR round (1 token per row in ``ar_ms(rows) + round_overhead_ms``) is expected
+        """Whether an AR round (1 token per row in ``ar_ms(rows) + overhead_ms(rows)``) is expected
         to beat the best
         speculative option of ``spec_options(rows, survival)`` by more than ``margin`` (relative):
         the decision compares expected tokens per ms of the options, not a measured tau of past
@@ -525,7 +545,7 @@ class VerifyScheduler:
         if not self.falls_back:
             return False
         best = float(self._option_values(rows, survival).max())
-        return 1.0 / (self.cost.step_ms("ar", rows) + self.round_overhead_ms) > (1.0 + margin) * best
+        return 1.0 / (self.cost.step_ms("ar", rows) + self.overhead_ms(rows)) > (1.0 + margin) * best
 
     def window_sps_table(self, max_rows: int, device) -> Tensor | None:
         """[max_rows + 1, N] float32: ``1 / window_ms(r, w)`` (the trimmed admission's SPS by rows
@@ -538,12 +558,12 @@ class VerifyScheduler:
 
     def round_ms_table(self, max_rows: int, device) -> Tensor | None:
         """[max_rows + 1] float32: a trimmed confidence round's cost outside the verify at r rows
-        (draft step + ``admission_overhead_ms`` + ``round_overhead_ms``), what Algorithm 1 adds to
+        (draft step + ``admission_overhead_ms`` + ``overhead_ms``), what Algorithm 1 adds to
         ``1 / SPS(B)``; None without the draft step's latency."""
         if not self.cost.has_steps:
             return None
         return torch.tensor([self.cost.step_ms("draft", max(r, 1)) + self.admission_ms(r)
-                             + self.round_overhead_ms
+                             + self.overhead_ms(max(r, 1))
                              for r in range(max_rows + 1)], dtype=torch.float32, device=device)
 
     @property

@@ -63,6 +63,8 @@ one ``isfinite`` reduction of the logits per step, read back with the tokens.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -113,6 +115,11 @@ class RoundInputs:
     @property
     def uses_confidence(self) -> bool:
         return self.verify_mode is not None and bool((self.verify_mode != 0).any())
+
+    def head(self, B: int) -> "RoundInputs":
+        """The first B rows."""
+        return dataclasses.replace(self, **{f.name: v[:B] for f in dataclasses.fields(self)
+                                            if (v := getattr(self, f.name)) is not None})
 
     @property
     def batch_size(self) -> int:

@@ -163,3 +163,18 @@ def test_w8a8_mma_variant_on_gpu():
             exact = xd @ dequantize_fp8(w8, s, torch.float64).T
             y = fp8_gemm(x, w8, s, mma_config(M, N, K))
             assert ulp_err(y, exact) <= 0.55 + 1e-3 * K ** 0.5, (M, N, K)
+
+
+def test_kernel_configs_outside_the_scale_layout_are_named():
+    """A tl.dot tile must lie inside one scale block (BLOCK_K <= 128); the CUDA-core body takes
+    any power of two; an unknown split-K reduction is named."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm
+    w8, s = quantize_fp8(torch.randn(64, 512))
+    x = torch.randn(8, 512).bfloat16()
+    with pytest.raises(ValueError, match="BLOCK_K=256"):
+        fp8_gemm(x, w8, s, dict(BLOCK_N=32, BLOCK_K=256, DOT=True))
+    with pytest.raises(ValueError, match="BLOCK_N=256"):
+        fp8_gemm(x, w8, s, dict(BLOCK_N=256, BLOCK_K=128, DOT=False))
+    with pytest.raises(ValueError, match="REDUCE"):
+        fp8_gemm(x[:1], w8, s, dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, DOT=False, REDUCE="atomic"))

@@ -128,7 +128,7 @@ def test_window_options_price_the_window_draft(tmp_path):
     r = ESTIMATED_WINDOW_MIN_ROWS
     np.testing.assert_allclose(priced.option_ms(r) - full.option_ms(r), [-3.0, -2.0, -1.0, 0.0])
     np.testing.assert_allclose(priced.option_ms(r - 1), full.option_ms(r - 1))
-    survival = [0.5, 0.2, 0.08, 0.03]
+    survival = [0.5, 0.3, 0.2, 0.15]
     assert full.best_window(r, survival) == 4 and priced.best_window(r, survival) < 4
 
 
@@ -177,3 +177,28 @@ def test_window_round_graphs_are_captured_ahead_and_lossless(backend):
     assert [o.output_ids for o in out] == [a.output_ids for a in ar]
     assert llm.steps.window_rounds and max(llm.steps.window_rounds) < n, llm.steps.window_rounds
     assert set(llm.steps._graphs) == captured                     # nothing captured on first use
+
+
+def test_measured_host_time_replaces_the_round_overhead_constant(tmp_path):
+    """With the cost curve's ``host_ms`` (saved, loaded, checked on load) every option pays the
+    measured host time plus ``SCHEDULER_ROW_MS`` per row instead of ``ROUND_OVERHEAD_MS``; a round
+    overhead over-stated by the constant hides a window that pays (the H200's 32-row case at
+    3599eb9: the constant 1.3 ms against ~0.5 measured), the measured one finds it."""
+    from dspark_trt.runtime.confidence import ROUND_OVERHEAD_MS, SCHEDULER_ROW_MS, ConfidenceFileError
+    r = ESTIMATED_WINDOW_MIN_ROWS
+    steps = dict(rows=[1, r], draft_ms=[1.0, 1.0], ar_ms=[50.0, 50.0],
+                 verify_ms=[[1.0] * 4, [2.0, 3.9, 3.95, 4.0]], draft_window_ms=[[0.5] * 3, [0.5] * 3])
+    measured = CostCurve([1, 64], [1.0, 40.0], "t", **steps, host_ms=[0.05, 0.1])
+    measured.save(tmp_path)
+    assert CostCurve.find(tmp_path).host_ms == [0.05, 0.1]
+    with pytest.raises(ConfidenceFileError, match="host_ms"):
+        CostCurve([1, 64], [1.0, 40.0], "bad", **steps, host_ms=[0.1, -0.1])
+    const = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 40.0], "t", **steps))
+    priced = VerifyScheduler(4, 64, "cpu", cost=measured)
+    assert const.overhead_ms(r) == ROUND_OVERHEAD_MS
+    assert priced.overhead_ms(r) == pytest.approx(0.1 + SCHEDULER_ROW_MS * r)
+    np.testing.assert_allclose(const.option_ms(r) - priced.option_ms(r),
+                               [ROUND_OVERHEAD_MS - priced.overhead_ms(r)] * 4)
+    survival = [0.7, 0.5, 0.4, 0.3]      # w = 1: 1.7 tokens, the fixed round 2.9
+    assert const.best_window(r, survival) == 4        # 1.7 / 3.83 < 2.9 / 6.3 (w = 3: 2.6 / 5.78)
+    assert priced.best_window(r, survival) == 1       # 1.7 / 2.71 > 1.02 x 2.9 / 5.18

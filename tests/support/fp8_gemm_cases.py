@@ -23,6 +23,11 @@ CASES = [
     ("m5_fp32", 5, 129, 129, "fp32", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2)),
     ("m2_fp16", 2, 64, 200, "fp16", dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1)),
     ("m3_bits", 3, 130, 390, "bf16", dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=3, BITS=True)),   # bit-pattern decode
+    # CUDA-core tiles wider than a scale block (x scaled per column), ticket and two-pass split-K
+    ("m1_wide_ticket", 1, 200, 700, "bf16", dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=2)),
+    ("m2_wide_nosplit", 2, 136, 600, "bf16", dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=1)),
+    ("m3_wide_two_pass", 3, 130, 900, "bf16", dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=3, REDUCE="two_pass")),
+    ("m1_wide_bits", 1, 72, 520, "bf16", dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, BITS=True)),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}

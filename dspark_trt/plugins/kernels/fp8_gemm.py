@@ -6,21 +6,25 @@ halves it against bf16; the kernel streams W once (per M tile) in the layout of
 ``skinny_gemm.py``:
 
 * Grid ``(cdiv(N, BLOCK_N), SPLIT_K, cdiv(M, BLOCK_M))``; a program owns BLOCK_N weight rows and
-  one K slice. BLOCK_N and BLOCK_K are powers of two <= 128, so a ``[BLOCK_N, BLOCK_K]`` tile lies
-  inside one scale block: one scalar scale per tile.
+  one K slice. BLOCK_N is a power of two <= 128, so a tile's rows lie in one row of scale blocks.
 * Per tile: the fp8 bytes are converted to x's dtype in registers (e4m3 -> bf16 / fp16 / fp32 is
-  exact), multiplied against x with fp32 accumulation, and the tile's partial sum is multiplied by
-  its block scale before it joins the accumulator (``tl.dot`` with W as the left operand for
-  M > 4, "swap AB"; a CUDA-core multiply-reduce per token for M <= 4). ``BITS`` (opt-in) has the
-  CUDA-core body decode e4m3 without a conversion instruction: the byte ``s eeee mmm`` as the fp32
-  bit pattern ``s 0000 eeee mmm 0...`` is its value times 2^-120 (e4m3 subnormals land on fp32
-  subnormals, which Triton's fp32 multiplies keep), times 2^120 exact; the e4m3fn NaN codes
-  0x7F / 0xFF read as +-480 there (checkpoints hold none: quantisation clamps to 448). On the H200
-  it was slower than the ``.to(float32)`` route at every M = 1 shape (fp8-gemm-NVIDIA-H200-8fa3a00.json.gz:
-  e.g. gate/up 36 vs 50 % of HBM, down 39 vs 52 %), so it stays off by default.
+  exact) and multiplied against x with fp32 accumulation.
+  - ``tl.dot`` with W as the left operand for M > 4 ("swap AB"): BLOCK_K <= 128, one scale per
+    tile, multiplied into the tile's partial sum.
+  - CUDA-core multiply-reduce per token for M <= 4: BLOCK_K any power of two (a tile may span
+    several scale blocks, so wide tiles stream 8-16 KB per load round); x is multiplied by its
+    columns' block scales in fp32 (``x[k] * S[n // 128, k // 128]``, one gather per tile) before
+    the products. ``BITS`` (opt-in) decodes e4m3 without a conversion instruction: the byte ``s
+    eeee mmm`` as the fp32 bit pattern ``s 0000 eeee mmm 0...`` is its value times 2^-120 (e4m3
+    subnormals land on fp32 subnormals, which Triton's fp32 multiplies keep), times 2^120 exact;
+    the e4m3fn NaN codes 0x7F / 0xFF read as +-480 there (checkpoints hold none: quantisation
+    clamps to 448). On the H200 it was slower than the ``.to(float32)`` route at every M = 1 shape
+    (fp8-gemm-NVIDIA-H200-8fa3a00.json.gz: e.g. gate/up 36 vs 50 % of HBM, down 39 vs 52 %), so it
+    stays off by default.
 * Rows past N are clamped to N - 1 (dropped at the store); K is masked when ``K % BLOCK_K != 0``.
-* SPLIT_K > 1: fp32 partials ``[SPLIT_K, M, N]`` summed in split order by
-  ``skinny_gemm.splitk_reduce_kernel`` (two launches, deterministic, no counters).
+* SPLIT_K > 1: fp32 partials ``[SPLIT_K, M, N]`` summed in split order, deterministic, by the
+  tile's last program (``REDUCE`` "ticket", the default: one launch) or a second kernel
+  ("two_pass"), as in ``skinny_gemm.py`` (``SplitK``, ``store_split_k``).
 
 ``default_config(M, N, K)`` picks the tile; ``CONFIGS`` (empty: unmeasured) takes measured winners
 of ``benchmarks/fp8_gemm_bench.py`` keyed by (M bucket, N, K).
@@ -43,18 +47,20 @@ import triton.language as tl
 from torch import Tensor
 
 from .common import INTERPRET, launcher, pow2
-from .skinny_gemm import H200_SMS, m_bucket, splitk_reduce_kernel
+from .skinny_gemm import H200_SMS, SplitK, m_bucket, store_split_k
 
 SCALE_BLOCK = 128
 
 
 @triton.jit
-def fp8_gemm_kernel(x, w, s, y, ws, M, N, K, K_SPLIT, stride_xm, stride_wn, stride_sn, stride_ym,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    DOT: tl.constexpr, SPLIT: tl.constexpr, EVEN_K: tl.constexpr,
+def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_xm, stride_wn, stride_sn,
+                    stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    DOT: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET_DOT: tl.constexpr, BITS: tl.constexpr):
-    """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials (SPLIT only).
-    K_SPLIT: a multiple of BLOCK_K. BLOCK_N, BLOCK_K: powers of two <= 128 (one scale per tile)."""
+    """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials, counter: the tiles'
+    tickets (``skinny_gemm.store_split_k``). K_SPLIT: a multiple of BLOCK_K. BLOCK_N: a power of two
+    <= 128 (one row of scale blocks per tile); BLOCK_K: <= 128 for DOT (one scale per tile), any
+    power of two for the CUDA-core body (x is scaled per column)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -75,8 +81,8 @@ def fp8_gemm_kernel(x, w, s, y, ws, M, N, K, K_SPLIT, stride_xm, stride_wn, stri
         else:
             kmask = (kk + offs_k) < k_end
             wt = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
-        sc = tl.load(s_row + kk // 128)                           # fp32 block scale
         if DOT:
+            sc = tl.load(s_row + kk // 128)                       # fp32 block scale of the tile
             if EVEN_K:
                 xt = tl.load(x_ptr)
             else:
@@ -89,6 +95,11 @@ def fp8_gemm_kernel(x, w, s, y, ws, M, N, K, K_SPLIT, stride_xm, stride_wn, stri
                 part = tl.dot(wt.to(x.dtype.element_ty), tl.trans(xt))  # [BN, BK] @ [BK, BM], fp32 acc
             acc += part * sc
         else:
+            # the tile's columns may span several scale blocks: scale x per column (fp32), not the sum
+            if EVEN_K:
+                sv = tl.load(s_row + (kk + offs_k) // 128)                         # [BK] fp32
+            else:
+                sv = tl.load(s_row + (kk + offs_k) // 128, mask=kmask, other=0.0)
             if BITS:                       # e4m3 bits as fp32 bits (value * 2^-120; e = 0: subnormal)
                 b = wt.to(tl.uint8, bitcast=True).to(tl.int32)
                 wf = (((b & 0x7F) << 20) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True) * 1.329227995784916e36
@@ -100,16 +111,12 @@ def fp8_gemm_kernel(x, w, s, y, ws, M, N, K, K_SPLIT, stride_xm, stride_wn, stri
                     xm = tl.load(xrow)
                 else:
                     xm = tl.load(xrow, mask=kmask, other=0.0)
-                p = tl.sum(wf * xm.to(tl.float32)[None, :], axis=1) * sc
+                p = tl.sum(wf * (xm.to(tl.float32) * sv)[None, :], axis=1)
                 acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == m, p[:, None], 0.0)
         w_ptr += BLOCK_K
         x_ptr += BLOCK_K
 
-    out_mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
-    if SPLIT:
-        tl.store(ws + pid_k * M * N + offs_m[None, :] * N + offs_n[:, None], acc, mask=out_mask)
-    else:
-        tl.store(y + offs_m[None, :] * stride_ym + offs_n[:, None], acc.to(y.dtype.element_ty), mask=out_mask)
+    store_split_k(acc, y, ws, counter, offs_m, offs_n, M, N, stride_ym, pid_n, pid_k, pid_m, SPLIT_K, REDUCE)
 
 
 @triton.jit
@@ -229,24 +236,19 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
         return y if M * N == 0 else fp8_mma(x, w, scale, cfg, y)
     bn, bk, split = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"]), int(cfg.get("SPLIT_K", 1))
-    if bn > SCALE_BLOCK or bk > SCALE_BLOCK or pow2(bn) != bn or pow2(bk) != bk:
-        raise ValueError(f"fp8_gemm: BLOCK_N={bn}, BLOCK_K={bk} must be powers of two <= {SCALE_BLOCK}")
     dot = bool(cfg.get("DOT", M > 4))
+    if bn > SCALE_BLOCK or pow2(bn) != bn or pow2(bk) != bk or (dot and bk > SCALE_BLOCK):
+        raise ValueError(f"fp8_gemm: BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, BLOCK_K={bk} a "
+                         f"power of two (<= {SCALE_BLOCK} with DOT)")
     bm_cap = int(cfg.get("BLOCK_M", 64))
     bm = max(16, min(pow2(M), pow2(bm_cap))) if dot else min(pow2(M), pow2(bm_cap))
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M * N == 0:
         return y
-    k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
-    split = triton.cdiv(K, k_split)
-    grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
-    ws = torch.empty((split, M, N) if split > 1 else (1,), dtype=torch.float32, device=x.device)
-    launcher(fp8_gemm_kernel)[grid](
-        x, w, scale, y, ws, M, N, K, k_split, x.stride(0), w.stride(0), scale.stride(0), y.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, SPLIT=split > 1, EVEN_K=(K % bk == 0),
-        INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)), num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
-    if split > 1:
-        block = 1024
-        launcher(splitk_reduce_kernel)[(triton.cdiv(M * N, block),)](
-            ws, y, M, N, y.stride(0), split, BLOCK=block, num_warps=4)
-    return y
+    plan = SplitK.plan(M, N, K, bm, bn, bk, split, cfg.get("REDUCE", "ticket"), x.device)
+    launcher(fp8_gemm_kernel)[plan.grid](
+        x, w, scale, y, plan.ws, plan.counter, M, N, K, plan.k_split, plan.split, x.stride(0), w.stride(0),
+        scale.stride(0), y.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, REDUCE=plan.reduce,
+        EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
+    return plan.finish(y)

@@ -98,6 +98,16 @@ def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
         w_ptr += BLOCK_K
         x_ptr += BLOCK_K
 
+    store_split_k(acc, y, ws, counter, offs_m, offs_n, M, N, stride_ym, pid_n, pid_k, pid_m, SPLIT_K, REDUCE)
+
+
+@triton.jit
+def store_split_k(acc, y, ws, counter, offs_m, offs_n, M, N, stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
+                  REDUCE: tl.constexpr):
+    """A program's fp32 ``acc [BLOCK_N, BLOCK_M]`` (rows ``offs_n``, tokens ``offs_m``) into y:
+    directly (REDUCE_NONE), as split ``pid_k``'s partial in ``ws`` (REDUCE_TWO_PASS: a second
+    kernel sums them), or as a partial whose tile's last-arriving program sums all ``SPLIT_K`` in
+    split order and resets the tile's ticket (REDUCE_TICKET; module doc)."""
     out_mask = (offs_n < N)[:, None] & (offs_m < M)[None, :]
     y_ptr = y + offs_m[None, :] * stride_ym + offs_n[:, None]
     if REDUCE == 0:                                          # SPLIT_K == 1: write y directly
@@ -109,7 +119,7 @@ def skinny_gemm_kernel(x, w, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
             tl.debug_barrier()                               # every thread's partial is stored
             tile = counter + pid_m * tl.num_programs(0) + pid_n
             if tl.atomic_add(tile, 1, sem="acq_rel") == SPLIT_K - 1:   # last program of the tile
-                total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+                total = tl.zeros(acc.shape, dtype=tl.float32)
                 for s in range(SPLIT_K):                     # fixed order: deterministic
                     total += tl.load(ws + s * M * N + part, mask=out_mask, other=0.0, cache_modifier=".cg")
                 tl.store(y_ptr, total.to(y.dtype.element_ty), mask=out_mask)
@@ -238,19 +248,39 @@ def skinny_gemm(x: Tensor, w: Tensor, config: dict | None = None, out: Tensor | 
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     if M * N == 0:
         return y
-    # K slice per split: a multiple of BLOCK_K (trailing splits may be empty: they store zeros)
-    k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
-    split = triton.cdiv(K, k_split)
-    reduce = REDUCE_NONE if split == 1 else _REDUCE[cfg.get("REDUCE", "ticket")]
-    grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
-    ws = torch.empty((split, M, N) if split > 1 else (1,), dtype=torch.float32, device=x.device)
-    counter = _ticket_counters(x.device, grid[0] * grid[2]) if reduce == REDUCE_TICKET else ws
-    launcher(skinny_gemm_kernel)[grid](
-        x, w, y, ws, counter, M, N, K, k_split, split, x.stride(0), w.stride(0), y.stride(0),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, REDUCE=reduce,
+    plan = SplitK.plan(M, N, K, bm, bn, bk, split, cfg.get("REDUCE", "ticket"), x.device)
+    launcher(skinny_gemm_kernel)[plan.grid](
+        x, w, y, plan.ws, plan.counter, M, N, K, plan.k_split, plan.split, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, REDUCE=plan.reduce,
         EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)))
-    if reduce == REDUCE_TWO_PASS:
-        block = 1024
-        launcher(splitk_reduce_kernel)[(triton.cdiv(M * N, block),)](
-            ws, y, M, N, y.stride(0), split, BLOCK=block, num_warps=4)
-    return y
+    return plan.finish(y)
+
+
+class SplitK:
+    """A split-K launch's plan: grid ``(N tiles, splits, M tiles)``, K slice per split (a multiple
+    of BLOCK_K; trailing splits may be empty: they store zeros), the reduction and its buffers."""
+
+    def __init__(self, grid, k_split, split, reduce, ws, counter):
+        self.grid, self.k_split, self.split, self.reduce, self.ws, self.counter = \
+            grid, k_split, split, reduce, ws, counter
+
+    @classmethod
+    def plan(cls, M, N, K, bm, bn, bk, split, reduce_name, device) -> "SplitK":
+        if split > 1 and reduce_name not in _REDUCE:
+            raise ValueError(f"REDUCE must be one of {sorted(_REDUCE)}, got {reduce_name!r}")
+        k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
+        split = triton.cdiv(K, k_split)
+        reduce = REDUCE_NONE if split == 1 else _REDUCE[reduce_name]
+        grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
+        ws = torch.empty((split, M, N) if split > 1 else (1,), dtype=torch.float32, device=device)
+        counter = _ticket_counters(device, grid[0] * grid[2]) if reduce == REDUCE_TICKET else ws
+        return cls(grid, k_split, split, reduce, ws, counter)
+
+    def finish(self, y: Tensor) -> Tensor:
+        """The two-pass reduction's second launch (no-op otherwise); returns y."""
+        if self.reduce == REDUCE_TWO_PASS:
+            M, N = y.shape
+            block = 1024
+            launcher(splitk_reduce_kernel)[(triton.cdiv(M * N, block),)](
+                self.ws, y, M, N, y.stride(0), self.split, BLOCK=block, num_warps=4)
+        return y
