@@ -219,6 +219,7 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
     gen = llm.scheduler(speculative)
     seqs = [gen.add_request(p.tolist(), sp) for p, sp in zip(prompts[:concurrency], params)]
     nxt, t0, rounds, out0 = concurrency, None, 0, 0
+    gen.round_log = []
     sync = torch.cuda.synchronize if llm.device.type == "cuda" else (lambda: None)
     while nxt < len(prompts):
         done = gen.step()
@@ -230,6 +231,7 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
             if t0 is None:                   # the window opens at the first replacement
                 sync()
                 t0, out0 = time.perf_counter(), sum(len(s.output_ids) for s in seqs)
+                gen.round_log = []
                 p_calls, p_seqs, p_s = gen.prefill_calls, gen.prefill_seqs, gen.prefill_seconds
             seqs.append(gen.add_request(prompts[nxt].tolist(), params[nxt]))
             nxt += 1
@@ -247,7 +249,18 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
             "requests_submitted": len(seqs), "window_tokens": tokens,
             "prefill_calls": prefill[0], "prefill_requests": prefill[1],
             "prefill_ms_per_call": 1e3 * prefill[2] / max(prefill[0], 1),
-            "prefill_share": prefill[2] / dt}
+            "prefill_share": prefill[2] / dt, "round_wall": round_wall(gen.round_log)}
+
+
+def round_wall(log: list[tuple[str, int, float]]) -> dict:
+    """The window's rounds as the Scheduler timed them (``Scheduler.round_log``), per kind: count,
+    mean / median / max wall ms and mean rows (the prefills are not in them)."""
+    out = {}
+    for kind in sorted({k for k, _, _ in log}):
+        ms = np.array([t for k, _, t in log if k == kind])
+        out[kind] = {"count": len(ms), "mean_ms": float(ms.mean()), "median_ms": float(np.median(ms)),
+                     "max_ms": float(ms.max()), "mean_rows": float(np.mean([b for k, b, _ in log if k == kind]))}
+    return out
 
 
 def run(argv) -> dict:
@@ -320,6 +333,10 @@ def run(argv) -> dict:
             f"{m} {r['decode_tokens_per_s']:.0f} tok/s"
             + (f" ({r['decode_only_tokens_per_s']:.0f} decode-only)" if "decode_only_tokens_per_s" in r else "")
             + f" v/r {r.get('verified_per_round') or 1:.2f}"
+            for m, r in row.items() if m != "round_kinds"), flush=True)
+        print(f"[verify-concurrency] B={B:3d} round wall ms (mean / max, count): " + " | ".join(
+            f"{m}: " + ", ".join(f"{k} {v['mean_ms']:.2f} / {v['max_ms']:.1f} ({v['count']})"
+                                 for k, v in r.get("round_wall", {}).items())
             for m, r in row.items() if m != "round_kinds"), flush=True)
         if "round_kinds" in row:
             print(f"[verify-concurrency] B={B:3d} round ms: " + ", ".join(

@@ -143,6 +143,10 @@ class Scheduler:
         # admission prefills: calls, sequences and host seconds (each ends in a device read-back,
         # so the wall time is the prefill's, the previous round having synchronised too)
         self.prefill_calls, self.prefill_seqs, self.prefill_seconds = 0, 0, 0.0
+        # rounds as the host saw them, when a list (benchmarks): (kind, rows, wall ms); kind
+        # "fixed", "window", "confidence", "ar" (AR decoding or the fallback) or "logprobs"
+        self.round_log: list[tuple[str, int, float]] | None = None
+        self._round_kind = ""
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
@@ -214,7 +218,10 @@ class Scheduler:
             self.prefill_calls, self.prefill_seqs = self.prefill_calls + 1, self.prefill_seqs + len(admitted)
             self.prefill_seconds += time.perf_counter() - t0
         if decoding:
+            t0 = time.perf_counter()
             (self._spec_round if self.speculative else self._ar_round)(decoding)
+            if self.round_log is not None:     # the round ends in a read-back: wall = its cost
+                self.round_log.append((self._round_kind, len(decoding), 1e3 * (time.perf_counter() - t0)))
         done = [s for s in self.running if s.finish_reason is not None]
         for s in done:
             self.running.remove(s)
@@ -335,6 +342,7 @@ class Scheduler:
         mods = Modifiers.for_params(s.params for s in seqs)
         k, rows = _logprobs_k(seqs), None
         slots = [s.slot for s in seqs]
+        self._round_kind = "ar"
         if k is None and fallback and self.defer_context:
             if not self.deferred.room_for(slots):
                 self._write_deferred(seqs)
@@ -446,16 +454,20 @@ class Scheduler:
         r = self.round_inputs(seqs)
         k, rows = _logprobs_k(seqs), None
         if k is not None:                           # eager steps with logprob outputs
+            self._round_kind = "logprobs"
             host, lims, rows = self.steps.eager.spec_round_logprobs(r, mods, k)
             lims, conf = (lims.tolist() if r.uses_confidence else [None] * len(seqs)), None
         elif (window := self._estimated_window(seqs, estimates)) == self.nets.num_spec_tokens or not (
                 r.uses_confidence or self.record_confidence):
+            self._round_kind = "fixed"
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
         elif window is not None and self._window_round():       # the window's drafts, no head
+            self._round_kind = "window"
             host = self.steps.spec_round(r, mods, width=window)                      # [B, 2+N]
             lims, conf = [window] * len(seqs), None
         else:                      # the fallback's estimate reads the head's confidences too
+            self._round_kind = "confidence"
             track = self._tracks_survival() and (window is not None or self.steps.eager.needs_admission(r))
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track,
                                                               width=window)

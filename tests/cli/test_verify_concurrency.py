@@ -97,6 +97,10 @@ def test_steady_load_keeps_the_concurrency_and_stays_lossless(monkeypatch):
         # the window admits the 12 - 3 later requests, minus those admitted after the last submission
         assert 1 <= r["prefill_calls"] <= r["prefill_requests"] <= 9 and 0 < r["prefill_share"] < 1
         assert all(n == 3 for n in running[1:-1]), running      # B in flight but at the last step
+        # the window's rounds as the Scheduler timed them: one kind per mode, every round counted
+        wall = r["round_wall"]
+        assert set(wall) == ({"fixed"} if spec else {"ar"}) and wall[next(iter(wall))]["count"] == r["rounds"]
+        assert all(0 < v["median_ms"] <= v["max_ms"] and 0 < v["mean_rows"] <= 3 for v in wall.values())
         outs[spec] = {tuple(s.prompt_ids): s.output_ids for s in calls if s.finish_reason == "length"}
     both = outs[True].keys() & outs[False].keys()
     assert len(both) >= 6 and all(outs[True][p] == outs[False][p] for p in both)
