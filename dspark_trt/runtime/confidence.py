@@ -383,10 +383,11 @@ SCHEDULER_ROW_MS = 0.01       # with ``host_ms``: the Scheduler's own Python per
                               # round inputs; H200 3599eb9, compiled steps: steady-load decode round
                               # minus the timed fixed round, 0.35 ms at 16 rows, 0.63 ms at 64)
 AR_MARGIN = 0.05               # the AR fallback needs AR this much faster than the best window
-TRIM_MARGIN = 0.02             # a trimmed window must beat the fixed round by this much: the curve's
-                               # error between the two kinds (H200 3599eb9, with ``draft_window_ms``:
-                               # timed / predicted window round over fixed round 0.99-1.01 at 16-64
-                               # rows; 0.05 before, cb44cdd, when window drafts were priced as full)
+TRIM_MARGIN = 0.05             # a trimmed window must beat the fixed round by this much: what the curve
+                               # misses of a window round's cost under load (H200 cb44cdd: narrow 64-row
+                               # rounds ~2 % over the curve, a tie lost 4 %; ee24758, steady load, 32
+                               # rows: window rounds 10.22 ms, fixed 12.44, isolated 9.38 / 12.24; with
+                               # 0.02 the 32-row windows ran 0.95-0.99x fixed, 63e95a1 / ee24758)
 ADMISSION_OVERHEAD_MS = 0.25     # head + admission + the width read-back (H200, 5a26239: 6-18 % of a 1-2 ms round)
 ESTIMATED_WINDOW_MIN_ROWS = 8    # from this many rows a trimmed window comes from the survival estimate
                                  # and runs as a window round (no head, admission or read-back) ...
@@ -494,12 +495,16 @@ class VerifyScheduler:
         if ms is None:
             n, draft = self.num_spec_tokens, self.cost.step_ms("draft", rows)
             admission = self.admission_ms(rows)
-            windows = self.estimates_windows(rows)
-            if windows:                    # window rounds: a draft of w rows; only the probes admit
-                admission /= CONFIDENCE_PROBE_EVERY
-            ms = np.array([(self.cost.draft_window(rows, w) if windows and w < n else draft)
-                           + self.overhead_ms(rows) + self.cost.window_ms(rows, w)
-                           + (admission if w < n else 0.0) for w in self.widths])
+            if self.estimates_windows(rows):
+                # window rounds: a draft of w rows; one in CONFIDENCE_PROBE_EVERY is a probe, which
+                # drafts the whole block and admits (its cost over the window round)
+                ms = [self.cost.draft_window(rows, w)
+                      + (draft - self.cost.draft_window(rows, w) + admission) / CONFIDENCE_PROBE_EVERY
+                      if w < n else draft for w in self.widths]
+            else:
+                ms = [draft + (admission if w < n else 0.0) for w in self.widths]
+            ms = np.array(ms) + np.array([self.overhead_ms(rows) + self.cost.window_ms(rows, w)
+                                          for w in self.widths])
             self._option_ms[(rows, id(self.cost))] = ms
         return ms
 

@@ -111,9 +111,9 @@ def test_window_rounds_pay_the_admission_only_in_their_probes():
 
 def test_window_options_price_the_window_draft(tmp_path):
     """From ``ESTIMATED_WINDOW_MIN_ROWS`` rows a window option's draft is the measured window
-    draft of its width (``draft_window_ms``, saved and loaded; checked on load), below that and for
-    the fixed round the full draft step; a faster window draft can turn the best window from N to
-    a narrower one."""
+    draft of its width (``draft_window_ms``, saved and loaded; checked on load), but for its probes
+    (the whole block's draft), below that and for the fixed round the full draft step; a faster
+    window draft can turn the best window from N to a narrower one."""
     from dspark_trt.runtime.confidence import ConfidenceFileError
     rows = [1, ESTIMATED_WINDOW_MIN_ROWS]
     steps = dict(rows=rows, draft_ms=[4.0, 4.0], ar_ms=[50.0, 50.0], verify_ms=[[1.0] * 4, [3.0, 3.5, 4.0, 4.5]])
@@ -126,7 +126,9 @@ def test_window_options_price_the_window_draft(tmp_path):
     full = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 40.0], "t", **steps))
     priced = VerifyScheduler(4, 64, "cpu", cost=measured)
     r = ESTIMATED_WINDOW_MIN_ROWS
-    np.testing.assert_allclose(priced.option_ms(r) - full.option_ms(r), [-3.0, -2.0, -1.0, 0.0])
+    # a window round saves the draft of the rows past w, its probe (1 in CONFIDENCE_PROBE_EVERY) does not
+    np.testing.assert_allclose(priced.option_ms(r) - full.option_ms(r),
+                               np.array([-3.0, -2.0, -1.0, 0.0]) * (1 - 1 / CONFIDENCE_PROBE_EVERY))
     np.testing.assert_allclose(priced.option_ms(r - 1), full.option_ms(r - 1))
     survival = [0.5, 0.3, 0.2, 0.15]
     assert full.best_window(r, survival) == 4 and priced.best_window(r, survival) < 4
@@ -201,4 +203,4 @@ def test_measured_host_time_replaces_the_round_overhead_constant(tmp_path):
                                [ROUND_OVERHEAD_MS - priced.overhead_ms(r)] * 4)
     survival = [0.7, 0.5, 0.4, 0.3]      # w = 1: 1.7 tokens, the fixed round 2.9
     assert const.best_window(r, survival) == 4        # 1.7 / 3.83 < 2.9 / 6.3 (w = 3: 2.6 / 5.78)
-    assert priced.best_window(r, survival) == 1       # 1.7 / 2.71 > 1.02 x 2.9 / 5.18
+    assert priced.best_window(r, survival) == 1       # 1.7 / 2.71 > 1.05 x 2.9 / 5.18

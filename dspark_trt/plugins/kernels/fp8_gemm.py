@@ -26,8 +26,8 @@ halves it against bf16; the kernel streams W once (per M tile) in the layout of
   tile's last program (``REDUCE`` "ticket", the default: one launch) or a second kernel
   ("two_pass"), as in ``skinny_gemm.py`` (``SplitK``, ``store_split_k``).
 
-``default_config(M, N, K)`` picks the tile; ``CONFIGS`` (empty: unmeasured) takes measured winners
-of ``benchmarks/fp8_gemm_bench.py`` keyed by (M bucket, N, K).
+``choose_config`` takes the measured winner of ``benchmarks/fp8_gemm_bench.py`` keyed by (M bucket,
+N, K) from ``CONFIGS``, else ``default_config(M, N, K)``.
 
 ``MMA`` configs (``{"MMA": True, BLOCK_M, BLOCK_N, num_warps, num_stages}``) run the W8A8 variant
 for larger M (prefill): x is quantised per (token, 128-wide K group) to fp8 e4m3 with an fp32 scale
@@ -177,21 +177,69 @@ def mma_config(M: int, N: int, K: int) -> dict:
     return {"MMA": True, "BLOCK_M": 64 if M <= 64 else 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
 
 
-# (M bucket, N, K) -> measured config (benchmarks/fp8_gemm_bench.py on the H200); empty: unmeasured.
-CONFIGS: dict[tuple[int, int, int], dict] = {}
+# (M bucket, N, K) -> the fastest correct config of benchmarks/fp8_gemm_bench.py on the H200 at 63e95a1
+# (benchmarks/results/fp8-gemm-NVIDIA-H200-63e95a1.json.gz: Qwen3-8B, V4-Flash and V4-Pro shapes, M = 1 / 16;
+# CUDA-graph replays over rotated weight copies).
+CONFIGS: dict[tuple[int, int, int], dict] = {
+    (1, 512, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 512, 7168): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 1024, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 1536, 7168): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 2048, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 3072, 7168): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 4096, 2048): {'BLOCK_N': 16, 'BLOCK_K': 1024, 'num_warps': 4, 'num_stages': 2, 'DOT': False, 'SPLIT_K': 1},
+    (1, 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 4096, 8192): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 4096, 12288): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 7168, 3072): {'BLOCK_N': 16, 'BLOCK_K': 1024, 'num_warps': 4, 'num_stages': 2, 'DOT': False, 'SPLIT_K': 1},
+    (1, 7168, 16384): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
+    (1, 8192, 1024): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (1, 8192, 1536): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (1, 8192, 4096): {'BLOCK_N': 16, 'BLOCK_K': 1024, 'num_warps': 4, 'num_stages': 2, 'DOT': False, 'SPLIT_K': 1},
+    (1, 12288, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (1, 16384, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (1, 32768, 1024): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (1, 65536, 1536): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (16, 512, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 16},
+    (16, 512, 7168): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 16},
+    (16, 1024, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 8},
+    (16, 1536, 7168): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 2048, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 3072, 7168): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 4096, 2048): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 4, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 4096, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 4096, 8192): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 7168, 3072): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 4, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 7168, 16384): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 4, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 8192, 1024): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 2, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 8192, 1536): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 2, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 8192, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 4, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 12288, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 2, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 16384, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 2, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 32768, 1024): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 1, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 65536, 1536): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 1, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+}
 
 
 def default_config(M: int, N: int, K: int, sms: int = H200_SMS) -> dict:
-    """CUDA-core body for M <= 4 (64 rows x 128 K: 8 KB of fp8 per tile), swap-AB tl.dot above
-    (128 rows for M > 64); split K until >= 2 programs per SM, keeping >= 4 K tiles per split."""
-    dot = M > 4
+    """Unmeasured shapes. M <= 4: the CUDA-core body on 16 rows x 512 K (8 KB of fp8 per tile: the
+    H200's most frequent winner at M = 1), K split until >= 2 programs per SM while every split
+    keeps a whole tile; above: swap-AB tl.dot (64 rows x 128 K, 128 rows for M > 64), split K
+    until >= 2 programs per SM, keeping >= 4 K tiles per split."""
+    if M <= 4:
+        bn, bk = 16, 512
+        tiles, split = triton.cdiv(N, bn), 1
+        while tiles * split < 2 * sms and K // (2 * split) >= bk:
+            split *= 2
+        return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4, "num_stages": 3, "DOT": False}
     bn, bk = (128 if M > 64 else 64), 128
     tiles = triton.cdiv(N, bn) * triton.cdiv(M, 64)
     split = 1
     while tiles * split < 2 * sms and K // (2 * split * bk) >= 4:
         split *= 2
-    return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 8 if bn == 128 and dot else 4,
-            "num_stages": 4, "DOT": dot}
+    return {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 8 if bn == 128 else 4,
+            "num_stages": 4, "DOT": True}
 
 
 def choose_config(M: int, N: int, K: int) -> dict:
