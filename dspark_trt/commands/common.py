@@ -9,8 +9,8 @@ from ..config.source import DEFAULT_ASSETS, ModelSource, add_source_args, defaul
 from ..devices import cpu_dtype_note  # noqa: F401  (generate's note)
 
 MODEL_FLAGS = ("model", "checkpoint", "draft_checkpoint", "engine", "dtype", "device", "num_spec_tokens",
-               "max_batch_size", "max_seq_len", "markov_sampler", "quantization", "tp_size",
-               "expert_parallel")
+               "max_batch_size", "max_seq_len", "markov_sampler", "kv_cache_dtype", "quantization",
+               "tp_size", "expert_parallel")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

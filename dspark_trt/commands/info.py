@@ -93,6 +93,19 @@ def kv_bytes_per_token(model: torch.nn.Module, dtype: torch.dtype) -> int:
     return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * dtype.itemsize
 
 
+def fp8_latent_kv(target, draft, dtype: torch.dtype) -> dict | None:
+    """KV bytes per token with ``--kv-cache-dtype fp8_ds_mla`` (MLA latent rows in fp8), None for
+    a model without MLA attention."""
+    from ..models.mla_fp8 import FORMAT
+    from ..models.v4_attention import set_kv_format
+    if not set_kv_format(target, FORMAT):
+        return None
+    set_kv_format(draft, FORMAT)
+    kv = {"target": kv_bytes_per_token(target, dtype), "draft": kv_bytes_per_token(draft, dtype)}
+    set_kv_format(target, "auto"), set_kv_format(draft, "auto")
+    return kv
+
+
 def memory_estimate(name: str, dtype: torch.dtype, max_batch_size: int, max_seq_len: int) -> dict:
     """Parameters counted on the meta device (shared tensors once), KV per token, H200s needed."""
     from ..config import get_preset
@@ -113,12 +126,14 @@ def memory_estimate(name: str, dtype: torch.dtype, max_batch_size: int, max_seq_
     weight_bytes = sum(n * getattr(torch, d).itemsize for d, n in by_dtype.items())
     kv = {"target": kv_bytes_per_token(target, dtype), "draft": kv_bytes_per_token(draft, dtype)}
     kv_full = sum(kv.values()) * max_batch_size * max_seq_len
+    kv_fp8 = fp8_latent_kv(target, draft, dtype)
     total = weight_bytes + kv_full
     native = native_plan(pair, target, draft, dtype, kv_full, name)
     return {"model": name, "dtype": str(dtype).removeprefix("torch."),
             "architecture": architecture(pair), "parameters": params, "parameters_by_dtype": by_dtype,
             "weight_bytes": weight_bytes, "weight_gb": round(weight_bytes / 1e9, 3),
             "kv_bytes_per_token": kv,
+            **({"kv_bytes_per_token_fp8_ds_mla": kv_fp8} if kv_fp8 else {}),
             "kv_gb_full_batch": round(kv_full / 1e9, 3),
             "full_batch": {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len},
             "h200_count": max(1, math.ceil(total / H200_BYTES)),

@@ -67,6 +67,8 @@ class ModelSource:
     device: str | None = None                # cpu, cuda, cuda:N; None: cuda when available
     num_spec_tokens: int | None = None       # N drafts per round; None: the draft's block size
     markov_sampler: str | None = None        # MARKOV_SAMPLERS; None: exact (an engine's compiled in)
+    kv_cache_dtype: str = "auto"             # KV_CACHE_DTYPES: "auto" (the model's dtype) or
+                                             # "fp8_ds_mla" (DeepSeek-V4 latent rows in fp8)
     quantization: str | None = None          # QUANTIZATIONS; None / "auto": the checkpoint's or
                                              # preset's format (fp8 kept native); "fp8": target
                                              # projections in fp8 (quantised at load if stored
@@ -108,6 +110,10 @@ FLAGS = {
     "markov_sampler": dict(choices=list(MARKOV_SAMPLERS),
                            help="draft block sampler: exact (default) or topk (fast, lossless); "
                                 "engines have theirs compiled in"),
+    "kv_cache_dtype": dict(choices=["auto", "fp8_ds_mla"], default="auto",
+                           help="auto (default): KV cache in --dtype; fp8_ds_mla: DeepSeek-V4 MLA "
+                                "latent rows in fp8 (584 B a row at V4's dims, vLLM's layout; eager "
+                                "modules only, not engines)"),
     "quantization": dict(choices=list(QUANTIZATIONS),
                          help="target weights: auto (default: as stored; an fp8 checkpoint / preset "
                               "stays fp8 in memory), fp8 (attention / MLP projections in fp8 e4m3 "

@@ -20,8 +20,15 @@ keys consistent, with no copy. (Entries live at one row per ``r`` positions of a
 paged buffer: simple addressing through the shared block table at 1/r density, not the packed
 production layout.)
 
-Not reproduced: the reference's fp8 fake-quantisation of the latent's NoPE part and the Hadamard
-rotation of indexer queries/keys (orthogonal, so it leaves the float scores unchanged).
+**Latent cache format** (``kv_format``): "auto" keeps the latent rows in the model's dtype;
+``mla_fp8.FORMAT`` ("fp8_ds_mla") stores every latent row (window and compressed pool) as the
+584-byte fp8 row of vLLM's V4 cache (``mla_fp8.py``: NoPE in fp8 with a power-of-two scale per 64
+dims, RoPE in bf16), which is also what the reference model's fp8 fake-quantisation of the NoPE
+part computes. The attention then reads the rows its index list names, decoded to the model's
+dtype (``_gather_latent``), instead of the whole cache.
+
+Not reproduced: the Hadamard rotation of indexer queries/keys (orthogonal, so it leaves the float
+scores unchanged).
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DeepSeekV4Config
+from . import mla_fp8
 from .layers import RMSNorm
 from .v4_layers import apply_rope_tail, flat_rows, read_rows, rms, rope_cos_sin, rope_inv_freq, write_rows
 
@@ -145,6 +153,7 @@ class V4Attention(nn.Module):
         self.attn_sink = nn.Parameter(torch.zeros(H))
         self.compressor = Compressor(cfg, ratio, D) if ratio else None
         self.indexer = Indexer(cfg, ratio) if ratio == 4 else None
+        self.kv_format = "auto"               # or mla_fp8.FORMAT (set_kv_format, before make_cache)
 
     @property
     def inv_freq(self) -> Tensor:
@@ -158,7 +167,9 @@ class V4Attention(nn.Module):
         """kv [1 | 2, pages + 1, page, D]: latent rows (+ compressed pool); compressor inputs;
         indexer inputs and keys for CSA."""
         D = self.cfg.head_dim
-        c = {"kv": _zeros(num_pages, page, D, dtype, device, (2 if self.ratio else 1,))}
+        lead = (2 if self.ratio else 1,)
+        c = {"kv": _zeros(num_pages, page, mla_fp8.row_bytes(D, self.cfg.qk_rope_head_dim), torch.uint8,
+                          device, lead) if self.fp8_latent else _zeros(num_pages, page, D, dtype, device, lead)}
         if self.compressor is not None:
             c["comp"] = _zeros(num_pages, page, self.compressor.state_dim, dtype, device)
         if self.indexer is not None:
@@ -166,13 +177,33 @@ class V4Attention(nn.Module):
             c["ikey"] = _zeros(num_pages, page, self.indexer.dim, dtype, device)
         return c
 
+    @property
+    def fp8_latent(self) -> bool:
+        return self.kv_format == mla_fp8.FORMAT
+
     def bytes_per_token(self, dtype) -> int:
-        per = self.cfg.head_dim * (2 if self.ratio else 1)
+        size = torch.empty(0, dtype=dtype).element_size()
+        row = (mla_fp8.row_bytes(self.cfg.head_dim, self.cfg.qk_rope_head_dim) if self.fp8_latent
+               else self.cfg.head_dim * size)
+        per = 0
         if self.compressor is not None:
             per += self.compressor.state_dim
         if self.indexer is not None:
             per += self.indexer.compressor.state_dim + self.indexer.dim
-        return per * torch.empty(0, dtype=dtype).element_size()
+        return row * (2 if self.ratio else 1) + per * size
+
+    def _store(self, cache: Tensor, rows: Tensor, latent: Tensor) -> None:
+        """Latent rows [..., D] into the cache at flat rows (packed to fp8 rows under fp8_ds_mla)."""
+        write_rows(cache, rows, mla_fp8.pack(latent, self.cfg.qk_rope_head_dim) if self.fp8_latent else latent)
+
+    def _gather_latent(self, kv_cache: Tensor, idx: Tensor, dtype) -> tuple[Tensor, Tensor]:
+        """fp8_ds_mla: the rows ``idx`` [N, K] names (-1 skip), decoded -> (kv [N * K, D], the
+        index list into it [N, K]); what the attention reads instead of the whole cache."""
+        D, rope = self.cfg.head_dim, self.cfg.qk_rope_head_dim
+        flat = kv_cache.view(-1, kv_cache.shape[-1])
+        kv = mla_fp8.unpack(flat[idx.clamp(min=0).long()], D, rope, dtype)        # [N, K, D]
+        pos = torch.arange(idx.numel(), device=idx.device, dtype=idx.dtype).view(idx.shape)
+        return kv.view(-1, D), torch.where(idx >= 0, pos, -1)
 
     # ---- forward -------------------------------------------------------------------------------
     def rope(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
@@ -185,14 +216,15 @@ class V4Attention(nn.Module):
     def write_context(self, x: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """Write the latent KV of rows x [B, T, d] at positions (-1: nothing) — no query."""
         cos, sin = self.rope(positions, x.dtype)
-        write_rows(cache["kv"][0], flat_rows(block_table, positions, cache["kv"].shape[2]),
-                   self.latent(x, cos, sin))
+        self._store(cache["kv"][0], flat_rows(block_table, positions, cache["kv"].shape[2]),
+                    self.latent(x, cos, sin))
 
-    def _compress(self, comp: Compressor, x, positions, rows, block_table, state, pool) -> None:
+    def _compress(self, comp: Compressor, x, positions, rows, block_table, state, pool,
+                  store=write_rows) -> None:
         page = state.shape[1]
         write_rows(state, rows, comp.inputs(x))
         entry, epos = comp.entries(state, block_table, positions, page, self.inv_freq)
-        write_rows(pool, flat_rows(block_table, epos, page), entry)
+        store(pool, flat_rows(block_table, epos, page), entry)
 
     def forward(self, x: Tensor, positions: Tensor, block_table: Tensor, cache: dict,
                 window_rows: Tensor) -> Tensor:
@@ -208,12 +240,12 @@ class V4Attention(nn.Module):
         q = rms(self.wq_b(qr).view(B, T, H, D), cfg.rms_norm_eps)
         q = apply_rope_tail(q, cos[:, :, None], sin[:, :, None])
         rows = flat_rows(block_table, positions, page)
-        write_rows(kv_cache[0], rows, self.latent(x, cos, sin))
+        self._store(kv_cache[0], rows, self.latent(x, cos, sin))
         idx = window_rows
         if self.ratio:
-            r, pool_offset = self.ratio, kv_cache[0].numel() // D
+            r, pool_offset = self.ratio, kv_cache[0].numel() // kv_cache.shape[-1]
             self._compress(self.compressor, x, positions, rows, block_table, cache["comp"],
-                           kv_cache[1])
+                           kv_cache[1], self._store)
             if self.indexer is not None:
                 self._compress(self.indexer.compressor, x, positions, rows, block_table,
                                cache["icomp"], cache["ikey"])
@@ -227,10 +259,24 @@ class V4Attention(nn.Module):
             crows = flat_rows(block_table, torch.where(ids >= 0, ids * r, -1).flatten(1), page)
             crows = torch.where(crows >= 0, crows + pool_offset, -1).view(ids.shape)
             idx = torch.cat([window_rows, crows], -1)
-        o = plugins.sparse_mla_attention(q.flatten(0, 1), kv_cache.view(-1, D),
-                                         idx.flatten(0, 1).to(torch.int32),
-                                         self.attn_sink.float(), D ** -0.5, D)
+        idx = idx.flatten(0, 1).to(torch.int32)                               # [B * T, K]
+        if self.fp8_latent:
+            kv, idx = self._gather_latent(kv_cache, idx, q.dtype)
+        else:
+            kv = kv_cache.view(-1, D)
+        o = plugins.sparse_mla_attention(q.flatten(0, 1), kv, idx, self.attn_sink.float(), D ** -0.5, D)
         o = apply_rope_tail(o.view(B, T, H, D), cos[:, :, None], sin[:, :, None], inverse=True)
         o = o.reshape(B, T, G, H * D // G)
         o = torch.einsum("btgi,gri->btgr", o, self.wo_a.weight.view(G, cfg.o_lora_rank, -1))
         return self.wo_b(o.flatten(2))
+
+
+def set_kv_format(model: nn.Module, kv_format: str) -> int:
+    """Set every V4 attention's latent cache format in ``model`` (before ``make_cache``) -> how
+    many there are."""
+    if kv_format not in ("auto", mla_fp8.FORMAT):
+        raise ValueError(f"kv_format must be 'auto' or {mla_fp8.FORMAT!r}, got {kv_format!r}")
+    mods = [m for m in model.modules() if isinstance(m, V4Attention)]
+    for m in mods:
+        m.kv_format = kv_format
+    return len(mods)

@@ -96,8 +96,9 @@ class LLM:
                  cuda_graphs: bool | None = None, graph_backend: str | None = None,
                  markov_sampler: str | None = None, calibration: Calibration | None = None,
                  verify_cost: CostCurve | None = None, num_spec_tokens: int | None = None,
-                 tp: TPInfo | None = None, compile: bool | str = False):
+                 tp: TPInfo | None = None, compile: bool | str = False, kv_cache_dtype: str = "auto"):
         self.pair, self.target, self.draft = pair, target, draft
+        self.kv_cache_dtype = set_kv_cache_dtype(kv_cache_dtype, target, draft, networks)
         self.compiled = compile_backend(compile)
         if self.compiled and networks is not None:
             raise ConfigError("compile applies to eager modules; an engine's networks are compiled already")
@@ -197,6 +198,8 @@ class LLM:
         resolve_dtype(src.dtype, device)                  # a bad name fails before anything loads
         kw.update(max_batch_size=src.max_batch_size, max_seq_len=src.max_seq_len,
                   markov_sampler=src.markov_sampler)
+        if src.kv_cache_dtype != "auto":
+            kw["kv_cache_dtype"] = src.kv_cache_dtype
         fuse = kw.pop("fuse", True)                       # engines are fused at build time
         if src.engine:                                    # the engine's own dtype
             return cls.from_engine(src.engine, device=device, tp_size=src.tp_size,
@@ -459,3 +462,27 @@ def load_tokenizer(ckpt_dir: str | Path):
 
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "to_output"]
+
+
+KV_CACHE_DTYPES = ("auto", "fp8_ds_mla")
+
+
+def set_kv_cache_dtype(name: str, target, draft, networks) -> str:
+    """Apply ``kv_cache_dtype`` to the eager modules before their caches exist: "auto" (the
+    model's dtype) or "fp8_ds_mla" (DeepSeek-V4 MLA latent rows in fp8, ``models/mla_fp8.py``);
+    ``ConfigError`` naming what does not fit."""
+    if name not in KV_CACHE_DTYPES:
+        raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {name!r}")
+    if name == "auto":
+        return name
+    if networks is not None:
+        raise ConfigError(f"kv_cache_dtype {name!r}: engines keep the cache layout they were built "
+                          f"with (bf16 latent rows); use the eager modules (LLM.from_preset / "
+                          f"from_checkpoints)")
+    from ..models.v4_attention import set_kv_format
+    if not set_kv_format(target, name):
+        raise ConfigError(f"kv_cache_dtype {name!r} is the DeepSeek MLA latent layout; this target "
+                          f"({type(target).__name__}) has no MLA attention")
+    if draft is not None:
+        set_kv_format(draft, name)
+    return name
