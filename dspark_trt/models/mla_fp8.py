@@ -67,3 +67,19 @@ def unpack(rows: Tensor, dim: int, rope: int, dtype: torch.dtype) -> Tensor:
     x = (q * torch.exp2(exp)[..., None]).flatten(-2)
     r = rows[..., nope + S:].contiguous().view(torch.bfloat16).float()
     return torch.cat([x, r], -1).to(dtype)
+
+
+def attention_rows(rows: Tensor, idx: Tensor, dim: int, rope: int, dtype: torch.dtype,
+                   gather: bool | None = None) -> tuple[Tensor, Tensor]:
+    """What a sparse MLA attention reads from an fp8 cache ``rows`` [R, row_bytes] for its index
+    list ``idx`` [N, K] (-1 skip) -> (kv [M, dim] in ``dtype``, the index list into it [N, K]).
+    ``gather`` (default: when N * K < R) decodes only the rows named, one per index entry (decode
+    steps: a few queries); else the whole cache is decoded once and ``idx`` kept (prefill: many
+    queries share rows). Either way at most min(N * K, R) rows of ``dim`` exist at once."""
+    if gather is None:
+        gather = idx.numel() < rows.shape[0]
+    if not gather:
+        return unpack(rows, dim, rope, dtype), idx
+    kv = unpack(rows[idx.clamp(min=0).long()], dim, rope, dtype)                  # [N, K, dim]
+    pos = torch.arange(idx.numel(), device=idx.device, dtype=idx.dtype).view(idx.shape)
+    return kv.view(-1, dim), torch.where(idx >= 0, pos, -1)

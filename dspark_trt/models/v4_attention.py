@@ -24,8 +24,9 @@ production layout.)
 ``mla_fp8.FORMAT`` ("fp8_ds_mla") stores every latent row (window and compressed pool) as the
 584-byte fp8 row of vLLM's V4 cache (``mla_fp8.py``: NoPE in fp8 with a power-of-two scale per 64
 dims, RoPE in bf16), which is also what the reference model's fp8 fake-quantisation of the NoPE
-part computes. The attention then reads the rows its index list names, decoded to the model's
-dtype (``_gather_latent``), instead of the whole cache.
+part computes. The attention reads rows decoded to the model's dtype (``mla_fp8.attention_rows``:
+those its index list names, or the whole cache once where the queries name more entries than it
+has rows).
 
 Not reproduced: the Hadamard rotation of indexer queries/keys (orthogonal, so it leaves the float
 scores unchanged).
@@ -196,15 +197,6 @@ class V4Attention(nn.Module):
         """Latent rows [..., D] into the cache at flat rows (packed to fp8 rows under fp8_ds_mla)."""
         write_rows(cache, rows, mla_fp8.pack(latent, self.cfg.qk_rope_head_dim) if self.fp8_latent else latent)
 
-    def _gather_latent(self, kv_cache: Tensor, idx: Tensor, dtype) -> tuple[Tensor, Tensor]:
-        """fp8_ds_mla: the rows ``idx`` [N, K] names (-1 skip), decoded -> (kv [N * K, D], the
-        index list into it [N, K]); what the attention reads instead of the whole cache."""
-        D, rope = self.cfg.head_dim, self.cfg.qk_rope_head_dim
-        flat = kv_cache.view(-1, kv_cache.shape[-1])
-        kv = mla_fp8.unpack(flat[idx.clamp(min=0).long()], D, rope, dtype)        # [N, K, D]
-        pos = torch.arange(idx.numel(), device=idx.device, dtype=idx.dtype).view(idx.shape)
-        return kv.view(-1, D), torch.where(idx >= 0, pos, -1)
-
     # ---- forward -------------------------------------------------------------------------------
     def rope(self, positions: Tensor, dtype) -> tuple[Tensor, Tensor]:
         return rope_cos_sin(positions, self.inv_freq, dtype)
@@ -261,7 +253,8 @@ class V4Attention(nn.Module):
             idx = torch.cat([window_rows, crows], -1)
         idx = idx.flatten(0, 1).to(torch.int32)                               # [B * T, K]
         if self.fp8_latent:
-            kv, idx = self._gather_latent(kv_cache, idx, q.dtype)
+            kv, idx = mla_fp8.attention_rows(kv_cache.view(-1, kv_cache.shape[-1]), idx, D,
+                                             cfg.qk_rope_head_dim, q.dtype)
         else:
             kv = kv_cache.view(-1, D)
         o = plugins.sparse_mla_attention(q.flatten(0, 1), kv, idx, self.attn_sink.float(), D ** -0.5, D)

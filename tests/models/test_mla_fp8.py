@@ -124,3 +124,22 @@ def test_fp8_cache_on_gpu_with_graphs_is_lossless():
     llm = _tiny("fp8_ds_mla", device="cuda", dtype=torch.bfloat16, cuda_graphs=True)
     ar = [o.output_ids for o in llm.generate(PROMPTS, SamplingParams(max_new_tokens=32), speculative=False)]
     assert [o.output_ids for o in llm.generate(PROMPTS, SamplingParams(max_new_tokens=32))] == ar
+
+
+def test_gathered_and_whole_cache_rows_give_the_same_attention():
+    """``attention_rows`` gathers the named rows (few queries) or decodes the whole cache (many):
+    the sparse MLA attention over either is the same, and -1 entries stay skipped."""
+    from dspark_trt import plugins
+    g = torch.Generator().manual_seed(3)
+    D, rope, R, N, K, H = 32, 8, 40, 6, 9, 4
+    rows = mla_fp8.pack(_rows((R,), D, seed=4).float(), rope)
+    idx = torch.randint(-1, R, (N, K), generator=g, dtype=torch.int32)
+    q = torch.randn(N, H, D, generator=g)
+    sink = torch.zeros(H)
+    outs = []
+    for gather in (True, False):
+        kv, i = mla_fp8.attention_rows(rows, idx, D, rope, torch.float32, gather)
+        assert kv.shape == ((N * K, D) if gather else (R, D)) and bool(((i < 0) == (idx < 0)).all())
+        outs.append(plugins.sparse_mla_attention(q, kv, i, sink, D ** -0.5, D))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-6, atol=1e-6)
+    assert mla_fp8.attention_rows(rows, idx, D, rope, torch.float32)[0].shape == (R, D)   # 54 entries > 40 rows
