@@ -156,7 +156,9 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     ``verify_admit_step`` of all N) over the fixed round's (``CostCurve.admission_ms``), and
     ``draft_window_ms`` [rows][w - 1], w = 1 .. N - 1: the window rounds' draft step
     (``CostCurve.draft_window_ms``); ``host_ms`` per B: a fixed round called from the host
-    (``steps.spec_round``: inputs staged, results read back) minus its draft and verify steps."""
+    (``steps.spec_round``: inputs staged, results read back) minus its draft and verify steps
+    (with CUDA graphs the round replays its bucket's graphs: a B that is not a bucket size counts
+    the padding rows' device time as host time)."""
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
     eager = steps.eager

@@ -35,8 +35,9 @@ def scale_bytes(nope: int) -> int:
 def row_bytes(dim: int, rope: int) -> int:
     """Bytes of one latent row of width ``dim`` with ``rope`` RoPE dims (584 for 512 / 64)."""
     nope = dim - rope
-    if nope <= 0 or rope <= 0:
-        raise ValueError(f"{FORMAT}: the latent needs NoPE and RoPE dims, got dim {dim}, rope {rope}")
+    if nope <= 0 or rope <= 0 or nope % 8:
+        raise ValueError(f"{FORMAT}: the latent needs NoPE (a multiple of 8) and RoPE dims, got dim "
+                         f"{dim}, rope {rope}")
     return nope + scale_bytes(nope) + 2 * rope
 
 
@@ -62,11 +63,12 @@ def unpack(rows: Tensor, dim: int, rope: int, dtype: torch.dtype) -> Tensor:
                          f"for dim {dim}, rope {rope}")
     nope = dim - rope
     blk, S = nope_block(nope), scale_bytes(nope)
-    q = rows[..., :nope].contiguous().view(torch.float8_e4m3fn).float().unflatten(-1, (nope // blk, blk))
-    exp = rows[..., nope: nope + nope // blk].float() - 127.0
-    x = (q * torch.exp2(exp)[..., None]).flatten(-2)
-    r = rows[..., nope + S:].contiguous().view(torch.bfloat16).float()
-    return torch.cat([x, r], -1).to(dtype)
+    # in ``dtype`` directly: an e4m3 value times a power of two is exact in bf16 / fp16's range
+    # and wider, so no fp32 temporaries (the decoded rows are the attention read's transient)
+    q = rows[..., :nope].contiguous().view(torch.float8_e4m3fn).to(dtype).unflatten(-1, (nope // blk, blk))
+    scale = torch.exp2(rows[..., nope: nope + nope // blk].float() - 127.0).to(dtype)
+    r = rows[..., nope + S:].contiguous().view(torch.bfloat16).to(dtype)
+    return torch.cat([(q * scale[..., None]).flatten(-2), r], -1)
 
 
 def attention_rows(rows: Tensor, idx: Tensor, dim: int, rope: int, dtype: torch.dtype,
@@ -75,7 +77,9 @@ def attention_rows(rows: Tensor, idx: Tensor, dim: int, rope: int, dtype: torch.
     list ``idx`` [N, K] (-1 skip) -> (kv [M, dim] in ``dtype``, the index list into it [N, K]).
     ``gather`` (default: when N * K < R) decodes only the rows named, one per index entry (decode
     steps: a few queries); else the whole cache is decoded once and ``idx`` kept (prefill: many
-    queries share rows). Either way at most min(N * K, R) rows of ``dim`` exist at once."""
+    queries share rows). Either way at most min(N * K, R) rows of ``dim`` in ``dtype`` exist at
+    once: at most one layer's cache at the model's dtype, a transient the KV budget (sized in fp8
+    rows) does not count."""
     if gather is None:
         gather = idx.numel() < rows.shape[0]
     if not gather:

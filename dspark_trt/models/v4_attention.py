@@ -266,10 +266,12 @@ class V4Attention(nn.Module):
 
 def set_kv_format(model: nn.Module, kv_format: str) -> int:
     """Set every V4 attention's latent cache format in ``model`` (before ``make_cache``) -> how
-    many there are."""
+    many there are; ValueError (nothing set) where the dims do not fit the format."""
     if kv_format not in ("auto", mla_fp8.FORMAT):
         raise ValueError(f"kv_format must be 'auto' or {mla_fp8.FORMAT!r}, got {kv_format!r}")
     mods = [m for m in model.modules() if isinstance(m, V4Attention)]
+    for m in mods if kv_format == mla_fp8.FORMAT else []:
+        mla_fp8.row_bytes(m.cfg.head_dim, m.cfg.qk_rope_head_dim)            # ValueError: dims unfit
     for m in mods:
         m.kv_format = kv_format
     return len(mods)

@@ -473,16 +473,18 @@ def set_kv_cache_dtype(name: str, target, draft, networks) -> str:
     ``ConfigError`` naming what does not fit."""
     if name not in KV_CACHE_DTYPES:
         raise ConfigError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {name!r}")
-    if name == "auto":
-        return name
     if networks is not None:
-        raise ConfigError(f"kv_cache_dtype {name!r}: engines keep the cache layout they were built "
-                          f"with (bf16 latent rows); use the eager modules (LLM.from_preset / "
-                          f"from_checkpoints)")
+        if name != "auto":
+            raise ConfigError(f"kv_cache_dtype {name!r}: engines keep the cache layout they were built "
+                              f"with (bf16 latent rows); use the eager modules (LLM.from_preset / "
+                              f"from_checkpoints)")
+        return name
     from ..models.v4_attention import set_kv_format
-    if not set_kv_format(target, name):
+    try:
+        mla = [set_kv_format(m, name) for m in (target, draft) if m is not None]   # "auto" resets
+    except ValueError as e:
+        raise ConfigError(f"kv_cache_dtype {name!r}: {e}") from None
+    if name != "auto" and not (mla and mla[0]):
         raise ConfigError(f"kv_cache_dtype {name!r} is the DeepSeek MLA latent layout; this target "
                           f"({type(target).__name__}) has no MLA attention")
-    if draft is not None:
-        set_kv_format(draft, name)
     return name

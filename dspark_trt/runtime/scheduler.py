@@ -144,7 +144,8 @@ class Scheduler:
         # so the wall time is the prefill's, the previous round having synchronised too)
         self.prefill_calls, self.prefill_seqs, self.prefill_seconds = 0, 0, 0.0
         # rounds as the host saw them, when a list (benchmarks): (kind, rows, wall ms); kind
-        # "fixed", "window", "confidence", "ar" (AR decoding or the fallback) or "logprobs"
+        # "fixed", "window", "confidence", "ar" (AR decoding or the fallback, logprobs or not) or
+        # "logprobs" (a speculative round with logprob outputs)
         self.round_log: list[tuple[str, int, float]] | None = None
         self._round_kind = ""
 
@@ -467,8 +468,9 @@ class Scheduler:
             host = self.steps.spec_round(r, mods, width=window)                      # [B, 2+N]
             lims, conf = [window] * len(seqs), None
         else:                      # the fallback's estimate reads the head's confidences too
-            self._round_kind = "confidence"
             track = self._tracks_survival() and (window is not None or self.steps.eager.needs_admission(r))
+            admits = window is not None or self.record_confidence or track or self.steps.eager.needs_admission(r)
+            self._round_kind = "confidence" if admits else "fixed"      # as spec_round_admitted runs it
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track,
                                                               width=window)
             lims = lims.tolist()

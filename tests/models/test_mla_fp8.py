@@ -105,6 +105,14 @@ def test_kv_cache_dtype_is_checked():
     from dspark_trt.runtime.llm import set_kv_cache_dtype
     with pytest.raises(ConfigError, match="engines"):
         set_kv_cache_dtype("fp8_ds_mla", None, None, networks=object())
+    # "auto" resets modules an earlier LLM set to fp8; dims that do not fit are named
+    fp8 = _tiny("fp8_ds_mla")
+    again = LLM(fp8.pair, fp8.target, fp8.draft, device="cpu", max_batch_size=1, max_seq_len=64, page_size=16)
+    assert again.kv_cache_dtype == "auto" and again.networks.target_cache["layers"][0]["kv"].dtype == torch.float64
+    fp8.target.layers[-1].attn.cfg = type(fp8.target.config)(**{**vars(fp8.target.config), "qk_rope_head_dim": 32})
+    with pytest.raises(ConfigError, match="NoPE"):                    # head_dim 32: no NoPE left
+        set_kv_cache_dtype("fp8_ds_mla", fp8.target, None, None)
+    assert all(layer.attn.kv_format == "auto" for layer in fp8.target.layers)   # nothing set
 
 
 def test_info_reports_the_fp8_latent_kv():

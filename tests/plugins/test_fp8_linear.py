@@ -178,3 +178,21 @@ def test_kernel_configs_outside_the_scale_layout_are_named():
         fp8_gemm(x, w8, s, dict(BLOCK_N=256, BLOCK_K=128, DOT=False))
     with pytest.raises(ValueError, match="REDUCE"):
         fp8_gemm(x[:1], w8, s, dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, DOT=False, REDUCE="atomic"))
+
+
+def test_traced_calls_cache_no_fake_ticket_counters():
+    """Under fake tensors (torch.compile / export trace the op's body) a split-K call reduces in
+    two passes: the ticket counters are a cache shared by later real calls, and a fake tensor
+    there would reach them (a CUDA device is only faked here)."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from dspark_trt.plugins.kernels import skinny_gemm as sg
+    before = {d: list(b) for d, b in sg._COUNTERS.items()}
+    with FakeTensorMode():
+        x = torch.empty(1, 4096, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(512, 4096, dtype=FP8_DTYPE, device="cuda")
+        y = torch.ops.dspark.fp8_linear(x, w, torch.empty(4, 32, device="cuda"))
+        assert sg.SplitK.plan(1, 512, 4096, 1, 16, 512, 4, "ticket", x.device).reduce == sg.REDUCE_TWO_PASS
+    assert tuple(y.shape) == (1, 512)
+    assert {d: list(b) for d, b in sg._COUNTERS.items()} == before
+    assert sg.SplitK.plan(1, 512, 4096, 1, 16, 512, 4, "ticket", torch.device("cpu")).reduce == sg.REDUCE_TICKET

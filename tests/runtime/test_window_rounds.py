@@ -204,3 +204,23 @@ def test_measured_host_time_replaces_the_round_overhead_constant(tmp_path):
     survival = [0.7, 0.5, 0.4, 0.3]      # w = 1: 1.7 tokens, the fixed round 2.9
     assert const.best_window(r, survival) == 4        # 1.7 / 3.83 < 2.9 / 6.3 (w = 3: 2.6 / 5.78)
     assert priced.best_window(r, survival) == 1       # 1.7 / 2.71 > 1.05 x 2.9 / 5.18
+
+
+def test_round_log_names_the_kind_each_round_ran():
+    """``Scheduler.round_log`` (benchmarks' round wall time): a scheduled batch whose rounds admit
+    every draft (the padded model) logs them as fixed rounds, the trimmed model's confidence
+    rounds as confidence rounds; every decode round once, with its rows."""
+    logs = {}
+    for model in ("padded", "trimmed"):
+        llm = _llm(block=4, seed=6, batch=2, verify_cost=STEEP, cost_model=model)
+        gen = llm.scheduler()
+        gen.round_log = []
+        for p in ([1, 2, 3], [4, 5, 6]):
+            gen.add_request(p, SamplingParams(max_new_tokens=12, verify_mode="scheduled"))
+        rounds = 0
+        while gen.has_work():
+            rounds += bool([s for s in gen.running if s.finish_reason is None])
+            gen.step()
+        logs[model] = {k for k, _, _ in gen.round_log}
+        assert len(gen.round_log) == rounds and all(0 < b <= 2 and ms > 0 for _, b, ms in gen.round_log)
+    assert logs["padded"] == {"fixed"} and "confidence" in logs["trimmed"], logs

@@ -220,6 +220,13 @@ def choose_config(M: int, N: int, K: int) -> dict:
 _COUNTERS: dict[torch.device, list[Tensor]] = {}
 
 
+def _tracing() -> bool:
+    """Whether this call is traced (torch.compile / export: fake tensors), where the ticket
+    reduction's cached counters would hold a fake tensor: such calls reduce in two passes."""
+    from torch._guards import detect_fake_mode
+    return torch.compiler.is_compiling() or detect_fake_mode() is not None
+
+
 def _ticket_counters(device: torch.device, n: int) -> Tensor:
     """Cached zeroed int32 counters (the kernel leaves them at zero); grown on demand. Outgrown
     buffers are kept alive: a CUDA graph captured earlier may still point at them."""
@@ -271,6 +278,8 @@ class SplitK:
         k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
         split = triton.cdiv(K, k_split)
         reduce = REDUCE_NONE if split == 1 else _REDUCE[reduce_name]
+        if reduce == REDUCE_TICKET and _tracing():    # a traced call must not cache (fake) counters
+            reduce = REDUCE_TWO_PASS
         grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
         ws = torch.empty((split, M, N) if split > 1 else (1,), dtype=torch.float32, device=device)
         counter = _ticket_counters(device, grid[0] * grid[2]) if reduce == REDUCE_TICKET else ws
