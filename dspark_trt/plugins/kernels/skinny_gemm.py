@@ -24,6 +24,8 @@ streaming W once with enough programs in flight to saturate HBM:
     the ``SPLIT_K`` partials in split order 0..SPLIT_K-1 and writes y. One launch. The ticket
     counters live in a cached int32 buffer that the last program resets to 0, so it needs no
     memset per call; launches that share the buffer must not run concurrently (one stream).
+    A traced call (torch.compile / export: fake tensors) reduces in two passes instead, so no fake
+    tensor enters the cached counters.
   - ``"two_pass"``: programs store partials, a second tiny kernel sums them in split order. Two
     launches, no counters (the safe choice for export / several streams).
   Both sum the same partials in the same order, so they give identical results.
