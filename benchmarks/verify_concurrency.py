@@ -255,11 +255,14 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
 def round_wall(log: list[tuple[str, int, float]]) -> dict:
     """The window's rounds as the Scheduler timed them (``Scheduler.round_log``), per kind: count,
     mean / median / max wall ms and mean rows (the prefills are not in them)."""
+    by_kind: dict[str, list] = {}
+    for kind, rows, ms in log:
+        by_kind.setdefault(kind, []).append((rows, ms))
     out = {}
-    for kind in sorted({k for k, _, _ in log}):
-        ms = np.array([t for k, _, t in log if k == kind])
+    for kind, v in sorted(by_kind.items()):
+        rows, ms = np.array(v, dtype=np.float64).T
         out[kind] = {"count": len(ms), "mean_ms": float(ms.mean()), "median_ms": float(np.median(ms)),
-                     "max_ms": float(ms.max()), "mean_rows": float(np.mean([b for k, b, _ in log if k == kind]))}
+                     "max_ms": float(ms.max()), "mean_rows": float(rows.mean())}
     return out
 
 

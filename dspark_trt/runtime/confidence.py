@@ -498,9 +498,9 @@ class VerifyScheduler:
             if self.estimates_windows(rows):
                 # window rounds: a draft of w rows; one in CONFIDENCE_PROBE_EVERY is a probe, which
                 # drafts the whole block and admits (its cost over the window round)
-                ms = [self.cost.draft_window(rows, w)
-                      + (draft - self.cost.draft_window(rows, w) + admission) / CONFIDENCE_PROBE_EVERY
-                      if w < n else draft for w in self.widths]
+                dw = [self.cost.draft_window(rows, w) for w in self.widths]
+                ms = [d + (draft - d + admission) / CONFIDENCE_PROBE_EVERY if w < n else draft
+                      for w, d in zip(self.widths, dw)]
             else:
                 ms = [draft + (admission if w < n else 0.0) for w in self.widths]
             ms = np.array(ms) + np.array([self.overhead_ms(rows) + self.cost.window_ms(rows, w)

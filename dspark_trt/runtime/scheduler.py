@@ -468,9 +468,10 @@ class Scheduler:
             host = self.steps.spec_round(r, mods, width=window)                      # [B, 2+N]
             lims, conf = [window] * len(seqs), None
         else:                      # the fallback's estimate reads the head's confidences too
-            track = self._tracks_survival() and (window is not None or self.steps.eager.needs_admission(r))
-            admits = window is not None or self.record_confidence or track or self.steps.eager.needs_admission(r)
-            self._round_kind = "confidence" if admits else "fixed"      # as spec_round_admitted runs it
+            admits = window is not None or self.steps.eager.needs_admission(r)
+            track = self._tracks_survival() and admits
+            # as spec_round_admitted runs it: the plain steps where nothing admits and nothing is read
+            self._round_kind = "confidence" if admits or self.record_confidence else "fixed"
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track,
                                                               width=window)
             lims = lims.tolist()

@@ -63,10 +63,8 @@ one ``isfinite`` reduction of the logits per step, read back with the tokens.
 """
 from __future__ import annotations
 
-import dataclasses
-
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Callable
 
 import numpy as np
@@ -118,8 +116,7 @@ class RoundInputs:
 
     def head(self, B: int) -> "RoundInputs":
         """The first B rows."""
-        return dataclasses.replace(self, **{f.name: v[:B] for f in dataclasses.fields(self)
-                                            if (v := getattr(self, f.name)) is not None})
+        return replace(self, **{f.name: v[:B] for f in fields(self) if (v := getattr(self, f.name)) is not None})
 
     @property
     def batch_size(self) -> int:
