@@ -7,6 +7,7 @@
 #           timed per batch; and the
 #           trained default pair) on CPUs 0-7; then the smoke's engine bench and the default pair's
 #           generate.
+#   With EXTRA set, part 1 runs its commands in place of the verify-mode steps.
 #   part N > 1: EXTRA=<file of commands> run one after the other (the change's own benchmarks;
 #           e.g. benchmarks/gpu_session14_part2.txt).
 #   DSPARK_GIT_SHA=<sha> OUT=<dir> [EXTRA=<file>] bash benchmarks/gpu_session.sh 1|N
@@ -17,6 +18,12 @@ O=${OUT:?}
 R=$O/results
 mkdir -p "$R"
 step() { echo "===== $1 ($(date +%T))" | tee -a "$R/session.log"; }
+run_extra() {   # each non-comment line of $EXTRA, one after the other
+  grep -v '^\s*#' "${EXTRA:?}" | grep . | while read -r cmd; do
+    step "$cmd"
+    bash -c "$cmd" 2>&1 | tail -60 | tee -a "$R/session.log"
+  done
+}
 if [ "$1" = 1 ]; then
   OUT=$R taskset -c 8-15 python3 benchmarks/gpu_smoke.py --only builds > "$R/builds.out" 2>&1 &
   B=$!
@@ -24,6 +31,9 @@ if [ "$1" = 1 ]; then
   timeout 200 taskset -c 0-7 python3 -m pytest -q -m gpu tests/ -n 4 -p no:cacheprovider -rfE \
     > "$R/gpu-tests-$DSPARK_GIT_SHA.log" 2>&1
   grep -E "passed|failed|FAILED|ERROR" "$R/gpu-tests-$DSPARK_GIT_SHA.log" | tail -15 | tee -a "$R/session.log"
+  if [ -n "${EXTRA:-}" ]; then
+    run_extra
+  else
   step "verify modes, steady load, Qwen3-8B dims, synthetic acceptance"
   timeout 240 taskset -c 0-7 python3 benchmarks/verify_concurrency.py --model qwen3-8b-dspark-block7 --random-weights \
     --dtype bf16 --synthetic benchmarks/results/confidence-calibration-h200-462ac15.json --gen-len 64 \
@@ -34,6 +44,7 @@ if [ "$1" = 1 ]; then
   timeout 80 taskset -c 0-7 python3 benchmarks/verify_concurrency.py --prompts heldout --gen-len 32 --prompt-len 128 \
     --iters 10 --load steady --waves 3 --min-requests 16 --round-kinds --modes fixed,scheduled,packed --tag h200-default-pair --out-dir "$R" 2>&1 \
     | grep "verify-concurrency\|rror" | tee -a "$R/session.log"
+  fi
   step "waiting for the builds"
   wait $B
   grep "\[smoke\]\|-----\|parity\|equal" "$R/builds.out" | cut -c1-200 | tail -20 | tee -a "$R/session.log"
@@ -43,10 +54,7 @@ if [ "$1" = 1 ]; then
   OUT=$R python3 benchmarks/gpu_smoke.py --only bench,generate 2>&1 | grep "\[smoke\]\|bench\] B=" | tail -8 \
     | tee -a "$R/session.log"
 else
-  grep -v '^\s*#' "${EXTRA:?}" | grep . | while read -r cmd; do
-    step "$cmd"
-    bash -c "$cmd" 2>&1 | tail -60 | tee -a "$R/session.log"
-  done
+  run_extra
 fi
 (cd "$O" && tar czf "results-part$1.tgz" results && rm -rf results)
 ls -la "$O"

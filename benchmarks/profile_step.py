@@ -69,11 +69,13 @@ def main() -> None:
                     help="also profile the admission prefill of --batch-size prompts (host side too)")
     ap.add_argument("--window", type=int, default=None,
                     help="also profile the window round's draft step of this many drafts (< N)")
+    ap.add_argument("--compile", action="store_true",
+                    help="LLM(compile=True): the torch.compile'd layers of the Python API (no engine)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     a = ap.parse_args()
     kw = dict(max_batch_size=a.batch_size, max_seq_len=a.prompt_len + 64, device="cuda")
     llm = (LLM.from_engine(a.engine, **kw) if a.engine
-           else LLM.from_preset(a.model, dtype=torch.bfloat16, **kw))
+           else LLM.from_preset(a.model, dtype=torch.bfloat16, compile=a.compile, **kw))
     nets, N = llm.networks, llm.networks.num_spec_tokens
     gen = llm.scheduler()
     prompts = np.random.default_rng(0).integers(0, nets.vocab_size, (a.batch_size, a.prompt_len))
@@ -84,7 +86,7 @@ def main() -> None:
     tokens, pos = verify_window(x, st.drafts)
     out = {"git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "command": " ".join(sys.argv), "batch_size": a.batch_size, "prompt_len": a.prompt_len,
-           "networks": "engine" if a.engine else "eager", "profiles": {}}
+           "networks": "engine" if a.engine else ("compiled" if a.compile else "eager"), "profiles": {}}
     fns = {"target_1": lambda: nets.target(tokens[:, :1], pos[:, :1], x.table),
            f"target_{N + 1}": lambda: nets.target(tokens, pos, x.table)}
     if N:
@@ -115,7 +117,7 @@ def main() -> None:
             print(f"    host {row['self_cpu_us_per_call']:9.1f} us  x{row['calls']:<5g} {row['name'][:100]}",
                   flush=True)
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    label = a.label or ("engine" if a.engine else "eager")
+    label = a.label or out["networks"]
     path = Path(a.out) / f"profile-{label}-{out['git_sha']}.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"[profile] wrote {path}")
