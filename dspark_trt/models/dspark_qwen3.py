@@ -23,7 +23,7 @@ from .. import plugins
 from ..config import DSparkConfig
 from ..config.source import MARKOV_SAMPLERS, resolve_num_spec_tokens
 from .layers import RMSNorm, make_paged_kv_cache, rope_cos_sin
-from .qwen3 import Qwen3DecoderLayer, local_kv_heads
+from .qwen3 import Qwen3DecoderLayer, local_kv_heads, run_layers
 
 
 class MarkovHead(nn.Module):
@@ -177,9 +177,7 @@ class DSparkQwen3Draft(nn.Module):
         x = self.embed_tokens(tokens.clamp(min=0))
         lc = self.config.backbone
         cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, cache["k"][i], cache["v"][i], block_table, positions, kv_limit)
-        return self.norm(x)
+        return self.norm(run_layers(self.layers, x, cos, sin, cache, block_table, positions, kv_limit)[0])
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,

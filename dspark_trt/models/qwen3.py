@@ -41,8 +41,9 @@ class Qwen3Attention(nn.Module):
         k, v = F.linear(x, self.qkv_proj.rows_from(1)).split(self.qkv_proj.sizes[1:], -1)
         return self._rope_kv(k, v, cos, sin)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
-                block_table: Tensor, positions: Tensor, kv_limit: Tensor) -> Tensor:
+    def queries_and_cache(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                          block_table: Tensor, positions: Tensor) -> Tensor:
+        """x [B, T, d] (normed) -> roped, q-normed queries [B, T, H, D]; writes the rows' K/V."""
         B, T, _ = x.shape
         if self.qkv_proj is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -50,14 +51,23 @@ class Qwen3Attention(nn.Module):
             q, k, v = self.qkv_proj(x)
         q = apply_rope_neox(self.q_norm(q.view(B, T, self.h, self.d)), cos, sin)
         k, v = self._rope_kv(k, v, cos, sin)
-        o = self.attend(q, k, v, k_cache, v_cache, block_table, positions, kv_limit)
+        self.write_cache(k_cache, v_cache, k, v, block_table, positions)
+        return q
+
+    def output(self, o: Tensor) -> Tensor:
+        """Attention output [B, T, H, D] -> o_proj [B, T, d]."""
+        B, T = o.shape[:2]
         return self.o_proj(o.reshape(B, T, self.h * self.d))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
-               block_table: Tensor, positions: Tensor, kv_limit: Tensor) -> Tensor:
-        """Write k / v [B, T, Hkv, D] into the paged caches, attend q [B, T, H, D] -> [B, T, H, D]
-        (the two ``dspark`` ops; ``runtime.compiled`` keeps them out of torch.compile's graphs)."""
+    def write_cache(self, k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, block_table: Tensor,
+                    positions: Tensor) -> None:
+        """k / v [B, T, Hkv, D] into the paged caches (``dspark::kv_cache_write``; ``runtime.compiled``
+        swaps in its torch form, which inductor fuses into the k-norm / RoPE kernel)."""
         plugins.kv_cache_write(k_cache, v_cache, k, v, block_table, positions)
+
+    def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                  positions: Tensor, kv_limit: Tensor) -> Tensor:
+        """q [B, T, H, D] against the paged caches -> [B, T, H, D] (``dspark::block_attention``)."""
         return plugins.block_attention(q, k_cache, v_cache, block_table, positions, kv_limit, self.d ** -0.5)
 
 
@@ -76,9 +86,46 @@ class Qwen3DecoderLayer(nn.Module):
         self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
     def forward(self, x, cos, sin, k_cache, v_cache, block_table, positions, kv_limit) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, block_table,
-                               positions, kv_limit)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, mlp = self.deferred(x, None, cos, sin, k_cache, v_cache, block_table, positions, kv_limit)
+        return x + mlp
+
+    def deferred(self, x: Tensor, pending: Tensor | None, cos, sin, k_cache, v_cache, block_table,
+                 positions, kv_limit) -> tuple[Tensor, Tensor]:
+        """The layer with the residual add of its MLP output left to the caller: the residual
+        stream is ``x + pending`` on entry (None: x) and ``x' + mlp`` on exit, returned as
+        (x', mlp). Chained through ``run_layers``, each layer adds the previous one's MLP output in
+        the kernel of its input norm. Two phases around the attention, which ``runtime.compiled``
+        compiles as two graphs (the attention runs between them)."""
+        x, q = self.attention_input(x, pending, cos, sin, k_cache, v_cache, block_table, positions)
+        o = self.self_attn.attention(q, k_cache, v_cache, block_table, positions, kv_limit)
+        return self.attention_output(x, o)
+
+    def attention_input(self, x: Tensor, pending: Tensor | None, cos, sin, k_cache, v_cache, block_table,
+                        positions) -> tuple[Tensor, Tensor]:
+        """-> (residual stream x + pending [B, T, d], queries [B, T, H, D]); writes the layer's K/V."""
+        if pending is not None:
+            x = x + pending
+        return x, self.self_attn.queries_and_cache(self.input_layernorm(x), cos, sin, k_cache, v_cache,
+                                                   block_table, positions)
+
+    def attention_output(self, x: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
+        """Residual x [B, T, d], attention output o [B, T, H, D] -> (x + o_proj(o), MLP output)."""
+        x = x + self.self_attn.output(o)
+        return x, self.mlp(self.post_attention_layernorm(x))
+
+
+def run_layers(layers, x: Tensor, cos: Tensor, sin: Tensor, cache: dict, block_table: Tensor,
+               positions: Tensor, kv_limit: Tensor, tap_layer_ids=()) -> tuple[Tensor, list[Tensor]]:
+    """Qwen3 decoder layers over x [B, T, d] -> (residual stream after the last layer, the raw
+    outputs of ``tap_layer_ids``). Each layer's MLP output is added in the next layer's input
+    norm kernel (``Qwen3DecoderLayer.deferred``), bit-for-bit the sum ``forward`` makes."""
+    pending, taps = None, []
+    for i, layer in enumerate(layers):
+        x, pending = layer.deferred(x, pending, cos, sin, cache["k"][i], cache["v"][i], block_table,
+                                    positions, kv_limit)
+        if i in tap_layer_ids:
+            taps.append(x + pending)
+    return (x if pending is None else x + pending), taps
 
 
 class Qwen3Model(nn.Module):
@@ -115,11 +162,8 @@ class Qwen3ForCausalLM(nn.Module):
         logits [B, T, V], taps [B, T, len(tap_layer_ids) * d]."""
         x = self.model.embed_tokens(tokens.clamp(min=0))
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
-        taps = []
-        for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, cache["k"][i], cache["v"][i], block_table, positions, positions)
-            if i in self.tap_layer_ids:
-                taps.append(x)
+        x, taps = run_layers(self.model.layers, x, cos, sin, cache, block_table, positions, positions,
+                             self.tap_layer_ids)
         logits = self.lm_head(self.model.norm(x))
         tap = torch.cat(taps, -1) if taps else x.new_zeros(*x.shape[:2], 0)
         return logits, tap

@@ -1,16 +1,23 @@
 """Opt-in ``torch.compile`` of ``LLM``'s eager step modules (``LLM(..., compile=True)``).
 
-Regional compilation: every Qwen3 decoder layer (target and draft share the class, so one compiled
-graph per shape class serves all 36 + 5 layers: compile time is that of one layer, not of the
-model), the norms outside the layers, and the draft's context injection (5 small k/v projections).
-Inside a layer inductor fuses what eager runs as separate kernels, each a round trip to HBM: the
-fp32 RMSNorm chain, q/k norm + RoPE, SiLU * up, the residual adds. The projections stay cuBLAS
-GEMMs and the ``dspark`` ops stay their Triton kernels, as in an AOTI engine. The attention's two
-ops (KV-cache write, block attention: ``Qwen3Attention.attend``) run outside the compiled graphs
-(``torch.compiler.disable``; a graph break on each side): inductor's decomposition of the
-user-Triton-kernel wrapper asserted on the block-attention kernel at head dim 16 on the H200
-(torch 2.11, ``benchmarks/results/gpu-smoke-a8f3096.log.gz``), and the kernels gain nothing from
-being traced.
+Regional compilation: the two phases of every Qwen3 decoder layer around its attention
+(``Qwen3DecoderLayer.attention_input`` / ``attention_output``; target and draft share the class, so
+one compiled graph per shape class serves all 36 + 5 layers: compile time is that of one layer, not
+of the model), the norms outside the layers, and the draft's context injection (5 small k/v
+projections). Inside a phase inductor fuses what eager runs as separate kernels, each a round trip
+to HBM: the previous layer's residual add with the input RMSNorm (``run_layers`` defers it), q/k
+norm + RoPE, the KV-cache write, SiLU * up, the attention's residual add with the post-attention
+norm. The projections stay cuBLAS GEMMs, as in an AOTI engine.
+
+Between the phases the block attention runs eagerly (``dspark::block_attention``): inductor's
+decomposition of the user-Triton-kernel wrapper asserted on the block-attention kernel at head dim
+16 on the H200 (torch 2.11, ``benchmarks/results/gpu-smoke-a8f3096.log.gz``), and outside a trace
+its KV splits merge in the same launch (the ticket path). Splitting the layer by hand, not by a
+graph break inside it, keeps each phase one graph: a break nested in the layer's call made dynamo
+compile the input norm, the projections and the cache write as separate graphs. The KV-cache write
+(``Qwen3Attention.write_cache``) becomes its torch form (``kv_cache_write_ref``: an indexed store,
+inert rows routed to the pad page), which inductor fuses into the kernel that produces the rows and
+stores in place into the static cache: one launch per layer fewer than ``dspark::kv_cache_write``.
 
 Shapes are dynamic (batch, tokens and pages per row symbolic; sizes 1 get their own graph), so the
 prefill lengths and the CUDA-graph buckets share a handful of graphs; the KV caches are marked
@@ -52,6 +59,7 @@ def compile_regions_(module: nn.Module, backend: str = "inductor") -> int:
     from ..models.dspark_qwen3 import DSparkQwen3Draft
     from ..models.layers import RMSNorm
     from ..models.qwen3 import Qwen3DecoderLayer, Qwen3ForCausalLM
+    from ..plugins.kv_cache import kv_cache_write_ref
     if not isinstance(module, (Qwen3ForCausalLM, DSparkQwen3Draft)):
         raise ConfigError(f"compile=True supports Qwen3 targets and DSpark-Qwen3 drafts, not "
                           f"{type(module).__name__}; run it without compile")
@@ -59,10 +67,13 @@ def compile_regions_(module: nn.Module, backend: str = "inductor") -> int:
     n = 0
     layers = [m for m in module.modules() if isinstance(m, Qwen3DecoderLayer)]
     inside = {id(x) for layer in layers for x in layer.modules()}
-    for layer in layers:                           # the dspark ops stay eager islands (see above)
-        layer.self_attn.attend = torch.compiler.disable(layer.self_attn.attend)
+    for layer in layers:                           # the bound methods, shadowed on the instance
+        layer.self_attn.write_cache = kv_cache_write_ref
+        layer.attention_input = torch.compile(layer.attention_input, backend=backend, dynamic=True)
+        layer.attention_output = torch.compile(layer.attention_output, backend=backend, dynamic=True)
+        n += 2
     for m in module.modules():
-        if isinstance(m, Qwen3DecoderLayer) or (isinstance(m, RMSNorm) and id(m) not in inside):
+        if isinstance(m, RMSNorm) and id(m) not in inside:
             m.compile(backend=backend, dynamic=True)
             n += 1
     if isinstance(module, DSparkQwen3Draft):     # the bound method, shadowed on the instance

@@ -186,13 +186,13 @@ def test_traced_calls_cache_no_fake_ticket_counters():
     there would reach them (a CUDA device is only faked here)."""
     pytest.importorskip("triton", reason="Triton is not installed")
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from dspark_trt.plugins.kernels import skinny_gemm as sg
-    before = {d: list(b) for d, b in sg._COUNTERS.items()}
+    from dspark_trt.plugins.kernels import common as kc, skinny_gemm as sg
+    before = {d: list(b) for d, b in kc._COUNTERS.items()}
     with FakeTensorMode():
         x = torch.empty(1, 4096, dtype=torch.bfloat16, device="cuda")
         w = torch.empty(512, 4096, dtype=FP8_DTYPE, device="cuda")
         y = torch.ops.dspark.fp8_linear(x, w, torch.empty(4, 32, device="cuda"))
         assert sg.SplitK.plan(1, 512, 4096, 1, 16, 512, 4, "ticket", x.device).reduce == sg.REDUCE_TWO_PASS
     assert tuple(y.shape) == (1, 512)
-    assert {d: list(b) for d, b in sg._COUNTERS.items()} == before
+    assert {d: list(b) for d, b in kc._COUNTERS.items()} == before
     assert sg.SplitK.plan(1, 512, 4096, 1, 16, 512, 4, "ticket", torch.device("cpu")).reduce == sg.REDUCE_TICKET

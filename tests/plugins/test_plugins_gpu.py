@@ -102,10 +102,11 @@ def test_markov_op_in_cuda_graph():
     assert torch.equal(t, rt)
 
 
-@pytest.mark.parametrize("B,T,ctx", [(3, 8, 1000), (1, 1, 4000), (64, 8, 300)])
-def test_block_attention_qwen_shapes_bf16(B, T, ctx):
+@pytest.mark.parametrize("B,T,ctx,spare", [(3, 8, 1000, 0), (1, 1, 4000, 0), (64, 8, 300, 0),
+                                           (1, 1, 100, 250)])   # a short context in a long table: most splits empty
+def test_block_attention_qwen_shapes_bf16(B, T, ctx, spare):
     H, Hkv, D, page = 32, 8, 128, 16
-    pages = -(-(ctx + T) // page)
+    pages = -(-(ctx + T) // page) + spare
     table = torch.randperm(B * pages, device=DEV).view(B, pages)
     kc = torch.randn(B * pages + 1, page, Hkv, D, device=DEV, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
@@ -116,7 +117,7 @@ def test_block_attention_qwen_shapes_bf16(B, T, ctx):
         got = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
         assert (got.float() - ref.float()).abs().max() < 2e-2      # bf16 output, bf16 P in P @ V
         for cfg in ({"prefetch": True, "num_stages": 3}, {"prefetch": True, "num_stages": 3, "num_splits": 3,
-                                                          "kvh_first": True}):
+                                                          "kvh_first": True}, {"reduce": "two_pass"}):
             alt = block_attention_triton(q, kc, vc, table, pos, lim, D ** -0.5, **cfg)
             assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
         g = torch.cuda.CUDAGraph()                                  # split-KV workspace under capture

@@ -49,10 +49,16 @@ def test_kv_cache_write_kernel(results):
 
 
 @pytest.mark.parametrize("splits", [1, 3, 8])
-@pytest.mark.parametrize("variant", ["", "_prefetch", "_kvh_first"])
+@pytest.mark.parametrize("variant", ["", "_prefetch", "_kvh_first", "_two_pass"])
 @pytest.mark.parametrize("mask", ["causal", "block"])
 def test_block_attention_kernel(results, mask, variant, splits):
     assert results[f"block_attention_{mask}{variant}_split{splits}"]["err"] < 1e-5
+
+
+@pytest.mark.parametrize("mask", ["causal", "block"])
+def test_block_attention_ticket_reuses_counters(results, mask):
+    r = results[f"block_attention_{mask}_ticket_again"]
+    assert r["equal"] and r["counters_zero"]
 
 
 @pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",

@@ -73,7 +73,7 @@ def test_compiled_eager_path_keeps_greedy_tokens_and_logits(unfused):
     _, ref_tokens, ref_logits = unfused
     llm = make(compile="aot_eager")
     assert llm.compiled == "aot_eager"
-    assert getattr(llm.target.model.layers[0], "_compiled_call_impl", None) is not None
+    assert hasattr(llm.target.model.layers[0].attention_input, "_torchdynamo_orig_callable")
     torch.testing.assert_close(prefill_logits(llm, PROMPTS[0]), ref_logits[0], atol=BF16_ATOL,
                                rtol=2 ** -7)
     assert greedy(llm, False, PROMPTS[:1]) == ref_tokens[:1]

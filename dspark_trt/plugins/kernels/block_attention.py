@@ -11,7 +11,11 @@ Triton pipelines the K/V loads ``num_stages - 1`` deep; grid with the KV head as
 * ``NUM_SPLITS == 1``: the program normalises and writes the output (``block_attention_kernel``,
   also the TensorRT AOT entry).
 * ``NUM_SPLITS > 1``: each split writes its partial (m, l, acc) to an fp32 workspace sized from
-  shapes, and ``block_attention_reduce_kernel`` merges the splits (no host sync, graph-safe).
+  shapes, and the splits are merged (no host sync, graph-safe) either by the tile's last-arriving
+  split program (``reduce="ticket"``, one launch: an atomic ticket per query tile in the cached
+  counters of ``common.ticket_counters``; splits left without keys store nothing and the merge reads
+  only the splits that have keys) or by ``block_attention_reduce_kernel`` (``"two_pass"``: what
+  traced calls use, e.g. an exported engine, since cached counters cannot live in a trace).
 
 Inert queries (position < 0, row without pages) write zeros.
 """
@@ -22,7 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import launcher, num_sms, pow2
+from .common import launcher, num_sms, pow2, ticket_counters, tracing
 
 
 @triton.jit
@@ -32,6 +36,14 @@ def _kv_rows(block_table, b, P, kpos, PAGE_SIZE, PAD_PAGE, kvh, HKV: tl.constexp
     page = tl.load(block_table + b * P + kpos // PAGE_SIZE, mask=kpos < P * PAGE_SIZE, other=0)
     page = tl.where(page >= 0, page, PAD_PAGE)
     return ((page * PAGE_SIZE + kpos % PAGE_SIZE) * HKV + kvh) * D
+
+
+@triton.jit
+def _split_chunk(lim, NUM_SPLITS, BLOCK_N: tl.constexpr):
+    """(hi, chunk): the tile's keys [0, hi) (hi = 1 + its largest limit) and the BLOCK_N-aligned
+    keys per split; split s holds [s * chunk, min((s + 1) * chunk, hi)), empty once s * chunk >= hi."""
+    hi = tl.max(lim) + 1
+    return hi, tl.cdiv(tl.cdiv(hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
 
 
 @triton.jit
@@ -65,8 +77,7 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scal
     q_off = ((b * T + t).to(tl.int64) * H + h) * D
     qt = tl.load(q + q_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)   # [BLOCK_M, D]
 
-    hi = tl.max(lim) + 1                                     # keys [0, hi) matter to this tile
-    chunk = tl.cdiv(tl.cdiv(hi, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    hi, chunk = _split_chunk(lim, NUM_SPLITS, BLOCK_N)     # keys [0, hi) matter to this tile
     lo = split * chunk
     end = tl.minimum(lo + chunk, hi)
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -125,23 +136,55 @@ def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit
 
 @triton.jit
 def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv_limit, part_ml, part_acc,
-                                 scale, T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS,
+                                 out, counter, scale, T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS,
                                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                                  BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False):
+                                 PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False,
+                                 TICKET: tl.constexpr = False):
     """Grid (B, Hkv, cdiv(T, BLOCK_T) * NUM_SPLITS) (KVH_FIRST: (Hkv, B, ...)); partials
-    part_ml [B, T, H, S, 2] (m in log2 units, l) and part_acc [B, T, H, S, D], S = NUM_SPLITS."""
+    part_ml [B, T, H, S, 2] (m in log2 units, l) and part_acc [B, T, H, S, D], S = NUM_SPLITS.
+    TICKET: the query tile's last-arriving split merges its splits into ``out`` (``counter``: int32
+    zeros, one per (row, KV head, query tile), left at zero); else ``out`` is unused and
+    ``block_attention_reduce_kernel`` merges."""
     b, kvh = _row_and_head(KVH_FIRST)
     split = tl.program_id(2) % NUM_SPLITS
-    t0 = (tl.program_id(2) // NUM_SPLITS) * BLOCK_T
+    t_tile = tl.program_id(2) // NUM_SPLITS
     m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
-        q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh, t0, split,
+        q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh, t_tile * BLOCK_T, split,
         T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH)
-    slot = ((b * T + t).to(tl.int64) * H + h) * NUM_SPLITS + split              # [BLOCK_M]
-    tl.store(part_ml + slot * 2, m_i, mask=tmask)
-    tl.store(part_ml + slot * 2 + 1, l_i, mask=tmask)
+    row = ((b * T + t).to(tl.int64) * H + h) * NUM_SPLITS                     # [BLOCK_M] slot of split 0
     d = tl.arange(0, D)
-    tl.store(part_acc + slot[:, None] * D + d[None, :], acc, mask=tmask[:, None])
+    hi, chunk = _split_chunk(lim, NUM_SPLITS, BLOCK_N)
+    live = tl.where(hi > 0, tl.cdiv(hi, tl.maximum(chunk, 1)), 0)             # splits that hold keys
+    if TICKET:
+        smask = tmask & (tl.zeros_like(lim) + split < live)   # splits without keys store nothing
+    else:
+        smask = tmask
+    tl.store(part_ml + (row + split) * 2, m_i, mask=smask)
+    tl.store(part_ml + (row + split) * 2 + 1, l_i, mask=smask)
+    tl.store(part_acc + (row + split)[:, None] * D + d[None, :], acc, mask=smask[:, None])
+    if TICKET:
+        tl.debug_barrier()                                   # every thread's partial is stored
+        tile = counter + (b * HKV + kvh) * tl.cdiv(T, BLOCK_T) + t_tile
+        if tl.atomic_add(tile, 1, sem="acq_rel") == NUM_SPLITS - 1:   # the tile's last split
+            m_run = tl.full(m_i.shape, -1.0e30, tl.float32)
+            l_run = tl.zeros(l_i.shape, tl.float32)
+            o = tl.zeros(acc.shape, tl.float32)
+            for s in range(live):                            # split order: deterministic
+                m_s = tl.load(part_ml + (row + s) * 2, mask=tmask, other=-1.0e30, cache_modifier=".cg")
+                l_s = tl.load(part_ml + (row + s) * 2 + 1, mask=tmask, other=0.0, cache_modifier=".cg")
+                a_s = tl.load(part_acc + (row + s)[:, None] * D + d[None, :], mask=tmask[:, None],
+                              other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m_run, m_s)
+                alpha = tl.exp2(m_run - m_new)
+                beta = tl.exp2(m_s - m_new)
+                l_run = l_run * alpha + l_s * beta
+                o = o * alpha[:, None] + a_s * beta[:, None]
+                m_run = m_new
+            o = o / tl.maximum(l_run, 1e-30)[:, None]
+            o = tl.where((lim >= 0)[:, None], o, 0.0)
+            tl.store(out + q_off[:, None] + d[None, :], o.to(out.dtype.element_ty), mask=tmask[:, None])
+            tl.atomic_xchg(tile, 0)                          # reset for the next launch
 
 
 @triton.jit
@@ -170,7 +213,9 @@ EXPORT_NUM_SPLITS = 8     # fixed split count of exported (dynamic-shape) engine
 # holds 2 (programs_per_sm, from ptxas for sm_90), and the key range is split so that the grid
 # fills whole waves of them; kvh_first puts the KV head on the fastest grid axis. B=64 ctx 4096
 # T=8: 72.6 % of HBM peak with 16-token pages, 76.5 % with 64-token pages (was 65 / 66 %).
-ATTN_DEFAULTS = dict(block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, prefetch=True, kvh_first=True)
+# reduce="ticket": the splits merge inside the split kernel (one launch instead of two per layer).
+ATTN_DEFAULTS = dict(block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, prefetch=True, kvh_first=True,
+                     reduce="ticket")
 
 
 def default_num_splits(device: torch.device, programs: int, max_keys: int, block_n: int,
@@ -198,17 +243,21 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
                            num_splits: int | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            programs_per_sm: int | None = None, prefetch: bool | None = None,
-                           kvh_first: bool | None = None) -> Tensor:
+                           kvh_first: bool | None = None, reduce: str | None = None) -> Tensor:
     """Same contract as ``block_attention_ref``. Unset launch parameters come from
     ``ATTN_DEFAULTS``; ``num_splits`` (KV splits per query tile) from ``default_num_splits``. The
     actual key range of each split is decided on the device from ``kv_limit``, so the split count
-    only depends on shapes."""
+    only depends on shapes. ``reduce``: how splits merge, "ticket" or "two_pass" (module doc; traced
+    calls always use "two_pass")."""
     block_n = block_n or ATTN_DEFAULTS["block_n"]
     num_warps = num_warps or ATTN_DEFAULTS["num_warps"]
     num_stages = num_stages or ATTN_DEFAULTS["num_stages"]
     programs_per_sm = programs_per_sm or ATTN_DEFAULTS["programs_per_sm"]
     prefetch = ATTN_DEFAULTS["prefetch"] if prefetch is None else bool(prefetch)
     kvh_first = ATTN_DEFAULTS["kvh_first"] if kvh_first is None else bool(kvh_first)
+    reduce = reduce or ATTN_DEFAULTS["reduce"]
+    if reduce not in ("ticket", "two_pass"):
+        raise ValueError(f"block_attention: reduce must be 'ticket' or 'two_pass', got {reduce!r}")
     B, T, H, D = q.shape
     Hkv = k_cache.shape[2]
     G = H // Hkv if Hkv else 0
@@ -238,8 +287,12 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
         return out
     part_ml = torch.empty((B, T, H, S, 2), dtype=torch.float32, device=q.device)
     part_acc = torch.empty((B, T, H, S, D), dtype=torch.float32, device=q.device)
+    ticket = reduce == "ticket" and not tracing()
+    counter = ticket_counters(q.device, B * Hkv * t_tiles) if ticket else part_ml
     launcher(block_attention_split_kernel)[(*rows_heads, t_tiles * S)](
-        *tensors, part_ml, part_acc, float(scale), T, P, page, k_cache.shape[0] - 1, S, **meta)
-    launcher(block_attention_reduce_kernel)[(B * T * H,)](
-        part_ml, part_acc, out, S, D=D, BLOCK_S=pow2(S), num_warps=4)
+        *tensors, part_ml, part_acc, out, counter, float(scale), T, P, page, k_cache.shape[0] - 1, S,
+        TICKET=ticket, **meta)
+    if not ticket:
+        launcher(block_attention_reduce_kernel)[(B * T * H,)](
+            part_ml, part_acc, out, S, D=D, BLOCK_S=pow2(S), num_warps=4)
     return out

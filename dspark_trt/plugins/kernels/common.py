@@ -67,6 +67,28 @@ def launcher(kernel):
     return torch.library.wrap_triton(kernel)
 
 
+# Ticket reductions (one launch: the last program of a tile merges the partials) count arrivals in
+# cached int32 counters that every kernel leaves at zero. Kernels on one stream run one after the
+# other, so every ticket kernel of a device shares one buffer.
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def tracing() -> bool:
+    """Whether this call is traced (torch.compile / export: fake tensors), where the ticket
+    reduction's cached counters would hold a fake tensor: such calls reduce in two passes."""
+    from torch._guards import detect_fake_mode
+    return torch.compiler.is_compiling() or detect_fake_mode() is not None
+
+
+def ticket_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Cached zeroed int32 counters (the kernels leave them at zero); grown on demand. Outgrown
+    buffers are kept alive: a CUDA graph captured earlier may still point at them."""
+    bufs = _COUNTERS.setdefault(device, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
+    return bufs[-1]
+
+
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of a CUDA device (4 for anything else: interpreter tests)."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4

@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import INTERPRET, launcher, pow2
+from .common import INTERPRET, launcher, pow2, ticket_counters, tracing
 
 REDUCE_NONE, REDUCE_TWO_PASS, REDUCE_TICKET = 0, 1, 2
 _REDUCE = {"two_pass": REDUCE_TWO_PASS, "ticket": REDUCE_TICKET}
@@ -219,25 +219,6 @@ def choose_config(M: int, N: int, K: int) -> dict:
     return dict(CONFIGS.get((m_bucket(M), N, K)) or default_config(M, N, K))
 
 
-_COUNTERS: dict[torch.device, list[Tensor]] = {}
-
-
-def _tracing() -> bool:
-    """Whether this call is traced (torch.compile / export: fake tensors), where the ticket
-    reduction's cached counters would hold a fake tensor: such calls reduce in two passes."""
-    from torch._guards import detect_fake_mode
-    return torch.compiler.is_compiling() or detect_fake_mode() is not None
-
-
-def _ticket_counters(device: torch.device, n: int) -> Tensor:
-    """Cached zeroed int32 counters (the kernel leaves them at zero); grown on demand. Outgrown
-    buffers are kept alive: a CUDA graph captured earlier may still point at them."""
-    bufs = _COUNTERS.setdefault(device, [])
-    if not bufs or bufs[-1].numel() < n:
-        bufs.append(torch.zeros(max(n, 4096), dtype=torch.int32, device=device))
-    return bufs[-1]
-
-
 def skinny_gemm(x: Tensor, w: Tensor, config: dict | None = None, out: Tensor | None = None) -> Tensor:
     """``x[M, K] @ w[N, K]^T`` -> ``[M, N]`` in x.dtype (fp32 accumulation). ``w`` must be
     row-major; ``x`` contiguous along K. ``config``: see the module doc (None: ``choose_config``)."""
@@ -280,11 +261,11 @@ class SplitK:
         k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
         split = triton.cdiv(K, k_split)
         reduce = REDUCE_NONE if split == 1 else _REDUCE[reduce_name]
-        if reduce == REDUCE_TICKET and _tracing():    # a traced call must not cache (fake) counters
+        if reduce == REDUCE_TICKET and tracing():    # a traced call must not cache (fake) counters
             reduce = REDUCE_TWO_PASS
         grid = (triton.cdiv(N, bn), split, triton.cdiv(M, bm))
         ws = torch.empty((split, M, N) if split > 1 else (1,), dtype=torch.float32, device=device)
-        counter = _ticket_counters(device, grid[0] * grid[2]) if reduce == REDUCE_TICKET else ws
+        counter = ticket_counters(device, grid[0] * grid[2]) if reduce == REDUCE_TICKET else ws
         return cls(grid, k_split, split, reduce, ws, counter)
 
     def finish(self, y: Tensor) -> Tensor:
