@@ -11,8 +11,7 @@ norm. The projections stay cuBLAS GEMMs, as in an AOTI engine.
 
 Between the phases the block attention runs eagerly (``dspark::block_attention``): inductor's
 decomposition of the user-Triton-kernel wrapper asserted on the block-attention kernel at head dim
-16 on the H200 (torch 2.11, ``benchmarks/results/gpu-smoke-a8f3096.log.gz``), and outside a trace
-its KV splits merge in the same launch (the ticket path). Splitting the layer by hand, not by a
+16 on the H200 (torch 2.11, ``benchmarks/results/gpu-smoke-a8f3096.log.gz``). Splitting the layer by hand, not by a
 graph break inside it, keeps each phase one graph: a break nested in the layer's call made dynamo
 compile the input norm, the projections and the cache write as separate graphs. The KV-cache write
 (``Qwen3Attention.write_cache``) becomes its torch form (``kv_cache_write_ref``: an indexed store,

@@ -49,7 +49,7 @@ def test_kv_cache_write_kernel(results):
 
 
 @pytest.mark.parametrize("splits", [1, 3, 8])
-@pytest.mark.parametrize("variant", ["", "_prefetch", "_kvh_first", "_two_pass"])
+@pytest.mark.parametrize("variant", ["", "_prefetch", "_kvh_first", "_ticket"])
 @pytest.mark.parametrize("mask", ["causal", "block"])
 def test_block_attention_kernel(results, mask, variant, splits):
     assert results[f"block_attention_{mask}{variant}_split{splits}"]["err"] < 1e-5

@@ -211,11 +211,14 @@ def _block_attention_cases(device, dtype, out):
         ref = block_attention_ref(q, kc, vc, table, pos, lim, scale)
         for splits in (1, 3, 8):                          # 8 splits: some splits get no keys
             for variant, kw in (("", {}), ("_prefetch", dict(prefetch=True, num_stages=3)),
-                                ("_kvh_first", dict(kvh_first=True)), ("_two_pass", dict(reduce="two_pass"))):
+                                ("_kvh_first", dict(kvh_first=True)), ("_ticket", dict(reduce="ticket"))):
                 got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=splits,
                                                  block_n=16, **kw)
                 out[f"block_attention_{name}{variant}_split{splits}"] = {"err": _err(got, ref)}
-        again = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=8, block_n=16)
+        got = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=8, block_n=16,
+                                         reduce="ticket")
+        again = kba.block_attention_triton(q, kc, vc, table, pos, lim, scale, num_splits=8, block_n=16,
+                                           reduce="ticket")
         out[f"block_attention_{name}_ticket_again"] = {     # the counters are left at zero for reuse
             "equal": bool(torch.equal(again, got)),
             "counters_zero": all(int(b.abs().sum()) == 0 for b in kcommon._COUNTERS.get(q.device, []))}

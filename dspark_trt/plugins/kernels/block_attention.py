@@ -14,8 +14,9 @@ Triton pipelines the K/V loads ``num_stages - 1`` deep; grid with the KV head as
   shapes, and the splits are merged (no host sync, graph-safe) either by the tile's last-arriving
   split program (``reduce="ticket"``, one launch: an atomic ticket per query tile in the cached
   counters of ``common.ticket_counters``; splits left without keys store nothing and the merge reads
-  only the splits that have keys) or by ``block_attention_reduce_kernel`` (``"two_pass"``: what
-  traced calls use, e.g. an exported engine, since cached counters cannot live in a trace).
+  only the splits that have keys) or by ``block_attention_reduce_kernel`` (``"two_pass"``, the
+  default: measured faster, see ``ATTN_DEFAULTS``; traced calls, e.g. an exported engine, always use
+  it, since cached counters cannot live in a trace).
 
 Inert queries (position < 0, row without pages) write zeros.
 """
@@ -213,9 +214,12 @@ EXPORT_NUM_SPLITS = 8     # fixed split count of exported (dynamic-shape) engine
 # holds 2 (programs_per_sm, from ptxas for sm_90), and the key range is split so that the grid
 # fills whole waves of them; kvh_first puts the KV head on the fastest grid axis. B=64 ctx 4096
 # T=8: 72.6 % of HBM peak with 16-token pages, 76.5 % with 64-token pages (was 65 / 66 %).
-# reduce="ticket": the splits merge inside the split kernel (one launch instead of two per layer).
+# reduce: "two_pass". The one-launch "ticket" merge was slower on the H200 in the compiled Qwen3-8B
+# decode step (batch 1, 128-token context, 3 splits: 6.4 us per layer against 3.8 + 1.5 us for the
+# split and reduce kernels; profile-compiled-b1-6bc209a.json.gz): the tile's last split merges
+# serially after an atomic round trip, where the reduce kernel merges every head in parallel.
 ATTN_DEFAULTS = dict(block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, prefetch=True, kvh_first=True,
-                     reduce="ticket")
+                     reduce="two_pass")
 
 
 def default_num_splits(device: torch.device, programs: int, max_keys: int, block_n: int,
