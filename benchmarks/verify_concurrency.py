@@ -271,6 +271,11 @@ def run(argv) -> dict:
     t0 = time.perf_counter()
     sizes = bench._ints(args.batch_sizes)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES + tuple(EXTRA_MODES)]
+    if unknown or "fixed" not in modes:
+        raise SystemExit(f"error: --modes {args.modes!r}: "
+                         + (f"unknown {unknown} (choose from {list(MODES + tuple(EXTRA_MODES))})" if unknown
+                            else "must include 'fixed', the reference every mode is compared with"))
     steady = args.load == "steady"
     longest = steady_range(args.gen_len)[1] if steady else args.gen_len
     args.max_batch_size, args.max_seq_len = max(sizes), args.prompt_len + longest

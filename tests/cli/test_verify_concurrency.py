@@ -6,6 +6,7 @@ import gzip
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from tests.support.benchmark_scripts import load_benchmark
@@ -168,3 +169,10 @@ def test_schedule_bounds_of_a_cost_grid():
     flat = mod.bounds(result([[1.0] * n, [1.0] * n]), survival, spread=1.0)["batch"]["64"]
     assert flat["best_window"] == n and flat["window_over_fixed"] == 1.0
     assert flat["packed_oracle_over_fixed"] < 1.05
+
+
+def test_modes_are_checked_before_the_model_loads():
+    mod = _module()
+    for modes, msg in (("scheduled", "must include 'fixed'"), ("fixed,sched", r"unknown \['sched'\]")):
+        with pytest.raises(SystemExit, match=msg):
+            mod.run(["--device", "cpu", "--modes", modes, "--batch-sizes", "1"])
