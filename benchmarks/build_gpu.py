@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from dspark_trt.builder.build import BuildOptions, build_engine  # noqa: E402
+from dspark_trt.checkpoints.fp8 import apply_quantization_  # noqa: E402
 from dspark_trt.config import PRESETS, get_preset  # noqa: E402
 from dspark_trt.config.source import resolve_num_spec_tokens  # noqa: E402
 from dspark_trt.models import build_models  # noqa: E402
@@ -181,8 +182,9 @@ def parity(engine_dir: Path, opts: BuildOptions, B: int = 4, T: int = 64) -> dic
     dtype = nets.dtype
     from dspark_trt.builder.build import apply_overrides
     o = opts.resolved()           # the reference: same seed -> same weights, unfused eager modules
-    target, draft = build_models(apply_overrides(get_preset(o.model), o.overrides), dtype, device,
-                                 o.seed)
+    pair = apply_overrides(get_preset(o.model), o.overrides)
+    target, draft = build_models(pair, dtype, device, o.seed)
+    apply_quantization_(pair, target, dtype, o.quantization)    # an fp8 build: the same fp8 weights
     eager = EagerNetworks(target, draft, nets.num_pages, nets.page_size, device, dtype,
                           o.markov_sampler, nets.num_spec_tokens)
     eager.max_pages_per_seq, eager.vocab_size = nets.max_pages_per_seq, nets.vocab_size
@@ -243,6 +245,8 @@ V4 = "deepseek-v4-flash-dspark"
 # GPU smoke builds (benchmarks/gpu_smoke.sh): name -> (preset, overrides, max batch)
 SMOKE = {"qwen3-8b-6layers": ("qwen3-8b-dspark-block7", ("num_hidden_layers=6",), 16),
          "v4-tiny": ("deepseek-v4-tiny-dspark", (), 16)}
+# builds of the same with --quantization fp8 (name -> the SMOKE build it quantises)
+SMOKE_FP8 = {"qwen3-8b-6layers-fp8": "qwen3-8b-6layers"}
 V4_EAGER = f"{V4}-eager"                   # v4-eager's results file: build-<V4_EAGER>.json
 V4_OVERRIDES = ["draft.target_layer_ids=[0]", "num_hidden_layers=1"]
 V4_BATCHES = (1, 16)
@@ -404,7 +408,7 @@ def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("which", nargs="*", default=["qwen3", "v4"],
-                    choices=["qwen3", "v4", *V4_STEPS, *SMOKE])
+                    choices=["qwen3", "v4", *V4_STEPS, *SMOKE, *SMOKE_FP8])
     ap.add_argument("--git-sha")
     ap.add_argument("--keep", action="store_true", help="keep the engines (for a following bench)")
     ap.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact")
@@ -416,12 +420,13 @@ def main() -> None:
                             check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1",
                             backend="aoti", device="cuda", markov_sampler=a.markov_sampler),
             sha, check_parity=True, keep=a.keep)
-    for name in SMOKE:
+    for name in [*SMOKE, *SMOKE_FP8]:
         if name in a.which:
-            model, overrides, batch = SMOKE[name]
+            model, overrides, batch = SMOKE[SMOKE_FP8.get(name, name)]
             run(name, BuildOptions(model=model, output=str(ENGINES / name), random_weights=True, dtype="bf16",
                                    max_batch_size=batch, overrides=list(overrides), backend="aoti",
                                    device="cuda", markov_sampler=a.markov_sampler,
+                                   quantization="fp8" if name in SMOKE_FP8 else None,
                                    check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1"),
                 sha, check_parity=True, keep=a.keep)
     steps = set(V4_STEPS) if "v4" in a.which else set(a.which) & set(V4_STEPS)

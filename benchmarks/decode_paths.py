@@ -1,7 +1,9 @@
 """The Python API's decode step, path by path, in one process (issue #21): ``LLM`` eager modules
 with separate q/k/v and gate/up linears (the path before this change), with the engines' fused
 projections, fused + ``compile=True`` (inductor, regional), and the compiled HF transformers peer
-on the same weights. Same preset, seed and prompts for every path.
+on the same weights. Same preset, seed and prompts for every path. ``<path>_fp8`` (issue #23): the
+same path with the target's projections quantised to fp8 (``--quantization fp8``: the fp8 kernel,
+q/k/v and gate/up fused), compared with ``<path>`` (prefill logits, greedy prefix).
 
     CXX=/usr/bin/g++ CC=/usr/bin/gcc python benchmarks/decode_paths.py \\
         --model qwen3-8b-dspark-block7 --batch-sizes 1,16 --out-dir "$OUT"
@@ -41,7 +43,10 @@ PATHS = {  # name -> LLM.from_preset options
     "eager_fused": {},
     "compiled": {"compile": True},
     "compiled_skinny": {"compile": True},
+    "eager_fused_fp8": {"quantization": "fp8"},        # q..down in fp8 e4m3, 128x128 block scales (#23)
+    "compiled_fp8": {"compile": True, "quantization": "fp8"},
 }
+FP8_SUFFIX = "_fp8"            # a path "<p>_fp8" is compared with path "<p>" (same weights, quantised)
 # environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears, with
 # DSPARK_SKINNY_GEMM_TABLE (a skinny_gemm_bench.py JSON of this GPU) if the caller set one
 PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"}}
@@ -60,6 +65,12 @@ def prefill_logits(llm: LLM, ids) -> torch.Tensor:
                       torch.arange(T, device=llm.device)[None], torch.arange(pages, device=llm.device)[None],
                       cache)
     return logits[0].float()
+
+
+def logits_diff(logits: torch.Tensor, ref: torch.Tensor) -> dict:
+    d = (logits - ref).abs()
+    return {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()), "ref_max_abs": float(ref.abs().max()),
+            "argmax_equal_fraction": float((logits.argmax(-1) == ref.argmax(-1)).float().mean())}
 
 
 def equal_prefix(a: list[int], b: list[int]) -> int:
@@ -85,11 +96,7 @@ def measure_path(name: str, llm: LLM, prompts, sizes: list[int], a, ref: dict | 
     spec = llm.generate([prompts[0].tolist()], sp, speculative=True)[0].output_ids
     out["greedy_spec_equal_prefix_to_own_ar"] = equal_prefix(spec, out["greedy_ar_row0"])
     if ref is not None:
-        d = (logits - ref["logits"]).abs()
-        out["prefill_logits_vs_unfused"] = {
-            "max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()),
-            "ref_max_abs": float(ref["logits"].abs().max()),
-            "argmax_equal_fraction": float((logits.argmax(-1) == ref["logits"].argmax(-1)).float().mean())}
+        out["prefill_logits_vs_unfused"] = logits_diff(logits, ref["logits"])
         out["greedy_ar_equal_prefix_to_unfused"] = equal_prefix(out["greedy_ar_row0"], ref["ar"])
     out["seconds"] = time.perf_counter() - t0
     return logits
@@ -197,7 +204,7 @@ def main() -> int:
         report["seconds_total"] = time.perf_counter() - t_start
         path.write_text(json.dumps(report, indent=1, default=str))
 
-    ref, llm, prompts = None, None, None
+    ref, llm, prompts, kept = None, None, None, {}
     for name in names:
         if name == HF:
             if a.hf == "none":
@@ -251,6 +258,13 @@ def main() -> int:
                 report["paths"][name]["greedy_ar_row0"], report["paths"]["compiled"]["greedy_ar_row0"])
         if ref is None and name == "eager_unfused":
             ref = {"logits": logits, "ar": report["paths"][name]["greedy_ar_row0"]}
+        wide = name[:-len(FP8_SUFFIX)] if name.endswith(FP8_SUFFIX) else None
+        if wide in kept:                          # fp8 against the same path on the unquantised weights
+            report["paths"][name]["prefill_logits_vs_" + wide] = logits_diff(logits, kept[wide])
+            report["paths"][name]["greedy_ar_equal_prefix_to_" + wide] = equal_prefix(
+                report["paths"][name]["greedy_ar_row0"], report["paths"][wide]["greedy_ar_row0"])
+        if name + FP8_SUFFIX in names:
+            kept[name] = logits
         del logits
         write()
     write()

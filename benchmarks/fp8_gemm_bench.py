@@ -9,7 +9,8 @@ Bandwidth = bytes moved / time (fp8: N*K + 4 B per scale block + x + y; bf16: 2*
 % of 4.8 TB/s. Every config is checked against ``F.linear(x, dequantised W)`` first (bf16 output
 rounding + the reference's bf16 weight rounding). A small sweep per M (the default config first;
 at M <= 4 then the same config with the ``.to(float32)`` decode instead of the bit pattern);
-the winners print as a ``CONFIGS`` literal for kernels/fp8_gemm.py. For M >= 64 also the opt-in
+the winners print as a ``CONFIGS`` literal for kernels/fp8_gemm.py. Every row also times
+``by_m_config`` (the one launch for any M that engines and dynamic-shape compiles run). For M >= 64 also the opt-in
 W8A8 variant (activations quantised per 128-group, fp8 tensor-core MMA; checked within 6 % of the
 largest output: it rounds the activations), its time, TFLOP/s and speedup vs bf16 cuBLAS (try
 ``--ms 1,16,64,128,1024`` for a prefill-sized M).
@@ -48,14 +49,14 @@ MS = (1, 16, 64, 128)
 
 
 def shapes() -> dict[str, tuple[int, int]]:
-    """name -> (N, K) of the weight [N, K]: Qwen3-8B (unfused: fp8 projections are not fused),
+    """name -> (N, K) of the weight [N, K]: Qwen3-8B (each projection, and q/k/v and gate/up fused),
     V4-Flash and V4-Pro (attention wq_a / wq_b / wkv / wo_a / wo_b, the CSA indexer's wq_b, shared
     expert)."""
     q = get_preset("qwen3-8b-fp8-dspark-block7").target
     d, qd, kv, m = q.hidden_size, q.num_attention_heads * q.head_dim, q.num_key_value_heads * q.head_dim, \
         q.intermediate_size
     out = {"qwen3_q": (qd, d), "qwen3_kv": (kv, d), "qwen3_o": (d, qd), "qwen3_gate_up": (m, d),
-           "qwen3_down": (d, m)}
+           "qwen3_down": (d, m), "qwen3_qkv_fused": (qd + 2 * kv, d), "qwen3_gate_up_fused": (2 * m, d)}
     for tag, preset in (("v4f", "deepseek-v4-flash-dspark"), ("v4p", "deepseek-v4-pro-dspark")):
         c = get_preset(preset).target
         D, H, hd, ql, ol, g, h = (c.hidden_size, c.num_attention_heads, c.head_dim, c.q_lora_rank,
@@ -96,6 +97,26 @@ def sweep(M: int, N: int, K: int) -> list[dict]:
     return out
 
 
+def measure(case: tuple, cfg: dict, rel_tol: float = 1e-2) -> dict:
+    """``cfg`` on ``case`` = (x, fp8 weight copies, bf16 reference output, cuBLAS us, fp8 bytes, iters):
+    checked against the reference (within rel_tol of its largest entry), then timed."""
+    x, q, ref, cublas, fp8_bytes, iters = case
+    M, K = x.shape
+    N = q[0][0].shape[0]
+    rec = {"config": cfg}
+    try:
+        y = fg.fp8_gemm(x, q[0][0], q[0][1], cfg)
+        err = (y.float() - ref.float()).abs().max().item()
+        rec.update(max_err=err, ok=err <= 1e-2 + rel_tol * ref.float().abs().max().item())
+        us = graph_us([lambda w=w: fg.fp8_gemm(x, w[0], w[1], cfg) for w in q], iters)
+        rec.update(us=us, pct=fp8_bytes / (us * 1e-6) / PEAK * 100, tb_per_s=fp8_bytes / us / 1e6,
+                   tflops=2 * M * N * K / us / 1e6, speedup_vs_bf16=cublas / us)
+    except Exception as e:                 # noqa: BLE001 - e.g. out of shared memory
+        rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        traceback.print_exc(limit=1)
+    return rec
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     all_shapes = shapes()
@@ -125,33 +146,11 @@ def main():
             row = {"shape": name, "N": N, "K": K, "M": M, "copies": copies, "cublas_bf16_us": cublas,
                    "cublas_bf16_pct": bf16_bytes / (cublas * 1e-6) / PEAK * 100,
                    "fp8_bytes": fp8_bytes, "bf16_bytes": bf16_bytes, "configs": []}
-            for cfg in sweep(M, N, K):
-                rec = {"config": cfg}
-                try:
-                    y = fg.fp8_gemm(x, q[0][0], q[0][1], cfg)
-                    err = (y.float() - ref.float()).abs().max().item()
-                    rec["max_err"] = err
-                    rec["ok"] = err <= 1e-2 + 1e-2 * ref.float().abs().max().item()
-                    us = graph_us([lambda w=w: fg.fp8_gemm(x, w[0], w[1], cfg) for w in q], args.iters)
-                    rec.update(us=us, pct=fp8_bytes / (us * 1e-6) / PEAK * 100, tb_per_s=fp8_bytes / us / 1e6)
-                except Exception as e:                 # noqa: BLE001 - e.g. out of shared memory
-                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    traceback.print_exc(limit=1)
-                row["configs"].append(rec)
+            case = (x, q, ref, cublas, fp8_bytes, args.iters)
+            row["configs"] = [measure(case, cfg) for cfg in sweep(M, N, K)]
+            row["by_m"] = measure(case, fg.by_m_config(N, K))   # engines' one launch for any M (not swept)
             if M >= 64:                                # the opt-in W8A8 variant (activations to fp8)
-                cfg = fg.mma_config(M, N, K)
-                rec = {"config": cfg}
-                try:
-                    y = fg.fp8_gemm(x, q[0][0], q[0][1], cfg)
-                    err = (y.float() - ref.float()).abs().max().item()
-                    rec.update(max_err=err, ok=err <= 1e-2 + 6e-2 * ref.float().abs().max().item())
-                    us = graph_us([lambda w=w: fg.fp8_gemm(x, w[0], w[1], cfg) for w in q], args.iters)
-                    rec.update(us=us, pct=fp8_bytes / (us * 1e-6) / PEAK * 100,
-                               tflops=2 * M * N * K / us / 1e6, speedup_vs_bf16=cublas / us)
-                except Exception as e:                 # noqa: BLE001
-                    rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    traceback.print_exc(limit=1)
-                row["w8a8_mma"] = rec
+                row["w8a8_mma"] = measure(case, fg.mma_config(M, N, K), rel_tol=6e-2)
             d0 = row["configs"][0]
             row["default_us"], row["default_pct"] = d0.get("us"), d0.get("pct")
             if M <= 4:
@@ -167,6 +166,8 @@ def main():
                   f"({row['cublas_bf16_pct']:5.1f}%)  fp8 " + (f"{best['us']:8.2f} us ({best['pct']:5.1f}% of HBM) "
                   f"x{cublas / best['us']:.2f} {best['config']}" if best else "none correct")
                   + (f"  [{bad} failed/incorrect]" if bad else "")
+                  + (f"  | by-M {row['by_m']['us']:.2f} us ({row['by_m']['pct']:.1f}%)"
+                     f"{'' if row['by_m']['ok'] else ' INCORRECT'}" if "us" in row["by_m"] else "  | by-M failed")
                   + (f"  | W8A8 MMA {row['w8a8_mma']['us']:.2f} us x{row['w8a8_mma']['speedup_vs_bf16']:.2f}"
                      f"{'' if row['w8a8_mma']['ok'] else ' INCORRECT'}" if "us" in row.get("w8a8_mma", {}) else ""),
                   flush=True)

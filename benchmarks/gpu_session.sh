@@ -10,6 +10,7 @@
 #   With EXTRA set, part 1 runs its commands in place of the verify-mode steps.
 #   part N > 1: EXTRA=<file of commands> run one after the other (the change's own benchmarks;
 #           e.g. benchmarks/gpu_session14_part2.txt).
+#   GPU_TESTS: the test paths of part 1 (default tests/); DSPARK_SMOKE_BUILDS: its builds (gpu_smoke.py).
 #   DSPARK_GIT_SHA=<sha> OUT=<dir> [EXTRA=<file>] bash benchmarks/gpu_session.sh 1|N
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,7 @@ if [ "$1" = 1 ]; then
   OUT=$R taskset -c 8-15 python3 benchmarks/gpu_smoke.py --only builds > "$R/builds.out" 2>&1 &
   B=$!
   step "GPU tests"
-  timeout 200 taskset -c 0-7 python3 -m pytest -q -m gpu tests/ -n 4 -p no:cacheprovider -rfE \
+  timeout 200 taskset -c 0-7 python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/} -n 4 -p no:cacheprovider -rfE \
     > "$R/gpu-tests-$DSPARK_GIT_SHA.log" 2>&1
   grep -E "passed|failed|FAILED|ERROR" "$R/gpu-tests-$DSPARK_GIT_SHA.log" | tail -15 | tee -a "$R/session.log"
   if [ -n "${EXTRA:-}" ]; then
@@ -47,7 +48,7 @@ if [ "$1" = 1 ]; then
   fi
   step "waiting for the builds"
   wait $B
-  grep "\[smoke\]\|-----\|parity\|equal" "$R/builds.out" | cut -c1-200 | tail -20 | tee -a "$R/session.log"
+  grep "\[smoke\]\|-----\|parity\|equal" "$R/builds.out" | cut -c1-200 | tail -40 | tee -a "$R/session.log"
   mv "$R/gpu-smoke-$DSPARK_GIT_SHA.json" "$R/gpu-smoke-builds-$DSPARK_GIT_SHA.json" 2>/dev/null
   mv "$R/gpu-smoke-$DSPARK_GIT_SHA.log" "$R/gpu-smoke-builds-$DSPARK_GIT_SHA.log" 2>/dev/null
   step "engine bench, generate"

@@ -69,7 +69,9 @@ def run(name: str, cmd: list[str], limit_s: float, steps: dict) -> str:
     return finish(name, start(name, cmd), limit_s, steps)
 
 
-BUILDS = ("qwen3-8b-6layers", "v4-tiny")
+# builds of benchmarks/build_gpu.py (DSPARK_SMOKE_BUILDS: a comma list of its SMOKE / SMOKE_FP8 names)
+BUILDS = tuple(os.environ.get("DSPARK_SMOKE_BUILDS", "qwen3-8b-6layers,v4-tiny").split(","))
+BENCH_ENGINES = ("qwen3-8b-6layers", "qwen3-8b-6layers-fp8")     # benched where built
 BUILD_LIMIT_S = 430            # from the start of the run; the builds compile beside the GPU tests
 
 
@@ -109,13 +111,17 @@ def main() -> int:
             steps[f"build-{name}"].update(wall_seconds=rec["build"]["wall_seconds"],
                                           ops=rec["build"].get("ops"), parity=rec.get("parity"))
 
-    finish_build("qwen3-8b-6layers")                   # the bench's engine; V4 may still compile
-    engine = ENGINES / "qwen3-8b-6layers"
-    if engine.exists() and wanted("bench"):
-        bench = run("bench", [py, "-m", "dspark_trt.cli", "bench", "--engine", str(engine), "--batch-sizes",
-                              "1,16", "--hf", "none", "--gen-len", "64", "--time-budget-s", "120",
-                              "--out-dir", str(OUT)], 120, steps)
-        steps["bench"]["lines"] = [ln for ln in bench.splitlines() if ln.startswith("[bench] B=")]
+    for name in BENCH_ENGINES:                          # the bench's engines; V4 may still compile
+        finish_build(name)
+        engine = ENGINES / name
+        if not (engine.exists() and wanted("bench")):
+            continue
+        step = "bench" if name == BENCH_ENGINES[0] else f"bench-{name}"
+        out_dir = OUT if step == "bench" else OUT / name       # bench names its JSON by GPU and sha only
+        bench = run(step, [py, "-m", "dspark_trt.cli", "bench", "--engine", str(engine), "--batch-sizes",
+                           "1,16", "--hf", "none", "--gen-len", "64", "--time-budget-s", "120",
+                           "--out-dir", str(out_dir)], 120, steps)
+        steps[step]["lines"] = [ln for ln in bench.splitlines() if ln.startswith("[bench] B=")]
     for name in list(builds):
         finish_build(name)
     if wanted("generate"):

@@ -185,7 +185,8 @@ class ReferenceOps(TorchFunctionMode):
 
 # Triton ops whose launchers choose their launch parameters without specialising on dynamic
 # shapes (the Markov samplers fall back to fixed row tiles and the per-step schedule when traced;
-# moe_experts and moe_experts_mxfp4 size their grids from M symbolically); the others are compiled from their references,
+# moe_experts, moe_experts_mxfp4 and fp8_linear size their grids from M symbolically, fp8_linear
+# choosing its body by M inside one kernel); the others are compiled from their references,
 # for the reason given here. Both come from the plugins' registry (``export_safe``,
 # ``reference_reason``).
 EXPORT_SAFE_KERNELS = {op.qualname for op in OPS.values() if op.export_safe}

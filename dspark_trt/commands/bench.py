@@ -370,7 +370,8 @@ def eager_path(llm) -> dict:
     """How the steps run: engine networks, or eager modules (fused projections, compiled)."""
     if llm.target is None:
         return {"engine": True}
-    fused = any(type(m).__name__ == "FusedLinear" for m in llm.target.modules())
+    from ..models.fuse import FusedLinear
+    fused = any(isinstance(m, FusedLinear) for m in llm.target.modules())
     return {"engine": False, "fused_projections": fused, "compiled": llm.compiled}
 
 

@@ -10,9 +10,13 @@ builder and for ``LLM.from_preset`` / ``from_checkpoints``; checkpoints keep the
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import plugins
 from ..plugins.decode_linear import decode_linear
+from ..plugins.fp8_linear import FP8_BLOCK
+from .fp8_linear import Fp8Linear
 
 # fused module name -> the HF names of its parts, in row order
 FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -32,30 +36,67 @@ class FusedLinear(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         return decode_linear(x, self.weight, self.skinny_gemm).split(self.sizes, -1)
 
-    def rows_from(self, i: int) -> Tensor:
-        """The stacked weight of parts i, i+1, ... (a view: no copy)."""
-        return self.weight[sum(self.sizes[:i]):]
+    def parts_from(self, x: Tensor, i: int) -> tuple[Tensor, ...]:
+        """The outputs of parts i, i+1, ... only (one GEMM over their rows, a view of the weight)."""
+        return F.linear(x, self.weight[sum(self.sizes[:i]):]).split(self.sizes[i:], -1)
+
+
+class FusedFp8Linear(FusedLinear):
+    """``Fp8Linear``s stacked by output rows, their 128x128 block scales stacked with them: every
+    part but the last must have a multiple of 128 rows, so no scale block spans two parts (Qwen3's
+    q/k/v and gate/up at every tensor-parallel size up to 8 do)."""
+
+    def __init__(self, linears: list[Fp8Linear]):
+        nn.Module.__init__(self)
+        self.sizes = [lin.out_features for lin in linears]
+        if any(n % FP8_BLOCK for n in self.sizes[:-1]):
+            raise ValueError(f"FusedFp8Linear: part rows {self.sizes} are not multiples of {FP8_BLOCK} "
+                             f"(a scale block would span two parts)")
+        self.in_features, self.out_features = linears[0].in_features, sum(self.sizes)
+        self.weight = nn.Parameter(torch.cat([lin.weight for lin in linears], 0), requires_grad=False)
+        self.weight_scale_inv = nn.Parameter(torch.cat([lin.weight_scale_inv for lin in linears], 0),
+                                             requires_grad=False)
+        self.skinny_gemm = False
+
+    _apply = Fp8Linear._apply                   # device moves only: fp8 codes and fp32 scales keep their dtypes
+
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
+        return self.parts_from(x, 0)
+
+    def parts_from(self, x: Tensor, i: int) -> tuple[Tensor, ...]:
+        r = sum(self.sizes[:i])
+        return plugins.fp8_linear(x, self.weight[r:], self.weight_scale_inv[r // FP8_BLOCK:]).split(self.sizes[i:], -1)
 
 
 def _plain(*linears) -> bool:
     return all(type(lin) is nn.Linear for lin in linears)
 
 
+def _fusable(*linears) -> type | None:
+    """The fused class for ``linears``: plain linears, or fp8 ones whose scale blocks stack."""
+    if _plain(*linears):
+        return FusedLinear
+    if all(type(lin) is Fp8Linear for lin in linears) and all(lin.out_features % FP8_BLOCK == 0
+                                                              for lin in linears[:-1]):
+        return FusedFp8Linear
+    return None
+
+
 def fuse_projections_(module: nn.Module) -> int:
     """Fuse q/k/v and gate/up of every Qwen3 attention and SwiGLU MLP inside ``module`` in place;
-    returns the number of fused groups. Calling it again changes nothing. Groups holding a non-plain
-    linear (``Fp8Linear``: its block scales do not stack for row counts off the 128 grid) stay
-    unfused."""
+    returns the number of fused groups. Calling it again changes nothing. ``Fp8Linear`` groups fuse
+    into ``FusedFp8Linear`` where their block scales stack (row counts on the 128 grid); other
+    groups, and groups mixing formats, stay unfused."""
     from .layers import SwiGLU
     from .qwen3 import Qwen3Attention
     n = 0
     for m in list(module.modules()):
-        if isinstance(m, Qwen3Attention) and m.qkv_proj is None and _plain(m.q_proj, m.k_proj, m.v_proj):
-            m.qkv_proj = FusedLinear([m.q_proj, m.k_proj, m.v_proj])
+        if isinstance(m, Qwen3Attention) and m.qkv_proj is None and _fusable(m.q_proj, m.k_proj, m.v_proj):
+            m.qkv_proj = _fusable(m.q_proj, m.k_proj, m.v_proj)([m.q_proj, m.k_proj, m.v_proj])
             m.q_proj = m.k_proj = m.v_proj = None
             n += 1
-        elif isinstance(m, SwiGLU) and m.gate_up_proj is None and _plain(m.gate_proj, m.up_proj):
-            m.gate_up_proj = FusedLinear([m.gate_proj, m.up_proj])
+        elif isinstance(m, SwiGLU) and m.gate_up_proj is None and _fusable(m.gate_proj, m.up_proj):
+            m.gate_up_proj = _fusable(m.gate_proj, m.up_proj)([m.gate_proj, m.up_proj])
             m.gate_proj = m.up_proj = None
             n += 1
     return n
@@ -72,19 +113,22 @@ def use_skinny_gemm_fused_(module: nn.Module) -> int:
 
 def unfuse_state_dict(state: dict[str, Tensor], sizes: dict[str, list[int]]) -> dict[str, Tensor]:
     """``state`` with every ``<prefix>.<fused>.weight`` (``FUSED_PARTS``) split by rows into its
-    parts' HF names; ``sizes[fused]``: the parts' row counts (views, no copy)."""
+    parts' HF names, and an fp8 one's ``weight_scale_inv`` by rows of 128-row scale blocks;
+    ``sizes[fused]``: the parts' row counts (views, no copy)."""
     out = {}
     for name, t in state.items():
         prefix, _, leaf = name.rpartition(".")
         owner, _, fused = prefix.rpartition(".")
-        if leaf != "weight" or fused not in FUSED_PARTS:
+        if leaf not in ("weight", "weight_scale_inv") or fused not in FUSED_PARTS:
             out[name] = t
             continue
         rows, parts = sizes[fused], FUSED_PARTS[fused]
+        if leaf == "weight_scale_inv":
+            rows = [-(-r // FP8_BLOCK) for r in rows]
         if sum(rows) != t.shape[0] or len(rows) != len(parts):
             raise ValueError(f"{name}: {t.shape[0]} rows do not split into {dict(zip(parts, rows))}")
         for part, w in zip(parts, t.split(rows, 0)):
-            out[f"{owner}.{part}.weight" if owner else f"{part}.weight"] = w
+            out[f"{owner}.{part}.{leaf}" if owner else f"{part}.{leaf}"] = w
     return out
 
 
@@ -99,7 +143,7 @@ def unfused_state_dict(module: nn.Module) -> dict[str, Tensor]:
     state = module.state_dict()
     for name, m in module.named_modules():
         if isinstance(m, FusedLinear):
-            key = f"{name}.weight"
             fused = name.rpartition(".")[2]
-            state.update(unfuse_state_dict({key: state.pop(key)}, {fused: m.sizes}))
+            keys = [f"{name}.{leaf}" for leaf in ("weight", "weight_scale_inv") if f"{name}.{leaf}" in state]
+            state.update(unfuse_state_dict({k: state.pop(k) for k in keys}, {fused: m.sizes}))
     return state

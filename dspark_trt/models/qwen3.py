@@ -8,7 +8,6 @@ Parameter names equal the HF checkpoint names (``model.layers.0.self_attn.q_proj
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import plugins
@@ -38,7 +37,7 @@ class Qwen3Attention(nn.Module):
         """x [B, T, d] -> roped, k-normed K and plain V, each [B, T, Hkv, D] (no query)."""
         if self.qkv_proj is None:
             return self._rope_kv(self.k_proj(x), self.v_proj(x), cos, sin)
-        k, v = F.linear(x, self.qkv_proj.rows_from(1)).split(self.qkv_proj.sizes[1:], -1)
+        k, v = self.qkv_proj.parts_from(x, 1)
         return self._rope_kv(k, v, cos, sin)
 
     def queries_and_cache(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,

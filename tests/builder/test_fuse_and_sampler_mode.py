@@ -46,6 +46,40 @@ def test_fused_projections_equal_separate_ones():
     assert torch.equal(ref[2], got[2])
 
 
+def test_fp8_projections_fuse_where_their_scale_blocks_stack():
+    """fp8 q/k/v and gate/up with row counts on the 128 grid fuse into ``FusedFp8Linear`` (weights
+    and block scales stacked): the same round as the separate ``Fp8Linear``s, and the checkpoint
+    tensors split back into the published names unchanged. Off the grid, or mixed, they stay apart."""
+    from dspark_trt.checkpoints.qwen3 import qwen3_target_tensors
+    from dspark_trt.models.fp8_linear import Fp8Linear, fp8_linears_
+    from dspark_trt.models.fuse import FusedFp8Linear
+    pair = tiny_pair(hidden=256, heads=4, kv_heads=2, layers=3, draft_layers=1)   # q 256, k / v 128, gate / up 512
+    target, draft = build_models(pair, torch.float64, "cpu", seed=5)
+    assert fp8_linears_(target) == 7 * pair.target.num_hidden_layers
+    ref, ref_tensors = _round(target, draft), qwen3_target_tensors(target)
+    assert fuse_projections_(target) == 2 * pair.target.num_hidden_layers
+    attn = target.model.layers[0].self_attn
+    assert isinstance(attn.qkv_proj, FusedFp8Linear) and attn.qkv_proj.weight.dtype == torch.float8_e4m3fn
+    assert tuple(attn.qkv_proj.weight_scale_inv.shape) == (4, 2)
+    target.to(torch.float32).to(torch.float64)                   # dtype casts leave fp8 codes and scales alone
+    assert attn.qkv_proj.weight.dtype == torch.float8_e4m3fn and attn.qkv_proj.weight_scale_inv.dtype == torch.float32
+    got = _round(target, draft)
+    for a, b in zip(ref[:2] + ref[3:], got[:2] + got[3:]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    assert torch.equal(ref[2], got[2])
+    tensors = qwen3_target_tensors(target)
+    assert tensors.keys() == ref_tensors.keys()
+    bits = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t   # noqa: E731
+    assert all(torch.equal(bits(tensors[k]), bits(ref_tensors[k])) for k in tensors)
+    odd = tiny_pair(hidden=192, heads=4, kv_heads=2, layers=3, draft_layers=1)      # k / v: 96 rows
+    t2, _ = build_models(odd, torch.float64, "cpu", seed=5)
+    fp8_linears_(t2)
+    assert fuse_projections_(t2) == odd.target.num_hidden_layers                   # gate / up (384) only
+    mixed, _ = build_models(pair, torch.float64, "cpu", seed=5)
+    mixed.model.layers[0].mlp.gate_proj = Fp8Linear.from_linear(mixed.model.layers[0].mlp.gate_proj)
+    assert fuse_projections_(mixed) == 2 * pair.target.num_hidden_layers - 1
+
+
 def test_topk_chunk_gives_enough_candidates():
     for V in (64, 4096, 129280, 151936):
         c = topk_chunk(V)

@@ -148,6 +148,22 @@ def test_kernel_on_gpu_at_qwen3_8b_shapes(M):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_one_launch_for_any_m_on_gpu():
+    """The engines' body (``by_m_config``: chosen by M inside the kernel) at Qwen3-8B shapes, on
+    both sides of its switch and past one 64-token tile: within bf16 rounding of the exact product."""
+    from dspark_trt.plugins.kernels.fp8_gemm import by_m_config, fp8_gemm
+    from tests.support.fp8_gemm_cases import ulp_err
+    g = torch.Generator(device="cuda").manual_seed(11)
+    for N, K in QWEN3_8B_SHAPES:
+        w8, s = quantize_fp8(torch.randn(N, K, device="cuda", generator=g) * 0.02)
+        for M in (1, 4, 5, 16, 130):
+            x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+            exact = x.double() @ dequantize_fp8(w8, s, torch.float64).T
+            assert ulp_err(fp8_gemm(x, w8, s, by_m_config(N, K)), exact) <= 0.55 + 1e-3 * K ** 0.5, (M, N, K)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_w8a8_mma_variant_on_gpu():
     """The opt-in W8A8 variant at prefill-like M: within bf16 rounding (+ fp32 order noise) of the
     exact product of its quantised operands."""
@@ -196,3 +212,43 @@ def test_traced_calls_cache_no_fake_ticket_counters():
     assert tuple(y.shape) == (1, 512)
     assert {d: list(b) for d, b in kc._COUNTERS.items()} == before
     assert sg.SplitK.plan(1, 512, 4096, 1, 16, 512, 4, "ticket", torch.device("cpu")).reduce == sg.REDUCE_TICKET
+
+
+def test_symbolic_token_count_launches_one_kernel_for_every_m(monkeypatch):
+    """A token count that is symbolic when the launch is built (an engine's dynamic tokens): one
+    ``BODY_BY_M`` launch (+ the split-K reduction) whose grid is an expression of M, and no guard
+    on M (export would otherwise specialise the engine to the traced size)."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+    from dspark_trt.plugins.kernels import fp8_gemm as kfp8, skinny_gemm as ksg
+    launches = []
+
+    class Recorder:
+        def __call__(self, kernel):
+            return self
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((grid, kw))
+
+    monkeypatch.setattr(kfp8, "launcher", Recorder())
+    monkeypatch.setattr(ksg, "launcher", Recorder())
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env, static_shapes=False)
+
+    def fake(t, name, dynamic):
+        dims = [DimDynamic.DYNAMIC if dynamic else DimDynamic.STATIC] + [DimDynamic.STATIC] * (t.dim() - 1)
+        return mode.from_tensor(t, source=ConstantSource(name),
+                                symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+
+    w8, s = quantize_fp8(torch.randn(4096, 4096))
+    x, w8, s = fake(torch.randn(8, 4096).bfloat16(), "x", True), fake(w8, "w", False), fake(s, "s", False)
+    with mode:
+        y = kfp8.fp8_gemm(x, w8, s)
+    assert not isinstance(y.shape[0], int) and y.shape[1] == 4096
+    (grid, kw), *rest = launches
+    assert kw["BODY"] == kfp8.BODY_BY_M and kw["BLOCK_M"] >= kfp8.BY_M_SMALL
+    assert not isinstance(grid[2], int)                           # cdiv(M, BLOCK_M)
+    assert len(rest) == (1 if kfp8.by_m_config(4096, 4096)["SPLIT_K"] > 1 else 0)
+    assert not env.guards, env.guards

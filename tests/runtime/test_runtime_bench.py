@@ -213,7 +213,8 @@ def test_decode_paths_script_writes_each_path_and_compares_it_with_the_unfused_o
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_paths.py"
     monkeypatch.setattr(sys, "argv", [str(script), "--model", "qwen3-tiny-dspark", "--device", "cpu",
                                       "--dtype", "fp32", "--batch-sizes", "1,2", "--paths",
-                                      "eager_unfused,hf_compiled,eager_fused", "--iters", "1", "--gen-len", "5",
+                                      "eager_unfused,hf_compiled,eager_fused,eager_fused_fp8", "--iters", "1",
+                                      "--gen-len", "5",
                                       "--prompt-len", "8", "--out-dir", str(tmp_path)])
     with pytest.raises(SystemExit) as done:
         runpy.run_path(str(script), run_name="__main__")
@@ -221,7 +222,10 @@ def test_decode_paths_script_writes_each_path_and_compares_it_with_the_unfused_o
     (path,) = tmp_path.glob("decode-paths-cpu-*.json")
     rep = json.loads(path.read_text())
     fused = rep["paths"]["eager_fused"]
-    assert set(rep["paths"]) == {"eager_unfused", "eager_fused"} and set(fused["batch"]) == {"1", "2"}
+    assert set(rep["paths"]) == {"eager_unfused", "eager_fused", "eager_fused_fp8"} and set(fused["batch"]) == {"1", "2"}
+    fp8 = rep["paths"]["eager_fused_fp8"]                      # the same weights quantised: close, not equal
+    assert 0 < fp8["prefill_logits_vs_eager_fused"]["max_abs_diff"] < 0.1 * fp8["prefill_logits_vs_eager_fused"]["ref_max_abs"]
+    assert fp8["batch"]["1"]["target_weight_bytes"] < fused["batch"]["1"]["target_weight_bytes"]
     assert fused["prefill_logits_vs_unfused"]["argmax_equal_fraction"] == 1.0       # fp32: same argmax
     assert fused["greedy_ar_equal_prefix_to_unfused"] == len(fused["greedy_ar_row0"])
     assert rep["summary"]["1"]["ar_speedup_over_eager_unfused"]["eager_unfused"] == 1.0

@@ -28,6 +28,14 @@ CASES = [
     ("m2_wide_nosplit", 2, 136, 600, "bf16", dict(BLOCK_N=16, BLOCK_K=512, SPLIT_K=1)),
     ("m3_wide_two_pass", 3, 130, 900, "bf16", dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=3, REDUCE="two_pass")),
     ("m1_wide_bits", 1, 72, 520, "bf16", dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, BITS=True)),
+    # one launch for any M (BODY_BY_M, what a symbolic token count gets): the CUDA-core side (M <= 4)
+    # and the tl.dot side (wider DOT_BLOCK_N, several 64-token tiles), split-K both ways, odd K
+    ("bym_m1", 1, 200, 700, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=256, SPLIT_K=2)),
+    ("bym_m3_two_pass", 3, 136, 600, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, REDUCE="two_pass")),
+    ("bym_m5", 5, 200, 700, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=256, SPLIT_K=2)),
+    ("bym_m70_two_pass", 70, 150, 300, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=256, SPLIT_K=2,
+                                                   DOT_BLOCK_N=32, REDUCE="two_pass")),
+    ("bym_m9_fp32", 9, 129, 260, "fp32", dict(BY_M=True, BLOCK_N=32, BLOCK_K=128, SPLIT_K=1)),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}

@@ -53,60 +53,60 @@ SCALE_BLOCK = 128
 
 
 @triton.jit
-def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_xm, stride_wn, stride_sn,
-                    stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    DOT: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr,
-                    INTERPRET_DOT: tl.constexpr, BITS: tl.constexpr):
-    """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials, counter: the tiles'
-    tickets (``skinny_gemm.store_split_k``). K_SPLIT: a multiple of BLOCK_K. BLOCK_N: a power of two
-    <= 128 (one row of scale blocks per tile); BLOCK_K: <= 128 for DOT (one scale per tile), any
-    power of two for the CUDA-core body (x is scaled per column)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_m = tl.program_id(2)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
+    """Swap-AB ``tl.dot`` over the K slice [k0, k_end): fp32 ``[BLOCK_N, BLOCK_M]`` (BLOCK_K <= 128:
+    one scale per tile, multiplied into the tile's partial sum)."""
     offs_k = tl.arange(0, BLOCK_K)
-    rn = tl.minimum(offs_n, N - 1).to(tl.int64)
-    rm = tl.minimum(offs_m, M - 1)
-    k0 = pid_k * K_SPLIT
-    k_end = tl.minimum(k0 + K_SPLIT, K)
     w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
     x_ptr = x + rm[:, None] * stride_xm + (k0 + offs_k)[None, :]
-    s_row = s + ((pid_n * BLOCK_N) // 128) * stride_sn           # the tile's row of scale blocks
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for kk in range(k0, k_end, BLOCK_K):
         if EVEN_K:
             wt = tl.load(w_ptr)
+            xt = tl.load(x_ptr)
         else:
             kmask = (kk + offs_k) < k_end
             wt = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
-        if DOT:
-            sc = tl.load(s_row + kk // 128)                       # fp32 block scale of the tile
-            if EVEN_K:
-                xt = tl.load(x_ptr)
-            else:
-                xt = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
-            if INTERPRET_DOT:                                     # the interpreter's bf16 tl.dot is wrong
-                part = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), input_precision="ieee")
-            elif x.dtype.element_ty == tl.float32:
-                part = tl.dot(wt.to(tl.float32), tl.trans(xt), input_precision="ieee")
-            else:
-                part = tl.dot(wt.to(x.dtype.element_ty), tl.trans(xt))  # [BN, BK] @ [BK, BM], fp32 acc
-            acc += part * sc
+            xt = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
+        sc = tl.load(s_row + kk // 128)                           # fp32 block scale of the tile
+        if INTERPRET_DOT:                                         # the interpreter's bf16 tl.dot is wrong
+            part = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), input_precision="ieee")
+        elif x.dtype.element_ty == tl.float32:
+            part = tl.dot(wt.to(tl.float32), tl.trans(xt), input_precision="ieee")
         else:
-            # the tile's columns may span several scale blocks: scale x per column (fp32), not the sum
-            if EVEN_K:
-                sv = tl.load(s_row + (kk + offs_k) // 128)                         # [BK] fp32
-            else:
-                sv = tl.load(s_row + (kk + offs_k) // 128, mask=kmask, other=0.0)
-            if BITS:                       # e4m3 bits as fp32 bits (value * 2^-120; e = 0: subnormal)
-                b = wt.to(tl.uint8, bitcast=True).to(tl.int32)
-                wf = (((b & 0x7F) << 20) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True) * 1.329227995784916e36
-            else:
-                wf = wt.to(tl.float32)
-            for m in tl.static_range(BLOCK_M):                    # few tokens: CUDA-core multiply-reduce
-                xrow = x + tl.minimum(pid_m * BLOCK_M + m, M - 1) * stride_xm + kk + offs_k
+            part = tl.dot(wt.to(x.dtype.element_ty), tl.trans(xt))   # [BN, BK] @ [BK, BM], fp32 acc
+        acc += part * sc
+        w_ptr += BLOCK_K
+        x_ptr += BLOCK_K
+    return acc
+
+
+@triton.jit
+def _cuda_core_tiles(x, w, s_row, k0, k_end, rn, row0, M, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, BITS: tl.constexpr):
+    """CUDA-core multiply-reduce of tokens row0 .. row0 + BLOCK_M - 1 (those < M) over [k0, k_end):
+    fp32 ``[BLOCK_N, BLOCK_M]``. A tile may span several scale blocks, so x is scaled per column
+    (fp32), not the sum."""
+    offs_k = tl.arange(0, BLOCK_K)
+    w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for kk in range(k0, k_end, BLOCK_K):
+        if EVEN_K:
+            wt = tl.load(w_ptr)
+            sv = tl.load(s_row + (kk + offs_k) // 128)                             # [BK] fp32
+        else:
+            kmask = (kk + offs_k) < k_end
+            wt = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
+            sv = tl.load(s_row + (kk + offs_k) // 128, mask=kmask, other=0.0)
+        if BITS:                           # e4m3 bits as fp32 bits (value * 2^-120; e = 0: subnormal)
+            b = wt.to(tl.uint8, bitcast=True).to(tl.int32)
+            wf = (((b & 0x7F) << 20) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True) * 1.329227995784916e36
+        else:
+            wf = wt.to(tl.float32)
+        for m in tl.static_range(BLOCK_M):                        # few tokens: one reduction each
+            if row0 + m < M:
+                xrow = x + (row0 + m) * stride_xm + kk + offs_k
                 if EVEN_K:
                     xm = tl.load(xrow)
                 else:
@@ -114,9 +114,71 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
                 p = tl.sum(wf * (xm.to(tl.float32) * sv)[None, :], axis=1)
                 acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == m, p[:, None], 0.0)
         w_ptr += BLOCK_K
-        x_ptr += BLOCK_K
+    return acc
 
+
+BODY_CUDA_CORE, BODY_DOT, BODY_BY_M = 0, 1, 2
+BY_M_SMALL = 4                    # BODY_BY_M: the most tokens the CUDA-core body takes
+
+
+@triton.jit
+def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn, stride_ym,
+             pid_n, pid_k, pid_m, SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             DOT: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr,
+             BITS: tl.constexpr):
+    """Weight rows n0 .. n0 + BLOCK_N - 1 (within one row of scale blocks) x tokens m0 .. m0 +
+    BLOCK_M - 1 over the K slice [k0, k_end), stored (or its split's partial) by ``store_split_k``."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    rn = tl.minimum(offs_n, N - 1).to(tl.int64)
+    s_row = s + (n0 // 128) * stride_sn                               # the tile's row of scale blocks
+    if DOT:
+        acc = _dot_tiles(x, w, s_row, k0, k_end, rn, tl.minimum(offs_m, M - 1), stride_xm, stride_wn, BLOCK_M,
+                         BLOCK_N, BLOCK_K, EVEN_K, INTERPRET_DOT)
+    else:
+        acc = _cuda_core_tiles(x, w, s_row, k0, k_end, rn, m0, M, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                               EVEN_K, BITS)
     store_split_k(acc, y, ws, counter, offs_m, offs_n, M, N, stride_ym, pid_n, pid_k, pid_m, SPLIT_K, REDUCE)
+
+
+@triton.jit
+def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_xm, stride_wn, stride_sn,
+                    stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    BODY: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr,
+                    INTERPRET_DOT: tl.constexpr, BITS: tl.constexpr, SMALL_M: tl.constexpr = 4,
+                    DOT_BLOCK_N: tl.constexpr = 64, DOT_BLOCK_K: tl.constexpr = 128,
+                    DOT_EVEN_K: tl.constexpr = True):
+    """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials, counter: the tiles'
+    tickets (``skinny_gemm.store_split_k``). K_SPLIT: a multiple of BLOCK_K (and of DOT_BLOCK_K).
+    BLOCK_N: a power of two <= 128 (one row of scale blocks per tile).
+
+    BODY_CUDA_CORE / BODY_DOT: that body on BLOCK_N x BLOCK_K tiles (DOT: BLOCK_K <= 128).
+    BODY_BY_M (a token count unknown when the launch is built, as in an engine): M <= SMALL_M runs
+    the CUDA-core body on BLOCK_N rows x SMALL_M tokens (the grid has one M tile: BLOCK_M >=
+    SMALL_M); more tokens run tl.dot on DOT_BLOCK_N x DOT_BLOCK_K tiles (DOT_BLOCK_N a multiple of
+    BLOCK_N, <= 128), by the programs whose BLOCK_N-row tile starts a DOT_BLOCK_N-row one (the
+    others do nothing)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    m0 = pid_m * BLOCK_M
+    k0 = pid_k * K_SPLIT
+    k_end = tl.minimum(k0 + K_SPLIT, K)
+    n0 = pid_n * BLOCK_N
+    if BODY == 2:
+        if M > SMALL_M:
+            if n0 % DOT_BLOCK_N == 0:
+                _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
+                         stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
+                         BLOCK_M, DOT_BLOCK_N, DOT_BLOCK_K, True, REDUCE, DOT_EVEN_K, INTERPRET_DOT, BITS)
+        else:
+            _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
+                     stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
+                     SMALL_M, BLOCK_N, BLOCK_K, False, REDUCE, EVEN_K, INTERPRET_DOT, BITS)
+    else:
+        _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
+                 stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
+                 BLOCK_M, BLOCK_N, BLOCK_K, BODY == 1, REDUCE, EVEN_K, INTERPRET_DOT, BITS)
 
 
 @triton.jit
@@ -268,8 +330,23 @@ def fp8_mma(x: Tensor, w: Tensor, scale: Tensor, cfg: dict, y: Tensor) -> Tensor
     return y
 
 
+def by_m_config(N: int, K: int, sms: int = H200_SMS) -> dict:
+    """One launch for every M (``BODY_BY_M``), for a token count that is symbolic when the launch is
+    built (``torch.export`` / AOTInductor with dynamic tokens, ``torch.compile(dynamic=True)``):
+    M <= 4 on the CUDA-core tiles and split of M = 1's config (measured, else the default), more
+    tokens on 64-token tl.dot tiles of 64 weight rows (32 where 64 leaves fewer programs than SMs),
+    128 wide in K, with the same split. Prefill-sized M re-reads the weights once per 64 tokens."""
+    small = CONFIGS.get((1, N, K)) or default_config(1, N, K)
+    bn, split = int(small["BLOCK_N"]), int(small.get("SPLIT_K", 1))
+    dot_bn = 64 if triton.cdiv(N, 64) * split >= sms else 32
+    return {"BY_M": True, "BLOCK_N": bn, "BLOCK_K": int(small["BLOCK_K"]), "SPLIT_K": split, "BLOCK_M": 64,
+            "DOT_BLOCK_N": max(dot_bn, bn), "DOT_BLOCK_K": SCALE_BLOCK, "num_warps": int(small.get("num_warps", 4)),
+            "num_stages": int(small.get("num_stages", 3))}
+
+
 def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, out: Tensor | None = None) -> Tensor:
-    """``x[M, K] @ (w[N, K] * scale)^T`` -> ``[M, N]`` in x.dtype. ``config``: see the module doc."""
+    """``x[M, K] @ (w[N, K] * scale)^T`` -> ``[M, N]`` in x.dtype. ``config``: see the module doc
+    (None: ``choose_config``, or ``by_m_config`` when M is symbolic)."""
     M, K = x.shape
     N, K2 = w.shape
     if K != K2:
@@ -279,24 +356,39 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     if x.stride(1) != 1:
         x = x.contiguous()
     scale = scale.contiguous()
-    cfg = dict(config) if config is not None else choose_config(M, N, K)
+    if config is not None:
+        cfg = dict(config)
+    else:
+        cfg = choose_config(M, N, K) if isinstance(M, int) else by_m_config(N, K)
+    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     if cfg.get("MMA"):
-        y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
         return y if M * N == 0 else fp8_mma(x, w, scale, cfg, y)
     bn, bk, split = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"]), int(cfg.get("SPLIT_K", 1))
-    dot = bool(cfg.get("DOT", M > 4))
+    by_m = bool(cfg.get("BY_M", False))
+    dot = not by_m and bool(cfg.get("DOT", M > 4))
+    dot_bn, dot_bk = int(cfg.get("DOT_BLOCK_N", 64)), int(cfg.get("DOT_BLOCK_K", SCALE_BLOCK))
     if bn > SCALE_BLOCK or pow2(bn) != bn or pow2(bk) != bk or (dot and bk > SCALE_BLOCK):
         raise ValueError(f"fp8_gemm: BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, BLOCK_K={bk} a "
                          f"power of two (<= {SCALE_BLOCK} with DOT)")
-    bm_cap = int(cfg.get("BLOCK_M", 64))
-    bm = max(16, min(pow2(M), pow2(bm_cap))) if dot else min(pow2(M), pow2(bm_cap))
-    y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
-    if M * N == 0:
+    if by_m and not (bn <= dot_bn <= SCALE_BLOCK and pow2(dot_bn) == dot_bn and dot_bk <= SCALE_BLOCK
+                     and pow2(dot_bk) == dot_bk and int(cfg.get("BLOCK_M", 64)) >= BY_M_SMALL):
+        raise ValueError(f"fp8_gemm (BY_M): DOT_BLOCK_N={dot_bn} must be a power of two in [BLOCK_N={bn}, "
+                         f"{SCALE_BLOCK}], DOT_BLOCK_K={dot_bk} a power of two <= {SCALE_BLOCK}, BLOCK_M >= "
+                         f"{BY_M_SMALL}")
+    if by_m:
+        bm = pow2(int(cfg.get("BLOCK_M", 64)))
+    else:
+        bm_cap = int(cfg.get("BLOCK_M", 64))
+        bm = max(16, min(pow2(M), pow2(bm_cap))) if dot else min(pow2(M), pow2(bm_cap))
+    if isinstance(M, int) and M * N == 0:
         return y
-    plan = SplitK.plan(M, N, K, bm, bn, bk, split, cfg.get("REDUCE", "ticket"), x.device)
+    plan = SplitK.plan(M, N, K, bm, bn, max(bk, dot_bk) if by_m else bk, split, cfg.get("REDUCE", "ticket"),
+                       x.device)
+    body = BODY_BY_M if by_m else (BODY_DOT if dot else BODY_CUDA_CORE)
     launcher(fp8_gemm_kernel)[plan.grid](
         x, w, scale, y, plan.ws, plan.counter, M, N, K, plan.k_split, plan.split, x.stride(0), w.stride(0),
-        scale.stride(0), y.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, DOT=dot, REDUCE=plan.reduce,
-        EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
+        scale.stride(0), y.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body, REDUCE=plan.reduce,
+        EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)), SMALL_M=BY_M_SMALL,
+        DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk, DOT_EVEN_K=(K % dot_bk == 0),
         num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
     return plan.finish(y)
