@@ -36,6 +36,13 @@ CASES = [
     ("bym_m70_two_pass", 70, 150, 300, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=256, SPLIT_K=2,
                                                    DOT_BLOCK_N=32, REDUCE="two_pass")),
     ("bym_m9_fp32", 9, 129, 260, "fp32", dict(BY_M=True, BLOCK_N=32, BLOCK_K=128, SPLIT_K=1)),
+    # the two bodies' own K slicings in one grid (trailing splits of the other body store zeros)
+    ("bym_m1_dot_splits_more", 1, 200, 700, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=256, SPLIT_K=2,
+                                                         DOT_SPLIT_K=4)),
+    ("bym_m20_dot_splits_more", 20, 200, 700, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=256, SPLIT_K=1,
+                                                           DOT_SPLIT_K=3, REDUCE="two_pass")),
+    ("bym_m12_dot_splits_fewer", 12, 136, 900, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=128, SPLIT_K=4,
+                                                            DOT_SPLIT_K=1)),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}

@@ -119,6 +119,7 @@ def _cuda_core_tiles(x, w, s_row, k0, k_end, rn, row0, M, stride_xm, stride_wn, 
 
 BODY_CUDA_CORE, BODY_DOT, BODY_BY_M = 0, 1, 2
 BY_M_SMALL = 4                    # BODY_BY_M: the most tokens the CUDA-core body takes
+BY_M_DOT_SMALL = 16               # ... and the most the narrow (16-token) tl.dot tiles take
 
 
 @triton.jit
@@ -143,11 +144,11 @@ def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride
 
 @triton.jit
 def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_xm, stride_wn, stride_sn,
-                    stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    stride_ym, DOT_K_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     BODY: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET_DOT: tl.constexpr, BITS: tl.constexpr, SMALL_M: tl.constexpr = 4,
-                    DOT_BLOCK_N: tl.constexpr = 64, DOT_BLOCK_K: tl.constexpr = 128,
-                    DOT_EVEN_K: tl.constexpr = True):
+                    DOT_SMALL_M: tl.constexpr = 16, DOT_BLOCK_N: tl.constexpr = 64,
+                    DOT_BLOCK_K: tl.constexpr = 128, DOT_EVEN_K: tl.constexpr = True):
     """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials, counter: the tiles'
     tickets (``skinny_gemm.store_split_k``). K_SPLIT: a multiple of BLOCK_K (and of DOT_BLOCK_K).
     BLOCK_N: a power of two <= 128 (one row of scale blocks per tile).
@@ -155,9 +156,11 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
     BODY_CUDA_CORE / BODY_DOT: that body on BLOCK_N x BLOCK_K tiles (DOT: BLOCK_K <= 128).
     BODY_BY_M (a token count unknown when the launch is built, as in an engine): M <= SMALL_M runs
     the CUDA-core body on BLOCK_N rows x SMALL_M tokens (the grid has one M tile: BLOCK_M >=
-    SMALL_M); more tokens run tl.dot on DOT_BLOCK_N x DOT_BLOCK_K tiles (DOT_BLOCK_N a multiple of
-    BLOCK_N, <= 128), by the programs whose BLOCK_N-row tile starts a DOT_BLOCK_N-row one (the
-    others do nothing)."""
+    DOT_SMALL_M >= SMALL_M); more tokens run tl.dot on DOT_BLOCK_N x DOT_BLOCK_K tiles of
+    DOT_SMALL_M tokens (M <= DOT_SMALL_M) or BLOCK_M tokens, K sliced by DOT_K_SPLIT, by the
+    programs whose BLOCK_N-row tile starts a DOT_BLOCK_N-row one (DOT_BLOCK_N a multiple of
+    BLOCK_N, <= 128; the others do nothing). SPLIT_K (the grid) covers both slicings: a program
+    past its body's last K slice stores a zero partial."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -168,9 +171,16 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
     if BODY == 2:
         if M > SMALL_M:
             if n0 % DOT_BLOCK_N == 0:
-                _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
-                         stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
-                         BLOCK_M, DOT_BLOCK_N, DOT_BLOCK_K, True, REDUCE, DOT_EVEN_K, INTERPRET_DOT, BITS)
+                dk0 = pid_k * DOT_K_SPLIT
+                dk_end = tl.minimum(dk0 + DOT_K_SPLIT, K)
+                if M <= DOT_SMALL_M:
+                    _program(x, w, s, y, ws, counter, n0, m0, M, N, dk0, dk_end, stride_xm, stride_wn, stride_sn,
+                             stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
+                             DOT_SMALL_M, DOT_BLOCK_N, DOT_BLOCK_K, True, REDUCE, DOT_EVEN_K, INTERPRET_DOT, BITS)
+                else:
+                    _program(x, w, s, y, ws, counter, n0, m0, M, N, dk0, dk_end, stride_xm, stride_wn, stride_sn,
+                             stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
+                             BLOCK_M, DOT_BLOCK_N, DOT_BLOCK_K, True, REDUCE, DOT_EVEN_K, INTERPRET_DOT, BITS)
         else:
             _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
                      stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
@@ -330,17 +340,20 @@ def fp8_mma(x: Tensor, w: Tensor, scale: Tensor, cfg: dict, y: Tensor) -> Tensor
     return y
 
 
-def by_m_config(N: int, K: int, sms: int = H200_SMS) -> dict:
+def by_m_config(N: int, K: int) -> dict:
     """One launch for every M (``BODY_BY_M``), for a token count that is symbolic when the launch is
     built (``torch.export`` / AOTInductor with dynamic tokens, ``torch.compile(dynamic=True)``):
     M <= 4 on the CUDA-core tiles and split of M = 1's config (measured, else the default), more
-    tokens on 64-token tl.dot tiles of 64 weight rows (32 where 64 leaves fewer programs than SMs),
-    128 wide in K, with the same split. Prefill-sized M re-reads the weights once per 64 tokens."""
+    tokens on the tl.dot tiles and split of M = 16's (16 tokens up to 16, 64 above). Prefill-sized
+    M re-reads the weights once per 64 tokens."""
     small = CONFIGS.get((1, N, K)) or default_config(1, N, K)
-    bn, split = int(small["BLOCK_N"]), int(small.get("SPLIT_K", 1))
-    dot_bn = 64 if triton.cdiv(N, 64) * split >= sms else 32
-    return {"BY_M": True, "BLOCK_N": bn, "BLOCK_K": int(small["BLOCK_K"]), "SPLIT_K": split, "BLOCK_M": 64,
-            "DOT_BLOCK_N": max(dot_bn, bn), "DOT_BLOCK_K": SCALE_BLOCK, "num_warps": int(small.get("num_warps", 4)),
+    dot = CONFIGS.get((16, N, K)) or default_config(16, N, K)
+    if small.get("DOT") or not dot.get("DOT", True) or dot.get("MMA"):
+        small, dot = default_config(1, N, K), default_config(16, N, K)
+    bn = int(small["BLOCK_N"])
+    return {"BY_M": True, "BLOCK_N": bn, "BLOCK_K": int(small["BLOCK_K"]), "SPLIT_K": int(small.get("SPLIT_K", 1)),
+            "BLOCK_M": 64, "DOT_BLOCK_N": max(int(dot["BLOCK_N"]), bn), "DOT_BLOCK_K": int(dot["BLOCK_K"]),
+            "DOT_SPLIT_K": int(dot.get("SPLIT_K", 1)), "num_warps": int(small.get("num_warps", 4)),
             "num_stages": int(small.get("num_stages", 3))}
 
 
@@ -371,10 +384,10 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         raise ValueError(f"fp8_gemm: BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, BLOCK_K={bk} a "
                          f"power of two (<= {SCALE_BLOCK} with DOT)")
     if by_m and not (bn <= dot_bn <= SCALE_BLOCK and pow2(dot_bn) == dot_bn and dot_bk <= SCALE_BLOCK
-                     and pow2(dot_bk) == dot_bk and int(cfg.get("BLOCK_M", 64)) >= BY_M_SMALL):
+                     and pow2(dot_bk) == dot_bk and int(cfg.get("BLOCK_M", 64)) >= BY_M_DOT_SMALL):
         raise ValueError(f"fp8_gemm (BY_M): DOT_BLOCK_N={dot_bn} must be a power of two in [BLOCK_N={bn}, "
                          f"{SCALE_BLOCK}], DOT_BLOCK_K={dot_bk} a power of two <= {SCALE_BLOCK}, BLOCK_M >= "
-                         f"{BY_M_SMALL}")
+                         f"{BY_M_DOT_SMALL}")
     if by_m:
         bm = pow2(int(cfg.get("BLOCK_M", 64)))
     else:
@@ -382,13 +395,20 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         bm = max(16, min(pow2(M), pow2(bm_cap))) if dot else min(pow2(M), pow2(bm_cap))
     if isinstance(M, int) and M * N == 0:
         return y
-    plan = SplitK.plan(M, N, K, bm, bn, max(bk, dot_bk) if by_m else bk, split, cfg.get("REDUCE", "ticket"),
-                       x.device)
+    if by_m:        # the two bodies slice K their own ways in one grid of the larger split count
+        k_split, n_small = SplitK.slices(K, bk, split)
+        dot_k_split, n_dot = SplitK.slices(K, dot_bk, int(cfg.get("DOT_SPLIT_K", split)))
+        plan = SplitK.plan(M, N, K, bm, bn, bk, max(n_small, n_dot), cfg.get("REDUCE", "ticket"), x.device,
+                           k_split=k_split)
+    else:
+        plan = SplitK.plan(M, N, K, bm, bn, bk, split, cfg.get("REDUCE", "ticket"), x.device)
+        dot_k_split = plan.k_split
     body = BODY_BY_M if by_m else (BODY_DOT if dot else BODY_CUDA_CORE)
     launcher(fp8_gemm_kernel)[plan.grid](
         x, w, scale, y, plan.ws, plan.counter, M, N, K, plan.k_split, plan.split, x.stride(0), w.stride(0),
-        scale.stride(0), y.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body, REDUCE=plan.reduce,
-        EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)), SMALL_M=BY_M_SMALL,
-        DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk, DOT_EVEN_K=(K % dot_bk == 0),
+        scale.stride(0), y.stride(0), dot_k_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
+        REDUCE=plan.reduce, EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
+        SMALL_M=BY_M_SMALL, DOT_SMALL_M=BY_M_DOT_SMALL, DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk,
+        DOT_EVEN_K=(K % dot_bk == 0),
         num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
     return plan.finish(y)

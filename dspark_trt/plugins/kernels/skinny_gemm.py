@@ -254,12 +254,20 @@ class SplitK:
         self.grid, self.k_split, self.split, self.reduce, self.ws, self.counter = \
             grid, k_split, split, reduce, ws, counter
 
+    @staticmethod
+    def slices(K: int, bk: int, split: int) -> tuple[int, int]:
+        """(K per split: a multiple of bk, the splits that hold any K) for ``split`` asked."""
+        k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
+        return k_split, triton.cdiv(K, k_split)
+
     @classmethod
-    def plan(cls, M, N, K, bm, bn, bk, split, reduce_name, device) -> "SplitK":
+    def plan(cls, M, N, K, bm, bn, bk, split, reduce_name, device, k_split: int | None = None) -> "SplitK":
+        """``k_split`` given: exactly ``split`` splits of that K slice (kernels that slice K their
+        own ways in one grid, trailing splits empty); else ``slices(K, bk, split)``."""
         if split > 1 and reduce_name not in _REDUCE:
             raise ValueError(f"REDUCE must be one of {sorted(_REDUCE)}, got {reduce_name!r}")
-        k_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
-        split = triton.cdiv(K, k_split)
+        if k_split is None:
+            k_split, split = cls.slices(K, bk, split)
         reduce = REDUCE_NONE if split == 1 else _REDUCE[reduce_name]
         if reduce == REDUCE_TICKET and tracing():    # a traced call must not cache (fake) counters
             reduce = REDUCE_TWO_PASS
