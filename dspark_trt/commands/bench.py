@@ -280,11 +280,19 @@ def make_prompts(llm, kind: str, n: int, length: int, seed: int) -> np.ndarray:
 
 # ---- roofline -------------------------------------------------------------------------------------
 
-def qwen3_weight_bytes(cfg, num_layers: int, element_size: int, with_head: bool = True) -> int:
-    """Bytes of weights a decode step reads (embedding rows excluded, LM head included)."""
+def qwen3_weight_bytes(cfg, num_layers: int, element_size: int, with_head: bool = True,
+                       fp8_projections: bool = False) -> int:
+    """Bytes of weights a decode step reads (embedding rows excluded, LM head included);
+    ``fp8_projections``: q/k/v/o and the MLP in fp8 with an fp32 scale per 128x128 block."""
     d, D, h, hkv, I = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size
-    layer = d * D * (2 * h + 2 * hkv) + 3 * d * I + 2 * d + 2 * D
-    return element_size * (num_layers * layer + d + (cfg.vocab_size * d if with_head else 0))
+    shapes = [(h * D, d), (hkv * D, d), (hkv * D, d), (d, h * D), (I, d), (I, d), (d, I)]     # [N, K] each
+    proj = sum(n * k for n, k in shapes)
+    if fp8_projections:
+        proj_bytes = proj + 4 * sum(-(-n // 128) * -(-k // 128) for n, k in shapes)
+    else:
+        proj_bytes = element_size * proj
+    layer = proj_bytes + element_size * (2 * d + 2 * D)
+    return num_layers * layer + element_size * (d + (cfg.vocab_size * d if with_head else 0))
 
 
 def rank_step_bytes(module: torch.nn.Module) -> int:
@@ -317,8 +325,11 @@ def roofline(llm, B: int, context: int, tbps: float) -> dict:
     t, tp = llm.pair.target, llm.tp_size
     if t.arch != "qwen3":
         return {"roofline_skipped": f"the roofline counts Qwen3 layers, not '{t.arch}'"}
-    native = getattr(t, "quantization", None) is not None and llm.target is not None   # fp8 projections
-    w = qwen3_weight_bytes(t, t.num_hidden_layers, el) if tp == 1 and not native else rank_step_bytes(llm.target)
+    fp8 = getattr(t, "quantization", None) == "fp8"                   # fp8 projections (modules or engine)
+    if tp == 1 and (llm.target is None or not fp8):
+        w = qwen3_weight_bytes(t, t.num_hidden_layers, el, fp8_projections=fp8)
+    else:
+        w = rank_step_bytes(llm.target)
     kv = B * context * 2 * t.num_hidden_layers * t.num_key_value_heads // tp * t.head_dim * el
     out = {"target_weight_bytes": w, "target_kv_read_bytes": kv,
            "ar_roofline_ms": (w + kv) / (tbps * 1e12) * 1e3}

@@ -231,3 +231,19 @@ def test_decode_paths_script_writes_each_path_and_compares_it_with_the_unfused_o
     assert rep["summary"]["1"]["ar_speedup_over_eager_unfused"]["eager_unfused"] == 1.0
     if not HAVE_TRANSFORMERS:
         assert "not installed" in rep["hf_peer"]["skipped"]
+
+
+def test_fp8_roofline_bytes_are_the_bytes_an_fp8_target_holds():
+    """The roofline of an fp8 target without its modules (an engine) counts what the modules hold:
+    fp8 projections, one fp32 scale per 128x128 block (partial blocks included), wide norms and head."""
+    from dspark_trt.commands.bench import qwen3_weight_bytes, rank_step_bytes
+    from dspark_trt.models import build_models
+    from dspark_trt.models.fp8_linear import fp8_linears_
+    from tests.support.models import tiny_pair
+    pair = tiny_pair(hidden=160, heads=4, kv_heads=2)            # 160 / 320 rows: partial scale blocks
+    target, _ = build_models(pair, torch.bfloat16, "cpu", seed=0)
+    wide = qwen3_weight_bytes(pair.target, pair.target.num_hidden_layers, 2)
+    assert wide == rank_step_bytes(target)
+    fp8_linears_(target)
+    got = qwen3_weight_bytes(pair.target, pair.target.num_hidden_layers, 2, fp8_projections=True)
+    assert got == rank_step_bytes(target) < wide

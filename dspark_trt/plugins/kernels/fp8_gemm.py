@@ -359,11 +359,12 @@ def by_m_config(N: int, K: int) -> dict:
 
 def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, out: Tensor | None = None) -> Tensor:
     """``x[M, K] @ (w[N, K] * scale)^T`` -> ``[M, N]`` in x.dtype. ``config``: see the module doc
-    (None: ``choose_config``, or ``by_m_config`` when M is symbolic)."""
-    M, K = x.shape
-    N, K2 = w.shape
-    if K != K2:
-        raise ValueError(f"fp8_gemm: x has K={K}, w has K={K2}")
+    (None: ``choose_config``, or ``by_m_config`` when M is symbolic). N and K are taken from the
+    weight (x's K may be a symbolic expression under ``torch.compile(dynamic=True)``)."""
+    M, Kx = x.shape
+    N, K = w.shape
+    if Kx != K:
+        raise ValueError(f"fp8_gemm: x has K={Kx}, w has K={K}")
     if w.stride(1) != 1:
         w = w.contiguous()
     if x.stride(1) != 1:
