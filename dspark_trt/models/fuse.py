@@ -49,7 +49,7 @@ class FusedFp8Linear(FusedLinear):
     def __init__(self, linears: list[Fp8Linear]):
         nn.Module.__init__(self)
         self.sizes = [lin.out_features for lin in linears]
-        if any(n % FP8_BLOCK for n in self.sizes[:-1]):
+        if not _scale_blocks_stack(self.sizes):
             raise ValueError(f"FusedFp8Linear: part rows {self.sizes} are not multiples of {FP8_BLOCK} "
                              f"(a scale block would span two parts)")
         self.in_features, self.out_features = linears[0].in_features, sum(self.sizes)
@@ -72,12 +72,16 @@ def _plain(*linears) -> bool:
     return all(type(lin) is nn.Linear for lin in linears)
 
 
+def _scale_blocks_stack(rows: list[int]) -> bool:
+    """Whether parts of these row counts stack with their 128x128 scale blocks: no block spans two."""
+    return all(n % FP8_BLOCK == 0 for n in rows[:-1])
+
+
 def _fusable(*linears) -> type | None:
     """The fused class for ``linears``: plain linears, or fp8 ones whose scale blocks stack."""
     if _plain(*linears):
         return FusedLinear
-    if all(type(lin) is Fp8Linear for lin in linears) and all(lin.out_features % FP8_BLOCK == 0
-                                                              for lin in linears[:-1]):
+    if all(type(lin) is Fp8Linear for lin in linears) and _scale_blocks_stack([lin.out_features for lin in linears]):
         return FusedFp8Linear
     return None
 
@@ -91,12 +95,13 @@ def fuse_projections_(module: nn.Module) -> int:
     from .qwen3 import Qwen3Attention
     n = 0
     for m in list(module.modules()):
-        if isinstance(m, Qwen3Attention) and m.qkv_proj is None and _fusable(m.q_proj, m.k_proj, m.v_proj):
-            m.qkv_proj = _fusable(m.q_proj, m.k_proj, m.v_proj)([m.q_proj, m.k_proj, m.v_proj])
+        if isinstance(m, Qwen3Attention) and m.qkv_proj is None and (
+                fused := _fusable(m.q_proj, m.k_proj, m.v_proj)):
+            m.qkv_proj = fused([m.q_proj, m.k_proj, m.v_proj])
             m.q_proj = m.k_proj = m.v_proj = None
             n += 1
-        elif isinstance(m, SwiGLU) and m.gate_up_proj is None and _fusable(m.gate_proj, m.up_proj):
-            m.gate_up_proj = _fusable(m.gate_proj, m.up_proj)([m.gate_proj, m.up_proj])
+        elif isinstance(m, SwiGLU) and m.gate_up_proj is None and (fused := _fusable(m.gate_proj, m.up_proj)):
+            m.gate_up_proj = fused([m.gate_proj, m.up_proj])
             m.gate_proj = m.up_proj = None
             n += 1
     return n
