@@ -16,8 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .. import plugins
-from ..plugins.fp8_linear import FP8_DTYPE, dequantize_fp8, quantize_fp8, scale_shape
+from ..plugins.fp8_linear import FP8_DTYPE, dequantize_fp8, fp8_linear_bucketed, quantize_fp8, scale_shape
 
 FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -60,7 +59,7 @@ class Fp8Linear(nn.Module):
         return self
 
     def forward(self, x: Tensor) -> Tensor:
-        return plugins.fp8_linear(x, self.weight, self.weight_scale_inv)
+        return fp8_linear_bucketed(x, self.weight, self.weight_scale_inv)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 128x128 blocks"

@@ -13,9 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import plugins
 from ..plugins.decode_linear import decode_linear
-from ..plugins.fp8_linear import FP8_BLOCK
+from ..plugins.fp8_linear import FP8_BLOCK, fp8_linear_bucketed
 from .fp8_linear import Fp8Linear
 
 # fused module name -> the HF names of its parts, in row order
@@ -65,7 +64,7 @@ class FusedFp8Linear(FusedLinear):
 
     def parts_from(self, x: Tensor, i: int) -> tuple[Tensor, ...]:
         r = sum(self.sizes[:i])
-        return plugins.fp8_linear(x, self.weight[r:], self.weight_scale_inv[r // FP8_BLOCK:]).split(self.sizes[i:], -1)
+        return fp8_linear_bucketed(x, self.weight[r:], self.weight_scale_inv[r // FP8_BLOCK:]).split(self.sizes[i:], -1)
 
 
 def _plain(*linears) -> bool:

@@ -214,10 +214,10 @@ def test_traced_calls_cache_no_fake_ticket_counters():
     assert sg.SplitK.plan(1, 512, 4096, 1, 16, 512, 4, "ticket", torch.device("cpu")).reduce == sg.REDUCE_TICKET
 
 
-def test_symbolic_token_count_launches_one_kernel_for_every_m(monkeypatch):
-    """A token count that is symbolic when the launch is built (an engine's dynamic tokens): one
-    ``BODY_BY_M`` launch (+ the split-K reduction) whose grid is an expression of M, and no guard
-    on M (export would otherwise specialise the engine to the traced size)."""
+def _trace_symbolic_tokens(monkeypatch, **kw):
+    """``fp8_gemm`` on a [8, 4096] x [4096, 4096] case traced under fake tensors, x's tokens and
+    features symbolic (torch.compile(dynamic=True) makes both): (launches as (grid, kwargs), y,
+    x, the shape env's guards on the token count)."""
     pytest.importorskip("triton", reason="Triton is not installed")
     from torch._dynamo.source import ConstantSource
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -237,7 +237,7 @@ def test_symbolic_token_count_launches_one_kernel_for_every_m(monkeypatch):
     env = ShapeEnv()
     mode = FakeTensorMode(shape_env=env, static_shapes=False)
 
-    def fake(t, name, dynamic):     # x: tokens and features symbolic (torch.compile(dynamic=True) makes both)
+    def fake(t, name, dynamic):
         dims = [DimDynamic.DYNAMIC if dynamic else DimDynamic.STATIC] * t.dim()
         return mode.from_tensor(t, source=ConstantSource(name),
                                 symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
@@ -245,11 +245,123 @@ def test_symbolic_token_count_launches_one_kernel_for_every_m(monkeypatch):
     w8, s = quantize_fp8(torch.randn(4096, 4096))
     x, w8, s = fake(torch.randn(8, 4096).bfloat16(), "x", True), fake(w8, "w", False), fake(s, "s", False)
     with mode:
-        y = kfp8.fp8_gemm(x, w8, s)
+        y = kfp8.fp8_gemm(x, w8, s, **kw)
     assert not isinstance(y.shape[0], int) and y.shape[1] == 4096
+    guards = [g for g in env.guards if x.shape[0].node.expr.free_symbols & g.expr.free_symbols]
+    return launches, y, x, guards
+
+
+def test_symbolic_token_count_launches_one_kernel_for_every_m(monkeypatch):
+    """A token count that is symbolic when the launch is built and no bucket given: one
+    ``BODY_BY_M`` launch (+ the split-K reduction) whose grid is an expression of M, and no guard
+    on M (export would otherwise specialise the engine to the traced size)."""
+    from dspark_trt.plugins.kernels import fp8_gemm as kfp8
+    launches, y, x, guards = _trace_symbolic_tokens(monkeypatch)
     (grid, kw), *rest = launches
     assert kw["BODY"] == kfp8.BODY_BY_M and kw["BLOCK_M"] >= kfp8.BY_M_SMALL
     assert not isinstance(grid[2], int)                           # cdiv(M, BLOCK_M)
     cfg = kfp8.by_m_config(4096, 4096)
     assert len(rest) == (1 if max(cfg["SPLIT_K"], cfg["DOT_SPLIT_K"]) > 1 else 0)   # the two-pass reduction
-    assert not [g for g in env.guards if x.shape[0].node.expr.free_symbols & g.expr.free_symbols], env.guards
+    assert not guards, guards
+
+
+@pytest.mark.parametrize("bucket", [1, 4, 16, 64])
+def test_host_bucket_launches_one_body(monkeypatch, bucket):
+    """A bucket chosen on the host (``fp8_linear_bucketed``'s torch.cond): one launch of one body
+    (CUDA-core up to 4 tokens, tl.dot above) on ``bucket``-token tiles with the bucket's K split,
+    its grid an expression of M, no guard on M."""
+    from dspark_trt.plugins.kernels import fp8_gemm as kfp8
+    launches, y, x, guards = _trace_symbolic_tokens(monkeypatch, bucket=bucket)
+    (grid, kw), *rest = launches
+    cfg = kfp8.bucket_config(bucket, 4096, 4096)
+    assert kw["BODY"] == (kfp8.BODY_CUDA_CORE if bucket <= 4 else kfp8.BODY_DOT)
+    assert kw["BLOCK_M"] == bucket and kw["BLOCK_N"] == cfg["BLOCK_N"] and grid[1] == cfg["SPLIT_K"]
+    assert not isinstance(grid[2], int)
+    assert len(rest) == (1 if cfg["SPLIT_K"] > 1 else 0)
+    assert not guards, guards
+    with pytest.raises(ValueError, match="bucket=8"):
+        kfp8.bucket_config(8, 4096, 4096)
+
+
+def _cond_leaves(gm) -> list[int]:
+    """The buckets of the dspark::fp8_linear calls under nested torch.cond, true branches first."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.higher_order.cond:
+            for br in n.args[1:3]:
+                out += _cond_leaves(getattr(gm, br.target))
+        elif n.op == "call_function" and n.target is torch.ops.dspark.fp8_linear.default:
+            out.append(n.args[3] if len(n.args) > 3 else 0)
+    return out
+
+
+def test_symbolic_tokens_on_a_gpu_are_bucketed_on_the_host(monkeypatch):
+    """An engine's export (dynamic batch and tokens) of an ``Fp8Linear`` on a GPU (the device check
+    forced here; fake tensors only): nested torch.cond on the token count whose leaves call the op
+    with buckets 1, 4, 16 and 64; the builder's ReferenceOps sees the op (kept, or inlined on CPU).
+    The program (run on CPU: the reference) equals the op on each side of every bucket bound."""
+    import sys
+    from torch.export import Dim
+    from dspark_trt.builder.export import ReferenceOps
+    from dspark_trt.models.fp8_linear import Fp8Linear
+    torch.manual_seed(0)
+    lin = Fp8Linear.from_linear(torch.nn.Linear(256, 384, bias=False))
+    dims = ({0: Dim("batch", min=1, max=64), 1: Dim("tokens", min=1, max=64)},)
+    plugin = sys.modules["dspark_trt.plugins.fp8_linear"]
+    with monkeypatch.context() as m:
+        m.setattr(plugin, "use_triton", lambda x: True)
+        kept = ReferenceOps({"dspark::fp8_linear"})
+        with torch.no_grad(), kept:
+            ep = torch.export.export(lin, (torch.randn(2, 3, 256),), dynamic_shapes=dims, strict=False)
+        inlined = ReferenceOps()
+        with torch.no_grad(), inlined:
+            torch.export.export(lin, (torch.randn(2, 3, 256),), dynamic_shapes=dims, strict=False)
+    assert kept.kept == {"dspark::fp8_linear"} and inlined.inlined == {"dspark::fp8_linear"}
+    assert _cond_leaves(ep.graph_module) == [1, 4, 16, 64]
+    assert len(ep.range_constraints) == 2                        # batch and tokens stayed dynamic
+    for b, t in ((1, 1), (2, 1), (1, 4), (5, 1), (2, 8), (1, 17), (3, 30)):
+        x = torch.randn(b, t, 256)
+        assert torch.equal(ep.module()(x), fp8_linear_ref(x, lin.weight, lin.weight_scale_inv)), (b, t)
+
+
+def test_concrete_tokens_call_the_op_directly():
+    """Eager calls and CPU tensors: no torch.cond (the op picks its launch from the count)."""
+    from dspark_trt.plugins.fp8_linear import fp8_linear_bucketed
+    w8, s = quantize_fp8(torch.randn(130, 200))
+    x = torch.randn(3, 200)
+    assert torch.equal(fp8_linear_bucketed(x, w8, s), fp8_linear_ref(x, w8, s))
+    assert torch.equal(fp8_linear_bucketed(x, w8, s, host_choice=True), fp8_linear_ref(x, w8, s))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bucketed_engine_network_on_gpu(tmp_path):
+    """AOTInductor package of fused fp8 q/k/v (Qwen3-8B shapes) with dynamic batch and tokens: the
+    host-bucketed launches run, within bf16 rounding of the exact product at token counts on each
+    side of every bucket bound, under CUDA-graph capture too."""
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+    from torch.export import Dim
+    from dspark_trt.builder.backends.aoti import inductor_configs, select_compiler
+    from dspark_trt.models.fp8_linear import Fp8Linear
+    from tests.support.fp8_gemm_cases import ulp_err
+    torch.manual_seed(3)
+    lin = Fp8Linear.from_linear(torch.nn.Linear(4096, 6144, bias=False, device="cuda").to(torch.bfloat16))
+    dims = ({0: Dim("batch", min=1, max=64), 1: Dim("tokens", min=1, max=64)},)
+    with torch.no_grad():
+        ep = torch.export.export(lin, (torch.randn(2, 3, 4096, device="cuda", dtype=torch.bfloat16),),
+                                 dynamic_shapes=dims, strict=False)
+    assert _cond_leaves(ep.graph_module) == [1, 4, 16, 64]
+    cfg = {k: v for k, v in inductor_configs(select_compiler()).items() if k != "aot_inductor.package_constants_in_so"}
+    net = aoti_load_package(aoti_compile_and_package(ep, package_path=str(tmp_path / "qkv.pt2"), inductor_configs=cfg),
+                            run_single_threaded=True)
+    exact_w = dequantize_fp8(lin.weight, lin.weight_scale_inv, torch.float64)
+    for b, t in ((1, 1), (1, 3), (4, 1), (1, 5), (2, 8), (1, 17), (16, 8)):
+        x = torch.randn(b, t, 4096, device="cuda", dtype=torch.bfloat16)
+        y = net(x)
+        assert ulp_err(y, x.double() @ exact_w.T) <= 0.55 + 1e-3 * 64, (b, t)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = net(x)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg, y), (b, t)

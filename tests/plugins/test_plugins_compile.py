@@ -197,8 +197,8 @@ def _launches_moe_mxfp4(monkeypatch):
 
 def _launches_fp8(monkeypatch):
     """Every default config family (CUDA-core M <= 4 with split-K, swap-AB tl.dot with 64 and 128
-    rows) and odd K, for bf16 and fp32 activations; the one-launch-for-any-M body of engines; the
-    opt-in BITS decode and W8A8 MMA."""
+    rows) and odd K, for bf16 and fp32 activations; the one-launch-for-any-M body and the
+    host-bucketed launches of engines; the opt-in BITS decode and W8A8 MMA."""
     from dspark_trt.plugins.fp8_linear import quantize_fp8
     out = []
     w8, s = quantize_fp8(torch.randn(512, 1024))
@@ -213,6 +213,9 @@ def _launches_fp8(monkeypatch):
         for w, sc in ((w8, s), (w8o, so)):
             x = torch.randn(M, w.shape[1]).bfloat16()
             out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, kfp8.by_m_config(*w.shape))
+    for bucket, M in ((1, 1), (4, 3), (16, 9), (64, 40)):          # the host-chosen launches of engines
+        x = torch.randn(M, w8.shape[1]).bfloat16()
+        out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w8, s, bucket=bucket)
     for M, w, sc in ((256, w8, s), (40, w8o, so)):                 # the opt-in W8A8 (fp8 MMA) variant
         x = torch.randn(M, w.shape[1]).bfloat16()
         out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, kfp8.mma_config(M, *w.shape))

@@ -43,6 +43,15 @@ CASES = [
                                                            DOT_SPLIT_K=3, REDUCE="two_pass")),
     ("bym_m12_dot_splits_fewer", 12, 136, 900, "bf16", dict(BY_M=True, BLOCK_N=16, BLOCK_K=128, SPLIT_K=4,
                                                             DOT_SPLIT_K=1)),
+    # the host-chosen launches of a symbolic M (``bucket_config``), also past their bucket's bound
+    ("bucket1_m1", 1, 200, 700, "bf16", {"bucket": 1}),
+    ("bucket1_m3", 3, 200, 700, "bf16", {"bucket": 1}),
+    ("bucket4_m4", 4, 136, 1100, "bf16", {"bucket": 4}),
+    ("bucket4_m9", 9, 136, 1100, "bf16", {"bucket": 4}),
+    ("bucket16_m5", 5, 200, 700, "bf16", {"bucket": 16}),
+    ("bucket16_m40", 40, 200, 300, "bf16", {"bucket": 16}),
+    ("bucket64_m17", 17, 150, 300, "bf16", {"bucket": 64}),
+    ("bucket64_m130_fp32", 130, 129, 260, "fp32", {"bucket": 64}),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
@@ -103,8 +112,9 @@ def main():
     for i, (name, M, N, K, dt, cfg) in enumerate(CASES):
         x, w8, s = case_inputs(i, M, N, K, DTYPES[dt])
         exact = x.double() @ dequantize_fp8(w8, s, torch.float64).T
-        y1 = fp8_gemm(x, w8, s, cfg)
-        y2 = fp8_gemm(x, w8, s, cfg)
+        kw = cfg if cfg and "bucket" in cfg else {"config": cfg}
+        y1 = fp8_gemm(x, w8, s, **kw)
+        y2 = fp8_gemm(x, w8, s, **kw)
         ref = fp8_linear_ref(x, w8, s)
         rel = float((y1.double() - exact).abs().max() / exact.abs().max())
         out[name] = {"ulp": ulp_err(y1, exact), "rel": rel, "ref_ulp": ulp_err(ref, exact), "bitwise": bool(torch.equal(y1, y2)),

@@ -64,19 +64,72 @@ def quantize_fp8(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
-def fp8_linear_ref(x: Tensor, weight: Tensor, weight_scale_inv: Tensor) -> Tensor:
-    """x [..., K], weight [N, K] fp8, weight_scale_inv [ceil(N/128), ceil(K/128)] f32 -> [..., N]."""
+def fp8_linear_ref(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int = 0) -> Tensor:
+    """x [..., K], weight [N, K] fp8, weight_scale_inv [ceil(N/128), ceil(K/128)] f32 -> [..., N].
+    ``bucket``: the kernel's launch choice (``fp8_linear``), no effect on the value."""
     return F.linear(x, dequantize_fp8(weight, weight_scale_inv, x.dtype))
 
 
 @torch.library.triton_op("dspark::fp8_linear", mutates_args=())
-def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor) -> Tensor:
+def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int = 0) -> Tensor:
+    """``bucket`` (kernel only): 0 picks the launch from x's token count (one launch for any count
+    when it is symbolic); 1, 4, 16, 64 take that bucket's launch (``kernels.fp8_gemm.bucket_config``)
+    whatever the count: ``fp8_linear_bucketed`` passes the bucket its ``torch.cond`` chose."""
     check_fp8_args(x, weight, weight_scale_inv)
     if use_triton(x):
         from ..kernels.fp8_gemm import fp8_gemm
         K, N = weight.shape[1], weight.shape[0]
-        return fp8_gemm(x.reshape(-1, K), weight, weight_scale_inv).view(*x.shape[:-1], N)
+        return fp8_gemm(x.reshape(-1, K), weight, weight_scale_inv, bucket=bucket).view(*x.shape[:-1], N)
     return fp8_linear_ref(x, weight, weight_scale_inv)
+
+
+TOKEN_BUCKETS = (1, 4, 16)       # symbolic token counts: the first bucket >= the count, else LARGE_BUCKET
+LARGE_BUCKET = 64
+
+
+def token_count(x: Tensor):
+    """Rows of x [..., K]: an int, or a SymInt when x's leading dims are symbolic."""
+    n = 1
+    for d in x.shape[:-1]:
+        n = n * d
+    return n
+
+
+def fp8_linear_bucketed(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, host_choice: bool | None = None) -> Tensor:
+    """``dspark::fp8_linear`` as the models call it. A concrete token count (eager calls, CUDA-graph
+    captures) picks its launch inside the op. A symbolic one (an engine's dynamic tokens,
+    ``torch.compile(dynamic=True)``) on a GPU is bucketed on the host: nested ``torch.cond`` on the
+    count (M <= 1, 4, 16, else) call the op with that bucket, so each branch compiles one kernel
+    body with its own tiles, where the op alone would compile every body into one launch.
+    ``host_choice``: force (True) or skip (False) the buckets; None: as just said.
+
+    Named ``dspark::fp8_linear`` to torch-function modes (``_qualified_op_name``, below): the
+    builder's ``ReferenceOps`` sees this call as the op (to inline or to keep), which it could not
+    inside ``torch.cond``'s branches."""
+    if host_choice is None and torch.overrides.has_torch_function_variadic(x, weight, weight_scale_inv):
+        return torch.overrides.handle_torch_function(fp8_linear_bucketed, (x, weight, weight_scale_inv),
+                                                     x, weight, weight_scale_inv)
+    if host_choice is None:
+        host_choice = isinstance(token_count(x), torch.SymInt) and use_triton(x)
+    if not host_choice:
+        return torch.ops.dspark.fp8_linear(x, weight, weight_scale_inv)
+    return _from_bucket(0, weight, weight_scale_inv)(x)
+
+
+fp8_linear_bucketed._qualified_op_name = "dspark::fp8_linear"
+
+
+def _from_bucket(i: int, w: Tensor, s: Tensor):
+    """The branch for token counts above ``TOKEN_BUCKETS[i - 1]``. The weights are closed over, not
+    operands: ``torch.cond`` would trace operands with symbolic sizes."""
+    if i == len(TOKEN_BUCKETS):
+        return lambda x: torch.ops.dspark.fp8_linear(x, w, s, LARGE_BUCKET)
+    bucket = TOKEN_BUCKETS[i]
+
+    def branch(x: Tensor) -> Tensor:
+        return torch.cond(token_count(x) <= bucket, lambda x: torch.ops.dspark.fp8_linear(x, w, s, bucket),
+                          _from_bucket(i + 1, w, s), (x,))
+    return branch
 
 
 OPS = (

@@ -357,12 +357,36 @@ def by_m_config(N: int, K: int) -> dict:
             "num_stages": int(small.get("num_stages", 3))}
 
 
-def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, out: Tensor | None = None) -> Tensor:
+TOKEN_BUCKETS = (1, 4, 16, 64)     # launches for a symbolic M that the caller bounds (``bucket_config``)
+
+
+def bucket_config(bucket: int, N: int, K: int) -> dict:
+    """The launch for a symbolic token count that the caller has bounded on the host (an engine's
+    ``torch.cond`` on its token count, ``plugins.fp8_linear.fp8_linear_bucketed``): ``bucket`` 1 or
+    4 (M <= bucket): the CUDA-core body with M = 1's tiles and split (measured, else the default)
+    on ``bucket``-token tiles; 16 (M <= 16): M = 16's tl.dot tiles and split; 64 (any M, chosen
+    above 16): the same tiles on 64 tokens. Unlike ``by_m_config`` each launch holds one body, so
+    none pays for another's registers and shared memory. Any M is computed correctly: the bucket
+    only picks the tiles."""
+    if bucket not in TOKEN_BUCKETS:
+        raise ValueError(f"fp8_gemm: bucket={bucket} is not one of {TOKEN_BUCKETS}")
+    if bucket <= BY_M_SMALL:
+        cfg = CONFIGS.get((1, N, K)) or default_config(1, N, K)
+        cfg = default_config(1, N, K) if cfg.get("DOT") else cfg
+    else:
+        cfg = CONFIGS.get((16, N, K)) or default_config(16, N, K)
+        cfg = default_config(16, N, K) if not cfg.get("DOT", True) or cfg.get("MMA") else cfg
+    return {**cfg, "BLOCK_M": bucket}
+
+
+def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, out: Tensor | None = None,
+             bucket: int = 0) -> Tensor:
     """``x[M, K] @ (w[N, K] * scale)^T`` -> ``[M, N]`` in x.dtype. ``config``: see the module doc
-    (None: ``choose_config``, or ``by_m_config`` when M is symbolic). N and K are taken from the
-    weight (x's K may be a symbolic expression under ``torch.compile(dynamic=True)``)."""
+    (None: ``bucket_config(bucket)`` when a bucket is given, else ``choose_config``, or
+    ``by_m_config`` when M is symbolic). N and K are taken from the weight (x's K may be a
+    symbolic expression under ``torch.compile(dynamic=True)``)."""
     M, Kx = x.shape
-    N, K = w.shape
+    N, K = (int(d) for d in w.shape)    # a weight's sizes are fixed; traced inside torch.cond they are symbols
     if Kx != K:
         raise ValueError(f"fp8_gemm: x has K={Kx}, w has K={K}")
     if w.stride(1) != 1:
@@ -372,6 +396,8 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     scale = scale.contiguous()
     if config is not None:
         cfg = dict(config)
+    elif bucket:
+        cfg = bucket_config(bucket, N, K)
     else:
         cfg = choose_config(M, N, K) if isinstance(M, int) else by_m_config(N, K)
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
@@ -389,8 +415,10 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         raise ValueError(f"fp8_gemm (BY_M): DOT_BLOCK_N={dot_bn} must be a power of two in [BLOCK_N={bn}, "
                          f"{SCALE_BLOCK}], DOT_BLOCK_K={dot_bk} a power of two <= {SCALE_BLOCK}, BLOCK_M >= "
                          f"{BY_M_DOT_SMALL}")
-    if by_m:
+    if by_m or not isinstance(M, int):           # a symbolic M: the config's token tile as is
         bm = pow2(int(cfg.get("BLOCK_M", 64)))
+        if dot and bm < 16:
+            raise ValueError(f"fp8_gemm: BLOCK_M={bm} must be >= 16 with DOT")
     else:
         bm_cap = int(cfg.get("BLOCK_M", 64))
         bm = max(16, min(pow2(M), pow2(bm_cap))) if dot else min(pow2(M), pow2(bm_cap))
