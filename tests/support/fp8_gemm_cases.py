@@ -46,8 +46,9 @@ CASES = [
     # the host-chosen launches of a symbolic M (``bucket_config``), also past their bucket's bound
     ("bucket1_m1", 1, 200, 700, "bf16", {"bucket": 1}),
     ("bucket1_m3", 3, 200, 700, "bf16", {"bucket": 1}),
-    ("bucket4_m4", 4, 136, 1100, "bf16", {"bucket": 4}),
-    ("bucket4_m9", 9, 136, 1100, "bf16", {"bucket": 4}),
+    ("bucket1_m4_odd_k", 4, 136, 1100, "bf16", {"bucket": 1}),
+    ("bucket32_m20", 20, 136, 1100, "bf16", {"bucket": 32}),
+    ("bucket32_m70", 70, 136, 300, "bf16", {"bucket": 32}),
     ("bucket16_m5", 5, 200, 700, "bf16", {"bucket": 16}),
     ("bucket16_m40", 40, 200, 300, "bf16", {"bucket": 16}),
     ("bucket64_m17", 17, 150, 300, "bf16", {"bucket": 64}),
