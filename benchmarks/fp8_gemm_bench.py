@@ -8,7 +8,9 @@ Timing as ``skinny_gemm_bench.py``: CUDA-graph replays over weight copies totall
 Bandwidth = bytes moved / time (fp8: N*K + 4 B per scale block + x + y; bf16: 2*N*K + x + y), and
 % of 4.8 TB/s. Every config is checked against ``F.linear(x, dequantised W)`` first (bf16 output
 rounding + the reference's bf16 weight rounding). A small sweep per M (the default config first;
-at M <= 4 then the same config with the ``.to(float32)`` decode instead of the bit pattern);
+at M <= 4 then the same config with the ``.to(float32)`` decode instead of the bit pattern; above 4
+also ``SCALE_W`` tiles, dequantised in registers and accumulated by the dot, whose best is reported
+beside the block-scaled tiles' best);
 the winners print as a ``CONFIGS`` literal for kernels/fp8_gemm.py. Every row also times
 ``by_m_config`` (the one launch for any M that engines and dynamic-shape compiles run). For M >= 64 also the opt-in
 W8A8 variant (activations quantised per 128-group, fp8 tensor-core MMA; checked within 6 % of the
@@ -81,9 +83,16 @@ def sweep(M: int, N: int, K: int) -> list[dict]:
         tiles = [(128, 128, 8, 4, True, None), (32, 128, 4, 4, True, None), (64, 64, 4, 6, True, None)]
     else:
         tiles = [(64, 128, 4, 4, True, None), (128, 128, 8, 3, True, 128), (128, 64, 8, 4, True, None)]
+    if M > 4:                          # SCALE_W: tiles dequantised in registers, the dot accumulating
+        bm_cap = 64 if M <= 64 else 128
+        tiles += [(bn, bk, w, s, "scale_w", bm) for bn, bk, w, s, bm in (
+            (64, 128, 4, 4, None), (64, 256, 4, 3, None), (128, 128, 8, 3, None), (32, 256, 4, 4, None),
+            (128, 256, 8, 3, None)) + (((64, 128, 4, 3, bm_cap), (128, 128, 8, 3, bm_cap)) if M > 16 else ())]
     out = [base] + ([{**base, "BITS": True}] if M <= 4 else [])      # the CUDA-core body's bit-pattern decode
     for bn, bk, w, s, dot, bm in tiles:
-        cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, DOT=dot)
+        cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=w, num_stages=s, DOT=bool(dot))
+        if dot == "scale_w":
+            cfg["SCALE_W"] = True
         if bm:
             cfg["BLOCK_M"] = bm
         n_tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm or 64)
@@ -157,6 +166,11 @@ def main():
                 row["bits_us"], row["bits_pct"] = row["configs"][1].get("us"), row["configs"][1].get("pct")
             good = [r for r in row["configs"] if r.get("ok") and "us" in r]
             best = min(good, key=lambda r: r["us"]) if good else None
+            for tag, pick in (("scale_w", True), ("block_scaled", False)):   # the two tl.dot bodies' best
+                sub = [r for r in good if r["config"].get("DOT") and bool(r["config"].get("SCALE_W")) == pick]
+                if sub:
+                    b = min(sub, key=lambda r: r["us"])
+                    row[f"{tag}_best"] = {"us": b["us"], "pct": b["pct"], "config": b["config"]}
             if best:
                 row.update(best_config=best["config"], fp8_us=best["us"], fp8_pct=best["pct"],
                            fp8_tb_per_s=best["tb_per_s"], speedup_vs_bf16=cublas / best["us"])
@@ -166,6 +180,8 @@ def main():
                   f"({row['cublas_bf16_pct']:5.1f}%)  fp8 " + (f"{best['us']:8.2f} us ({best['pct']:5.1f}% of HBM) "
                   f"x{cublas / best['us']:.2f} {best['config']}" if best else "none correct")
                   + (f"  [{bad} failed/incorrect]" if bad else "")
+                  + "".join(f"  | {t} {row[t + '_best']['us']:.2f} us ({row[t + '_best']['pct']:.1f}%)"
+                            for t in ("block_scaled", "scale_w") if t + "_best" in row)
                   + (f"  | by-M {row['by_m']['us']:.2f} us ({row['by_m']['pct']:.1f}%)"
                      f"{'' if row['by_m']['ok'] else ' INCORRECT'}" if "us" in row["by_m"] else "  | by-M failed")
                   + (f"  | W8A8 MMA {row['w8a8_mma']['us']:.2f} us x{row['w8a8_mma']['speedup_vs_bf16']:.2f}"

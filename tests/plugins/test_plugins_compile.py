@@ -216,6 +216,10 @@ def _launches_fp8(monkeypatch):
     for bucket, M in ((1, 1), (16, 9), (32, 20), (64, 40)):          # the host-chosen launches of engines
         x = torch.randn(M, w8.shape[1]).bfloat16()
         out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w8, s, bucket=bucket)
+    for M, cfg in ((16, dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, num_stages=3)),    # SCALE_W tl.dot tiles
+                   (128, dict(BLOCK_N=128, BLOCK_K=128, BLOCK_M=128, num_warps=8, num_stages=3))):
+        x = torch.randn(M, w8.shape[1]).bfloat16()
+        out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w8, s, {**cfg, "DOT": True, "SCALE_W": True})
     for M, w, sc in ((256, w8, s), (40, w8o, so)):                 # the opt-in W8A8 (fp8 MMA) variant
         x = torch.randn(M, w.shape[1]).bfloat16()
         out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, kfp8.mma_config(M, *w.shape))

@@ -53,6 +53,11 @@ CASES = [
     ("bucket16_m40", 40, 200, 300, "bf16", {"bucket": 16}),
     ("bucket64_m17", 17, 150, 300, "bf16", {"bucket": 64}),
     ("bucket64_m130_fp32", 130, 129, 260, "fp32", {"bucket": 64}),
+    # SCALE_W: tl.dot tiles dequantised in registers (W8 * S rounded once, as the reference), wide
+    # tiles spanning several scale blocks, odd K, fp32 activations
+    ("scalew_m8", 8, 200, 300, "bf16", dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2, DOT=True, SCALE_W=True)),
+    ("scalew_m16_wide", 16, 136, 900, "bf16", dict(BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, DOT=True, SCALE_W=True)),
+    ("scalew_m40_fp32", 40, 129, 260, "fp32", dict(BLOCK_N=32, BLOCK_K=128, BLOCK_M=16, DOT=True, SCALE_W=True)),
 ]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 MANTISSA = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}
@@ -118,7 +123,9 @@ def main():
         y2 = fp8_gemm(x, w8, s, **kw)
         ref = fp8_linear_ref(x, w8, s)
         rel = float((y1.double() - exact).abs().max() / exact.abs().max())
-        out[name] = {"ulp": ulp_err(y1, exact), "rel": rel, "ref_ulp": ulp_err(ref, exact), "bitwise": bool(torch.equal(y1, y2)),
+        w_rounded = x.double() @ dequantize_fp8(w8, s, x.dtype).double().T      # the reference's weights, exactly
+        out[name] = {"ulp": ulp_err(y1, exact), "rel": rel, "ulp_w_rounded": ulp_err(y1, w_rounded),
+                     "rel_w_rounded": float((y1.double() - w_rounded).abs().max() / w_rounded.abs().max()), "ref_ulp": ulp_err(ref, exact), "bitwise": bool(torch.equal(y1, y2)),
                      "dtype": str(y1.dtype), "shape": list(y1.shape)}
     out["codes_exact"] = codes_exact()
     x, w8, s, want = every_code_weights()

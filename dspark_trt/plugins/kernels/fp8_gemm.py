@@ -53,10 +53,21 @@ SCALE_BLOCK = 128
 
 
 @triton.jit
+def _round_bf16(v):
+    """fp32 -> the nearest bf16 value (ties to even), kept in fp32 (finite inputs)."""
+    b = v.to(tl.int32, bitcast=True)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr):
-    """Swap-AB ``tl.dot`` over the K slice [k0, k_end): fp32 ``[BLOCK_N, BLOCK_M]`` (BLOCK_K <= 128:
-    one scale per tile, multiplied into the tile's partial sum)."""
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr,
+               SCALE_W: tl.constexpr):
+    """Swap-AB ``tl.dot`` over the K slice [k0, k_end): fp32 ``[BLOCK_N, BLOCK_M]``. Default
+    (BLOCK_K <= 128): one scale per tile, multiplied into the tile's exact partial sum. ``SCALE_W``:
+    the tile is dequantised in registers, ``W8 * S`` rounded once to x's dtype (the reference's
+    weights: the same value up to summation order), and accumulated by the dot itself (no
+    per-tile multiply of its result); any power-of-two BLOCK_K (one scale per column)."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
     x_ptr = x + rm[:, None] * stride_xm + (k0 + offs_k)[None, :]
@@ -69,14 +80,27 @@ def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl
             kmask = (kk + offs_k) < k_end
             wt = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
             xt = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
-        sc = tl.load(s_row + kk // 128)                           # fp32 block scale of the tile
-        if INTERPRET_DOT:                                         # the interpreter's bf16 tl.dot is wrong
-            part = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), input_precision="ieee")
-        elif x.dtype.element_ty == tl.float32:
-            part = tl.dot(wt.to(tl.float32), tl.trans(xt), input_precision="ieee")
+        if SCALE_W:
+            if EVEN_K:
+                sv = tl.load(s_row + (kk + offs_k) // 128)                         # [BK] fp32
+            else:
+                sv = tl.load(s_row + (kk + offs_k) // 128, mask=kmask, other=0.0)
+            wq = (wt.to(tl.float32) * sv[None, :]).to(x.dtype.element_ty)          # W8 * S, one rounding
+            if INTERPRET_DOT and x.dtype.element_ty == tl.bfloat16:     # the interpreter truncates to bf16
+                wq = _round_bf16(wt.to(tl.float32) * sv[None, :])
+            if INTERPRET_DOT or x.dtype.element_ty == tl.float32:
+                acc = tl.dot(wq.to(tl.float32), tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(wq, tl.trans(xt), acc)
         else:
-            part = tl.dot(wt.to(x.dtype.element_ty), tl.trans(xt))   # [BN, BK] @ [BK, BM], fp32 acc
-        acc += part * sc
+            sc = tl.load(s_row + kk // 128)                       # fp32 block scale of the tile
+            if INTERPRET_DOT:                                     # the interpreter's bf16 tl.dot is wrong
+                part = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), input_precision="ieee")
+            elif x.dtype.element_ty == tl.float32:
+                part = tl.dot(wt.to(tl.float32), tl.trans(xt), input_precision="ieee")
+            else:
+                part = tl.dot(wt.to(x.dtype.element_ty), tl.trans(xt))   # [BN, BK] @ [BK, BM], fp32 acc
+            acc += part * sc
         w_ptr += BLOCK_K
         x_ptr += BLOCK_K
     return acc
@@ -126,7 +150,7 @@ BY_M_DOT_SMALL = 16               # ... and the most the narrow (16-token) tl.do
 def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn, stride_ym,
              pid_n, pid_k, pid_m, SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              DOT: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr,
-             BITS: tl.constexpr):
+             BITS: tl.constexpr, SCALE_W: tl.constexpr):
     """Weight rows n0 .. n0 + BLOCK_N - 1 (within one row of scale blocks) x tokens m0 .. m0 +
     BLOCK_M - 1 over the K slice [k0, k_end), stored (or its split's partial) by ``store_split_k``."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -135,7 +159,7 @@ def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride
     s_row = s + (n0 // 128) * stride_sn                               # the tile's row of scale blocks
     if DOT:
         acc = _dot_tiles(x, w, s_row, k0, k_end, rn, tl.minimum(offs_m, M - 1), stride_xm, stride_wn, BLOCK_M,
-                         BLOCK_N, BLOCK_K, EVEN_K, INTERPRET_DOT)
+                         BLOCK_N, BLOCK_K, EVEN_K, INTERPRET_DOT, SCALE_W)
     else:
         acc = _cuda_core_tiles(x, w, s_row, k0, k_end, rn, m0, M, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
                                EVEN_K, BITS)
@@ -148,7 +172,7 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
                     BODY: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET_DOT: tl.constexpr, BITS: tl.constexpr, SMALL_M: tl.constexpr = 4,
                     DOT_SMALL_M: tl.constexpr = 16, DOT_BLOCK_N: tl.constexpr = 64,
-                    DOT_BLOCK_K: tl.constexpr = 128, DOT_EVEN_K: tl.constexpr = True):
+                    DOT_BLOCK_K: tl.constexpr = 128, DOT_EVEN_K: tl.constexpr = True, SCALE_W: tl.constexpr = False):
     """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials, counter: the tiles'
     tickets (``skinny_gemm.store_split_k``). K_SPLIT: a multiple of BLOCK_K (and of DOT_BLOCK_K).
     BLOCK_N: a power of two <= 128 (one row of scale blocks per tile).
@@ -176,19 +200,19 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
                 if M <= DOT_SMALL_M:
                     _program(x, w, s, y, ws, counter, n0, m0, M, N, dk0, dk_end, stride_xm, stride_wn, stride_sn,
                              stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
-                             DOT_SMALL_M, DOT_BLOCK_N, DOT_BLOCK_K, True, REDUCE, DOT_EVEN_K, INTERPRET_DOT, BITS)
+                             DOT_SMALL_M, DOT_BLOCK_N, DOT_BLOCK_K, True, REDUCE, DOT_EVEN_K, INTERPRET_DOT, BITS, SCALE_W)
                 else:
                     _program(x, w, s, y, ws, counter, n0, m0, M, N, dk0, dk_end, stride_xm, stride_wn, stride_sn,
                              stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
-                             BLOCK_M, DOT_BLOCK_N, DOT_BLOCK_K, True, REDUCE, DOT_EVEN_K, INTERPRET_DOT, BITS)
+                             BLOCK_M, DOT_BLOCK_N, DOT_BLOCK_K, True, REDUCE, DOT_EVEN_K, INTERPRET_DOT, BITS, SCALE_W)
         else:
             _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
                      stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
-                     SMALL_M, BLOCK_N, BLOCK_K, False, REDUCE, EVEN_K, INTERPRET_DOT, BITS)
+                     SMALL_M, BLOCK_N, BLOCK_K, False, REDUCE, EVEN_K, INTERPRET_DOT, BITS, SCALE_W)
     else:
         _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
                  stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
-                 BLOCK_M, BLOCK_N, BLOCK_K, BODY == 1, REDUCE, EVEN_K, INTERPRET_DOT, BITS)
+                 BLOCK_M, BLOCK_N, BLOCK_K, BODY == 1, REDUCE, EVEN_K, INTERPRET_DOT, BITS, SCALE_W)
 
 
 @triton.jit
@@ -411,9 +435,10 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     by_m = bool(cfg.get("BY_M", False))
     dot = not by_m and bool(cfg.get("DOT", M > 4))
     dot_bn, dot_bk = int(cfg.get("DOT_BLOCK_N", 64)), int(cfg.get("DOT_BLOCK_K", SCALE_BLOCK))
-    if bn > SCALE_BLOCK or pow2(bn) != bn or pow2(bk) != bk or (dot and bk > SCALE_BLOCK):
+    scale_w = bool(cfg.get("SCALE_W", False))
+    if bn > SCALE_BLOCK or pow2(bn) != bn or pow2(bk) != bk or (dot and bk > SCALE_BLOCK and not scale_w):
         raise ValueError(f"fp8_gemm: BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, BLOCK_K={bk} a "
-                         f"power of two (<= {SCALE_BLOCK} with DOT)")
+                         f"power of two (<= {SCALE_BLOCK} with DOT, unless SCALE_W)")
     if by_m and not (bn <= dot_bn <= SCALE_BLOCK and pow2(dot_bn) == dot_bn and dot_bk <= SCALE_BLOCK
                      and pow2(dot_bk) == dot_bk and int(cfg.get("BLOCK_M", 64)) >= BY_M_DOT_SMALL):
         raise ValueError(f"fp8_gemm (BY_M): DOT_BLOCK_N={dot_bn} must be a power of two in [BLOCK_N={bn}, "
@@ -442,6 +467,6 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         scale.stride(0), y.stride(0), dot_k_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
         REDUCE=plan.reduce, EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
         SMALL_M=BY_M_SMALL, DOT_SMALL_M=BY_M_DOT_SMALL, DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk,
-        DOT_EVEN_K=(K % dot_bk == 0),
+        DOT_EVEN_K=(K % dot_bk == 0), SCALE_W=scale_w,
         num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
     return plan.finish(y)
