@@ -73,7 +73,7 @@ def fp8_linear_ref(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: 
 @torch.library.triton_op("dspark::fp8_linear", mutates_args=())
 def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int = 0) -> Tensor:
     """``bucket`` (kernel only): 0 picks the launch from x's token count (one launch for any count
-    when it is symbolic); 1, 16, 32, 64 take that bucket's launch (``kernels.fp8_gemm.bucket_config``)
+    when it is symbolic); 1, 16, 32, 64, 128 take that bucket's launch (``kernels.fp8_gemm.bucket_config``)
     whatever the count: ``fp8_linear_bucketed`` passes the bucket its ``torch.cond`` chose."""
     check_fp8_args(x, weight, weight_scale_inv)
     if use_triton(x):
@@ -83,8 +83,8 @@ def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int 
     return fp8_linear_ref(x, weight, weight_scale_inv)
 
 
-TOKEN_BUCKETS = (1, 16, 32)      # symbolic token counts: the first bucket >= the count, else LARGE_BUCKET
-LARGE_BUCKET = 64
+TOKEN_BUCKETS = (1, 16, 32, 64)  # symbolic token counts: the first bucket >= the count, else LARGE_BUCKET
+LARGE_BUCKET = 128
 
 
 def token_count(x: Tensor):
@@ -99,7 +99,7 @@ def fp8_linear_bucketed(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, hos
     """``dspark::fp8_linear`` as the models call it. A concrete token count (eager calls, CUDA-graph
     captures) picks its launch inside the op. A symbolic one (an engine's dynamic tokens,
     ``torch.compile(dynamic=True)``) on a GPU is bucketed on the host: nested ``torch.cond`` on the
-    count (M <= 1, 16, 32, else) call the op with that bucket, so each branch compiles one kernel
+    count (M <= 1, 16, 32, 64, else) call the op with that bucket, so each branch compiles one kernel
     body with its own tiles, where the op alone would compile every body into one launch.
     ``host_choice``: force (True) or skip (False) the buckets; None: as just said.
 

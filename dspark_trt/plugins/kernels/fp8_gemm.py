@@ -275,7 +275,9 @@ def mma_config(M: int, N: int, K: int) -> dict:
 
 # (M bucket, N, K) -> the fastest correct config of benchmarks/fp8_gemm_bench.py on the H200 at 63e95a1
 # (benchmarks/results/fp8-gemm-NVIDIA-H200-63e95a1.json.gz: Qwen3-8B, V4-Flash and V4-Pro shapes, M = 1 / 16;
-# CUDA-graph replays over rotated weight copies).
+# CUDA-graph replays over rotated weight copies), and at e5bf31b for Qwen3-8B's fused q/k/v and gate/up, o,
+# down and k/v at M = 8 / 16 / 64 / 128 with the SCALE_W tiles in the sweep (fp8-gemm-NVIDIA-H200-e5bf31b.json.gz;
+# it replaced the 63e95a1 entries of (16, 1024 | 4096, 4096) and (16, 4096, 12288)).
 CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 512, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
     (1, 512, 7168): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 4},
@@ -296,16 +298,22 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 16384, 4096): {'BLOCK_N': 16, 'BLOCK_K': 512, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
     (1, 32768, 1024): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
     (1, 65536, 1536): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': False, 'SPLIT_K': 1},
+    (8, 1024, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 8},
+    (8, 4096, 4096): {'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 4},
+    (8, 4096, 12288): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 16},
+    (8, 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 4},
+    (8, 24576, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 2},
     (16, 512, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 16},
     (16, 512, 7168): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 16},
-    (16, 1024, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 8},
+    (16, 1024, 4096): {'BLOCK_N': 32, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 8},
     (16, 1536, 7168): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 2048, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 3072, 7168): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 4096, 2048): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 4, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
-    (16, 4096, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 4096, 4096): {'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 4},
     (16, 4096, 8192): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 4},
     (16, 7168, 3072): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 4, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 7168, 16384): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 4, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 8192, 1024): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 2, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
@@ -313,8 +321,19 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (16, 8192, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 4, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 12288, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 2, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 16384, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 2, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (16, 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 1},
     (16, 32768, 1024): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 1, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
     (16, 65536, 1536): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 1, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (64, 1024, 4096): {'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 8},
+    (64, 4096, 4096): {'BLOCK_N': 128, 'BLOCK_K': 256, 'num_warps': 8, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 4},
+    (64, 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 8, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (64, 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'BLOCK_M': 64, 'SPLIT_K': 4},
+    (64, 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'BLOCK_M': 64, 'SPLIT_K': 1},
+    (128, 1024, 4096): {'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'SPLIT_K': 4},
+    (128, 4096, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'SPLIT_K': 4},
+    (128, 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'BLOCK_M': 128, 'SPLIT_K': 8},
+    (128, 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'BLOCK_M': 128, 'SPLIT_K': 4},
+    (128, 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'SCALE_W': True, 'BLOCK_M': 128, 'SPLIT_K': 1},
 }
 
 
@@ -372,7 +391,7 @@ def by_m_config(N: int, K: int) -> dict:
     M re-reads the weights once per 64 tokens."""
     small = CONFIGS.get((1, N, K)) or default_config(1, N, K)
     dot = CONFIGS.get((16, N, K)) or default_config(16, N, K)
-    if small.get("DOT") or not dot.get("DOT", True) or dot.get("MMA"):
+    if small.get("DOT") or not dot.get("DOT", True) or dot.get("MMA") or dot.get("SCALE_W"):
         small, dot = default_config(1, N, K), default_config(16, N, K)
     bn = int(small["BLOCK_N"])
     return {"BY_M": True, "BLOCK_N": bn, "BLOCK_K": int(small["BLOCK_K"]), "SPLIT_K": int(small.get("SPLIT_K", 1)),
@@ -381,28 +400,33 @@ def by_m_config(N: int, K: int) -> dict:
             "num_stages": int(small.get("num_stages", 3))}
 
 
-TOKEN_BUCKETS = (1, 16, 32, 64)    # launches for a symbolic M that the caller bounds (``bucket_config``)
+TOKEN_BUCKETS = (1, 16, 32, 64, 128)    # launches for a symbolic M that the caller bounds (``bucket_config``)
 
 
 def bucket_config(bucket: int, N: int, K: int) -> dict:
     """The launch for a symbolic token count that the caller has bounded on the host (an engine's
-    ``torch.cond`` on its token count, ``plugins.fp8_linear.fp8_linear_bucketed``): ``bucket`` 1:
-    the CUDA-core body with M = 1's tiles and split (measured, else the default); 16 and 32 (M <=
-    bucket): M = 16's tl.dot tiles and split on ``bucket``-token tiles; 64 (any M, chosen above
-    32): the same on 64-token tiles with at most 3 pipeline stages (4 stages of 64-token x tiles
-    cost occupancy: 312 against 271 us at M = 64 for two Qwen3-8B layers on the H200,
-    fp8-engine-linear-NVIDIA-H200-54dae40.json). Unlike ``by_m_config`` each launch holds one
-    body, so none pays for another's registers and shared memory. Any M is computed correctly:
-    the bucket only picks the tiles. (The CUDA-core body on 4-token tiles took 1.5x the tl.dot
-    tiles' time at M = 4, so 2..16 tokens share the 16-token launch.)"""
+    ``torch.cond`` on its token count, ``plugins.fp8_linear.fp8_linear_bucketed``). ``bucket`` 1:
+    the CUDA-core body with M = 1's config (measured, else the default); 16 and 32 (M <= bucket):
+    M = 16's tl.dot config on ``bucket``-token tiles; 64 (M <= 64): M = 64's measured config; 128
+    (any M, chosen above 64): M = 128's measured config and token tile. Unmeasured 64 / 128: M =
+    16's tiles on 64-token tiles with at most 3 pipeline stages (4 stages of 64-token x tiles cost
+    occupancy: 312 against 271 us at M = 64 for two Qwen3-8B layers on the H200,
+    fp8-engine-linear-NVIDIA-H200-54dae40.json). Unlike ``by_m_config`` each launch holds one body,
+    so none pays for another's registers and shared memory. Any M is computed correctly: the
+    bucket only picks the tiles. (The CUDA-core body on 4-token tiles took 1.5x the tl.dot tiles'
+    time at M = 4, so 2..16 tokens share the 16-token launch.)"""
     if bucket not in TOKEN_BUCKETS:
         raise ValueError(f"fp8_gemm: bucket={bucket} is not one of {TOKEN_BUCKETS}")
     if bucket == 1:
         cfg = CONFIGS.get((1, N, K)) or default_config(1, N, K)
         return {**(default_config(1, N, K) if cfg.get("DOT") else cfg), "BLOCK_M": 1}
+    measured = CONFIGS.get((bucket, N, K)) if bucket >= 64 else None
+    if measured and measured.get("DOT") and not measured.get("MMA"):
+        return {**measured, "BLOCK_M": int(measured.get("BLOCK_M", 64))}
     cfg = CONFIGS.get((16, N, K)) or default_config(16, N, K)
-    cfg = {**(default_config(16, N, K) if not cfg.get("DOT", True) or cfg.get("MMA") else cfg), "BLOCK_M": bucket}
-    if bucket == 64:
+    cfg = {**(default_config(16, N, K) if not cfg.get("DOT", True) or cfg.get("MMA") else cfg),
+           "BLOCK_M": min(bucket, 64)}
+    if bucket >= 64:
         cfg["num_stages"] = min(int(cfg.get("num_stages", 3)), 3)
     return cfg
 
