@@ -9,10 +9,11 @@ halves it against bf16; the kernel streams W once (per M tile) in the layout of
   one K slice. BLOCK_N is a power of two <= 128, so a tile's rows lie in one row of scale blocks.
 * Per tile: the fp8 bytes are converted to x's dtype in registers (e4m3 -> bf16 / fp16 / fp32 is
   exact) and multiplied against x with fp32 accumulation.
-  - ``tl.dot`` with W as the left operand for M > 4 ("swap AB"): BLOCK_K <= 128, one scale per
-    tile, multiplied into the tile's partial sum.
-  - CUDA-core multiply-reduce per token for M <= 4: BLOCK_K any power of two (a tile may span
-    several scale blocks, so wide tiles stream 8-16 KB per load round); x is multiplied by its
+  - ``tl.dot`` with W as the left operand for M > 2 ("swap AB"): BLOCK_K <= 128, one scale per
+    tile, multiplied into the tile's partial sum; or (``SCALE_W``) the tile dequantised in
+    registers, any BLOCK_K (``_dot_tiles``).
+  - CUDA-core multiply-reduce per token for M <= 2 (M <= 4 in the by-M launch): BLOCK_K any power
+    of two (a tile may span several scale blocks, so wide tiles stream 8-16 KB per load round); x is multiplied by its
     columns' block scales in fp32 (``x[k] * S[n // 128, k // 128]``, one gather per tile) before
     the products. ``BITS`` (opt-in) decodes e4m3 without a conversion instruction: the byte ``s
     eeee mmm`` as the fp32 bit pattern ``s 0000 eeee mmm 0...`` is its value times 2^-120 (e4m3
@@ -338,11 +339,13 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
 
 
 def default_config(M: int, N: int, K: int, sms: int = H200_SMS) -> dict:
-    """Unmeasured shapes. M <= 4: the CUDA-core body on 16 rows x 512 K (8 KB of fp8 per tile: the
+    """Unmeasured shapes. M <= 2: the CUDA-core body on 16 rows x 512 K (8 KB of fp8 per tile: the
     H200's most frequent winner at M = 1), K split until >= 2 programs per SM while every split
     keeps a whole tile; above: swap-AB tl.dot (64 rows x 128 K, 128 rows for M > 64), split K
-    until >= 2 programs per SM, keeping >= 4 K tiles per split."""
-    if M <= 4:
+    until >= 2 programs per SM, keeping >= 4 K tiles per split. (The CUDA-core body's time grows
+    with each token: at M = 4 it took 1.5x the tl.dot tiles', at M = 2 about the same,
+    fp8-engine-linear-NVIDIA-H200-9621af9.json.gz.)"""
+    if M <= 2:
         bn, bk = 16, 512
         tiles, split = triton.cdiv(N, bn), 1
         while tiles * split < 2 * sms and K // (2 * split) >= bk:
