@@ -86,9 +86,11 @@ def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl
                 sv = tl.load(s_row + (kk + offs_k) // 128)                         # [BK] fp32
             else:
                 sv = tl.load(s_row + (kk + offs_k) // 128, mask=kmask, other=0.0)
-            wq = (wt.to(tl.float32) * sv[None, :]).to(x.dtype.element_ty)          # W8 * S, one rounding
+            wf = wt.to(tl.float32) * sv[None, :]
             if INTERPRET_DOT and x.dtype.element_ty == tl.bfloat16:     # the interpreter truncates to bf16
-                wq = _round_bf16(wt.to(tl.float32) * sv[None, :])
+                wq = _round_bf16(wf)
+            else:
+                wq = wf.to(x.dtype.element_ty)                            # W8 * S, one rounding
             if INTERPRET_DOT or x.dtype.element_ty == tl.float32:
                 acc = tl.dot(wq.to(tl.float32), tl.trans(xt.to(tl.float32)), acc, input_precision="ieee")
             else:
