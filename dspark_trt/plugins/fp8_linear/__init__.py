@@ -106,11 +106,11 @@ def fp8_linear_bucketed(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, hos
     Named ``dspark::fp8_linear`` to torch-function modes (``_qualified_op_name``, below): the
     builder's ``ReferenceOps`` sees this call as the op (to inline or to keep), which it could not
     inside ``torch.cond``'s branches."""
-    if host_choice is None and torch.overrides.has_torch_function_variadic(x, weight, weight_scale_inv):
-        return torch.overrides.handle_torch_function(fp8_linear_bucketed, (x, weight, weight_scale_inv),
-                                                     x, weight, weight_scale_inv)
     if host_choice is None:
-        host_choice = isinstance(token_count(x), torch.SymInt) and use_triton(x)
+        if torch.overrides.has_torch_function_variadic(x, weight, weight_scale_inv):
+            return torch.overrides.handle_torch_function(fp8_linear_bucketed, (x, weight, weight_scale_inv),
+                                                         x, weight, weight_scale_inv)
+        host_choice = use_triton(x) and isinstance(token_count(x), torch.SymInt)
     if not host_choice:
         return torch.ops.dspark.fp8_linear(x, weight, weight_scale_inv)
     return _from_bucket(0, weight, weight_scale_inv)(x)
