@@ -6,6 +6,9 @@ o, gate/up, down + SwiGLU) compiled by AOTInductor with a dynamic token count, t
 * ``one_launch``: the op alone with a symbolic count (``by_m_config``: every body in one kernel,
   chosen by M inside it), what engines built before;
 * ``bf16``: the same layers in bf16 (cuBLAS), the engine's bf16 baseline;
+* ``w8a8``: ``bucketed`` with the activations quantised per (token, 128-column group) to fp8 in
+  the kernel and fp8 x fp8 tensor-core dots (``Fp8Linear.act_quant``; its error is measured
+  against the same W8A8 layers run eagerly);
 
 and ``concrete``: the fp8 layers called eagerly, each token count in its own CUDA graph (the op
 picks the measured config for that exact count: what a static-shape compile could reach).
@@ -47,9 +50,10 @@ MS = (1, 2, 4, 8, 16, 32, 64, 128)
 class Layer(nn.Module):
     """One decoder layer's projections: x -> q/k/v -> o(q) -> gate/up -> SwiGLU -> down."""
 
-    def __init__(self, d: int, qd: int, kvd: int, inter: int, fp8: bool, host_choice: bool | None):
+    def __init__(self, d: int, qd: int, kvd: int, inter: int, fp8: bool, host_choice: bool | None,
+                 act_quant: bool = False):
         super().__init__()
-        self.qd, self.inter, self.fp8, self.host_choice = qd, inter, fp8, host_choice
+        self.qd, self.inter, self.fp8, self.host_choice, self.act_quant = qd, inter, fp8, host_choice, act_quant
         make = (lambda n, k: Fp8Linear.from_linear(nn.Linear(k, n, bias=False, device="cuda"))) if fp8 else \
             (lambda n, k: nn.Linear(k, n, bias=False, device="cuda", dtype=torch.bfloat16))
         self.qkv, self.o, self.gate_up, self.down = make(qd + 2 * kvd, d), make(d, qd), make(2 * inter, d), \
@@ -58,7 +62,8 @@ class Layer(nn.Module):
     def proj(self, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if not self.fp8:
             return lin(x)
-        return fp8_linear_bucketed(x, lin.weight, lin.weight_scale_inv, host_choice=self.host_choice)
+        return fp8_linear_bucketed(x, lin.weight, lin.weight_scale_inv, host_choice=self.host_choice,
+                                   act_quant=self.act_quant)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:     # x [T, d] bf16
         q = self.proj(self.qkv, x)[:, :self.qd]
@@ -98,6 +103,7 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--variants", default="bucketed,one_launch,bf16,w8a8")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     ms = [int(m) for m in args.ms.split(",")]
@@ -106,9 +112,13 @@ def main():
         c.intermediate_size
     t0 = time.time()
     torch.manual_seed(0)
-    variants = {"bucketed": (True, None), "one_launch": (True, False), "bf16": (False, None)}
-    stacks = {name: Stack([Layer(d, qd, kvd, inter, fp8, hc) for _ in range(args.layers)]).eval()
-              for name, (fp8, hc) in variants.items()}
+    variants = {"bucketed": (True, None, False), "one_launch": (True, False, False), "bf16": (False, None, False),
+                "w8a8": (True, None, True)}
+    variants = {n: variants[n] for n in ["bucketed"] + [v for v in args.variants.split(",") if v != "bucketed"]}
+    stacks = {}
+    for name, (fp8, hc, aq) in variants.items():
+        torch.manual_seed(0)                                  # the same weights in every variant
+        stacks[name] = Stack([Layer(d, qd, kvd, inter, fp8, hc, aq) for _ in range(args.layers)]).eval()
     nets, build_s = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, stack in stacks.items():
@@ -120,23 +130,26 @@ def main():
     rows = []
     for M in ms:
         x = torch.randn(M, d, device="cuda", dtype=torch.bfloat16)
-        ref = stacks["bucketed"](x).float()
+        with torch.no_grad():
+            refs = {n: stacks[n](x).float() for n in ("bucketed", "w8a8") if n in stacks}
         row = {"M": M}
         for name, net in nets.items():
             fp8 = name != "bf16"
             stack = stacks["bucketed" if name == "concrete" else name]
+            ref = refs.get(name, refs["bucketed"])
             nbytes = weight_bytes(stack) + args.layers * 2 * M * (2 * d + qd + 2 * kvd + 3 * inter + d)
             with torch.no_grad():
                 err = float((net(x).float() - ref).abs().max() / ref.abs().max()) if fp8 else None
                 us = graph_us([lambda: net(x)], args.iters)
             row[name] = {"us": us, "bytes": nbytes, "pct_of_roofline": nbytes / (us * 1e-6) / PEAK * 100,
                          "rel_err_vs_concrete": err}
-        row["bucketed_vs_one_launch"] = row["one_launch"]["us"] / row["bucketed"]["us"]
-        row["bucketed_vs_bf16"] = row["bf16"]["us"] / row["bucketed"]["us"]
+        for a, b in (("bucketed", "one_launch"), ("bucketed", "bf16"), ("w8a8", "bf16"), ("w8a8", "bucketed")):
+            if a in row and b in row:
+                row[f"{a}_vs_{b}"] = row[b]["us"] / row[a]["us"]
         rows.append(row)
         print(f"[{time.time() - t0:6.1f}s] M={M:4d}  " + "  ".join(
             f"{n} {row[n]['us']:8.1f} us ({row[n]['pct_of_roofline']:4.1f}%)" for n in nets)
-            + f"  bucketed x{row['bucketed_vs_one_launch']:.2f} one-launch, x{row['bucketed_vs_bf16']:.2f} bf16",
+            + "".join(f"  {k} x{v:.2f}" for k, v in row.items() if k.endswith(("_bf16", "_one_launch", "_vs_bucketed"))),
             flush=True)
     sha, gpu = provenance.git_sha(), provenance.gpu_name()
     out = Path(args.out)

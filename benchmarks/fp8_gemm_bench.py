@@ -17,6 +17,11 @@ W8A8 variant (activations quantised per 128-group, fp8 tensor-core MMA; checked 
 largest output: it rounds the activations), its time, TFLOP/s and speedup vs bf16 cuBLAS (try
 ``--ms 1,16,64,128,1024`` for a prefill-sized M).
 
+``--w8a8`` also sweeps the in-kernel W8A8 path (``fp8_gemm(..., act_quant=True)``: x quantised per
+(token, 128-column group) to fp8 inside the kernel, fp8 x fp8 ``tl.dot``; checked against
+``F.linear`` of the two dequantised operands in fp32) and prints its winners as ``CONFIGS_W8A8``;
+``--no-weight-only`` times only the weight-only default then.
+
 Writes ``fp8-gemm-<gpu>-<sha>.json`` into $OUT (else benchmarks/results/). About 1-2 minutes on an
 H200 (mostly Triton compilation: about 30 kernel variants).
 
@@ -43,7 +48,7 @@ import triton  # noqa: E402
 from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.config import get_preset  # noqa: E402
-from dspark_trt.plugins.fp8_linear import dequantize_fp8, quantize_fp8  # noqa: E402
+from dspark_trt.plugins.fp8_linear import dequantize_fp8, quantize_activations_fp8, quantize_fp8  # noqa: E402
 from dspark_trt.plugins.kernels import fp8_gemm as fg  # noqa: E402
 
 PEAK = 4.8e12
@@ -106,18 +111,42 @@ def sweep(M: int, N: int, K: int) -> list[dict]:
     return out
 
 
-def measure(case: tuple, cfg: dict, rel_tol: float = 1e-2) -> dict:
-    """``cfg`` on ``case`` = (x, fp8 weight copies, bf16 reference output, cuBLAS us, fp8 bytes, iters):
-    checked against the reference (within rel_tol of its largest entry), then timed."""
-    x, q, ref, cublas, fp8_bytes, iters = case
+def w8a8_sweep(M: int, N: int, K: int) -> list[dict]:
+    """W8A8 (``act_quant``) configs: the weight-only default made W8A8 (``w8a8_config``), then
+    ``tl.dot`` tiles of 128 K columns (fp8 x fp8 tensor-core dots; 16-token tiles at M <= 16) with
+    the default rule's split and twice it, and at M <= 2 the CUDA-core tiles."""
+    out = [fg.w8a8_config(fg.default_config(M, N, K), None, N, K)]
+    tiles = [(64, 4, 4), (64, 4, 3), (128, 8, 3), (128, 4, 3), (32, 4, 4), (64, 4, 6)]
+    if M <= 2:
+        out += [{**c, "BLOCK_K": max(128, c["BLOCK_K"])} for c in sweep(M, N, K) if not c.get("DOT") and not c.get("BITS")]
+    for bn, w, st in tiles:
+        bm = max(16, min(128, triton.next_power_of_2(M)))
+        n_tiles = triton.cdiv(N, bn) * triton.cdiv(M, bm)
+        split = 1
+        while n_tiles * split < 2 * fg.H200_SMS and K // (2 * split * 128) >= 4:
+            split *= 2
+        for sp in (split, 2 * split):
+            c = dict(BLOCK_N=bn, BLOCK_K=128, num_warps=w, num_stages=st, DOT=True, BLOCK_M=bm, SPLIT_K=sp)
+            if c not in out:
+                out.append(c)
+    return out
+
+
+def measure(case: tuple, cfg: dict, rel_tol: float = 1e-2, act_quant: bool = False) -> dict:
+    """``cfg`` on ``case`` = (x, fp8 weight copies, bf16 reference output, cuBLAS us, fp8 bytes, iters
+    [, W8A8 reference output]): checked against the reference (within rel_tol of its largest entry),
+    then timed."""
+    x, q, ref, cublas, fp8_bytes, iters = case[:6]
+    if act_quant:
+        ref = case[6]
     M, K = x.shape
     N = q[0][0].shape[0]
     rec = {"config": cfg}
     try:
-        y = fg.fp8_gemm(x, q[0][0], q[0][1], cfg)
+        y = fg.fp8_gemm(x, q[0][0], q[0][1], cfg, act_quant=act_quant)
         err = (y.float() - ref.float()).abs().max().item()
         rec.update(max_err=err, ok=err <= 1e-2 + rel_tol * ref.float().abs().max().item())
-        us = graph_us([lambda w=w: fg.fp8_gemm(x, w[0], w[1], cfg) for w in q], iters)
+        us = graph_us([lambda w=w: fg.fp8_gemm(x, w[0], w[1], cfg, act_quant=act_quant) for w in q], iters)
         rec.update(us=us, pct=fp8_bytes / (us * 1e-6) / PEAK * 100, tb_per_s=fp8_bytes / us / 1e6,
                    tflops=2 * M * N * K / us / 1e6, speedup_vs_bf16=cublas / us)
     except Exception as e:                 # noqa: BLE001 - e.g. out of shared memory
@@ -133,12 +162,14 @@ def main():
     ap.add_argument("--ms", default=",".join(map(str, MS)))
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--rotate-mb", type=float, default=256.0)
+    ap.add_argument("--w8a8", action="store_true", help="also sweep the W8A8 (act_quant) kernel per row")
+    ap.add_argument("--no-weight-only", action="store_true", help="skip the weight-only sweep (default config only)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     dev = torch.device("cuda")
     ms = [int(m) for m in args.ms.split(",")]
     t0 = time.time()
-    rows, configs = [], {}
+    rows, configs, configs_w8a8 = [], {}, {}
     torch.manual_seed(0)
     for name in args.shapes.split(","):
         N, K = all_shapes[name]
@@ -155,8 +186,18 @@ def main():
             row = {"shape": name, "N": N, "K": K, "M": M, "copies": copies, "cublas_bf16_us": cublas,
                    "cublas_bf16_pct": bf16_bytes / (cublas * 1e-6) / PEAK * 100,
                    "fp8_bytes": fp8_bytes, "bf16_bytes": bf16_bytes, "configs": []}
-            case = (x, q, ref, cublas, fp8_bytes, args.iters)
-            row["configs"] = [measure(case, cfg) for cfg in sweep(M, N, K)]
+            w8a8_ref = F.linear(quantize_activations_fp8(x), dequantize_fp8(*q[0], torch.float32)) if args.w8a8 else None
+            case = (x, q, ref, cublas, fp8_bytes, args.iters, w8a8_ref)
+            row["configs"] = [measure(case, cfg) for cfg in (sweep(M, N, K)[:1] if args.no_weight_only else sweep(M, N, K))]
+            if args.w8a8:
+                w8 = [measure(case, cfg, act_quant=True) for cfg in w8a8_sweep(M, N, K)]
+                good8 = [r for r in w8 if r.get("ok") and "us" in r]
+                row["w8a8_configs"] = w8
+                if good8:
+                    b8 = min(good8, key=lambda r: r["us"])
+                    row["w8a8_best"] = {"us": b8["us"], "pct": b8["pct"], "config": b8["config"],
+                                        "speedup_vs_bf16": cublas / b8["us"], "tflops": b8["tflops"]}
+                    configs_w8a8[(fg.m_bucket(M), N, K)] = b8["config"]
             row["by_m"] = measure(case, fg.by_m_config(N, K))   # engines' one launch for any M (not swept)
             if M >= 64:                                # the opt-in W8A8 variant (activations to fp8)
                 row["w8a8_mma"] = measure(case, fg.mma_config(M, N, K), rel_tol=6e-2)
@@ -184,6 +225,8 @@ def main():
                             for t in ("block_scaled", "scale_w") if t + "_best" in row)
                   + (f"  | by-M {row['by_m']['us']:.2f} us ({row['by_m']['pct']:.1f}%)"
                      f"{'' if row['by_m']['ok'] else ' INCORRECT'}" if "us" in row["by_m"] else "  | by-M failed")
+                  + (f"  | W8A8 in-kernel {row['w8a8_best']['us']:.2f} us ({row['w8a8_best']['pct']:.1f}%) "
+                     f"x{row['w8a8_best']['speedup_vs_bf16']:.2f} {row['w8a8_best']['config']}" if "w8a8_best" in row else "")
                   + (f"  | W8A8 MMA {row['w8a8_mma']['us']:.2f} us x{row['w8a8_mma']['speedup_vs_bf16']:.2f}"
                      f"{'' if row['w8a8_mma']['ok'] else ' INCORRECT'}" if "us" in row.get("w8a8_mma", {}) else ""),
                   flush=True)
@@ -196,6 +239,8 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fp8-gemm-{gpu.replace(' ', '-')}-{sha}.json"
     lit = "CONFIGS = {\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(configs.items())) + "}"
+    if configs_w8a8:
+        lit += "\nCONFIGS_W8A8 = {\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in sorted(configs_w8a8.items())) + "}"
     doc = {"git_sha": sha, "gpu": gpu, "versions": provenance.versions(), "command": " ".join(sys.argv),
            "peak_bytes_per_s": PEAK, "shapes": {s: all_shapes[s] for s in args.shapes.split(",")}, "ms": ms,
            "iters": args.iters, "rotate_mb": args.rotate_mb, "seconds": time.time() - t0, "rows": rows,
@@ -205,7 +250,8 @@ def main():
     for r in rows:
         if "fp8_us" in r:
             print(f"{r['shape']:15s} {r['M']:4d} {r['cublas_bf16_pct']:7.1f} {r['fp8_pct']:7.1f} "
-                  f"{(r['default_pct'] or 0):10.1f} {(r.get('bits_pct') or 0):8.1f} {r['speedup_vs_bf16']:7.2f}")
+                  f"{(r['default_pct'] or 0):10.1f} {(r.get('bits_pct') or 0):8.1f} {r['speedup_vs_bf16']:7.2f}"
+                  + (f"   W8A8 {r['w8a8_best']['pct']:5.1f} % x{r['w8a8_best']['speedup_vs_bf16']:.2f}" if "w8a8_best" in r else ""))
     print("\n# measured winners for dspark_trt/plugins/kernels/fp8_gemm.py")
     print(lit)
     print(f"\nwrote {path} ({time.time() - t0:.0f} s)")

@@ -24,9 +24,10 @@ FP8_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 class Fp8Linear(nn.Module):
     """``y = x @ (weight * weight_scale_inv per block)^T`` in x's dtype."""
 
-    def __init__(self, in_features: int, out_features: int, device=None):
+    def __init__(self, in_features: int, out_features: int, device=None, act_quant: bool = False):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        self.act_quant = act_quant      # W8A8: x quantised per (token, 128-column group) to fp8 as well
         self.weight = nn.Parameter(torch.zeros(out_features, in_features, dtype=FP8_DTYPE, device=device),
                                    requires_grad=False)
         self.weight_scale_inv = nn.Parameter(torch.ones(scale_shape(out_features, in_features),
@@ -59,10 +60,11 @@ class Fp8Linear(nn.Module):
         return self
 
     def forward(self, x: Tensor) -> Tensor:
-        return fp8_linear_bucketed(x, self.weight, self.weight_scale_inv)
+        return fp8_linear_bucketed(x, self.weight, self.weight_scale_inv, act_quant=self.act_quant)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 128x128 blocks"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, fp8 e4m3 128x128 blocks"
+                + (", activations fp8 per 128-group" if self.act_quant else ""))
 
 
 def _swap(module: nn.Module, want: Callable[[str, nn.Module], bool], make: Callable[[nn.Module], nn.Module]) -> int:

@@ -51,6 +51,9 @@ class FusedFp8Linear(FusedLinear):
         if not _scale_blocks_stack(self.sizes):
             raise ValueError(f"FusedFp8Linear: part rows {self.sizes} are not multiples of {FP8_BLOCK} "
                              f"(a scale block would span two parts)")
+        if len({lin.act_quant for lin in linears}) != 1:
+            raise ValueError("FusedFp8Linear: parts mix weight-only and W8A8 (act_quant) linears")
+        self.act_quant = linears[0].act_quant
         self.in_features, self.out_features = linears[0].in_features, sum(self.sizes)
         self.weight = nn.Parameter(torch.cat([lin.weight for lin in linears], 0), requires_grad=False)
         self.weight_scale_inv = nn.Parameter(torch.cat([lin.weight_scale_inv for lin in linears], 0),
@@ -64,7 +67,8 @@ class FusedFp8Linear(FusedLinear):
 
     def parts_from(self, x: Tensor, i: int) -> tuple[Tensor, ...]:
         r = sum(self.sizes[:i])
-        return fp8_linear_bucketed(x, self.weight[r:], self.weight_scale_inv[r // FP8_BLOCK:]).split(self.sizes[i:], -1)
+        return fp8_linear_bucketed(x, self.weight[r:], self.weight_scale_inv[r // FP8_BLOCK:],
+                                   act_quant=self.act_quant).split(self.sizes[i:], -1)
 
 
 def _plain(*linears) -> bool:
@@ -80,7 +84,8 @@ def _fusable(*linears) -> type | None:
     """The fused class for ``linears``: plain linears, or fp8 ones whose scale blocks stack."""
     if _plain(*linears):
         return FusedLinear
-    if all(type(lin) is Fp8Linear for lin in linears) and _scale_blocks_stack([lin.out_features for lin in linears]):
+    if all(type(lin) is Fp8Linear for lin in linears) and _scale_blocks_stack([lin.out_features for lin in linears]) \
+            and len({lin.act_quant for lin in linears}) == 1:
         return FusedFp8Linear
     return None
 

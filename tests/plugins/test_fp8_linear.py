@@ -20,7 +20,7 @@ from dspark_trt.plugins.fp8_linear import (FP8_DTYPE, dequantize_fp8, fp8_linear
                                            scale_shape)
 
 ROOT = Path(__file__).resolve().parents[2]
-from tests.support.fp8_gemm_cases import CASES, MMA_CASES  # noqa: E402
+from tests.support.fp8_gemm_cases import ACT_QUANT_CASES, CASES, MMA_CASES  # noqa: E402
 
 # fp32 accumulation, one rounding to the output dtype: <= 0.5 ulp on a GPU; the interpreter
 # truncates fp32 -> bf16 (< 1 ulp); plus fp32 sum-order noise.
@@ -62,6 +62,60 @@ def test_w8a8_mma_variant_matches_its_quantised_operands(results, case):
     r = results[case[0]]
     assert r["shape"] == list(case[1:3]) and r["ulp"] <= ULP_TOL, r
     assert 0 < r["act_quant_rel"] < 2.0 ** -4, r
+
+
+@pytest.mark.parametrize("case", ACT_QUANT_CASES, ids=[c[0] for c in ACT_QUANT_CASES])
+def test_in_kernel_w8a8_matches_its_quantised_operands(results, case):
+    """``act_quant``: the kernel quantises x per (token, 128-column group) itself, exactly as the
+    torch reference does (same codes and scales), so its output is within one rounding (fp32: sum
+    order) of the exact product of the reference's operands, for both bodies, every bucket, an
+    all-zero group, split K and odd K; and deterministic."""
+    r = results[case[0]]
+    assert r["shape"] == list(case[1:3]), r
+    if case[4] == "fp32":
+        assert r["rel"] <= FP32_REL_TOL, r
+    else:
+        assert r["ulp"] <= ULP_TOL, r
+    assert r["bitwise"], r
+
+
+def test_act_quant_reference_quantises_per_token_group():
+    """W8A8 reference: each (token, 128-group) scaled by its amax / 448 into e4m3; the op's value is
+    the fp32 product of the two dequantised operands, and differs from the weight-only one."""
+    from dspark_trt.plugins.fp8_linear import quantize_activation_groups, quantize_activations_fp8
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 300, generator=g) * torch.tensor([1e-3, 1.0, 50.0])[:, None]
+    x[0, 0, :128] = 0
+    q, sc = quantize_activation_groups(x)
+    assert q.dtype == FP8_DTYPE and q.shape == x.shape and sc.shape == (2, 3, 3)
+    assert torch.equal(sc[0, 0, 0], torch.tensor(1.0))                          # an all-zero group
+    assert q.float().abs().amax(-1).max() == 448.0
+    xd = quantize_activations_fp8(x)
+    assert ((xd - x).abs() <= x.abs() * 2 ** -4 + 1e-30).all()                  # e4m3: 3 mantissa bits
+    w8, s = quantize_fp8(torch.randn(64, 300, generator=g))
+    y = fp8_linear_ref(x, w8, s, act_quant=True)
+    want = (xd.double() @ dequantize_fp8(w8, s, torch.float64).T).float()
+    for b in range(2):                                    # fp32 sums: relative to each batch's largest output
+        assert (y[b] - want[b]).abs().max() <= 1e-5 * want[b].abs().max()
+        assert (fp8_linear_ref(x, w8, s)[b] - want[b]).abs().max() > 1e-4 * want[b].abs().max()
+
+
+def test_act_quant_configs():
+    """W8A8 launches: tl.dot tiles of one 128-column group without SCALE_W, CUDA-core tiles of whole
+    groups; configs that cannot quantise in the kernel are refused by name."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels import fp8_gemm as fg
+    for bucket in fg.TOKEN_BUCKETS:
+        for N, K in ((6144, 4096), (24576, 4096), (4096, 12288)):
+            c = fg.w8a8_config(fg.bucket_config(bucket, N, K), bucket, N, K)
+            assert not c.get("SCALE_W") and not c.get("BY_M")
+            assert c["BLOCK_K"] == 128 if c.get("DOT") else c["BLOCK_K"] % 128 == 0, (bucket, c)
+            assert c.get("BLOCK_M") == fg.bucket_config(bucket, N, K).get("BLOCK_M"), (bucket, c)
+    x, (w8, s) = torch.randn(4, 256), quantize_fp8(torch.randn(64, 256))
+    for cfg in (dict(BLOCK_N=64, BLOCK_K=256, DOT=True, SCALE_W=True), dict(BLOCK_N=16, BLOCK_K=64, DOT=False),
+                fg.by_m_config(64, 256)):
+        with pytest.raises(ValueError, match="act_quant"):
+            fg.fp8_gemm(x, w8, s, cfg, act_quant=True)
 
 
 def test_mma_variant_is_opt_in(monkeypatch):
@@ -383,18 +437,50 @@ def test_concrete_tokens_call_the_op_directly():
     assert torch.equal(fp8_linear_bucketed(x, w8, s, host_choice=True), fp8_linear_ref(x, w8, s))
 
 
+def w8a8_rel_err(y, x, w8, s) -> float:
+    """max |y - exact| / max |exact|, exact: the product of the W8A8 reference's operands."""
+    from dspark_trt.plugins.fp8_linear import quantize_activations_fp8
+    xd = quantize_activations_fp8(x.reshape(-1, x.shape[-1])).double()
+    exact = xd @ dequantize_fp8(w8, s, torch.float64).T
+    return float((y.reshape(exact.shape).double() - exact).abs().max() / exact.abs().max())
+
+
+# W8A8 on the GPU: fp8 tensor-core dots accumulate each 128-column group with fewer bits than fp32
+# (the kernel adds the groups in fp32), and y is rounded to bf16 (2^-9 relative): within one bf16 ulp
+# of the largest output. A wrong activation code or scale moves it by ~2^-5.
+W8A8_GPU_REL_TOL = 2.0 ** -8
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_bucketed_engine_network_on_gpu(tmp_path):
+@pytest.mark.parametrize("M", [1, 3, 16, 40, 64, 128, 300])
+def test_in_kernel_w8a8_on_gpu_at_qwen3_8b_shapes(M):
+    """``act_quant`` at Qwen3-8B shapes, with the launch the op picks for M and with every bucket
+    that M fits (what engines run): near the exact product of the quantised operands."""
+    from dspark_trt.plugins.kernels.fp8_gemm import TOKEN_BUCKETS, fp8_gemm
+    g = torch.Generator(device="cuda").manual_seed(M)
+    for N, K in QWEN3_8B_SHAPES:
+        x = torch.randn(M, K, device="cuda", generator=g).bfloat16()
+        w8, s = quantize_fp8(torch.randn(N, K, device="cuda", generator=g) * 0.02)
+        for bucket in [0] + [b for b in TOKEN_BUCKETS if M <= b or b == TOKEN_BUCKETS[-1]]:
+            y = fp8_gemm(x, w8, s, bucket=bucket, act_quant=True)
+            assert w8a8_rel_err(y, x, w8, s) <= W8A8_GPU_REL_TOL, (M, N, K, bucket, w8a8_rel_err(y, x, w8, s))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("act_quant", [False, True], ids=["weight_only", "w8a8"])
+def test_bucketed_engine_network_on_gpu(tmp_path, act_quant):
     """AOTInductor package of fused fp8 q/k/v (Qwen3-8B shapes) with dynamic batch and tokens: the
-    host-bucketed launches run, within bf16 rounding of the exact product at token counts on each
-    side of every bucket bound, under CUDA-graph capture too."""
+    host-bucketed launches run, within bf16 rounding of the exact product (W8A8: of its quantised
+    operands) at token counts on each side of every bucket bound, under CUDA-graph capture too."""
     from torch._inductor import aoti_compile_and_package, aoti_load_package
     from torch.export import Dim
     from dspark_trt.builder.backends.aoti import inductor_configs, select_compiler
     from dspark_trt.models.fp8_linear import Fp8Linear
     torch.manual_seed(3)
     lin = Fp8Linear.from_linear(torch.nn.Linear(4096, 6144, bias=False, device="cuda").to(torch.bfloat16))
+    lin.act_quant = act_quant
     dims = ({0: Dim("batch", min=1, max=64), 1: Dim("tokens", min=1, max=64)},)
     with torch.no_grad():
         ep = torch.export.export(lin, (torch.randn(2, 3, 4096, device="cuda", dtype=torch.bfloat16),),
@@ -406,7 +492,10 @@ def test_bucketed_engine_network_on_gpu(tmp_path):
     for b, t in ((1, 1), (1, 3), (2, 8), (1, 17), (4, 8), (5, 7), (16, 4), (16, 8), (20, 9)):
         x = torch.randn(b, t, 4096, device="cuda", dtype=torch.bfloat16)
         y = net(x)
-        assert rounding_ulps(y, x, lin.weight, lin.weight_scale_inv) <= 0.55 + 1e-3 * 64, (b, t)
+        if act_quant:
+            assert w8a8_rel_err(y, x, lin.weight, lin.weight_scale_inv) <= W8A8_GPU_REL_TOL, (b, t)
+        else:
+            assert rounding_ulps(y, x, lin.weight, lin.weight_scale_inv) <= 0.55 + 1e-3 * 64, (b, t)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             yg = net(x)

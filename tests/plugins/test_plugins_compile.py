@@ -198,7 +198,8 @@ def _launches_moe_mxfp4(monkeypatch):
 def _launches_fp8(monkeypatch):
     """Every default config family (CUDA-core M <= 4 with split-K, swap-AB tl.dot with 64 and 128
     rows) and odd K, for bf16 and fp32 activations; the one-launch-for-any-M body and the
-    host-bucketed launches of engines; the opt-in BITS decode and W8A8 MMA."""
+    host-bucketed launches of engines; the opt-in BITS decode and W8A8 MMA; the in-kernel W8A8
+    (``act_quant``) launch of every bucket."""
     from dspark_trt.plugins.fp8_linear import quantize_fp8
     out = []
     w8, s = quantize_fp8(torch.randn(512, 1024))
@@ -223,6 +224,10 @@ def _launches_fp8(monkeypatch):
     for M, w, sc in ((256, w8, s), (40, w8o, so)):                 # the opt-in W8A8 (fp8 MMA) variant
         x = torch.randn(M, w.shape[1]).bfloat16()
         out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, kfp8.mma_config(M, *w.shape))
+    for bucket, M, w, sc in ((1, 1, w8, s), (16, 9, w8, s), (64, 40, w8o, so), (128, 130, w8, s)):  # in-kernel W8A8
+        for dtype in (torch.bfloat16, torch.float32):
+            x = torch.randn(M, w.shape[1]).to(dtype)
+            out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, bucket=bucket, act_quant=True)
     return out
 
 

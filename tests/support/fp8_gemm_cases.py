@@ -131,6 +131,7 @@ def main():
     x, w8, s, want = every_code_weights()
     out["codes_exact_bits"] = bool(torch.equal(fp8_gemm(x, w8, s, dict(BLOCK_N=64, BLOCK_K=128, DOT=False)), want))
     out.update(mma_results())
+    out.update(act_quant_results())
     print("RESULT " + json.dumps(out))
 
 
@@ -156,6 +157,34 @@ def mma_results() -> dict:
         y = fp8_gemm(x, w8, s, cfg)
         out[name] = {"ulp": ulp_err(y, exact), "shape": list(y.shape),
                      "act_quant_rel": float((exact - full).abs().max() / full.abs().max())}
+    return out
+
+
+# In-kernel W8A8 (``act_quant``): (name, M, N, K, dtype, config or None, bucket); compared with the
+# exact product of the W8A8 reference's operands (``quantize_activation_groups`` in torch).
+ACT_QUANT_CASES = [
+    ("actq_dot_odd_split", 20, 200, 300, "bf16", dict(BLOCK_N=64, BLOCK_K=128, DOT=True, SPLIT_K=2), 0),
+    ("actq_core_groups", 2, 256, 640, "bf16", dict(BLOCK_N=16, BLOCK_K=256, DOT=False, SPLIT_K=2), 0),
+    ("actq_core_fp32", 1, 128, 384, "fp32", None, 0),
+    ("actq_dot_fp32", 9, 128, 256, "fp32", None, 0),
+    ("actq_zero_group", 3, 128, 512, "bf16", None, 0),
+] + [(f"actq_bucket{b}_m{M}", M, 192, 512, "bf16", None, b)
+     for b, M in ((1, 1), (16, 5), (32, 17), (64, 40), (128, 70))]
+
+
+def act_quant_results() -> dict:
+    from dspark_trt.plugins.fp8_linear import dequantize_fp8, quantize_activations_fp8
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm
+    out = {}
+    for i, (name, M, N, K, dt, cfg, bucket) in enumerate(ACT_QUANT_CASES):
+        x, w8, s = case_inputs(200 + i, M, N, K, DTYPES[dt])
+        if name == "actq_zero_group":
+            x[:, 128:256] = 0
+        exact = quantize_activations_fp8(x).double() @ dequantize_fp8(w8, s, torch.float64).T
+        y = fp8_gemm(x, w8, s, cfg, bucket=bucket, act_quant=True)
+        rel = float((y.double() - exact).abs().max() / exact.abs().max())
+        out[name] = {"ulp": ulp_err(y, exact), "rel": rel, "shape": list(y.shape),
+                     "bitwise": bool(torch.equal(y, fp8_gemm(x, w8, s, cfg, bucket=bucket, act_quant=True)))}
     return out
 
 

@@ -64,23 +64,52 @@ def quantize_fp8(w: Tensor) -> tuple[Tensor, Tensor]:
     return q, scale
 
 
-def fp8_linear_ref(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int = 0) -> Tensor:
+def quantize_activation_groups(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [..., K] -> (fp8 e4m3 codes [..., K], fp32 scales [..., ceil(K/128)]): per token and
+    128-column group, scale = amax / 448 (all-zero groups: 1), code = x / scale rounded to nearest
+    (DeepSeek's ``act_quant``, vLLM's per-token-group fp8 quantisation)."""
+    K = x.shape[-1]
+    G = -(-K // FP8_BLOCK)
+    xf = F.pad(x.float(), (0, G * FP8_BLOCK - K)).unflatten(-1, (G, FP8_BLOCK))
+    amax = xf.abs().amax(-1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return q.flatten(-2)[..., :K].contiguous(), scale
+
+
+def quantize_activations_fp8(x: Tensor) -> Tensor:
+    """x [..., K] -> its W8A8 value in fp32 (``quantize_activation_groups``' codes times their scales)."""
+    q, scale = quantize_activation_groups(x)
+    K = x.shape[-1]
+    return q.float() * scale.repeat_interleave(FP8_BLOCK, -1)[..., :K]
+
+
+def fp8_linear_ref(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int = 0,
+                   act_quant: bool = False) -> Tensor:
     """x [..., K], weight [N, K] fp8, weight_scale_inv [ceil(N/128), ceil(K/128)] f32 -> [..., N].
-    ``bucket``: the kernel's launch choice (``fp8_linear``), no effect on the value."""
+    ``bucket``: the kernel's launch choice (``fp8_linear``), no effect on the value. ``act_quant``
+    (W8A8): x quantised per (token, 128-column group) to fp8 first (``quantize_activations_fp8``),
+    the product of the two dequantised operands taken in fp32."""
+    if act_quant:
+        return F.linear(quantize_activations_fp8(x), dequantize_fp8(weight, weight_scale_inv, torch.float32)).to(x.dtype)
     return F.linear(x, dequantize_fp8(weight, weight_scale_inv, x.dtype))
 
 
 @torch.library.triton_op("dspark::fp8_linear", mutates_args=())
-def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int = 0) -> Tensor:
+def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int = 0,
+               act_quant: bool = False) -> Tensor:
     """``bucket`` (kernel only): 0 picks the launch from x's token count (one launch for any count
     when it is symbolic); 1, 16, 32, 64, 128 take that bucket's launch (``kernels.fp8_gemm.bucket_config``)
-    whatever the count: ``fp8_linear_bucketed`` passes the bucket its ``torch.cond`` chose."""
+    whatever the count: ``fp8_linear_bucketed`` passes the bucket its ``torch.cond`` chose.
+    ``act_quant``: W8A8 (``fp8_linear_ref``; the kernel quantises x tile by tile and runs fp8 x fp8
+    tensor-core dots)."""
     check_fp8_args(x, weight, weight_scale_inv)
     if use_triton(x):
         from ..kernels.fp8_gemm import fp8_gemm
         K, N = weight.shape[1], weight.shape[0]
-        return fp8_gemm(x.reshape(-1, K), weight, weight_scale_inv, bucket=bucket).view(*x.shape[:-1], N)
-    return fp8_linear_ref(x, weight, weight_scale_inv)
+        return fp8_gemm(x.reshape(-1, K), weight, weight_scale_inv, bucket=bucket,
+                        act_quant=act_quant).view(*x.shape[:-1], N)
+    return fp8_linear_ref(x, weight, weight_scale_inv, act_quant=act_quant)
 
 
 TOKEN_BUCKETS = (1, 16, 32, 64)  # symbolic token counts: the first bucket >= the count, else LARGE_BUCKET
@@ -95,13 +124,15 @@ def token_count(x: Tensor):
     return n
 
 
-def fp8_linear_bucketed(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, host_choice: bool | None = None) -> Tensor:
+def fp8_linear_bucketed(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, host_choice: bool | None = None,
+                        act_quant: bool = False) -> Tensor:
     """``dspark::fp8_linear`` as the models call it. A concrete token count (eager calls, CUDA-graph
     captures) picks its launch inside the op. A symbolic one (an engine's dynamic tokens,
     ``torch.compile(dynamic=True)``) on a GPU is bucketed on the host: nested ``torch.cond`` on the
     count (M <= 1, 16, 32, 64, else) call the op with that bucket, so each branch compiles one kernel
     body with its own tiles, where the op alone would compile every body into one launch.
-    ``host_choice``: force (True) or skip (False) the buckets; None: as just said.
+    ``host_choice``: force (True) or skip (False) the buckets; None: as just said. ``act_quant``:
+    W8A8 (``fp8_linear``).
 
     Named ``dspark::fp8_linear`` to torch-function modes (``_qualified_op_name``, below): the
     builder's ``ReferenceOps`` sees this call as the op (to inline or to keep), which it could not
@@ -109,26 +140,26 @@ def fp8_linear_bucketed(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, hos
     if host_choice is None:
         if torch.overrides.has_torch_function_variadic(x, weight, weight_scale_inv):
             return torch.overrides.handle_torch_function(fp8_linear_bucketed, (x, weight, weight_scale_inv),
-                                                         x, weight, weight_scale_inv)
+                                                         x, weight, weight_scale_inv, act_quant=act_quant)
         host_choice = use_triton(x) and isinstance(token_count(x), torch.SymInt)
     if not host_choice:
-        return torch.ops.dspark.fp8_linear(x, weight, weight_scale_inv)
-    return _from_bucket(0, weight, weight_scale_inv)(x)
+        return torch.ops.dspark.fp8_linear(x, weight, weight_scale_inv, 0, act_quant)
+    return _from_bucket(0, weight, weight_scale_inv, act_quant)(x)
 
 
 fp8_linear_bucketed._qualified_op_name = "dspark::fp8_linear"
 
 
-def _from_bucket(i: int, w: Tensor, s: Tensor):
+def _from_bucket(i: int, w: Tensor, s: Tensor, act_quant: bool):
     """The branch for token counts above ``TOKEN_BUCKETS[i - 1]``. The weights are closed over, not
     operands: ``torch.cond`` would trace operands with symbolic sizes."""
     if i == len(TOKEN_BUCKETS):
-        return lambda x: torch.ops.dspark.fp8_linear(x, w, s, LARGE_BUCKET)
+        return lambda x: torch.ops.dspark.fp8_linear(x, w, s, LARGE_BUCKET, act_quant)
     bucket = TOKEN_BUCKETS[i]
 
     def branch(x: Tensor) -> Tensor:
-        return torch.cond(token_count(x) <= bucket, lambda x: torch.ops.dspark.fp8_linear(x, w, s, bucket),
-                          _from_bucket(i + 1, w, s), (x,))
+        return torch.cond(token_count(x) <= bucket, lambda x: torch.ops.dspark.fp8_linear(x, w, s, bucket, act_quant),
+                          _from_bucket(i + 1, w, s, act_quant), (x,))
     return branch
 
 

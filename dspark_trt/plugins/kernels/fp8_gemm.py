@@ -61,14 +61,41 @@ def _round_bf16(v):
 
 
 @triton.jit
+def _round_e4m3(v):
+    """fp32 -> the nearest e4m3 value (ties to even), kept in fp32, for |v| <= 448: the interpreter's
+    fp32 -> fp8 conversion truncates, the GPU's rounds to nearest even."""
+    a = tl.abs(v)
+    b = a.to(tl.int32, bitcast=True)
+    normal = ((b + 0x7FFFF + ((b >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)   # 3 mantissa bits
+    sub = (a + 16384.0) - 16384.0                          # multiples of 2^-9 (the fp32 ulp at 2^14)
+    r = tl.where(a < 0.015625, sub, normal)
+    return tl.where(v < 0, -r, r)
+
+
+@triton.jit
+def _quantize_groups(xf, INTERPRET_DOT: tl.constexpr):
+    """fp32 ``[R, 128]`` (R groups of 128 columns) -> (fp8 e4m3 codes ``[R, 128]``, fp32 scales
+    ``[R]``): scale = amax / 448 (all-zero groups: 1), code = x / scale rounded to nearest even,
+    IEEE divisions as ``quantize_activations`` computes them."""
+    amax = tl.max(tl.abs(xf), axis=1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
+    q = tl.clamp(tl.math.div_rn(xf, tl.broadcast_to(scale[:, None], xf.shape)), -448.0, 448.0)
+    if INTERPRET_DOT:
+        q = _round_e4m3(q)
+    return q.to(tl.float8e4nv), scale
+
+
+@triton.jit
 def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr,
-               SCALE_W: tl.constexpr):
+               SCALE_W: tl.constexpr, ACT_Q: tl.constexpr = False):
     """Swap-AB ``tl.dot`` over the K slice [k0, k_end): fp32 ``[BLOCK_N, BLOCK_M]``. Default
     (BLOCK_K <= 128): one scale per tile, multiplied into the tile's exact partial sum. ``SCALE_W``:
     the tile is dequantised in registers, ``W8 * S`` rounded once to x's dtype (the reference's
     weights: the same value up to summation order), and accumulated by the dot itself (no
-    per-tile multiply of its result); any power-of-two BLOCK_K (one scale per column)."""
+    per-tile multiply of its result); any power-of-two BLOCK_K (one scale per column). ``ACT_Q``
+    (W8A8, BLOCK_K = 128): each x tile is quantised per (token, 128-column group) to fp8 in registers
+    and the fp8 x fp8 dot (fp8 tensor cores) is scaled by ``x_scale[m] * S``."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
     x_ptr = x + rm[:, None] * stride_xm + (k0 + offs_k)[None, :]
@@ -81,7 +108,14 @@ def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl
             kmask = (kk + offs_k) < k_end
             wt = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
             xt = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
-        if SCALE_W:
+        if ACT_Q:
+            xq, xsc = _quantize_groups(xt.to(tl.float32), INTERPRET_DOT)                    # [BM, 128] fp8, [BM]
+            if INTERPRET_DOT:
+                part = tl.dot(wt.to(tl.float32), tl.trans(xq.to(tl.float32)), input_precision="ieee")
+            else:
+                part = tl.dot(wt, tl.trans(xq))                               # fp8 x fp8, fp32 out
+            acc += part * (xsc * tl.load(s_row + kk // 128))[None, :]
+        elif SCALE_W:
             if EVEN_K:
                 sv = tl.load(s_row + (kk + offs_k) // 128)                         # [BK] fp32
             else:
@@ -111,10 +145,12 @@ def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl
 
 @triton.jit
 def _cuda_core_tiles(x, w, s_row, k0, k_end, rn, row0, M, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, BITS: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, BITS: tl.constexpr,
+                     ACT_Q: tl.constexpr = False, INTERPRET_DOT: tl.constexpr = False):
     """CUDA-core multiply-reduce of tokens row0 .. row0 + BLOCK_M - 1 (those < M) over [k0, k_end):
     fp32 ``[BLOCK_N, BLOCK_M]``. A tile may span several scale blocks, so x is scaled per column
-    (fp32), not the sum."""
+    (fp32), not the sum. ``ACT_Q`` (BLOCK_K a multiple of 128): x is first quantised per
+    128-column group as the W8A8 dot body does, and its dequantised value (code * scale) taken."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -138,7 +174,11 @@ def _cuda_core_tiles(x, w, s_row, k0, k_end, rn, row0, M, stride_xm, stride_wn, 
                     xm = tl.load(xrow)
                 else:
                     xm = tl.load(xrow, mask=kmask, other=0.0)
-                p = tl.sum(wf * (xm.to(tl.float32) * sv)[None, :], axis=1)
+                xv = xm.to(tl.float32)
+                if ACT_Q:
+                    xq, xsc = _quantize_groups(tl.reshape(xv, [BLOCK_K // 128, 128]), INTERPRET_DOT)
+                    xv = tl.reshape(xq.to(tl.float32) * xsc[:, None], [BLOCK_K])
+                p = tl.sum(wf * (xv * sv)[None, :], axis=1)
                 acc += tl.where(tl.arange(0, BLOCK_M)[None, :] == m, p[:, None], 0.0)
         w_ptr += BLOCK_K
     return acc
@@ -153,7 +193,7 @@ BY_M_DOT_SMALL = 16               # ... and the most the narrow (16-token) tl.do
 def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn, stride_ym,
              pid_n, pid_k, pid_m, SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              DOT: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr,
-             BITS: tl.constexpr, SCALE_W: tl.constexpr):
+             BITS: tl.constexpr, SCALE_W: tl.constexpr, ACT_Q: tl.constexpr = False):
     """Weight rows n0 .. n0 + BLOCK_N - 1 (within one row of scale blocks) x tokens m0 .. m0 +
     BLOCK_M - 1 over the K slice [k0, k_end), stored (or its split's partial) by ``store_split_k``."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -162,10 +202,10 @@ def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride
     s_row = s + (n0 // 128) * stride_sn                               # the tile's row of scale blocks
     if DOT:
         acc = _dot_tiles(x, w, s_row, k0, k_end, rn, tl.minimum(offs_m, M - 1), stride_xm, stride_wn, BLOCK_M,
-                         BLOCK_N, BLOCK_K, EVEN_K, INTERPRET_DOT, SCALE_W)
+                         BLOCK_N, BLOCK_K, EVEN_K, INTERPRET_DOT, SCALE_W, ACT_Q)
     else:
         acc = _cuda_core_tiles(x, w, s_row, k0, k_end, rn, m0, M, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                               EVEN_K, BITS)
+                               EVEN_K, BITS, ACT_Q, INTERPRET_DOT)
     store_split_k(acc, y, ws, counter, offs_m, offs_n, M, N, stride_ym, pid_n, pid_k, pid_m, SPLIT_K, REDUCE)
 
 
@@ -175,10 +215,12 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
                     BODY: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET_DOT: tl.constexpr, BITS: tl.constexpr, SMALL_M: tl.constexpr = 4,
                     DOT_SMALL_M: tl.constexpr = 16, DOT_BLOCK_N: tl.constexpr = 64,
-                    DOT_BLOCK_K: tl.constexpr = 128, DOT_EVEN_K: tl.constexpr = True, SCALE_W: tl.constexpr = False):
+                    DOT_BLOCK_K: tl.constexpr = 128, DOT_EVEN_K: tl.constexpr = True, SCALE_W: tl.constexpr = False,
+                    ACT_Q: tl.constexpr = False):
     """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials, counter: the tiles'
     tickets (``skinny_gemm.store_split_k``). K_SPLIT: a multiple of BLOCK_K (and of DOT_BLOCK_K).
-    BLOCK_N: a power of two <= 128 (one row of scale blocks per tile).
+    BLOCK_N: a power of two <= 128 (one row of scale blocks per tile). ACT_Q: W8A8 (activations
+    quantised per 128-column group in the kernel; not with BODY_BY_M).
 
     BODY_CUDA_CORE / BODY_DOT: that body on BLOCK_N x BLOCK_K tiles (DOT: BLOCK_K <= 128).
     BODY_BY_M (a token count unknown when the launch is built, as in an engine): M <= SMALL_M runs
@@ -215,7 +257,7 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
     else:
         _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
                  stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
-                 BLOCK_M, BLOCK_N, BLOCK_K, BODY == 1, REDUCE, EVEN_K, INTERPRET_DOT, BITS, SCALE_W)
+                 BLOCK_M, BLOCK_N, BLOCK_K, BODY == 1, REDUCE, EVEN_K, INTERPRET_DOT, BITS, SCALE_W, ACT_Q)
 
 
 @triton.jit
@@ -253,15 +295,12 @@ def fp8_mma_kernel(xq, xs, w, s, y, M, N, K, stride_xm, stride_xsm, stride_wn, s
 
 
 def quantize_activations(x: Tensor, group: int = SCALE_BLOCK) -> tuple[Tensor, Tensor]:
-    """x [M, K] -> (fp8 e4m3 [M, K], fp32 scale [M, ceil(K/group)]): per token and K group,
-    scale = amax / 448 (all-zero groups: 1)."""
-    M, K = x.shape
-    G = triton.cdiv(K, group)
-    xf = torch.nn.functional.pad(x.float(), (0, G * group - K)).view(M, G, group)
-    amax = xf.abs().amax(-1)
-    scale = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
-    q = (xf / scale[..., None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(M, G * group)[:, :K]
-    return q.contiguous(), scale
+    """x [M, K] -> (fp8 e4m3 [M, K], fp32 scale [M, ceil(K/128)]) (``plugins.fp8_linear.
+    quantize_activation_groups``: per token and 128-column group, scale = amax / 448)."""
+    if group != SCALE_BLOCK:
+        raise ValueError(f"quantize_activations: group={group}, only {SCALE_BLOCK}")
+    from ..fp8_linear import quantize_activation_groups
+    return quantize_activation_groups(x)
 
 
 MMA_ENV = "DSPARK_FP8_MMA_MIN_M"
@@ -436,12 +475,38 @@ def bucket_config(bucket: int, N: int, K: int) -> dict:
     return cfg
 
 
+def w8a8_config(cfg: dict, M: int | None, N: int, K: int) -> dict:
+    """``cfg`` made fit for ``ACT_Q`` (W8A8): the measured W8A8 config of (M bucket, N, K) where one
+    exists (M: the token count or the launch's bucket; None: unknown); else ``cfg``'s tiles with
+    ``tl.dot`` tiles of 128 K columns (one activation group) and no ``SCALE_W``, CUDA-core tiles of
+    at least 128 K columns. The one-launch (``BY_M``) and separate-kernel (``MMA``) configs are
+    replaced by the default for M (16 where M is unknown)."""
+    measured = CONFIGS_W8A8.get((m_bucket(M), N, K)) if M is not None else None
+    if measured:                                  # a bucket's token tile stays unless the entry sets one
+        out = {**({"BLOCK_M": cfg["BLOCK_M"]} if "BLOCK_M" in cfg else {}), **measured}
+        if out.get("DOT") and "BLOCK_M" in out:
+            out["BLOCK_M"] = max(16, int(out["BLOCK_M"]))
+        return out
+    if cfg.get("BY_M") or cfg.get("MMA"):
+        cfg = default_config(M if M is not None else 16, N, K)
+    cfg = {k: v for k, v in cfg.items() if k != "SCALE_W"}
+    dot = bool(cfg.get("DOT", M is None or M > 4))
+    cfg["BLOCK_K"] = SCALE_BLOCK if dot else max(SCALE_BLOCK, int(cfg["BLOCK_K"]))
+    return cfg
+
+
+# W8A8 winners (M bucket, N, K) -> config, from ``benchmarks/fp8_gemm_bench.py --w8a8`` on the H200.
+CONFIGS_W8A8: dict[tuple[int, int, int], dict] = {}
+
+
 def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, out: Tensor | None = None,
-             bucket: int = 0) -> Tensor:
+             bucket: int = 0, act_quant: bool = False) -> Tensor:
     """``x[M, K] @ (w[N, K] * scale)^T`` -> ``[M, N]`` in x.dtype. ``config``: see the module doc
     (None: ``bucket_config(bucket)`` when a bucket is given, else ``choose_config``, or
     ``by_m_config`` when M is symbolic). N and K are taken from the weight (x's K may be a
-    symbolic expression under ``torch.compile(dynamic=True)``)."""
+    symbolic expression under ``torch.compile(dynamic=True)``). ``act_quant``: W8A8, x quantised
+    per (token, 128-column group) to fp8 e4m3 inside the kernel (``ACT_Q``; the chosen config is
+    adapted by ``w8a8_config`` unless ``config`` is given)."""
     M, Kx = x.shape
     N, K = (int(d) for d in w.shape)    # a weight's sizes are fixed; traced inside torch.cond they are symbols
     if Kx != K:
@@ -457,14 +522,20 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         cfg = bucket_config(bucket, N, K)
     else:
         cfg = choose_config(M, N, K) if isinstance(M, int) else by_m_config(N, K)
+    if act_quant and config is None:
+        cfg = w8a8_config(cfg, bucket or (M if isinstance(M, int) else None), N, K)
     y = out if out is not None else torch.empty((M, N), dtype=x.dtype, device=x.device)
     if cfg.get("MMA"):
         return y if M * N == 0 else fp8_mma(x, w, scale, cfg, y)
+
     bn, bk, split = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"]), int(cfg.get("SPLIT_K", 1))
     by_m = bool(cfg.get("BY_M", False))
     dot = not by_m and bool(cfg.get("DOT", M > 4))
     dot_bn, dot_bk = int(cfg.get("DOT_BLOCK_N", 64)), int(cfg.get("DOT_BLOCK_K", SCALE_BLOCK))
     scale_w = bool(cfg.get("SCALE_W", False))
+    if act_quant and (by_m or scale_w or (bk != SCALE_BLOCK if dot else bk % SCALE_BLOCK)):
+        raise ValueError(f"fp8_gemm (act_quant): config {cfg} does not fit W8A8: tl.dot tiles need BLOCK_K = "
+                         f"{SCALE_BLOCK} without SCALE_W, CUDA-core tiles a multiple of {SCALE_BLOCK}, no BY_M")
     if bn > SCALE_BLOCK or pow2(bn) != bn or pow2(bk) != bk or (dot and bk > SCALE_BLOCK and not scale_w):
         raise ValueError(f"fp8_gemm: BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, BLOCK_K={bk} a "
                          f"power of two (<= {SCALE_BLOCK} with DOT, unless SCALE_W)")
@@ -496,6 +567,6 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         scale.stride(0), y.stride(0), dot_k_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
         REDUCE=plan.reduce, EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
         SMALL_M=BY_M_SMALL, DOT_SMALL_M=BY_M_DOT_SMALL, DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk,
-        DOT_EVEN_K=(K % dot_bk == 0), SCALE_W=scale_w,
+        DOT_EVEN_K=(K % dot_bk == 0), SCALE_W=scale_w, ACT_Q=bool(act_quant),
         num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
     return plan.finish(y)
