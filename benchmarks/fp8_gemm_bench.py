@@ -203,7 +203,7 @@ def main():
                 row["w8a8_mma"] = measure(case, fg.mma_config(M, N, K), rel_tol=6e-2)
             d0 = row["configs"][0]
             row["default_us"], row["default_pct"] = d0.get("us"), d0.get("pct")
-            if M <= 4:
+            if M <= 4 and len(row["configs"]) > 1:
                 row["bits_us"], row["bits_pct"] = row["configs"][1].get("us"), row["configs"][1].get("pct")
             good = [r for r in row["configs"] if r.get("ok") and "us" in r]
             best = min(good, key=lambda r: r["us"]) if good else None

@@ -24,6 +24,7 @@ from ..opspec import OpSpec
 FP8_BLOCK = 128
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
+ACT_AMAX_MIN = 1e-10          # W8A8: the least group amax (an all-zero group gets codes 0, no inf / NaN)
 
 
 def scale_shape(N: int, K: int, block: int = FP8_BLOCK) -> tuple[int, int]:
@@ -65,15 +66,17 @@ def quantize_fp8(w: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def quantize_activation_groups(x: Tensor) -> tuple[Tensor, Tensor]:
-    """x [..., K] -> (fp8 e4m3 codes [..., K], fp32 scales [..., ceil(K/128)]): per token and
-    128-column group, scale = amax / 448 (all-zero groups: 1), code = x / scale rounded to nearest
-    (DeepSeek's ``act_quant``, vLLM's per-token-group fp8 quantisation)."""
+    """x [..., K] -> (fp8 e4m3 codes [..., K], fp32 scales [..., ceil(K/128)]) per token and
+    128-column group (DeepSeek's ``act_quant``, vLLM's per-token-group fp8 quantisation): with
+    a = max(amax, ACT_AMAX_MIN), code = x * (448 / a) rounded to nearest, scale = a / 448 (fp32;
+    the kernels compute the same two divisions per group and one multiply per value)."""
     K = x.shape[-1]
     G = -(-K // FP8_BLOCK)
     xf = F.pad(x.float(), (0, G * FP8_BLOCK - K)).unflatten(-1, (G, FP8_BLOCK))
-    amax = xf.abs().amax(-1)
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
-    q = (xf / scale[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    amax = xf.abs().amax(-1).clamp_min(ACT_AMAX_MIN)
+    scale = amax / FP8_MAX
+    inv = torch.full_like(amax, FP8_MAX) / amax         # IEEE division (scalar / tensor is 1 / t times the scalar)
+    q = (xf * inv[..., None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.flatten(-2)[..., :K].contiguous(), scale
 
 

@@ -75,27 +75,45 @@ def _round_e4m3(v):
 @triton.jit
 def _quantize_groups(xf, INTERPRET_DOT: tl.constexpr):
     """fp32 ``[R, 128]`` (R groups of 128 columns) -> (fp8 e4m3 codes ``[R, 128]``, fp32 scales
-    ``[R]``): scale = amax / 448 (all-zero groups: 1), code = x / scale rounded to nearest even,
-    IEEE divisions as ``quantize_activations`` computes them."""
-    amax = tl.max(tl.abs(xf), axis=1)
-    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)), 1.0)
-    q = tl.clamp(tl.math.div_rn(xf, tl.broadcast_to(scale[:, None], xf.shape)), -448.0, 448.0)
+    ``[R]``) as ``plugins.fp8_linear.quantize_activation_groups`` computes them: a = max(amax,
+    1e-10), code = x * (448 / a) rounded to nearest even, scale = a / 448 (IEEE divisions, one
+    per group)."""
+    amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-10)
+    inv = tl.math.div_rn(tl.full(amax.shape, 448.0, tl.float32), amax)
+    scale = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
+    q = tl.clamp(xf * inv[:, None], -448.0, 448.0)
     if INTERPRET_DOT:
         q = _round_e4m3(q)
     return q.to(tl.float8e4nv), scale
 
 
 @triton.jit
+def act_quant_kernel(x, xq, xs, K, G, stride_xm, stride_qm, stride_sm, GROUPS: tl.constexpr,
+                     INTERPRET_DOT: tl.constexpr):
+    """Grid (M, cdiv(G, GROUPS)): row m's 128-column groups g0 .. g0 + GROUPS - 1 of x [M, K] ->
+    fp8 codes xq [M, K] and fp32 scales xs [M, G] (``_quantize_groups``)."""
+    m = tl.program_id(0).to(tl.int64)
+    g0 = tl.program_id(1) * GROUPS
+    offs = g0 * 128 + tl.arange(0, GROUPS * 128)
+    v = tl.load(x + m * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+    q, sc = _quantize_groups(tl.reshape(v, [GROUPS, 128]), INTERPRET_DOT)
+    tl.store(xq + m * stride_qm + offs, tl.reshape(q, [GROUPS * 128]), mask=offs < K)
+    gi = g0 + tl.arange(0, GROUPS)
+    tl.store(xs + m * stride_sm + gi, sc, mask=gi < G)
+
+
+@triton.jit
 def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr,
-               SCALE_W: tl.constexpr, ACT_Q: tl.constexpr = False):
+               SCALE_W: tl.constexpr, ACT_Q: tl.constexpr, xs, stride_xsm):
     """Swap-AB ``tl.dot`` over the K slice [k0, k_end): fp32 ``[BLOCK_N, BLOCK_M]``. Default
     (BLOCK_K <= 128): one scale per tile, multiplied into the tile's exact partial sum. ``SCALE_W``:
     the tile is dequantised in registers, ``W8 * S`` rounded once to x's dtype (the reference's
     weights: the same value up to summation order), and accumulated by the dot itself (no
     per-tile multiply of its result); any power-of-two BLOCK_K (one scale per column). ``ACT_Q``
-    (W8A8, BLOCK_K = 128): each x tile is quantised per (token, 128-column group) to fp8 in registers
-    and the fp8 x fp8 dot (fp8 tensor cores) is scaled by ``x_scale[m] * S``."""
+    (W8A8, BLOCK_K = 128): x holds fp8 codes and xs their per (token, 128-column group) scales
+    (``act_quant_kernel``); each fp8 x fp8 dot (fp8 tensor cores, added into fp32 every 32
+    columns) is scaled by ``xs[m, group] * S``."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
     x_ptr = x + rm[:, None] * stride_xm + (k0 + offs_k)[None, :]
@@ -109,11 +127,11 @@ def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl
             wt = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
             xt = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
         if ACT_Q:
-            xq, xsc = _quantize_groups(xt.to(tl.float32), INTERPRET_DOT)                    # [BM, 128] fp8, [BM]
+            xsc = tl.load(xs + rm * stride_xsm + kk // 128)                      # [BM] fp32
             if INTERPRET_DOT:
-                part = tl.dot(wt.to(tl.float32), tl.trans(xq.to(tl.float32)), input_precision="ieee")
+                part = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), input_precision="ieee")
             else:
-                part = tl.dot(wt, tl.trans(xq))                               # fp8 x fp8, fp32 out
+                part = tl.dot(wt, tl.trans(xt), max_num_imprecise_acc=32)    # fp8 x fp8, fp32 out
             acc += part * (xsc * tl.load(s_row + kk // 128))[None, :]
         elif SCALE_W:
             if EVEN_K:
@@ -193,7 +211,7 @@ BY_M_DOT_SMALL = 16               # ... and the most the narrow (16-token) tl.do
 def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn, stride_ym,
              pid_n, pid_k, pid_m, SPLIT_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
              DOT: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr, INTERPRET_DOT: tl.constexpr,
-             BITS: tl.constexpr, SCALE_W: tl.constexpr, ACT_Q: tl.constexpr = False):
+             BITS: tl.constexpr, SCALE_W: tl.constexpr, ACT_Q: tl.constexpr = False, xs=None, stride_xsm=0):
     """Weight rows n0 .. n0 + BLOCK_N - 1 (within one row of scale blocks) x tokens m0 .. m0 +
     BLOCK_M - 1 over the K slice [k0, k_end), stored (or its split's partial) by ``store_split_k``."""
     offs_n = n0 + tl.arange(0, BLOCK_N)
@@ -202,7 +220,7 @@ def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride
     s_row = s + (n0 // 128) * stride_sn                               # the tile's row of scale blocks
     if DOT:
         acc = _dot_tiles(x, w, s_row, k0, k_end, rn, tl.minimum(offs_m, M - 1), stride_xm, stride_wn, BLOCK_M,
-                         BLOCK_N, BLOCK_K, EVEN_K, INTERPRET_DOT, SCALE_W, ACT_Q)
+                         BLOCK_N, BLOCK_K, EVEN_K, INTERPRET_DOT, SCALE_W, ACT_Q, xs, stride_xsm)
     else:
         acc = _cuda_core_tiles(x, w, s_row, k0, k_end, rn, m0, M, stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
                                EVEN_K, BITS, ACT_Q, INTERPRET_DOT)
@@ -211,7 +229,7 @@ def _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride
 
 @triton.jit
 def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_xm, stride_wn, stride_sn,
-                    stride_ym, DOT_K_SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                    stride_ym, DOT_K_SPLIT, xs, stride_xsm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     BODY: tl.constexpr, REDUCE: tl.constexpr, EVEN_K: tl.constexpr,
                     INTERPRET_DOT: tl.constexpr, BITS: tl.constexpr, SMALL_M: tl.constexpr = 4,
                     DOT_SMALL_M: tl.constexpr = 16, DOT_BLOCK_N: tl.constexpr = 64,
@@ -219,8 +237,9 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
                     ACT_Q: tl.constexpr = False):
     """Grid (N tiles, SPLIT_K, M tiles). ws: fp32 [SPLIT_K, M, N] partials, counter: the tiles'
     tickets (``skinny_gemm.store_split_k``). K_SPLIT: a multiple of BLOCK_K (and of DOT_BLOCK_K).
-    BLOCK_N: a power of two <= 128 (one row of scale blocks per tile). ACT_Q: W8A8 (activations
-    quantised per 128-column group in the kernel; not with BODY_BY_M).
+    BLOCK_N: a power of two <= 128 (one row of scale blocks per tile). ACT_Q: W8A8, not with
+    BODY_BY_M: the CUDA-core body quantises x per 128-column group itself; the tl.dot body reads
+    x as fp8 codes with their scales xs [M, ceil(K/128)] (``act_quant_kernel``).
 
     BODY_CUDA_CORE / BODY_DOT: that body on BLOCK_N x BLOCK_K tiles (DOT: BLOCK_K <= 128).
     BODY_BY_M (a token count unknown when the launch is built, as in an engine): M <= SMALL_M runs
@@ -257,7 +276,8 @@ def fp8_gemm_kernel(x, w, s, y, ws, counter, M, N, K, K_SPLIT, SPLIT_K, stride_x
     else:
         _program(x, w, s, y, ws, counter, n0, m0, M, N, k0, k_end, stride_xm, stride_wn, stride_sn,
                  stride_ym, pid_n, pid_k, pid_m, SPLIT_K,
-                 BLOCK_M, BLOCK_N, BLOCK_K, BODY == 1, REDUCE, EVEN_K, INTERPRET_DOT, BITS, SCALE_W, ACT_Q)
+                 BLOCK_M, BLOCK_N, BLOCK_K, BODY == 1, REDUCE, EVEN_K, INTERPRET_DOT, BITS, SCALE_W, ACT_Q, xs,
+                 stride_xsm)
 
 
 @triton.jit
@@ -292,6 +312,22 @@ def fp8_mma_kernel(xq, xs, w, s, y, M, N, K, stride_xm, stride_xsm, stride_wn, s
         w_ptr += BLOCK_K
     out_mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
     tl.store(y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y.dtype.element_ty), mask=out_mask)
+
+
+ACT_QUANT_GROUPS = 8                # 128-column groups per program of act_quant_kernel
+
+
+def quantize_activations_triton(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x [M, K] -> (fp8 e4m3 codes [M, K], fp32 scales [M, ceil(K/128)]) in one launch
+    (``act_quant_kernel``; the same codes as ``quantize_activations``)."""
+    M, K = x.shape
+    G = triton.cdiv(K, SCALE_BLOCK)
+    xq = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
+    xs = torch.empty((M, G), dtype=torch.float32, device=x.device)
+    launcher(act_quant_kernel)[(M, triton.cdiv(G, ACT_QUANT_GROUPS))](
+        x, xq, xs, K, G, x.stride(0), xq.stride(0), xs.stride(0), GROUPS=ACT_QUANT_GROUPS,
+        INTERPRET_DOT=INTERPRET, num_warps=4)
+    return xq, xs
 
 
 def quantize_activations(x: Tensor, group: int = SCALE_BLOCK) -> tuple[Tensor, Tensor]:
@@ -562,9 +598,12 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         plan = SplitK.plan(M, N, K, bm, bn, bk, split, cfg.get("REDUCE", "ticket"), x.device)
         dot_k_split = plan.k_split
     body = BODY_BY_M if by_m else (BODY_DOT if dot else BODY_CUDA_CORE)
+    xs = scale                                   # unused unless the tl.dot body takes quantised x
+    if act_quant and dot:
+        x, xs = quantize_activations_triton(x)
     launcher(fp8_gemm_kernel)[plan.grid](
         x, w, scale, y, plan.ws, plan.counter, M, N, K, plan.k_split, plan.split, x.stride(0), w.stride(0),
-        scale.stride(0), y.stride(0), dot_k_split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
+        scale.stride(0), y.stride(0), dot_k_split, xs, xs.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
         REDUCE=plan.reduce, EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
         SMALL_M=BY_M_SMALL, DOT_SMALL_M=BY_M_DOT_SMALL, DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk,
         DOT_EVEN_K=(K % dot_bk == 0), SCALE_W=scale_w, ACT_Q=bool(act_quant),
