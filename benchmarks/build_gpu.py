@@ -245,8 +245,9 @@ V4 = "deepseek-v4-flash-dspark"
 # GPU smoke builds (benchmarks/gpu_smoke.sh): name -> (preset, overrides, max batch)
 SMOKE = {"qwen3-8b-6layers": ("qwen3-8b-dspark-block7", ("num_hidden_layers=6",), 16),
          "v4-tiny": ("deepseek-v4-tiny-dspark", (), 16)}
-# builds of the same with --quantization fp8 (name -> the SMOKE build it quantises)
-SMOKE_FP8 = {"qwen3-8b-6layers-fp8": "qwen3-8b-6layers"}
+# builds of the same quantised (name -> (the SMOKE build it quantises, --quantization))
+SMOKE_FP8 = {"qwen3-8b-6layers-fp8": ("qwen3-8b-6layers", "fp8"),
+             "qwen3-8b-6layers-w8a8": ("qwen3-8b-6layers", "fp8-w8a8")}
 V4_EAGER = f"{V4}-eager"                   # v4-eager's results file: build-<V4_EAGER>.json
 V4_OVERRIDES = ["draft.target_layer_ids=[0]", "num_hidden_layers=1"]
 V4_BATCHES = (1, 16)
@@ -422,11 +423,12 @@ def main() -> None:
             sha, check_parity=True, keep=a.keep)
     for name in [*SMOKE, *SMOKE_FP8]:
         if name in a.which:
-            model, overrides, batch = SMOKE[SMOKE_FP8.get(name, name)]
+            base, quantization = SMOKE_FP8.get(name, (name, None))
+            model, overrides, batch = SMOKE[base]
             run(name, BuildOptions(model=model, output=str(ENGINES / name), random_weights=True, dtype="bf16",
                                    max_batch_size=batch, overrides=list(overrides), backend="aoti",
                                    device="cuda", markov_sampler=a.markov_sampler,
-                                   quantization="fp8" if name in SMOKE_FP8 else None,
+                                   quantization=quantization,
                                    check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1"),
                 sha, check_parity=True, keep=a.keep)
     steps = set(V4_STEPS) if "v4" in a.which else set(a.which) & set(V4_STEPS)

@@ -3,7 +3,8 @@ with separate q/k/v and gate/up linears (the path before this change), with the 
 projections, fused + ``compile=True`` (inductor, regional), and the compiled HF transformers peer
 on the same weights. Same preset, seed and prompts for every path. ``<path>_fp8`` (issue #23): the
 same path with the target's projections quantised to fp8 (``--quantization fp8``: the fp8 kernel,
-q/k/v and gate/up fused), compared with ``<path>`` (prefill logits, greedy prefix).
+q/k/v and gate/up fused), compared with ``<path>`` (prefill logits, greedy prefix); ``<path>_w8a8``
+likewise with ``--quantization fp8-w8a8`` (activations quantised per 128-group too).
 
     CXX=/usr/bin/g++ CC=/usr/bin/gcc python benchmarks/decode_paths.py \\
         --model qwen3-8b-dspark-block7 --batch-sizes 1,16 --out-dir "$OUT"
@@ -45,8 +46,9 @@ PATHS = {  # name -> LLM.from_preset options
     "compiled_skinny": {"compile": True},
     "eager_fused_fp8": {"quantization": "fp8"},        # q..down in fp8 e4m3, 128x128 block scales (#23)
     "compiled_fp8": {"compile": True, "quantization": "fp8"},
+    "compiled_w8a8": {"compile": True, "quantization": "fp8-w8a8"},   # + activations fp8 per 128-group
 }
-FP8_SUFFIX = "_fp8"            # a path "<p>_fp8" is compared with path "<p>" (same weights, quantised)
+FP8_SUFFIXES = ("_fp8", "_w8a8")   # a path "<p>_fp8" / "<p>_w8a8" is compared with path "<p>" (same weights, quantised)
 # environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears, with
 # DSPARK_SKINNY_GEMM_TABLE (a skinny_gemm_bench.py JSON of this GPU) if the caller set one
 PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"}}
@@ -258,12 +260,12 @@ def main() -> int:
                 report["paths"][name]["greedy_ar_row0"], report["paths"]["compiled"]["greedy_ar_row0"])
         if ref is None and name == "eager_unfused":
             ref = {"logits": logits, "ar": report["paths"][name]["greedy_ar_row0"]}
-        wide = name[:-len(FP8_SUFFIX)] if name.endswith(FP8_SUFFIX) else None
+        wide = next((name[:-len(x)] for x in FP8_SUFFIXES if name.endswith(x)), None)
         if wide in kept:                          # fp8 against the same path on the unquantised weights
             report["paths"][name]["prefill_logits_vs_" + wide] = logits_diff(logits, kept[wide])
             report["paths"][name]["greedy_ar_equal_prefix_to_" + wide] = equal_prefix(
                 report["paths"][name]["greedy_ar_row0"], report["paths"][wide]["greedy_ar_row0"])
-        if name + FP8_SUFFIX in names:
+        if any(name + x in names for x in FP8_SUFFIXES):
             kept[name] = logits
         del logits
         write()

@@ -114,7 +114,8 @@ def sweep(M: int, N: int, K: int) -> list[dict]:
 def w8a8_sweep(M: int, N: int, K: int) -> list[dict]:
     """W8A8 (``act_quant``) configs: the weight-only default made W8A8 (``w8a8_config``), then
     ``tl.dot`` tiles of 128 K columns (fp8 x fp8 tensor-core dots; 16-token tiles at M <= 16) with
-    the default rule's split and twice it, and at M <= 2 the CUDA-core tiles."""
+    the default rule's split and twice it, and at M <= 2 the CUDA-core tiles; above 16 tokens each
+    tl.dot config also with ``ACC_K`` 128 (fp32 additions once per group instead of every 32)."""
     out = [fg.w8a8_config(fg.default_config(M, N, K), None, N, K)]
     tiles = [(64, 4, 4), (64, 4, 3), (128, 8, 3), (128, 4, 3), (32, 4, 4), (64, 4, 6)]
     if M <= 2:
@@ -129,6 +130,8 @@ def w8a8_sweep(M: int, N: int, K: int) -> list[dict]:
             c = dict(BLOCK_N=bn, BLOCK_K=128, num_warps=w, num_stages=st, DOT=True, BLOCK_M=bm, SPLIT_K=sp)
             if c not in out:
                 out.append(c)
+    if M > 16:                           # the fp8 dots added into fp32 once per 128 columns (DeepGEMM's interval)
+        out += [{**c, "ACC_K": 128} for c in out if c.get("DOT")]
     return out
 
 

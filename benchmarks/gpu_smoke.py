@@ -71,7 +71,7 @@ def run(name: str, cmd: list[str], limit_s: float, steps: dict) -> str:
 
 # builds of benchmarks/build_gpu.py (DSPARK_SMOKE_BUILDS: a comma list of its SMOKE / SMOKE_FP8 names)
 BUILDS = tuple(os.environ.get("DSPARK_SMOKE_BUILDS", "qwen3-8b-6layers,v4-tiny").split(","))
-BENCH_ENGINES = ("qwen3-8b-6layers", "qwen3-8b-6layers-fp8")     # benched where built
+BENCH_ENGINES = ("qwen3-8b-6layers", "qwen3-8b-6layers-fp8", "qwen3-8b-6layers-w8a8")     # benched where built
 BUILD_LIMIT_S = 430            # from the start of the run; the builds compile beside the GPU tests
 
 

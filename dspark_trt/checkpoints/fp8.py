@@ -6,6 +6,11 @@ kept native, quantised, or dequantised.
   projections in fp8 (``models.fp8_linear.Fp8Linear``); anything else stays in the model dtype.
 * "fp8": the attention / MLP projections in fp8 (a wider checkpoint or random weights are
   quantised at load: scale = block amax / 448).
+* "fp8-w8a8": "fp8", and every fp8 projection quantises its input per (token, 128 columns) to
+  fp8 e4m3 as well (``Fp8Linear.act_quant``: fp8 tensor-core GEMMs; what the FP8 checkpoints'
+  ``activation_scheme: dynamic`` and vLLM's block-fp8 linears compute). The weights are loaded or
+  quantised as with "fp8" (``weight_mode``), then ``fp8_activations_`` switches the linears
+  (tensor-parallel shards keep the switch).
 * "none": fp8 projections dequantised to the model dtype (the old path; for debugging).
 Embeddings, norms and lm_head always stay in the model dtype. Qwen3 targets, and the DeepSeek-V4
 linears of ``V4_FP8_MODULES`` with ``--quantization fp8`` ("auto" still dequantises a V4
@@ -34,15 +39,34 @@ SCALE_SUFFIX = ".weight_scale_inv"
 V4_FP8_MODULES = re.compile(r"(attn\.(wq_a|wq_b|wkv|wo_b)|indexer\.wq_b|shared_experts\.w[123])$")
 
 
+W8A8 = "fp8-w8a8"
+
+
 def check_quantization(mode: str | None, arch: str) -> str:
     """-> the mode ("auto" for None); ConfigError naming what does not fit."""
     mode = mode or "auto"
     if mode not in QUANTIZATIONS:
         raise ConfigError(f"--quantization {mode!r}: choose one of {', '.join(QUANTIZATIONS)}")
-    if mode == "fp8" and arch not in ("qwen3", "deepseek_v4"):
-        raise ConfigError(f"--quantization fp8: native fp8 weights are implemented for Qwen3 and "
+    if mode in ("fp8", W8A8) and arch not in ("qwen3", "deepseek_v4"):
+        raise ConfigError(f"--quantization {mode}: native fp8 weights are implemented for Qwen3 and "
                           f"DeepSeek-V4 targets only (target arch '{arch}')")
     return mode
+
+
+def weight_mode(mode: str | None) -> str | None:
+    """The weight format a quantization mode loads: "fp8-w8a8" loads as "fp8"."""
+    return "fp8" if mode == W8A8 else mode
+
+
+def fp8_activations_(module: nn.Module) -> int:
+    """Let every ``Fp8Linear`` in ``module`` quantise its input too (W8A8); returns how many.
+    ConfigError when there are none (nothing would change)."""
+    linears = [m for m in module.modules() if isinstance(m, Fp8Linear)]
+    if not linears:
+        raise ConfigError(f"--quantization {W8A8}: the target has no fp8 projections to run W8A8")
+    for m in linears:
+        m.act_quant = True
+    return len(linears)
 
 
 def fp8_linear_names(checkpoint_names) -> set[str]:
@@ -68,7 +92,8 @@ def apply_quantization_(pair: ModelPair, target: nn.Module, dtype: torch.dtype, 
     formats "auto" keeps; else random weights, which "auto" quantises where the config says fp8):
     quantise or dequantise its projections for ``mode``; sets and returns
     ``pair.target.quantization`` (what the target now holds)."""
-    mode = check_quantization(mode, pair.target.arch)
+    requested = check_quantization(mode, pair.target.arch)
+    mode = weight_mode(requested)
     preset_fp8 = not loaded and getattr(pair.target, "quantization", None) == "fp8"
     if mode == "none":
         dequantize_fp8_linears_(target, dtype)
@@ -77,6 +102,8 @@ def apply_quantization_(pair: ModelPair, target: nn.Module, dtype: torch.dtype, 
         fp8_linears_(target, fp8_module_names(pair.target.arch, target), quantize=True)
         if pair.target.arch == "deepseek_v4" and pair.target.expert_dtype == "fp4":
             mxfp4_experts_(target, quant_mxfp4_u8)
+    if requested == W8A8:
+        fp8_activations_(target)
     held = "fp8" if has_fp8(target) else None
     if hasattr(pair.target, "quantization"):
         pair.target.quantization = held

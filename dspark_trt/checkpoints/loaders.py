@@ -42,7 +42,7 @@ def load_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dtype 
     kw = {}
     if model_type in ("qwen3", "deepseek_v4"):
         kw = dict(quantization=quantization)
-    elif (quantization or "auto") == "fp8":
+    elif (quantization or "auto") not in ("auto", "none"):
         from .fp8 import check_quantization
         check_quantization(quantization, model_type)
     return _LOADERS[model_type](target_dir, draft_dir, dtype=dtype, device=device, **kw)

@@ -176,8 +176,9 @@ def load_v4_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dty
     checkpoint's are quantised)."""
     from ..models.fp8_linear import fp8_linears_
     from ..models.mxfp4_linear import mxfp4_experts_
-    from .fp8 import check_quantization, fp8_module_names
-    mode = check_quantization(quantization, "deepseek_v4")
+    from .fp8 import W8A8, check_quantization, fp8_activations_, fp8_module_names, weight_mode
+    requested = check_quantization(quantization, "deepseek_v4")
+    mode = weight_mode(requested)
     pair = read_v4_pair_config(target_dir, draft_dir)
     target, draft = build_models(pair, dtype=dtype, device=device)
     if mode == "fp8":
@@ -193,6 +194,8 @@ def load_v4_pair(target_dir: str | Path, draft_dir: str | Path, dtype: torch.dty
                                   f"(dspark_markov_rank 0)")
         draft.add_confidence_head()
     _load(draft, tensors, skip_prefixes=("embed.", "head."))
+    if requested == W8A8:
+        fp8_activations_(target)
     return pair, target, draft
 
 

@@ -23,7 +23,7 @@ DEFAULT_MAX_SEQ_LEN = 2048                     # tokens per sequence of the defa
                                                # batch of them); the default max_seq_len is the
                                                # model's context, as far as that pool holds one
 MARKOV_SAMPLERS = ("exact", "topk")            # the draft's block sampler (models.dspark_qwen3)
-QUANTIZATIONS = ("auto", "fp8", "none")        # target weight format (checkpoints.prepare)
+QUANTIZATIONS = ("auto", "fp8", "fp8-w8a8", "none")   # target weight format (checkpoints.prepare)
 
 
 def resolve_num_spec_tokens(requested: int | None, draft_cfg) -> int:
@@ -73,6 +73,8 @@ class ModelSource:
                                              # preset's format (fp8 kept native); "fp8": target
                                              # projections in fp8 (quantised at load if stored
                                              # wider; DeepSeek-V4: routed experts in MXFP4);
+                                             # "fp8-w8a8": "fp8" with activations quantised
+                                             # per (token, 128 columns) in those GEMMs (W8A8);
                                              # "none": fp8 dequantised to --dtype at load
     tp_size: int = 1                         # tensor-parallel ranks (torchrun)
     expert_parallel: bool = False            # with tp_size > 1: MoE experts split by expert
@@ -118,7 +120,9 @@ FLAGS = {
                          help="target weights: auto (default: as stored; an fp8 checkpoint / preset "
                               "stays fp8 in memory), fp8 (attention / MLP projections in fp8 e4m3 "
                               "with 128x128 block scales; DeepSeek-V4: routed experts in MXFP4), "
-                              "none (dequantise to --dtype)"),
+                              "fp8-w8a8 (fp8, and the activations into those projections quantised "
+                              "per token and 128 columns to fp8 too: fp8 tensor-core GEMMs, the FP8 "
+                              "checkpoints' activation_scheme 'dynamic'), none (dequantise to --dtype)"),
     "tp_size": dict(type=int, default=1, help="tensor-parallel ranks; launch with `torchrun "
                                               "--nproc-per-node TP -m dspark_trt.cli`"),
     "expert_parallel": dict(action="store_true",

@@ -110,8 +110,8 @@ def check_mxfp4_cols(name: str, linear: nn.Module, size: int, world: int) -> Non
             mxfp4_groups(r * size, (r + 1) * size, f"{name} (MXFP4, weight {shape}) rank {r} of {world}:")
 
 
-def _fp8(w: Tensor, scale: Tensor) -> Fp8Linear:
-    out = Fp8Linear(w.shape[1], w.shape[0], device="meta")
+def _fp8(w: Tensor, scale: Tensor, act_quant: bool) -> Fp8Linear:
+    out = Fp8Linear(w.shape[1], w.shape[0], device="meta", act_quant=act_quant)
     out.weight = nn.Parameter(w.contiguous(), requires_grad=False)
     out.weight_scale_inv = nn.Parameter(scale.contiguous(), requires_grad=False)
     return out
@@ -123,7 +123,7 @@ def rows(linear: nn.Linear | Fp8Linear | Mxfp4Linear, lo: int, hi: int) -> nn.Mo
         return Mxfp4Linear.from_parts(linear.weight[lo:hi].clone(), linear.weight_scale[lo:hi].clone())
     if isinstance(linear, Fp8Linear):
         blocks = fp8_blocks(lo, hi, "output features")
-        return _fp8(linear.weight.data[lo:hi].clone(), linear.weight_scale_inv.data[blocks].clone())
+        return _fp8(linear.weight.data[lo:hi].clone(), linear.weight_scale_inv.data[blocks].clone(), linear.act_quant)
     return _linear(linear.weight.data[lo:hi].clone())
 
 
@@ -134,7 +134,8 @@ def cols(linear: nn.Linear | Fp8Linear | Mxfp4Linear, lo: int, hi: int) -> nn.Mo
         return Mxfp4Linear.from_parts(linear.weight[:, lo // 2:hi // 2].clone(), linear.weight_scale[:, groups].clone())
     if isinstance(linear, Fp8Linear):
         blocks = fp8_blocks(lo, hi, "input features")
-        return _fp8(linear.weight.data[:, lo:hi].clone(), linear.weight_scale_inv.data[:, blocks].clone())
+        return _fp8(linear.weight.data[:, lo:hi].clone(), linear.weight_scale_inv.data[:, blocks].clone(),
+                    linear.act_quant)
     return _linear(linear.weight.data[:, lo:hi].clone())
 
 

@@ -225,3 +225,33 @@ def test_fp8_checkpoint_on_gpu_runs_the_kernel(fp8_dirs):
         assert [s.output_ids for s in spec] == [x.output_ids for x in ar]
     finally:
         fp8_gemm.fp8_gemm = orig
+
+
+def test_w8a8_quantises_the_projections_inputs_and_stays_lossless(fp8_dirs):
+    """``--quantization fp8-w8a8``: the checkpoint loads as with "fp8", then every fp8 projection
+    quantises its input per (token, 128 columns) too. Its logits equal a model whose projections
+    are the W8A8 reference (``fp8_linear_ref(act_quant=True)``) exactly on CPU and differ from the
+    weight-only ones; speculative greedy output equals the W8A8 target's own, token for token."""
+    from dspark_trt.plugins.fp8_linear import fp8_linear_ref
+    llm = _llm(*fp8_dirs, quantization="fp8-w8a8")
+    fp8 = [m for m in llm.target.modules() if isinstance(m, Fp8Linear)]
+    assert len(fp8) == 7 * PAIR["layers"] and all(m.act_quant for m in fp8)
+    _, wo, _ = load_pair(*fp8_dirs, torch.float64)
+    tokens, pos = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]]), torch.arange(8)[None]
+    w8a8 = _forward(llm.target, llm.target.make_cache(2, 8, torch.float64, "cpu"), tokens, pos, torch.tensor([[0]]))
+    for m in wo.modules():                                     # the same model, projections as the reference
+        if isinstance(m, Fp8Linear):
+            m.forward = lambda x, m=m: fp8_linear_ref(x, m.weight, m.weight_scale_inv, act_quant=True)
+    ref = _forward(wo, wo.make_cache(2, 8, torch.float64, "cpu"), tokens, pos, torch.tensor([[0]]))
+    assert torch.equal(w8a8, ref)
+    _, wo, _ = load_pair(*fp8_dirs, torch.float64)
+    weight_only = _forward(wo, wo.make_cache(2, 8, torch.float64, "cpu"), tokens, pos, torch.tensor([[0]]))
+    assert not torch.equal(w8a8, weight_only)
+    rng = random.Random(1)
+    prompts = [[rng.randrange(63) for _ in range(rng.randint(1, 10))] for _ in range(3)]
+    sp = SamplingParams(max_new_tokens=16)
+    for a, s in zip(llm.generate(prompts, sp, speculative=False), llm.generate(prompts, sp, speculative=True)):
+        assert s.output_ids == a.output_ids and len(a.output_ids) == 16
+    with pytest.raises(ConfigError, match="no fp8 projections"):       # nothing in fp8 to run W8A8
+        from dspark_trt.checkpoints.fp8 import fp8_activations_
+        fp8_activations_(llm.draft)

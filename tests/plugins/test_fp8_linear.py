@@ -110,7 +110,10 @@ def test_act_quant_configs():
             c = fg.w8a8_config(fg.bucket_config(bucket, N, K), bucket, N, K)
             assert not c.get("SCALE_W") and not c.get("BY_M")
             assert c["BLOCK_K"] == 128 if c.get("DOT") else c["BLOCK_K"] % 128 == 0, (bucket, c)
-            assert c.get("BLOCK_M") == fg.bucket_config(bucket, N, K).get("BLOCK_M"), (bucket, c)
+            if c.get("DOT"):                          # a measured tl.dot entry may bring its own token tile
+                assert c["BLOCK_M"] >= 16, (bucket, c)
+            else:
+                assert c["BLOCK_M"] == fg.bucket_config(bucket, N, K)["BLOCK_M"], (bucket, c)
     x, (w8, s) = torch.randn(4, 256), quantize_fp8(torch.randn(64, 256))
     for cfg in (dict(BLOCK_N=64, BLOCK_K=256, DOT=True, SCALE_W=True), dict(BLOCK_N=16, BLOCK_K=64, DOT=False),
                 fg.by_m_config(64, 256)):
@@ -254,7 +257,8 @@ def test_scale_w_tiles_on_gpu():
 def test_w8a8_mma_variant_on_gpu():
     """The opt-in W8A8 variant at prefill-like M: within bf16 rounding (+ fp32 order noise) of the
     exact product of its quantised operands."""
-    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm, mma_config, quantize_activations
+    from dspark_trt.plugins.fp8_linear import quantize_activation_groups as quantize_activations
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm, mma_config
     from tests.support.fp8_gemm_cases import ulp_err
     g = torch.Generator(device="cuda").manual_seed(7)
     for M in (64, 300):

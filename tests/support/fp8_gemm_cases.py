@@ -145,12 +145,12 @@ MMA_CASES = [
 
 
 def mma_results() -> dict:
-    from dspark_trt.plugins.fp8_linear import dequantize_fp8
-    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm, quantize_activations
+    from dspark_trt.plugins.fp8_linear import dequantize_fp8, quantize_activation_groups
+    from dspark_trt.plugins.kernels.fp8_gemm import fp8_gemm
     out = {}
     for i, (name, M, N, K, cfg) in enumerate(MMA_CASES):
         x, w8, s = case_inputs(100 + i, M, N, K, torch.bfloat16)
-        xq, xs = quantize_activations(x)
+        xq, xs = quantize_activation_groups(x)
         xd = xq.double() * xs.double().repeat_interleave(128, 1)[:, :K]
         exact = xd @ dequantize_fp8(w8, s, torch.float64).T
         full = x.double() @ dequantize_fp8(w8, s, torch.float64).T

@@ -32,11 +32,18 @@ N, K) from ``CONFIGS``, else ``default_config(M, N, K)``.
 
 ``MMA`` configs (``{"MMA": True, BLOCK_M, BLOCK_N, num_warps, num_stages}``) run the W8A8 variant
 for larger M (prefill): x is quantised per (token, 128-wide K group) to fp8 e4m3 with an fp32 scale
-(amax / 448, ``quantize_activations``), then ``fp8_mma_kernel`` takes fp8 x fp8 ``tl.dot``s (fp8
+(``quantize_activations_triton``), then ``fp8_mma_kernel`` takes fp8 x fp8 ``tl.dot``s (fp8
 tensor cores on the H200) per 128-wide K block, scaled by ``x_scale[m, kb] * w_scale[nb, kb]``,
 accumulated in fp32. It changes the numerics (activations rounded to 3 mantissa bits), so it is
 opt-in: used only where ``DSPARK_FP8_MMA_MIN_M`` (read at call time) is set and M >= it, or when a
 config asks for it; not yet measured.
+
+``act_quant=True`` (W8A8 in both bodies, ``--quantization fp8-w8a8``): the same quantisation of x
+(``plugins.fp8_linear.quantize_activation_groups``: per token and 128 columns, code = x * (448 /
+amax) rounded to nearest even, scale = amax / 448). The ``tl.dot`` body reads the codes and
+scales of one ``act_quant_kernel`` launch and runs fp8 x fp8 dots (fp8 tensor cores, nothing to
+convert per weight); the CUDA-core body (M <= 2) quantises its x tiles itself. Configs from
+``CONFIGS_W8A8``, else the weight-only config made to fit (``w8a8_config``).
 """
 from __future__ import annotations
 
@@ -112,8 +119,8 @@ def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl
     weights: the same value up to summation order), and accumulated by the dot itself (no
     per-tile multiply of its result); any power-of-two BLOCK_K (one scale per column). ``ACT_Q``
     (W8A8, BLOCK_K = 128): x holds fp8 codes and xs their per (token, 128-column group) scales
-    (``act_quant_kernel``); each fp8 x fp8 dot (fp8 tensor cores, added into fp32 every 32
-    columns) is scaled by ``xs[m, group] * S``."""
+    (``act_quant_kernel``); each fp8 x fp8 dot (fp8 tensor cores, added into fp32 registers every
+    ACT_Q columns: 32 or 128) is scaled by ``xs[m, group] * S``."""
     offs_k = tl.arange(0, BLOCK_K)
     w_ptr = w + rn[:, None] * stride_wn + (k0 + offs_k)[None, :]
     x_ptr = x + rm[:, None] * stride_xm + (k0 + offs_k)[None, :]
@@ -131,7 +138,7 @@ def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl
             if INTERPRET_DOT:
                 part = tl.dot(wt.to(tl.float32), tl.trans(xt.to(tl.float32)), input_precision="ieee")
             else:
-                part = tl.dot(wt, tl.trans(xt), max_num_imprecise_acc=32)    # fp8 x fp8, fp32 out
+                part = tl.dot(wt, tl.trans(xt), max_num_imprecise_acc=ACT_Q)  # fp8 x fp8, fp32 out
             acc += part * (xsc * tl.load(s_row + kk // 128))[None, :]
         elif SCALE_W:
             if EVEN_K:
@@ -306,7 +313,7 @@ def fp8_mma_kernel(xq, xs, w, s, y, M, N, K, stride_xm, stride_xsm, stride_wn, s
             kmask = (kb * BLOCK_K + offs_k) < K
             a = tl.load(x_ptr, mask=kmask[None, :], other=0.0)
             b = tl.load(w_ptr, mask=kmask[None, :], other=0.0)
-        part = tl.dot(a, tl.trans(b))                              # [BM, 128] @ [128, BN], fp32
+        part = tl.dot(a, tl.trans(b), max_num_imprecise_acc=32)    # [BM, 128] @ [128, BN], fp32
         acc += part * tl.load(xs_ptr + kb)[:, None] * tl.load(s_ptr + kb)
         x_ptr += BLOCK_K
         w_ptr += BLOCK_K
@@ -319,7 +326,7 @@ ACT_QUANT_GROUPS = 8                # 128-column groups per program of act_quant
 
 def quantize_activations_triton(x: Tensor) -> tuple[Tensor, Tensor]:
     """x [M, K] -> (fp8 e4m3 codes [M, K], fp32 scales [M, ceil(K/128)]) in one launch
-    (``act_quant_kernel``; the same codes as ``quantize_activations``)."""
+    (``act_quant_kernel``; the codes of ``plugins.fp8_linear.quantize_activation_groups``)."""
     M, K = x.shape
     G = triton.cdiv(K, SCALE_BLOCK)
     xq = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
@@ -328,15 +335,6 @@ def quantize_activations_triton(x: Tensor) -> tuple[Tensor, Tensor]:
         x, xq, xs, K, G, x.stride(0), xq.stride(0), xs.stride(0), GROUPS=ACT_QUANT_GROUPS,
         INTERPRET_DOT=INTERPRET, num_warps=4)
     return xq, xs
-
-
-def quantize_activations(x: Tensor, group: int = SCALE_BLOCK) -> tuple[Tensor, Tensor]:
-    """x [M, K] -> (fp8 e4m3 [M, K], fp32 scale [M, ceil(K/128)]) (``plugins.fp8_linear.
-    quantize_activation_groups``: per token and 128-column group, scale = amax / 448)."""
-    if group != SCALE_BLOCK:
-        raise ValueError(f"quantize_activations: group={group}, only {SCALE_BLOCK}")
-    from ..fp8_linear import quantize_activation_groups
-    return quantize_activation_groups(x)
 
 
 MMA_ENV = "DSPARK_FP8_MMA_MIN_M"
@@ -454,7 +452,7 @@ def fp8_mma(x: Tensor, w: Tensor, scale: Tensor, cfg: dict, y: Tensor) -> Tensor
     if bn > SCALE_BLOCK or pow2(bn) != bn or bm < 16 or pow2(bm) != bm:
         raise ValueError(f"fp8_gemm (MMA): BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, "
                          f"BLOCK_M={bm} a power of two >= 16")
-    xq, xs = quantize_activations(x)
+    xq, xs = quantize_activations_triton(x)
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
     launcher(fp8_mma_kernel)[grid](
         xq, xs, w, scale, y, M, N, K, xq.stride(0), xs.stride(0), w.stride(0), scale.stride(0), y.stride(0),
@@ -531,8 +529,31 @@ def w8a8_config(cfg: dict, M: int | None, N: int, K: int) -> dict:
     return cfg
 
 
-# W8A8 winners (M bucket, N, K) -> config, from ``benchmarks/fp8_gemm_bench.py --w8a8`` on the H200.
-CONFIGS_W8A8: dict[tuple[int, int, int], dict] = {}
+# W8A8 (``act_quant``) winners (M bucket, N, K) -> config, from ``benchmarks/fp8_gemm_bench.py --w8a8`` on the
+# H200 at 60cd74e (fp8-gemm-NVIDIA-H200-60cd74e.json.gz: Qwen3-8B fused q/k/v and gate/up, o, down at M = 1, 8,
+# 16, 64, 128; the time includes act_quant_kernel where the config is a tl.dot one).
+CONFIGS_W8A8: dict[tuple[int, int, int], dict] = {
+    (1, 4096, 4096): {'BLOCK_N': 16, 'BLOCK_K': 1024, 'num_warps': 4, 'num_stages': 2, 'DOT': False, 'SPLIT_K': 1},
+    (1, 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 8},
+    (1, 6144, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 8},
+    (1, 24576, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 2},
+    (8, 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 4},
+    (8, 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 8},
+    (8, 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 4},
+    (8, 24576, 4096): {'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 2},
+    (16, 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 4},
+    (16, 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 8},
+    (16, 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'BLOCK_M': 16, 'SPLIT_K': 4},
+    (16, 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'SPLIT_K': 1, 'num_warps': 4, 'num_stages': 4, 'DOT': True},
+    (64, 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'BLOCK_M': 64, 'SPLIT_K': 4},
+    (64, 4096, 12288): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'BLOCK_M': 64, 'SPLIT_K': 4},
+    (64, 6144, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 64, 'SPLIT_K': 4},
+    (64, 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 64, 'SPLIT_K': 2},
+    (128, 4096, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'BLOCK_M': 128, 'SPLIT_K': 4},
+    (128, 4096, 12288): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 128, 'SPLIT_K': 8},
+    (128, 6144, 4096): {'BLOCK_N': 32, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'DOT': True, 'BLOCK_M': 128, 'SPLIT_K': 2},
+    (128, 24576, 4096): {'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 3, 'DOT': True, 'BLOCK_M': 128, 'SPLIT_K': 1},
+}
 
 
 def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, out: Tensor | None = None,
@@ -569,9 +590,11 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     dot = not by_m and bool(cfg.get("DOT", M > 4))
     dot_bn, dot_bk = int(cfg.get("DOT_BLOCK_N", 64)), int(cfg.get("DOT_BLOCK_K", SCALE_BLOCK))
     scale_w = bool(cfg.get("SCALE_W", False))
-    if act_quant and (by_m or scale_w or (bk != SCALE_BLOCK if dot else bk % SCALE_BLOCK)):
+    if act_quant and (by_m or scale_w or (bk != SCALE_BLOCK if dot else bk % SCALE_BLOCK)
+                      or int(cfg.get("ACC_K", 32)) not in (32, 64, 128)):
         raise ValueError(f"fp8_gemm (act_quant): config {cfg} does not fit W8A8: tl.dot tiles need BLOCK_K = "
-                         f"{SCALE_BLOCK} without SCALE_W, CUDA-core tiles a multiple of {SCALE_BLOCK}, no BY_M")
+                         f"{SCALE_BLOCK} without SCALE_W, CUDA-core tiles a multiple of {SCALE_BLOCK}, no BY_M; "
+                         f"ACC_K (columns per fp32 addition of the fp8 dots) 32, 64 or 128")
     if bn > SCALE_BLOCK or pow2(bn) != bn or pow2(bk) != bk or (dot and bk > SCALE_BLOCK and not scale_w):
         raise ValueError(f"fp8_gemm: BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, BLOCK_K={bk} a "
                          f"power of two (<= {SCALE_BLOCK} with DOT, unless SCALE_W)")
@@ -606,6 +629,6 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         scale.stride(0), y.stride(0), dot_k_split, xs, xs.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
         REDUCE=plan.reduce, EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
         SMALL_M=BY_M_SMALL, DOT_SMALL_M=BY_M_DOT_SMALL, DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk,
-        DOT_EVEN_K=(K % dot_bk == 0), SCALE_W=scale_w, ACT_Q=bool(act_quant),
+        DOT_EVEN_K=(K % dot_bk == 0), SCALE_W=scale_w, ACT_Q=int(cfg.get("ACC_K", 32)) if act_quant else 0,
         num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 4)))
     return plan.finish(y)
