@@ -228,6 +228,9 @@ def _launches_fp8(monkeypatch):
         for dtype in (torch.bfloat16, torch.float32):
             x = torch.randn(M, w.shape[1]).to(dtype)
             out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w, sc, bucket=bucket, act_quant=True)
+    x = torch.randn(64, w8.shape[1]).bfloat16()                     # fp8 dots added into fp32 once per group
+    out += record(monkeypatch, kfp8, kfp8.fp8_gemm, x, w8, s, dict(BLOCK_N=64, BLOCK_K=128, DOT=True, BLOCK_M=64,
+                                                                  ACC_K=128), act_quant=True)
     return out
 
 
