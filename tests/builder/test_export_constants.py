@@ -22,10 +22,10 @@ def test_networks_export_without_tensor_constants(model):
         assert not ep.constants, f"{spec.name}: lifted tensor constants {sorted(ep.constants)[:3]}"
 
 
-def _exported_target(model: str, overrides=()):
+def _exported_target(model: str, overrides=(), quantization="fp8"):
     """A ``--quantization fp8`` build's target: (module, export spec, exported program, op table)."""
     o = BuildOptions(model=model, random_weights=True, dtype="fp32", device="cpu", overrides=list(overrides),
-                     quantization="fp8", output="unused").resolved()
+                     quantization=quantization, output="unused").resolved()
     _, target, draft = load_models(o, torch.float32, torch.device("cpu"))
     shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.config.block_size, o.page_size)
     spec = next(s for s in network_specs(target, draft, shapes, torch.float32, torch.device("cpu"))
@@ -42,12 +42,13 @@ def _runs_like_eager(spec, ep) -> None:
         assert torch.equal(a, b)
 
 
-def test_fp8_target_exports_with_its_weights_in_fp8_and_runs_like_eager():
+@pytest.mark.parametrize("quantization", ["fp8", "fp8-w8a8"])
+def test_fp8_target_exports_with_its_weights_in_fp8_and_runs_like_eager(quantization):
     """An fp8 build (``--quantization fp8``): the exported target keeps its projections as
     float8_e4m3fn parameters read by ``dspark::fp8_linear`` (not dequantised into bf16 / fp32
     copies, which would double the engine's weights), and the exported program gives the eager
-    module's outputs bit for bit."""
-    target, spec, ep, ops = _exported_target("qwen3-tiny-dspark")
+    module's outputs bit for bit. ``fp8-w8a8``: every call quantises its activations too."""
+    target, spec, ep, ops = _exported_target("qwen3-tiny-dspark", quantization=quantization)
     assert ops.get("dspark::fp8_linear") == "kernel", ops
     fp8 = [n for n, t in ep.state_dict.items() if t.dtype == torch.float8_e4m3fn]
     n_proj = 7 * target.config.num_hidden_layers          # q k v o gate up down, fused or not
@@ -56,6 +57,8 @@ def test_fp8_target_exports_with_its_weights_in_fp8_and_runs_like_eager():
     assert len(fp8) <= n_proj
     calls = [n for n in ep.graph.nodes if n.op == "call_function" and "fp8_linear" in str(n.target)]
     assert len(calls) == len(fp8)
+    assert all(bool((list(n.args) + [0, False])[4]) == (quantization == "fp8-w8a8") for n in calls), \
+        [n.args[3:] for n in calls]
     _runs_like_eager(spec, ep)
 
 
