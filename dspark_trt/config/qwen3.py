@@ -10,8 +10,8 @@ from .checks import ConfigError, _positive, _require
 
 
 # what the published Qwen/Qwen3-*-FP8 checkpoints write (weights fp8 e4m3 + weight_scale_inv per
-# 128x128 block; activations stay in the model dtype here: "dynamic" means per-token scales made
-# at run time by kernels that quantise them, which this backend does not need)
+# 128x128 block; "dynamic": activation scales made at run time per token and 128 columns. Here the
+# activations stay in the model dtype unless --quantization fp8-w8a8 quantises them that way)
 FP8_QUANTIZATION_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                            "weight_block_size": [128, 128]}
 
