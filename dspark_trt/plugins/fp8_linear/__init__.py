@@ -104,8 +104,8 @@ def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int 
     """``bucket`` (kernel only): 0 picks the launch from x's token count (one launch for any count
     when it is symbolic); 1, 16, 32, 64, 128 take that bucket's launch (``kernels.fp8_gemm.bucket_config``)
     whatever the count: ``fp8_linear_bucketed`` passes the bucket its ``torch.cond`` chose.
-    ``act_quant``: W8A8 (``fp8_linear_ref``; the kernel quantises x tile by tile and runs fp8 x fp8
-    tensor-core dots)."""
+    ``act_quant``: W8A8 (``fp8_linear_ref``; the kernel quantises x once per call, or per tile in
+    its 1-2-token body, and runs fp8 x fp8 tensor-core dots)."""
     check_fp8_args(x, weight, weight_scale_inv)
     if use_triton(x):
         from ..kernels.fp8_gemm import fp8_gemm

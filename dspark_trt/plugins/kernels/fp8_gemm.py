@@ -85,7 +85,7 @@ def _quantize_groups(xf, INTERPRET_DOT: tl.constexpr):
     ``[R]``) as ``plugins.fp8_linear.quantize_activation_groups`` computes them: a = max(amax,
     1e-10), code = x * (448 / a) rounded to nearest even, scale = a / 448 (IEEE divisions, one
     per group)."""
-    amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-10)
+    amax = tl.maximum(tl.max(tl.abs(xf), axis=1), 1e-10)      # plugins.fp8_linear.ACT_AMAX_MIN
     inv = tl.math.div_rn(tl.full(amax.shape, 448.0, tl.float32), amax)
     scale = tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32))
     q = tl.clamp(xf * inv[:, None], -448.0, 448.0)
@@ -563,8 +563,9 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     (None: ``bucket_config(bucket)`` when a bucket is given, else ``choose_config``, or
     ``by_m_config`` when M is symbolic). N and K are taken from the weight (x's K may be a
     symbolic expression under ``torch.compile(dynamic=True)``). ``act_quant``: W8A8, x quantised
-    per (token, 128-column group) to fp8 e4m3 inside the kernel (``ACT_Q``; the chosen config is
-    adapted by ``w8a8_config`` unless ``config`` is given)."""
+    per (token, 128-column group) to fp8 e4m3 (``ACT_Q``: by ``act_quant_kernel`` before a tl.dot
+    launch, by the CUDA-core body itself; the chosen config is adapted by ``w8a8_config`` unless
+    ``config`` is given)."""
     M, Kx = x.shape
     N, K = (int(d) for d in w.shape)    # a weight's sizes are fixed; traced inside torch.cond they are symbols
     if Kx != K:
