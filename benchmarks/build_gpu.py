@@ -15,6 +15,11 @@
   step at real dimensions (draft_block, and the context injection draft_context of N+1 taps) at
   batch 1 and 16, as eager launches and as CUDA-graph replays (v4-engine; the drafts / logits are
   saved next to the engine for v4-eager).
+* v4-native: ``deepseek-v4-flash-dspark --random-weights --quantization fp8`` (fp8 projections,
+  MXFP4 routed experts) with the target cut to one CSA and one HCA layer (``V4_NATIVE_OVERRIDES``;
+  the bf16 draft's 39 GB and the 64 GB disk bound the depth): build, then the target's AR and
+  verify steps and the draft step at batch 1 / 16 against the roofline of the bytes each reads
+  (``build-deepseek-v4-flash-dspark-native.json``).
 * v4-eager: the same networks as eager modules from the same seed, the routed
   experts (a) per expert (eager loop over the chosen experts, host syncs), (b) all experts over
   every token (what CUDA-graph capture of unstacked modules runs), (c) stacked through
@@ -44,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from dspark_trt import provenance  # noqa: E402
 from dspark_trt.builder.build import BuildOptions, build_engine  # noqa: E402
 from dspark_trt.checkpoints.fp8 import apply_quantization_  # noqa: E402
 from dspark_trt.config import PRESETS, get_preset  # noqa: E402
@@ -265,7 +271,8 @@ SMOKE = {"qwen3-8b-6layers": ("qwen3-8b-dspark-block7", ("num_hidden_layers=6",)
          "v4-tiny": ("deepseek-v4-tiny-dspark", (), 16)}
 # builds of the same quantised (name -> (the SMOKE build it quantises, --quantization))
 SMOKE_FP8 = {"qwen3-8b-6layers-fp8": ("qwen3-8b-6layers", "fp8"),
-             "qwen3-8b-6layers-w8a8": ("qwen3-8b-6layers", "fp8-w8a8")}
+             "qwen3-8b-6layers-w8a8": ("qwen3-8b-6layers", "fp8-w8a8"),
+             "v4-tiny-fp8": ("v4-tiny", "fp8")}
 V4_EAGER = f"{V4}-eager"                   # v4-eager's results file: build-<V4_EAGER>.json
 V4_OVERRIDES = ["draft.target_layer_ids=[0]", "num_hidden_layers=1"]
 V4_BATCHES = (1, 16)
@@ -369,6 +376,87 @@ def v4_eager(opts: BuildOptions, record: dict, engine_outs: dict | None) -> None
 
 
 V4_STEPS = ("v4-build", "v4-engine", "v4-eager")
+# v4-native: V4-Flash at native precision (fp8 projections, MXFP4 routed experts; the draft bf16),
+# the target cut to a CSA (ratio 4) and an HCA (ratio 128) layer, the kinds of 41 of its 43 layers
+# (the draft taps both: its fc reads 2 taps, not 3)
+V4_NATIVE = f"{V4}-native"
+V4_NATIVE_OVERRIDES = ["draft.target_layer_ids=[0,1]", "num_hidden_layers=2", "compress_ratios=[4,128,0,0,0]"]
+
+
+def target_bytes(nets, batch: int) -> dict:
+    """Bytes of the target network's weights, and those one step at ``batch`` tokens reads: the
+    embedding only in its rows, the routed experts (stacked, leading dim E) in the expected share
+    chosen by ``batch`` x k uniform draws (1 - (1 - k/E)^batch), everything else whole."""
+    from safetensors import safe_open
+    cfg = nets.pair.target
+    E, k = cfg.n_routed_experts, cfg.num_experts_per_tok
+    share = 1 - (1 - k / E) ** batch
+    stored = set(nets.manifest["networks"]["target"]["constants"].values())
+    total = read = 0
+    with safe_open(str(nets.engine_dir / nets.manifest["weights"]), "pt") as f:
+        for name in stored:
+            sl = f.get_slice(name)
+            n = int(torch.tensor(sl.get_shape()).prod()) * {"U8": 1, "I8": 1, "F8_E4M3": 1, "BF16": 2, "F16": 2,
+                                                             "F32": 4, "I32": 4, "I64": 8}[sl.get_dtype()]
+            total += n
+            routed = ".ffn." in name and "shared" not in name and any(
+                name.endswith(s) for s in (".w13", ".w2", ".w13_packed", ".w13_scale", ".w2_packed", ".w2_scale"))
+            read += 0 if "embed" in name else n * share if routed else n
+    return {"weights_bytes": total, "read_bytes": int(read), "routed_share": round(share, 4)}
+
+
+def run_v4_native(sha: str, markov_sampler: str, keep: bool, model: str = V4, device: str = "cuda",
+                  overrides: list[str] = V4_NATIVE_OVERRIDES) -> None:
+    """Build V4-Flash at native precision (``V4_NATIVE_OVERRIDES``), then time the target's AR (1
+    token) and verify (N + 1) steps and the draft step at batch 1 and 16 as CUDA-graph replays,
+    each against the HBM roofline of the bytes it reads, beside the bf16 lm_head alone."""
+    opts = BuildOptions(model=model, output=str(ENGINES / V4_NATIVE), random_weights=True, dtype="bf16",
+                        quantization="fp8", max_batch_size=16, max_seq_len=256, backend="aoti", device=device,
+                        overrides=overrides, markov_sampler=markov_sampler,
+                        check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1")
+    record = {"model": model, "git_sha": sha, "gpu": provenance.gpu_name(), "torch": torch.__version__,
+              "argv": sys.argv, "overrides": overrides, "quantization": "fp8 (+ MXFP4 routed experts)"}
+    try:
+        record["build"] = build(opts)
+    except Exception as e:
+        record["build_error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        save(V4_NATIVE, record)
+        raise
+    save(V4_NATIVE, record)
+    gc.collect()
+    torch.cuda.empty_cache()
+    nets = EngineNetworks(opts.output, device=device, max_batch_size=max(V4_BATCHES), verify_checksums=False)
+    d, V = nets.pair.target.hidden_size, nets.vocab_size
+    steps = {}
+    for B in V4_BATCHES:
+        tokens, pos, table = round_inputs(nets, B, 64, nets.device)
+        out = draft_and_verify(nets, tokens, pos, table)
+        n = out["drafts"].shape[1]
+        one, one_pos = out["drafts"][:, :1].contiguous(), torch.full((B, 1), 64, device=nets.device)
+        ver, ver_pos = torch.cat([one, out["drafts"]], 1), 64 + torch.arange(n + 1, device=nets.device).repeat(B, 1)
+        head = torch.randn(V, d, device=nets.device, dtype=torch.bfloat16)
+        h = torch.randn(B, d, device=nets.device, dtype=torch.bfloat16)
+        r = {"ar_step_ms": try_ms(graph_ms, lambda: nets.target(one, one_pos, table)),
+             "verify_step_ms": try_ms(graph_ms, lambda: nets.target(ver, ver_pos, table)),
+             "draft_step_ms": try_ms(graph_ms, out["draft_step"]),
+             "lm_head_alone_ms": try_ms(graph_ms, lambda: h @ head.T),
+             "ar": target_bytes(nets, B), "verify": target_bytes(nets, B * (n + 1))}
+        for kind in ("ar", "verify"):
+            ms = r[f"{kind}_step_ms"]
+            if isinstance(ms, float):
+                r[kind]["roofline_ms"] = round(r[kind]["read_bytes"] / 4.8e9, 4)
+                r[kind]["of_hbm_roofline"] = round(r[kind]["roofline_ms"] / ms, 3)
+        if isinstance(r["ar_step_ms"], float) and isinstance(r["lm_head_alone_ms"], float):
+            r["ar_ms_per_layer_less_head"] = round((r["ar_step_ms"] - r["lm_head_alone_ms"]) / 2, 4)
+        steps[B] = r
+        print(f"[bench] v4-native B={B}: {json.dumps(r)}", flush=True)
+    record.update(steps=steps, engine_bytes=sum(f["bytes"] for f in nets.manifest["files"].values()),
+                  ops_as_references=ops_as_references(nets.manifest),
+                  peak_gpu_gib_after_load=(round(torch.cuda.max_memory_allocated() / (1 << 30), 2)
+                                           if torch.cuda.is_available() else None))
+    save(V4_NATIVE, record)
+    if not keep:
+        shutil.rmtree(opts.output, ignore_errors=True)
 
 
 def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
@@ -427,7 +515,7 @@ def run_v4(sha: str, markov_sampler: str, steps: set[str], keep: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("which", nargs="*", default=["qwen3", "v4"],
-                    choices=["qwen3", "v4", *V4_STEPS, *SMOKE, *SMOKE_FP8])
+                    choices=["qwen3", "v4", *V4_STEPS, "v4-native", *SMOKE, *SMOKE_FP8])
     ap.add_argument("--git-sha")
     ap.add_argument("--keep", action="store_true", help="keep the engines (for a following bench)")
     ap.add_argument("--markov-sampler", choices=["exact", "topk"], default="exact")
@@ -449,6 +537,8 @@ def main() -> None:
                                    quantization=quantization,
                                    check_toolchain=os.environ.get("DSPARK_CHECK_TOOLCHAIN", "1") == "1"),
                 sha, check_parity=True, keep=a.keep)
+    if "v4-native" in a.which:
+        run_v4_native(sha, a.markov_sampler, keep=a.keep)
     steps = set(V4_STEPS) if "v4" in a.which else set(a.which) & set(V4_STEPS)
     if steps:
         if V4 not in PRESETS:

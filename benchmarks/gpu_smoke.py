@@ -10,7 +10,8 @@ tests run, each build in its own process):
    to build fails the step) of Qwen3-8B dimensions cut to 6 layers and of the tiny DeepSeek-V4
    pair (sparse MLA, SWA indices, MoE), each checked against the eager modules of the same seed
    (``benchmarks/build_gpu.py``: logits, drafts, verify argmax);
-3. ``dspark-trt bench`` of the Qwen3 engine at batch 1 and 16;
+3. ``dspark-trt bench`` of the Qwen3 engine at batch 1 and 16 (and its confidence rounds:
+   ``--verify-modes fixed,threshold``, the preset's draft has a head);
 4. ``dspark-trt generate`` of the built-in default pair on the GPU (CUDA graphs, warm-up apart).
 ``--extra FILE`` adds benchmarks of the change at hand: one shell command a line (``#`` comments),
 each run with a 240 s limit after the GPU tests, while the builds still compile on the CPUs.
@@ -118,9 +119,10 @@ def main() -> int:
             continue
         step = "bench" if name == BENCH_ENGINES[0] else f"bench-{name}"
         out_dir = OUT if step == "bench" else OUT / name       # bench names its JSON by GPU and sha only
+        modes = ["--verify-modes", "fixed,threshold"] if step == "bench" else []  # its draft has a head
         bench = run(step, [py, "-m", "dspark_trt.cli", "bench", "--engine", str(engine), "--batch-sizes",
                            "1,16", "--hf", "none", "--gen-len", "64", "--time-budget-s", "120",
-                           "--out-dir", str(out_dir)], 120, steps)
+                           "--out-dir", str(out_dir), *modes], 120, steps)
         steps[step]["lines"] = [ln for ln in bench.splitlines() if ln.startswith("[bench] B=")]
     for name in list(builds):
         finish_build(name)

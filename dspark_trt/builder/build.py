@@ -31,6 +31,7 @@ from ..config import ConfigError, ModelPair, get_preset
 from ..config.dtypes import ENGINE_DTYPES, torch_dtype
 from ..config.source import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MARKOV_SAMPLERS, ModelSource,
                              resolve_num_spec_tokens)
+from ..checkpoints.files import CALIBRATION_FILE
 from ..checkpoints.prepare import prepare_models
 from ..devices import resolve_device
 from ..progress import bar
@@ -314,6 +315,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
                 with prog.stage("write"):
                     manifest.update({"ranks": parts} if tp else part)
                     manifest["tokenizer"] = _copy_tokenizer(o.checkpoint, tmp)
+                    manifest["calibration"] = _copy_calibration(o.draft_checkpoint, draft, tmp)
                     manifest["build_stats"] = {"stage_seconds": prog.stages,
                                                "seconds": round(time.perf_counter() - prog.t0, 2),
                                                "peak_memory": peak_memory()}
@@ -490,6 +492,16 @@ def _copy_tokenizer(ckpt: str | None, dst: Path) -> list[str]:
     for n in found:
         shutil.copy2(Path(ckpt) / n, dst / n)
     return found
+
+
+def _copy_calibration(draft_ckpt: str | None, draft, dst: Path) -> str | None:
+    """The draft's STS calibration (``dspark-trt calibrate`` writes it beside the draft) goes into
+    the engine, where ``LLM.from_engine`` finds it; only with the head it calibrates."""
+    src = Path(draft_ckpt) / CALIBRATION_FILE if draft_ckpt else None
+    if src is None or not src.is_file() or getattr(draft, "confidence_head", None) is None:
+        return None
+    shutil.copy2(src, dst / CALIBRATION_FILE)
+    return CALIBRATION_FILE
 
 
 __all__ = ["BuildOptions", "build_engine", "BuildError", "NETWORKS"]

@@ -9,6 +9,8 @@ the pytree order of the model's ``make_cache`` dict, and are written in place by
 * ``draft_context`` (taps [B,T,m*d], positions [B,T], block_table [B,P], caches) -> ()
 * ``draft_block``   (anchor [B], start [B], block_table [B,P], temperature [B], seed [B], caches)
   -> drafts [B,N] i64, z [B,N,V] f32   (block forward + Markov sampler)
+  [+ confidence_logits [B,N] f32 when the draft has a confidence head: paper eq. 7, from the same
+  forward, for the ``threshold`` / ``scheduled`` verify modes]
 
 The verifier (``dspark::rejection_sample``) has no weights; the runtime calls the op directly.
 Works for any target/draft pair that implements the networks interface (docs/architecture.md).
@@ -52,18 +54,25 @@ class DraftContextNetwork(nn.Module):
 
 
 class DraftBlockNetwork(nn.Module):
-    """The draft block with its run settings compiled in: N and the Markov sampler mode."""
+    """The draft block with its run settings compiled in: N and the Markov sampler mode. A draft
+    with a confidence head also returns its confidence logits (one [B, N, d + r] x [d + r] product;
+    fixed rounds ignore them)."""
 
     def __init__(self, draft: nn.Module, spec, num_spec_tokens: int, markov_sampler: str = "exact"):
         super().__init__()
         self.draft, self.spec = draft, spec
         self.num_spec_tokens, self.markov_sampler = num_spec_tokens, markov_sampler
+        self.with_confidence = getattr(draft, "confidence_head", None) is not None
+
+    @property
+    def output_names(self) -> list[str]:
+        return ["drafts", "draft_logits"] + (["confidence_logits"] if self.with_confidence else [])
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, caches: list[Tensor]):
         return self.draft(anchor, start, block_table, temperature, seed,
-                          pytree.tree_unflatten(caches, self.spec), sampler=self.markov_sampler,
-                          num_spec_tokens=self.num_spec_tokens)
+                          pytree.tree_unflatten(caches, self.spec), with_confidence=self.with_confidence,
+                          sampler=self.markov_sampler, num_spec_tokens=self.num_spec_tokens)
 
 
 @dataclass
@@ -124,6 +133,7 @@ def network_specs(target: nn.Module, draft: nn.Module, shapes: BuildShapes, dtyp
         _, taps = target(torch.zeros(B, T, **i64), positions, table,
                          pytree.tree_unflatten([c.clone() for c in tcache], cache_spec(target, shapes.page_size, dtype)))
     bt, bp, bb = {0: batch, 1: tokens}, {0: batch, 1: pages}, {0: batch}
+    block = DraftBlockNetwork(draft, cache_spec(draft, shapes.page_size, dtype), N, markov_sampler)
     return [
         ExportSpec("target", TargetNetwork(target, cache_spec(target, shapes.page_size, dtype)),
                    (torch.ones(B, T, **i64), positions, table, tcache),
@@ -133,15 +143,13 @@ def network_specs(target: nn.Module, draft: nn.Module, shapes: BuildShapes, dtyp
                    (taps.to(dtype), positions, table, dcache),
                    {"taps": bt, "positions": bt, "block_table": bp, "caches": ddyn},
                    ["taps", "positions", "block_table"], [], "draft"),
-        ExportSpec("draft_block", DraftBlockNetwork(draft, cache_spec(draft, shapes.page_size, dtype),
-                                                    N, markov_sampler),
+        ExportSpec("draft_block", block,
                    (torch.ones(B, **i64), torch.tensor([0, 1], **i64), table,
                     torch.tensor([0.0, 1.0], dtype=torch.float32, device=device), torch.arange(B, **i64),
                     dcache),
                    {"anchor": bb, "start": bb, "block_table": bp, "temperature": bb, "seed": bb,
                     "caches": ddyn},
-                   ["anchor", "start", "block_table", "temperature", "seed"], ["drafts", "draft_logits"],
-                   "draft"),
+                   ["anchor", "start", "block_table", "temperature", "seed"], block.output_names, "draft"),
     ]
 
 

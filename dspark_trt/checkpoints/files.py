@@ -17,6 +17,8 @@ from ..progress import bar
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
+# beside a draft with a confidence head (``dspark-trt calibrate``), copied into its engines
+CALIBRATION_FILE = "confidence_calibration.json"
 
 
 class CheckpointError(ValueError):

@@ -43,11 +43,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..checkpoints.files import CALIBRATION_FILE
 from .packed_verify import token_buckets
 
 VERIFY_MODES = ("fixed", "threshold", "scheduled")
 MODE_IDS = {m: i for i, m in enumerate(VERIFY_MODES)}
-CALIBRATION_FILE = "confidence_calibration.json"
 COST_FILE = "verify_cost.json"
 
 

@@ -45,6 +45,8 @@ class EngineNetworks:
                               config_from_json(m["pair"]["draft"]))
         self.vocab_size = self.pair.target.vocab_size
         self.nets = self._load_networks(m["backend"], part)
+        # a draft with a confidence head exports its logits as draft_block's third output
+        self.has_confidence = "confidence_logits" in part["networks"]["draft_block"]["outputs"]
         self.target_cache = allocate_caches(part["caches"]["target"], self.num_pages, self.device)
         self.draft_cache = allocate_caches(part["caches"]["draft"], self.num_pages, self.device)
 
@@ -104,15 +106,30 @@ class EngineNetworks:
     @torch.inference_mode()
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                     seed: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
-        """-> drafts [B, N] i64, proposal logits z [B, N, V] f32 (N is compiled in: ``width``
-        must be None or N)."""
-        if width not in (None, self.num_spec_tokens):
-            raise EngineError(f"this engine drafts all {self.num_spec_tokens} tokens of a block "
-                              f"(compiled in); a window of {width} needs eager modules")
+        """-> drafts [B, w] i64, proposal logits z [B, w, V] f32: the first ``width`` (None: all N)
+        drafts of the block. N is compiled in, so a window drafts all N and keeps the first w:
+        the same tokens and z as a width-w pass (the sampler is sequential, row k reads rows < k
+        only), at the whole block's cost."""
+        drafts, z = self._draft_block(anchor, start, block_table, temperature, seed)[:2]
+        if width is None or width == self.num_spec_tokens:
+            return drafts, z
+        if not 1 <= width < self.num_spec_tokens:
+            raise ValueError(f"draft_block: width {width} outside 1..{self.num_spec_tokens} (N)")
+        return drafts[:, :width].contiguous(), z[:, :width].contiguous()
+
+    @torch.inference_mode()
+    def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
+                               temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """draft_block + the confidence logits [B, N] of the block (the same network call)."""
+        if not self.has_confidence:
+            raise EngineError(f"{self.engine_dir}: this engine's draft has no confidence head (its "
+                              f"draft_block exports no confidence_logits): use verify mode 'fixed'")
+        return self._draft_block(anchor, start, block_table, temperature, seed)
+
+    def _draft_block(self, anchor, start, block_table, temperature, seed) -> tuple[Tensor, ...]:
         self._check_rows(anchor, "draft_block")
-        drafts, z = self.nets["draft_block"](anchor, start, block_table, temperature.to(torch.float32),
-                                             seed, self.draft_cache)
-        return drafts, z
+        return tuple(self.nets["draft_block"](anchor, start, block_table, temperature.to(torch.float32),
+                                              seed, self.draft_cache))
 
     @torch.inference_mode()
     def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,

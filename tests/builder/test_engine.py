@@ -1,5 +1,5 @@
 """A tiny Qwen3 engine built once with AOTI on CPU (in the background: tests/support/prebuilt.py):
-load, parity with eager, manifest checks."""
+load, parity with eager, manifest checks, the confidence head's output and verify modes."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from dspark_trt.builder.build import _copy_calibration, apply_overrides
+from dspark_trt.checkpoints.prepare import prepare_models
+from dspark_trt.config import get_preset
+from dspark_trt.config.source import ModelSource
 from dspark_trt.engine.manifest import EngineError, check_engine
 from dspark_trt.runtime import LLM, SamplingParams
+from dspark_trt.runtime.confidence import CostCurve
 from dspark_trt.runtime.engine import EngineNetworks
 from dspark_trt.runtime.networks import EagerNetworks
 
@@ -19,11 +24,12 @@ from tests.support.aoti_build import build_cpu_engine
 
 MODEL = "qwen3-tiny-dspark"
 SHAPES = dict(max_batch_size=4, max_seq_len=96, page_size=8)
+HEAD = ["draft.enable_confidence_head=true"]        # the draft gets a (random) confidence head
 CPU = torch.device("cpu")
 
 
 def build(out: Path) -> None:                   # in a background process (tests/support/prebuilt.py)
-    build_cpu_engine(MODEL, out / MODEL, seed=0, **SHAPES)
+    build_cpu_engine(MODEL, out / MODEL, seed=0, overrides=HEAD, **SHAPES)
 
 
 BUILD = prebuilt.job("qwen3-tiny-engine", build, fixture="engine", timeout=1200)
@@ -36,7 +42,12 @@ def engine() -> Path:
 
 @pytest.fixture(scope="module")
 def eager() -> LLM:
-    return LLM.from_preset(MODEL, seed=0, dtype=torch.float32, device="cpu", **SHAPES)
+    """The engine's modules, eager: the same seed and the same override (the head is created
+    last, so every other weight is the head-less preset's)."""
+    pair, target, draft = prepare_models(ModelSource(model=MODEL), torch.float32, "cpu", seed=0, fuse=True,
+                                         pair=apply_overrides(get_preset(MODEL), HEAD))
+    assert draft.confidence_head is not None
+    return LLM(pair, target, draft, device="cpu", dtype=torch.float32, **SHAPES)
 
 
 def test_engine_generation_equals_eager_greedy(engine, eager):
@@ -68,6 +79,54 @@ def test_engine_networks_equal_eager_networks(engine, eager):
     assert torch.equal(d1, d2)
     assert (z1 - z2).abs().max() < 1e-4
     assert d1[2].eq(-1).all() and z1[2].eq(0).all()     # inert row (anchor -1) stays inert
+    assert nets.has_confidence
+    (d3, z3, c1), (_, _, c2) = nets.draft_block_confidence(*args), ref.draft_block_confidence(*args)
+    assert torch.equal(d3, d1) and (z3 - z1).abs().max() == 0      # same call, same outputs
+    assert c1.shape == (3, nets.num_spec_tokens) and (c1[:2] - c2[:2]).abs().max() < 1e-4
+    assert c1[2].eq(float("-inf")).all()                            # inert row: c = 0
+    for w in range(1, nets.num_spec_tokens):                        # a window: the block's first w
+        (dw, zw), (ew, yw) = nets.draft_block(*args, width=w), ref.draft_block(*args, width=w)
+        assert torch.equal(dw, d1[:, :w]) and torch.equal(dw, ew) and (zw - yw).abs().max() < 1e-4
+    with pytest.raises(ValueError, match="width 5 outside 1..4"):
+        nets.draft_block(*args, width=5)
+
+
+@pytest.mark.parametrize("mode", ["threshold", "scheduled"])
+def test_engine_confidence_modes_are_greedy_lossless(engine, eager, mode):
+    """An engine whose draft has a head runs the confidence modes: greedy output equals the fixed
+    rounds' (= the target's); threshold rounds verify the head's prefixes, not always all N."""
+    llm = LLM.from_engine(engine, device="cpu", verify_cost=CostCurve([1, 64], [1.0, 40.0], "test: steep"))
+    prompts = [[5, 17, 42, 99, 3], [7, 7, 300, 12], [1, 2, 3]]
+    fixed = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
+    sp = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True, verify_mode=mode,
+                        confidence_threshold=0.5)
+    want = [o.output_ids for o in eager.generate(prompts, fixed)]
+    got = llm.generate(prompts, sp)
+    assert [o.output_ids for o in got] == want
+    proposed = [p for o in got for p in o.stats.proposed[:-1]]        # the last round may be cut
+    assert min(proposed) < llm.networks.num_spec_tokens, proposed       # the head's prefixes / windows
+
+
+def test_engine_without_head_refuses_confidence_rounds(engine_copy):
+    _edit_manifest(engine_copy, lambda m: m["networks"]["draft_block"]["outputs"].remove("confidence_logits"))
+    nets = EngineNetworks(engine_copy, device="cpu", verify_checksums=False)
+    assert not nets.has_confidence
+    with pytest.raises(EngineError, match="no confidence head"):
+        nets.draft_block_confidence(torch.tensor([1]), torch.tensor([3]), torch.tensor([[0, 1]]),
+                                    torch.zeros(1), torch.zeros(1, dtype=torch.long))
+
+
+def test_build_copies_the_drafts_calibration_only_with_its_head(tmp_path):
+    src, dst = tmp_path / "draft", tmp_path / "engine"
+    src.mkdir(), dst.mkdir()
+    (src / "confidence_calibration.json").write_text('{"temperatures": [1.5, 2.0]}')
+    class Draft:
+        confidence_head = None
+    assert _copy_calibration(str(src), Draft(), dst) is None and not list(dst.iterdir())
+    Draft.confidence_head = object()
+    assert _copy_calibration(None, Draft(), dst) is None
+    assert _copy_calibration(str(src), Draft(), dst) == "confidence_calibration.json"
+    assert (dst / "confidence_calibration.json").read_text() == '{"temperatures": [1.5, 2.0]}'
 
 
 def test_manifest_records_build_and_stores_shared_weights_once(engine):
@@ -75,6 +134,7 @@ def test_manifest_records_build_and_stores_shared_weights_once(engine):
     assert m["backend"] == "aoti" and m["device"] == {"type": "cpu"}
     assert m["versions"]["torch"] == torch.__version__
     assert set(m["networks"]) == {"target", "draft_context", "draft_block"}
+    assert m["networks"]["draft_block"]["outputs"] == ["drafts", "draft_logits", "confidence_logits"]
     assert set(m["files"]) == {"target.pt2", "draft_context.pt2", "draft_block.pt2", "weights.safetensors"}
     # the draft networks borrow the target's embedding and lm_head: mapped to the same stored tensor
     block = m["networks"]["draft_block"]["constants"]
