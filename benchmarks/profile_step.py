@@ -71,11 +71,13 @@ def main() -> None:
                     help="also profile the window round's draft step of this many drafts (< N)")
     ap.add_argument("--compile", action="store_true",
                     help="LLM(compile=True): the torch.compile'd layers of the Python API (no engine)")
+    ap.add_argument("--quantization", default=None,
+                    help="the preset target's weight format (e.g. fp8, fp8-w8a8; see dspark-trt build)")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     a = ap.parse_args()
     kw = dict(max_batch_size=a.batch_size, max_seq_len=a.prompt_len + 64, device="cuda")
     llm = (LLM.from_engine(a.engine, **kw) if a.engine
-           else LLM.from_preset(a.model, dtype=torch.bfloat16, compile=a.compile, **kw))
+           else LLM.from_preset(a.model, dtype=torch.bfloat16, compile=a.compile, quantization=a.quantization, **kw))
     nets, N = llm.networks, llm.networks.num_spec_tokens
     gen = llm.scheduler()
     prompts = np.random.default_rng(0).integers(0, nets.vocab_size, (a.batch_size, a.prompt_len))
@@ -86,7 +88,8 @@ def main() -> None:
     tokens, pos = verify_window(x, st.drafts)
     out = {"git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "command": " ".join(sys.argv), "batch_size": a.batch_size, "prompt_len": a.prompt_len,
-           "networks": "engine" if a.engine else ("compiled" if a.compile else "eager"), "profiles": {}}
+           "networks": "engine" if a.engine else ("compiled" if a.compile else "eager"),
+           "quantization": a.quantization, "profiles": {}}
     fns = {"target_1": lambda: nets.target(tokens[:, :1], pos[:, :1], x.table),
            f"target_{N + 1}": lambda: nets.target(tokens, pos, x.table)}
     if N:
