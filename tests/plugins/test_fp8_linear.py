@@ -316,12 +316,13 @@ def _trace_symbolic_tokens(monkeypatch, **kw):
     from dspark_trt.plugins.kernels import fp8_gemm as kfp8, skinny_gemm as ksg
     launches = []
 
-    class Recorder:
+    class Recorder:              # kw["_args"]: the positional arguments, kw["_kernel"]: the kernel
         def __call__(self, kernel):
+            self.kernel = kernel
             return self
 
         def __getitem__(self, grid):
-            return lambda *args, **kw: launches.append((grid, kw))
+            return lambda *args, **kw: launches.append((grid, {**kw, "_args": args, "_kernel": self.kernel}))
 
     monkeypatch.setattr(kfp8, "launcher", Recorder())
     monkeypatch.setattr(ksg, "launcher", Recorder())
@@ -371,6 +372,24 @@ def test_host_bucket_launches_one_body(monkeypatch, bucket):
     assert not isinstance(grid[2], int)
     assert len(rest) == (1 if cfg["SPLIT_K"] > 1 else 0)
     assert not guards, guards
+
+
+@pytest.mark.parametrize("bucket,act_quant", [(1, False), (16, False), (128, False), (1, True), (16, True),
+                                               (128, True)])
+def test_row_strides_reach_the_kernels_as_constants(monkeypatch, bucket, act_quant):
+    """x's sizes and strides symbolic (a torch.cond branch under torch.compile(dynamic=True)): every
+    row stride the kernels get is an int (the weight's K, N), so Triton compiles them with its
+    divisible-by-16 hint; a symbolic stride took the compiled W8A8 verify to 2x the kernel time."""
+    from dspark_trt.plugins.kernels import fp8_gemm as kfp8
+    launches, *_ = _trace_symbolic_tokens(monkeypatch, bucket=bucket, act_quant=act_quant)
+    strides = {kfp8.fp8_gemm_kernel: (11, 12, 13, 14, 17), kfp8.act_quant_kernel: (5, 6, 7)}
+    kernels = [kw["_kernel"] for _, kw in launches]
+    assert kfp8.fp8_gemm_kernel in kernels and (kfp8.act_quant_kernel in kernels) == (act_quant and bucket > 1)
+    for _, kw in launches:
+        for i in strides.get(kw["_kernel"], ()):
+            assert type(kw["_args"][i]) is int, (kw["_kernel"], i, kw["_args"][i])
+    gemm = next(kw["_args"] for _, kw in launches if kw["_kernel"] is kfp8.fp8_gemm_kernel)
+    assert gemm[11:15] == (4096, 4096, 32, 4096) and not isinstance(gemm[6], int)   # x, w, scale, y; M symbolic
 
 
 def test_bucket_configs():

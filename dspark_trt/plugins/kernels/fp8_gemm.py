@@ -324,16 +324,18 @@ def fp8_mma_kernel(xq, xs, w, s, y, M, N, K, stride_xm, stride_xsm, stride_wn, s
 ACT_QUANT_GROUPS = 8                # 128-column groups per program of act_quant_kernel
 
 
-def quantize_activations_triton(x: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_activations_triton(x: Tensor, K: int | None = None) -> tuple[Tensor, Tensor]:
     """x [M, K] -> (fp8 e4m3 codes [M, K], fp32 scales [M, ceil(K/128)]) in one launch
-    (``act_quant_kernel``; the codes of ``plugins.fp8_linear.quantize_activation_groups``)."""
-    M, K = x.shape
-    G = triton.cdiv(K, SCALE_BLOCK)
+    (``act_quant_kernel``; the codes of ``plugins.fp8_linear.quantize_activation_groups``). ``K``:
+    the weight's (an int; x's own may be a symbol inside ``torch.cond``'s branches), so the codes
+    and scales get constant row strides (``fp8_gemm``'s note on strides)."""
+    K = K or x.shape[1]
+    x = x.contiguous()
+    M, G = x.shape[0], triton.cdiv(K, SCALE_BLOCK)
     xq = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
     xs = torch.empty((M, G), dtype=torch.float32, device=x.device)
     launcher(act_quant_kernel)[(M, triton.cdiv(G, ACT_QUANT_GROUPS))](
-        x, xq, xs, K, G, x.stride(0), xq.stride(0), xs.stride(0), GROUPS=ACT_QUANT_GROUPS,
-        INTERPRET_DOT=INTERPRET, num_warps=4)
+        x, xq, xs, K, G, K, K, G, GROUPS=ACT_QUANT_GROUPS, INTERPRET_DOT=INTERPRET, num_warps=4)
     return xq, xs
 
 
@@ -446,13 +448,12 @@ def choose_config(M: int, N: int, K: int) -> dict:
 
 def fp8_mma(x: Tensor, w: Tensor, scale: Tensor, cfg: dict, y: Tensor) -> Tensor:
     """The W8A8 variant (module doc) into ``y``."""
-    M, K = x.shape
-    N = w.shape[0]
+    M, (N, K) = x.shape[0], (int(d) for d in w.shape)
     bm, bn = int(cfg.get("BLOCK_M", 64)), int(cfg.get("BLOCK_N", 128))
     if bn > SCALE_BLOCK or pow2(bn) != bn or bm < 16 or pow2(bm) != bm:
         raise ValueError(f"fp8_gemm (MMA): BLOCK_N={bn} must be a power of two <= {SCALE_BLOCK}, "
                          f"BLOCK_M={bm} a power of two >= 16")
-    xq, xs = quantize_activations_triton(x)
+    xq, xs = quantize_activations_triton(x, int(w.shape[1]))
     grid = (triton.cdiv(N, bn), triton.cdiv(M, bm))
     launcher(fp8_mma_kernel)[grid](
         xq, xs, w, scale, y, M, N, K, xq.stride(0), xs.stride(0), w.stride(0), scale.stride(0), y.stride(0),
@@ -570,11 +571,12 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     N, K = (int(d) for d in w.shape)    # a weight's sizes are fixed; traced inside torch.cond they are symbols
     if Kx != K:
         raise ValueError(f"fp8_gemm: x has K={Kx}, w has K={K}")
-    if w.stride(1) != 1:
-        w = w.contiguous()
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    scale = scale.contiguous()
+    # Row strides go to the kernels as the weight's K (an int): x is made contiguous, so its row
+    # stride is K. Inside ``torch.cond``'s branches under ``torch.compile(dynamic=True)`` x's sizes
+    # and strides are symbols, and a symbolic stride compiles without Triton's divisible-by-16
+    # hint (no vectorised loads of x: 2x the kernel time at 8 tokens in the compiled W8A8 step,
+    # profile-compiled-w8a8-b1-c5bb067).
+    w, x, scale = w.contiguous(), x.contiguous(), scale.contiguous()
     if config is not None:
         cfg = dict(config)
     elif bucket:
@@ -624,11 +626,14 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
         dot_k_split = plan.k_split
     body = BODY_BY_M if by_m else (BODY_DOT if dot else BODY_CUDA_CORE)
     xs = scale                                   # unused unless the tl.dot body takes quantised x
+    xs_stride = 0
     if act_quant and dot:
-        x, xs = quantize_activations_triton(x)
+        x, xs = quantize_activations_triton(x, K)
+        xs_stride = triton.cdiv(K, SCALE_BLOCK)
+    y_stride = N if out is None else y.stride(0)
     launcher(fp8_gemm_kernel)[plan.grid](
-        x, w, scale, y, plan.ws, plan.counter, M, N, K, plan.k_split, plan.split, x.stride(0), w.stride(0),
-        scale.stride(0), y.stride(0), dot_k_split, xs, xs.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
+        x, w, scale, y, plan.ws, plan.counter, M, N, K, plan.k_split, plan.split, K, K,
+        triton.cdiv(K, SCALE_BLOCK), y_stride, dot_k_split, xs, xs_stride, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
         REDUCE=plan.reduce, EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
         SMALL_M=BY_M_SMALL, DOT_SMALL_M=BY_M_DOT_SMALL, DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk,
         DOT_EVEN_K=(K % dot_bk == 0), SCALE_W=scale_w, ACT_Q=int(cfg.get("ACC_K", 32)) if act_quant else 0,
