@@ -123,6 +123,8 @@ def parse_args(argv):
                    help="also time one round of each kind per batch (fixed, confidence with the "
                         "read-back, estimated window without it)")
     b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
+    b.add_argument("--no-learn-round-costs", dest="learn_round_costs", action="store_false",
+                   help="the AR fallback prices rounds by the measured curve alone (runtime/round_costs.py)")
     b.set_defaults(batch_sizes="1,2,4,8,16,32,64", gen_len=32, prompt_len=64, iters=5, hf="none")
     return p.parse_args(["bench"] + list(argv))
 
@@ -289,7 +291,7 @@ def run(argv) -> dict:
     from dspark_trt.runtime.confidence import VerifyScheduler
     n = llm.networks.num_spec_tokens
     llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device,
-                                                llm.calibration, curve)
+                                                llm.calibration, curve, learn_costs=args.learn_round_costs)
     llm.verify_cost = curve
     for spec in (True, False):               # the steady load's admissions replay prefill graphs
         llm.capture_graphs(spec, prefill_lengths=[args.prompt_len] if steady else None)

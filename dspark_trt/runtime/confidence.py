@@ -45,6 +45,7 @@ from torch import Tensor
 
 from ..checkpoints.files import CALIBRATION_FILE
 from .packed_verify import token_buckets
+from .round_costs import RoundCosts
 
 VERIFY_MODES = ("fixed", "threshold", "scheduled")
 MODE_IDS = {m: i for i, m in enumerate(VERIFY_MODES)}
@@ -421,7 +422,10 @@ class VerifyScheduler:
     def __init__(self, num_spec_tokens: int, max_tokens: int, device,
                  calibration: Calibration | None = None, cost: CostCurve | None = None,
                  cost_model: str = "trimmed", admission_overhead_ms: float = ADMISSION_OVERHEAD_MS,
-                 round_overhead_ms: float = ROUND_OVERHEAD_MS):
+                 round_overhead_ms: float = ROUND_OVERHEAD_MS, learn_costs: bool = True):
+        """``learn_costs``: scale the AR fallback's prices by what the rounds cost as they run
+        (``round_costs``; the Scheduler observes them); off: the cost curve's prices alone, the
+        same decision on every process of a group."""
         if cost_model not in COST_MODELS:
             raise ValueError(f"cost_model must be one of {COST_MODELS}, got {cost_model!r}")
         self.num_spec_tokens = num_spec_tokens
@@ -431,6 +435,7 @@ class VerifyScheduler:
         self.admission_overhead_ms = admission_overhead_ms
         self.round_overhead_ms = round_overhead_ms
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
+        self.round_costs = RoundCosts() if learn_costs else None
         self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
         self._host_tables: tuple | None = None              # (sps, round_ms) on the host: packed_gain
         self.slot_buckets = token_buckets(max(1, max_tokens))
@@ -543,14 +548,26 @@ class VerifyScheduler:
 
     def prefers_ar(self, rows: int, survival, margin: float = AR_MARGIN) -> bool:
         """Whether an AR round (1 token per row in ``ar_ms(rows) + overhead_ms(rows)``) is expected
-        to beat the best
-        speculative option of ``spec_options(rows, survival)`` by more than ``margin`` (relative):
-        the decision compares expected tokens per ms of the options, not a measured tau of past
-        trimmed rounds. Host-side and deterministic (the same decision on every TP rank)."""
+        to beat the best speculative option of ``spec_options(rows, survival)`` by more than
+        ``margin`` (relative): the decision compares expected tokens per ms of the options, not a
+        measured tau of past trimmed rounds. With ``round_costs`` each side's price is scaled by
+        what such rounds cost as they ran; without, the decision is a function of the curve and
+        the batch's history only (the same on every TP rank)."""
         if not self.falls_back:
             return False
-        best = float(self._option_values(rows, survival).max())
-        return 1.0 / (self.cost.step_ms("ar", rows) + self.overhead_ms(rows)) > (1.0 + margin) * best
+        best = float(self._option_values(rows, survival).max()) / self._scale("spec", rows)
+        return 1.0 / (self.priced_ms("ar", rows) * self._scale("ar", rows)) > (1.0 + margin) * best
+
+    def priced_ms(self, kind: str, rows: int, width: int | None = None) -> float:
+        """The cost curve's price of a round: "ar" (the fallback's AR round), "spec" (the fixed
+        round, or the window round of ``width`` drafts: ``option_ms``)."""
+        if kind == "ar":
+            return self.cost.step_ms("ar", rows) + self.overhead_ms(rows)
+        w = self.num_spec_tokens if width is None else width
+        return float(self.option_ms(rows)[self.widths.index(w)])
+
+    def _scale(self, kind: str, rows: int) -> float:
+        return 1.0 if self.round_costs is None else self.round_costs.scale(kind, rows)
 
     def window_sps_table(self, max_rows: int, device) -> Tensor | None:
         """[max_rows + 1, N] float32: ``1 / window_ms(r, w)`` (the trimmed admission's SPS by rows

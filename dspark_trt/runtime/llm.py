@@ -80,7 +80,9 @@ class LLM:
     Confidence modes (``SamplingParams.verify_mode``; ``runtime/confidence.py``): need a draft with
     a confidence head. ``calibration`` (STS temperatures) and ``verify_cost`` (the cost curve of the
     scheduler) default to ``confidence_calibration.json`` / ``verify_cost.json`` found in the draft
-    checkpoint or engine directory (none: uncalibrated, the default curve).
+    checkpoint or engine directory (none: uncalibrated, the default curve). ``learn_round_costs``:
+    the AR fallback of scheduled batches scales the curve's prices by what its rounds cost as they
+    run (``runtime/round_costs.py``; never under tensor parallelism).
 
     Eager modules (presets, checkpoints) get fused q/k/v and gate/up projections as engines do
     (``fuse=False`` in ``from_preset`` / ``from_checkpoints``: the separate HF linears).
@@ -96,7 +98,8 @@ class LLM:
                  cuda_graphs: bool | None = None, graph_backend: str | None = None,
                  markov_sampler: str | None = None, calibration: Calibration | None = None,
                  verify_cost: CostCurve | None = None, num_spec_tokens: int | None = None,
-                 tp: TPInfo | None = None, compile: bool | str = False, kv_cache_dtype: str = "auto"):
+                 tp: TPInfo | None = None, compile: bool | str = False, kv_cache_dtype: str = "auto",
+                 learn_round_costs: bool = True):
         self.pair, self.target, self.draft = pair, target, draft
         self.kv_cache_dtype = set_kv_cache_dtype(kv_cache_dtype, target, draft, networks)
         self.compiled = compile_backend(compile)
@@ -154,6 +157,9 @@ class LLM:
             self.graphs_skipped = "tensor parallel: collectives are not captured by default (cuda_graphs=True to try)"
         self.graph_backend = graph_backend
         self.calibration, self.verify_cost = calibration, verify_cost or CostCurve.default()
+        # the AR fallback scales its prices by the rounds' observed walls (round_costs.py); not
+        # under tensor parallelism: every rank must take the same decision
+        self.learn_round_costs = learn_round_costs and self.tp_size == 1
         self._steps = None
 
     def _pages_from_budget(self, kv_cache_bytes, gpu_memory_utilization, page_size: int, n: int,
@@ -325,7 +331,8 @@ class LLM:
         if self._steps is None:
             n = self.networks.num_spec_tokens
             sched = VerifyScheduler(n, self.max_batch_size * (n + 1), self.networks.device,
-                                    self.calibration, self.verify_cost) if n else None
+                                    self.calibration, self.verify_cost,
+                                    learn_costs=self.learn_round_costs) if n else None
             eager = DecodeSteps(self.networks, sched)
             self._steps = eager if self.graphs_skipped else GraphedSteps(
                 eager, self.max_batch_size, self.max_pages_per_seq, self.graph_backend)

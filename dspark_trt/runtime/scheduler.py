@@ -147,7 +147,7 @@ class Scheduler:
         # "fixed", "window", "confidence", "ar" (AR decoding or the fallback, logprobs or not) or
         # "logprobs" (a speculative round with logprob outputs)
         self.round_log: list[tuple[str, int, float]] | None = None
-        self._round_kind = ""
+        self._round_kind, self._round_width = "", None      # the last round's kind (and window)
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
@@ -221,13 +221,26 @@ class Scheduler:
         if decoding:
             t0 = time.perf_counter()
             (self._spec_round if self.speculative else self._ar_round)(decoding)
-            if self.round_log is not None:     # the round ends in a read-back: wall = its cost
-                self.round_log.append((self._round_kind, len(decoding), 1e3 * (time.perf_counter() - t0)))
+            wall_ms = 1e3 * (time.perf_counter() - t0)   # the round ends in a read-back: wall = its cost
+            if self.round_log is not None:
+                self.round_log.append((self._round_kind, len(decoding), wall_ms))
+            self._observe_round(len(decoding), wall_ms)
         done = [s for s in self.running if s.finish_reason is not None]
         for s in done:
             self.running.remove(s)
             self._release(s)
         return done
+
+    def _observe_round(self, rows: int, wall_ms: float) -> None:
+        """Give the AR fallback's round costs (``VerifyScheduler.round_costs``) this round's wall:
+        the fallback's AR rounds and the fixed / window rounds it weighs them against."""
+        sched = self._scheduler() if self.speculative else None
+        costs = getattr(sched, "round_costs", None)
+        if costs is None or not sched.falls_back or self._round_kind not in ("ar", "fixed", "window"):
+            return
+        kind = "ar" if self._round_kind == "ar" else "spec"
+        width = self._round_width if self._round_kind == "window" else None
+        costs.observe(kind, rows, wall_ms, sched.priced_ms(kind, rows, width))
 
     def _release(self, s: Sequence) -> None:
         self.kv.release(s.request_id)
@@ -464,7 +477,7 @@ class Scheduler:
             host = self.steps.spec_round(r, mods)                                    # [B, 2+N]
             lims, conf = [None] * len(seqs), None
         elif window is not None and self._window_round():       # the window's drafts, no head
-            self._round_kind = "window"
+            self._round_kind, self._round_width = "window", window
             host = self.steps.spec_round(r, mods, width=window)                      # [B, 2+N]
             lims, conf = [window] * len(seqs), None
         else:                      # the fallback's estimate reads the head's confidences too

@@ -49,6 +49,7 @@ def _llm(block=4, seed=1, batch=4, dtype=torch.float64, cost_model="padded", gra
     target, draft = build_models(pair, dtype, "cpu", seed=seed)
     scale_weights_(target, 4.0)
     _spread_head_(draft)
+    kw.setdefault("learn_round_costs", False)      # decisions from the test's curve alone
     llm = LLM(pair, target, draft, max_batch_size=batch, max_seq_len=96, page_size=8, **kw)
     if graphs:
         llm.graphs_skipped, llm.graph_backend = None, EAGER_REPLAY
@@ -722,6 +723,55 @@ def test_prefers_ar_compares_the_expected_round_throughputs():
     assert not VerifyScheduler(4, 256, "cpu", cost=CURVES["linear"]).falls_back   # no step costs
     with pytest.raises(ValueError, match="rows"):
         CostCurve([2], [1.0], "bad", rows=[1, 2], draft_ms=[1.0], ar_ms=[1.0, 1.0])
+
+
+def test_round_costs_average_the_observed_over_the_priced_wall():
+    """An exponential average per (kind, rows), used after MIN_ROUNDS rounds, each ratio clamped."""
+    from dspark_trt.runtime import round_costs as rc
+    c = rc.RoundCosts()
+    for _ in range(rc.MIN_ROUNDS - 1):
+        c.observe("spec", 4, 20.0, 10.0)
+    assert c.scale("spec", 4) == 1.0 and c.rounds("spec", 4) == rc.MIN_ROUNDS - 1    # not yet
+    c.observe("spec", 4, 20.0, 10.0)
+    assert c.scale("spec", 4) == pytest.approx(2.0) and c.scale("spec", 8) == 1.0 and c.scale("ar", 4) == 1.0
+    c.observe("spec", 4, 10.0, 10.0)                                  # 2 + ALPHA * (1 - 2)
+    assert c.scale("spec", 4) == pytest.approx(2.0 - rc.ALPHA)
+    for _ in range(50):
+        c.observe("ar", 1, 1e6, 1.0)                                   # a stall: at most SCALE_RANGE[1]
+        c.observe("ar", 1, float("nan"), 1.0)                          # ignored
+    assert c.scale("ar", 1) == pytest.approx(rc.SCALE_RANGE[1]) and c.rounds("ar", 1) == 50
+
+
+def test_prefers_ar_weighs_the_rounds_as_they_ran():
+    """The curve says drafting pays (2 tokens in 1.5 ms against 1 in 1 ms); rounds that ran at 1.3x
+    their price for "spec" and 0.75x for "ar" say AR does: the fallback follows the observed walls,
+    and not without ``learn_costs``."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
+    learn, fixed = (VerifyScheduler(4, 256, "cpu", cost=cheap, round_overhead_ms=0.0, learn_costs=flag)
+                    for flag in (True, False))
+    survival = [0.6, 0.3, 0.1, 0.0]
+    assert learn.priced_ms("spec", 4) == pytest.approx(1.5) and learn.priced_ms("ar", 4) == pytest.approx(1.0)
+    for _ in range(3):
+        learn.round_costs.observe("spec", 4, 1.3 * 1.5, learn.priced_ms("spec", 4))
+        learn.round_costs.observe("ar", 4, 0.75, learn.priced_ms("ar", 4))
+    assert learn.prefers_ar(4, survival) and not fixed.prefers_ar(4, survival)
+    assert fixed.round_costs is None and not learn.prefers_ar(1, survival)         # other row counts: the curve
+
+
+def test_scheduler_observes_the_fallback_rounds_it_weighs():
+    """Each AR fallback round and each fixed round of a scheduled batch gives the scheduler's
+    round costs one observation at its row count (priced by ``priced_ms``); plain AR decoding none."""
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", learn_round_costs=True)
+    costs = _scheduler(llm).round_costs
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    llm.generate(prompts, SamplingParams(max_new_tokens=12), speculative=False)
+    assert not costs._ratio
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
+    ar_rounds = max(o.stats.proposed.count(0) for o in out)   # every round has the longest-lived row
+    assert sum(costs.rounds("ar", rows) for rows in (1, 2, 3)) == ar_rounds > 0
+    assert costs.rounds("spec", 3) >= 1 and set(k for k, _ in costs._ratio) == {"ar", "spec"}
 
 
 # the H200 situation of issue #25 (verify-concurrency-h200-qwen3-8b-synthetic-a8f3096.json.gz): Qwen3-8B

@@ -134,16 +134,21 @@ def test_window_options_price_the_window_draft(tmp_path):
     assert full.best_window(r, survival) == 4 and priced.best_window(r, survival) < 4
 
 
-def test_engines_draft_the_whole_block():
-    """An engine's N is compiled in: a window draft is refused with the reason."""
-    from dspark_trt.engine.manifest import EngineError
+def test_engines_draft_the_whole_block_and_keep_the_window():
+    """An engine's N is compiled in: a window round's draft runs the whole block and keeps its
+    first w drafts and z rows (contiguous); a width outside 1..N is refused. (The tokens equal an
+    eager width-w pass: tests/builder/test_engine.py.)"""
     from dspark_trt.runtime.engine import EngineNetworks
     nets = EngineNetworks.__new__(EngineNetworks)
-    nets.num_spec_tokens = 4
-    t = torch.zeros(1, dtype=torch.int64)
-    with pytest.raises(EngineError, match="drafts all 4 tokens"):
-        nets.draft_block(t, t, t[:, None], t.float(), t, width=2)
-
+    nets.num_spec_tokens, nets.max_batch_size, nets.draft_cache = 4, 2, []
+    drafts, z = torch.arange(8).view(2, 4), torch.randn(2, 4, 5)
+    nets.nets = {"draft_block": lambda *args: (drafts, z)}
+    t = torch.zeros(2, dtype=torch.int64)
+    d2, z2 = nets.draft_block(t, t, t[:, None], t.float(), t, width=2)
+    assert torch.equal(d2, drafts[:, :2]) and torch.equal(z2, z[:, :2]) and z2.is_contiguous()
+    assert nets.draft_block(t, t, t[:, None], t.float(), t)[0] is drafts
+    with pytest.raises(ValueError, match="width 5 outside 1..4"):
+        nets.draft_block(t, t, t[:, None], t.float(), t, width=5)
 
 
 @pytest.mark.parametrize("backend", [pytest.param("torch", marks=pytest.mark.gpu),
@@ -164,7 +169,7 @@ def test_window_round_graphs_are_captured_ahead_and_lossless(backend):
     scale_weights_(target, 4.0)
     _spread_head_(draft)
     llm = LLM(pair, target, draft, max_batch_size=rows, max_seq_len=96, page_size=8,
-              cuda_graphs=device == "cuda", graph_backend=backend, verify_cost=STEEP)
+              cuda_graphs=device == "cuda", graph_backend=backend, verify_cost=STEEP, learn_round_costs=False)
     if device == "cpu":
         llm._steps = GraphedSteps(llm.steps, rows, llm.max_pages_per_seq, EAGER_REPLAY)
     _scheduler(llm).cost_model = "trimmed"

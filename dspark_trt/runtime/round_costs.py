@@ -1,0 +1,45 @@
+"""What the rounds the AR fallback weighs cost under the running load, against their price.
+
+The AR fallback (``VerifyScheduler.prefers_ar``) prices an AR round and each speculative option
+from the measured cost curve (``verify_cost.json``: each step timed alone, in a quiet process). A
+round under load also pays what the curve leaves out or measured under other conditions: the
+Scheduler's Python between the steps, the deferred draft context a speculative round writes first,
+another process on the same cores. On the 2-core CPU with the default pair the curve priced a
+fixed round at 76 ms and an AR round at 38 ms, and the steady load ran them at 93 and 29 ms
+(medians): scheduled batches drafted where AR was faster (verify-concurrency-cpu-steady-70cffe5).
+
+``RoundCosts`` keeps, per kind ("ar": the fallback's AR rounds; "spec": fixed and window rounds)
+and row count, an exponential average of observed over priced wall time, and ``prefers_ar``
+scales each side by it once ``MIN_ROUNDS`` rounds of that kind were seen. Host wall times differ
+between processes, so a tensor-parallel group, whose ranks must take the same decision, does not
+learn (``LLM``).
+"""
+from __future__ import annotations
+
+import math
+
+ALPHA = 0.25              # weight of the newest round in the average
+MIN_ROUNDS = 3            # rounds of a kind (at a row count) before its scale is used
+SCALE_RANGE = (0.25, 4.0)  # a round whose wall is far off (a GC pause, a first call) moves the average at most this far
+
+
+class RoundCosts:
+    """Observed / priced wall time of the Scheduler's rounds, per (kind, rows)."""
+
+    def __init__(self):
+        self._ratio: dict[tuple[str, int], tuple[float, int]] = {}   # -> (average, rounds seen)
+
+    def observe(self, kind: str, rows: int, wall_ms: float, priced_ms: float) -> None:
+        if not (priced_ms > 0 and math.isfinite(wall_ms) and wall_ms > 0):
+            return
+        r = min(max(wall_ms / priced_ms, SCALE_RANGE[0]), SCALE_RANGE[1])
+        avg, n = self._ratio.get((kind, rows), (r, 0))
+        self._ratio[(kind, rows)] = (avg + ALPHA * (r - avg), n + 1)
+
+    def scale(self, kind: str, rows: int) -> float:
+        """The factor the price of a ``kind`` round at ``rows`` rows takes (1 until seen enough)."""
+        avg, n = self._ratio.get((kind, rows), (1.0, 0))
+        return avg if n >= MIN_ROUNDS else 1.0
+
+    def rounds(self, kind: str, rows: int) -> int:
+        return self._ratio.get((kind, rows), (1.0, 0))[1]
