@@ -148,6 +148,7 @@ class Scheduler:
         # "logprobs" (a speculative round with logprob outputs)
         self.round_log: list[tuple[str, int, float]] | None = None
         self._round_kind, self._round_width = "", None      # the last round's kind (and window)
+        self._flushed = False                  # whether the last speculative round wrote deferred context
 
     # ---- requests --------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams,
@@ -233,11 +234,14 @@ class Scheduler:
 
     def _observe_round(self, rows: int, wall_ms: float) -> None:
         """Give the AR fallback's round costs (``VerifyScheduler.round_costs``) this round's wall:
-        the fallback's AR rounds and the fixed / window rounds it weighs them against."""
+        the fallback's AR rounds and the fixed / window rounds it weighs them against (not the
+        first after an AR streak, which also writes the streak's deferred draft context)."""
         sched = self._scheduler() if self.speculative else None
         costs = getattr(sched, "round_costs", None)
         if costs is None or not sched.falls_back or self._round_kind not in ("ar", "fixed", "window"):
             return
+        if self._round_kind != "ar" and self._flushed:
+            return        # a probe after an AR streak: its wall has the streak's context write too
         kind = "ar" if self._round_kind == "ar" else "spec"
         width = self._round_width if self._round_kind == "window" else None
         costs.observe(kind, rows, wall_ms, sched.priced_ms(kind, rows, width))
@@ -463,7 +467,7 @@ class Scheduler:
             self._ar_streak += 1
             return self._ar_round(seqs, fallback=True)
         self._ar_streak = 0
-        self._write_deferred(seqs)
+        self._flushed = self._write_deferred(seqs)
         mods = Modifiers.for_params(s.params for s in seqs)
         r = self.round_inputs(seqs)
         k, rows = _logprobs_k(seqs), None
@@ -506,11 +510,13 @@ class Scheduler:
             self._survival.add([seqs[i].stats.accepted[-1] for i in live],
                                [seqs[i].stats.proposed[-1] for i in live], c)
 
-    def _write_deferred(self, seqs: list[Sequence]) -> None:
-        """The draft context that fallback AR rounds left pending for ``seqs``, in one call."""
+    def _write_deferred(self, seqs: list[Sequence]) -> bool:
+        """The draft context that fallback AR rounds left pending for ``seqs``, in one call;
+        whether there was any."""
         pending = [s for s in seqs if self.deferred.pending(s.slot)]
         if pending:
             self.deferred.flush([s.slot for s in pending], self._table(pending))
+        return bool(pending)
 
     # ---- convenience ---------------------------------------------------------------------------
     def run(self, requests: list[tuple[list[int], SamplingParams]]) -> list[RequestOutput]:

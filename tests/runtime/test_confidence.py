@@ -760,18 +760,25 @@ def test_prefers_ar_weighs_the_rounds_as_they_ran():
 
 
 def test_scheduler_observes_the_fallback_rounds_it_weighs():
-    """Each AR fallback round and each fixed round of a scheduled batch gives the scheduler's
-    round costs one observation at its row count (priced by ``priced_ms``); plain AR decoding none."""
+    """Each AR fallback round and each fixed round gives the scheduler's round costs one
+    observation at its row count (priced by ``priced_ms``), except a probe after an AR streak (it
+    writes the streak's deferred context too) and confidence rounds; plain AR decoding none."""
     curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", learn_round_costs=True)
     costs = _scheduler(llm).round_costs
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     llm.generate(prompts, SamplingParams(max_new_tokens=12), speculative=False)
     assert not costs._ratio
-    out = llm.generate(prompts, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
-    ar_rounds = max(o.stats.proposed.count(0) for o in out)   # every round has the longest-lived row
-    assert sum(costs.rounds("ar", rows) for rows in (1, 2, 3)) == ar_rounds > 0
-    assert costs.rounds("spec", 3) >= 1 and set(k for k, _ in costs._ratio) == {"ar", "spec"}
+    gen, kinds, probes = llm.scheduler(), [], 0
+    for mode in ("scheduled", "fixed"):
+        gen.round_log = []
+        gen.run([(p, SamplingParams(max_new_tokens=30, verify_mode=mode)) for p in prompts])
+        run = [k for k, _, _ in gen.round_log]
+        kinds += run
+        probes += sum(k in ("fixed", "window") and prev == "ar" for prev, k in zip(run, run[1:]))
+    observed = lambda kind: sum(costs.rounds(kind, rows) for rows in (1, 2, 3))  # noqa: E731
+    assert probes >= 1 and observed("ar") == kinds.count("ar") > 0
+    assert observed("spec") == kinds.count("fixed") + kinds.count("window") - probes > 0
 
 
 # the H200 situation of issue #25 (verify-concurrency-h200-qwen3-8b-synthetic-a8f3096.json.gz): Qwen3-8B
