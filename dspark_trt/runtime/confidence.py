@@ -555,19 +555,30 @@ class VerifyScheduler:
         the batch's history only (the same on every TP rank)."""
         if not self.falls_back:
             return False
-        best = float(self._option_values(rows, survival).max()) / self._scale("spec", rows)
-        return 1.0 / (self.priced_ms("ar", rows) * self._scale("ar", rows)) > (1.0 + margin) * best
+        values = self._option_values(rows, survival)
+        if self.round_costs is not None:
+            values = values / np.array([self.round_costs.scale(self.option_kind(rows, w), rows, "fixed")
+                                        for w in self.widths])
+        ar_ms = self.priced_ms("ar", rows) * (1.0 if self.round_costs is None else self.round_costs.scale("ar", rows))
+        return 1.0 / ar_ms > (1.0 + margin) * float(values.max())
+
+    def option_kind(self, rows: int, width: int) -> str:
+        """The round an option of ``width`` drafts runs as: "fixed" (all N), "window" (from
+        ``ESTIMATED_WINDOW_MIN_ROWS`` rows: no head, no admission) or "confidence" (the head, the
+        admission and the read-back of its lengths)."""
+        if width == self.num_spec_tokens:
+            return "fixed"
+        return "window" if self.estimates_windows(rows) else "confidence"
 
     def priced_ms(self, kind: str, rows: int, width: int | None = None) -> float:
-        """The cost curve's price of a round: "ar" (the fallback's AR round), "spec" (the fixed
-        round, or the window round of ``width`` drafts: ``option_ms``)."""
+        """The cost curve's price of a round of ``kind`` (``option_kind``, or "ar": the fallback's AR
+        round) verifying ``width`` drafts (None: N): ``option_ms``, a confidence round of all N
+        with its admission."""
         if kind == "ar":
             return self.cost.step_ms("ar", rows) + self.overhead_ms(rows)
         w = self.num_spec_tokens if width is None else width
-        return float(self.option_ms(rows)[self.widths.index(w)])
-
-    def _scale(self, kind: str, rows: int) -> float:
-        return 1.0 if self.round_costs is None else self.round_costs.scale(kind, rows)
+        admission = self.admission_ms(rows) if kind == "confidence" and w == self.num_spec_tokens else 0.0
+        return float(self.option_ms(rows)[self.widths.index(w)]) + admission
 
     def window_sps_table(self, max_rows: int, device) -> Tensor | None:
         """[max_rows + 1, N] float32: ``1 / window_ms(r, w)`` (the trimmed admission's SPS by rows

@@ -8,9 +8,10 @@ another process on the same cores. On the 2-core CPU with the default pair the c
 fixed round at 76 ms and an AR round at 38 ms, and the steady load ran them at 93 and 29 ms
 (medians): scheduled batches drafted where AR was faster (verify-concurrency-cpu-steady-70cffe5).
 
-``RoundCosts`` keeps, per kind ("ar": the fallback's AR rounds; "spec": fixed and window rounds)
-and row count, an exponential average of observed over priced wall time, and ``prefers_ar``
-scales each side by it once ``MIN_ROUNDS`` rounds of that kind were seen. Host wall times differ
+``RoundCosts`` keeps, per kind ("ar": the fallback's AR rounds; "fixed", "window",
+"confidence": the speculative rounds, ``VerifyScheduler.option_kind``) and row count, an
+exponential average of observed over priced wall time, and ``prefers_ar`` scales each option's
+price by it once ``MIN_ROUNDS`` rounds of that kind were seen (until then by the fixed rounds'). Host wall times differ
 between processes, so a tensor-parallel group, whose ranks must take the same decision, does not
 learn (``LLM``).
 """
@@ -36,10 +37,13 @@ class RoundCosts:
         avg, n = self._ratio.get((kind, rows), (r, 0))
         self._ratio[(kind, rows)] = (avg + ALPHA * (r - avg), n + 1)
 
-    def scale(self, kind: str, rows: int) -> float:
-        """The factor the price of a ``kind`` round at ``rows`` rows takes (1 until seen enough)."""
+    def scale(self, kind: str, rows: int, prior: str | None = None) -> float:
+        """The factor the price of a ``kind`` round at ``rows`` rows takes: its average once seen
+        ``MIN_ROUNDS`` times, else ``prior``'s (another kind's), else 1."""
         avg, n = self._ratio.get((kind, rows), (1.0, 0))
-        return avg if n >= MIN_ROUNDS else 1.0
+        if n >= MIN_ROUNDS:
+            return avg
+        return self.scale(prior, rows) if prior and prior != kind else 1.0
 
     def rounds(self, kind: str, rows: int) -> int:
         return self._ratio.get((kind, rows), (1.0, 0))[1]

@@ -234,16 +234,16 @@ class Scheduler:
 
     def _observe_round(self, rows: int, wall_ms: float) -> None:
         """Give the AR fallback's round costs (``VerifyScheduler.round_costs``) this round's wall:
-        the fallback's AR rounds and the fixed / window rounds it weighs them against (not the
-        first after an AR streak, which also writes the streak's deferred draft context)."""
+        the fallback's AR rounds and the speculative rounds it weighs them against (not the first
+        after an AR streak, which also writes the streak's deferred draft context)."""
         sched = self._scheduler() if self.speculative else None
         costs = getattr(sched, "round_costs", None)
-        if costs is None or not sched.falls_back or self._round_kind not in ("ar", "fixed", "window"):
+        kind = self._round_kind
+        if costs is None or not sched.falls_back or kind not in ("ar", "fixed", "window", "confidence"):
             return
-        if self._round_kind != "ar" and self._flushed:
+        if kind != "ar" and self._flushed:
             return        # a probe after an AR streak: its wall has the streak's context write too
-        kind = "ar" if self._round_kind == "ar" else "spec"
-        width = self._round_width if self._round_kind == "window" else None
+        width = self._round_width if kind in ("window", "confidence") else None
         costs.observe(kind, rows, wall_ms, sched.priced_ms(kind, rows, width))
 
     def _release(self, s: Sequence) -> None:
@@ -492,6 +492,7 @@ class Scheduler:
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track,
                                                               width=window)
             lims = lims.tolist()
+            self._round_width = window or self._scheduler().verify_width(max(lims, default=0))
         for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):
             if a < 0:
                 s.fail(NONFINITE_LOGITS)

@@ -726,7 +726,8 @@ def test_prefers_ar_compares_the_expected_round_throughputs():
 
 
 def test_round_costs_average_the_observed_over_the_priced_wall():
-    """An exponential average per (kind, rows), used after MIN_ROUNDS rounds, each ratio clamped."""
+    """An exponential average per (kind, rows), used after MIN_ROUNDS rounds (before: a prior
+    kind's), each ratio clamped."""
     from dspark_trt.runtime import round_costs as rc
     c = rc.RoundCosts()
     for _ in range(rc.MIN_ROUNDS - 1):
@@ -734,6 +735,7 @@ def test_round_costs_average_the_observed_over_the_priced_wall():
     assert c.scale("spec", 4) == 1.0 and c.rounds("spec", 4) == rc.MIN_ROUNDS - 1    # not yet
     c.observe("spec", 4, 20.0, 10.0)
     assert c.scale("spec", 4) == pytest.approx(2.0) and c.scale("spec", 8) == 1.0 and c.scale("ar", 4) == 1.0
+    assert c.scale("window", 4, "spec") == pytest.approx(2.0) and c.scale("window", 8, "spec") == 1.0
     c.observe("spec", 4, 10.0, 10.0)                                  # 2 + ALPHA * (1 - 2)
     assert c.scale("spec", 4) == pytest.approx(2.0 - rc.ALPHA)
     for _ in range(50):
@@ -744,7 +746,7 @@ def test_round_costs_average_the_observed_over_the_priced_wall():
 
 def test_prefers_ar_weighs_the_rounds_as_they_ran():
     """The curve says drafting pays (2 tokens in 1.5 ms against 1 in 1 ms); rounds that ran at 1.3x
-    their price for "spec" and 0.75x for "ar" say AR does: the fallback follows the observed walls,
+    their price for "fixed" and 0.75x for "ar" say AR does: the fallback follows the observed walls,
     and not without ``learn_costs``."""
     from dspark_trt.runtime.confidence import VerifyScheduler
     cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
@@ -752,17 +754,23 @@ def test_prefers_ar_weighs_the_rounds_as_they_ran():
                     for flag in (True, False))
     survival = [0.6, 0.3, 0.1, 0.0]
     assert learn.priced_ms("spec", 4) == pytest.approx(1.5) and learn.priced_ms("ar", 4) == pytest.approx(1.0)
+    assert learn.option_kind(4, 4) == "fixed" and learn.option_kind(4, 2) == "confidence"
+    assert learn.option_kind(8, 2) == "window"                       # ESTIMATED_WINDOW_MIN_ROWS
+    assert learn.priced_ms("fixed", 4) == pytest.approx(1.5) and learn.priced_ms("ar", 4) == pytest.approx(1.0)
+    assert learn.priced_ms("confidence", 4, 2) == pytest.approx(1.5 + learn.admission_ms(4))
     for _ in range(3):
-        learn.round_costs.observe("spec", 4, 1.3 * 1.5, learn.priced_ms("spec", 4))
+        learn.round_costs.observe("fixed", 4, 1.3 * 1.5, learn.priced_ms("fixed", 4))
         learn.round_costs.observe("ar", 4, 0.75, learn.priced_ms("ar", 4))
     assert learn.prefers_ar(4, survival) and not fixed.prefers_ar(4, survival)
     assert fixed.round_costs is None and not learn.prefers_ar(1, survival)         # other row counts: the curve
+    # narrower windows (confidence rounds below 8 rows) take the fixed rounds' scale until seen
+    assert learn.round_costs.scale("confidence", 4, "fixed") == pytest.approx(1.3)
 
 
 def test_scheduler_observes_the_fallback_rounds_it_weighs():
-    """Each AR fallback round and each fixed round gives the scheduler's round costs one
+    """Each AR fallback round and each speculative round gives the scheduler's round costs one
     observation at its row count (priced by ``priced_ms``), except a probe after an AR streak (it
-    writes the streak's deferred context too) and confidence rounds; plain AR decoding none."""
+    writes the streak's deferred context too); plain AR decoding none."""
     curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", learn_round_costs=True)
     costs = _scheduler(llm).round_costs
@@ -778,7 +786,8 @@ def test_scheduler_observes_the_fallback_rounds_it_weighs():
         probes += sum(k in ("fixed", "window") and prev == "ar" for prev, k in zip(run, run[1:]))
     observed = lambda kind: sum(costs.rounds(kind, rows) for rows in (1, 2, 3))  # noqa: E731
     assert probes >= 1 and observed("ar") == kinds.count("ar") > 0
-    assert observed("spec") == kinds.count("fixed") + kinds.count("window") - probes > 0
+    spec = ("fixed", "window", "confidence")
+    assert sum(map(observed, spec)) == sum(map(kinds.count, spec)) - probes > 0
 
 
 # the H200 situation of issue #25 (verify-concurrency-h200-qwen3-8b-synthetic-a8f3096.json.gz): Qwen3-8B
