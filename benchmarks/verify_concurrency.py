@@ -123,8 +123,9 @@ def parse_args(argv):
                    help="also time one round of each kind per batch (fixed, confidence with the "
                         "read-back, estimated window without it)")
     b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
-    b.add_argument("--no-learn-round-costs", dest="learn_round_costs", action="store_false",
-                   help="the AR fallback prices rounds by the measured curve alone (runtime/round_costs.py)")
+    b.add_argument("--learn-round-costs", action="store_true",
+                   help="the AR fallback scales the curve's prices by the rounds' observed walls "
+                        "(runtime/round_costs.py; opt-in)")
     b.set_defaults(batch_sizes="1,2,4,8,16,32,64", gen_len=32, prompt_len=64, iters=5, hf="none")
     return p.parse_args(["bench"] + list(argv))
 

@@ -422,7 +422,7 @@ class VerifyScheduler:
     def __init__(self, num_spec_tokens: int, max_tokens: int, device,
                  calibration: Calibration | None = None, cost: CostCurve | None = None,
                  cost_model: str = "trimmed", admission_overhead_ms: float = ADMISSION_OVERHEAD_MS,
-                 round_overhead_ms: float = ROUND_OVERHEAD_MS, learn_costs: bool = True):
+                 round_overhead_ms: float = ROUND_OVERHEAD_MS, learn_costs: bool = False):
         """``learn_costs``: scale the AR fallback's prices by what the rounds cost as they run
         (``round_costs``; the Scheduler observes them); off: the cost curve's prices alone, the
         same decision on every process of a group."""

@@ -80,9 +80,9 @@ class LLM:
     Confidence modes (``SamplingParams.verify_mode``; ``runtime/confidence.py``): need a draft with
     a confidence head. ``calibration`` (STS temperatures) and ``verify_cost`` (the cost curve of the
     scheduler) default to ``confidence_calibration.json`` / ``verify_cost.json`` found in the draft
-    checkpoint or engine directory (none: uncalibrated, the default curve). ``learn_round_costs``:
-    the AR fallback of scheduled batches scales the curve's prices by what its rounds cost as they
-    run (``runtime/round_costs.py``; never under tensor parallelism).
+    checkpoint or engine directory (none: uncalibrated, the default curve). ``learn_round_costs``
+    (opt-in): the AR fallback of scheduled batches scales the curve's prices by what its rounds
+    cost as they run (``runtime/round_costs.py``; never under tensor parallelism).
 
     Eager modules (presets, checkpoints) get fused q/k/v and gate/up projections as engines do
     (``fuse=False`` in ``from_preset`` / ``from_checkpoints``: the separate HF linears).
@@ -99,7 +99,7 @@ class LLM:
                  markov_sampler: str | None = None, calibration: Calibration | None = None,
                  verify_cost: CostCurve | None = None, num_spec_tokens: int | None = None,
                  tp: TPInfo | None = None, compile: bool | str = False, kv_cache_dtype: str = "auto",
-                 learn_round_costs: bool = True):
+                 learn_round_costs: bool = False):
         self.pair, self.target, self.draft = pair, target, draft
         self.kv_cache_dtype = set_kv_cache_dtype(kv_cache_dtype, target, draft, networks)
         self.compiled = compile_backend(compile)

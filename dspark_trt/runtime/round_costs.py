@@ -1,19 +1,22 @@
 """What the rounds the AR fallback weighs cost under the running load, against their price.
 
 The AR fallback (``VerifyScheduler.prefers_ar``) prices an AR round and each speculative option
-from the measured cost curve (``verify_cost.json``: each step timed alone, in a quiet process). A
-round under load also pays what the curve leaves out or measured under other conditions: the
-Scheduler's Python between the steps, the deferred draft context a speculative round writes first,
-another process on the same cores. On the 2-core CPU with the default pair the curve priced a
-fixed round at 76 ms and an AR round at 38 ms, and the steady load ran them at 93 and 29 ms
-(medians): scheduled batches drafted where AR was faster (verify-concurrency-cpu-steady-70cffe5).
+from the measured cost curve (``verify_cost.json``: each step timed alone). A round under load
+also pays what the curve leaves out or measured under other conditions: the Scheduler's Python
+between the steps, the deferred draft context a speculative round writes first, another process
+on the same cores. On the 2-core CPU with the default pair one curve priced the AR round at 25.3
+ms and the fixed round at 38.0 ms at batch 1 (132.6 / 350.6 ms at 64), and the steady load ran
+them at 14.3 / 28.5 ms (72.1 / 299.4): AR was over-priced against drafting
+(verify-concurrency-cpu-fixed-prices-steady-2e4d1c5.json.gz).
 
 ``RoundCosts`` keeps, per kind ("ar": the fallback's AR rounds; "fixed", "window",
 "confidence": the speculative rounds, ``VerifyScheduler.option_kind``) and row count, an
 exponential average of observed over priced wall time, and ``prefers_ar`` scales each option's
 price by it once ``MIN_ROUNDS`` rounds of that kind were seen (until then by the fixed rounds'). Host wall times differ
 between processes, so a tensor-parallel group, whose ranks must take the same decision, does not
-learn (``LLM``).
+learn (``LLM``). Opt-in (``LLM(learn_round_costs=True)``, ``verify_concurrency.py
+--learn-round-costs``): on the CPU its runs were within the run-to-run noise of the curve's prices
+(docs/confidence.md).
 """
 from __future__ import annotations
 

@@ -95,8 +95,7 @@ def test_engine_networks_equal_eager_networks(engine, eager):
 def test_engine_confidence_modes_are_greedy_lossless(engine, eager, mode):
     """An engine whose draft has a head runs the confidence modes: greedy output equals the fixed
     rounds' (= the target's); threshold rounds verify the head's prefixes, not always all N."""
-    llm = LLM.from_engine(engine, device="cpu", verify_cost=CostCurve([1, 64], [1.0, 40.0], "test: steep"),
-                          learn_round_costs=False)
+    llm = LLM.from_engine(engine, device="cpu", verify_cost=CostCurve([1, 64], [1.0, 40.0], "test: steep"))
     prompts = [[5, 17, 42, 99, 3], [7, 7, 300, 12], [1, 2, 3]]
     fixed = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True)
     sp = SamplingParams(temperature=0.0, max_new_tokens=24, ignore_eos=True, verify_mode=mode,

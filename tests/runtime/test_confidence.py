@@ -49,7 +49,6 @@ def _llm(block=4, seed=1, batch=4, dtype=torch.float64, cost_model="padded", gra
     target, draft = build_models(pair, dtype, "cpu", seed=seed)
     scale_weights_(target, 4.0)
     _spread_head_(draft)
-    kw.setdefault("learn_round_costs", False)      # decisions from the test's curve alone
     llm = LLM(pair, target, draft, max_batch_size=batch, max_seq_len=96, page_size=8, **kw)
     if graphs:
         llm.graphs_skipped, llm.graph_backend = None, EAGER_REPLAY

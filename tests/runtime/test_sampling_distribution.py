@@ -106,7 +106,7 @@ def llm_conf():
         draft.confidence_head.proj.weight.mul_(4.0)
         draft.confidence_head.proj.bias.fill_(2.0)
     llm = LLM(pair, target, draft, max_batch_size=M, max_seq_len=16, page_size=16,
-              verify_cost=CostCurve([1, 12000], [3001.0, 15000.0], "test"), learn_round_costs=False)
+              verify_cost=CostCurve([1, 12000], [3001.0, 15000.0], "test"))
     llm.steps.scheduler.cost_model = "packed"
     return llm
 

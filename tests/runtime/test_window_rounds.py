@@ -169,7 +169,7 @@ def test_window_round_graphs_are_captured_ahead_and_lossless(backend):
     scale_weights_(target, 4.0)
     _spread_head_(draft)
     llm = LLM(pair, target, draft, max_batch_size=rows, max_seq_len=96, page_size=8,
-              cuda_graphs=device == "cuda", graph_backend=backend, verify_cost=STEEP, learn_round_costs=False)
+              cuda_graphs=device == "cuda", graph_backend=backend, verify_cost=STEEP)
     if device == "cpu":
         llm._steps = GraphedSteps(llm.steps, rows, llm.max_pages_per_seq, EAGER_REPLAY)
     _scheduler(llm).cost_model = "trimmed"
