@@ -555,11 +555,11 @@ class VerifyScheduler:
         the batch's history only (the same on every TP rank)."""
         if not self.falls_back:
             return False
-        values = self._option_values(rows, survival)
+        values, ar_ms = self._option_values(rows, survival), self.priced_ms("ar", rows)
         if self.round_costs is not None:
-            values = values / np.array([self.round_costs.scale(self.option_kind(rows, w), rows, "fixed")
-                                        for w in self.widths])
-        ar_ms = self.priced_ms("ar", rows) * (1.0 if self.round_costs is None else self.round_costs.scale("ar", rows))
+            costs = self.round_costs
+            values = values / np.array([costs.scale(self.option_kind(rows, w), rows, "fixed") for w in self.widths])
+            ar_ms *= costs.scale("ar", rows)
         return 1.0 / ar_ms > (1.0 + margin) * float(values.max())
 
     def option_kind(self, rows: int, width: int) -> str:

@@ -12,11 +12,11 @@ them at 14.3 / 28.5 ms (72.1 / 299.4): AR was over-priced against drafting
 ``RoundCosts`` keeps, per kind ("ar": the fallback's AR rounds; "fixed", "window",
 "confidence": the speculative rounds, ``VerifyScheduler.option_kind``) and row count, an
 exponential average of observed over priced wall time, and ``prefers_ar`` scales each option's
-price by it once ``MIN_ROUNDS`` rounds of that kind were seen (until then by the fixed rounds'). Host wall times differ
-between processes, so a tensor-parallel group, whose ranks must take the same decision, does not
-learn (``LLM``). Opt-in (``LLM(learn_round_costs=True)``, ``verify_concurrency.py
---learn-round-costs``): on the CPU its runs were within the run-to-run noise of the curve's prices
-(docs/confidence.md).
+price by it once ``MIN_ROUNDS`` rounds of that kind were seen (until then by the fixed rounds').
+Host wall times differ between processes, so a tensor-parallel group, whose ranks must take the
+same decision, does not learn (``LLM``). Opt-in (``LLM(learn_round_costs=True)``,
+``verify_concurrency.py --learn-round-costs``): on the CPU its runs were within the run-to-run
+noise of the curve's prices (docs/confidence.md).
 """
 from __future__ import annotations
 

@@ -633,7 +633,7 @@ def fp8_gemm(x: Tensor, w: Tensor, scale: Tensor, config: dict | None = None, ou
     y_stride = N if out is None else y.stride(0)
     launcher(fp8_gemm_kernel)[plan.grid](
         x, w, scale, y, plan.ws, plan.counter, M, N, K, plan.k_split, plan.split, K, K,
-        triton.cdiv(K, SCALE_BLOCK), y_stride, dot_k_split, xs, xs_stride, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
+        int(scale.shape[1]), y_stride, dot_k_split, xs, xs_stride, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, BODY=body,
         REDUCE=plan.reduce, EVEN_K=(K % bk == 0), INTERPRET_DOT=INTERPRET, BITS=bool(cfg.get("BITS", False)),
         SMALL_M=BY_M_SMALL, DOT_SMALL_M=BY_M_DOT_SMALL, DOT_BLOCK_N=dot_bn, DOT_BLOCK_K=dot_bk,
         DOT_EVEN_K=(K % dot_bk == 0), SCALE_W=scale_w, ACT_Q=int(cfg.get("ACC_K", 32)) if act_quant else 0,
