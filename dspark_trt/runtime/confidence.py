@@ -514,11 +514,15 @@ class VerifyScheduler:
         return ms
 
     def _option_values(self, rows: int, survival) -> np.ndarray:
-        """[len(widths)] expected committed tokens per row per ms of each window."""
+        """[len(widths)] expected committed tokens per row per ms of each window (with
+        ``round_costs``: each priced as its kind of round has been running, ``option_kind``)."""
         s = np.zeros(self.num_spec_tokens)                  # a shorter curve: 0 past its end
         v = np.asarray(survival, dtype=np.float64)[: self.num_spec_tokens]
         s[: len(v)] = v
-        return (1.0 + np.cumsum(s)[np.asarray(self.widths) - 1]) / self.option_ms(rows)
+        ms = self.option_ms(rows)
+        if self.round_costs is not None:
+            ms = ms * np.array([self.round_costs.scale(self.option_kind(rows, w), rows, "fixed") for w in self.widths])
+        return (1.0 + np.cumsum(s)[np.asarray(self.widths) - 1]) / ms
 
     def spec_options(self, rows: int, survival) -> list[tuple[int, float]]:
         """Expected committed tokens per row per ms of a speculative round at ``rows`` rows for each
@@ -551,16 +555,12 @@ class VerifyScheduler:
         to beat the best speculative option of ``spec_options(rows, survival)`` by more than
         ``margin`` (relative): the decision compares expected tokens per ms of the options, not a
         measured tau of past trimmed rounds. With ``round_costs`` each side's price is scaled by
-        what such rounds cost as they ran; without, the decision is a function of the curve and
-        the batch's history only (the same on every TP rank)."""
+        what such rounds cost as they ran (as in ``best_window``); without, the decision is a
+        function of the curve and the batch's history only (the same on every TP rank)."""
         if not self.falls_back:
             return False
-        values, ar_ms = self._option_values(rows, survival), self.priced_ms("ar", rows)
-        if self.round_costs is not None:
-            costs = self.round_costs
-            values = values / np.array([costs.scale(self.option_kind(rows, w), rows, "fixed") for w in self.widths])
-            ar_ms *= costs.scale("ar", rows)
-        return 1.0 / ar_ms > (1.0 + margin) * float(values.max())
+        ar_ms = self.priced_ms("ar", rows) * (1.0 if self.round_costs is None else self.round_costs.scale("ar", rows))
+        return 1.0 / ar_ms > (1.0 + margin) * float(self._option_values(rows, survival).max())
 
     def option_kind(self, rows: int, width: int) -> str:
         """The round an option of ``width`` drafts runs as: "fixed" (all N), "window" (from

@@ -766,6 +766,21 @@ def test_prefers_ar_weighs_the_rounds_as_they_ran():
     assert learn.round_costs.scale("confidence", 4, "fixed") == pytest.approx(1.3)
 
 
+def test_best_window_weighs_the_rounds_as_they_ran():
+    """A steep curve makes a narrow window (a confidence round below 8 rows) the best option; once
+    such rounds ran at 3x their price, the fixed round is: the window is chosen on the same scaled
+    prices the AR fallback compares."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    steep = CostCurve([1, 64], [1.0, 40.0], "steep", rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[10.0, 10.0])
+    s = VerifyScheduler(4, 64, "cpu", cost=steep, learn_costs=True)
+    survival = [0.5, 0.1, 0.01, 0.001]
+    w = s.best_window(4, survival)
+    assert w < 4 and s.option_kind(4, w) == "confidence"
+    for _ in range(3):
+        s.round_costs.observe("confidence", 4, 3.0 * s.priced_ms("confidence", 4, w), s.priced_ms("confidence", 4, w))
+    assert s.best_window(4, survival) == 4
+
+
 def test_scheduler_observes_the_fallback_rounds_it_weighs():
     """Each AR fallback round and each speculative round gives the scheduler's round costs one
     observation at its row count (priced by ``priced_ms``), except a probe after an AR streak (it
