@@ -447,7 +447,8 @@ def run_v4_native(sha: str, markov_sampler: str, keep: bool, model: str = V4, de
                 r[kind]["roofline_ms"] = round(r[kind]["read_bytes"] / 4.8e9, 4)
                 r[kind]["of_hbm_roofline"] = round(r[kind]["roofline_ms"] / ms, 3)
         if isinstance(r["ar_step_ms"], float) and isinstance(r["lm_head_alone_ms"], float):
-            r["ar_ms_per_layer_less_head"] = round((r["ar_step_ms"] - r["lm_head_alone_ms"]) / 2, 4)
+            layers = nets.pair.target.num_hidden_layers
+            r["ar_ms_per_layer_less_head"] = round((r["ar_step_ms"] - r["lm_head_alone_ms"]) / layers, 4)
         steps[B] = r
         print(f"[bench] v4-native B={B}: {json.dumps(r)}", flush=True)
     record.update(steps=steps, engine_bytes=sum(f["bytes"] for f in nets.manifest["files"].values()),

@@ -519,9 +519,8 @@ class VerifyScheduler:
         s = np.zeros(self.num_spec_tokens)                  # a shorter curve: 0 past its end
         v = np.asarray(survival, dtype=np.float64)[: self.num_spec_tokens]
         s[: len(v)] = v
-        ms = self.option_ms(rows)
-        if self.round_costs is not None:
-            ms = ms * np.array([self.round_costs.scale(self.option_kind(rows, w), rows, "fixed") for w in self.widths])
+        ms = self.option_ms(rows) * np.array([self._scale(self.option_kind(rows, w), rows, "fixed")
+                                              for w in self.widths])
         return (1.0 + np.cumsum(s)[np.asarray(self.widths) - 1]) / ms
 
     def spec_options(self, rows: int, survival) -> list[tuple[int, float]]:
@@ -559,8 +558,12 @@ class VerifyScheduler:
         function of the curve and the batch's history only (the same on every TP rank)."""
         if not self.falls_back:
             return False
-        ar_ms = self.priced_ms("ar", rows) * (1.0 if self.round_costs is None else self.round_costs.scale("ar", rows))
+        ar_ms = self.priced_ms("ar", rows) * self._scale("ar", rows)
         return 1.0 / ar_ms > (1.0 + margin) * float(self._option_values(rows, survival).max())
+
+    def _scale(self, kind: str, rows: int, prior: str | None = None) -> float:
+        """``round_costs``' factor on the price of a ``kind`` round (1 without learned costs)."""
+        return 1.0 if self.round_costs is None else self.round_costs.scale(kind, rows, prior)
 
     def option_kind(self, rows: int, width: int) -> str:
         """The round an option of ``width`` drafts runs as: "fixed" (all N), "window" (from
