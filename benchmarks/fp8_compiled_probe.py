@@ -30,7 +30,9 @@ import torch  # noqa: E402
 
 from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.plugins import fp8_linear as fl  # noqa: E402
+import importlib  # noqa: E402
+
+fl = importlib.import_module("dspark_trt.plugins.fp8_linear")   # the package's attribute of that name is the op
 from dspark_trt.plugins.kernels import skinny_gemm  # noqa: E402
 
 PEAK = 4.8e12
