@@ -14,6 +14,8 @@ summation order.
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -115,6 +117,10 @@ def fp8_linear(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, bucket: int 
     return fp8_linear_ref(x, weight, weight_scale_inv, act_quant=act_quant)
 
 
+# dynamo's note on a torch.cond whose predicate is a Python constant (a count it specialised, e.g. 1):
+# that branch is the one wanted
+warnings.filterwarnings("ignore", message="Pred is a Python constant", category=UserWarning)
+
 TOKEN_BUCKETS = (1, 16, 32, 64)  # symbolic token counts: the first bucket >= the count, else LARGE_BUCKET
 LARGE_BUCKET = 128
 
@@ -130,8 +136,8 @@ def token_count(x: Tensor):
 def fp8_linear_bucketed(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, host_choice: bool | None = None,
                         act_quant: bool = False) -> Tensor:
     """``dspark::fp8_linear`` as the models call it. A concrete token count (eager calls, CUDA-graph
-    captures) picks its launch inside the op. A symbolic one (an engine's dynamic tokens,
-    ``torch.compile(dynamic=True)``) on a GPU is bucketed on the host: nested ``torch.cond`` on the
+    captures) picks its launch inside the op. A symbolic one (an engine's dynamic tokens) and any
+    count under ``torch.compile`` on a GPU is bucketed on the host: nested ``torch.cond`` on the
     count (M <= 1, 16, 32, 64, else) call the op with that bucket, so each branch compiles one kernel
     body with its own tiles, where the op alone would compile every body into one launch.
     ``host_choice``: force (True) or skip (False) the buckets; None: as just said. ``act_quant``:
@@ -144,7 +150,12 @@ def fp8_linear_bucketed(x: Tensor, weight: Tensor, weight_scale_inv: Tensor, hos
         if torch.overrides.has_torch_function_variadic(x, weight, weight_scale_inv):
             return torch.overrides.handle_torch_function(fp8_linear_bucketed, (x, weight, weight_scale_inv),
                                                          x, weight, weight_scale_inv, act_quant=act_quant)
-        host_choice = use_triton(x) and isinstance(token_count(x), torch.SymInt)
+        # dynamo shows a symbolic size to isinstance as an int, so under torch.compile every count
+        # takes the buckets (a concrete one specialises each torch.cond to its branch); without this
+        # the compiled W8A8 step ran one 64-token-tile launch for 8 tokens, 2-2.7x the bucket's time
+        # (fp8-compiled-probe-NVIDIA-H200-bd900e5.json)
+        host_choice = use_triton(x) and (torch.compiler.is_dynamo_compiling()
+                                         or isinstance(token_count(x), torch.SymInt))
     if not host_choice:
         return torch.ops.dspark.fp8_linear(x, weight, weight_scale_inv, 0, act_quant)
     return _from_bucket(0, weight, weight_scale_inv, act_quant)(x)
