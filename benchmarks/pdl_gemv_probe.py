@@ -14,7 +14,10 @@ layers of distinct weights (13.9 GB, far over L2), each chain one CUDA graph, me
 - ``triton``: this file's GEMV kernel, best config per shape (swept alone, over weight copies), no PDL;
 - ``triton_pdl``: the same configs launched with PDL (``PRE_K`` columns before the wait);
 - ``*_interleaved``: a small non-PDL elementwise kernel after every GEMV (the norms, RoPE and
-  residual adds of a real layer), to see what PDL keeps when its neighbours are not PDL kernels.
+  residual adds of a real layer), to see what PDL keeps when its neighbours are not PDL kernels;
+- ``layer_*``: the layer's GEMVs with its elementwise work (residual adds, both RMSNorms, SwiGLU;
+  the attention left out): cuBLAS + torch ops as an eager layer runs them, against
+  ``kernels/decode_gemv.py`` with that work in its prologues, with and without PDL.
 Roofline: the chain's weight bytes / 4.8 TB/s. Writes ``pdl-gemv-probe-<gpu>-<sha>.json``.
 
     python benchmarks/pdl_gemv_probe.py [--layers 36] [--out DIR]
@@ -34,16 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
-
-try:
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:                                   # older Triton: no GDC
-    gdc_launch_dependents = gdc_wait = None
+from dspark_trt.models.layers import RMSNorm  # noqa: E402
+from dspark_trt.plugins.kernels import decode_gemv as dg  # noqa: E402
+from dspark_trt.plugins.kernels.decode_gemv import decode_gemv  # noqa: E402
 
 PEAK = 4.8e12
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
@@ -51,35 +50,9 @@ SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
          for bn, bk, nw, ns in itertools.product((8, 16, 32), (256, 512), (4, 8), (3,))]
 
 
-@triton.jit
-def gemv_kernel(x, w, y, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
-                PDL: tl.constexpr):
-    """y[N] = w[N, K] @ x[K] (N a multiple of BLOCK_N, K - PRE_K of BLOCK_K)."""
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if PDL:
-        gdc_launch_dependents()
-    rp = tl.arange(0, PRE_K)
-    w0 = tl.load(w + rn[:, None] * stride_wn + rp[None, :])          # [BLOCK_N, PRE_K]: no dependency
-    if PDL:
-        gdc_wait()                                                   # x is the previous kernel's output
-    acc = tl.sum(w0.to(tl.float32) * tl.load(x + rp).to(tl.float32)[None, :], 1)
-    rk = tl.arange(0, BLOCK_K)
-    part = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k in range(PRE_K, K, BLOCK_K):
-        wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
-        part += wt.to(tl.float32) * tl.load(x + k + rk).to(tl.float32)[None, :]
-    acc += tl.sum(part, 1)
-    tl.store(y + rn, acc.to(y.dtype.element_ty))
-
-
-def gemv(x, w, y, cfg, pdl: bool, pre_k: int | None = None):
-    N, K = w.shape
-    bn, bk = cfg["BLOCK_N"], cfg["BLOCK_K"]
-    pre = pre_k or bk
-    kw = {"launch_pdl": True} if pdl else {}
-    gemv_kernel[(N // bn,)](x, w, y, K, w.stride(0), BLOCK_N=bn, BLOCK_K=bk, PRE_K=pre, PDL=pdl,
-                            num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **kw)
-    return y
+def gemv(x, w, y, cfg, pdl: bool, pre_k: int | None = None, **prologue):
+    """``decode_gemv`` into y (the probe's first run, e057240, had this kernel's prologue-free body inline)."""
+    return decode_gemv(x, w, out=y, config=cfg, pdl=pdl, pre_k=pre_k, **prologue)
 
 
 def best_config(N: int, K: int, rotate_mb: float, iters: int) -> tuple[dict, float, float, list]:
@@ -125,6 +98,39 @@ def chain_ms(layers, x0, cfgs, mode: str, iters: int, pre_mult: int = 1) -> floa
     return graph_us([run], iters) / 1e3
 
 
+def layer_chain_ms(layers, norms, x0, cfgs, mode: str, iters: int) -> tuple[float, torch.Tensor]:
+    """One CUDA graph of every layer's GEMVs with the layer's elementwise work (the attention left
+    out: q/k/v's first hidden-size values feed o): the residual adds, both RMSNorms and SwiGLU.
+    ``layer_cublas_torch``: cuBLAS and torch ops, as an eager layer runs them; ``layer_fused`` /
+    ``layer_fused_pdl``: four ``decode_gemv`` launches, the norms, residual adds and SwiGLU in their
+    prologues. -> (ms, the residual stream after the last layer)."""
+    fused, pdl = mode.startswith("layer_fused"), mode.endswith("pdl")
+    h_in = x0.clone()
+    out = torch.empty_like(x0)
+
+    def run():
+        h, pending = h_in, torch.zeros_like(x0)
+        for (lw, ys), (n1, n2, ha, hb) in zip(layers, norms):
+            (_, wq), (_, wo), (_, wgu), (_, wd) = lw
+            if fused:
+                qkv = gemv(h, wq, ys[0], cfgs["qkv"], pdl, prologue="rmsnorm", residual=pending,
+                           norm_weight=n1.weight, residual_out=ha)
+                o = gemv(qkv[:wo.shape[1]], wo, ys[1], cfgs["o"], pdl)
+                gu = gemv(o, wgu, ys[2], cfgs["gate_up"], pdl, prologue="rmsnorm", residual=ha,
+                          norm_weight=n2.weight, residual_out=hb)
+                pending = gemv(gu, wd, ys[3], cfgs["down"], pdl, prologue="swiglu")
+                h = hb
+            else:
+                h = h + pending
+                o = F.linear(F.linear(n1(h), wq)[:wo.shape[1]], wo)
+                h = h + o
+                gate, up = F.linear(n2(h), wgu).chunk(2)
+                pending = F.linear(F.silu(gate) * up, wd)
+        out.copy_(h + pending)
+
+    return graph_us([run], iters) / 1e3, out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=36)
@@ -132,7 +138,7 @@ def main():
     ap.add_argument("--rotate-mb", type=float, default=300.0)
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
-    if gdc_wait is None:
+    if dg.gdc_wait is None:
         sys.exit("[pdl] this Triton has no triton.language.extra.cuda.gdc_wait")
     t0 = time.time()
     torch.manual_seed(0)
@@ -153,8 +159,6 @@ def main():
     x0 = torch.randn(4096, device=dev, dtype=torch.bfloat16)
     wbytes = sum(2 * N * K for N, K in SHAPES.values()) * args.layers
     roof_ms = wbytes / PEAK * 1e3
-    # the PDL chain computes the same values as the plain one
-    ref = None
     chains = {}
     for mode, pre in (("cublas", 1), ("triton", 1), ("triton_pdl", 1), ("triton_pdl_pre2", 2),
                       ("cublas_interleaved", 1), ("triton_interleaved", 1), ("triton_pdl_interleaved", 1)):
@@ -166,6 +170,34 @@ def main():
         except Exception as e:                             # noqa: BLE001
             chains[mode] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             print(f"[pdl] chain {mode}: {chains[mode]['error']}", flush=True)
+    norms = []
+    for _ in range(args.layers):
+        n1, n2 = RMSNorm(4096).to(dev, torch.bfloat16), RMSNorm(4096).to(dev, torch.bfloat16)
+        for n in (n1, n2):
+            n.weight.data = (1 + 0.1 * torch.randn(4096, device=dev)).bfloat16()
+        norms.append((n1, n2, torch.empty_like(x0), torch.empty_like(x0)))
+    layer_out = {}
+    for mode in ("layer_cublas_torch", "layer_fused", "layer_fused_pdl"):
+        try:
+            ms, h = layer_chain_ms(layers, norms, x0, cfgs, mode, args.iters)
+            layer_out[mode] = h.float().clone()
+            chains[mode] = {"ms": ms, "pct_roofline": roof_ms / ms * 100}
+            print(f"[pdl {time.time() - t0:5.1f}s] chain {mode:24s} {ms:7.3f} ms  {roof_ms / ms * 100:5.1f} % "
+                  f"of the {roof_ms:.3f} ms roofline (GEMVs + residual adds, norms, SwiGLU)", flush=True)
+        except Exception as e:                             # noqa: BLE001
+            chains[mode] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            print(f"[pdl] chain {mode}: {chains[mode]['error']}", flush=True)
+    if {"layer_cublas_torch", "layer_fused", "layer_fused_pdl"} <= set(layer_out):
+        ref = layer_out["layer_cublas_torch"]
+        for mode in ("layer_fused", "layer_fused_pdl"):
+            chains[mode]["max_abs_diff_vs_cublas_torch"] = float((layer_out[mode] - ref).abs().max())
+            chains[mode]["ref_max_abs"] = float(ref.abs().max())
+        chains["layer_fused_pdl"]["equal_to_layer_fused"] = bool(torch.equal(layer_out["layer_fused"],
+                                                                            layer_out["layer_fused_pdl"]))
+        print(f"[pdl] fused layer chain vs cuBLAS + torch: max |diff| "
+              f"{chains['layer_fused']['max_abs_diff_vs_cublas_torch']:.3g} of max |h| {float(ref.abs().max()):.3g}; "
+              f"PDL equal to no PDL: {chains['layer_fused_pdl']['equal_to_layer_fused']}", flush=True)
+    ref = None
     last = layers[-1][1][-1]
     for mode in ("triton", "triton_pdl"):
         chain_ms(layers, x0, cfgs, mode, 1)

@@ -59,6 +59,14 @@ def gumbel(key, idx):
     return -tl.log(-tl.log(uniform(key, idx)))
 
 
+@triton.jit
+def round_bf16(v):
+    """fp32 -> the nearest bf16 value (ties to even), kept in fp32 (finite inputs): the GPU's
+    conversion, also under the interpreter, whose fp32 -> bf16 conversion truncates."""
+    b = v.to(tl.int32, bitcast=True)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+
+
 def launcher(kernel):
     """``kernel[grid]`` as torch.compile / export should see it (``wrap_triton``), or the plain
     kernel under the interpreter, where tensors live on the CPU."""

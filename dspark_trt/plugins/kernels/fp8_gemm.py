@@ -54,17 +54,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import INTERPRET, launcher, pow2
+from .common import INTERPRET, launcher, pow2, round_bf16
 from .skinny_gemm import H200_SMS, SplitK, m_bucket, store_split_k
 
 SCALE_BLOCK = 128
-
-
-@triton.jit
-def _round_bf16(v):
-    """fp32 -> the nearest bf16 value (ties to even), kept in fp32 (finite inputs)."""
-    b = v.to(tl.int32, bitcast=True)
-    return ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -147,7 +140,7 @@ def _dot_tiles(x, w, s_row, k0, k_end, rn, rm, stride_xm, stride_wn, BLOCK_M: tl
                 sv = tl.load(s_row + (kk + offs_k) // 128, mask=kmask, other=0.0)
             wf = wt.to(tl.float32) * sv[None, :]
             if INTERPRET_DOT and x.dtype.element_ty == tl.bfloat16:     # the interpreter truncates to bf16
-                wq = _round_bf16(wf)
+                wq = round_bf16(wf)
             else:
                 wq = wf.to(x.dtype.element_ty)                            # W8 * S, one rounding
             if INTERPRET_DOT or x.dtype.element_ty == tl.float32:

@@ -1,0 +1,161 @@
+"""One-token GEMV with the decoder layer's elementwise work fused into its prologue, and optional
+programmatic dependent launch (issue #21; not yet wired into a model path).
+
+``y[N] = W[N, K] @ p(x)`` for one token, bf16 in and out, fp32 accumulation, where the prologue
+``p`` is one of
+- ``"none"``: ``x``;
+- ``"rmsnorm"``: Qwen3's ``RMSNorm(h)`` with ``h = x + residual`` (``residual`` optional; its bf16
+  sum is written to ``residual_out`` by program 0): the same roundings as ``models.layers.RMSNorm``
+  (fp32 ``h * rsqrt(mean(h^2) + eps) * g``, one rounding to bf16), the mean square taken in a
+  first pass over ``h`` (K values, from L2 after the first program);
+- ``"swiglu"``: ``silu(gate) * up`` of a fused gate/up output ``x = [gate | up]`` (2K values), each
+  product rounded to bf16 as ``F.silu(gate) * up`` does.
+So a layer's norms and SwiGLU cost no launch and no round trip: q/k/v and gate/up take the norm,
+down takes SwiGLU (the layout ``pdl_gemv_probe.py --fused`` measures).
+
+Why (``benchmarks/results/pdl-gemv-probe-NVIDIA-H200-e057240.json.gz``): a GEMV of a few us loses
+its ramp and tail to the gap between kernels. With ``pdl=True`` (sm_90+) the kernel is launched
+with programmatic stream serialisation, lets its successor launch at once
+(``gdc_launch_dependents``) and loads its first ``PRE_K`` weight columns before it waits for its
+predecessor (``gdc_wait``): weights never depend on the previous kernel. On the H200 a 36-layer
+chain of Qwen3-8B GEMVs ran at 84.7 % of the HBM roofline with PDL, 80.9 % without, cuBLAS 75.3 %.
+
+The program owns ``BLOCK_N`` weight rows and the whole K (no split-K: the measured winners had
+none); it keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial and reduces it once after the loop. Rows
+past N are clamped on load and masked on store; K must be a multiple of ``BLOCK_K`` (the wrapper
+picks one) and of ``PRE_K``.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .common import INTERPRET, launcher, round_bf16
+
+try:                                          # Triton >= 3.3 on NVIDIA; absent: no PDL
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:                           # pragma: no cover - depends on the Triton build
+    gdc_launch_dependents = gdc_wait = None
+
+PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
+NONE, RMSNORM, SWIGLU = (tl.constexpr(v) for v in PROLOGUES.values())
+
+# Winners of ``benchmarks/pdl_gemv_probe.py`` on the H200 (e057240), (N, K) -> tile; others: DEFAULT.
+CONFIGS = {
+    (6144, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3),      # Qwen3-8B q/k/v fused
+    (4096, 4096): dict(BLOCK_N=8, BLOCK_K=512, num_warps=8, num_stages=3),      # o
+    (24576, 4096): dict(BLOCK_N=32, BLOCK_K=256, num_warps=4, num_stages=3),    # gate/up fused
+    (4096, 12288): dict(BLOCK_N=8, BLOCK_K=512, num_warps=8, num_stages=3),     # down
+}
+DEFAULT = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3)
+
+
+@triton.jit
+def _inputs(x, res, res_out, g, offs, K, rstd, pid, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+            STORE_RES: tl.constexpr):
+    """The prologue's bf16 values at columns ``offs``, as fp32 (``rstd``: RMSNORM's scale)."""
+    if PROLOGUE == 2:                                    # SWIGLU: x = [gate | up]
+        gate = tl.load(x + offs).to(tl.float32)
+        act = round_bf16(gate / (1.0 + tl.exp(-gate)))
+        return round_bf16(act * tl.load(x + K + offs).to(tl.float32))
+    h = tl.load(x + offs).to(tl.float32)
+    if HAS_RES:
+        h = round_bf16(h + tl.load(res + offs).to(tl.float32))
+        if STORE_RES:
+            tl.store(res_out + offs, h.to(tl.bfloat16), mask=offs < K - tl.minimum(pid, 1) * K)   # program 0
+    if PROLOGUE == 1:                                    # RMSNORM
+        return round_bf16(h * rstd * tl.load(g + offs).to(tl.float32))
+    return h
+
+
+@triton.jit
+def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                       HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
+                       PDL: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N),). x [K] ([2K] for SWIGLU), res / res_out [K] (HAS_RES), g [K]
+    (RMSNORM), w [N, K] (row stride ``stride_wn``), y [N]. STORE_FIRST / STORE_MAIN: program 0
+    writes h to res_out in the mean-square pass / in the product's pass."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.minimum(offs_n, N - 1).to(tl.int64)
+    if PDL:
+        gdc_launch_dependents()
+    rp = tl.arange(0, PRE_K)
+    w0 = tl.load(w + rn[:, None] * stride_wn + rp[None, :])     # no dependency on the previous kernel
+    if PDL:
+        gdc_wait()
+    rk = tl.arange(0, BLOCK_K)
+    rstd = 1.0
+    if PROLOGUE == 1:                                    # the mean square of h over all K
+        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):
+            h = _inputs(x, res, res_out, g, k + rk, K, 1.0, pid, 0, HAS_RES, STORE_FIRST)
+            ss += h * h
+        rstd = tl.rsqrt((tl.sum(ss, 0) / K + eps).to(tl.float32))    # eps may arrive as fp64 (AOTI)
+    acc = tl.sum(w0.to(tl.float32) * _inputs(x, res, res_out, g, rp, K, rstd, pid, PROLOGUE, HAS_RES,
+                                               STORE_MAIN)[None, :], 1)
+    part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in range(PRE_K, K, BLOCK_K):
+        wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
+        part += wt.to(tl.float32) * _inputs(x, res, res_out, g, k + rk, K, rstd, pid, PROLOGUE, HAS_RES,
+                                            STORE_MAIN)[None, :]
+    acc += tl.sum(part, 1)
+    tl.store(y + offs_n, acc.to(y.dtype.element_ty), mask=offs_n < N)
+
+
+def config_for(N: int, K: int) -> dict:
+    """The measured tile of (N, K), else ``DEFAULT`` with BLOCK_K cut to a power of two dividing K."""
+    cfg = dict(CONFIGS.get((N, K)) or DEFAULT)
+    while K % cfg["BLOCK_K"] and cfg["BLOCK_K"] > 16:
+        cfg["BLOCK_K"] //= 2
+    return cfg
+
+
+def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor | None = None,
+                norm_weight: Tensor | None = None, eps: float = 1e-6, out: Tensor | None = None,
+                residual_out: Tensor | None = None, config: dict | None = None, pdl: bool = False,
+                pre_k: int | None = None) -> Tensor:
+    """``w [N, K] @ prologue(x)`` for one token (module doc) -> ``out`` [N] (allocated if None).
+    x: [K] (``"swiglu"``: [2K]); ``residual`` / ``residual_out`` [K] (``"rmsnorm"`` / ``"none"``:
+    h = x + residual, written to ``residual_out`` if given); ``norm_weight`` [K] (``"rmsnorm"``).
+    ``pdl``: launch with programmatic dependent launch (CUDA sm_90+). ``pre_k``: weight columns
+    loaded before the wait (default BLOCK_K)."""
+    if prologue not in PROLOGUES:
+        raise ValueError(f"decode_gemv: prologue {prologue!r} is not one of {sorted(PROLOGUES)}")
+    N, K = (int(d) for d in w.shape)
+    x = x.reshape(-1)
+    want = 2 * K if prologue == "swiglu" else K
+    if x.numel() != want:
+        raise ValueError(f"decode_gemv: x has {x.numel()} values, w [N={N}, K={K}] with prologue "
+                         f"{prologue!r} wants {want} (one token)")
+    if prologue == "rmsnorm" and (norm_weight is None or norm_weight.numel() != K):
+        raise ValueError(f"decode_gemv: prologue 'rmsnorm' needs norm_weight of {K} values")
+    if residual is not None and (prologue == "swiglu" or residual.numel() != K):
+        raise ValueError(f"decode_gemv: residual must have {K} values and a 'none' / 'rmsnorm' prologue")
+    if residual_out is not None and (residual is None or residual_out.numel() != K
+                                     or residual_out.data_ptr() in (residual.data_ptr(), x.data_ptr())):
+        raise ValueError(f"decode_gemv: residual_out needs a residual and {K} values of its own (other "
+                         f"programs still read x and residual while program 0 writes it)")
+    if pdl and (gdc_wait is None or INTERPRET or not x.is_cuda):
+        raise ValueError("decode_gemv: pdl=True needs a CUDA GPU (sm_90+) and a Triton with gdc_wait")
+    cfg = dict(config) if config else config_for(N, K)
+    bk = int(cfg["BLOCK_K"])
+    pre = int(pre_k or bk)
+    if K % bk or K % pre or pre > K or pre & (pre - 1) or bk & (bk - 1):
+        raise ValueError(f"decode_gemv: K={K} must be a multiple of BLOCK_K={bk} and of pre_k={pre} (<= K), "
+                         f"both powers of two")
+    w, x = w.contiguous(), x.contiguous()
+    y = out if out is not None else torch.empty(N, dtype=x.dtype, device=x.device)
+    res = residual.reshape(-1).contiguous() if residual is not None else x
+    kw = {"launch_pdl": True} if pdl else {}
+    launcher(decode_gemv_kernel)[(triton.cdiv(N, int(cfg["BLOCK_N"])),)](
+        x, res, residual_out if residual_out is not None else y, norm_weight if norm_weight is not None else x,
+        w, y, N, K, K, float(eps), BLOCK_N=int(cfg["BLOCK_N"]), BLOCK_K=bk, PRE_K=pre,
+        PROLOGUE=PROLOGUES[prologue], HAS_RES=residual is not None,
+        STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
+        STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl,
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
+    return y

@@ -1,0 +1,99 @@
+"""One-token GEMV with fused prologues (``kernels/decode_gemv.py``, issue #21): the kernel through
+the Triton interpreter in a subprocess (as test_skinny_gemm.py), its argument checks, and on a GPU
+the Qwen3-8B shapes with and without programmatic dependent launch."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("triton", reason="Triton is not installed")
+
+from tests.support.decode_gemv_cases import CASES, reference  # noqa: E402
+
+ULP_TOL = 1.05          # fp32 sums, one bf16 rounding (the interpreter truncates: < 1 ulp), sum-order noise
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "tests.support.decode_gemv_cases"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_matches_the_modules_prologue_times_w(results, case):
+    """y equals (the model's RMSNorm / SwiGLU / residual sum of x) @ w^T within one bf16 ulp, and
+    the residual sum written by program 0 is torch's bf16 sum bit for bit."""
+    name, prologue, N, K, has_res, has_out, *_ = case
+    r = results[name]
+    assert r["shape"] == [N] and r["dtype"] == "torch.bfloat16"
+    assert r["ulp"] <= ULP_TOL, r
+    if has_out:
+        assert r["residual_equal"], r
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(prologue="gelu"), "prologue 'gelu'"),
+    (dict(x_size=200), "x has 200 values"),
+    (dict(prologue="swiglu"), "wants 512"),
+    (dict(prologue="rmsnorm"), "needs norm_weight"),
+    (dict(residual=True, residual_out="alias"), "residual_out needs"),
+    (dict(residual_out=True), "residual_out needs"),
+    (dict(config=dict(BLOCK_N=8, BLOCK_K=96)), "multiple of BLOCK_K=96"),
+    (dict(pdl=True), "pdl=True needs a CUDA GPU"),
+])
+def test_bad_arguments_are_named(kwargs, match):
+    from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
+    K = 256
+    x = torch.randn(kwargs.pop("x_size", K)).bfloat16()
+    r = torch.randn(K).bfloat16() if kwargs.pop("residual", False) else None
+    r_out = kwargs.pop("residual_out", None)
+    r_out = r if r_out == "alias" else (torch.empty(K).bfloat16() if r_out else None)
+    with pytest.raises(ValueError, match=match):
+        decode_gemv(x, torch.randn(32, K).bfloat16(), residual=r, residual_out=r_out, **kwargs)
+
+
+def test_default_config_fits_k():
+    """BLOCK_K is cut to a power of two dividing K; the measured Qwen3-8B tiles are returned as is."""
+    from dspark_trt.plugins.kernels.decode_gemv import CONFIGS, config_for
+    assert config_for(96, 1024 + 256)["BLOCK_K"] == 256
+    assert config_for(64, 48)["BLOCK_K"] == 16
+    assert config_for(6144, 4096) == CONFIGS[(6144, 4096)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("prologue", ["none", "rmsnorm", "swiglu"])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_qwen3_8b_shapes_on_gpu(prologue, pdl):
+    """Every Qwen3-8B projection shape, with and without PDL: within one bf16 ulp (plus a little
+    fp32 sum-order noise) of the modules' prologue times w; PDL changes no bit."""
+    from dspark_trt.plugins.kernels.decode_gemv import CONFIGS, decode_gemv
+    if pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90+")
+    torch.manual_seed(0)
+    for N, K in CONFIGS:
+        x = torch.randn(2 * K if prologue == "swiglu" else K, device="cuda").bfloat16()
+        w = (torch.randn(N, K, device="cuda") * 0.02).bfloat16()
+        r = torch.randn(K, device="cuda").bfloat16() if prologue != "swiglu" else None
+        g = (1 + 0.1 * torch.randn(K, device="cuda")).bfloat16() if prologue == "rmsnorm" else None
+        r_out = torch.empty(K, device="cuda").bfloat16() if r is not None else None
+        y = decode_gemv(x, w, prologue, residual=r, norm_weight=g, residual_out=r_out, pdl=pdl)
+        xin, h = reference(prologue, x, r, g)
+        ref = xin.float() @ w.float().T
+        ulp = 2.0 ** (torch.floor(torch.log2(ref.abs().clamp(min=1.0))) - 7)
+        assert float(((y.float() - ref).abs() / ulp).max()) <= 0.75, (N, K)
+        if r_out is not None:
+            assert torch.equal(r_out, h)
+        if pdl:
+            assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g))

@@ -1,0 +1,66 @@
+"""``decode_gemv`` cases under ``TRITON_INTERPRET=1`` (run as a subprocess by
+tests/plugins/test_decode_gemv.py): prints ``RESULT {json}`` with, per case, the error in bf16
+ulps against the torch reference of the same prologue (``models.layers.RMSNorm``, ``F.silu(gate) *
+up``) times ``w`` in fp32, and whether the residual sum written equals torch's bf16 sum."""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.nn.functional as F
+
+from tests.support.skinny_gemm_cases import ulp_err
+
+# (name, prologue, N, K, residual, residual_out, config, pre_k): N not a multiple of BLOCK_N, PRE_K of
+# one and two K tiles, every prologue with and without a residual.
+CASES = [
+    ("none", "none", 37, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None),
+    ("none_pre2", "none", 40, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), 128),
+    ("none_residual", "none", 24, 128, True, True, dict(BLOCK_N=16, BLOCK_K=32), None),
+    ("rmsnorm", "rmsnorm", 33, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None),
+    ("rmsnorm_residual", "rmsnorm", 48, 192, True, True, dict(BLOCK_N=16, BLOCK_K=64), 64),
+    ("rmsnorm_residual_no_out", "rmsnorm", 20, 128, True, False, dict(BLOCK_N=8, BLOCK_K=32), None),
+    ("swiglu", "swiglu", 29, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None),
+    ("default_config", "none", 64, 1024, False, False, None, None),
+]
+EPS = 1e-6
+
+
+def reference(prologue: str, x, r, g):
+    """The bf16 input the GEMV multiplies, as the model's modules compute it, and h (x + r)."""
+    from dspark_trt.models.layers import RMSNorm
+    h = x if r is None else x + r
+    if prologue == "swiglu":
+        K = x.numel() // 2
+        return F.silu(x[:K]) * x[K:], h
+    if prologue == "rmsnorm":
+        norm = RMSNorm(h.numel(), EPS)
+        norm.weight.data = g
+        return norm(h), h
+    return h, h
+
+
+def main():
+    assert os.environ.get("TRITON_INTERPRET") == "1"          # set before triton is imported
+    from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
+    out = {}
+    for i, (name, prologue, N, K, has_res, has_out, cfg, pre) in enumerate(CASES):
+        gen = torch.Generator().manual_seed(i)
+        x = torch.randn(2 * K if prologue == "swiglu" else K, generator=gen).bfloat16()
+        w = (torch.randn(N, K, generator=gen) * 0.05).bfloat16()
+        r = torch.randn(K, generator=gen).bfloat16() if has_res else None
+        g = (1 + 0.1 * torch.randn(K, generator=gen)).bfloat16() if prologue == "rmsnorm" else None
+        r_out = torch.full((K,), float("nan")).bfloat16() if has_out else None
+        y = decode_gemv(x, w, prologue, residual=r, norm_weight=g, eps=EPS, residual_out=r_out, config=cfg,
+                        pre_k=pre)
+        xin, h = reference(prologue, x, r, g)
+        rec = {"ulp": ulp_err(y, xin.float() @ w.float().T), "shape": list(y.shape), "dtype": str(y.dtype)}
+        if has_out:
+            rec["residual_equal"] = bool(torch.equal(r_out, h))
+        out[name] = rec
+    print("RESULT " + json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
