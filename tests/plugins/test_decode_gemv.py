@@ -3,18 +3,12 @@ the Triton interpreter in a subprocess (as test_skinny_gemm.py), its argument ch
 the Qwen3-8B shapes with and without programmatic dependent launch."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("triton", reason="Triton is not installed")
 
+from tests.support.interpreter import interpreter_results  # noqa: E402
 from tests.support.decode_gemv_cases import CASES, reference  # noqa: E402
 
 ULP_TOL = 1.05          # fp32 sums, one bf16 rounding (the interpreter truncates: < 1 ulp), sum-order noise
@@ -22,12 +16,7 @@ ULP_TOL = 1.05          # fp32 sums, one bf16 rounding (the interpreter truncate
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.support.decode_gemv_cases"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return interpreter_results("tests.support.decode_gemv_cases")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

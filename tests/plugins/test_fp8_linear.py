@@ -6,12 +6,6 @@ exact product; the op's reference, the quantiser and the argument checks. On a G
 the kernel at Qwen3-8B projection shapes."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,7 +13,7 @@ import torch.nn.functional as F
 from dspark_trt.plugins.fp8_linear import (FP8_DTYPE, dequantize_fp8, fp8_linear_ref, quantize_fp8,
                                            scale_shape)
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.interpreter import interpreter_results  # noqa: E402
 from tests.support.fp8_gemm_cases import ACT_QUANT_CASES, CASES, MMA_CASES  # noqa: E402
 
 # fp32 accumulation, one rounding to the output dtype: <= 0.5 ulp on a GPU; the interpreter
@@ -31,12 +25,7 @@ FP32_REL_TOL = 1e-6            # fp32 outputs: max |y - exact| / max |exact|
 @pytest.fixture(scope="module")
 def results() -> dict:
     pytest.importorskip("triton", reason="Triton is not installed")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.support.fp8_gemm_cases"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return interpreter_results("tests.support.fp8_gemm_cases")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])

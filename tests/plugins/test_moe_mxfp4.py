@@ -9,12 +9,6 @@ the largest output.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -23,9 +17,9 @@ from dspark_trt.checkpoints.quant import dequant_mxfp4
 from dspark_trt.plugins.moe_experts import moe_experts_ref
 from dspark_trt.plugins.moe_experts_mxfp4 import dequantize_mxfp4, moe_experts_mxfp4_ref
 
+from tests.support.interpreter import interpreter_results
 from tests.support.plugins_cases import moe_mxfp4_inputs
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_decoding_equals_the_checkpoint_decoder():
@@ -88,12 +82,7 @@ def test_exports_as_one_node_with_dynamic_tokens():
 @pytest.fixture(scope="module")
 def kernel_results() -> dict:
     pytest.importorskip("triton", reason="Triton is not installed")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.support.plugins_cases", "moe_mxfp4"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return interpreter_results("tests.support.plugins_cases", "moe_mxfp4", timeout=300)
 
 
 @pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",

@@ -4,18 +4,14 @@ plain ``F.linear`` off CUDA, when disabled, and for shapes the measured table do
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("triton", reason="Triton is not installed")
 
+from tests.support.interpreter import interpreter_results  # noqa: E402
 from tests.support.skinny_gemm_cases import CASES  # noqa: E402
 
 # fp32 accumulation then one bf16 rounding: <= 0.5 ulp on a GPU; the interpreter converts fp32 to
@@ -25,12 +21,7 @@ ULP_TOL = 1.05
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "tests.support.skinny_gemm_cases"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return interpreter_results("tests.support.skinny_gemm_cases")
 
 
 @pytest.mark.parametrize("name", [c[0] for c in CASES])
