@@ -40,16 +40,18 @@ def test_matches_the_modules_prologue_times_w(results, case):
     (dict(residual_out=True), "residual_out needs"),
     (dict(config=dict(BLOCK_N=8, BLOCK_K=96)), "multiple of BLOCK_K=96"),
     (dict(pdl=True), "pdl=True needs a CUDA GPU"),
+    (dict(fp32=True), "x, w must be bfloat16"),
 ])
 def test_bad_arguments_are_named(kwargs, match):
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
     K = 256
-    x = torch.randn(kwargs.pop("x_size", K)).bfloat16()
+    dtype = torch.float32 if kwargs.pop("fp32", False) else torch.bfloat16
+    x = torch.randn(kwargs.pop("x_size", K)).to(dtype)
     r = torch.randn(K).bfloat16() if kwargs.pop("residual", False) else None
     r_out = kwargs.pop("residual_out", None)
     r_out = r if r_out == "alias" else (torch.empty(K).bfloat16() if r_out else None)
     with pytest.raises(ValueError, match=match):
-        decode_gemv(x, torch.randn(32, K).bfloat16(), residual=r, residual_out=r_out, **kwargs)
+        decode_gemv(x, torch.randn(32, K).to(dtype), residual=r, residual_out=r_out, **kwargs)
 
 
 def test_default_config_fits_k():

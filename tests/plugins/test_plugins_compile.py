@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe, moe_decode as kmd, rejection as krj, sparse_mla as ksm  # noqa: E402
-from dspark_trt.plugins.kernels import fp8_gemm as kfp8  # noqa: E402
+from dspark_trt.plugins.kernels import decode_gemv as kdg, fp8_gemm as kfp8  # noqa: E402
 
 from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, moe_mxfp4_inputs,  # noqa: E402
                                          rejection_inputs, sparse_mla_inputs)
@@ -234,7 +234,25 @@ def _launches_fp8(monkeypatch):
     return out
 
 
-@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe", "moe_mxfp4", "fp8"])
+def _launches_decode_gemv(monkeypatch):
+    """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
+    the default one, each also with PDL (the launches recorded without it: the wrapper refuses PDL
+    off a GPU; ``PDL`` is the constexpr the launch option comes with)."""
+    N, K = 4096, 4096
+    w = torch.randn(N, K).bfloat16()
+    x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
+    out = []
+    for kw in (dict(prologue="none"), dict(prologue="none", residual=r, residual_out=torch.empty_like(r)),
+               dict(prologue="rmsnorm", norm_weight=g), dict(prologue="rmsnorm", norm_weight=g, residual=r,
+                                                             residual_out=torch.empty_like(r), pre_k=1024),
+               dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT)):
+        out += record(monkeypatch, kdg, kdg.decode_gemv, x, w, **kw)
+    out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(2 * K).bfloat16(), w, "swiglu")
+    return out + [(k, a, {**kw, "PDL": True}) for k, a, kw in out]
+
+
+@pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe", "moe_mxfp4", "fp8",
+                                "decode_gemv"])
 def test_launches_compile_for_sm90(monkeypatch, op):
     launches = globals()[f"_launches_{op}"](monkeypatch)
     seen = set()
@@ -258,7 +276,7 @@ def _float_launches(op: str, monkeypatch) -> list:
     return list(firsts.values())
 
 
-@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe", "moe_mxfp4"])
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe", "moe_mxfp4", "decode_gemv"])
 def test_float_scalars_passed_as_fp64_compile(monkeypatch, op):
     """AOTInductor (Triton 3.6) passes Python-float arguments (scales, limits) as fp64: each kernel
     with a float argument casts it, so no fp64 reaches a loop-carried fp32 value. Uncast, the
@@ -269,7 +287,7 @@ def test_float_scalars_passed_as_fp64_compile(monkeypatch, op):
 
 
 
-@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe"])
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe", "decode_gemv"])
 def test_float_scalars_passed_as_constants_compile(monkeypatch, op):
     """torch's mutation analysis of a user Triton kernel (torch.export / AOTInductor, torch 2.11)
     generates its TTIR with Python-float arguments as plain Python floats: a kernel that calls a
@@ -280,3 +298,12 @@ def test_float_scalars_passed_as_constants_compile(monkeypatch, op):
         rest = [None if n in floats else a for n, a in zip(kernel.arg_names, args)]
         k = compile_launch(kernel, rest, {**kwargs, **floats})
         assert k.asm["ptx"].count(".entry") == 1
+
+
+def test_decode_gemv_pdl_launches_wait_for_their_predecessor(monkeypatch):
+    """With ``PDL`` the sm_90 code signals its dependents and waits (griddepcontrol) before it
+    reads x; without it neither instruction is emitted."""
+    (kernel, args, kwargs), *_ = _launches_decode_gemv(monkeypatch)
+    ptx = {pdl: compile_launch(kernel, args, {**kwargs, "PDL": pdl}).asm["ptx"] for pdl in (False, True)}
+    assert "griddepcontrol.wait" in ptx[True] and "griddepcontrol.launch_dependents" in ptx[True]
+    assert "griddepcontrol" not in ptx[False]
