@@ -123,6 +123,10 @@ def parse_args(argv):
                    help="also time one round of each kind per batch (fixed, confidence with the "
                         "read-back, estimated window without it)")
     b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
+    b.add_argument("--repeats", type=int, default=1,
+                   help="runs of every mode per batch, interleaved (fixed, scheduled, ..., AR, fixed, ...): "
+                        "the row keeps the median run's record and each run's tokens/s, and reports the "
+                        "per-repeat ratios to fixed and AR (paired: neighbouring runs share the machine's drift)")
     b.add_argument("--learn-round-costs", action="store_true",
                    help="the AR fallback scales the curve's prices by the rounds' observed walls "
                         "(runtime/round_costs.py; opt-in)")
@@ -269,6 +273,21 @@ def round_wall(log: list[tuple[str, int, float]]) -> dict:
     return out
 
 
+def repeated(runs: list[dict]) -> dict:
+    """A mode's record at one batch over its repeats: the median run's (by tokens/s; the lower
+    middle one of an even count), with every run's tokens/s."""
+    order = sorted(runs, key=lambda r: r["decode_tokens_per_s"])
+    rec = dict(order[(len(order) - 1) // 2])
+    if len(runs) > 1:
+        rec["decode_tokens_per_s_repeats"] = [r["decode_tokens_per_s"] for r in runs]
+    return rec
+
+
+def paired_ratios(runs: list[dict], refs: list[dict]) -> list[float]:
+    """tokens/s of each repeat over the reference's in the same repeat."""
+    return [a["decode_tokens_per_s"] / b["decode_tokens_per_s"] for a, b in zip(runs, refs)]
+
+
 def run(argv) -> dict:
     args = parse_args(argv)
     t0 = time.perf_counter()
@@ -314,22 +333,32 @@ def run(argv) -> dict:
 
     kinds_survival = (args.round_kinds and "scheduled" in modes
                       and ((args.synthetic and survival_curve(args.synthetic)) or [0.5 ** (k + 1) for k in range(n)]))
+
+    def spec_run(B, mode):
+        """One speculative run of ``mode`` at B with its verify-window counters."""
+        for counter in (llm.steps.verify_widths, llm.steps.verify_slots, llm.steps.window_rounds):
+            counter.clear()
+        e2e = decode(B, True, mode)
+        widths = dict(llm.steps.verify_widths)
+        e2e["verify_windows"] = {str(w): c for w, c in sorted(widths.items())}
+        e2e["verify_slots"] = {str(t): c for t, c in sorted(llm.steps.verify_slots.items())}
+        e2e["window_rounds"] = {str(w): c for w, c in sorted(llm.steps.window_rounds.items())}
+        e2e["confidence_rounds"] = sum(widths.values())   # the others: fixed or window rounds
+        narrow = llm.steps.verify_widths + llm.steps.window_rounds      # Counters: rounds per window
+        rounds = sum(narrow.values())
+        e2e["mean_verify_window"] = (sum(w * c for w, c in narrow.items()) / rounds if rounds else n)
+        return e2e
+
     for B in sorted(sizes):
-        row = {}
+        runs = {m: [] for m in (*modes, "autoregressive")}
+        for _ in range(max(1, args.repeats)):              # interleaved: each repeat runs every mode once
+            for mode in modes:
+                runs[mode].append(spec_run(B, mode))
+            runs["autoregressive"].append(decode(B, False))
+        row = {m: repeated(rs) for m, rs in runs.items()}
         for mode in modes:
-            for counter in (llm.steps.verify_widths, llm.steps.verify_slots, llm.steps.window_rounds):
-                counter.clear()
-            e2e = decode(B, True, mode)
-            widths = dict(llm.steps.verify_widths)
-            e2e["verify_windows"] = {str(w): c for w, c in sorted(widths.items())}
-            e2e["verify_slots"] = {str(t): c for t, c in sorted(llm.steps.verify_slots.items())}
-            e2e["window_rounds"] = {str(w): c for w, c in sorted(llm.steps.window_rounds.items())}
-            e2e["confidence_rounds"] = sum(widths.values())   # the others: fixed or window rounds
-            narrow = llm.steps.verify_widths + llm.steps.window_rounds      # Counters: rounds per window
-            rounds = sum(narrow.values())
-            e2e["mean_verify_window"] = (sum(w * c for w, c in narrow.items()) / rounds if rounds else n)
-            row[mode] = e2e
-        row["autoregressive"] = decode(B, False)
+            row[mode]["ratio_vs_fixed_repeats"] = paired_ratios(runs[mode], runs["fixed"])
+            row[mode]["ratio_vs_autoregressive_repeats"] = paired_ratios(runs[mode], runs["autoregressive"])
         for r in row.values():
             r.pop("output_ids_row0", None)
         fixed = row["fixed"]["decode_tokens_per_s"]
@@ -349,6 +378,11 @@ def run(argv) -> dict:
             f"{m}: " + ", ".join(f"{k} {v['mean_ms']:.2f} / {v['max_ms']:.1f} ({v['count']})"
                                  for k, v in r.get("round_wall", {}).items())
             for m, r in row.items() if m != "round_kinds"), flush=True)
+        if args.repeats > 1:
+            print(f"[verify-concurrency] B={B:3d} paired ratios per repeat: " + " | ".join(
+                f"{m}/fixed " + " ".join(f"{v:.2f}" for v in row[m]["ratio_vs_fixed_repeats"])
+                + f", {m}/AR " + " ".join(f"{v:.2f}" for v in row[m]["ratio_vs_autoregressive_repeats"])
+                for m in modes if m != "fixed"), flush=True)
         if "round_kinds" in row:
             print(f"[verify-concurrency] B={B:3d} round ms: " + ", ".join(
                 f"{k} {v:.2f}" for k, v in row["round_kinds"].items()), flush=True)
@@ -365,6 +399,11 @@ def run(argv) -> dict:
                              rows[str(max(sizes))][m]["decode_only_tokens_per_s"]
                              / rows[str(max(sizes))]["fixed"]["decode_only_tokens_per_s"]} if steady else {}),
                          "bound_at_batch_64": 1.2})
+            if args.repeats > 1:              # paired per repeat: the medians of the ratios
+                goal[f"{m}_over_autoregressive_median_paired"] = {
+                    b: float(np.median(rows[b][m]["ratio_vs_autoregressive_repeats"])) for b in rows}
+                goal[f"{m}_over_fixed_median_paired"] = {
+                    b: float(np.median(rows[b][m]["ratio_vs_fixed_repeats"])) for b in rows}
     return {
         "git_sha": provenance.git_sha(), "command": "python benchmarks/verify_concurrency.py " + " ".join(argv),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu",

@@ -176,3 +176,16 @@ def test_modes_are_checked_before_the_model_loads():
     for modes, msg in (("scheduled", "must include 'fixed'"), ("fixed,sched", r"unknown \['sched'\]")):
         with pytest.raises(SystemExit, match=msg):
             mod.run(["--device", "cpu", "--modes", modes, "--batch-sizes", "1"])
+
+
+def test_repeats_keep_the_median_run_and_pair_the_ratios():
+    """--repeats: a mode's row is its median run by tokens/s (the lower middle one of an even
+    count) with every run's tokens/s; ratios pair the runs of one repeat."""
+    mod = _module()
+    runs = [{"decode_tokens_per_s": v, "tag": i} for i, v in enumerate((30.0, 10.0, 20.0))]
+    rec = mod.repeated(runs)
+    assert rec["tag"] == 2 and rec["decode_tokens_per_s_repeats"] == [30.0, 10.0, 20.0]
+    assert mod.repeated(runs[:2])["tag"] == 1                     # even count: the lower middle
+    assert "decode_tokens_per_s_repeats" not in mod.repeated(runs[:1])
+    ar = [{"decode_tokens_per_s": v} for v in (15.0, 10.0, 40.0)]
+    assert mod.paired_ratios(runs, ar) == [2.0, 1.0, 0.5]
