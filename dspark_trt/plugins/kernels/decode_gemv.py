@@ -11,7 +11,7 @@ programmatic dependent launch (issue #21; not yet wired into a model path).
 - ``"swiglu"``: ``silu(gate) * up`` of a fused gate/up output ``x = [gate | up]`` (2K values), each
   product rounded to bf16 as ``F.silu(gate) * up`` does.
 So a layer's norms and SwiGLU cost no launch and no round trip: q/k/v and gate/up take the norm,
-down takes SwiGLU (the layout ``pdl_gemv_probe.py --fused`` measures).
+down takes SwiGLU (the layout of ``pdl_gemv_probe.py``'s ``layer_fused`` chains).
 
 Why (``benchmarks/results/pdl-gemv-probe-NVIDIA-H200-e057240.json.gz``): a GEMV of a few us loses
 its ramp and tail to the gap between kernels. With ``pdl=True`` (sm_90+) the kernel is launched
@@ -56,7 +56,7 @@ DEFAULT = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3)
 def _inputs(x, res, res_out, g, offs, K, rstd, pid, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
             STORE_RES: tl.constexpr):
     """The prologue's bf16 values at columns ``offs``, as fp32 (``rstd``: RMSNORM's scale)."""
-    if PROLOGUE == 2:                                    # SWIGLU: x = [gate | up]
+    if PROLOGUE == SWIGLU:                               # x = [gate | up]
         gate = tl.load(x + offs).to(tl.float32)
         act = round_bf16(gate / (1.0 + tl.exp(-gate)))
         return round_bf16(act * tl.load(x + K + offs).to(tl.float32))
@@ -65,7 +65,7 @@ def _inputs(x, res, res_out, g, offs, K, rstd, pid, PROLOGUE: tl.constexpr, HAS_
         h = round_bf16(h + tl.load(res + offs).to(tl.float32))
         if STORE_RES:
             tl.store(res_out + offs, h.to(tl.bfloat16), mask=offs < K - tl.minimum(pid, 1) * K)   # program 0
-    if PROLOGUE == 1:                                    # RMSNORM
+    if PROLOGUE == RMSNORM:
         return round_bf16(h * rstd * tl.load(g + offs).to(tl.float32))
     return h
 
@@ -89,10 +89,10 @@ def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: 
         gdc_wait()
     rk = tl.arange(0, BLOCK_K)
     rstd = 1.0
-    if PROLOGUE == 1:                                    # the mean square of h over all K
+    if PROLOGUE == RMSNORM:                              # the mean square of h over all K
         ss = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
-            h = _inputs(x, res, res_out, g, k + rk, K, 1.0, pid, 0, HAS_RES, STORE_FIRST)
+            h = _inputs(x, res, res_out, g, k + rk, K, 1.0, pid, NONE, HAS_RES, STORE_FIRST)
             ss += h * h
         rstd = tl.rsqrt((tl.sum(ss, 0) / K + eps).to(tl.float32))    # eps may arrive as fp64 (AOTI)
     acc = tl.sum(w0.to(tl.float32) * _inputs(x, res, res_out, g, rp, K, rstd, pid, PROLOGUE, HAS_RES,
@@ -126,6 +126,10 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
     if prologue not in PROLOGUES:
         raise ValueError(f"decode_gemv: prologue {prologue!r} is not one of {sorted(PROLOGUES)}")
     N, K = (int(d) for d in w.shape)
+    bad = [n for n, t in (("x", x), ("w", w), ("residual", residual), ("norm_weight", norm_weight))
+           if t is not None and t.dtype != torch.bfloat16]
+    if bad:
+        raise ValueError(f"decode_gemv: {', '.join(bad)} must be bfloat16 (its prologue rounds as bf16 modules do)")
     x = x.reshape(-1)
     want = 2 * K if prologue == "swiglu" else K
     if x.numel() != want:
