@@ -11,7 +11,8 @@ the previous kernel).
 Measured here, bf16, M = 1, Qwen3-8B layer shapes (fused q/k/v, o, fused gate/up, down) x 36
 layers of distinct weights (13.9 GB, far over L2), each chain one CUDA graph, median of replays:
 - ``cublas``: ``F.linear`` chain;
-- ``triton``: this file's GEMV kernel, best config per shape (swept alone, over weight copies), no PDL;
+- ``triton``: ``kernels/decode_gemv.py`` without a prologue (at e057240 the same body inline in this
+  file), best config per shape (swept alone, over weight copies), no PDL;
 - ``triton_pdl``: the same configs launched with PDL (``PRE_K`` columns before the wait);
 - ``*_interleaved``: a small non-PDL elementwise kernel after every GEMV (the norms, RoPE and
   residual adds of a real layer), to see what PDL keeps when its neighbours are not PDL kernels;
@@ -42,7 +43,6 @@ from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.models.layers import RMSNorm  # noqa: E402
 from dspark_trt.plugins.kernels import decode_gemv as dg  # noqa: E402
-from dspark_trt.plugins.kernels.decode_gemv import decode_gemv  # noqa: E402
 
 PEAK = 4.8e12
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
@@ -51,8 +51,8 @@ SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
 
 
 def gemv(x, w, y, cfg, pdl: bool, pre_k: int | None = None, **prologue):
-    """``decode_gemv`` into y (the probe's first run, e057240, had this kernel's prologue-free body inline)."""
-    return decode_gemv(x, w, out=y, config=cfg, pdl=pdl, pre_k=pre_k, **prologue)
+    """``decode_gemv`` into y with the given tile."""
+    return dg.decode_gemv(x, w, out=y, config=cfg, pdl=pdl, pre_k=pre_k, **prologue)
 
 
 def best_config(N: int, K: int, rotate_mb: float, iters: int) -> tuple[dict, float, float, list]:
