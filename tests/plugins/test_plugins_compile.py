@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe, moe_decode as kmd, rejection as krj, sparse_mla as ksm  # noqa: E402
-from dspark_trt.plugins.kernels import decode_gemv as kdg, fp8_gemm as kfp8  # noqa: E402
+from dspark_trt.plugins.kernels import decode_gemv as kdg, fp8_gemm as kfp8, qk_rope_cache as kqr  # noqa: E402
 
 from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, moe_mxfp4_inputs,  # noqa: E402
                                          rejection_inputs, sparse_mla_inputs)
@@ -236,8 +236,7 @@ def _launches_fp8(monkeypatch):
 
 def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
-    the default one, each also with PDL (the launches recorded without it: the wrapper refuses PDL
-    off a GPU; ``PDL`` is the constexpr the launch option comes with)."""
+    the default one, each also with PDL (``_with_pdl``)."""
     N, K = 4096, 4096
     w = torch.randn(N, K).bfloat16()
     x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
@@ -248,11 +247,39 @@ def _launches_decode_gemv(monkeypatch):
                dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT)):
         out += record(monkeypatch, kdg, kdg.decode_gemv, x, w, **kw)
     out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(2 * K).bfloat16(), w, "swiglu")
-    return out + [(k, a, {**kw, "PDL": True}) for k, a, kw in out]
+    return _with_pdl(out)
+
+
+def _with_pdl(launches: list) -> list:
+    """The launches as recorded and each again with ``PDL`` (the wrappers refuse PDL off a GPU;
+    ``PDL`` is the constexpr its launch option comes with)."""
+    return launches + [(k, a, {**kw, "PDL": True}) for k, a, kw in launches]
+
+
+def _launches_qk_rope_cache(monkeypatch):
+    """Qwen3-8B heads (32 q, 8 kv of 128) and a small GQA shape, each also with PDL."""
+    out = []
+    for H, Hkv, D in ((32, 8, 128), (4, 2, 16)):
+        qkv, n = torch.randn((H + 2 * Hkv) * D).bfloat16(), torch.ones(D).bfloat16()
+        cache = torch.zeros(5, 16, Hkv, D).bfloat16()
+        out += record(monkeypatch, kqr, kqr.qk_rope_cache, qkv, n, n, n, n, cache, cache.clone(),
+                      torch.arange(4), torch.tensor([17]), H, 1e-6)
+    return _with_pdl(out)
+
+
+def _launches_token_step_attention(monkeypatch):
+    """The token chain's attention (one query token, Qwen3-8B heads): split and reduce, or one
+    split, each with PDL."""
+    q, kc, vc, table, pos, *_ = block_attention_inputs("cpu", torch.bfloat16, H=32, Hkv=8, D=128, page=16)
+    out = []
+    for splits in (3, 1):
+        out += record(monkeypatch, kba, kba.block_attention_triton, q[:1, :1], kc, vc, table[:1], pos[:1, :1],
+                      pos[:1, :1], 0.088, num_splits=splits)
+    return _with_pdl(out)
 
 
 @pytest.mark.parametrize("op", ["rejection", "markov", "block_attention", "sparse_mla", "moe", "moe_mxfp4", "fp8",
-                                "decode_gemv"])
+                                "decode_gemv", "qk_rope_cache", "token_step_attention"])
 def test_launches_compile_for_sm90(monkeypatch, op):
     launches = globals()[f"_launches_{op}"](monkeypatch)
     seen = set()
@@ -276,7 +303,7 @@ def _float_launches(op: str, monkeypatch) -> list:
     return list(firsts.values())
 
 
-@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe", "moe_mxfp4", "decode_gemv"])
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe", "moe_mxfp4", "decode_gemv", "qk_rope_cache"])
 def test_float_scalars_passed_as_fp64_compile(monkeypatch, op):
     """AOTInductor (Triton 3.6) passes Python-float arguments (scales, limits) as fp64: each kernel
     with a float argument casts it, so no fp64 reaches a loop-carried fp32 value. Uncast, the
@@ -287,7 +314,7 @@ def test_float_scalars_passed_as_fp64_compile(monkeypatch, op):
 
 
 
-@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe", "decode_gemv"])
+@pytest.mark.parametrize("op", ["block_attention", "sparse_mla", "moe", "decode_gemv", "qk_rope_cache"])
 def test_float_scalars_passed_as_constants_compile(monkeypatch, op):
     """torch's mutation analysis of a user Triton kernel (torch.export / AOTInductor, torch 2.11)
     generates its TTIR with Python-float arguments as plain Python floats: a kernel that calls a
@@ -300,10 +327,17 @@ def test_float_scalars_passed_as_constants_compile(monkeypatch, op):
         assert k.asm["ptx"].count(".entry") == 1
 
 
-def test_decode_gemv_pdl_launches_wait_for_their_predecessor(monkeypatch):
-    """With ``PDL`` the sm_90 code signals its dependents and waits (griddepcontrol) before it
-    reads x; without it neither instruction is emitted."""
-    (kernel, args, kwargs), *_ = _launches_decode_gemv(monkeypatch)
-    ptx = {pdl: compile_launch(kernel, args, {**kwargs, "PDL": pdl}).asm["ptx"] for pdl in (False, True)}
-    assert "griddepcontrol.wait" in ptx[True] and "griddepcontrol.launch_dependents" in ptx[True]
-    assert "griddepcontrol" not in ptx[False]
+@pytest.mark.parametrize("op", ["decode_gemv", "qk_rope_cache", "token_step_attention"])
+def test_pdl_launches_wait_for_their_predecessor(monkeypatch, op):
+    """With ``PDL`` each kernel of the token chain (the GEMV, the q/k norm + RoPE + cache write,
+    attention's split / single and reduce kernels) signals its dependents and waits
+    (griddepcontrol) before it reads its inputs; without it neither instruction is emitted."""
+    firsts = {}
+    for kernel, args, kwargs in globals()[f"_launches_{op}"](monkeypatch):
+        firsts.setdefault(kernel.__name__, (kernel, args, kwargs))
+    for kernel, args, kwargs in firsts.values():
+        ptx = {pdl: compile_launch(kernel, args, {**kwargs, "PDL": pdl}).asm["ptx"] for pdl in (False, True)}
+        assert "griddepcontrol.wait" in ptx[True] and "griddepcontrol.launch_dependents" in ptx[True], kernel
+        assert "griddepcontrol" not in ptx[False], kernel
+    if op == "token_step_attention":
+        assert len(firsts) == 3                 # split, reduce and single-split kernels

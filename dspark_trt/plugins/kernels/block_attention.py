@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import launcher, num_sms, pow2, ticket_counters, tracing
+from .common import gdc_launch_dependents, gdc_wait, launcher, num_sms, pdl_launch, pow2, ticket_counters, tracing
 
 
 @triton.jit
@@ -110,6 +110,15 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """Programmatic dependent launch: let the next kernel launch, then wait for the previous one
+    (q and the cache rows it wrote are read right after)."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
+
+
+@triton.jit
 def _row_and_head(KVH_FIRST: tl.constexpr):
     """(b, kvh) of this program: grid axes (B, Hkv) or, KVH_FIRST, (Hkv, B) so that programs that
     run at the same time read neighbouring 256-byte head slices of the same cache rows."""
@@ -123,8 +132,10 @@ def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit
                            T, P, PAGE_SIZE, PAD_PAGE,
                            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                           PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False):
+                           PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False,
+                           PDL: tl.constexpr = False):
     """Grid (B, Hkv, cdiv(T, BLOCK_T)) (KVH_FIRST: (Hkv, B, ...)): one split, normalised output."""
+    _pdl_start(PDL)
     b, kvh = _row_and_head(KVH_FIRST)
     m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
         q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh,
@@ -141,12 +152,13 @@ def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv
                                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                                  BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                                  PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False,
-                                 TICKET: tl.constexpr = False):
+                                 TICKET: tl.constexpr = False, PDL: tl.constexpr = False):
     """Grid (B, Hkv, cdiv(T, BLOCK_T) * NUM_SPLITS) (KVH_FIRST: (Hkv, B, ...)); partials
     part_ml [B, T, H, S, 2] (m in log2 units, l) and part_acc [B, T, H, S, D], S = NUM_SPLITS.
     TICKET: the query tile's last-arriving split merges its splits into ``out`` (``counter``: int32
     zeros, one per (row, KV head, query tile), left at zero); else ``out`` is unused and
     ``block_attention_reduce_kernel`` merges."""
+    _pdl_start(PDL)
     b, kvh = _row_and_head(KVH_FIRST)
     split = tl.program_id(2) % NUM_SPLITS
     t_tile = tl.program_id(2) // NUM_SPLITS
@@ -190,9 +202,10 @@ def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv
 
 @triton.jit
 def block_attention_reduce_kernel(part_ml, part_acc, out, NUM_SPLITS, D: tl.constexpr,
-                                  BLOCK_S: tl.constexpr):
+                                  BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (B * T * H,): merge the NUM_SPLITS partials of one (query, head) into its output row.
     Inert rows have l = 0 in every split and come out 0."""
+    _pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
     smask = s < NUM_SPLITS
@@ -247,12 +260,15 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
                            num_splits: int | None = None, block_n: int | None = None,
                            num_warps: int | None = None, num_stages: int | None = None,
                            programs_per_sm: int | None = None, prefetch: bool | None = None,
-                           kvh_first: bool | None = None, reduce: str | None = None) -> Tensor:
+                           kvh_first: bool | None = None, reduce: str | None = None,
+                           pdl: bool = False) -> Tensor:
     """Same contract as ``block_attention_ref``. Unset launch parameters come from
     ``ATTN_DEFAULTS``; ``num_splits`` (KV splits per query tile) from ``default_num_splits``. The
     actual key range of each split is decided on the device from ``kv_limit``, so the split count
     only depends on shapes. ``reduce``: how splits merge, "ticket" or "two_pass" (module doc; traced
-    calls always use "two_pass")."""
+    calls always use "two_pass"). ``pdl``: every launch with programmatic dependent launch (sm_90+;
+    the chain of ``runtime/token_step.py``)."""
+    pdl_kw = pdl_launch(pdl, "block_attention", q)
     block_n = block_n or ATTN_DEFAULTS["block_n"]
     num_warps = num_warps or ATTN_DEFAULTS["num_warps"]
     num_stages = num_stages or ATTN_DEFAULTS["num_stages"]
@@ -283,7 +299,7 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
     tensors = (q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), block_table.contiguous(),
                positions.contiguous(), kv_limit.contiguous())
     meta = dict(H=H, HKV=Hkv, D=D, BLOCK_T=block_t, BLOCK_N=block_n, PREFETCH=prefetch, KVH_FIRST=kvh_first,
-                num_warps=num_warps, num_stages=num_stages)
+                num_warps=num_warps, num_stages=num_stages, PDL=pdl, **pdl_kw)
     rows_heads = (Hkv, B) if kvh_first else (B, Hkv)
     if S == 1:
         launcher(block_attention_kernel)[(*rows_heads, t_tiles)](
@@ -298,5 +314,5 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
         TICKET=ticket, **meta)
     if not ticket:
         launcher(block_attention_reduce_kernel)[(B * T * H,)](
-            part_ml, part_acc, out, S, D=D, BLOCK_S=pow2(S), num_warps=4)
+            part_ml, part_acc, out, S, D=D, BLOCK_S=pow2(S), num_warps=4, PDL=pdl, **pdl_kw)
     return out

@@ -13,6 +13,11 @@ import triton.language as tl
 
 from .. import rng
 
+try:                                          # Triton >= 3.3 on NVIDIA; absent: no PDL
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:                           # pragma: no cover - depends on the Triton build
+    gdc_launch_dependents = gdc_wait = None
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 GOLDEN = tl.constexpr(rng.GOLDEN)
 C1 = tl.constexpr(rng.C1)
@@ -125,3 +130,14 @@ def max_resident_programs(compiled, device: torch.device, props=None) -> int:
 
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(max(int(n), 1)))
+
+
+def pdl_launch(pdl: bool, where: str, x: torch.Tensor) -> dict:
+    """Launch options of a kernel with programmatic dependent launch (``pdl``: its ``PDL``
+    constexpr calls ``gdc_launch_dependents`` / ``gdc_wait``): ``launch_pdl`` on a CUDA GPU
+    (sm_90+) with a Triton that has them; else a clear error naming ``where``."""
+    if not pdl:
+        return {}
+    if gdc_wait is None or INTERPRET or not x.is_cuda:
+        raise ValueError(f"{where}: pdl=True needs a CUDA GPU (sm_90+) and a Triton with gdc_wait")
+    return {"launch_pdl": True}

@@ -32,12 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import INTERPRET, launcher, round_bf16
-
-try:                                          # Triton >= 3.3 on NVIDIA; absent: no PDL
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:                           # pragma: no cover - depends on the Triton build
-    gdc_launch_dependents = gdc_wait = None
+from .common import gdc_launch_dependents, gdc_wait, launcher, pdl_launch, round_bf16
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
 NONE, RMSNORM, SWIGLU = (tl.constexpr(v) for v in PROLOGUES.values())
@@ -143,8 +138,7 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
                                      or residual_out.data_ptr() in (residual.data_ptr(), x.data_ptr())):
         raise ValueError(f"decode_gemv: residual_out needs a residual and {K} values of its own (other "
                          f"programs still read x and residual while program 0 writes it)")
-    if pdl and (gdc_wait is None or INTERPRET or not x.is_cuda):
-        raise ValueError("decode_gemv: pdl=True needs a CUDA GPU (sm_90+) and a Triton with gdc_wait")
+    kw = pdl_launch(pdl, "decode_gemv", x)
     cfg = dict(config) if config else config_for(N, K)
     bk = int(cfg["BLOCK_K"])
     pre = int(pre_k or bk)
@@ -154,7 +148,6 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
     w, x = w.contiguous(), x.contiguous()
     y = out if out is not None else torch.empty(N, dtype=x.dtype, device=x.device)
     res = residual.reshape(-1).contiguous() if residual is not None else x
-    kw = {"launch_pdl": True} if pdl else {}
     launcher(decode_gemv_kernel)[(triton.cdiv(N, int(cfg["BLOCK_N"])),)](
         x, res, residual_out if residual_out is not None else y, norm_weight if norm_weight is not None else x,
         w, y, N, K, K, float(eps), BLOCK_N=int(cfg["BLOCK_N"]), BLOCK_K=bk, PRE_K=pre,

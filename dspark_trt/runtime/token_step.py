@@ -1,0 +1,123 @@
+"""The Qwen3 target's decode step for one token as a chain of fused Triton kernels, each launched
+with programmatic dependent launch where the GPU has it (issue #21; not yet a path of ``LLM``).
+
+Per layer (``models.qwen3.Qwen3DecoderLayer.deferred`` for one token, six launches):
+
+    qkv  = decode_gemv(W_qkv, rmsnorm(x + mlp_prev))     writes x' = x + mlp_prev (program 0)
+    q    = qk_rope_cache(qkv)                            q/k norm, RoPE, K/V into the paged cache
+    o    = block_attention(q)                            split + reduce
+    a    = decode_gemv(W_o, o)
+    gu   = decode_gemv(W_gate_up, rmsnorm(x' + a))       writes x'' = x' + a
+    mlp  = decode_gemv(W_down, silu(gate) * up)
+
+and the head ``decode_gemv(W_lm, rmsnorm(x'' + mlp))`` of the last layer. Norms, residual adds and
+SwiGLU live in the GEMV prologues, so no elementwise kernel sits between two GEMVs, and with
+``pdl=True`` (sm_90+) each kernel launches while its predecessor drains and loads its first
+weight tile before it waits (``benchmarks/pdl_gemv_probe.py``: a 36-layer chain of Qwen3-8B's
+GEMVs at 84.7 % of the HBM roofline with PDL, 80.9 % without, cuBLAS 75.3 %). Only the embedding
+lookup and the token's RoPE rows are torch ops, once per step.
+
+Numerics: the modules' roundings in every prologue (``decode_gemv``, ``qk_rope_cache``); the GEMVs'
+fp32 sums run in another order than cuBLAS's, so logits differ from the module step by bf16
+rounding noise (tests: within a tolerance, the caches' K/V within one bf16 ulp). The taps of
+``tap_layer_ids`` (the residual stream after those layers, never the last) are the residual sums
+the next layer's q/k/v GEMV writes anyway.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..models.layers import rope_cos_sin
+from ..plugins.kernels.block_attention import block_attention_triton
+from ..plugins.kernels.decode_gemv import decode_gemv
+from ..plugins.kernels.qk_rope_cache import qk_rope_cache
+
+
+@dataclass
+class LayerWeights:
+    qkv: Tensor          # [(H + 2 Hkv) D, d] fused q/k/v rows
+    o: Tensor            # [d, H D]
+    gate_up: Tensor      # [2 I, d] fused gate/up rows
+    down: Tensor         # [d, I]
+    input_norm: Tensor   # [d]
+    post_norm: Tensor    # [d]
+    q_norm: Tensor       # [D]
+    k_norm: Tensor       # [D]
+
+
+def layer_weights(layer) -> LayerWeights:
+    """A ``Qwen3DecoderLayer``'s bf16 weights in the chain's layout (its fused q/k/v and gate/up
+    weights where ``models.fuse`` fused them, else the parts stacked once here)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv = (attn.qkv_proj.weight if attn.qkv_proj is not None
+           else torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    gate_up = (mlp.gate_up_proj.weight if mlp.gate_up_proj is not None
+               else torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+    w = LayerWeights(qkv.detach(), attn.o_proj.weight.detach(), gate_up.detach(), mlp.down_proj.weight.detach(),
+                     layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
+                     attn.q_norm.weight.detach(), attn.k_norm.weight.detach())
+    bad = [name for name, t in vars(w).items() if t.dtype != torch.bfloat16]
+    if bad:
+        raise ValueError(f"token_step: the chain's kernels are bf16 only; {', '.join(bad)} are not "
+                         f"(load the target in bfloat16)")
+    return w
+
+
+class TokenStep:
+    """One-token decode of a ``Qwen3ForCausalLM`` through the fused kernel chain (module doc).
+    ``__call__(token [1], position [1], cache, block_table [P]) -> (logits [V], taps [m d])``; the
+    caches are the model's (``make_cache``: per layer [pages, page_size, Hkv, D]), written at
+    ``position``. Buffers are allocated once, so the call can be captured in a CUDA graph."""
+
+    def __init__(self, model, pdl: bool = False):
+        cfg = model.config
+        self.model, self.pdl = model, pdl
+        self.layers = [layer_weights(layer) for layer in model.model.layers]
+        self.heads, self.eps, self.head_dim = model.model.layers[0].self_attn.h, cfg.rms_norm_eps, cfg.head_dim
+        self.theta, self.taps_from = cfg.rope_theta, tuple(model.tap_layer_ids)
+        self.final_norm = model.model.norm.weight.detach()
+        self.lm_head = model.lm_head.weight.detach()
+        d, dev = cfg.hidden_size, self.lm_head.device
+        # residual stream: two buffers, alternating (a GEMV's residual_out must not alias its inputs);
+        # tapped layers keep their own
+        self._stream = [torch.empty(d, dtype=torch.bfloat16, device=dev) for _ in range(2)]
+        self._taps = {i: torch.empty(d, dtype=torch.bfloat16, device=dev) for i in self.taps_from}
+
+    def __call__(self, token: Tensor, position: Tensor, cache: dict, block_table: Tensor) -> tuple[Tensor, Tensor]:
+        pdl, eps = self.pdl, self.eps
+        x = self.model.model.embed_tokens(token.reshape(1).clamp(min=0))[0]            # [d]
+        cos, sin = rope_cos_sin(position.reshape(1, 1), self.head_dim, self.theta, x.dtype)
+        cos, sin = cos.reshape(-1), sin.reshape(-1)                                     # [D]
+        pos2 = position.reshape(1, 1)
+        table = block_table.reshape(1, -1)
+        pending, flip = None, 0
+        for i, w in enumerate(self.layers):
+            k_cache, v_cache = cache["k"][i], cache["v"][i]
+            if pending is None:                               # first layer: the embedding is the stream
+                qkv = decode_gemv(x, w.qkv, "rmsnorm", norm_weight=w.input_norm, eps=eps, pdl=pdl)
+            else:
+                out = self._tap_or_stream(i - 1, flip)
+                qkv = decode_gemv(pending, w.qkv, "rmsnorm", residual=x, norm_weight=w.input_norm, eps=eps,
+                                  residual_out=out, pdl=pdl)
+                x, flip = out, flip ^ 1
+            q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, position,
+                              self.heads, eps, pdl=pdl)
+            o = block_attention_triton(q[None, None], k_cache, v_cache, table, pos2, pos2, self.head_dim ** -0.5,
+                                       pdl=pdl)
+            a = decode_gemv(o.reshape(-1), w.o, pdl=pdl)
+            out = self._stream[flip]
+            gate_up = decode_gemv(a, w.gate_up, "rmsnorm", residual=x, norm_weight=w.post_norm, eps=eps,
+                                  residual_out=out, pdl=pdl)
+            x, flip = out, flip ^ 1
+            pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl)
+        logits = decode_gemv(pending, self.lm_head, "rmsnorm", residual=x, norm_weight=self.final_norm, eps=eps,
+                             pdl=pdl)
+        taps = [self._taps[i] for i in self.taps_from]
+        return logits, (torch.cat(taps) if taps else x.new_zeros(0))
+
+    def _tap_or_stream(self, layer: int, flip: int) -> Tensor:
+        """Where the residual stream after ``layer`` goes: its tap buffer, or the free stream buffer."""
+        return self._taps.get(layer, self._stream[flip])

@@ -1,0 +1,100 @@
+"""The one-token kernel chain of ``runtime/token_step.py`` (issue #21): under the Triton
+interpreter against the module's own decode step, its refusals, and on a GPU at Qwen3-8B layer
+dims with and without programmatic dependent launch."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="Triton is not installed")
+
+from tests.support.interpreter import interpreter_results  # noqa: E402
+from tests.support.token_step_cases import CASES  # noqa: E402
+
+LOGIT_TOL = 0.02     # of the logits' scale: bf16 GEMV outputs summed in another order than torch's
+ULP_TOL = 4.0        # K / V and taps in bf16 ulps: each GEMV's output may round the other way
+                     # (fp32 sums in another order), and later layers inherit those differences
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    return interpreter_results("tests.support.token_step_cases")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_chain_equals_the_modules_decode_step(results, case):
+    """Logits within LOGIT_TOL of the module step's with the same argmax, the taps of the chosen
+    layers and the token's K / V rows in every layer within ULP_TOL bf16 ulps (a missing residual,
+    norm or RoPE is off by orders of magnitude), no other cache row touched."""
+    r = results[case[0]]
+    assert r["logits_dtype"] == "torch.bfloat16"
+    assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
+    assert r["taps_shape"] == r["ref_taps_shape"] and r["taps_ulp"] <= ULP_TOL, r
+    assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
+
+
+def test_refuses_weights_that_are_not_bf16():
+    from dspark_trt.models import build_models
+    from dspark_trt.runtime.token_step import TokenStep
+    from tests.support.models import tiny_pair
+    target, _ = build_models(tiny_pair(), torch.float32, "cpu")
+    with pytest.raises(ValueError, match="bf16 only; qkv, o, gate_up, down"):
+        TokenStep(target)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(qkv_size=100), "qkv has 100 values"),
+    (dict(fp32=True), "qkv, q_norm, k_norm, cos, sin must be bfloat16"),
+    (dict(pdl=True), "pdl=True needs a CUDA GPU"),
+])
+def test_qk_rope_cache_names_bad_arguments(kwargs, match):
+    from dspark_trt.plugins.kernels.qk_rope_cache import qk_rope_cache
+    H, Hkv, D = 4, 2, 16
+    dt = torch.float32 if kwargs.pop("fp32", False) else torch.bfloat16
+    qkv = torch.randn(kwargs.pop("qkv_size", (H + 2 * Hkv) * D)).to(dt)
+    ones = torch.ones(D, dtype=dt)
+    cache = torch.zeros(3, 4, Hkv, D, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=match):
+        qk_rope_cache(qkv, ones, ones, ones, ones, cache, cache.clone(), torch.tensor([0, 1]),
+                      torch.tensor([2]), H, 1e-6, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pdl", [False, True])
+def test_qwen3_8b_layers_on_gpu(pdl):
+    """Two layers at Qwen3-8B dims (d 4096, 32 / 8 heads of 128, I 12288), a 300-token context:
+    the chain's logits within LOGIT_TOL of the module step's, same argmax, K / V within ULP_TOL
+    ulps; with PDL the same bits as without."""
+    from dspark_trt.config import Qwen3Config
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.models.qwen3 import Qwen3ForCausalLM
+    from dspark_trt.runtime.token_step import TokenStep
+    if pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90+")
+    cfg = Qwen3Config(vocab_size=32000, hidden_size=4096, num_hidden_layers=2, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=128, intermediate_size=12288)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg, tap_layer_ids=(0, 1)).to(torch.bfloat16)
+    fuse_projections_(model)
+    cache = model.make_cache(24, 16, torch.bfloat16, "cuda")
+    table = torch.arange(24, device="cuda")[None]
+    T = 300
+    with torch.inference_mode():
+        model(torch.randint(0, 32000, (1, T), device="cuda"), torch.arange(T, device="cuda")[None], table, cache)
+        ref_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
+        token, pos = torch.tensor([7], device="cuda"), torch.tensor([T], device="cuda")
+        ref, ref_taps = model(token[None], pos[None], table, ref_cache)
+        step = TokenStep(model, pdl=pdl)
+        logits, taps = step(token, pos, cache, table[0])
+        plain = TokenStep(model)(token, pos, {k: [c.clone() for c in v] for k, v in cache.items()}, table[0])
+    ref = ref[0, 0].float()
+    assert float((logits.float() - ref).abs().max() / ref.abs().max()) <= LOGIT_TOL
+    assert int(logits.argmax()) == int(ref.argmax())
+    assert taps.shape == ref_taps[0, 0].shape
+    for a, b in zip(cache["k"] + cache["v"], ref_cache["k"] + ref_cache["v"]):
+        row_a, row_b = a.reshape(-1, 8, 128)[T].float(), b.reshape(-1, 8, 128)[T].float()
+        assert float(((row_a - row_b).abs() / 2.0 ** (torch.floor(torch.log2(row_b.abs().clamp(min=1.0))) - 7)).max()) <= ULP_TOL
+    if pdl:
+        assert torch.equal(logits, plain[0]) and torch.equal(taps, plain[1])
