@@ -246,6 +246,9 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
     dt = time.perf_counter() - t0
     prefill = (gen.prefill_calls - p_calls, gen.prefill_seqs - p_seqs, gen.prefill_seconds - p_s)
     tokens = sum(len(s.output_ids) for s in seqs) - out0
+    d = gen.deferred        # the AR fallback's deferred draft context, the whole run up to here
+    deferred = {"flushes": d.flushes, "rows_written": d.flushed_rows, "prompts_deferred": d.prompts_deferred,
+                "prompt_rows_never_written": d.prompt_rows_dropped}   # (runtime/deferred_context.py)
     for s in seqs:
         gen.abort(s.request_id)
     gen.step()
@@ -256,7 +259,8 @@ def steady_state(llm, prompts: np.ndarray, concurrency: int, gen_len: int, specu
             "requests_submitted": len(seqs), "window_tokens": tokens,
             "prefill_calls": prefill[0], "prefill_requests": prefill[1],
             "prefill_ms_per_call": 1e3 * prefill[2] / max(prefill[0], 1),
-            "prefill_share": prefill[2] / dt, "round_wall": round_wall(gen.round_log)}
+            "prefill_share": prefill[2] / dt, "round_wall": round_wall(gen.round_log),
+            "deferred_context": deferred}
 
 
 def round_wall(log: list[tuple[str, int, float]]) -> dict:

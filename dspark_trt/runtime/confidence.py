@@ -513,15 +513,19 @@ class VerifyScheduler:
             self._option_ms[(rows, id(self.cost))] = ms
         return ms
 
-    def _option_values(self, rows: int, survival) -> np.ndarray:
-        """[len(widths)] expected committed tokens per row per ms of each window (with
-        ``round_costs``: each priced as its kind of round has been running, ``option_kind``)."""
+    def _option_tokens(self, survival) -> np.ndarray:
+        """[len(widths)] expected committed tokens per row of each window: ``1 + sum_{k<w} s_k``."""
         s = np.zeros(self.num_spec_tokens)                  # a shorter curve: 0 past its end
         v = np.asarray(survival, dtype=np.float64)[: self.num_spec_tokens]
         s[: len(v)] = v
+        return 1.0 + np.cumsum(s)[np.asarray(self.widths) - 1]
+
+    def _option_values(self, rows: int, survival) -> np.ndarray:
+        """[len(widths)] expected committed tokens per row per ms of each window (with
+        ``round_costs``: each priced as its kind of round has been running, ``option_kind``)."""
         ms = self.option_ms(rows) * np.array([self._scale(self.option_kind(rows, w), rows, "fixed")
                                               for w in self.widths])
-        return (1.0 + np.cumsum(s)[np.asarray(self.widths) - 1]) / ms
+        return self._option_tokens(survival) / ms
 
     def spec_options(self, rows: int, survival) -> list[tuple[int, float]]:
         """Expected committed tokens per row per ms of a speculative round at ``rows`` rows for each
@@ -560,6 +564,17 @@ class VerifyScheduler:
             return False
         ar_ms = self.priced_ms("ar", rows) * self._scale("ar", rows)
         return 1.0 / ar_ms > (1.0 + margin) * float(self._option_values(rows, survival).max())
+
+    def probe_loss(self, rows: int, survival) -> float:
+        """What one speculative round of the best option costs an AR streak, in AR rounds: its
+        price buys ``t* v_AR / v*`` AR tokens per row where it commits ``t*`` (``t*``, ``v*``: the
+        best option's expected tokens and tokens per ms, ``v_AR = 1 / ar price``), so
+        ``t* (v_AR / v* - 1)``, at least 0. The Scheduler spaces an AR streak's probes so that
+        they lose at most ``PROBE_BUDGET`` of its rounds."""
+        v = self._option_values(rows, survival)
+        best = int(np.argmax(v))
+        v_ar = 1.0 / (self.priced_ms("ar", rows) * self._scale("ar", rows))
+        return max(0.0, float(self._option_tokens(survival)[best] * (v_ar / v[best] - 1.0)))
 
     def _scale(self, kind: str, rows: int, prior: str | None = None) -> float:
         """``round_costs``' factor on the price of a ``kind`` round (1 without learned costs)."""
@@ -705,6 +720,7 @@ class SurvivalEstimate:
         self._conf, self._conf_rows = np.zeros(self.n), 0
         self._curve: np.ndarray | None = None
         self.last_confidence: np.ndarray | None = None   # [rows, N] of the latest round with the head
+        self.version = 0                                 # rounds added: what a cached decision keys on
 
     def __len__(self) -> int:
         return len(self.rounds)
@@ -731,6 +747,7 @@ class SurvivalEstimate:
             self.confidence.append((prefix, c.shape[0]))
             self._conf, self._conf_rows = self._conf + prefix, self._conf_rows + c.shape[0]
         self._curve = None
+        self.version += 1
 
     def prior(self) -> np.ndarray:
         """[N] the prior conditional acceptance ``S_k / S_{k-1}`` of the head's mean calibrated

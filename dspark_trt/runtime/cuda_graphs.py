@@ -405,9 +405,10 @@ class GraphedSteps:
                                   context=speculative)
 
     # ---- rounds -----------------------------------------------------------------------------------
-    def prefill(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor, context: bool) -> Tensor:
+    def prefill(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor, context: bool,
+                keep_taps: bool = False):
         """As ``DecodeSteps.prefill``, from a graph of the padded shape (``prefill_graphs.py``)."""
-        return self.prefills.run(tokens, positions, table, lens, context)
+        return self.prefills.run(tokens, positions, table, lens, context, keep_taps)
 
     def spec_round(self, r: RoundInputs, mods: Modifiers | bool, width: int | None = None) -> np.ndarray:
         """As ``DecodeSteps.spec_round``: the "draft" and "verify" graphs (of the window ``width``)."""

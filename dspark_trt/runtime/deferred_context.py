@@ -10,8 +10,13 @@ batch that stops falling back). So the fallback's AR rounds keep their taps here
 pending positions with one ``draft_context`` call over ``[b, L]`` rows: the same cache contents
 (up to the summation order of a wider matmul) for the weight read of one call.
 
+A sequence admitted while its batch falls back to AR decoding defers its prompt's draft context
+the same way (``add_prompt``: the prefill's taps of every prompt row, kept as they are): a request
+that finishes inside the streak never pays the draft's context weights over its prompt, and one
+that does not has it written with the streak's rows by the next speculative round.
+
 A sequence's pending rows go when it leaves (finish, abort, preemption: its prefill rewrites the
-whole context). ``capacity`` rows per slot; a full slot is flushed before it takes another.
+whole context). ``capacity`` AR rows per slot; a full slot is flushed before it takes another.
 """
 from __future__ import annotations
 
@@ -21,20 +26,39 @@ from torch import Tensor
 
 
 class DeferredContext:
-    """Pending draft-context taps per sequence slot: ``buffer [slots, capacity, m*d]`` on the
-    device (allocated at the first ``add``) and the positions on the host."""
+    """Pending draft-context taps per sequence slot: the AR rows in ``buffer [slots, capacity,
+    m*d]`` on the device (allocated at the first ``add``), a deferred prompt's rows in ``prompts``
+    (before them), the positions on the host."""
 
     def __init__(self, networks, slots: int, capacity: int):
         if capacity < 1:
             raise ValueError(f"DeferredContext: capacity must be >= 1, got {capacity}")
         self.nets, self.slots, self.capacity = networks, slots, capacity
         self.buffer: Tensor | None = None                    # [slots, capacity, m*d]
-        self.positions: dict[int, list[int]] = {}            # slot -> pending positions, in order
+        self.positions: dict[int, list[int]] = {}            # slot -> pending AR positions, in order
+        self.prompts: dict[int, tuple[list[int], Tensor]] = {}   # slot -> (positions, taps [T, m*d])
         self.flushes = 0                                     # draft_context calls made
         self.flushed_rows = 0                                # positions they wrote
+        self.prompts_deferred = 0                            # prompts whose context waited here
+        self.prompt_rows_dropped = 0                         # ... rows never written (sequence left)
 
     def pending(self, slot: int) -> int:
-        return len(self.positions.get(slot, ()))
+        return len(self.positions.get(slot, ())) + len(self.prompts.get(slot, ((),))[0])
+
+    def add_prompt(self, slot: int, positions: list[int], taps: Tensor) -> None:
+        """Keep the prompt rows ``taps [T, m*d]`` at ``positions`` of the sequence now in ``slot``
+        (copied: the prefill's outputs may be a graph's buffers), before any AR row of it."""
+        if self.pending(slot):
+            raise RuntimeError(f"DeferredContext.add_prompt: slot {slot} still has pending rows")
+        self.prompts[slot] = (list(positions), taps.clone())
+        self.prompts_deferred += 1
+
+    def prompt_room(self, rows: int) -> bool:
+        """Whether ``rows`` more prompt rows fit: all deferred prompts together hold at most as
+        many rows as the AR buffer (``slots x capacity``), so deferring never costs more memory
+        than that (Qwen3-8B, 64 x 64 rows of 5 x 4096 bf16 taps: 168 MB)."""
+        held = sum(len(p) for p, _ in self.prompts.values())
+        return held + rows <= self.slots * self.capacity
 
     def add(self, slots: list[int], positions: list[int], taps: Tensor) -> None:
         """Keep ``taps [B, m*d]`` of rows at ``positions`` for ``slots`` (one row each; every slot
@@ -42,7 +66,7 @@ class DeferredContext:
         if self.buffer is None:
             self.buffer = torch.empty(self.slots, self.capacity, taps.shape[-1], dtype=taps.dtype,
                                       device=taps.device)
-        rows = [self.pending(s) for s in slots]
+        rows = [len(self.positions.get(s, ())) for s in slots]
         if max(rows, default=0) >= self.capacity:
             raise RuntimeError("DeferredContext.add: a slot is full; flush it first")
         idx = torch.tensor([slots, rows], dtype=torch.int64).to(taps.device, non_blocking=True)
@@ -51,7 +75,7 @@ class DeferredContext:
             self.positions.setdefault(s, []).append(p)
 
     def room_for(self, slots: list[int]) -> bool:
-        return all(self.pending(s) < self.capacity for s in slots)
+        return all(len(self.positions.get(s, ())) < self.capacity for s in slots)
 
     def flush(self, slots: list[int], table: Tensor) -> None:
         """Write the pending context of ``slots`` (rows of ``table [len(slots), pages]``) in one
@@ -60,14 +84,29 @@ class DeferredContext:
         if L == 0:
             return
         pos = np.full((len(slots), L), -1, dtype=np.int64)
+        prompts = [self.prompts.pop(s, ([], None)) for s in slots]
         for i, s in enumerate(slots):
-            p = self.positions.pop(s, [])
+            p = prompts[i][0] + self.positions.pop(s, [])
             pos[i, :len(p)] = p
-        taps = self.buffer[torch.tensor(slots, device=self.buffer.device), :L]     # [b, L, m*d]
-        self.nets.draft_context(taps, torch.from_numpy(pos).to(self.buffer.device), table)
+        if not any(t is not None for _, t in prompts):            # AR rows only: one slice
+            taps = self.buffer[torch.tensor(slots, device=self.buffer.device), :L]     # [b, L, m*d]
+        else:
+            ref = next(t for _, t in prompts if t is not None)
+            taps = ref.new_zeros(len(slots), L, ref.shape[-1])
+            for i, (s, (pp, t)) in enumerate(zip(slots, prompts)):
+                n = len(pp)
+                if t is not None:
+                    taps[i, :n] = t
+                ar = int((pos[i] >= 0).sum()) - n
+                if ar:
+                    taps[i, n:n + ar] = self.buffer[s, :ar]
+        self.nets.draft_context(taps, torch.from_numpy(pos).to(taps.device), table)
         self.flushes += 1
         self.flushed_rows += int((pos >= 0).sum())
 
     def drop(self, slot: int) -> None:
         """Forget ``slot``'s pending rows (its sequence left)."""
         self.positions.pop(slot, None)
+        prompt = self.prompts.pop(slot, None)
+        if prompt is not None:
+            self.prompt_rows_dropped += len(prompt[0])

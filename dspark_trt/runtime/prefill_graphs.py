@@ -9,7 +9,8 @@ with no pages, which write nothing and read nothing (the eager prefill pads the 
 longest prompt). So each (Bb, Tb) gets one graph of ``DecodeSteps.prefill_step`` over its own
 static buffers, captured on first use on inert inputs (the warm-up writes no cache) and replayed
 after four small copies into the buffers. The graph returns the last prompt row's logits only
-[Bb, V]; its [Bb, Tb, V] logits are a temporary of the shared pool. Shapes past
+[Bb, V] (and, for a prefill whose draft context waits, ``keep_taps``, the taps [Bb, Tb, m*d]); its
+[Bb, Tb, V] logits are a temporary of the shared pool. Shapes past
 ``PREFILL_MAX_TOKENS`` (Bb * Tb) run eagerly: they are long enough that the kernels, not the
 host, take the time.
 """
@@ -56,7 +57,7 @@ class PrefillGraphs:
 
     def __init__(self, graphed, capture: Callable[[Callable[[], Tensor]], object]):
         self.g, self._capture = graphed, capture
-        self._graphs: dict[tuple[int, int, bool], tuple[object, PrefillBuffers]] = {}
+        self._graphs: dict[tuple[int, int, bool, bool], tuple[object, PrefillBuffers]] = {}
 
     def shape(self, B: int, T: int, pages: int) -> tuple[int, int] | None:
         """(Bb, Tb) of a prefill of B prompts of at most T tokens, or None: it runs eagerly."""
@@ -66,28 +67,32 @@ class PrefillGraphs:
         Bb = self.g.bucket(B)
         return (Bb, Tb) if Bb * Tb <= PREFILL_MAX_TOKENS else None
 
-    def graph(self, Bb: int, Tb: int, context: bool):
+    def graph(self, Bb: int, Tb: int, context: bool, keep_taps: bool = False):
         """(the captured graph, its buffers) of shape (Bb, Tb) (captured on first use)."""
-        key = (Bb, Tb, context)
+        key = (Bb, Tb, context, keep_taps)
         if key not in self._graphs:
             buf = PrefillBuffers(Bb, Tb, self.g.max_pages, self.g.device)
             steps = self.g.steps
             fn: Callable[[], Tensor] = lambda: steps.prefill_step(  # noqa: E731
-                buf.tokens, buf.positions, buf.table, buf.lens, context)
+                buf.tokens, buf.positions, buf.table, buf.lens, context, keep_taps)
             self._graphs[key] = (self._capture(fn), buf)
         return self._graphs[key]
 
-    def run(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor, context: bool) -> Tensor:
-        """As ``DecodeSteps.prefill``: the last prompt row's logits [B, V] (a view of the graph's
-        output, valid until its next replay)."""
+    def run(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor, context: bool,
+            keep_taps: bool = False):
+        """As ``DecodeSteps.prefill``: the last prompt row's logits [B, V] (``keep_taps``: and the
+        taps [B, T, m*d]), views of the graph's outputs, valid until its next replay."""
         B, T = tokens.shape
         shape = self.shape(B, T, table.shape[1])
         if shape is None:
-            return self.g.steps.prefill_step(tokens, positions, table, lens, context)
-        graph, buf = self.graph(*shape, context)
+            return self.g.steps.prefill_step(tokens, positions, table, lens, context, keep_taps)
+        graph, buf = self.graph(*shape, context, keep_taps)
         with torch.inference_mode():
             buf.fill(tokens, positions, table, lens)
         graph.launch()
+        if keep_taps:
+            last, taps = graph.outputs
+            return last[:B], taps[:B, :T]
         return graph.outputs[:B]
 
     def capture(self, batch_sizes: list[int], lengths: list[int], context: bool) -> None:

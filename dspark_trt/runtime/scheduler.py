@@ -30,6 +30,7 @@ the same (the sampler's randomness is keyed by seed and position). The steps run
 """
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import deque
@@ -50,6 +51,11 @@ from .steps import DecodeSteps, DeviceInputs, RoundInputs
 
 AR_PROBE_EVERY = 8           # AR fallback rounds before a scheduled round measures tau again,
 AR_PROBE_MAX = 64            # doubled after each probe that confirms AR, up to this
+PROBE_BUDGET = 0.01          # and at least so many that the probes' expected loss (in AR rounds,
+                             # ``VerifyScheduler.probe_loss``) is at most this share of the streak
+                             # (2-core CPU, default pair, 16 / 64 rows: probes priced at 0.3-0.6 AR
+                             # rounds; 2 in 65 rounds cost 1.5-1.7 %, fa5669e + 0.02)
+AR_PROBE_LIMIT = 256         # but never more AR rounds than this between probes
 PACKED_PROBE_EVERY = 8           # packed model: a packed round at least every this many fixed rounds
 NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
                     "generation stopped (check the weights and the dtype)")
@@ -130,6 +136,8 @@ class Scheduler:
         # AR_PROBE_EVERY)
         self._survival = SurvivalEstimate(networks.num_spec_tokens)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
+        self._probe_floor = 0                  # the streak's probe interval from PROBE_BUDGET
+        self._ar_choice: tuple = (None, False)  # (key, prefers_ar) of the last fallback decision
         self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
         self._window_streak = 0                # window rounds since the last confidence probe
         self._packed_gain: tuple = (None, 0.0)  # (the confidences it was computed from, packed_gain)
@@ -319,7 +327,12 @@ class Scheduler:
         positions = self._tensor([list(range(len(c))) + [-1] * (L - len(c)) for c in ctx])
         table = self._table(seqs)
         lens = self._tensor([len(c) for c in ctx])
-        last = self.steps.prefill(tokens, positions, table, lens, self.speculative)   # [B, V]
+        if self._defers_prompts(seqs, sum(len(c) for c in ctx)):      # the draft's context waits
+            last, taps = self.steps.prefill(tokens, positions, table, lens, False, keep_taps=True)
+            for i, (s, c) in enumerate(zip(seqs, ctx)):
+                self.deferred.add_prompt(s.slot, list(range(len(c))), taps[i, :len(c)])
+        else:
+            last = self.steps.prefill(tokens, positions, table, lens, self.speculative)   # [B, V]
         finite = torch.isfinite(last).all(dim=-1)
         raw = last
         mods = Modifiers.for_params(s.params for s in seqs)
@@ -351,6 +364,15 @@ class Scheduler:
                 s.fail(NONFINITE_LOGITS)
             else:
                 s.commit([t], s.stop_ids(self.eos), rows, i)
+
+    def _defers_prompts(self, seqs: list[Sequence], rows: int) -> bool:
+        """Whether the draft context of these admitted prompts (``rows`` in all) waits in
+        ``deferred`` for the batch's next speculative round: the batch is in an AR streak of the
+        fallback and every admitted request would fall back with it (``scheduled``, no
+        logprobs; no calibration run), within the deferred prompts' memory (``prompt_room``)."""
+        return (self.speculative and self.defer_context and self._ar_streak > 0 and not self.record_confidence
+                and all(s.params.verify_mode == "scheduled" and s.params.logprobs is None for s in seqs)
+                and self.deferred.prompt_room(rows))
 
     def _ar_round(self, seqs: list[Sequence], fallback: bool = False) -> None:
         """Plain autoregressive step on the target: the comparison mode, or (``fallback``) an AR
@@ -392,19 +414,34 @@ class Scheduler:
         ``prefers_ar``: AR's tokens per ms against the best window's expected tokens per ms under
         the recent rounds' survival estimate, ``SurvivalEstimate``); after ``AR_PROBE_EVERY`` AR rounds one
         scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
-        probes confirm AR). Deterministic: a function of the batch's history. ``estimates``: the
-        round's ``_estimates_rounds``."""
+        probes confirm AR, and never shorter than the probes' budget allows: a probe that is
+        expected to lose ``L`` AR rounds (``probe_loss``) comes after at least ``L /
+        PROBE_BUDGET`` of them, at most ``AR_PROBE_LIMIT``. Deterministic: a function of the
+        batch's history. ``estimates``: the round's ``_estimates_rounds``."""
         sched = self._scheduler()
         if not estimates:
             return False
-        if self._ar_streak >= self._probe_every:          # probe: one scheduled round
+        if self._ar_streak >= max(self._probe_every, self._probe_floor):   # probe: one scheduled round
             self._probing = True
             return False
-        ar = sched.prefers_ar(len(seqs), self._survival.curve())
+        curve = self._survival.curve()
+        ar = self._prefers_ar(sched, len(seqs), curve)
         if self._probing:                  # the probe confirmed AR: probe half as often (to 1/64)
             self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
             self._probing = False
+        if ar and self._ar_streak == 0:    # a streak starts (or goes on after a probe): its budget
+            loss = sched.probe_loss(len(seqs), curve)
+            self._probe_floor = min(AR_PROBE_LIMIT, math.ceil(loss / PROBE_BUDGET))
         return ar
+
+    def _prefers_ar(self, sched, rows: int, curve) -> bool:
+        """``sched.prefers_ar(rows, curve)``, reused while the rows and the survival estimate are
+        unchanged (an AR streak adds nothing to it) and the prices are the curve's alone (learned
+        round costs change every round)."""
+        key = (id(sched), sched.cost_model, rows, self._survival.version)
+        if sched.round_costs is not None or self._ar_choice[0] != key:
+            self._ar_choice = (key, sched.prefers_ar(rows, curve))
+        return self._ar_choice[1]
 
     def _estimates_rounds(self, seqs: list[Sequence]) -> bool:
         """Whether this batch's round kind comes from the survival estimate (an all-``scheduled``

@@ -359,20 +359,23 @@ class DecodeSteps:
 
     @torch.inference_mode()
     def prefill_step(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor,
-                     context: bool) -> Tensor:
+                     context: bool, keep_taps: bool = False):
         """The admission prefill: the target over right-padded prompts ``tokens`` / ``positions``
         [B, T] (pad position -1) and, with ``context``, the draft's context of every prompt row
-        -> the target logits of each row's last prompt token (row ``lens - 1``) [B, V]."""
+        -> the target logits of each row's last prompt token (row ``lens - 1``) [B, V];
+        ``keep_taps``: ``(logits, taps [B, T, m*d])``, the prompt's taps for a later draft-context
+        write (``deferred_context.py``)."""
         logits, taps = self.nets.target(tokens, positions, table)
         if context:
             self.nets.draft_context(taps, positions, table)
         rows = torch.arange(tokens.shape[0], device=tokens.device)
-        return logits[rows, (lens - 1).clamp(min=0)]
+        last = logits[rows, (lens - 1).clamp(min=0)]
+        return (last, taps) if keep_taps else last
 
     def prefill(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor,
-                context: bool) -> Tensor:
+                context: bool, keep_taps: bool = False):
         """``prefill_step`` (``GraphedSteps.prefill``: a CUDA graph per padded shape)."""
-        return self.prefill_step(tokens, positions, table, lens, context)
+        return self.prefill_step(tokens, positions, table, lens, context, keep_taps)
 
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
     def spec_round(self, r: RoundInputs, mods: Modifiers | bool, width: int | None = None) -> np.ndarray:

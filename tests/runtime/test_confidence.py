@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import numpy as np
@@ -42,14 +43,14 @@ def _spread_head_(draft, scale: float = 3.0, bias: float = 0.5) -> None:
 
 
 def _llm(block=4, seed=1, batch=4, dtype=torch.float64, cost_model="padded", graphs=False,
-         **kw) -> LLM:
+         max_seq_len=96, **kw) -> LLM:
     """``graphs``: run the rounds through ``GraphedSteps`` with the CPU "eager-replay" backend
     (the static buffers and graph-to-graph outputs of the CUDA graph path, without capture)."""
     pair = _pair(block=block)
     target, draft = build_models(pair, dtype, "cpu", seed=seed)
     scale_weights_(target, 4.0)
     _spread_head_(draft)
-    llm = LLM(pair, target, draft, max_batch_size=batch, max_seq_len=96, page_size=8, **kw)
+    llm = LLM(pair, target, draft, max_batch_size=batch, max_seq_len=max_seq_len, page_size=8, **kw)
     if graphs:
         llm.graphs_skipped, llm.graph_backend = None, EAGER_REPLAY
     _scheduler(llm).cost_model = cost_model
@@ -712,6 +713,15 @@ STEPS = dict(rows=[1, 4], draft_ms=[30.0, 30.0], ar_ms=[1.0, 1.2])      # drafti
 AR_PROBE_EVERY_T = 8              # scheduler.AR_PROBE_EVERY (checked in the fallback tests)
 
 
+@pytest.fixture
+def unbudgeted_probes(monkeypatch):
+    """Probes every AR_PROBE_EVERY .. AR_PROBE_MAX AR rounds whatever they cost (no
+    ``PROBE_BUDGET`` floor): the tests of the probes themselves use curves where drafting never
+    pays, under which the budget would space them past the test's generation."""
+    from dspark_trt.runtime import scheduler
+    monkeypatch.setattr(scheduler, "PROBE_BUDGET", math.inf)
+
+
 def test_prefers_ar_compares_the_expected_round_throughputs():
     from dspark_trt.runtime.confidence import VerifyScheduler
     cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
@@ -781,7 +791,7 @@ def test_best_window_weighs_the_rounds_as_they_ran():
     assert s.best_window(4, survival) == 4
 
 
-def test_scheduler_observes_the_fallback_rounds_it_weighs():
+def test_scheduler_observes_the_fallback_rounds_it_weighs(unbudgeted_probes):
     """Each AR fallback round and each speculative round gives the scheduler's round costs one
     observation at its row count (priced by ``priced_ms``), except a probe after an AR streak (it
     writes the streak's deferred context too); plain AR decoding none."""
@@ -916,7 +926,7 @@ def test_ar_round_with_context_writes_the_drafts_context_like_a_verify_that_acce
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs):
+def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs, unbudgeted_probes):
     """With step costs where drafting never pays, an all-scheduled batch runs AR rounds (0 drafts
     verified, the draft's context kept) with a scheduled probe every AR_PROBE_EVERY rounds; greedy
     output equals the target's; a batch with a fixed row never falls back."""
@@ -939,7 +949,7 @@ def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs):
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_fallback_context_written_late_equals_written_each_round(graphs):
+def test_fallback_context_written_late_equals_written_each_round(graphs, unbudgeted_probes):
     """The fallback's AR rounds keep their taps and the next scheduled round writes them in one
     draft_context call: the same drafts, acceptance and output as writing them in every AR round
     (fp64), and the draft cache holds the same context; a finished sequence leaves nothing pending."""
@@ -968,6 +978,41 @@ def test_fallback_context_written_late_equals_written_each_round(graphs):
     ar_rounds = sum(p == 0 for _, proposed, _ in runs[True][0] for p in proposed)
     assert late.flushes >= 2 and 0 < late.flushed_rows <= ar_rounds
     assert not late.positions and runs[False][2].deferred.flushes == 0
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_prompts_admitted_in_an_ar_streak_defer_their_draft_context(graphs, unbudgeted_probes):
+    """Requests admitted while the batch falls back to AR keep their prompts' taps instead of
+    writing the draft context at the prefill: the same outputs, acceptance and draft cache (fp64)
+    as writing it there; a request that ends inside the streak never has it written."""
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
+    first = ([1, 2, 3], SamplingParams(max_new_tokens=40, verify_mode="scheduled"))
+    later = [([4, 5, 6, 7, 8], SamplingParams(max_new_tokens=30, verify_mode="scheduled")),
+             ([9, 10], SamplingParams(max_new_tokens=2, verify_mode="scheduled"))]
+    runs = {}
+    for defer in (True, False):
+        gen = llm.scheduler()
+        gen.defer_context = defer
+        seqs = [gen.add_request(*first)]
+        while seqs[0].stats.proposed.count(0) < 3:            # inside an AR streak
+            gen.step()
+        seqs += [gen.add_request(*r) for r in later]
+        while seqs[1].stats.proposed.count(0) < 3:
+            gen.step()
+        gen._write_deferred(gen.running)
+        ps, s = llm.networks.page_size, seqs[1]
+        cache = [torch.stack([k[s.table_row[p // ps], p % ps] for p in range(s.position)])
+                 for k in llm.networks.draft_cache["k"]]
+        while gen.has_work():
+            gen.step()
+        runs[defer] = ([(s.output_ids, s.stats.proposed, s.stats.accepted) for s in seqs], cache, gen.deferred)
+    assert runs[True][0] == runs[False][0]
+    for a, b in zip(runs[True][1], runs[False][1]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    late, eager = runs[True][2], runs[False][2]
+    assert late.prompts_deferred == 2 and late.prompt_rows_dropped == 2 and not late.prompts
+    assert eager.prompts_deferred == 0
 
 
 def test_prefers_full_window_where_trimming_does_not_pay():
@@ -1006,7 +1051,7 @@ def test_scheduled_batches_run_fixed_rounds_where_the_full_window_is_best(cost_m
     assert len(proposed) > 3 and all(p == 4 for p in proposed[1:-1]), proposed
 
 
-def test_ar_fallback_probes_less_often_while_ar_wins():
+def test_ar_fallback_probes_less_often_while_ar_wins(unbudgeted_probes):
     """Scheduled probes at rounds 0 (no history), 9, 26, 59: 8, 16 then 32 AR rounds between."""
     curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
@@ -1014,6 +1059,31 @@ def test_ar_fallback_probes_less_often_while_ar_wins():
     ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80), speculative=False)[0]
     assert out.output_ids == ar.output_ids
     assert [i for i, p in enumerate(out.stats.proposed) if p > 0][:4] == [0, 9, 26, 59]
+
+
+def test_probe_loss_counts_the_ar_rounds_a_speculative_round_gives_up():
+    """The fixed round costs 1.5 ms and commits 1.35 tokens per row, AR 1 token in 1 ms: the round
+    buys 1.5 AR tokens, so a probe loses 0.15 AR rounds; none where drafting wins."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
+    s = VerifyScheduler(4, 256, "cpu", cost=cheap, round_overhead_ms=0.0)
+    assert s.probe_loss(4, [0.3, 0.05, 0.0, 0.0]) == pytest.approx(0.15)
+    assert s.probe_loss(4, [0.9, 0.8, 0.7, 0.6]) == 0.0                 # 4 tokens in 1.5 ms
+
+
+def test_ar_streaks_space_their_probes_by_the_budget():
+    """Drafting never pays (a probe costs ~30 AR rounds of 1 ms): after the first round the next
+    scheduled probe comes only after AR_PROBE_LIMIT AR rounds, where without the budget it came
+    after AR_PROBE_EVERY; greedy output equals the target's."""
+    from dspark_trt.runtime import scheduler
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    n = scheduler.AR_PROBE_LIMIT + 8
+    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", max_seq_len=n + 8)
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=n, verify_mode="scheduled"))[0]
+    ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=n), speculative=False)[0]
+    assert out.output_ids == ar.output_ids
+    probes = [i for i, p in enumerate(out.stats.proposed) if p > 0]
+    assert probes[:2] == [0, 1 + scheduler.AR_PROBE_LIMIT], probes
 
 
 @pytest.mark.parametrize("graphs", [False, True])
