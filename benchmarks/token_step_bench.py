@@ -1,7 +1,8 @@
-"""The one-token kernel chain (``runtime/token_step.py``, issue #21) against the module step, in
-CUDA graphs, at Qwen3-8B dimensions (bf16, random weights, fused q/k/v and gate/up).
+"""The decode kernel chain (``runtime/token_step.py``, issue #21) against the module step, in CUDA
+graphs, at Qwen3-8B dimensions (bf16, random weights, fused q/k/v and gate/up), batch 1.
 
-Per context length L (the token at position L; the cache holds random K/V below it):
+Per step size T (1: an AR step; 8: the verify block of N = 7 drafts) and context length L (the
+step's tokens at positions L .. L + T - 1; the cache holds random K/V below them):
 - ``module``: ``Qwen3ForCausalLM.forward`` of one token, eager modules captured in a CUDA graph
   (what ``LLM``'s eager CUDA-graph AR step replays: cuBLAS GEMVs and torch elementwise kernels);
 - ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch.
@@ -10,7 +11,7 @@ head, plus the K/V rows read, at 4.8 TB/s), and the logits' agreement with the m
 largest difference over the logits' scale, argmax equal). Writes
 ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
-    python benchmarks/token_step_bench.py [--layers 36] [--contexts 128,1024,8192,32768]
+    python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.config import Qwen3Config  # noqa: E402
 from dspark_trt.models.fuse import fuse_projections_  # noqa: E402
@@ -35,35 +37,20 @@ HBM = 4.8e12
 PAGE = 16
 
 
-def graph_ms(fn, iters: int) -> float:
-    """Median ms of a CUDA-graph replay of ``fn`` (warmed up eagerly first)."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-    for a, b in ev:
-        a.record()
-        g.replay()
-        b.record()
-    torch.cuda.synchronize()
-    return sorted(a.elapsed_time(b) for a, b in ev)[iters // 2]
-
-
-def build(layers: int, vocab: int, max_context: int):
+def build(layers: int, vocab: int, positions: int):
+    """A Qwen3-8B-dims model of ``layers`` layers (bf16, weights N(0, 0.02), fused projections), its
+    caches for ``positions`` positions filled with N(0, 1) K/V, and the block table's pages."""
     cfg = Qwen3Config(vocab_size=vocab, hidden_size=4096, num_hidden_layers=layers, num_attention_heads=32,
                       num_key_value_heads=8, head_dim=128, intermediate_size=12288)
     with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg, tap_layer_ids=(1, layers // 2, layers - 2)).to(torch.bfloat16)
+        taps = sorted({1, layers // 2, layers - 2} & set(range(layers - 1)))    # never the last layer
+        model = Qwen3ForCausalLM(cfg, tap_layer_ids=taps).to(torch.bfloat16)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.02)
     fuse_projections_(model)
-    pages = -(-(max_context + 1) // PAGE)
+    pages = -(-positions // PAGE)
     cache = model.make_cache(pages, PAGE, torch.bfloat16, "cuda")
     for c in cache["k"] + cache["v"]:
         c.normal_()
@@ -75,6 +62,7 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--contexts", default="128,1024,8192,32768")
+    ap.add_argument("--tokens", default="1,8", help="tokens per step: 1 (AR), 8 (a verify block of N = 7)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
@@ -82,39 +70,41 @@ def main() -> int:
         sys.exit("[token-step] needs a CUDA GPU")
     t0 = time.perf_counter()
     contexts = [int(c) for c in args.contexts.split(",")]
-    model, cache, pages = build(args.layers, args.vocab, max(contexts))
-    token = torch.tensor([11], device="cuda")
+    blocks = [int(t) for t in args.tokens.split(",")]
+    model, cache, pages = build(args.layers, args.vocab, max(contexts) + max(blocks))
     steps = {"chain": TokenStep(model), "chain_pdl": TokenStep(model, pdl=True)}
     chain = steps["chain"]                                           # the bytes a step must read
     weight_bytes = sum(t.numel() * t.element_size() for w in chain.layers for t in vars(w).values()) + sum(
         t.numel() * t.element_size() for t in (chain.lm_head, chain.final_norm))
     kv_row = 2 * 8 * 128 * 2                                         # K and V of one position, one layer
     rows = []
-    for L in contexts:
-        pos = torch.tensor([L], device="cuda")
-        out = {}
-        with torch.inference_mode():
-            fns = {"module": lambda: model(token[None], pos[None], pages[None], cache)[0][0, 0]}
-            fns.update({k: (lambda s=s: s(token, pos, cache, pages)[0]) for k, s in steps.items()})
-            ref = fns["module"]().float()
-            for name, fn in fns.items():
-                logits = fn().float()
-                ms = graph_ms(fn, args.iters)
-                bytes_ = weight_bytes + args.layers * (L + 1) * kv_row
-                out[name] = {"ms": ms, "hbm_fraction": bytes_ / HBM / (ms * 1e-3),
-                             "logit_err": float((logits - ref).abs().max() / ref.abs().max()),
-                             "argmax_equal": int(logits.argmax()) == int(ref.argmax())}
-        out["roofline_ms"] = (weight_bytes + args.layers * (L + 1) * kv_row) / HBM * 1e3
-        rows.append({"context": L, **out})
-        print(f"[token-step] L={L:6d} roofline {out['roofline_ms']:.3f} ms | " + " | ".join(
-            f"{k} {v['ms']:.3f} ms ({100 * v['hbm_fraction']:.1f} %, err {v['logit_err']:.3g}, "
-            f"argmax {'=' if v['argmax_equal'] else '!='})" for k, v in out.items() if isinstance(v, dict)),
-            flush=True)
+    for T in blocks:
+        tokens = torch.randint(0, args.vocab, (1, T), device="cuda")
+        for L in contexts:
+            pos = L + torch.arange(T, device="cuda")[None]
+            bytes_ = weight_bytes + args.layers * (L + T) * kv_row
+            out = {"roofline_ms": bytes_ / HBM * 1e3}
+            with torch.inference_mode():
+                fns = {"module": lambda: model(tokens, pos, pages[None], cache)[0]}
+                fns.update({k: (lambda s=s: s(tokens, pos, cache, pages[None])[0]) for k, s in steps.items()})
+                ref = fns["module"]().float()
+                for name, fn in fns.items():
+                    logits = fn().float()
+                    ms = graph_us([fn], args.iters) / 1e3          # median of CUDA-graph replays
+                    out[name] = {"ms": ms, "hbm_fraction": bytes_ / HBM / (ms * 1e-3),
+                                 "logit_err": float((logits - ref).abs().max() / ref.abs().max()),
+                                 "argmax_equal": bool(torch.equal(logits.argmax(-1), ref.argmax(-1)))}
+            rows.append({"tokens": T, "context": L, **out})
+            print(f"[token-step] T={T} L={L:6d} roofline {out['roofline_ms']:.3f} ms | " + " | ".join(
+                f"{k} {v['ms']:.3f} ms ({100 * v['hbm_fraction']:.1f} %, err {v['logit_err']:.3g}, "
+                f"argmax {'=' if v['argmax_equal'] else '!='})" for k, v in out.items() if isinstance(v, dict)),
+                flush=True)
     sha = provenance.git_sha()
     gpu = torch.cuda.get_device_name()
     report = {"git_sha": sha, "gpu": gpu, "command": "python benchmarks/token_step_bench.py " + " ".join(sys.argv[1:]),
               "shapes": {"layers": args.layers, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
-                         "intermediate": 12288, "vocab": args.vocab, "dtype": "bf16", "batch": 1, "page": PAGE},
+                         "intermediate": 12288, "vocab": args.vocab, "dtype": "bf16", "batch": 1, "page": PAGE,
+                         "tokens_per_step": blocks, "contexts": contexts},
               "weight_bytes": weight_bytes, "hbm_bytes_per_s": HBM, "rows": rows,
               "seconds": time.perf_counter() - t0,
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "

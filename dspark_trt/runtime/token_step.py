@@ -1,7 +1,8 @@
-"""The Qwen3 target's decode step for one token as a chain of fused Triton kernels, each launched
-with programmatic dependent launch where the GPU has it (issue #21; not yet a path of ``LLM``).
+"""The Qwen3 target's decode step for a few tokens (one, a verify block, a small batch: up to
+``decode_gemv.MAX_ROWS`` in all) as a chain of fused Triton kernels, each launched with
+programmatic dependent launch where the GPU has it (issue #21; not yet a path of ``LLM``).
 
-Per layer (``models.qwen3.Qwen3DecoderLayer.deferred`` for one token, six launches):
+Per layer (``models.qwen3.Qwen3DecoderLayer.deferred`` for the step's tokens, six launches):
 
     qkv  = decode_gemv(W_qkv, rmsnorm(x + mlp_prev))     writes x' = x + mlp_prev (program 0)
     q    = qk_rope_cache(qkv)                            q/k norm, RoPE, K/V into the paged cache
@@ -32,7 +33,7 @@ from torch import Tensor
 
 from ..models.layers import rope_cos_sin
 from ..plugins.kernels.block_attention import block_attention_triton
-from ..plugins.kernels.decode_gemv import decode_gemv
+from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
 
 
@@ -67,10 +68,13 @@ def layer_weights(layer) -> LayerWeights:
 
 
 class TokenStep:
-    """One-token decode of a ``Qwen3ForCausalLM`` through the fused kernel chain (module doc).
-    ``__call__(token [1], position [1], cache, block_table [P]) -> (logits [V], taps [m d])``; the
-    caches are the model's (``make_cache``: per layer [pages, page_size, Hkv, D]), written at
-    ``position``. Buffers are allocated once, so the call can be captured in a CUDA graph."""
+    """The decode step of a ``Qwen3ForCausalLM`` through the fused kernel chain (module doc):
+    ``__call__(tokens [B, T], positions [B, T], cache, block_table [B, P]) -> (logits [B, T, V],
+    taps [B, T, m d])`` with B * T <= ``MAX_ROWS``, each token attending causally up to its own
+    position (as ``forward``); the caches are the model's (``make_cache``: per layer [pages,
+    page_size, Hkv, D]), written at ``positions`` (negative: padding, nothing written). The
+    residual-stream buffers are allocated once per token count, so the call can be captured in a
+    CUDA graph."""
 
     def __init__(self, model, pdl: bool = False):
         cfg = model.config
@@ -80,44 +84,49 @@ class TokenStep:
         self.theta, self.taps_from = cfg.rope_theta, tuple(model.tap_layer_ids)
         self.final_norm = model.model.norm.weight.detach()
         self.lm_head = model.lm_head.weight.detach()
-        d, dev = cfg.hidden_size, self.lm_head.device
-        # residual stream: two buffers, alternating (a GEMV's residual_out must not alias its inputs);
-        # tapped layers keep their own
-        self._stream = [torch.empty(d, dtype=torch.bfloat16, device=dev) for _ in range(2)]
-        self._taps = {i: torch.empty(d, dtype=torch.bfloat16, device=dev) for i in self.taps_from}
+        self.hidden = cfg.hidden_size
+        self._buffers: dict[int, tuple[list[Tensor], dict[int, Tensor]]] = {}
 
-    def __call__(self, token: Tensor, position: Tensor, cache: dict, block_table: Tensor) -> tuple[Tensor, Tensor]:
-        pdl, eps = self.pdl, self.eps
-        x = self.model.model.embed_tokens(token.reshape(1).clamp(min=0))[0]            # [d]
-        cos, sin = rope_cos_sin(position.reshape(1, 1), self.head_dim, self.theta, x.dtype)
-        cos, sin = cos.reshape(-1), sin.reshape(-1)                                     # [D]
-        pos2 = position.reshape(1, 1)
-        table = block_table.reshape(1, -1)
+    def buffers(self, M: int) -> tuple[list[Tensor], dict[int, Tensor]]:
+        """[2] residual-stream buffers [M, d], alternating (a GEMV's residual_out must not alias its
+        inputs), and the tapped layers' own [M, d]."""
+        if M not in self._buffers:
+            new = lambda: torch.empty(M, self.hidden, dtype=torch.bfloat16, device=self.lm_head.device)  # noqa: E731
+            self._buffers[M] = ([new(), new()], {i: new() for i in self.taps_from})
+        return self._buffers[M]
+
+    def __call__(self, tokens: Tensor, positions: Tensor, cache: dict, block_table: Tensor) -> tuple[Tensor, Tensor]:
+        B, T = tokens.shape
+        M, pdl, eps = B * T, self.pdl, self.eps
+        if M > MAX_ROWS:
+            raise ValueError(f"TokenStep: {B} x {T} tokens, at most {MAX_ROWS} per step (decode_gemv.MAX_ROWS)")
+        stream, tapped = self.buffers(M)
+        x = self.model.model.embed_tokens(tokens.reshape(M).clamp(min=0))                # [M, d]
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)           # [B, T, 1, D]
+        cos, sin = cos.reshape(M, -1), sin.reshape(M, -1)
+        flat_pos = positions.reshape(M)
         pending, flip = None, 0
         for i, w in enumerate(self.layers):
             k_cache, v_cache = cache["k"][i], cache["v"][i]
             if pending is None:                               # first layer: the embedding is the stream
                 qkv = decode_gemv(x, w.qkv, "rmsnorm", norm_weight=w.input_norm, eps=eps, pdl=pdl)
             else:
-                out = self._tap_or_stream(i - 1, flip)
+                out = tapped.get(i - 1, stream[flip])         # the stream after layer i - 1: a tap?
                 qkv = decode_gemv(pending, w.qkv, "rmsnorm", residual=x, norm_weight=w.input_norm, eps=eps,
                                   residual_out=out, pdl=pdl)
                 x, flip = out, flip ^ 1
-            q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, position,
-                              self.heads, eps, pdl=pdl)
-            o = block_attention_triton(q[None, None], k_cache, v_cache, table, pos2, pos2, self.head_dim ** -0.5,
-                                       pdl=pdl)
-            a = decode_gemv(o.reshape(-1), w.o, pdl=pdl)
-            out = self._stream[flip]
+            q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, flat_pos,
+                              self.heads, eps, pdl=pdl)                                   # [M, H, D]
+            o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
+                                       positions, positions, self.head_dim ** -0.5, pdl=pdl)
+            a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl)
+            out = stream[flip]
             gate_up = decode_gemv(a, w.gate_up, "rmsnorm", residual=x, norm_weight=w.post_norm, eps=eps,
                                   residual_out=out, pdl=pdl)
             x, flip = out, flip ^ 1
             pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl)
         logits = decode_gemv(pending, self.lm_head, "rmsnorm", residual=x, norm_weight=self.final_norm, eps=eps,
                              pdl=pdl)
-        taps = [self._taps[i] for i in self.taps_from]
-        return logits, (torch.cat(taps) if taps else x.new_zeros(0))
-
-    def _tap_or_stream(self, layer: int, flip: int) -> Tensor:
-        """Where the residual stream after ``layer`` goes: its tap buffer, or the free stream buffer."""
-        return self._taps.get(layer, self._stream[flip])
+        taps = [tapped[i] for i in self.taps_from]
+        taps = torch.cat(taps, -1) if taps else x.new_zeros(M, 0)
+        return logits.view(B, T, -1), taps.view(B, T, -1)

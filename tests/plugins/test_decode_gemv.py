@@ -21,11 +21,12 @@ def results() -> dict:
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_matches_the_modules_prologue_times_w(results, case):
-    """y equals (the model's RMSNorm / SwiGLU / residual sum of x) @ w^T within one bf16 ulp, and
-    the residual sum written by program 0 is torch's bf16 sum bit for bit."""
-    name, prologue, N, K, has_res, has_out, *_ = case
+    """y equals (the model's RMSNorm / SwiGLU / residual sum of x) @ w^T within one bf16 ulp, for
+    one token and for M tokens (each row its own norm), and the residual sum written by program 0
+    is torch's bf16 sum bit for bit."""
+    name, prologue, N, K, has_res, has_out, _, _, M = case
     r = results[name]
-    assert r["shape"] == [N] and r["dtype"] == "torch.bfloat16"
+    assert r["shape"] == ([N] if M is None else [M, N]) and r["dtype"] == "torch.bfloat16"
     assert r["ulp"] <= ULP_TOL, r
     if has_out:
         assert r["residual_equal"], r
@@ -33,8 +34,9 @@ def test_matches_the_modules_prologue_times_w(results, case):
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(prologue="gelu"), "prologue 'gelu'"),
-    (dict(x_size=200), "x has 200 values"),
-    (dict(prologue="swiglu"), "wants 512"),
+    (dict(x_size=200), r"x has shape \[200\]"),
+    (dict(prologue="swiglu"), r"wants \[512\]"),
+    (dict(rows=17), r"1 <= M <= 16"),
     (dict(prologue="rmsnorm"), "needs norm_weight"),
     (dict(residual=True, residual_out="alias"), "residual_out needs"),
     (dict(residual_out=True), "residual_out needs"),
@@ -46,7 +48,8 @@ def test_bad_arguments_are_named(kwargs, match):
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
     K = 256
     dtype = torch.float32 if kwargs.pop("fp32", False) else torch.bfloat16
-    x = torch.randn(kwargs.pop("x_size", K)).to(dtype)
+    rows = kwargs.pop("rows", None)
+    x = torch.randn(kwargs.pop("x_size", K)).to(dtype) if rows is None else torch.randn(rows, K).to(dtype)
     r = torch.randn(K).bfloat16() if kwargs.pop("residual", False) else None
     r_out = kwargs.pop("residual_out", None)
     r_out = r if r_out == "alias" else (torch.empty(K).bfloat16() if r_out else None)

@@ -236,7 +236,7 @@ def _launches_fp8(monkeypatch):
 
 def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
-    the default one, each also with PDL (``_with_pdl``)."""
+    the default one, the rows kernel at 8 and 5 tokens, each also with PDL (``_with_pdl``)."""
     N, K = 4096, 4096
     w = torch.randn(N, K).bfloat16()
     x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
@@ -247,6 +247,11 @@ def _launches_decode_gemv(monkeypatch):
                dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT)):
         out += record(monkeypatch, kdg, kdg.decode_gemv, x, w, **kw)
     out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(2 * K).bfloat16(), w, "swiglu")
+    for M in (8, 5):                                 # a verify block / a few rows: the rows kernel
+        xm, rm = torch.randn(M, K).bfloat16(), torch.randn(M, K).bfloat16()
+        out += record(monkeypatch, kdg, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,
+                      residual_out=torch.empty_like(rm))
+        out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(M, 2 * K).bfloat16(), w, "swiglu")
     return _with_pdl(out)
 
 

@@ -12,30 +12,37 @@ import torch.nn.functional as F
 
 from tests.support.skinny_gemm_cases import ulp_err
 
-# (name, prologue, N, K, residual, residual_out, config, pre_k): N not a multiple of BLOCK_N, PRE_K of
-# one and two K tiles, every prologue with and without a residual.
+# (name, prologue, N, K, residual, residual_out, config, pre_k, M): N not a multiple of BLOCK_N, PRE_K of
+# one and two K tiles, every prologue with and without a residual; M None: one token x [K], else x [M, K]
+# (M = 1 as a row, a power of two and not).
 CASES = [
-    ("none", "none", 37, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None),
-    ("none_pre2", "none", 40, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), 128),
-    ("none_residual", "none", 24, 128, True, True, dict(BLOCK_N=16, BLOCK_K=32), None),
-    ("rmsnorm", "rmsnorm", 33, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None),
-    ("rmsnorm_residual", "rmsnorm", 48, 192, True, True, dict(BLOCK_N=16, BLOCK_K=64), 64),
-    ("rmsnorm_residual_no_out", "rmsnorm", 20, 128, True, False, dict(BLOCK_N=8, BLOCK_K=32), None),
-    ("swiglu", "swiglu", 29, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None),
-    ("default_config", "none", 64, 1024, False, False, None, None),
+    ("none", "none", 37, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None, None),
+    ("none_pre2", "none", 40, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), 128, None),
+    ("none_residual", "none", 24, 128, True, True, dict(BLOCK_N=16, BLOCK_K=32), None, None),
+    ("rmsnorm", "rmsnorm", 33, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None, None),
+    ("rmsnorm_residual", "rmsnorm", 48, 192, True, True, dict(BLOCK_N=16, BLOCK_K=64), 64, None),
+    ("rmsnorm_residual_no_out", "rmsnorm", 20, 128, True, False, dict(BLOCK_N=8, BLOCK_K=32), None, None),
+    ("swiglu", "swiglu", 29, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None, None),
+    ("default_config", "none", 64, 1024, False, False, None, None, None),
+    ("rows1_rmsnorm_residual", "rmsnorm", 24, 128, True, True, dict(BLOCK_N=8, BLOCK_K=32), None, 1),
+    ("rows5_rmsnorm_residual", "rmsnorm", 37, 192, True, True, dict(BLOCK_N=8, BLOCK_K=64), 64, 5),
+    ("rows8_none_residual", "none", 40, 128, True, True, dict(BLOCK_N=16, BLOCK_K=32), None, 8),
+    ("rows3_swiglu", "swiglu", 29, 128, False, False, dict(BLOCK_N=8, BLOCK_K=64), None, 3),
+    ("rows16_rmsnorm", "rmsnorm", 33, 128, False, False, dict(BLOCK_N=8, BLOCK_K=64), 128, 16),
 ]
 EPS = 1e-6
 
 
 def reference(prologue: str, x, r, g):
-    """The bf16 input the GEMV multiplies, as the model's modules compute it, and h (x + r)."""
+    """The bf16 input the GEMV multiplies (x [K] or [M, K]), as the model's modules compute it,
+    and h (x + r)."""
     from dspark_trt.models.layers import RMSNorm
     h = x if r is None else x + r
     if prologue == "swiglu":
-        K = x.numel() // 2
-        return F.silu(x[:K]) * x[K:], h
+        K = x.shape[-1] // 2
+        return F.silu(x[..., :K]) * x[..., K:], h
     if prologue == "rmsnorm":
-        norm = RMSNorm(h.numel(), EPS)
+        norm = RMSNorm(h.shape[-1], EPS)
         norm.weight.data = g
         return norm(h), h
     return h, h
@@ -45,13 +52,14 @@ def main():
     assert os.environ.get("TRITON_INTERPRET") == "1"          # set before triton is imported
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
     out = {}
-    for i, (name, prologue, N, K, has_res, has_out, cfg, pre) in enumerate(CASES):
+    for i, (name, prologue, N, K, has_res, has_out, cfg, pre, M) in enumerate(CASES):
         gen = torch.Generator().manual_seed(i)
-        x = torch.randn(2 * K if prologue == "swiglu" else K, generator=gen).bfloat16()
+        rows = () if M is None else (M,)
+        x = torch.randn(*rows, 2 * K if prologue == "swiglu" else K, generator=gen).bfloat16()
         w = (torch.randn(N, K, generator=gen) * 0.05).bfloat16()
-        r = torch.randn(K, generator=gen).bfloat16() if has_res else None
+        r = torch.randn(*rows, K, generator=gen).bfloat16() if has_res else None
         g = (1 + 0.1 * torch.randn(K, generator=gen)).bfloat16() if prologue == "rmsnorm" else None
-        r_out = torch.full((K,), float("nan")).bfloat16() if has_out else None
+        r_out = torch.full((*rows, K), float("nan")).bfloat16() if has_out else None
         y = decode_gemv(x, w, prologue, residual=r, norm_weight=g, eps=EPS, residual_out=r_out, config=cfg,
                         pre_k=pre)
         xin, h = reference(prologue, x, r, g)

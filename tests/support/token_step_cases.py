@@ -1,10 +1,10 @@
 """``runtime.token_step.TokenStep`` under ``TRITON_INTERPRET=1`` (run as a subprocess by
 tests/runtime/test_token_step.py): a tiny bf16 Qwen3 target (fused and unfused projections, taps
-of the first and a middle layer) prefilled by its own forward, then one decode token through the
-kernel chain and through the module's forward on a copy of the caches. Prints ``RESULT {json}``:
-per case the logits' largest error over their scale, whether the argmax agrees, the taps' and
-the written K / V's errors in bf16 ulps, and whether anything besides the token's cache rows
-changed."""
+of the first and a middle layer) prefilled by its own forward, then one decode step through the
+kernel chain and through the module's forward on a copy of the caches: one token, a verify block
+of one row, two rows of different lengths (one padded). Prints ``RESULT {json}``: per case the
+logits' largest error over their scale, whether the argmaxes agree, the taps' and the written K /
+V's errors in bf16 ulps, and whether anything besides the step's cache rows changed."""
 from __future__ import annotations
 
 import json
@@ -14,11 +14,15 @@ import torch
 
 from tests.support.skinny_gemm_cases import ulp_err
 
-# (name, layers, taps, fused, prompt tokens)
+# (name, layers, taps, fused, prompt lengths per row, step tokens per row, padded last token of row 1)
 CASES = [
-    ("unfused_taps_first_and_mid", 3, (0, 1), False, 5),
-    ("fused_tap_first_page_boundary", 2, (0,), True, 8),
+    ("one_token_unfused", 3, (0, 1), False, (5,), 1, False),
+    ("one_token_fused_page_boundary", 2, (0,), True, (8,), 1, False),
+    ("verify_block_of_4", 3, (0, 1), True, (6,), 4, False),
+    ("two_rows_one_padded", 2, (0,), True, (3, 9), 3, True),
 ]
+PAGE, PAGES = 4, 12
+TABLES = [[5, 2, 7, 0, -1, -1], [1, 9, 3, 11, 4, -1]]
 
 
 def attention_in_fp32(kernel):
@@ -39,39 +43,47 @@ def main():
     from tests.support.models import scale_weights_, tiny_pair
     token_step.block_attention_triton = attention_in_fp32(token_step.block_attention_triton)
     out = {}
-    for i, (name, layers, taps, fused, T) in enumerate(CASES):
+    for i, (name, layers, taps, fused, prompts, T, padded) in enumerate(CASES):
         pair = tiny_pair(vocab=96, hidden=64, layers=layers, heads=4, kv_heads=2, taps=taps)
         target, _ = build_models(pair, torch.bfloat16, "cpu", seed=i)
         scale_weights_(target, 4.0)
         if fused:
             fuse_projections_(target)
-        page, pages = 4, 8
-        cache = target.make_cache(pages, page, torch.bfloat16, "cpu")
-        table = torch.tensor([[5, 2, 7, 0, -1, -1]])
-        prompt = torch.randint(0, 96, (1, T), generator=torch.Generator().manual_seed(i))
+        B, gen = len(prompts), torch.Generator().manual_seed(i)
+        cache = target.make_cache(PAGES, PAGE, torch.bfloat16, "cpu")
+        table = torch.tensor(TABLES[:B])
+        L = max(prompts)
+        ids = torch.randint(0, 96, (B, L), generator=gen)
+        pos = torch.stack([torch.where(torch.arange(L) < n, torch.arange(L), -1) for n in prompts])
+        tokens = torch.randint(0, 96, (B, T), generator=gen)
+        step_pos = torch.stack([n + torch.arange(T) for n in prompts])
+        if padded:
+            step_pos[1, -1] = -1
         with torch.inference_mode():
-            target(prompt, torch.arange(T)[None], table, cache)
+            target(ids, pos, table, cache)
             ref_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
-            token, pos = torch.tensor([17]), torch.tensor([T])
-            ref_logits, ref_taps = target(token[None], pos[None], table, ref_cache)
-            logits, tap = TokenStep(target)(token, pos, cache, table[0])
-        ref_logits, ref_taps = ref_logits[0, 0].float(), ref_taps[0, 0]
-        row = table[0, T // page].item() * page + T % page
-        changed_elsewhere = False
-        kv_ulp = 0.0
+            before = {k: [c.clone() for c in v] for k, v in cache.items()}
+            ref_logits, ref_taps = target(tokens, step_pos, table, ref_cache)
+            logits, tap = TokenStep(target)(tokens, step_pos, cache, table)
+        live = step_pos >= 0
+        ref_l, got_l = ref_logits[live].float(), logits[live].float()
+        rows = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(live, as_tuple=True))
+                for p in [step_pos[b, p].item()]]
+        changed_elsewhere, kv_ulp = False, 0.0
         for kind in ("k", "v"):
-            for a, b in zip(cache[kind], ref_cache[kind]):
-                a2, b2 = a.reshape(-1, *a.shape[2:]).clone(), b.reshape(-1, *b.shape[2:]).clone()
-                kv_ulp = max(kv_ulp, ulp_err(a2[row], b2[row].float()))
-                a2[row], b2[row] = 0, 0
-                changed_elsewhere |= not torch.equal(a2, b2)
+            for a, b, c in zip(cache[kind], ref_cache[kind], before[kind]):
+                a2, b2, c2 = (t.reshape(-1, *t.shape[2:]).clone() for t in (a, b, c))
+                kv_ulp = max(kv_ulp, ulp_err(a2[rows], b2[rows].float()))
+                a2[rows], c2[rows] = 0, 0
+                changed_elsewhere |= not torch.equal(a2, c2)        # the pad page included
         out[name] = {
-            "logit_err": float((logits.float() - ref_logits).abs().max() / ref_logits.abs().max()),
-            "argmax_equal": int(logits.float().argmax()) == int(ref_logits.argmax()),
+            "logit_err": float((got_l - ref_l).abs().max() / ref_l.abs().max()),
+            "argmax_equal": bool(torch.equal(got_l.argmax(-1), ref_l.argmax(-1))),
+            "shape": list(logits.shape), "ref_shape": list(ref_logits.shape),
             "taps_shape": list(tap.shape), "ref_taps_shape": list(ref_taps.shape),
-            "taps_ulp": ulp_err(tap, ref_taps.float()) if tap.numel() else 0.0,
+            "taps_ulp": ulp_err(tap[live], ref_taps[live].float()) if tap.numel() else 0.0,
             "kv_ulp": kv_ulp, "cache_changed_elsewhere": changed_elsewhere,
-            "logits_dtype": str(logits.dtype),
+            "logits_dtype": str(logits.dtype), "rows_written": len(rows),
         }
     print("RESULT " + json.dumps(out))
 

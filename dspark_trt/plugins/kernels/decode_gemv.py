@@ -1,7 +1,8 @@
-"""One-token GEMV with the decoder layer's elementwise work fused into its prologue, and optional
-programmatic dependent launch (issue #21; not yet wired into a model path).
+"""Decode GEMV (one token, or a few: up to ``MAX_ROWS``) with the decoder layer's elementwise work
+fused into its prologue, and optional programmatic dependent launch (issue #21; the kernels of
+``runtime/token_step.py``, not yet an ``LLM`` path).
 
-``y[N] = W[N, K] @ p(x)`` for one token, bf16 in and out, fp32 accumulation, where the prologue
+``y[N] = W[N, K] @ p(x)`` per token, bf16 in and out, fp32 accumulation, where the prologue
 ``p`` is one of
 - ``"none"``: ``x``;
 - ``"rmsnorm"``: Qwen3's ``RMSNorm(h)`` with ``h = x + residual`` (``residual`` optional; its bf16
@@ -21,9 +22,14 @@ predecessor (``gdc_wait``): weights never depend on the previous kernel. On the 
 chain of Qwen3-8B GEMVs ran at 84.7 % of the HBM roofline with PDL, 80.9 % without, cuBLAS 75.3 %.
 
 The program owns ``BLOCK_N`` weight rows and the whole K (no split-K: the measured winners had
-none); it keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial and reduces it once after the loop. Rows
-past N are clamped on load and masked on store; K must be a multiple of ``BLOCK_K`` (the wrapper
-picks one) and of ``PRE_K``.
+none). One token: it keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial and reduces it once after the
+loop. ``M`` tokens (``decode_gemv_rows_kernel``: a verify block, a small batch): each weight tile
+is loaded once and multiplied with every token's prologue values on the CUDA cores, reduced per
+tile into a ``[BLOCK_N, M]`` accumulator (each token's RMSNorm scale from its own first pass). At M
+= 8 that is 4 multiply-adds per weight byte, about half of what the H200's fp32 lanes sustain
+at full HBM bandwidth (untried on the GPU; ``skinny_gemm.py``'s tensor-core body is the
+alternative if it is not enough). Weight rows past N are clamped on load and masked on store; K
+must be a multiple of ``BLOCK_K`` (the wrapper picks one) and of ``PRE_K``.
 """
 from __future__ import annotations
 
@@ -45,6 +51,7 @@ CONFIGS = {
     (4096, 12288): dict(BLOCK_N=8, BLOCK_K=512, num_warps=8, num_stages=3),     # down
 }
 DEFAULT = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3)
+MAX_ROWS = 16            # tokens per call (more: a GEMM, ``skinny_gemm`` / ``F.linear``)
 
 
 @triton.jit
@@ -66,6 +73,23 @@ def _inputs(x, res, res_out, g, offs, K, rstd, pid, PROLOGUE: tl.constexpr, HAS_
 
 
 @triton.jit
+def _first_tile(w, N, stride_wn, BLOCK_N: tl.constexpr, PRE_K: tl.constexpr, PDL: tl.constexpr):
+    """(pid, the program's rows offs_n and their clamped int64 rn, columns rp, its first weight
+    tile [BLOCK_N, PRE_K]); with PDL the successor is let go first and the predecessor waited
+    for after the load (weights never depend on it)."""
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.minimum(offs_n, N - 1).to(tl.int64)
+    if PDL:
+        gdc_launch_dependents()
+    rp = tl.arange(0, PRE_K)
+    w0 = tl.load(w + rn[:, None] * stride_wn + rp[None, :])
+    if PDL:
+        gdc_wait()
+    return pid, offs_n, rn, rp, w0
+
+
+@triton.jit
 def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
                        HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
@@ -73,15 +97,7 @@ def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: 
     """Grid (cdiv(N, BLOCK_N),). x [K] ([2K] for SWIGLU), res / res_out [K] (HAS_RES), g [K]
     (RMSNORM), w [N, K] (row stride ``stride_wn``), y [N]. STORE_FIRST / STORE_MAIN: program 0
     writes h to res_out in the mean-square pass / in the product's pass."""
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rn = tl.minimum(offs_n, N - 1).to(tl.int64)
-    if PDL:
-        gdc_launch_dependents()
-    rp = tl.arange(0, PRE_K)
-    w0 = tl.load(w + rn[:, None] * stride_wn + rp[None, :])     # no dependency on the previous kernel
-    if PDL:
-        gdc_wait()
+    pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL)
     rk = tl.arange(0, BLOCK_K)
     rstd = 1.0
     if PROLOGUE == RMSNORM:                              # the mean square of h over all K
@@ -101,6 +117,44 @@ def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: 
     tl.store(y + offs_n, acc.to(y.dtype.element_ty), mask=offs_n < N)
 
 
+@triton.jit
+def decode_gemv_rows_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                            HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
+                            PDL: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N),): ``ROWS`` tokens (BLOCK_M = the next power of two). x [ROWS, K]
+    ([ROWS, 2K] for SWIGLU), res / res_out [ROWS, K], y [ROWS, N]; otherwise as
+    ``decode_gemv_kernel``."""
+    pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL)
+    w0 = w0.to(tl.float32)
+    XK = 2 * K if PROLOGUE == SWIGLU else K                 # x's row stride
+    rk = tl.arange(0, BLOCK_K)
+    cols = tl.arange(0, BLOCK_M)
+    rstd = tl.full([BLOCK_M], 1.0, tl.float32)
+    if PROLOGUE == RMSNORM:                                 # each token's mean square over all K
+        for m in tl.static_range(ROWS):
+            ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+            for k in range(0, K, BLOCK_K):
+                h = _inputs(x + m * XK, res + m * K, res_out + m * K, g, k + rk, K, 1.0, pid, NONE, HAS_RES,
+                            STORE_FIRST)
+                ss += h * h
+            rstd = tl.where(cols == m, tl.rsqrt((tl.sum(ss, 0) / K + eps).to(tl.float32)), rstd)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for m in tl.static_range(ROWS):
+        r = tl.sum(tl.where(cols == m, rstd, 0.0), 0)
+        xin = _inputs(x + m * XK, res + m * K, res_out + m * K, g, rp, K, r, pid, PROLOGUE, HAS_RES, STORE_MAIN)
+        acc += tl.where(cols[None, :] == m, tl.sum(w0 * xin[None, :], 1)[:, None], 0.0)
+    for k in range(PRE_K, K, BLOCK_K):
+        wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :]).to(tl.float32)
+        for m in tl.static_range(ROWS):
+            r = tl.sum(tl.where(cols == m, rstd, 0.0), 0)
+            xin = _inputs(x + m * XK, res + m * K, res_out + m * K, g, k + rk, K, r, pid, PROLOGUE, HAS_RES,
+                          STORE_MAIN)
+            acc += tl.where(cols[None, :] == m, tl.sum(wt * xin[None, :], 1)[:, None], 0.0)
+    mask = (offs_n < N)[:, None] & (cols < ROWS)[None, :]
+    tl.store(y + cols[None, :] * N + offs_n[:, None], acc.to(y.dtype.element_ty), mask=mask)
+
+
 def config_for(N: int, K: int) -> dict:
     """The measured tile of (N, K), else ``DEFAULT`` with BLOCK_K cut to a power of two dividing K."""
     cfg = dict(CONFIGS.get((N, K)) or DEFAULT)
@@ -113,9 +167,10 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
                 norm_weight: Tensor | None = None, eps: float = 1e-6, out: Tensor | None = None,
                 residual_out: Tensor | None = None, config: dict | None = None, pdl: bool = False,
                 pre_k: int | None = None) -> Tensor:
-    """``w [N, K] @ prologue(x)`` for one token (module doc) -> ``out`` [N] (allocated if None).
-    x: [K] (``"swiglu"``: [2K]); ``residual`` / ``residual_out`` [K] (``"rmsnorm"`` / ``"none"``:
-    h = x + residual, written to ``residual_out`` if given); ``norm_weight`` [K] (``"rmsnorm"``).
+    """``prologue(x) @ w[N, K]^T`` (module doc) for one token, x [K] -> ``out`` [N], or for M <=
+    ``MAX_ROWS`` tokens, x [M, K] -> [M, N] (allocated if None). ``"swiglu"``: x [2K] / [M, 2K];
+    ``residual`` / ``residual_out`` shaped like a K-wide x (``"rmsnorm"`` / ``"none"``: h = x +
+    residual, written to ``residual_out`` if given); ``norm_weight`` [K] (``"rmsnorm"``).
     ``pdl``: launch with programmatic dependent launch (CUDA sm_90+). ``pre_k``: weight columns
     loaded before the wait (default BLOCK_K)."""
     if prologue not in PROLOGUES:
@@ -125,18 +180,18 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
            if t is not None and t.dtype != torch.bfloat16]
     if bad:
         raise ValueError(f"decode_gemv: {', '.join(bad)} must be bfloat16 (its prologue rounds as bf16 modules do)")
-    x = x.reshape(-1)
     want = 2 * K if prologue == "swiglu" else K
-    if x.numel() != want:
-        raise ValueError(f"decode_gemv: x has {x.numel()} values, w [N={N}, K={K}] with prologue "
-                         f"{prologue!r} wants {want} (one token)")
+    M = 1 if x.dim() == 1 else int(x.shape[0])
+    if x.dim() > 2 or x.shape[-1] != want or not 1 <= M <= MAX_ROWS:
+        raise ValueError(f"decode_gemv: x has shape {list(x.shape)}; w [N={N}, K={K}] with prologue "
+                         f"{prologue!r} wants [{want}] or [M, {want}] with 1 <= M <= {MAX_ROWS}")
     if prologue == "rmsnorm" and (norm_weight is None or norm_weight.numel() != K):
         raise ValueError(f"decode_gemv: prologue 'rmsnorm' needs norm_weight of {K} values")
-    if residual is not None and (prologue == "swiglu" or residual.numel() != K):
-        raise ValueError(f"decode_gemv: residual must have {K} values and a 'none' / 'rmsnorm' prologue")
-    if residual_out is not None and (residual is None or residual_out.numel() != K
+    if residual is not None and (prologue == "swiglu" or residual.numel() != M * K):
+        raise ValueError(f"decode_gemv: residual must have {M} x {K} values and a 'none' / 'rmsnorm' prologue")
+    if residual_out is not None and (residual is None or residual_out.numel() != M * K
                                      or residual_out.data_ptr() in (residual.data_ptr(), x.data_ptr())):
-        raise ValueError(f"decode_gemv: residual_out needs a residual and {K} values of its own (other "
+        raise ValueError(f"decode_gemv: residual_out needs a residual and {M} x {K} values of its own (other "
                          f"programs still read x and residual while program 0 writes it)")
     kw = pdl_launch(pdl, "decode_gemv", x)
     cfg = dict(config) if config else config_for(N, K)
@@ -146,13 +201,17 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
         raise ValueError(f"decode_gemv: K={K} must be a multiple of BLOCK_K={bk} and of pre_k={pre} (<= K), "
                          f"both powers of two")
     w, x = w.contiguous(), x.contiguous()
-    y = out if out is not None else torch.empty(N, dtype=x.dtype, device=x.device)
-    res = residual.reshape(-1).contiguous() if residual is not None else x
-    launcher(decode_gemv_kernel)[(triton.cdiv(N, int(cfg["BLOCK_N"])),)](
-        x, res, residual_out if residual_out is not None else y, norm_weight if norm_weight is not None else x,
-        w, y, N, K, K, float(eps), BLOCK_N=int(cfg["BLOCK_N"]), BLOCK_K=bk, PRE_K=pre,
-        PROLOGUE=PROLOGUES[prologue], HAS_RES=residual is not None,
-        STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
-        STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl,
-        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
+    y = out if out is not None else torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
+    res = residual.contiguous() if residual is not None else x
+    args = (x, res, residual_out if residual_out is not None else y, norm_weight if norm_weight is not None else x,
+            w, y, N, K, K, float(eps))
+    meta = dict(BLOCK_N=int(cfg["BLOCK_N"]), BLOCK_K=bk, PRE_K=pre, PROLOGUE=PROLOGUES[prologue],
+                HAS_RES=residual is not None, STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
+                STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl,
+                num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
+    grid = (triton.cdiv(N, int(cfg["BLOCK_N"])),)
+    if M == 1:
+        launcher(decode_gemv_kernel)[grid](*args, **meta)
+    else:
+        launcher(decode_gemv_rows_kernel)[grid](*args, ROWS=M, BLOCK_M=triton.next_power_of_2(M), **meta)
     return y

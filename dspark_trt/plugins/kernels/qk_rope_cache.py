@@ -1,13 +1,14 @@
-"""One token's attention input after the fused q/k/v GEMV: per-head q / k RMSNorm, neox RoPE and
-the paged K/V write in one launch, with optional programmatic dependent launch (issue #21; the
-layer chain of ``runtime/token_step.py``).
+"""The attention input of decode tokens after the fused q/k/v GEMV: per-head q / k RMSNorm, neox
+RoPE and the paged K/V write in one launch, with optional programmatic dependent launch (issue
+#21; the layer chain of ``runtime/token_step.py``).
 
-Qwen3's ``queries_and_cache`` for one token is five elementwise kernels (two norms, two RoPEs,
-the cache write) between the q/k/v GEMV and the attention; at batch 1 each costs a launch and a
-gap. Here program ``h < H`` takes query head h and program ``H + j`` key head j (and value head
-j), with the modules' roundings: ``RMSNorm`` (fp32 ``x * rsqrt(mean(x^2) + eps) * w``, one
+Qwen3's ``queries_and_cache`` is five elementwise kernels (two norms, two RoPEs, the cache write)
+between the q/k/v GEMV and the attention; at decode sizes each costs a launch and a gap. Here,
+for each of the M tokens (``B`` rows of ``T`` tokens, row-major; token t belongs to row t // T),
+program ``(t, h < H)`` takes its query head h and program ``(t, H + j)`` its key head j (and value
+head j), with the modules' roundings: ``RMSNorm`` (fp32 ``x * rsqrt(mean(x^2) + eps) * w``, one
 rounding to bf16), then ``apply_rope_neox`` (``x * cos`` and ``rotate_half(x) * sin`` each
-rounded to bf16, then their sum). ``cos`` / ``sin`` are the token's ``rope_cos_sin`` rows [D]
+rounded to bf16, then their sum). ``cos`` / ``sin`` are the tokens' ``rope_cos_sin`` rows [M, D]
 (computed once per step, shared by every layer). With ``PDL`` the norm weights and cos / sin,
 which no previous kernel writes, load before ``gdc_wait``.
 
@@ -36,12 +37,14 @@ def _norm_rope(x_lo, x_hi, w_lo, w_hi, c_lo, c_hi, s_lo, s_hi, eps, D: tl.conste
 
 
 @triton.jit
-def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache, block_table, position,
-                         P, PAGE_SIZE, eps, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache, block_table, positions,
+                         T, P, PAGE_SIZE, eps, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                          PDL: tl.constexpr):
-    """Grid (H + HKV,). qkv [(H + 2 HKV) D] (q heads, k heads, v heads), q_out [H, D], norms /
-    cos / sin [D], caches [pages, PAGE_SIZE, HKV, D], block_table [P] (the row's), position [1]."""
-    pid = tl.program_id(0)
+    """Grid (M, H + HKV). qkv [M, (H + 2 HKV) D] (q heads, k heads, v heads), q_out [M, H, D],
+    norms [D], cos / sin [M, D], caches [pages, PAGE_SIZE, HKV, D], block_table [M // T, P],
+    positions [M]."""
+    tok = tl.program_id(0).to(tl.int64)
+    pid = tl.program_id(1)
     if PDL:
         gdc_launch_dependents()
     half = tl.arange(0, D // 2)
@@ -49,24 +52,26 @@ def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache,
     w = tl.where(is_q, q_norm, k_norm)                   # the head's norm weight (scalar pointer)
     w_lo = tl.load(w + half).to(tl.float32)
     w_hi = tl.load(w + D // 2 + half).to(tl.float32)
-    c_lo = tl.load(cos + half).to(tl.float32)
-    c_hi = tl.load(cos + D // 2 + half).to(tl.float32)
-    s_lo = tl.load(sin + half).to(tl.float32)
-    s_hi = tl.load(sin + D // 2 + half).to(tl.float32)
+    c_lo = tl.load(cos + tok * D + half).to(tl.float32)
+    c_hi = tl.load(cos + tok * D + D // 2 + half).to(tl.float32)
+    s_lo = tl.load(sin + tok * D + half).to(tl.float32)
+    s_hi = tl.load(sin + tok * D + D // 2 + half).to(tl.float32)
     if PDL:
         gdc_wait()
+    qkv += tok * (H + 2 * HKV) * D
     src = pid * D                                        # q head h at h * D; k head j at (H + j) * D
     x_lo = tl.load(qkv + src + half).to(tl.float32)
     x_hi = tl.load(qkv + src + D // 2 + half).to(tl.float32)
     lo, hi = _norm_rope(x_lo, x_hi, w_lo, w_hi, c_lo, c_hi, s_lo, s_hi, eps, D)
     if is_q:
-        tl.store(q_out + pid * D + half, lo.to(q_out.dtype.element_ty))
-        tl.store(q_out + pid * D + D // 2 + half, hi.to(q_out.dtype.element_ty))
+        q_row = q_out + (tok * H + pid) * D
+        tl.store(q_row + half, lo.to(q_out.dtype.element_ty))
+        tl.store(q_row + D // 2 + half, hi.to(q_out.dtype.element_ty))
     else:
         j = pid - H
-        pos = tl.load(position)
+        pos = tl.load(positions + tok)
         col = tl.minimum(tl.maximum(pos, 0) // PAGE_SIZE, P - 1)
-        page = tl.load(block_table + col)
+        page = tl.load(block_table + (tok // T) * P + col)
         ok = (pos >= 0) & (page >= 0) & (pos < P * PAGE_SIZE)
         dst = ((tl.maximum(page, 0) * PAGE_SIZE + tl.maximum(pos, 0) % PAGE_SIZE).to(tl.int64) * HKV + j) * D
         m = half < tl.where(ok, D // 2, 0)                 # inert: every store masked off
@@ -79,31 +84,35 @@ def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache,
 
 
 def qk_rope_cache(qkv: Tensor, q_norm: Tensor, k_norm: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
-                  v_cache: Tensor, block_table: Tensor, position: Tensor, heads: int, eps: float,
+                  v_cache: Tensor, block_table: Tensor, positions: Tensor, heads: int, eps: float,
                   out: Tensor | None = None, pdl: bool = False) -> Tensor:
-    """One token: ``qkv`` [(H + 2 Hkv) D] bf16 (the fused projection's output) -> normed, roped
-    queries ``out`` [H, D]; the normed, roped K and the V of the token go into the paged caches
-    [pages, page_size, Hkv, D] at ``position`` ([1] int64) through ``block_table`` [P] (the
-    sequence's row). ``cos`` / ``sin`` [D]: ``rope_cos_sin`` at that position (bf16)."""
+    """M decode tokens, B rows of T: ``qkv`` [M, (H + 2 Hkv) D] bf16 (the fused projection's
+    output) -> normed, roped queries ``out`` [M, H, D]; the normed, roped K and the V of each token
+    go into the paged caches [pages, page_size, Hkv, D] at ``positions`` [M] (int64; negative:
+    nothing written) through its row of ``block_table`` [B, P]. ``cos`` / ``sin`` [M, D]:
+    ``rope_cos_sin`` at those positions (bf16). One token: qkv [(H + 2 Hkv) D], block_table [P]."""
     Hkv, D = int(k_cache.shape[2]), int(k_cache.shape[3])
     H = int(heads)
     bad = [n for n, t in (("qkv", qkv), ("q_norm", q_norm), ("k_norm", k_norm), ("cos", cos), ("sin", sin))
            if t.dtype != torch.bfloat16]
     if bad:
         raise ValueError(f"qk_rope_cache: {', '.join(bad)} must be bfloat16 (it rounds as the bf16 modules do)")
-    if qkv.numel() != (H + 2 * Hkv) * D:
-        raise ValueError(f"qk_rope_cache: qkv has {qkv.numel()} values; H={H}, Hkv={Hkv}, D={D} want "
-                         f"{(H + 2 * Hkv) * D} (one token)")
-    if D & (D - 1) or D < 2 or any(t.numel() != D for t in (q_norm, k_norm, cos, sin)):
-        raise ValueError(f"qk_rope_cache: the head dim D={D} must be a power of two and the norms / "
-                         f"cos / sin must have D values")
+    M, table = positions.numel(), block_table.reshape(-1, block_table.shape[-1])
+    if qkv.numel() != M * (H + 2 * Hkv) * D:
+        raise ValueError(f"qk_rope_cache: qkv has {qkv.numel()} values; {M} tokens of H={H}, Hkv={Hkv}, D={D} "
+                         f"want {M * (H + 2 * Hkv) * D}")
+    if D & (D - 1) or D < 2 or any(t.numel() != D for t in (q_norm, k_norm)) or cos.numel() != M * D \
+            or sin.numel() != M * D:
+        raise ValueError(f"qk_rope_cache: the head dim D={D} must be a power of two, the norms must have D "
+                         f"values and cos / sin M x D")
+    if M % table.shape[0]:
+        raise ValueError(f"qk_rope_cache: {M} tokens do not split into the block table's {table.shape[0]} rows")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape != v_cache.shape:
         raise ValueError("qk_rope_cache: the K and V caches must be contiguous and of one shape")
     kw = pdl_launch(pdl, "qk_rope_cache", qkv)
-    q = out if out is not None else torch.empty(H, D, dtype=qkv.dtype, device=qkv.device)
-    table = block_table.reshape(-1)
-    launcher(qk_rope_cache_kernel)[(H + Hkv,)](
-        qkv.reshape(-1).contiguous(), q, q_norm.contiguous(), k_norm.contiguous(), cos.reshape(-1).contiguous(),
-        sin.reshape(-1).contiguous(), k_cache, v_cache, table.contiguous(), position.reshape(-1),
-        table.numel(), int(k_cache.shape[1]), float(eps), H=H, HKV=Hkv, D=D, PDL=pdl, num_warps=1, **kw)
+    q = out if out is not None else torch.empty(M, H, D, dtype=qkv.dtype, device=qkv.device)
+    launcher(qk_rope_cache_kernel)[(M, H + Hkv)](
+        qkv.contiguous(), q, q_norm.contiguous(), k_norm.contiguous(), cos.contiguous(), sin.contiguous(),
+        k_cache, v_cache, table.contiguous(), positions.reshape(-1).contiguous(), M // table.shape[0],
+        table.shape[1], int(k_cache.shape[1]), float(eps), H=H, HKV=Hkv, D=D, PDL=pdl, num_warps=1, **kw)
     return q
