@@ -44,6 +44,7 @@ PATHS = {  # name -> LLM.from_preset options
     "eager_fused": {},
     "compiled": {"compile": True},
     "compiled_skinny": {"compile": True},
+    "eager_chain": {},                                 # fused modules + the decode kernel chain (#21)
     "eager_fused_fp8": {"quantization": "fp8"},        # q..down in fp8 e4m3, 128x128 block scales (#23)
     "compiled_fp8": {"compile": True, "quantization": "fp8"},
     "compiled_w8a8": {"compile": True, "quantization": "fp8-w8a8"},   # + activations fp8 per 128-group
@@ -51,7 +52,8 @@ PATHS = {  # name -> LLM.from_preset options
 FP8_SUFFIXES = ("_fp8", "_w8a8")   # a path "<p>_fp8" / "<p>_w8a8" is compared with path "<p>" (same weights, quantised)
 # environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears, with
 # DSPARK_SKINNY_GEMM_TABLE (a skinny_gemm_bench.py JSON of this GPU) if the caller set one
-PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"}}
+PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"},
+            "eager_chain": {"DSPARK_DECODE_CHAIN": "1"}}   # steps of <= 16 tokens: runtime/token_step.py
 HF = "hf_compiled"            # the compiled HF peer's place in --paths (on the current path's weights)
 STEP_KEYS = ("ar_step_ms", "verify_step_ms", "draft_step_ms", "ar_roofline_ms", "ar_roofline_efficiency")
 

@@ -12,6 +12,8 @@ from .. import plugins
 from ..config.source import resolve_num_spec_tokens
 from ..models.dspark_qwen3 import markov_sampler_op
 
+DECODE_CHAIN_ENV = "DSPARK_DECODE_CHAIN"   # "1": the target's decode steps through runtime/token_step.py
+
 
 class EagerNetworks:
     """Target + draft modules with their caches bound; shapes are those of design.md."""
@@ -36,10 +38,14 @@ class EagerNetworks:
         self.draft_cache = draft.make_cache(num_pages, page_size, dtype, device) if draft else None
         self.has_confidence = getattr(draft, "confidence_head", None) is not None
         self.packs_rows = getattr(target, "packs_rows", False)     # packed verify (packed_verify.py)
+        self.decode_chain = None       # runtime/token_step.TokenStep: the steps of <= its max_rows tokens
 
     @torch.inference_mode()
     def target(self, tokens: Tensor, positions: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:
-        """target_prefill / target_verify: tokens [B, T] -> logits [B, T, V], taps [B, T, m*d]."""
+        """target_prefill / target_verify: tokens [B, T] -> logits [B, T, V], taps [B, T, m*d]
+        (a decode step of few tokens through ``decode_chain`` where one is set)."""
+        if self.decode_chain is not None and tokens.numel() <= self.decode_chain.max_rows:
+            return self.decode_chain(tokens, positions, self.target_cache, block_table)
         return self.target_module(tokens, positions, block_table, self.target_cache)
 
     @torch.inference_mode()

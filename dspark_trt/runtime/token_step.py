@@ -1,6 +1,9 @@
 """The Qwen3 target's decode step for a few tokens (one, a verify block, a small batch: up to
 ``decode_gemv.MAX_ROWS`` in all) as a chain of fused Triton kernels, each launched with
-programmatic dependent launch where the GPU has it (issue #21; not yet a path of ``LLM``).
+programmatic dependent launch where the GPU has it (issue #21). Opt-in for ``LLM``'s eager
+modules with ``DSPARK_DECODE_CHAIN=1`` (``chain_for``: the target's steps of at most
+``MAX_ROWS`` tokens run here, larger ones (prefills, big verifies) through the modules); not yet
+measured on a GPU.
 
 Per layer (``models.qwen3.Qwen3DecoderLayer.deferred`` for the step's tokens, six launches):
 
@@ -26,15 +29,20 @@ the next layer's q/k/v GEMV writes anyway.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from ..config.checks import ConfigError
 from ..models.layers import rope_cos_sin
+from ..models.qwen3 import Qwen3ForCausalLM
 from ..plugins.kernels.block_attention import block_attention_triton
+from ..plugins.kernels.common import INTERPRET, gdc_wait
 from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
+from .networks import DECODE_CHAIN_ENV as ENV
 
 
 @dataclass
@@ -75,6 +83,8 @@ class TokenStep:
     page_size, Hkv, D]), written at ``positions`` (negative: padding, nothing written). The
     residual-stream buffers are allocated once per token count, so the call can be captured in a
     CUDA graph."""
+
+    max_rows = MAX_ROWS
 
     def __init__(self, model, pdl: bool = False):
         cfg = model.config
@@ -130,3 +140,24 @@ class TokenStep:
         taps = [tapped[i] for i in self.taps_from]
         taps = torch.cat(taps, -1) if taps else x.new_zeros(M, 0)
         return logits.view(B, T, -1), taps.view(B, T, -1)
+
+
+def chain_for(target, device: torch.device, tp_size: int = 1) -> TokenStep | None:
+    """The chain ``DSPARK_DECODE_CHAIN=1`` asks for (None when unset or "0"): a ``TokenStep`` of
+    ``target``, with PDL on sm_90+ GPUs. ``ConfigError`` naming why when it cannot serve this
+    target (not a Qwen3 target, not bf16, not on a GPU, tensor parallel)."""
+    flag = os.environ.get(ENV, "0")
+    if flag in ("", "0"):
+        return None
+    why = (f"{ENV}={flag!r}: set it to 1 or 0" if flag != "1"
+           else "the chain runs Qwen3 targets only" if not isinstance(target, Qwen3ForCausalLM)
+           else "the chain's Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1)"
+           if device.type != "cuda" and not INTERPRET
+           else "the chain is not sharded for tensor parallelism" if tp_size > 1 else None)
+    if why:
+        raise ConfigError(f"{ENV}: {why}")
+    try:
+        pdl = device.type == "cuda" and gdc_wait is not None and torch.cuda.get_device_capability(device)[0] >= 9
+        return TokenStep(target, pdl=pdl)
+    except ValueError as e:                                # weights that are not bf16
+        raise ConfigError(f"{ENV}: {e}") from None

@@ -51,7 +51,7 @@ def test_graphed_prefill_equals_eager_prefill(backend, device, dtype):
     for t, b in zip(_caches(llm), before):
         t.copy_(b)
     got_seqs, got_kv, after = _prefill(llm, graphed, PROMPTS)
-    assert list(graphed.prefills._graphs) == [(4, 32, True)]            # B 3 -> 4, T 20 -> 32
+    assert list(graphed.prefills._graphs) == [(4, 32, True, False)]     # B 3 -> 4, T 20 -> 32
     assert [s.output_ids for s in got_seqs] == [s.output_ids for s in want_seqs]
     tol = dict(rtol=0, atol=0) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
     for g, w in zip(got_kv, want_kv):
@@ -60,6 +60,30 @@ def test_graphed_prefill_equals_eager_prefill(backend, device, dtype):
     for t, b in zip(after, before):     # pad rows / tokens wrote nothing (but the scratch page,
         others = [p for p in range(t.shape[0] - 1) if p not in owned]   # the last, as eagerly)
         assert torch.equal(t[others], b[others])
+
+
+def test_graphed_prefill_keeps_the_prompts_taps():
+    """``keep_taps`` (a prompt whose draft context waits, ``deferred_context.py``): the graph's
+    last-row logits and the prompt's taps [B, T, m*d] equal the eager prefill's (fp64, padding
+    cut off), and neither writes the draft's cache."""
+    llm = LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float64, device="cpu", max_batch_size=4,
+                          max_seq_len=64, page_size=PAGE, cuda_graphs=False)
+    eager = DecodeSteps(llm.networks)
+    graphed = GraphedSteps(eager, llm.max_batch_size, llm.max_pages_per_seq, EAGER_REPLAY)
+    B, T = len(PROMPTS), max(map(len, PROMPTS))
+    tokens = torch.tensor([p + [0] * (T - len(p)) for p in PROMPTS])
+    positions = torch.tensor([list(range(len(p))) + [-1] * (T - len(p)) for p in PROMPTS])
+    table = torch.full((B, llm.max_pages_per_seq), -1)
+    table[:, :3] = torch.arange(3 * B).view(B, 3)
+    lens = torch.tensor([len(p) for p in PROMPTS])
+    draft = [t.clone() for c in (llm.networks.draft_cache,) for t in c["k"] + c["v"]]
+    want = eager.prefill(tokens, positions, table, lens, False, keep_taps=True)
+    got = graphed.prefill(tokens, positions, table, lens, False, keep_taps=True)
+    assert list(graphed.prefills._graphs) == [(4, 32, False, True)]
+    assert got[1].shape == want[1].shape == (B, T, want[1].shape[-1])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(llm.networks.draft_cache["k"] + llm.networks.draft_cache["v"], draft))
 
 
 def test_prefill_shapes_past_the_largest_graph_run_eagerly():

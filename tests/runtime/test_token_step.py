@@ -3,14 +3,20 @@ interpreter against the module's own decode step, its refusals, and on a GPU at 
 dims with and without programmatic dependent launch."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 pytest.importorskip("triton", reason="Triton is not installed")
 
-from tests.support.interpreter import interpreter_results  # noqa: E402
-from tests.support.token_step_cases import CASES  # noqa: E402
+from tests.support import prebuilt  # noqa: E402
+from tests.support.token_step_cases import CASES, write_results  # noqa: E402
 
+STEPS = prebuilt.job("token-step-cases", write_results, args=("steps",), fixture="results", timeout=900,
+                     env={"TRITON_INTERPRET": "1"})
+LLM_RUNS = prebuilt.job("token-step-llm", write_results, args=("llm",), fixture="llm_runs", timeout=900,
+                        env={"TRITON_INTERPRET": "1"})
 LOGIT_TOL = 0.02     # of the logits' scale: bf16 GEMV outputs summed in another order than torch's
 ULP_TOL = 4.0        # K / V and taps in bf16 ulps: each GEMV's output may round the other way
                      # (fp32 sums in another order), and later layers inherit those differences
@@ -18,7 +24,12 @@ ULP_TOL = 4.0        # K / V and taps in bf16 ulps: each GEMV's output may round
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    return interpreter_results("tests.support.token_step_cases")
+    return json.loads((STEPS.wait() / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def llm_runs() -> dict:
+    return json.loads((LLM_RUNS.wait() / "results.json").read_text())
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
@@ -35,6 +46,35 @@ def test_chain_equals_the_modules_decode_step(results, case):
     assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
     assert r["taps_shape"] == r["ref_taps_shape"] and r["taps_ulp"] <= ULP_TOL, r
     assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
+
+
+def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
+    """``DSPARK_DECODE_CHAIN=1``: an ``LLM`` of a tiny bf16 pair takes its AR steps and its verify
+    blocks from the chain (prefills from the modules) and decodes greedily the tokens the modules
+    give, AR and speculative alike; without it the chain is never called."""
+    r = llm_runs
+    assert r["chain_calls_1"] > 0 and r["chain_calls_0"] == 0
+    assert r["ar_1"] == r["ar_0"] == r["spec_1"] == r["spec_0"]
+
+
+@pytest.mark.parametrize("flag,case,match", [
+    ("2", "bf16", "set it to 1 or 0"),
+    ("1", "fp32", "bf16 only"),
+    ("1", "cpu", "need a CUDA GPU"),
+])
+def test_decode_chain_refuses_what_it_cannot_run(monkeypatch, flag, case, match):
+    """The env var asks for the chain; a target it cannot serve is a ConfigError naming why."""
+    from dspark_trt.config import ConfigError
+    from dspark_trt.models import build_models
+    from dspark_trt.runtime import token_step
+    from tests.support.models import tiny_pair
+    monkeypatch.setenv("DSPARK_DECODE_CHAIN", flag)
+    monkeypatch.setattr(token_step, "INTERPRET", case != "cpu")         # this process: no interpreter
+    target, _ = build_models(tiny_pair(), torch.float32 if case == "fp32" else torch.bfloat16, "cpu")
+    with pytest.raises(ConfigError, match=match):
+        token_step.chain_for(target, torch.device("cpu"))
+    monkeypatch.setenv("DSPARK_DECODE_CHAIN", "0")
+    assert token_step.chain_for(target, torch.device("cpu")) is None
 
 
 def test_refuses_weights_that_are_not_bf16():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 
@@ -34,8 +35,44 @@ def attention_in_fp32(kernel):
     return run
 
 
-def main():
-    assert os.environ.get("TRITON_INTERPRET") == "1"          # set before triton is imported
+def llm_runs() -> dict:
+    """``LLM`` with ``DSPARK_DECODE_CHAIN=1`` on a tiny bf16 pair: greedy AR and speculative (fixed
+    N) output with the chain, AR output of the plain modules, and how many target calls the chain
+    took (prefills go to the modules)."""
+    from dspark_trt.models import build_models
+    from dspark_trt.runtime import SamplingParams, token_step
+    from dspark_trt.runtime.llm import LLM
+    from dspark_trt.runtime.networks import DECODE_CHAIN_ENV
+    from tests.support.models import scale_weights_, tiny_pair
+    token_step.block_attention_triton = attention_in_fp32(token_step.block_attention_triton)
+    pair = tiny_pair(vocab=96, hidden=64, layers=2, heads=4, kv_heads=2, taps=(0,), block=3)
+    target, draft = build_models(pair, torch.bfloat16, "cpu", seed=3)
+    scale_weights_(target, 4.0)
+    prompts, sp = [[1, 2, 3, 4], [5, 6]], SamplingParams(max_new_tokens=6)
+    out = {}
+    for chain in ("1", "0"):
+        os.environ[DECODE_CHAIN_ENV] = chain
+        llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8)
+        calls = [0]
+        if llm.networks.decode_chain is not None:
+            step = llm.networks.decode_chain
+            llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__(0, calls[0] + 1), _s(*a))[1]
+            llm.networks.decode_chain.max_rows = step.max_rows
+        out[f"ar_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp, speculative=False)]
+        out[f"spec_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp)]
+        out[f"chain_calls_{chain}"] = calls[0]
+    return out
+
+
+def write_results(out, mode: str) -> None:
+    """``step_cases()`` ("steps") or ``llm_runs()`` ("llm") into ``out``/results.json (a background
+    job of tests/runtime/test_token_step.py, tests/support/prebuilt.py, TRITON_INTERPRET=1)."""
+    assert os.environ.get("TRITON_INTERPRET") == "1", "the interpreter cases need TRITON_INTERPRET=1"
+    (out / "results.json").write_text(json.dumps(llm_runs() if mode == "llm" else step_cases()))
+
+
+def step_cases() -> dict:
+    """Per case of ``CASES``: the chain's step against the module's (module doc)."""
     from dspark_trt.models import build_models
     from dspark_trt.models.fuse import fuse_projections_
     from dspark_trt.runtime import token_step
@@ -85,8 +122,9 @@ def main():
             "kv_ulp": kv_ulp, "cache_changed_elsewhere": changed_elsewhere,
             "logits_dtype": str(logits.dtype), "rows_written": len(rows),
         }
-    print("RESULT " + json.dumps(out))
+    return out
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":       # python -m tests.support.token_step_cases [llm] (TRITON_INTERPRET=1)
+    assert os.environ.get("TRITON_INTERPRET") == "1"          # set before triton is imported
+    print("RESULT " + json.dumps(llm_runs() if sys.argv[1:] == ["llm"] else step_cases()))
