@@ -236,7 +236,8 @@ def _launches_fp8(monkeypatch):
 
 def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
-    the default one, the rows kernel at 8 and 5 tokens, each also with PDL (``_with_pdl``)."""
+    the default one, the rows kernel at 8 and 5 tokens (tensor cores) and at 5 on the CUDA cores,
+    each also with PDL (``_with_pdl``)."""
     N, K = 4096, 4096
     w = torch.randn(N, K).bfloat16()
     x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
@@ -252,6 +253,8 @@ def _launches_decode_gemv(monkeypatch):
         out += record(monkeypatch, kdg, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,
                       residual_out=torch.empty_like(rm))
         out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(M, 2 * K).bfloat16(), w, "swiglu")
+    out += record(monkeypatch, kdg, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,   # CUDA cores
+                  residual_out=torch.empty_like(rm), config=dict(kdg.DEFAULT, DOT=False))
     return _with_pdl(out)
 
 

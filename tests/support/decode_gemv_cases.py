@@ -14,7 +14,7 @@ from tests.support.skinny_gemm_cases import ulp_err
 
 # (name, prologue, N, K, residual, residual_out, config, pre_k, M): N not a multiple of BLOCK_N, PRE_K of
 # one and two K tiles, every prologue with and without a residual; M None: one token x [K], else x [M, K]
-# (M = 1 as a row, a power of two and not).
+# (M = 1 as a row, a power of two and not; the tensor-core body from M = 5 unless the config says).
 CASES = [
     ("none", "none", 37, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None, None),
     ("none_pre2", "none", 40, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), 128, None),
@@ -29,6 +29,9 @@ CASES = [
     ("rows8_none_residual", "none", 40, 128, True, True, dict(BLOCK_N=16, BLOCK_K=32), None, 8),
     ("rows3_swiglu", "swiglu", 29, 128, False, False, dict(BLOCK_N=8, BLOCK_K=64), None, 3),
     ("rows16_rmsnorm", "rmsnorm", 33, 128, False, False, dict(BLOCK_N=8, BLOCK_K=64), 128, 16),
+    ("rows8_cuda_cores_rmsnorm_residual", "rmsnorm", 37, 128, True, True, dict(BLOCK_N=8, BLOCK_K=32, DOT=False),
+     None, 8),
+    ("rows2_dot_swiglu", "swiglu", 40, 128, False, False, dict(BLOCK_N=16, BLOCK_K=32, DOT=True), 64, 2),
 ]
 EPS = 1e-6
 
