@@ -2,8 +2,8 @@
 ``decode_gemv.MAX_ROWS`` in all) as a chain of fused Triton kernels, each launched with
 programmatic dependent launch where the GPU has it (issue #21). Opt-in for ``LLM``'s eager
 modules with ``DSPARK_DECODE_CHAIN=1`` (``chain_for``: the target's steps of at most
-``MAX_ROWS`` tokens run here, larger ones (prefills, big verifies) through the modules); not yet
-measured on a GPU.
+``MAX_ROWS`` tokens run here, larger ones (most prefills, big verifies) through the modules); not
+yet measured on a GPU.
 
 Per layer (``models.qwen3.Qwen3DecoderLayer.deferred`` for the step's tokens, six launches):
 
