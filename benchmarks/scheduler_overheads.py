@@ -1,0 +1,81 @@
+"""Where a steady-load round's host time goes (issue #25): ``verify_concurrency.py``'s runs with
+the Scheduler's own functions and the AR steps timed call by call.
+
+Wraps ``Scheduler._falls_back_to_ar`` / ``_ar_round`` / ``_reserve_round`` / ``_write_deferred``
+and ``DecodeSteps.ar_round`` / ``ar_round_taps`` with wall timers, runs ``verify_concurrency.run``
+with the given arguments (its own JSON is not written), and writes per batch and mode the calls
+and mean ms of each, next to the rounds' walls: e.g. the AR fallback's bookkeeping is
+``_ar_round`` minus ``ar_round_taps`` against plain AR's ``_ar_round`` minus ``ar_round``.
+
+    python benchmarks/scheduler_overheads.py --device cpu --prompts heldout --batch-sizes 4,64 \\
+        --gen-len 32 --prompt-len 64 --load steady --waves 3 --modes fixed,scheduled --out-dir DIR
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import torch  # noqa: E402
+import verify_concurrency as vc  # noqa: E402
+from dspark_trt import provenance  # noqa: E402
+from dspark_trt.runtime import scheduler as sched_mod, steps as steps_mod  # noqa: E402
+
+TIMED = {sched_mod.Scheduler: ("_falls_back_to_ar", "_ar_round", "_reserve_round", "_write_deferred"),
+         steps_mod.DecodeSteps: ("ar_round", "ar_round_taps")}
+
+
+def timed(calls: dict):
+    """Wrap the TIMED methods so that each call's wall ms lands in ``calls[name]``."""
+    for cls, names in TIMED.items():
+        for name in names:
+            fn = getattr(cls, name)
+
+            @functools.wraps(fn)
+            def wrapper(*a, _fn=fn, _name=name, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return _fn(*a, **kw)
+                finally:
+                    calls.setdefault(_name, []).append(1e3 * (time.perf_counter() - t0))
+            setattr(cls, name, wrapper)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    calls: dict[str, list[float]] = {}
+    rows = []
+    steady = vc.steady_state
+
+    def measured(llm, prompts, B, gen_len, speculative, mode="fixed", seed=0):
+        calls.clear()
+        r = steady(llm, prompts, B, gen_len, speculative, mode, seed)
+        rows.append({"batch": B, "mode": mode if speculative else "autoregressive",
+                     "decode_tokens_per_s": r["decode_tokens_per_s"], "round_wall": r["round_wall"],
+                     "calls": {k: {"count": len(v), "mean_ms": sum(v) / len(v)} for k, v in calls.items()}})
+        print(f"[overheads] B={B} {rows[-1]['mode']}: " + ", ".join(
+            f"{k} {v['count']} x {v['mean_ms']:.3f} ms" for k, v in rows[-1]["calls"].items()), flush=True)
+        return r
+
+    timed(calls)
+    vc.steady_state = measured
+    vc.run(argv)
+    out = Path(vc.parse_args(argv).out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    path = out / f"scheduler-overheads-{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
+    path.write_text(json.dumps({"git_sha": provenance.git_sha(), "gpu": gpu,
+                                "command": "python benchmarks/scheduler_overheads.py " + " ".join(argv),
+                                "rows": rows}, indent=1))
+    print(f"[overheads] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
