@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import Callable, Iterator, Sequence as Seq
@@ -27,7 +26,7 @@ from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .kv_manager import (KVBudgetError, check_kv_fits, context_that_fits, cuda_kv_budget,
                          kv_bytes_per_token, pages_from_budget, table_width_cost)
-from .networks import DECODE_CHAIN_ENV, EagerNetworks
+from .networks import EagerNetworks, decode_chain_flag
 from .prompts import check_text, is_single_prompt, token_ids
 from .sampling_params import RequestError, RequestOutput, SamplingParams, StreamChunk
 from .scheduler import Scheduler, to_output
@@ -147,7 +146,7 @@ class LLM:
             compile_regions_(m, self.compiled)
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
                                                   self.device, self.dtype, markov_sampler, n)
-        if networks is None and os.environ.get(DECODE_CHAIN_ENV, "0") not in ("", "0"):
+        if networks is None and decode_chain_flag():
             from .token_step import chain_for           # Triton kernels: imported only when asked for
             self.networks.decode_chain = chain_for(target, self.device, self.tp_size)   # (issue #21)
         if self.compiled:

@@ -5,6 +5,8 @@ the same methods. KV caches are persistent buffers allocated here and written in
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor, nn
 
@@ -13,6 +15,12 @@ from ..config.source import resolve_num_spec_tokens
 from ..models.dspark_qwen3 import markov_sampler_op
 
 DECODE_CHAIN_ENV = "DSPARK_DECODE_CHAIN"   # "1": the target's decode steps through runtime/token_step.py
+
+
+def decode_chain_flag() -> str | None:
+    """``DSPARK_DECODE_CHAIN``'s value, None when unset, empty or "0" (the chain not asked for)."""
+    flag = os.environ.get(DECODE_CHAIN_ENV, "0")
+    return None if flag in ("", "0") else flag
 
 
 class EagerNetworks:

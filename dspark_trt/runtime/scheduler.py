@@ -137,7 +137,7 @@ class Scheduler:
         self._survival = SurvivalEstimate(networks.num_spec_tokens)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
         self._probe_floor = 0                  # the streak's probe interval from PROBE_BUDGET
-        self._ar_choices: dict = {}            # (scheduler, cost model, rows) -> prefers_ar, this estimate's
+        self._ar_choices: tuple = (-1, {})     # (survival version, {(scheduler, cost model, rows): prefers_ar})
         self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
         self._window_streak = 0                # window rounds since the last confidence probe
         self._packed_gain: tuple = (None, 0.0)  # (the confidences it was computed from, packed_gain)
@@ -440,12 +440,12 @@ class Scheduler:
         round costs change every round)."""
         if sched.round_costs is not None:
             return sched.prefers_ar(rows, curve)
-        if self._ar_choices.get("version") != self._survival.version:
-            self._ar_choices = {"version": self._survival.version}
-        key = (id(sched), sched.cost_model, rows)
-        if key not in self._ar_choices:
-            self._ar_choices[key] = sched.prefers_ar(rows, curve)
-        return self._ar_choices[key]
+        if self._ar_choices[0] != self._survival.version:
+            self._ar_choices = (self._survival.version, {})
+        choices, key = self._ar_choices[1], (id(sched), sched.cost_model, rows)
+        if key not in choices:
+            choices[key] = sched.prefers_ar(rows, curve)
+        return choices[key]
 
     def _estimates_rounds(self, seqs: list[Sequence]) -> bool:
         """Whether this batch's round kind comes from the survival estimate (an all-``scheduled``

@@ -29,7 +29,6 @@ the next layer's q/k/v GEMV writes anyway.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +41,7 @@ from ..plugins.kernels.block_attention import block_attention_triton
 from ..plugins.kernels.common import INTERPRET, gdc_wait
 from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
-from .networks import DECODE_CHAIN_ENV as ENV
+from .networks import DECODE_CHAIN_ENV as ENV, decode_chain_flag
 
 
 @dataclass
@@ -146,8 +145,8 @@ def chain_for(target, device: torch.device, tp_size: int = 1) -> TokenStep | Non
     """The chain ``DSPARK_DECODE_CHAIN=1`` asks for (None when unset or "0"): a ``TokenStep`` of
     ``target``, with PDL on sm_90+ GPUs. ``ConfigError`` naming why when it cannot serve this
     target (not a Qwen3 target, not bf16, not on a GPU, tensor parallel)."""
-    flag = os.environ.get(ENV, "0")
-    if flag in ("", "0"):
+    flag = decode_chain_flag()
+    if flag is None:
         return None
     why = (f"{ENV}={flag!r}: set it to 1 or 0" if flag != "1"
            else "the chain runs Qwen3 targets only" if not isinstance(target, Qwen3ForCausalLM)
