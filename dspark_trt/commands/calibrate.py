@@ -4,7 +4,8 @@ Runs speculative decoding (fixed N, the given temperature) over held-out prompts
 round's confidence logits with the drafts it verified and accepted, splits the prompts in two
 (even: fit, odd: report), fits the per-position temperatures on the first half
 (``runtime/calibration.py``) and reports ECE and ROC-AUC of the prefix-survival product before and
-after on the second. Writes ``confidence_calibration.json`` next to the draft checkpoint (or to
+after on the second, with the held-out prefix survival per position (``"survival"``: where a fresh
+scheduler's AR fallback starts, ``SurvivalEstimate``). Writes ``confidence_calibration.json`` next to the draft checkpoint (or to
 ``--out``), where ``LLM.from_checkpoints`` finds it.
 
 Prompts: ``--eval-set`` (a training run's ``distill/eval.pt``: its prompts), ``--prompts`` (a text
@@ -94,10 +95,23 @@ def calibrate(per_prompt: list[list], N: int) -> dict:
     held = cal.arrays(held_rounds, N)
     temps = cal.fit_sts(*fit)
     before, after = cal.metrics(*held, [1.0]), cal.metrics(*held, temps)
-    return {"temperatures": temps, "fit_rounds": len(fit_rounds), "heldout_rounds": len(held_rounds),
+    return {"temperatures": temps, "survival": heldout_survival(after),
+            "fit_rounds": len(fit_rounds), "heldout_rounds": len(held_rounds),
             "ece_before": before["ece"], "ece_after": after["ece"],
             "auc_before": before["auc"], "auc_after": after["auc"],
             "before": before, "after": after}
+
+
+def heldout_survival(metrics: dict) -> list[float]:
+    """The held-out rounds' prefix survival ``P(drafts 0..k accepted)`` per position (the labels'
+    mean), up to the first position no round verified: a fresh scheduler's prior
+    (``SurvivalEstimate``)."""
+    out = []
+    for p in metrics["per_position"]:
+        if not p["count"]:
+            break
+        out.append(float(p["label_mean"]))
+    return out
 
 
 def run(args) -> int:

@@ -25,7 +25,8 @@ target row ``l`` (a bonus token), see ``steps.DecodeSteps.verify_step``. Since t
 same whatever is admitted, the scheduler's default cost model is "padded" (``VerifyScheduler``).
 
 Files (JSON, next to a draft checkpoint or in an engine directory):
-``confidence_calibration.json``  {"temperatures": [T_0 .. T_{N-1}], "ece_before", "ece_after", ...}
+``confidence_calibration.json``  {"temperatures": [T_0 .. T_{N-1}], "survival": [held-out
+                                 P(drafts 0..k accepted)], "ece_before", "ece_after", ...}
 ``verify_cost.json``             {"tokens": [n_1 < n_2 < ...], "latency_ms": [...], "source": ...}
                                  (verify-step latency vs total verified tokens; ``dspark-trt bench
                                  --cost-curve`` measures it; linear interpolation between points,
@@ -73,6 +74,12 @@ class Calibration:
     temperatures: list[float] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
 
+    def survival(self, n: int) -> np.ndarray | None:
+        """[<= n] the held-out prefix survival ``P(drafts 0..k accepted)`` that ``dspark-trt
+        calibrate`` measured (``"survival"``), None when the file has none (older calibrations)."""
+        s = self.metrics.get("survival")
+        return None if not s else np.asarray(s[:n], dtype=np.float64)
+
     def inv_temperatures(self, n: int, device) -> Tensor:
         t = [self.temperatures[min(k, len(self.temperatures) - 1)] if self.temperatures else 1.0
              for k in range(n)]
@@ -94,6 +101,11 @@ class Calibration:
                 isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in t):
             raise ConfidenceFileError(f"{path}: 'temperatures' must be a non-empty list of positive "
                                       f"numbers, got {t!r}")
+        s = d.get("survival")
+        if s is not None and not (isinstance(s, list) and all(
+                isinstance(v, (int, float)) and 0.0 <= v <= 1.0 for v in s)):
+            raise ConfidenceFileError(f"{path}: 'survival' must be a list of probabilities in [0, 1], "
+                                      f"got {s!r}")
         return cls([float(v) for v in t], {k: v for k, v in d.items() if k != "temperatures"})
 
     @classmethod
@@ -705,14 +717,19 @@ class SurvivalEstimate:
     (``S_{-1} = 1``), ``PRIOR`` before any. Not the mean of ``c_{r,k}`` itself: a row's confidences
     are correlated across positions (an easy continuation is easy throughout), so the rows that
     survive to k are the confident ones, and the mean conditional under-states the tail (replayed
-    H200 curve: tau 1.81 against the true 2.41), which kept censored windows looking right. Counts of the last
+    H200 curve: tau 1.81 against the true 2.41), which kept censored windows looking right. Before
+    any confidence round ``S`` is ``measured`` where given (the calibration's held-out survival,
+    ``Calibration.survival``), else the constant ``PRIOR``. Counts of the last
     ``window`` rounds; AR rounds (nothing verified) add nothing, so the estimate is not pulled
     down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros."""
 
     PRIOR, PRIOR_WEIGHT = 0.5, 4.0
 
-    def __init__(self, num_spec_tokens: int, window: int = 32):
+    def __init__(self, num_spec_tokens: int, window: int = 32, measured: np.ndarray | None = None):
+        """``measured``: [<= N] a prefix-survival curve measured on held-out data; with it the
+        estimate holds before any round (``informed``): a fresh scheduler decides from it."""
         self.n = num_spec_tokens
+        self.measured = None if measured is None or not len(measured) else np.asarray(measured, np.float64)
         self.rounds: deque = deque(maxlen=window)        # (at_risk [N], survived [N]) per round
         self.confidence: deque = deque(maxlen=window)    # (sum_r prod_{j<=k} c_{r,j} [N], rows)
         # running sums of both windows (the rounds' decisions read the curve every round)
@@ -724,6 +741,11 @@ class SurvivalEstimate:
 
     def __len__(self) -> int:
         return len(self.rounds)
+
+    @property
+    def informed(self) -> bool:
+        """Whether the curve rests on anything measured: verified rounds or the ``measured`` prior."""
+        return bool(self.rounds) or self.measured is not None
 
     def add(self, accepted, verified, confidence=None) -> None:
         """One round: per row, drafts accepted and drafts verified (accepted <= verified <= N);
@@ -751,10 +773,15 @@ class SurvivalEstimate:
 
     def prior(self) -> np.ndarray:
         """[N] the prior conditional acceptance ``S_k / S_{k-1}`` of the head's mean calibrated
-        prefix products ``S``, else ``PRIOR``; where ``S_{k-1}`` vanishes, the previous position's."""
-        if not self.confidence:
+        prefix products ``S``, else of the ``measured`` curve, else ``PRIOR``; where ``S_{k-1}``
+        vanishes (or the measured curve ends), the previous position's."""
+        if self.confidence:
+            s = self._conf / self._conf_rows                                        # [N] S_k
+        elif self.measured is not None:
+            s = np.full(self.n, np.nan)
+            s[: len(self.measured)] = self.measured[: self.n]
+        else:
             return np.full(self.n, self.PRIOR)
-        s = self._conf / self._conf_rows                                            # [N] S_k
         prev = np.concatenate([[1.0], s[:-1]])
         ratio = np.divide(s, prev, out=np.full(self.n, np.nan), where=prev > 1e-12)
         for k in range(self.n):                  # S_{k-1} ~ 0: carry the last defined hazard

@@ -132,9 +132,11 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # the AR fallback of all-scheduled batches: the recent speculative rounds' prefix-survival
-        # estimate (verified outcomes), and AR rounds since the last speculative one (a probe every
-        # AR_PROBE_EVERY)
-        self._survival = SurvivalEstimate(networks.num_spec_tokens)
+        # estimate (verified outcomes; before any, the calibration's held-out survival where it has
+        # one), and AR rounds since the last speculative one (a probe every AR_PROBE_EVERY)
+        sched = self._scheduler()
+        measured = None if sched is None else sched.calibration.survival(networks.num_spec_tokens)
+        self._survival = SurvivalEstimate(networks.num_spec_tokens, measured=measured)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
         self._probe_floor = 0                  # the streak's probe interval from PROBE_BUDGET
         self._ar_choices: tuple = (-1, {})     # (survival version, {(scheduler, cost model, rows): prefers_ar})
@@ -368,11 +370,21 @@ class Scheduler:
     def _defers_prompts(self, seqs: list[Sequence], rows: int) -> bool:
         """Whether the draft context of these admitted prompts (``rows`` in all) waits in
         ``deferred`` for the batch's next speculative round: the batch is in an AR streak of the
-        fallback and every admitted request would fall back with it (``scheduled``, no
-        logprobs; no calibration run), within the deferred prompts' memory (``prompt_room``)."""
-        return (self.speculative and self.defer_context and self._ar_streak > 0 and not self.record_confidence
+        fallback (or, fresh, will start with one: ``_starts_with_ar``) and every admitted request
+        would fall back with it (``scheduled``, no logprobs; no calibration run), within the
+        deferred prompts' memory (``prompt_room``)."""
+        return (self.speculative and self.defer_context and not self.record_confidence
                 and all(s.params.verify_mode == "scheduled" and s.params.logprobs is None for s in seqs)
-                and self.deferred.prompt_room(rows))
+                and self.deferred.prompt_room(rows)
+                and (self._ar_streak > 0 or self._starts_with_ar(len(self.running) + len(seqs))))
+
+    def _starts_with_ar(self, rows: int) -> bool:
+        """Whether a fresh batch (no speculative round yet) of ``rows`` all-scheduled rows starts
+        with AR rounds: the calibration's measured survival says AR pays (``_falls_back_to_ar``)."""
+        sched = self._scheduler()
+        return (not len(self._survival) and self._survival.informed and sched is not None
+                and sched.falls_back and all(s.params.verify_mode == "scheduled" for s in self.running)
+                and self._prefers_ar(sched, rows, self._survival.curve()))
 
     def _ar_round(self, seqs: list[Sequence], fallback: bool = False) -> None:
         """Plain autoregressive step on the target: the comparison mode, or (``fallback``) an AR
@@ -453,7 +465,7 @@ class Scheduler:
         their rows come from the eager confidence rounds)."""
         sched = self._scheduler()
         return not (sched is None or not sched.falls_back or self.record_confidence
-                    or not len(self._survival) or any(s.params.verify_mode != "scheduled" for s in seqs)
+                    or not self._survival.informed or any(s.params.verify_mode != "scheduled" for s in seqs)
                     or _logprobs_k(seqs) is not None)
 
     def _estimated_window(self, seqs: list[Sequence], estimates: bool) -> int | None:

@@ -31,7 +31,7 @@ from .best import BestCheckpoint
 from .confidence import ConfidenceHead, load_confidence
 from .dense import causal_lm_forward, draft_block_logits
 from .distill import DistillSampler, DistillSet, continue_prompts, cut_prompts
-from .loop import History, run_training
+from .loop import run_training
 from .modules import build_ar_draft, build_block_draft, build_target
 from .objective import LossWeights, ar_draft_loss, block_loss, causal_lm_loss, sample_masked_anchors
 from .pipeline import Run, target_lm_step

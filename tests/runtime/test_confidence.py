@@ -475,6 +475,12 @@ def test_cost_curve_and_calibration_files(tmp_path):
     (tmp_path / "verify_cost.json").write_text('{"tokens": [4, 2], "latency_ms": [1, 2]}')
     with pytest.raises(ValueError, match="increasing"):
         CostCurve.find(tmp_path)
+    assert Calibration.find(tmp_path).survival(3) is None                      # an older file: none
+    Calibration([1.5], {"survival": [0.5, 0.2, 0.1, 0.05]}).save(tmp_path)
+    assert Calibration.find(tmp_path).survival(3).tolist() == [0.5, 0.2, 0.1]
+    (tmp_path / "confidence_calibration.json").write_text('{"temperatures": [1.0], "survival": [0.5, 1.5]}')
+    with pytest.raises(ValueError, match="'survival'"):
+        Calibration.find(tmp_path)
 
 
 def _head_checkpoints(tmp_path):
@@ -498,8 +504,12 @@ def test_calibrate_command_writes_the_calibration_the_llm_loads(tmp_path, capsys
     assert res["ece_after"] <= res["ece_before"] + 1e-9 or res["fit_rounds"] < 50
     saved = json.loads((ddir / "confidence_calibration.json").read_text())
     assert saved["temperatures"] == res["temperatures"] and "auc_before" in saved
+    # the held-out prefix survival: the labels' mean per position (positions some round verified)
+    labels = [p["label_mean"] for p in saved["after"]["per_position"] if p["count"]]
+    assert saved["survival"] == labels and 1 <= len(labels) <= 4
     llm = LLM.from_checkpoints(tdir, ddir, device="cpu")
     assert llm.calibration.temperatures == res["temperatures"]
+    assert llm.calibration.survival(4).tolist() == labels
 
 
 def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys):
@@ -885,6 +895,21 @@ def test_survival_estimate_is_kaplan_meier_over_the_verified_windows():
     np.testing.assert_allclose(est.curve()[0], 0.0)
 
 
+def test_survival_estimate_starts_from_the_measured_curve():
+    """A measured (held-out) survival curve is the estimate before any round (``informed``); verified
+    rounds then weigh against it as the prior; a confidence round's head products replace it as the
+    prior; a curve shorter than N carries its last conditional acceptance."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    blind, est = SurvivalEstimate(3), SurvivalEstimate(3, measured=np.array([0.4, 0.2]))
+    assert not blind.informed and est.informed and not len(est)
+    np.testing.assert_allclose(est.curve(), [0.4, 0.2, 0.1])
+    np.testing.assert_allclose(blind.curve(), [0.5, 0.25, 0.125])
+    est.add([3, 3], [3, 3])                       # 2 rows accept all: (2 + 4 x 0.4) / (2 + 4) at pos 0
+    assert est.curve()[0] == pytest.approx(3.6 / 6)
+    est.add([0], [3], confidence=np.array([[0.9, 0.9, 0.9]]))
+    np.testing.assert_allclose(est.prior(), [0.9, 0.9, 0.9])
+
+
 def test_ar_round_with_context_writes_the_drafts_context_like_a_verify_that_accepts_nothing():
     """The fallback's AR round writes the draft KV at the anchor's position P exactly as a
     speculative round whose verifier accepted no draft does (from the target's taps of the anchor)."""
@@ -1059,6 +1084,36 @@ def test_ar_fallback_probes_less_often_while_ar_wins(unbudgeted_probes):
     ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80), speculative=False)[0]
     assert out.output_ids == ar.output_ids
     assert [i for i, p in enumerate(out.stats.proposed) if p > 0][:4] == [0, 9, 26, 59]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_fresh_batch_starts_from_the_calibrations_survival(graphs, unbudgeted_probes):
+    """With the calibration's held-out survival, a fresh all-scheduled batch decides its first round
+    from it: where drafting never pays, it starts with AR rounds (its prompts' draft context
+    deferred, the first probe after AR_PROBE_EVERY of them) instead of a blind speculative round,
+    and greedy output equals the target's; where drafting pays, it starts speculative; without a
+    measured curve, speculative as before."""
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    pays = CostCurve([1, 64], [1.0, 1.0], "flat: cheap drafts, dear AR", rows=[1, 4], draft_ms=[0.1, 0.1],
+                     ar_ms=[30.0, 30.0])
+    prompts, runs = [[1, 2, 3], [4, 5]], {}
+    for name, survival in (("low", [0.1, 0.01, 0.0, 0.0]), ("high", [0.99, 0.98, 0.97, 0.96]),
+                           ("none", None)):
+        llm = _llm(block=4, seed=6, verify_cost=pays if name == "high" else curve, cost_model="trimmed",
+                   graphs=graphs, calibration=Calibration([1.0], {} if survival is None else {"survival": survival}))
+        gen = llm.scheduler()
+        seqs = [gen.add_request(p, SamplingParams(max_new_tokens=30, verify_mode="scheduled"))
+                for p in prompts]
+        while gen.has_work():
+            gen.step()
+        ar = llm.generate(prompts, SamplingParams(max_new_tokens=30), speculative=False)
+        assert [s.output_ids for s in seqs] == [a.output_ids for a in ar]
+        runs[name] = (seqs[0].stats.proposed, gen.deferred.prompts_deferred)
+    proposed, deferred = runs["low"]
+    assert proposed[:AR_PROBE_EVERY_T] == [0] * AR_PROBE_EVERY_T and proposed[AR_PROBE_EVERY_T] > 0
+    assert deferred == len(prompts)
+    assert runs["high"][0][0] > 0 and runs["high"][1] == 0
+    assert runs["none"][0][0] > 0 and runs["none"][1] == 0
 
 
 def test_probe_loss_counts_the_ar_rounds_a_speculative_round_gives_up():

@@ -9,7 +9,6 @@ import torch
 from dspark_trt.models import build_models
 from dspark_trt.runtime.scheduler import Scheduler
 from dspark_trt.runtime.llm import LLM
-from dspark_trt.runtime.networks import EagerNetworks
 from dspark_trt.runtime.sampling_params import SamplingParams
 
 from tests.support.models import scale_weights_, tiny_pair
