@@ -98,14 +98,22 @@ def _ints(s: str) -> list[int]:
 
 # ---- timing ---------------------------------------------------------------------------------------
 
+HOST_ITERS = 5       # the host overhead's iterations at least (a difference of walls: noisy)
+
+
+def _wall_ms(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
 def time_ms(fn, iters: int, cuda: bool) -> float:
-    """Mean wall (CPU) or CUDA-event (GPU) time of ``fn()`` over ``iters`` calls, after one warm-up."""
+    """Time of ``fn()`` after one warm-up: on the CPU the median wall of ``iters`` calls (a shared
+    machine's other jobs stretch single calls), on the GPU the CUDA-event mean of ``iters``
+    back-to-back calls."""
     fn()
     if not cuda:
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return (time.perf_counter() - t0) / iters * 1e3
+        return float(np.median([_wall_ms(fn) for _ in range(max(1, iters))]))
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     a.record()
@@ -114,6 +122,20 @@ def time_ms(fn, iters: int, cuda: bool) -> float:
     b.record()
     b.synchronize()
     return a.elapsed_time(b) / iters
+
+
+def host_overhead_ms(round_fn, step_fns, iters: int, cuda: bool) -> float:
+    """What ``round_fn`` (a round called from the host) costs beyond its device steps
+    ``step_fns``, at least 0: on the GPU the event times' difference; on the CPU the median over at
+    least ``HOST_ITERS`` iterations of the round's wall minus its steps' walls, all timed in the same
+    iteration (the machine's drift cancels; a difference of separately timed means did not: 8.8 ms
+    at 4 rows against 0.6 at 1 and 0 at 16 on the 2-core CPU, d1a7e3d)."""
+    if cuda:
+        return max(0.0, time_ms(round_fn, iters, True) - sum(time_ms(f, iters, True) for f in step_fns))
+    for f in (round_fn, *step_fns):
+        f()
+    diffs = [_wall_ms(round_fn) - sum(_wall_ms(f) for f in step_fns) for _ in range(max(iters, HOST_ITERS))]
+    return max(0.0, float(np.median(diffs)))
 
 
 def step_latencies(llm, r, iters: int) -> dict:
@@ -157,6 +179,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     ``draft_window_ms`` [rows][w - 1], w = 1 .. N - 1: the window rounds' draft step
     (``CostCurve.draft_window_ms``); ``host_ms`` per B: a fixed round called from the host
     (``steps.spec_round``: inputs staged, results read back) minus its draft and verify steps
+    (``host_overhead_ms``)
     (with CUDA graphs the round replays its bucket's graphs: a B that is not a bucket size counts
     the padding rows' device time as host time)."""
     from ..runtime.steps import DeviceInputs
@@ -171,7 +194,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     for B in sorted(sizes):
         x = x_all.head(B)
         rows.append(B)
-        draft_ms.append(time_ms(steps.replayable(lambda: eager.draft_step(x)), iters, cuda))
+        draft = steps.replayable(lambda: eager.draft_step(x))
+        draft_ms.append(time_ms(draft, iters, cuda))
         if xc_all is not None:
             xc = xc_all.head(B)
 
@@ -193,8 +217,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             ms = time_ms(fn, iters, cuda)
             grid[-1].append(ms)
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
-        round_ms = time_ms(lambda: steps.spec_round(r.head(B), False), iters, cuda)   # host in, host out
-        host.append(max(0.0, round_ms - draft_ms[-1] - grid[-1][-1]))
+        host.append(host_overhead_ms(lambda: steps.spec_round(r.head(B), False), (draft, fn), iters, cuda))
     tokens = sorted(points)
     lat = [points[t] for t in tokens]
     for i in range(len(lat) - 2, -1, -1):            # non-decreasing: min over >= this many tokens
