@@ -8,8 +8,11 @@ step's tokens at positions L .. L + T - 1; the cache holds random K/V below them
 - ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch.
 Each: median ms of graph replays, the fraction of the HBM roofline (weights of every layer and the
 head, plus the K/V rows read, at 4.8 TB/s), and the logits' agreement with the module step (the
-largest difference over the logits' scale, argmax equal). Writes
-``token-step-<gpu>-<sha>.json`` to ``--out``.
+largest difference over the logits' scale, argmax equal). With ``--draft-layers`` (default 5, the
+published Qwen3-8B DSpark draft's), the draft's block pass of N = 7 tokens (the anchor and mask
+tokens, non-causal over its context) the same way: ``DSparkQwen3Draft.block`` against
+``TokenStep.draft_logits`` (the Markov sampler after it is the same in both, not timed here).
+Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
     python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
 """
@@ -57,6 +60,47 @@ def build(layers: int, vocab: int, positions: int):
     return model, cache, torch.arange(pages, device="cuda")
 
 
+def build_draft(model, layers: int, block: int, cache_pages: int):
+    """A DSpark draft of ``layers`` Qwen3-8B-dims layers over ``model``'s embedding and head
+    (weights N(0, 0.02), fused projections) and its cache of ``cache_pages`` pages of N(0, 1) K/V."""
+    from dspark_trt.config import DSparkConfig
+    from dspark_trt.models.dspark_qwen3 import DSparkQwen3Draft
+    cfg = DSparkConfig(backbone=model.config, num_hidden_layers=layers, block_size=block,
+                       mask_token_id=model.config.vocab_size - 1, target_layer_ids=list(model.tap_layer_ids),
+                       markov_rank=256, num_target_layers=model.config.num_hidden_layers)
+    with torch.device("cuda"):
+        draft = DSparkQwen3Draft(cfg, model.model.embed_tokens, model.lm_head).to(torch.bfloat16)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            if p.dim() == 2 and not name.startswith(("embed_tokens", "lm_head")):
+                p.normal_(0.0, 0.02)
+    fuse_projections_(draft)
+    cache = draft.make_cache(cache_pages, PAGE, torch.bfloat16, "cuda")
+    for c in cache["k"] + cache["v"]:
+        c.normal_()
+    return draft, cache
+
+
+def time_paths(fns: dict, bytes_: float, iters: int) -> dict:
+    """Each path's median CUDA-graph replay, its HBM fraction of ``bytes_`` and its output's
+    agreement with the first path's (the reference)."""
+    out = {"roofline_ms": bytes_ / HBM * 1e3}
+    ref = next(iter(fns.values()))().float()
+    for name, fn in fns.items():
+        logits = fn().float()
+        ms = graph_us([fn], iters) / 1e3
+        out[name] = {"ms": ms, "hbm_fraction": bytes_ / HBM / (ms * 1e-3),
+                     "logit_err": float((logits - ref).abs().max() / ref.abs().max()),
+                     "argmax_equal": bool(torch.equal(logits.argmax(-1), ref.argmax(-1)))}
+    return out
+
+
+def report_line(head: str, out: dict) -> str:
+    return f"[token-step] {head} roofline {out['roofline_ms']:.3f} ms | " + " | ".join(
+        f"{k} {v['ms']:.3f} ms ({100 * v['hbm_fraction']:.1f} %, err {v['logit_err']:.3g}, "
+        f"argmax {'=' if v['argmax_equal'] else '!='})" for k, v in out.items() if isinstance(v, dict))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=36)
@@ -64,6 +108,7 @@ def main() -> int:
     ap.add_argument("--contexts", default="128,1024,8192,32768")
     ap.add_argument("--tokens", default="1,8", help="tokens per step: 1 (AR), 8 (a verify block of N = 7)")
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--draft-layers", type=int, default=5, help="the draft's block pass too (0: not)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -82,23 +127,30 @@ def main() -> int:
         tokens = torch.randint(0, args.vocab, (1, T), device="cuda")
         for L in contexts:
             pos = L + torch.arange(T, device="cuda")[None]
-            bytes_ = weight_bytes + args.layers * (L + T) * kv_row
-            out = {"roofline_ms": bytes_ / HBM * 1e3}
             with torch.inference_mode():
                 fns = {"module": lambda: model(tokens, pos, pages[None], cache)[0]}
                 fns.update({k: (lambda s=s: s(tokens, pos, cache, pages[None])[0]) for k, s in steps.items()})
-                ref = fns["module"]().float()
-                for name, fn in fns.items():
-                    logits = fn().float()
-                    ms = graph_us([fn], args.iters) / 1e3          # median of CUDA-graph replays
-                    out[name] = {"ms": ms, "hbm_fraction": bytes_ / HBM / (ms * 1e-3),
-                                 "logit_err": float((logits - ref).abs().max() / ref.abs().max()),
-                                 "argmax_equal": bool(torch.equal(logits.argmax(-1), ref.argmax(-1)))}
+                out = time_paths(fns, weight_bytes + args.layers * (L + T) * kv_row, args.iters)
             rows.append({"tokens": T, "context": L, **out})
-            print(f"[token-step] T={T} L={L:6d} roofline {out['roofline_ms']:.3f} ms | " + " | ".join(
-                f"{k} {v['ms']:.3f} ms ({100 * v['hbm_fraction']:.1f} %, err {v['logit_err']:.3g}, "
-                f"argmax {'=' if v['argmax_equal'] else '!='})" for k, v in out.items() if isinstance(v, dict)),
-                flush=True)
+            print(report_line(f"T={T} L={L:6d}", out), flush=True)
+    draft_rows = []
+    if args.draft_layers:
+        N = 7
+        draft, dcache = build_draft(model, args.draft_layers, N, len(pages))
+        dsteps = {"chain": TokenStep(draft), "chain_pdl": TokenStep(draft, pdl=True)}
+        d = dsteps["chain"]
+        draft_bytes = sum(t.numel() * t.element_size() for w in d.layers for t in vars(w).values()) + sum(
+            t.numel() * t.element_size() for t in (d.lm_head, d.final_norm))
+        anchor = torch.randint(0, args.vocab - 1, (1,), device="cuda")
+        for L in contexts:
+            start = torch.tensor([L], device="cuda")
+            with torch.inference_mode():
+                fns = {"module": lambda: draft.block(anchor, start, pages[None], dcache, N)}
+                fns.update({k: (lambda s=s: s.draft_logits(anchor, start, dcache, pages[None], N))
+                            for k, s in dsteps.items()})
+                out = time_paths(fns, draft_bytes + args.draft_layers * (L + N) * kv_row, args.iters)
+            draft_rows.append({"block": N, "context": L, **out})
+            print(report_line(f"draft block N={N} L={L:6d}", out), flush=True)
     sha = provenance.git_sha()
     gpu = torch.cuda.get_device_name()
     report = {"git_sha": sha, "gpu": gpu, "command": "python benchmarks/token_step_bench.py " + " ".join(sys.argv[1:]),
@@ -106,6 +158,7 @@ def main() -> int:
                          "intermediate": 12288, "vocab": args.vocab, "dtype": "bf16", "batch": 1, "page": PAGE,
                          "tokens_per_step": blocks, "contexts": contexts},
               "weight_bytes": weight_bytes, "hbm_bytes_per_s": HBM, "rows": rows,
+              "draft": {"layers": args.draft_layers, "rows": draft_rows},
               "seconds": time.perf_counter() - t0,
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "
                        "without / with programmatic dependent launch; hbm_fraction: (weights + K/V read) / "

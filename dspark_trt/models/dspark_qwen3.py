@@ -163,9 +163,10 @@ class DSparkQwen3Draft(nn.Module):
         N = ``num_spec_tokens`` (None: the trained ``config.block_size``)."""
         return self.lm_head(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens))
 
-    def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
-                     num_spec_tokens: int | None = None) -> Tensor:
-        """The post-norm hidden states h [B, N, d] of the block (``U = lm_head(h)``)."""
+    def block_inputs(self, anchor: Tensor, start: Tensor,
+                     num_spec_tokens: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The block's tokens [B, N] (the anchor, then mask tokens), positions [B, N] (P .. P+N-1,
+        -1 for an inert row) and attention limits [B, N] (P + N - 1 for every token: non-causal)."""
         B, N = anchor.shape[0], resolve_num_spec_tokens(num_spec_tokens, self.config)
         offs = torch.arange(N, device=anchor.device)
         mask = torch.full((B, N - 1), self.config.mask_token_id, dtype=anchor.dtype,
@@ -173,11 +174,22 @@ class DSparkQwen3Draft(nn.Module):
         tokens = torch.cat([anchor[:, None], mask], 1)                          # [B, N]
         live = (anchor >= 0) & (start >= 0)
         positions = torch.where(live[:, None], start[:, None] + offs, -1)       # [B, N]
-        kv_limit = positions.amax(1, keepdim=True).expand(B, N)                # P + N - 1: non-causal
+        return tokens, positions, positions.amax(1, keepdim=True).expand(B, N)
+
+    def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
+                     num_spec_tokens: int | None = None) -> Tensor:
+        """The post-norm hidden states h [B, N, d] of the block (``U = lm_head(h)``)."""
+        tokens, positions, kv_limit = self.block_inputs(anchor, start, num_spec_tokens)
         x = self.embed_tokens(tokens.clamp(min=0))
         lc = self.config.backbone
         cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, x.dtype)
         return self.norm(run_layers(self.layers, x, cos, sin, cache, block_table, positions, kv_limit)[0])
+
+    def sample(self, U: Tensor, anchor: Tensor, temperature: Tensor, seed: Tensor, start: Tensor,
+               sampler: str = "exact") -> tuple[Tensor, Tensor]:
+        """The Markov sampler over base logits U [B, w, V] -> drafts [B, w], z [B, w, V]."""
+        w1, w2 = self.markov_weights()
+        return markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,
@@ -189,9 +201,7 @@ class DSparkQwen3Draft(nn.Module):
         ``width`` (< N): sample only the first ``width`` drafts: the block pass is the N-token one
         (the same hidden states), the head and the sequential sampler run on ``width`` rows."""
         h = window_rows(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens), width)
-        U = self.lm_head(h)
-        w1, w2 = self.markov_weights()
-        drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = self.sample(self.lm_head(h), anchor, temperature, seed, start, sampler)
         if not with_confidence:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

@@ -149,6 +149,7 @@ class LLM:
         if networks is None and decode_chain_flag():
             from .token_step import chain_for           # Triton kernels: imported only when asked for
             self.networks.decode_chain = chain_for(target, self.device, self.tp_size)   # (issue #21)
+            self.networks.draft_chain = None if draft is None else chain_for(draft, self.device, self.tp_size)
         if self.compiled:
             mark_caches_static(self.networks.target_cache, self.networks.draft_cache)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)

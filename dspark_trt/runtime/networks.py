@@ -12,9 +12,10 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config.source import resolve_num_spec_tokens
-from ..models.dspark_qwen3 import markov_sampler_op
+from ..models.dspark_qwen3 import markov_sampler_op, window_rows
 
-DECODE_CHAIN_ENV = "DSPARK_DECODE_CHAIN"   # "1": the target's decode steps through runtime/token_step.py
+DECODE_CHAIN_ENV = "DSPARK_DECODE_CHAIN"   # "1": the target's decode steps and the draft's block
+                                           # passes through runtime/token_step.py
 
 
 def decode_chain_flag() -> str | None:
@@ -47,6 +48,7 @@ class EagerNetworks:
         self.has_confidence = getattr(draft, "confidence_head", None) is not None
         self.packs_rows = getattr(target, "packs_rows", False)     # packed verify (packed_verify.py)
         self.decode_chain = None       # runtime/token_step.TokenStep: the steps of <= its max_rows tokens
+        self.draft_chain = None        # ... of the draft: its block passes of <= max_rows tokens
 
     @torch.inference_mode()
     def target(self, tokens: Tensor, positions: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:
@@ -63,7 +65,13 @@ class EagerNetworks:
     @torch.inference_mode()
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                     seed: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
-        """-> drafts [B, w], z [B, w, V]: the first ``width`` (None: all N) drafts of the block."""
+        """-> drafts [B, w], z [B, w, V]: the first ``width`` (None: all N) drafts of the block
+        (the block pass through ``draft_chain`` where one is set and the block is small enough)."""
+        chain = self.draft_chain
+        if chain is not None and anchor.shape[0] * self.num_spec_tokens <= chain.max_rows:
+            U = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens)
+            return self.draft_module.sample(window_rows(U, width), anchor, temperature, seed, start,
+                                            self.markov_sampler)
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
                                  sampler=self.markov_sampler, num_spec_tokens=self.num_spec_tokens,
                                  width=width)

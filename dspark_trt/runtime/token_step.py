@@ -2,8 +2,9 @@
 ``decode_gemv.MAX_ROWS`` in all) as a chain of fused Triton kernels, each launched with
 programmatic dependent launch where the GPU has it (issue #21). Opt-in for ``LLM``'s eager
 modules with ``DSPARK_DECODE_CHAIN=1`` (``chain_for``: the target's steps of at most
-``MAX_ROWS`` tokens run here, larger ones (most prefills, big verifies) through the modules); not
-yet measured on a GPU.
+``MAX_ROWS`` tokens run here, larger ones (most prefills, big verifies) through the modules; so
+does the DSpark draft's block pass of B x N <= ``MAX_ROWS`` tokens, ``draft_logits``: the same
+layers, non-causal over the block, its Markov sampler after); not yet measured on a GPU.
 
 Per layer (``models.qwen3.Qwen3DecoderLayer.deferred`` for the step's tokens, six launches):
 
@@ -36,6 +37,7 @@ from torch import Tensor
 
 from ..config.checks import ConfigError
 from ..models.layers import rope_cos_sin
+from ..models.dspark_qwen3 import DSparkQwen3Draft
 from ..models.qwen3 import Qwen3ForCausalLM
 from ..plugins.kernels.block_attention import block_attention_triton
 from ..plugins.kernels.common import INTERPRET, gdc_wait
@@ -86,12 +88,17 @@ class TokenStep:
     max_rows = MAX_ROWS
 
     def __init__(self, model, pdl: bool = False):
-        cfg = model.config
+        """``model``: a ``Qwen3ForCausalLM`` target, or a ``DSparkQwen3Draft`` (its block pass:
+        ``draft_logits``; no taps)."""
+        target = isinstance(model, Qwen3ForCausalLM)
+        body = model.model if target else model
+        cfg = model.config if target else model.config.layer_config()
         self.model, self.pdl = model, pdl
-        self.layers = [layer_weights(layer) for layer in model.model.layers]
-        self.heads, self.eps, self.head_dim = model.model.layers[0].self_attn.h, cfg.rms_norm_eps, cfg.head_dim
-        self.theta, self.taps_from = cfg.rope_theta, tuple(model.tap_layer_ids)
-        self.final_norm = model.model.norm.weight.detach()
+        self.layers = [layer_weights(layer) for layer in body.layers]
+        self.embed = body.embed_tokens
+        self.heads, self.eps, self.head_dim = body.layers[0].self_attn.h, cfg.rms_norm_eps, cfg.head_dim
+        self.theta, self.taps_from = cfg.rope_theta, tuple(model.tap_layer_ids) if target else ()
+        self.final_norm = body.norm.weight.detach()
         self.lm_head = model.lm_head.weight.detach()
         self.hidden = cfg.hidden_size
         self._buffers: dict[int, tuple[list[Tensor], dict[int, Tensor]]] = {}
@@ -104,13 +111,16 @@ class TokenStep:
             self._buffers[M] = ([new(), new()], {i: new() for i in self.taps_from})
         return self._buffers[M]
 
-    def __call__(self, tokens: Tensor, positions: Tensor, cache: dict, block_table: Tensor) -> tuple[Tensor, Tensor]:
+    def __call__(self, tokens: Tensor, positions: Tensor, cache: dict, block_table: Tensor,
+                 kv_limit: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``kv_limit`` [B, T]: the last position each token attends to (None: its own, causal)."""
         B, T = tokens.shape
         M, pdl, eps = B * T, self.pdl, self.eps
         if M > MAX_ROWS:
             raise ValueError(f"TokenStep: {B} x {T} tokens, at most {MAX_ROWS} per step (decode_gemv.MAX_ROWS)")
         stream, tapped = self.buffers(M)
-        x = self.model.model.embed_tokens(tokens.reshape(M).clamp(min=0))                # [M, d]
+        x = self.embed(tokens.reshape(M).clamp(min=0))                                   # [M, d]
+        kv_limit = positions if kv_limit is None else kv_limit
         cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)           # [B, T, 1, D]
         cos, sin = cos.reshape(M, -1), sin.reshape(M, -1)
         flat_pos = positions.reshape(M)
@@ -127,7 +137,7 @@ class TokenStep:
             q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, flat_pos,
                               self.heads, eps, pdl=pdl)                                   # [M, H, D]
             o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
-                                       positions, positions, self.head_dim ** -0.5, pdl=pdl)
+                                       positions, kv_limit, self.head_dim ** -0.5, pdl=pdl)
             a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl)
             out = stream[flip]
             gate_up = decode_gemv(a, w.gate_up, "rmsnorm", residual=x, norm_weight=w.post_norm, eps=eps,
@@ -140,16 +150,26 @@ class TokenStep:
         taps = torch.cat(taps, -1) if taps else x.new_zeros(M, 0)
         return logits.view(B, T, -1), taps.view(B, T, -1)
 
+    def draft_logits(self, anchor: Tensor, start: Tensor, cache: dict, block_table: Tensor,
+                     num_spec_tokens: int) -> Tensor:
+        """A ``DSparkQwen3Draft``'s block pass through the chain: base logits U [B, N, V] of the
+        anchor [B] at start [B] (``block_inputs``: non-causal over the block; its K / V written
+        at P .. P+N-1 like the module's)."""
+        tokens, positions, kv_limit = self.model.block_inputs(anchor, start, num_spec_tokens)
+        return self(tokens, positions, cache, block_table, kv_limit)[0]
 
-def chain_for(target, device: torch.device, tp_size: int = 1) -> TokenStep | None:
+
+def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None:
     """The chain ``DSPARK_DECODE_CHAIN=1`` asks for (None when unset or "0"): a ``TokenStep`` of
-    ``target``, with PDL on sm_90+ GPUs. ``ConfigError`` naming why when it cannot serve this
-    target (not a Qwen3 target, not bf16, not on a GPU, tensor parallel)."""
+    ``model`` (the target, or the draft's block pass), with PDL on sm_90+ GPUs. ``ConfigError``
+    naming why when it cannot serve it (not a Qwen3 target or DSpark Qwen3 draft, not bf16, not on
+    a GPU, tensor parallel)."""
     flag = decode_chain_flag()
     if flag is None:
         return None
     why = (f"{ENV}={flag!r}: set it to 1 or 0" if flag != "1"
-           else "the chain runs Qwen3 targets only" if not isinstance(target, Qwen3ForCausalLM)
+           else "the chain runs Qwen3 targets and their DSpark drafts only"
+           if not isinstance(model, (Qwen3ForCausalLM, DSparkQwen3Draft))
            else "the chain's Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1)"
            if device.type != "cuda" and not INTERPRET
            else "the chain is not sharded for tensor parallelism" if tp_size > 1 else None)
@@ -157,6 +177,6 @@ def chain_for(target, device: torch.device, tp_size: int = 1) -> TokenStep | Non
         raise ConfigError(f"{ENV}: {why}")
     try:
         pdl = device.type == "cuda" and gdc_wait is not None and torch.cuda.get_device_capability(device)[0] >= 9
-        return TokenStep(target, pdl=pdl)
+        return TokenStep(model, pdl=pdl)
     except ValueError as e:                                # weights that are not bf16
         raise ConfigError(f"{ENV}: {e}") from None

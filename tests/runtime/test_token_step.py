@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed")
 
 from tests.support import prebuilt  # noqa: E402
-from tests.support.token_step_cases import CASES, write_results  # noqa: E402
+from tests.support.token_step_cases import CASES, DRAFT_CASES, write_results  # noqa: E402
 
 STEPS = prebuilt.job("token-step-cases", write_results, args=("steps",), fixture="results", timeout=900,
                      env={"TRITON_INTERPRET": "1"})
@@ -48,12 +48,26 @@ def test_chain_equals_the_modules_decode_step(results, case):
     assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
 
 
+@pytest.mark.parametrize("case", DRAFT_CASES, ids=[c[0] for c in DRAFT_CASES])
+def test_draft_chain_equals_the_modules_block_pass(results, case):
+    """The DSpark draft's block (the anchor, then mask tokens, non-causal), one row and two rows
+    with an inert one: the live rows' base logits within LOGIT_TOL of the module's with the same
+    argmax, the block's K / V in every draft layer within ULP_TOL ulps, no other cache row touched
+    (the inert row writes none)."""
+    name, ctx, N = case
+    r = results[name]
+    assert r["shape"] == r["ref_shape"] and r["rows_written"] == N * sum(n > 0 for n in ctx)
+    assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
+    assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
+
+
 def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
-    """``DSPARK_DECODE_CHAIN=1``: an ``LLM`` of a tiny bf16 pair takes its AR steps and its verify
-    blocks from the chain (prefills from the modules) and decodes greedily the tokens the modules
-    give, AR and speculative alike; without it the chain is never called."""
+    """``DSPARK_DECODE_CHAIN=1``: an ``LLM`` of a tiny bf16 pair takes its AR steps, its verify
+    blocks and its draft block passes from the chains (prefills from the modules) and decodes
+    greedily the tokens the modules give, AR and speculative alike; without it no chain is called."""
     r = llm_runs
     assert r["chain_calls_1"] > 0 and r["chain_calls_0"] == 0
+    assert r["draft_chain_calls_1"] > 0 and r["draft_chain_calls_0"] == 0
     assert r["ar_1"] == r["ar_0"] == r["spec_1"] == r["spec_0"]
 
 
@@ -145,3 +159,37 @@ def test_qwen3_8b_layers_on_gpu(pdl, T):
         assert float(((row_a - row_b).abs() / ulp).max()) <= ULP_TOL
     if pdl:
         assert torch.equal(logits, plain[0]) and torch.equal(taps, plain[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pdl", [False, True])
+def test_qwen3_8b_draft_block_on_gpu(pdl):
+    """A two-layer DSpark draft at Qwen3-8B dims over a 300-token context, the block of N = 7:
+    the chain's base logits within LOGIT_TOL of ``DSparkQwen3Draft.block``'s, same argmaxes."""
+    from dspark_trt.config import DSparkConfig, Qwen3Config
+    from dspark_trt.models.dspark_qwen3 import DSparkQwen3Draft
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.runtime.token_step import TokenStep
+    if pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90+")
+    cfg = Qwen3Config(vocab_size=32000, hidden_size=4096, num_hidden_layers=4, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=128, intermediate_size=12288)
+    dcfg = DSparkConfig(backbone=cfg, num_hidden_layers=2, block_size=7, mask_token_id=31999,
+                        target_layer_ids=[1, 2], markov_rank=64, num_target_layers=4)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        embed, head = torch.nn.Embedding(32000, 4096), torch.nn.Linear(4096, 32000, bias=False)
+        draft = DSparkQwen3Draft(dcfg, embed, head).to(torch.bfloat16)
+    fuse_projections_(draft)
+    cache = draft.make_cache(24, 16, torch.bfloat16, "cuda")
+    for c in cache["k"] + cache["v"]:
+        c.normal_()
+    table = torch.arange(24, device="cuda")[None]
+    anchor, start = torch.tensor([17], device="cuda"), torch.tensor([300], device="cuda")
+    with torch.inference_mode():
+        ref = draft.block(anchor, start, table, {k: [t.clone() for t in v] for k, v in cache.items()}, 7)
+        got = TokenStep(draft, pdl=pdl).draft_logits(anchor, start, cache, table, 7)
+    ref, got = ref[0].float(), got[0].float()
+    assert float((got - ref).abs().max() / ref.abs().max()) <= LOGIT_TOL
+    assert torch.equal(got.argmax(-1), ref.argmax(-1))

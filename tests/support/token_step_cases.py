@@ -37,8 +37,8 @@ def attention_in_fp32(kernel):
 
 def llm_runs() -> dict:
     """``LLM`` with ``DSPARK_DECODE_CHAIN=1`` on a tiny bf16 pair: greedy AR and speculative (fixed
-    N) output with the chain, AR output of the plain modules, and how many target calls the chain
-    took (prefills go to the modules)."""
+    N) output with the chain, AR output of the plain modules, and how many target calls and draft
+    block passes the chains took (prefills go to the modules)."""
     from dspark_trt.models import build_models
     from dspark_trt.runtime import SamplingParams, token_step
     from dspark_trt.runtime.llm import LLM
@@ -53,15 +53,77 @@ def llm_runs() -> dict:
     for chain in ("1", "0"):
         os.environ[DECODE_CHAIN_ENV] = chain
         llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8)
-        calls = [0]
+        calls = {"target": 0, "draft": 0}
         if llm.networks.decode_chain is not None:
             step = llm.networks.decode_chain
-            llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__(0, calls[0] + 1), _s(*a))[1]
+            llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__("target", calls["target"] + 1), _s(*a))[1]
             llm.networks.decode_chain.max_rows = step.max_rows
+        if llm.networks.draft_chain is not None:
+            block = llm.networks.draft_chain.draft_logits
+            llm.networks.draft_chain.draft_logits = \
+                lambda *a, _b=block: (calls.__setitem__("draft", calls["draft"] + 1), _b(*a))[1]
         out[f"ar_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp, speculative=False)]
         out[f"spec_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp)]
-        out[f"chain_calls_{chain}"] = calls[0]
+        out[f"chain_calls_{chain}"], out[f"draft_chain_calls_{chain}"] = calls["target"], calls["draft"]
     return out
+
+
+# (name, rows' context lengths (0: an inert row, anchor -1), N)
+DRAFT_CASES = [("draft_block_of_4", (6,), 4), ("draft_two_rows_one_inert", (9, 0), 3)]
+
+
+def draft_cases() -> dict:
+    """Per case of ``DRAFT_CASES``: a tiny bf16 DSpark draft's block pass through the chain
+    (``TokenStep.draft_logits``) against the module's (``block``) on a copy of the draft cache
+    after a context write: the live rows' base logits' error over their scale, whether the
+    argmaxes agree, the block's K / V errors in bf16 ulps, whether anything else changed."""
+    from dspark_trt.models import build_models
+    from dspark_trt.runtime import token_step
+    from dspark_trt.runtime.token_step import TokenStep
+    from tests.support.models import tiny_pair
+    token_step.block_attention_triton = attention_in_fp32(token_step.block_attention_triton)
+    out = {}
+    for i, (name, ctx, N) in enumerate(DRAFT_CASES):
+        pair = tiny_pair(vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, taps=(0, 1), block=N)
+        _, draft = build_models(pair, torch.bfloat16, "cpu", seed=10 + i)
+        B, gen = len(ctx), torch.Generator().manual_seed(i)
+        cache = draft.make_cache(PAGES, PAGE, torch.bfloat16, "cpu")
+        table = torch.tensor(TABLES[:B])
+        L = max(ctx)
+        pos = torch.stack([torch.where(torch.arange(L) < n, torch.arange(L), -1) for n in ctx])
+        taps = torch.randn(B, L, draft.fc.in_features, generator=gen).to(torch.bfloat16)
+        live_rows = torch.tensor([n > 0 for n in ctx])
+        anchor = torch.where(live_rows, torch.randint(0, 96, (B,), generator=gen), -1)
+        start = torch.where(live_rows, torch.tensor(ctx), -1)         # the anchor: after the context
+        with torch.inference_mode():
+            draft.context(taps, pos, table, cache)
+            ref_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
+            before = {k: [c.clone() for c in v] for k, v in cache.items()}
+            ref = draft.block(anchor, start, table, ref_cache, N)
+            got = TokenStep(draft).draft_logits(anchor, start, cache, table, N)
+        _, block_pos, _ = draft.block_inputs(anchor, start, N)
+        live = block_pos >= 0
+        ref_l, got_l = ref[live].float(), got[live].float()
+        rows = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(live, as_tuple=True))
+                for p in [block_pos[b, p].item()]]
+        out[name] = {"logit_err": float((got_l - ref_l).abs().max() / ref_l.abs().max()),
+                     "argmax_equal": bool(torch.equal(got_l.argmax(-1), ref_l.argmax(-1))),
+                     "shape": list(got.shape), "ref_shape": list(ref.shape), "rows_written": len(rows),
+                     **_cache_errors(cache, ref_cache, before, rows)}
+    return out
+
+
+def _cache_errors(cache, ref_cache, before, rows) -> dict:
+    """The written ``rows`` (flat page-slot indices) of every layer's K / V against the reference
+    cache in bf16 ulps, and whether any other row differs from ``before``."""
+    changed_elsewhere, kv_ulp = False, 0.0
+    for kind in ("k", "v"):
+        for a, b, c in zip(cache[kind], ref_cache[kind], before[kind]):
+            a2, b2, c2 = (t.reshape(-1, *t.shape[2:]).clone() for t in (a, b, c))
+            kv_ulp = max(kv_ulp, ulp_err(a2[rows], b2[rows].float()))
+            a2[rows], c2[rows] = 0, 0
+            changed_elsewhere |= not torch.equal(a2, c2)        # the pad page included
+    return {"kv_ulp": kv_ulp, "cache_changed_elsewhere": changed_elsewhere}
 
 
 def write_results(out, mode: str) -> None:
@@ -106,23 +168,16 @@ def step_cases() -> dict:
         ref_l, got_l = ref_logits[live].float(), logits[live].float()
         rows = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(live, as_tuple=True))
                 for p in [step_pos[b, p].item()]]
-        changed_elsewhere, kv_ulp = False, 0.0
-        for kind in ("k", "v"):
-            for a, b, c in zip(cache[kind], ref_cache[kind], before[kind]):
-                a2, b2, c2 = (t.reshape(-1, *t.shape[2:]).clone() for t in (a, b, c))
-                kv_ulp = max(kv_ulp, ulp_err(a2[rows], b2[rows].float()))
-                a2[rows], c2[rows] = 0, 0
-                changed_elsewhere |= not torch.equal(a2, c2)        # the pad page included
         out[name] = {
             "logit_err": float((got_l - ref_l).abs().max() / ref_l.abs().max()),
             "argmax_equal": bool(torch.equal(got_l.argmax(-1), ref_l.argmax(-1))),
             "shape": list(logits.shape), "ref_shape": list(ref_logits.shape),
             "taps_shape": list(tap.shape), "ref_taps_shape": list(ref_taps.shape),
             "taps_ulp": ulp_err(tap[live], ref_taps[live].float()) if tap.numel() else 0.0,
-            "kv_ulp": kv_ulp, "cache_changed_elsewhere": changed_elsewhere,
             "logits_dtype": str(logits.dtype), "rows_written": len(rows),
+            **_cache_errors(cache, ref_cache, before, rows),
         }
-    return out
+    return {**out, **draft_cases()}
 
 
 if __name__ == "__main__":       # python -m tests.support.token_step_cases [llm] (TRITON_INTERPRET=1)
