@@ -181,7 +181,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     (``steps.spec_round``: inputs staged, results read back) minus its draft and verify steps
     (``host_overhead_ms``)
     (with CUDA graphs the round replays its bucket's graphs: a B that is not a bucket size counts
-    the padding rows' device time as host time)."""
+    the padding rows' device time as host time); ``context_tokens`` / ``context_ms``: the draft's
+    context write by rows written (``context_points``)."""
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
     eager = steps.eager
@@ -191,6 +192,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
               if getattr(nets, "has_confidence", False) and eager.scheduler is not None else None)
     drafts_all, z_all = eager.draft_step(x_all)
     points, rows, draft_ms, ar_ms, grid, admission, draft_window, host = {}, [], [], [], [], [], [], []
+    context = {}
     for B in sorted(sizes):
         x = x_all.head(B)
         rows.append(B)
@@ -218,13 +220,42 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             grid[-1].append(ms)
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
         host.append(host_overhead_ms(lambda: steps.spec_round(r.head(B), False), (draft, fn), iters, cuda))
-    tokens = sorted(points)
-    lat = [points[t] for t in tokens]
-    for i in range(len(lat) - 2, -1, -1):            # non-decreasing: min over >= this many tokens
-        lat[i] = min(lat[i], lat[i + 1])
+        for n, ms in context_points(nets, x, eager.ar_step(x, False, taps_out=True)[1], iters, cuda).items():
+            context[n] = min(ms, context.get(n, float("inf")))
+    tokens, lat = monotone(points)
+    ctx_tokens, ctx_ms = monotone(context)
     return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms,
             "verify_ms": grid, "admission_ms": admission if xc_all is not None else None,
-            "draft_window_ms": draft_window if xc_all is not None and N > 1 else None, "host_ms": host}
+            "draft_window_ms": draft_window if xc_all is not None and N > 1 else None, "host_ms": host,
+            "context_tokens": ctx_tokens or None, "context_ms": ctx_ms or None}
+
+
+def monotone(points: dict) -> tuple[list, list]:
+    """{tokens: ms} -> (tokens ascending, ms made non-decreasing: the least measured at that many
+    tokens or more)."""
+    tokens = sorted(points)
+    ms = [points[t] for t in tokens]
+    for i in range(len(ms) - 2, -1, -1):
+        ms[i] = min(ms[i], ms[i + 1])
+    return tokens, ms
+
+
+CONTEXT_ROWS = 64    # positions per row of the widest context write timed (an AR streak's buffer)
+
+
+def context_points(nets, x, taps, iters: int, cuda: bool) -> dict:
+    """{tokens: ms} of the draft's context write (``draft_context``, eager: as a deferred flush
+    runs it) of the batch's rows ``x`` at 1 and at up to ``CONTEXT_ROWS`` positions each (their
+    prompt positions, overwritten with the anchor's taps ``taps [B, m*d]``; the benchmark's
+    requests are aborted after)."""
+    B = taps.shape[0]
+    widest = int(min(CONTEXT_ROWS, int(x.start.min())))
+    out = {}
+    for L in sorted({1, max(widest, 1)}):
+        pos = torch.arange(L, device=taps.device).expand(B, L)
+        t = taps[:, None].expand(B, L, taps.shape[-1]).contiguous()
+        out[B * L] = time_ms(lambda: nets.draft_context(t, pos, x.table), iters, cuda)
+    return out
 
 
 def run_cost_curve(llm, args, sizes: list[int]) -> int:

@@ -145,7 +145,10 @@ class CostCurve:
     N - 1: the window round's draft step (its head and Markov sampler over w rows; on the H200 at
     64 rows the sampler alone takes 182 us for 2 drafts against 642 for 7, profile-window-b64-dda0476),
     and ``host_ms`` per rows: a fixed round called from the host (inputs staged, results read back)
-    minus its draft and verify steps (``VerifyScheduler.overhead_ms``)."""
+    minus its draft and verify steps (``VerifyScheduler.overhead_ms``), and ``context_ms`` vs
+    ``context_tokens``: the draft's context write (``draft_context``) of that many rows in one
+    call, what the first speculative round after an AR streak pays for the streak's deferred
+    rows (``VerifyScheduler.probe_loss``)."""
 
     tokens: list[int]
     latency_ms: list[float]
@@ -157,6 +160,8 @@ class CostCurve:
     admission_ms: list[float] | None = None
     draft_window_ms: list[list[float]] | None = None
     host_ms: list[float] | None = None
+    context_tokens: list[int] | None = None
+    context_ms: list[float] | None = None
 
     def __post_init__(self):
         ok = (len(self.tokens) == len(self.latency_ms) >= 1
@@ -188,6 +193,13 @@ class CostCurve:
                     isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in a)):
                 raise ConfidenceFileError(f"cost curve ({self.source}): '{name}' must be one non-negative "
                                           f"latency per entry of 'rows'")
+        ct, cm = self.context_tokens, self.context_ms
+        if (ct is None) != (cm is None) or ct is not None and not (
+                len(ct) == len(cm) >= 1 and all(isinstance(n, int) and n >= 1 for n in ct)
+                and all(b > a for a, b in zip(ct, ct[1:]))
+                and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in cm)):
+            raise ConfidenceFileError(f"cost curve ({self.source}): 'context_tokens' (increasing integers "
+                                      f">= 1) and 'context_ms' (non-negative) must come together, same length")
 
     @property
     def has_steps(self) -> bool:
@@ -200,11 +212,18 @@ class CostCurve:
         return _interp(self.rows, {"draft": self.draft_ms, "ar": self.ar_ms, "admission": self.admission_ms,
                                    "host": self.host_ms}[kind], rows)
 
+    def context(self, tokens: float) -> float:
+        """The draft's context write of ``tokens`` rows (0 for none, or without ``context_ms``)."""
+        if tokens <= 0 or self.context_ms is None:
+            return 0.0
+        return _interp(self.context_tokens, self.context_ms, tokens)
+
     @classmethod
     def from_points(cls, pts: dict, source: str) -> "CostCurve":
         """The curve of ``commands.bench.cost_curve``'s measurements."""
         return cls(pts["tokens"], pts["latency_ms"], source, pts["rows"], pts["draft_ms"], pts["ar_ms"],
-                   pts["verify_ms"], pts["admission_ms"], pts.get("draft_window_ms"), pts.get("host_ms"))
+                   pts["verify_ms"], pts["admission_ms"], pts.get("draft_window_ms"), pts.get("host_ms"),
+                   pts.get("context_tokens"), pts.get("context_ms"))
 
     @classmethod
     def default(cls) -> "CostCurve":
@@ -247,6 +266,8 @@ class CostCurve:
             steps["draft_window_ms"] = self.draft_window_ms
         if self.host_ms is not None:
             steps["host_ms"] = self.host_ms
+        if self.context_ms is not None:
+            steps.update(context_tokens=self.context_tokens, context_ms=self.context_ms)
         return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
     def save(self, directory: str | Path) -> Path:
@@ -263,7 +284,8 @@ class CostCurve:
             return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
                        str(d.get("source", path)), opt("rows", int), opt("draft_ms", float),
                        opt("ar_ms", float), grid("verify_ms"), opt("admission_ms", float),
-                       grid("draft_window_ms"), opt("host_ms", float))
+                       grid("draft_window_ms"), opt("host_ms", float), opt("context_tokens", int),
+                       opt("context_ms", float))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
@@ -577,16 +599,23 @@ class VerifyScheduler:
         ar_ms = self.priced_ms("ar", rows) * self._scale("ar", rows)
         return 1.0 / ar_ms > (1.0 + margin) * float(self._option_values(rows, survival).max())
 
-    def probe_loss(self, rows: int, survival) -> float:
+    def probe_loss(self, rows: int, survival, pending: int = 0, confidence_round: bool = False) -> float:
         """What one speculative round of the best option costs an AR streak, in AR rounds: its
-        price buys ``t* v_AR / v*`` AR tokens per row where it commits ``t*`` (``t*``, ``v*``: the
-        best option's expected tokens and tokens per ms, ``v_AR = 1 / ar price``), so
-        ``t* (v_AR / v* - 1)``, at least 0. The Scheduler spaces an AR streak's probes so that
-        they lose at most ``PROBE_BUDGET`` of its rounds."""
+        price ``p*`` (``confidence_round``: a window option run as the confidence round over that
+        window, as a probe runs before any confidence round gave the estimate the head's prior)
+        plus the draft's context write of the streak's ``pending`` deferred rows
+        (``CostCurve.context``, 0 without it) buys ``(p* + context) / ar price`` AR tokens per row
+        where it commits ``t*`` (the best option's expected tokens), so ``(p* + context) / ar
+        price - t*``, at least 0. The Scheduler spaces an AR streak's probes so that they lose at
+        most ``PROBE_BUDGET`` of its rounds."""
         v = self._option_values(rows, survival)
         best = int(np.argmax(v))
-        v_ar = 1.0 / (self.priced_ms("ar", rows) * self._scale("ar", rows))
-        return max(0.0, float(self._option_tokens(survival)[best] * (v_ar / v[best] - 1.0)))
+        t, w = float(self._option_tokens(survival)[best]), self.widths[best]
+        price = t / float(v[best])
+        if confidence_round and self.option_kind(rows, w) == "window":
+            price = self.priced_ms("confidence", rows, w) * self._scale("confidence", rows, "fixed")
+        ar = self.priced_ms("ar", rows) * self._scale("ar", rows)
+        return max(0.0, (price + self.cost.context(pending)) / ar - t)
 
     def _scale(self, kind: str, rows: int, prior: str | None = None) -> float:
         """``round_costs``' factor on the price of a ``kind`` round (1 without learned costs)."""
@@ -602,13 +631,16 @@ class VerifyScheduler:
 
     def priced_ms(self, kind: str, rows: int, width: int | None = None) -> float:
         """The cost curve's price of a round of ``kind`` (``option_kind``, or "ar": the fallback's AR
-        round) verifying ``width`` drafts (None: N): ``option_ms``, a confidence round of all N
-        with its admission."""
+        round) verifying ``width`` drafts (None: N): ``option_ms``; a confidence round drafts the
+        whole block with the head and admits before its verify of ``width`` (at many rows
+        ``option_ms`` prices a window as the window round it usually runs as)."""
         if kind == "ar":
             return self.cost.step_ms("ar", rows) + self.overhead_ms(rows)
         w = self.num_spec_tokens if width is None else width
-        admission = self.admission_ms(rows) if kind == "confidence" and w == self.num_spec_tokens else 0.0
-        return float(self.option_ms(rows)[self.widths.index(w)]) + admission
+        if kind == "confidence":          # the whole block drafted with the head, admitted, w verified
+            return (self.cost.step_ms("draft", rows) + self.admission_ms(rows) + self.overhead_ms(rows)
+                    + self.cost.window_ms(rows, w))
+        return float(self.option_ms(rows)[self.widths.index(w)])
 
     def window_sps_table(self, max_rows: int, device) -> Tensor | None:
         """[max_rows + 1, N] float32: ``1 / window_ms(r, w)`` (the trimmed admission's SPS by rows

@@ -45,6 +45,10 @@ class DeferredContext:
     def pending(self, slot: int) -> int:
         return len(self.positions.get(slot, ())) + len(self.prompts.get(slot, ((),))[0])
 
+    def pending_rows(self, slots: list[int]) -> int:
+        """The rows the next ``flush`` of ``slots`` writes."""
+        return sum(self.pending(s) for s in slots)
+
     def add_prompt(self, slot: int, positions: list[int], taps: Tensor) -> None:
         """Keep the prompt rows ``taps [T, m*d]`` at ``positions`` of the sequence now in ``slot``
         (copied: the prefill's outputs may be a graph's buffers), before any AR row of it."""

@@ -427,24 +427,35 @@ class Scheduler:
         the recent rounds' survival estimate, ``SurvivalEstimate``); after ``AR_PROBE_EVERY`` AR rounds one
         scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
         probes confirm AR, and never shorter than the probes' budget allows: a probe that is
-        expected to lose ``L`` AR rounds (``probe_loss``) comes after at least ``L /
+        expected to lose ``L`` AR rounds (``probe_loss``, its context write of the streak's
+        deferred rows included, so priced again when it is due) comes after at least ``L /
         PROBE_BUDGET`` of them, at most ``AR_PROBE_LIMIT``. Deterministic: a function of the
         batch's history. ``estimates``: the round's ``_estimates_rounds``."""
         sched = self._scheduler()
         if not estimates:
             return False
-        if self._ar_streak >= max(self._probe_every, self._probe_floor):   # probe: one scheduled round
-            self._probing = True
-            return False
+        if self._ar_streak >= max(self._probe_every, self._probe_floor):   # a probe is due ...
+            loss = self._probe_loss(sched, seqs)
+            if loss <= PROBE_BUDGET * self._ar_streak or self._ar_streak >= AR_PROBE_LIMIT:
+                self._probing = True
+                return False
+            # ... but its context write of the streak's deferred rows grew past the budget: later
+            self._probe_floor = min(AR_PROBE_LIMIT, math.ceil(loss / PROBE_BUDGET))
         curve = self._survival.curve()
         ar = self._prefers_ar(sched, len(seqs), curve)
         if self._probing:                  # the probe confirmed AR: probe half as often (to 1/64)
             self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
             self._probing = False
         if ar and self._ar_streak == 0:    # a streak starts (or goes on after a probe): its budget
-            loss = sched.probe_loss(len(seqs), curve)
-            self._probe_floor = min(AR_PROBE_LIMIT, math.ceil(loss / PROBE_BUDGET))
+            self._probe_floor = min(AR_PROBE_LIMIT, math.ceil(self._probe_loss(sched, seqs) / PROBE_BUDGET))
         return ar
+
+    def _probe_loss(self, sched, seqs: list[Sequence]) -> float:
+        """``sched.probe_loss`` of a speculative round of ``seqs`` now: the deferred rows it would
+        write, and whether it would run as a confidence round (no head confidences seen yet)."""
+        return sched.probe_loss(len(seqs), self._survival.curve(),
+                                pending=self.deferred.pending_rows([s.slot for s in seqs]),
+                                confidence_round=self._survival.last_confidence is None)
 
     def _prefers_ar(self, sched, rows: int, curve) -> bool:
         """``sched.prefers_ar(rows, curve)``, reused per row count while the survival estimate is

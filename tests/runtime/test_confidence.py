@@ -475,6 +475,13 @@ def test_cost_curve_and_calibration_files(tmp_path):
     (tmp_path / "verify_cost.json").write_text('{"tokens": [4, 2], "latency_ms": [1, 2]}')
     with pytest.raises(ValueError, match="increasing"):
         CostCurve.find(tmp_path)
+    (tmp_path / "verify_cost.json").write_text('{"tokens": [2], "latency_ms": [1], "context_tokens": [4, 64]}')
+    with pytest.raises(ValueError, match="'context_tokens'.*'context_ms'"):
+        CostCurve.find(tmp_path)
+    CostCurve([2], [1.0], "t", context_tokens=[4, 64], context_ms=[0.5, 2.0]).save(tmp_path)
+    c3 = CostCurve.find(tmp_path)
+    assert c3.context(0) == 0.0 and c3.context(4) == 0.5 and c3.context(34) == pytest.approx(1.25)
+    assert CostCurve([2], [1.0], "t").context(100) == 0.0                  # not measured: unpriced
     assert Calibration.find(tmp_path).survival(3) is None                      # an older file: none
     Calibration([1.5], {"survival": [0.5, 0.2, 0.1, 0.05]}).save(tmp_path)
     assert Calibration.find(tmp_path).survival(3).tolist() == [0.5, 0.2, 0.1]
@@ -531,6 +538,9 @@ def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys):
     assert [len(r) for r in curve.draft_window_ms] == [3, 3] and curve.draft_window(2, 2) == curve.draft_window_ms[1][1]
     # the host's share of a fixed round per rows
     assert len(curve.host_ms) == 2 and all(v >= 0 for v in curve.host_ms)
+    # the draft's context write at 1 and 8 positions (the prompt's) per row, rows 1 and 2
+    assert curve.context_tokens == [1, 2, 8, 16]
+    assert all(b >= a >= 0 for a, b in zip(curve.context_ms, curve.context_ms[1:]))
 
 
 def test_measured_admission_cost_prices_trimmed_windows(tmp_path):
@@ -1124,6 +1134,50 @@ def test_probe_loss_counts_the_ar_rounds_a_speculative_round_gives_up():
     s = VerifyScheduler(4, 256, "cpu", cost=cheap, round_overhead_ms=0.0)
     assert s.probe_loss(4, [0.3, 0.05, 0.0, 0.0]) == pytest.approx(0.15)
     assert s.probe_loss(4, [0.9, 0.8, 0.7, 0.6]) == 0.0                 # 4 tokens in 1.5 ms
+
+
+def test_probe_loss_prices_the_round_a_probe_runs_and_its_context_write():
+    """At many rows the best option is a window round (priced with 1/8 of a confidence round); a
+    probe before any confidence round runs the confidence round over that window: dearer. The
+    deferred rows' context write adds ``context(pending) / ar price`` AR rounds."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    rows = ESTIMATED_WINDOW_MIN_ROWS
+    curve = CostCurve([1, 1024], [1.0, 64.0], "steep", rows=[1, rows], draft_ms=[2.0, 2.0], ar_ms=[1.0, 1.0],
+                      context_tokens=[1, 1000], context_ms=[0.01, 10.0])
+    s = VerifyScheduler(4, 1024, "cpu", cost=curve, round_overhead_ms=0.0)
+    survival = [0.3, 0.05, 0.0, 0.0]
+    w = s.best_window(rows, survival)
+    assert s.option_kind(rows, w) == "window"
+    plain = s.probe_loss(rows, survival)
+    confidence = s.probe_loss(rows, survival, confidence_round=True)
+    conf_ms = s.cost.step_ms("draft", rows) + s.admission_ms(rows) + s.cost.window_ms(rows, w)
+    assert s.priced_ms("confidence", rows, w) == pytest.approx(conf_ms)
+    assert plain > 0 and confidence - plain == pytest.approx(conf_ms - s.priced_ms("window", rows, w))
+    assert s.probe_loss(rows, survival, pending=500) - plain == pytest.approx(curve.context(500))
+
+
+def test_probes_wait_while_their_context_write_exceeds_the_budget():
+    """A probe that would lose ``L`` AR rounds comes after ``max(AR_PROBE_EVERY, L / PROBE_BUDGET)``
+    of them; when the context write of the rows the streak deferred grows faster than the budget
+    (here 0.5 ms per row against 1 % of a 1 ms AR round), it waits to ``AR_PROBE_LIMIT``. A fresh
+    batch starts in AR from the calibration's survival; greedy output equals the target's."""
+    from dspark_trt.runtime import scheduler
+    n = scheduler.AR_PROBE_LIMIT + 8
+    steps = dict(rows=[1, 4], draft_ms=[0.2, 0.2], ar_ms=[1.0, 1.0])
+    probes = {}
+    for name, ctx in (("unpriced", {}), ("priced", dict(context_tokens=[1, 512], context_ms=[0.5, 256.0]))):
+        curve = CostCurve([1, 64], [1.0, 1.0], "flat, cheap drafts", **steps, **ctx)
+        llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", max_seq_len=n + 8,
+                   calibration=Calibration([1.0], {"survival": [0.01, 0.0, 0.0, 0.0]}))
+        out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=n, verify_mode="scheduled"))[0]
+        ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=n), speculative=False)[0]
+        assert out.output_ids == ar.output_ids
+        probes[name] = [i for i, p in enumerate(out.stats.proposed) if p > 0]
+        sched = _scheduler(llm)
+    loss = sched.probe_loss(1, [0.01, 0.0, 0.0, 0.0], confidence_round=True)
+    first = max(AR_PROBE_EVERY_T, math.ceil(loss / scheduler.PROBE_BUDGET))
+    assert first < scheduler.AR_PROBE_LIMIT and probes["unpriced"][0] == first, (loss, probes)
+    assert probes["priced"][0] == scheduler.AR_PROBE_LIMIT, probes
 
 
 def test_ar_streaks_space_their_probes_by_the_budget():
