@@ -124,7 +124,8 @@ def parse_args(argv):
                         "read-back, estimated window without it)")
     b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
     b.add_argument("--repeats", type=int, default=1,
-                   help="runs of every mode per batch, interleaved (fixed, scheduled, ..., AR, fixed, ...): "
+                   help="runs of every mode per batch, interleaved, each repeat in a rotated order (fixed, "
+                        "scheduled, AR; scheduled, AR, fixed; ...: no mode always follows the same one): "
                         "the row keeps the median run's record and each run's tokens/s, and reports the "
                         "per-repeat ratios to fixed and AR (paired: neighbouring runs share the machine's drift)")
     b.add_argument("--learn-round-costs", action="store_true",
@@ -355,10 +356,10 @@ def run(argv) -> dict:
 
     for B in sorted(sizes):
         runs = {m: [] for m in (*modes, "autoregressive")}
-        for _ in range(max(1, args.repeats)):              # interleaved: each repeat runs every mode once
-            for mode in modes:
-                runs[mode].append(spec_run(B, mode))
-            runs["autoregressive"].append(decode(B, False))
+        order = (*modes, "autoregressive")
+        for rep in range(max(1, args.repeats)):            # interleaved: each repeat runs every mode once,
+            for mode in order[rep % len(order):] + order[:rep % len(order)]:     # in a rotated order
+                runs[mode].append(decode(B, False) if mode == "autoregressive" else spec_run(B, mode))
         row = {m: repeated(rs) for m, rs in runs.items()}
         for mode in modes:
             row[mode]["ratio_vs_fixed_repeats"] = paired_ratios(runs[mode], runs["fixed"])
