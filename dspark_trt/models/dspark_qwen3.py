@@ -186,10 +186,14 @@ class DSparkQwen3Draft(nn.Module):
         return self.norm(run_layers(self.layers, x, cos, sin, cache, block_table, positions, kv_limit)[0])
 
     def sample(self, U: Tensor, anchor: Tensor, temperature: Tensor, seed: Tensor, start: Tensor,
-               sampler: str = "exact") -> tuple[Tensor, Tensor]:
-        """The Markov sampler over base logits U [B, w, V] -> drafts [B, w], z [B, w, V]."""
+               sampler: str = "exact", h: Tensor | None = None):
+        """The Markov sampler over base logits U [B, w, V] -> drafts [B, w], z [B, w, V]; with the
+        block's post-norm hidden states ``h`` [B, w, d] also their confidence logits [B, w]."""
         w1, w2 = self.markov_weights()
-        return markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
+        if h is None:
+            return drafts, z
+        return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,
@@ -201,7 +205,5 @@ class DSparkQwen3Draft(nn.Module):
         ``width`` (< N): sample only the first ``width`` drafts: the block pass is the N-token one
         (the same hidden states), the head and the sequential sampler run on ``width`` rows."""
         h = window_rows(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens), width)
-        drafts, z = self.sample(self.lm_head(h), anchor, temperature, seed, start, sampler)
-        if not with_confidence:
-            return drafts, z
-        return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)
+        return self.sample(self.lm_head(h), anchor, temperature, seed, start, sampler,
+                           h if with_confidence else None)

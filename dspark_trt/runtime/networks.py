@@ -79,7 +79,13 @@ class EagerNetworks:
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
                                temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """draft_block + the confidence logits [B, N] of the block, from the same forward."""
+        """draft_block + the confidence logits [B, N] of the block, from the same forward (through
+        ``draft_chain`` as ``draft_block``)."""
+        chain = self.draft_chain
+        if chain is not None and anchor.shape[0] * self.num_spec_tokens <= chain.max_rows:
+            U, h = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens,
+                                      hidden=True)
+            return self.draft_module.sample(U, anchor, temperature, seed, start, self.markov_sampler, h)
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
                                  with_confidence=True, sampler=self.markov_sampler,
                                  num_spec_tokens=self.num_spec_tokens)

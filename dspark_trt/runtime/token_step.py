@@ -112,8 +112,10 @@ class TokenStep:
         return self._buffers[M]
 
     def __call__(self, tokens: Tensor, positions: Tensor, cache: dict, block_table: Tensor,
-                 kv_limit: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``kv_limit`` [B, T]: the last position each token attends to (None: its own, causal)."""
+                 kv_limit: Tensor | None = None, final_residual: bool = False):
+        """``kv_limit`` [B, T]: the last position each token attends to (None: its own, causal).
+        ``final_residual``: also the residual stream after the last layer [B, T, d] (the head's
+        input before its norm; the head GEMV writes it)."""
         B, T = tokens.shape
         M, pdl, eps = B * T, self.pdl, self.eps
         if M > MAX_ROWS:
@@ -144,19 +146,26 @@ class TokenStep:
                                   residual_out=out, pdl=pdl)
             x, flip = out, flip ^ 1
             pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl)
+        last = stream[flip] if final_residual else None
         logits = decode_gemv(pending, self.lm_head, "rmsnorm", residual=x, norm_weight=self.final_norm, eps=eps,
-                             pdl=pdl)
+                             residual_out=last, pdl=pdl)
         taps = [tapped[i] for i in self.taps_from]
         taps = torch.cat(taps, -1) if taps else x.new_zeros(M, 0)
+        if final_residual:
+            return logits.view(B, T, -1), taps.view(B, T, -1), last.view(B, T, -1)
         return logits.view(B, T, -1), taps.view(B, T, -1)
 
     def draft_logits(self, anchor: Tensor, start: Tensor, cache: dict, block_table: Tensor,
-                     num_spec_tokens: int) -> Tensor:
+                     num_spec_tokens: int, hidden: bool = False):
         """A ``DSparkQwen3Draft``'s block pass through the chain: base logits U [B, N, V] of the
         anchor [B] at start [B] (``block_inputs``: non-causal over the block; its K / V written
-        at P .. P+N-1 like the module's)."""
+        at P .. P+N-1 like the module's); ``hidden``: ``(U, h)`` with the post-norm hidden states
+        h [B, N, d] the confidence head reads (the draft's norm over the chain's last residual)."""
         tokens, positions, kv_limit = self.model.block_inputs(anchor, start, num_spec_tokens)
-        return self(tokens, positions, cache, block_table, kv_limit)[0]
+        if not hidden:
+            return self(tokens, positions, cache, block_table, kv_limit)[0]
+        U, _, last = self(tokens, positions, cache, block_table, kv_limit, final_residual=True)
+        return U, self.model.norm(last)
 
 
 def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None:

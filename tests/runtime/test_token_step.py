@@ -53,22 +53,29 @@ def test_draft_chain_equals_the_modules_block_pass(results, case):
     """The DSpark draft's block (the anchor, then mask tokens, non-causal), one row and two rows
     with an inert one: the live rows' base logits within LOGIT_TOL of the module's with the same
     argmax, the block's K / V in every draft layer within ULP_TOL ulps, no other cache row touched
-    (the inert row writes none)."""
+    (the inert row writes none); with a confidence head, the drafts and confidence logits of
+    ``forward(with_confidence=True)``."""
     name, ctx, N = case
     r = results[name]
     assert r["shape"] == r["ref_shape"] and r["rows_written"] == N * sum(n > 0 for n in ctx)
     assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
     assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
+    # with the confidence head: the same greedy drafts, confidence logits within LOGIT_TOL of their
+    # scale (the head reads the chain's hidden states; without the draft's norm: 16 %), the inert
+    # row's (-inf) exactly
+    assert r["drafts_equal"] and r["conf_err"] <= LOGIT_TOL and r["conf_inert_equal"], r
 
 
 def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
     """``DSPARK_DECODE_CHAIN=1``: an ``LLM`` of a tiny bf16 pair takes its AR steps, its verify
-    blocks and its draft block passes from the chains (prefills from the modules) and decodes
-    greedily the tokens the modules give, AR and speculative alike; without it no chain is called."""
+    blocks and its draft block passes (with the confidence head's hidden states in ``threshold``
+    rounds) from the chains (prefills from the modules) and decodes greedily the tokens the
+    modules give, AR, speculative and ``threshold`` alike; without it no chain is called."""
     r = llm_runs
     assert r["chain_calls_1"] > 0 and r["chain_calls_0"] == 0
     assert r["draft_chain_calls_1"] > 0 and r["draft_chain_calls_0"] == 0
-    assert r["ar_1"] == r["ar_0"] == r["spec_1"] == r["spec_0"]
+    assert r["draft_confidence_chain_calls_1"] > 0 and r["draft_confidence_chain_calls_0"] == 0
+    assert r["ar_1"] == r["ar_0"] == r["spec_1"] == r["spec_0"] == r["threshold_1"] == r["threshold_0"]
 
 
 @pytest.mark.parametrize("flag,case,match", [

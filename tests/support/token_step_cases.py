@@ -36,9 +36,10 @@ def attention_in_fp32(kernel):
 
 
 def llm_runs() -> dict:
-    """``LLM`` with ``DSPARK_DECODE_CHAIN=1`` on a tiny bf16 pair: greedy AR and speculative (fixed
-    N) output with the chain, AR output of the plain modules, and how many target calls and draft
-    block passes the chains took (prefills go to the modules)."""
+    """``LLM`` with ``DSPARK_DECODE_CHAIN=1`` on a tiny bf16 pair with a confidence head: greedy AR,
+    speculative (fixed N) and ``threshold`` output with the chain, the same of the plain modules,
+    and how many target calls and draft block passes (plain, with the head's hidden states) the
+    chains took (prefills go to the modules)."""
     from dspark_trt.models import build_models
     from dspark_trt.runtime import SamplingParams, token_step
     from dspark_trt.runtime.llm import LLM
@@ -48,23 +49,31 @@ def llm_runs() -> dict:
     pair = tiny_pair(vocab=96, hidden=64, layers=2, heads=4, kv_heads=2, taps=(0,), block=3)
     target, draft = build_models(pair, torch.bfloat16, "cpu", seed=3)
     scale_weights_(target, 4.0)
+    torch.manual_seed(3)
+    draft.add_confidence_head()
     prompts, sp = [[1, 2, 3, 4], [5, 6]], SamplingParams(max_new_tokens=6)
+    threshold = SamplingParams(max_new_tokens=6, verify_mode="threshold", confidence_threshold=0.3)
     out = {}
     for chain in ("1", "0"):
         os.environ[DECODE_CHAIN_ENV] = chain
         llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8)
-        calls = {"target": 0, "draft": 0}
+        calls = {"target": 0, "draft": 0, "draft_confidence": 0}
         if llm.networks.decode_chain is not None:
             step = llm.networks.decode_chain
             llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__("target", calls["target"] + 1), _s(*a))[1]
             llm.networks.decode_chain.max_rows = step.max_rows
         if llm.networks.draft_chain is not None:
             block = llm.networks.draft_chain.draft_logits
-            llm.networks.draft_chain.draft_logits = \
-                lambda *a, _b=block: (calls.__setitem__("draft", calls["draft"] + 1), _b(*a))[1]
+            def counted(*a, _b=block, **kw):
+                key = "draft_confidence" if kw.get("hidden") else "draft"
+                calls[key] += 1
+                return _b(*a, **kw)
+            llm.networks.draft_chain.draft_logits = counted
         out[f"ar_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp, speculative=False)]
         out[f"spec_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp)]
+        out[f"threshold_{chain}"] = [o.output_ids for o in llm.generate(prompts, threshold)]
         out[f"chain_calls_{chain}"], out[f"draft_chain_calls_{chain}"] = calls["target"], calls["draft"]
+        out[f"draft_confidence_chain_calls_{chain}"] = calls["draft_confidence"]
     return out
 
 
@@ -109,8 +118,30 @@ def draft_cases() -> dict:
         out[name] = {"logit_err": float((got_l - ref_l).abs().max() / ref_l.abs().max()),
                      "argmax_equal": bool(torch.equal(got_l.argmax(-1), ref_l.argmax(-1))),
                      "shape": list(got.shape), "ref_shape": list(ref.shape), "rows_written": len(rows),
-                     **_cache_errors(cache, ref_cache, before, rows)}
+                     **_cache_errors(cache, ref_cache, before, rows),
+                     **_confidence_case(draft, anchor, start, table, before, N, live_rows)}
     return out
+
+
+def _confidence_case(draft, anchor, start, table, cache, N, live_rows) -> dict:
+    """The block's greedy drafts and confidence logits through the chain (``draft_logits(hidden=
+    True)`` + ``sample``) against the module's ``forward(with_confidence=True)``, each on its own
+    copy of ``cache``: whether the live rows' drafts agree, the confidence logits' largest error over their scale."""
+    from dspark_trt.runtime.token_step import TokenStep
+    torch.manual_seed(0)
+    draft.add_confidence_head()
+    B = anchor.shape[0]
+    temperature, seed = torch.zeros(B), torch.arange(B)
+    copy = lambda: {k: [c.clone() for c in v] for k, v in cache.items()}  # noqa: E731
+    with torch.inference_mode():
+        ref_d, _, ref_c = draft(anchor, start, table, temperature, seed, copy(), with_confidence=True,
+                                num_spec_tokens=N)
+        U, h = TokenStep(draft).draft_logits(anchor, start, copy(), table, N, hidden=True)
+        got_d, _, got_c = draft.sample(U, anchor, temperature, seed, start, "exact", h)
+    live = live_rows
+    return {"drafts_equal": bool(torch.equal(got_d[live], ref_d[live])),
+            "conf_err": float((got_c[live] - ref_c[live]).abs().max() / ref_c[live].abs().max()),
+            "conf_inert_equal": bool(torch.equal(got_c[~live], ref_c[~live]))}
 
 
 def _cache_errors(cache, ref_cache, before, rows) -> dict:
