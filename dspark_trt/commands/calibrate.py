@@ -132,6 +132,9 @@ def run(args) -> int:
         return 0
     print(f"temperatures: [{', '.join(f'{t:.3g}' for t in res['temperatures'])}] "
           f"({res['fit_rounds']} rounds fitted, {res['heldout_rounds']} held out)")
+    surv = res["survival"]
+    print(f"held-out prefix survival: [{', '.join(f'{v:.3f}' for v in surv)}] (tau {1 + sum(surv):.2f}: "
+          f"a fresh scheduler's starting estimate)")
     print(f"held-out ECE of the prefix-survival product: {res['ece_before']:.4f} -> {res['ece_after']:.4f}; "
           f"ROC-AUC {res['auc_before']:.4f} -> {res['auc_after']:.4f}")
     print(f"written: {path}" if path else "not written (no --out and no checkpoint directory)")

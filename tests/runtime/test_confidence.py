@@ -517,6 +517,10 @@ def test_calibrate_command_writes_the_calibration_the_llm_loads(tmp_path, capsys
     llm = LLM.from_checkpoints(tdir, ddir, device="cpu")
     assert llm.calibration.temperatures == res["temperatures"]
     assert llm.calibration.survival(4).tolist() == labels
+    assert main(["calibrate", "--checkpoint", str(tdir), "--draft-checkpoint", str(ddir), "--device", "cpu",
+                 "--num-prompts", "8", "--max-new-tokens", "24", "--max-seq-len", "64",
+                 "--out", str(tmp_path / "again")]) == 0
+    assert f"(tau {1 + sum(labels):.2f}:" in capsys.readouterr().out
 
 
 def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys):
