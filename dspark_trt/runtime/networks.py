@@ -62,13 +62,18 @@ class EagerNetworks:
     def draft_context(self, taps: Tensor, positions: Tensor, block_table: Tensor) -> None:
         self.draft_module.context(taps.to(self.dtype), positions, block_table, self.draft_cache)
 
+    def _draft_chain(self, anchor: Tensor):
+        """``draft_chain`` where it takes this block (B x N <= its ``max_rows`` tokens), else None."""
+        chain = self.draft_chain
+        fits = chain is not None and anchor.shape[0] * self.num_spec_tokens <= chain.max_rows
+        return chain if fits else None
+
     @torch.inference_mode()
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                     seed: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
         """-> drafts [B, w], z [B, w, V]: the first ``width`` (None: all N) drafts of the block
         (the block pass through ``draft_chain`` where one is set and the block is small enough)."""
-        chain = self.draft_chain
-        if chain is not None and anchor.shape[0] * self.num_spec_tokens <= chain.max_rows:
+        if (chain := self._draft_chain(anchor)) is not None:
             U = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens)
             return self.draft_module.sample(window_rows(U, width), anchor, temperature, seed, start,
                                             self.markov_sampler)
@@ -81,8 +86,7 @@ class EagerNetworks:
                                temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """draft_block + the confidence logits [B, N] of the block, from the same forward (through
         ``draft_chain`` as ``draft_block``)."""
-        chain = self.draft_chain
-        if chain is not None and anchor.shape[0] * self.num_spec_tokens <= chain.max_rows:
+        if (chain := self._draft_chain(anchor)) is not None:
             U, h = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens,
                                       hidden=True)
             return self.draft_module.sample(U, anchor, temperature, seed, start, self.markov_sampler, h)
