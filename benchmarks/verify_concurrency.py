@@ -22,7 +22,9 @@ output and as the verifier's acceptance: per row and round a logistic offset ``e
 and position), conditional acceptance ``q_k = sigmoid(logit(p_k) + spread * e)`` with ``p_k`` the
 curve's conditional acceptance, confidence logit ``logit(q_k)`` (calibrated by construction) and
 draft k accepted iff ``u_k < q_k`` for a keyed uniform ``u``. The target and draft networks still
-run in full (their cost is what is measured); only the accepted count is replaced.
+run in full (their cost is what is measured); only the accepted count is replaced. The scheduler
+gets the calibration such a pair would ship with: temperatures 1 and the curve as its held-out
+survival (a fresh batch's starting estimate, ``SurvivalEstimate``).
 
     python benchmarks/verify_concurrency.py --device cpu --batch-sizes 1,2,4,8,16,32,64 --gen-len 16
     python benchmarks/verify_concurrency.py --plot benchmarks/results/verify-concurrency-cpu-<sha>.json
@@ -313,10 +315,12 @@ def run(argv) -> dict:
         llm.networks = SyntheticAcceptance(llm.networks, survival_curve(args.synthetic), args.spread)
         llm._steps = None                       # the steps are built over the wrapped networks
     curve = measure_cost_curve(llm, args, sizes)
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.confidence import Calibration, VerifyScheduler
     n = llm.networks.num_spec_tokens
+    calibration = (Calibration([1.0], {"survival": survival_curve(args.synthetic)}) if args.synthetic
+                   else llm.calibration)          # replayed confidences are calibrated by construction
     llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device,
-                                                llm.calibration, curve, learn_costs=args.learn_round_costs)
+                                                calibration, curve, learn_costs=args.learn_round_costs)
     llm.verify_cost = curve
     for spec in (True, False):               # the steady load's admissions replay prefill graphs
         llm.capture_graphs(spec, prefill_lengths=[args.prompt_len] if steady else None)
@@ -409,6 +413,8 @@ def run(argv) -> dict:
                     b: float(np.median(rows[b][m]["ratio_vs_autoregressive_repeats"])) for b in rows}
                 goal[f"{m}_over_fixed_median_paired"] = {
                     b: float(np.median(rows[b][m]["ratio_vs_fixed_repeats"])) for b in rows}
+    start = llm.steps.eager.scheduler.calibration.survival(n)
+    start = None if start is None else start.tolist()
     return {
         "git_sha": provenance.git_sha(), "command": "python benchmarks/verify_concurrency.py " + " ".join(argv),
         "gpu": torch.cuda.get_device_name() if cuda else "cpu",
@@ -419,6 +425,7 @@ def run(argv) -> dict:
         "confidence": (f"synthetic, replayed from {args.synthetic} (spread {args.spread})" if args.synthetic
                        else "the draft's confidence head" + (" (calibrated)" if llm.calibration else "")),
         "acceptance": "synthetic (same file)" if args.synthetic else "measured (greedy verification)",
+        "starting_survival": start,           # a fresh scheduler's estimate before any round
         "cost_curve": curve.to_json(), "cost_model": llm.steps.eager.scheduler.cost_model,
         "options": {k: v for k, v in vars(args).items() if k not in ("func",)},
         "prompts": args.prompts, "gen_len": args.gen_len, "prompt_len": args.prompt_len,

@@ -48,6 +48,7 @@ def test_tiny_run_writes_json_and_plot(tmp_path):
     report = json.loads(path.read_text())
     assert report["model"]["step_path"] == {"engine": False, "fused_projections": True, "compiled": "aot_eager"}
     assert report["confidence"].startswith(f"synthetic, replayed from {calib}")
+    assert report["starting_survival"] == [0.5, 0.2, 0.1]          # the replayed curve, as calibrated
     assert path.with_suffix(".png").exists()
     n = report["model"]["num_spec_tokens"]
     for row in report["batch"].values():
