@@ -252,7 +252,7 @@ def context_points(nets, x, taps, iters: int, cuda: bool) -> dict:
     widest = int(min(CONTEXT_ROWS, int(x.start.min())))
     out = {}
     for L in sorted({1, max(widest, 1)}):
-        pos = torch.arange(L, device=taps.device).expand(B, L)
+        pos = torch.arange(L, device=taps.device).expand(B, L).contiguous()   # engines take dense inputs
         t = taps[:, None].expand(B, L, taps.shape[-1]).contiguous()
         out[B * L] = time_ms(lambda: nets.draft_context(t, pos, x.table), iters, cuda)
     return out
