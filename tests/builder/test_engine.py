@@ -210,3 +210,19 @@ def test_info_command_prints_and_checks_engine(engine, capsys):
     out = capsys.readouterr().out
     assert '"format_version": 1' in out and "check: ok" in out
     assert "ops target: dspark::" in out and "= pytorch reference: CPU build" in out
+
+
+def test_engine_cost_curve_times_its_context_write(engine):
+    """``bench.cost_curve`` (what ``bench --cost-curve`` saves) on an engine: the draft's context
+    write timed at 1 and at the prompt's 8 positions per row through the engine's ``draft_context``
+    (dynamic token count, dense inputs), a curve that loads."""
+    from dspark_trt.commands import bench
+    llm = LLM.from_engine(engine, device="cpu")
+    gen = llm.scheduler()
+    seqs = [gen.add_request(list(range(3, 11)), SamplingParams(max_new_tokens=4, ignore_eos=True))
+            for _ in range(2)]
+    gen.step()                                                     # the prefill only: positions 0 .. 7
+    pts = bench.cost_curve(llm, gen.round_inputs(seqs), [1, 2], 1)
+    assert pts["context_tokens"] == [1, 2, 8, 16] and all(v >= 0 for v in pts["context_ms"])
+    curve = CostCurve.from_points(pts, "engine")
+    assert curve.context(16) == pts["context_ms"][-1]
