@@ -124,14 +124,15 @@ def time_ms(fn, iters: int, cuda: bool) -> float:
     return a.elapsed_time(b) / iters
 
 
-def host_overhead_ms(round_fn, step_fns, iters: int, cuda: bool) -> float:
+def host_overhead_ms(round_fn, step_fns, step_ms: list[float], iters: int, cuda: bool) -> float:
     """What ``round_fn`` (a round called from the host) costs beyond its device steps
-    ``step_fns``, at least 0: on the GPU the event times' difference; on the CPU the median over at
-    least ``HOST_ITERS`` iterations of the round's wall minus its steps' walls, all timed in the same
-    iteration (the machine's drift cancels; a difference of separately timed means did not: 8.8 ms
-    at 4 rows against 0.6 at 1 and 0 at 16 on the 2-core CPU, d1a7e3d)."""
+    ``step_fns``, at least 0: on the GPU its event time less the steps' (already measured
+    ``step_ms``); on the CPU the median over at least ``HOST_ITERS`` iterations of the round's wall
+    minus its steps' walls, all timed in the same iteration (the machine's drift cancels; a
+    difference of separately timed means did not: 8.8 ms at 4 rows against 0.6 at 1 and 0 at 16 on
+    the 2-core CPU, d1a7e3d)."""
     if cuda:
-        return max(0.0, time_ms(round_fn, iters, True) - sum(time_ms(f, iters, True) for f in step_fns))
+        return max(0.0, time_ms(round_fn, iters, True) - sum(step_ms))
     for f in (round_fn, *step_fns):
         f()
     diffs = [_wall_ms(round_fn) - sum(_wall_ms(f) for f in step_fns) for _ in range(max(iters, HOST_ITERS))]
@@ -219,7 +220,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             ms = time_ms(fn, iters, cuda)
             grid[-1].append(ms)
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
-        host.append(host_overhead_ms(lambda: steps.spec_round(r.head(B), False), (draft, fn), iters, cuda))
+        host.append(host_overhead_ms(lambda: steps.spec_round(r.head(B), False), (draft, fn),
+                                     [draft_ms[-1], grid[-1][-1]], iters, cuda))
         for n, ms in context_points(nets, x, eager.ar_step(x, False, taps_out=True)[1], iters, cuda).items():
             context[n] = min(ms, context.get(n, float("inf")))
     tokens, lat = monotone(points)

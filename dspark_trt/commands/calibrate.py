@@ -5,8 +5,8 @@ round's confidence logits with the drafts it verified and accepted, splits the p
 (even: fit, odd: report), fits the per-position temperatures on the first half
 (``runtime/calibration.py``) and reports ECE and ROC-AUC of the prefix-survival product before and
 after on the second, with the held-out prefix survival per position (``"survival"``: where a fresh
-scheduler's AR fallback starts, ``SurvivalEstimate``). Writes ``confidence_calibration.json`` next to the draft checkpoint (or to
-``--out``), where ``LLM.from_checkpoints`` finds it.
+scheduler's AR fallback starts, ``SurvivalEstimate``). Writes ``confidence_calibration.json`` next
+to the draft checkpoint (or to ``--out``), where ``LLM.from_checkpoints`` finds it.
 
 Prompts: ``--eval-set`` (a training run's ``distill/eval.pt``: its prompts), ``--prompts`` (a text
 file, one prompt per line, or JSONL with "prompt" text or "prompt_ids"), else random token ids

@@ -24,6 +24,12 @@ def decode_chain_flag() -> str | None:
     return None if flag in ("", "0") else flag
 
 
+def _fitting(chain, tokens: int):
+    """``chain`` (a ``token_step.TokenStep`` or None) where it takes a step of ``tokens`` tokens
+    (at most its ``max_rows``), else None: the modules run it."""
+    return chain if chain is not None and tokens <= chain.max_rows else None
+
+
 class EagerNetworks:
     """Target + draft modules with their caches bound; shapes are those of design.md."""
 
@@ -54,26 +60,20 @@ class EagerNetworks:
     def target(self, tokens: Tensor, positions: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:
         """target_prefill / target_verify: tokens [B, T] -> logits [B, T, V], taps [B, T, m*d]
         (a decode step of few tokens through ``decode_chain`` where one is set)."""
-        if self.decode_chain is not None and tokens.numel() <= self.decode_chain.max_rows:
-            return self.decode_chain(tokens, positions, self.target_cache, block_table)
+        if (chain := _fitting(self.decode_chain, tokens.numel())) is not None:
+            return chain(tokens, positions, self.target_cache, block_table)
         return self.target_module(tokens, positions, block_table, self.target_cache)
 
     @torch.inference_mode()
     def draft_context(self, taps: Tensor, positions: Tensor, block_table: Tensor) -> None:
         self.draft_module.context(taps.to(self.dtype), positions, block_table, self.draft_cache)
 
-    def _draft_chain(self, anchor: Tensor):
-        """``draft_chain`` where it takes this block (B x N <= its ``max_rows`` tokens), else None."""
-        chain = self.draft_chain
-        fits = chain is not None and anchor.shape[0] * self.num_spec_tokens <= chain.max_rows
-        return chain if fits else None
-
     @torch.inference_mode()
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                     seed: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
         """-> drafts [B, w], z [B, w, V]: the first ``width`` (None: all N) drafts of the block
         (the block pass through ``draft_chain`` where one is set and the block is small enough)."""
-        if (chain := self._draft_chain(anchor)) is not None:
+        if (chain := _fitting(self.draft_chain, anchor.shape[0] * self.num_spec_tokens)) is not None:
             U = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens)
             return self.draft_module.sample(window_rows(U, width), anchor, temperature, seed, start,
                                             self.markov_sampler)
@@ -86,7 +86,7 @@ class EagerNetworks:
                                temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """draft_block + the confidence logits [B, N] of the block, from the same forward (through
         ``draft_chain`` as ``draft_block``)."""
-        if (chain := self._draft_chain(anchor)) is not None:
+        if (chain := _fitting(self.draft_chain, anchor.shape[0] * self.num_spec_tokens)) is not None:
             U, h = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens,
                                       hidden=True)
             return self.draft_module.sample(U, anchor, temperature, seed, start, self.markov_sampler, h)

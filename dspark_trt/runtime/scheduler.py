@@ -376,15 +376,14 @@ class Scheduler:
         return (self.speculative and self.defer_context and not self.record_confidence
                 and all(s.params.verify_mode == "scheduled" and s.params.logprobs is None for s in seqs)
                 and self.deferred.prompt_room(rows)
-                and (self._ar_streak > 0 or self._starts_with_ar(len(self.running) + len(seqs))))
+                and (self._ar_streak > 0 or self._starts_with_ar(self.running + seqs)))
 
-    def _starts_with_ar(self, rows: int) -> bool:
-        """Whether a fresh batch (no speculative round yet) of ``rows`` all-scheduled rows starts
-        with AR rounds: the calibration's measured survival says AR pays (``_falls_back_to_ar``)."""
-        sched = self._scheduler()
-        return (not len(self._survival) and self._survival.informed and sched is not None
-                and sched.falls_back and all(s.params.verify_mode == "scheduled" for s in self.running)
-                and self._prefers_ar(sched, rows, self._survival.curve()))
+    def _starts_with_ar(self, seqs: list[Sequence]) -> bool:
+        """Whether a fresh batch (no speculative round yet) of ``seqs`` starts with AR rounds: its
+        kind comes from the estimate (``_estimates_rounds``), which is the calibration's measured
+        survival alone, and that says AR pays (``_falls_back_to_ar``)."""
+        return (not len(self._survival) and self._estimates_rounds(seqs)
+                and self._prefers_ar(self._scheduler(), len(seqs), self._survival.curve()))
 
     def _ar_round(self, seqs: list[Sequence], fallback: bool = False) -> None:
         """Plain autoregressive step on the target: the comparison mode, or (``fallback``) an AR

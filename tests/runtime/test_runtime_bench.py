@@ -263,6 +263,6 @@ def test_host_overhead_is_the_median_of_paired_differences():
         time.sleep(0.008 + (0.2 if len(calls) == 3 else 0.0))
 
     step = lambda: time.sleep(0.001)  # noqa: E731
-    ms = host_overhead_ms(round_fn, (step, step), 2, cuda=False)
+    ms = host_overhead_ms(round_fn, (step, step), [1.0, 1.0], 2, cuda=False)
     assert 3.0 < ms < 30.0 and len(calls) == 1 + HOST_ITERS
-    assert host_overhead_ms(step, (round_fn,), 2, cuda=False) == 0.0
+    assert host_overhead_ms(step, (round_fn,), [8.0], 2, cuda=False) == 0.0
