@@ -1,7 +1,8 @@
 """``decode_gemv`` cases under ``TRITON_INTERPRET=1`` (run as a subprocess by
 tests/plugins/test_decode_gemv.py): prints ``RESULT {json}`` with, per case, the error in bf16
 ulps against the torch reference of the same prologue (``models.layers.RMSNorm``, ``F.silu(gate) *
-up``) times ``w`` in fp32, and whether the residual sum written equals torch's bf16 sum."""
+up``) times ``w`` in fp32, for RMSNorm also against the prologue in fp32 (this kernel's and the
+modules' results), and whether the residual sum written equals torch's bf16 sum."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,8 @@ from tests.support.skinny_gemm_cases import ulp_err
 
 # (name, prologue, N, K, residual, residual_out, config, pre_k, M): N not a multiple of BLOCK_N, PRE_K of
 # one and two K tiles, every prologue with and without a residual; M None: one token x [K], else x [M, K]
-# (M = 1 as a row, a power of two and not; the tensor-core body from M = 5 unless the config says).
+# (M = 1 as a row, a power of two and not; the tensor-core body from M = 5 unless the config says; split K
+# with the ticket reduction, both bodies, the default tile).
 CASES = [
     ("none", "none", 37, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None, None),
     ("none_pre2", "none", 40, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), 128, None),
@@ -32,6 +34,12 @@ CASES = [
     ("rows8_cuda_cores_rmsnorm_residual", "rmsnorm", 37, 128, True, True, dict(BLOCK_N=8, BLOCK_K=32, DOT=False),
      None, 8),
     ("rows2_dot_swiglu", "swiglu", 40, 128, False, False, dict(BLOCK_N=16, BLOCK_K=32, DOT=True), 64, 2),
+    ("rows8_split4_rmsnorm_residual", "rmsnorm", 37, 256, True, True, dict(BLOCK_N=16, BLOCK_K=32, SPLIT_K=4),
+     None, 8),
+    ("rows3_split2_cuda_cores_none_residual", "none", 24, 128, True, True,
+     dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=2, DOT=False), 64, 3),
+    ("rows7_split2_swiglu", "swiglu", 40, 256, False, False, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2), None, 7),
+    ("rows7_default_config_rmsnorm", "rmsnorm", 64, 1024, False, False, None, None, 7),
 ]
 EPS = 1e-6
 
@@ -67,6 +75,10 @@ def main():
                         pre_k=pre)
         xin, h = reference(prologue, x, r, g)
         rec = {"ulp": ulp_err(y, xin.float() @ w.float().T), "shape": list(y.shape), "dtype": str(y.dtype)}
+        if prologue == "rmsnorm":           # against the prologue in fp32: this kernel and the modules
+            exact = reference(prologue, h.float(), None, g.float())[0] @ w.float().T
+            rec["ulp_exact"] = ulp_err(y, exact)
+            rec["module_ulp_exact"] = ulp_err(F.linear(xin, w), exact)
         if has_out:
             rec["residual_equal"] = bool(torch.equal(r_out, h))
         out[name] = rec

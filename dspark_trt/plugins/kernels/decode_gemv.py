@@ -22,15 +22,10 @@ predecessor (``gdc_wait``): weights never depend on the previous kernel. On the 
 chain of Qwen3-8B GEMVs ran at 84.7 % of the HBM roofline with PDL, 80.9 % without, cuBLAS 75.3 %.
 
 The program owns ``BLOCK_N`` weight rows and the whole K (no split-K: the measured winners had
-none). One token: it keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial and reduces it once after the
-loop. ``M`` tokens (``decode_gemv_rows_kernel``: a verify block, a small batch): each weight tile
-is loaded once and multiplied with every token's prologue values (each token's RMSNorm scale from
-its own first pass) into a ``[BLOCK_N, M]`` accumulator: from ``DOT_FROM_ROWS`` + 1 tokens as one
-``tl.dot`` per tile on the tensor cores (tiles of at least 16 x 16, the tokens padded), below on
-the CUDA cores, per token (at M = 8 that would be 4 multiply-adds per weight byte, about half of
-what the H200's fp32 lanes sustain at full HBM bandwidth); the same split as ``skinny_gemm``'s
-measured winners, not yet measured here. Weight rows past N are clamped on load and masked on
-store; K must be a multiple of ``BLOCK_K`` (the wrapper picks one) and of ``PRE_K``.
+none) and keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial, reduced once after the loop. K must be a
+multiple of ``BLOCK_K`` (the wrapper picks one) and of ``PRE_K``. Two to ``MAX_ROWS`` tokens (a
+verify block, a draft block, a small batch) run ``decode_rows.py``'s kernel: split-K, tensor-core
+tiles and a deferred norm scale (within about a bf16 ulp of these roundings, not bit for bit).
 """
 from __future__ import annotations
 
@@ -39,7 +34,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import INTERPRET, gdc_launch_dependents, gdc_wait, launcher, pdl_launch, round_bf16
+from . import decode_rows
+from .common import gdc_launch_dependents, gdc_wait, launcher, pdl_launch, round_bf16
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
 NONE, RMSNORM, SWIGLU = (tl.constexpr(v) for v in PROLOGUES.values())
@@ -53,8 +49,6 @@ CONFIGS = {
 }
 DEFAULT = dict(BLOCK_N=8, BLOCK_K=512, num_warps=4, num_stages=3)
 MAX_ROWS = 16            # tokens per call (more: a GEMM, ``skinny_gemm`` / ``F.linear``)
-DOT_FROM_ROWS = 4        # more tokens than this: the tensor-core body (config "DOT" overrides), as
-                         # skinny_gemm's measured H200 winners at M = 8 / 16 (its CUDA-core body up to 4)
 
 
 @triton.jit
@@ -120,97 +114,6 @@ def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: 
     tl.store(y + offs_n, acc.to(y.dtype.element_ty), mask=offs_n < N)
 
 
-@triton.jit
-def decode_gemv_rows_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                            HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
-                            PDL: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
-                            DOT: tl.constexpr = False, INTERPRET_DOT: tl.constexpr = False):
-    """Grid (cdiv(N, BLOCK_N),): ``ROWS`` tokens (BLOCK_M = the next power of two, >= 16 with DOT).
-    x [ROWS, K] ([ROWS, 2K] for SWIGLU), res / res_out [ROWS, K], y [ROWS, N]; otherwise as
-    ``decode_gemv_kernel``. DOT: the tokens' prologue values as one [BLOCK_M, BLOCK_K] tile per K
-    step and ``tl.dot(w_tile, x_tile^T)`` on the tensor cores ("swap AB", as ``skinny_gemm``);
-    else per token a multiply-reduce on the CUDA cores."""
-    pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL)
-    XK = 2 * K if PROLOGUE == SWIGLU else K                 # x's row stride
-    rk = tl.arange(0, BLOCK_K)
-    cols = tl.arange(0, BLOCK_M)
-    if DOT:
-        acc = _rows_dot(x, res, res_out, g, w, w0, rn, rp, rk, cols, pid, K, XK, stride_wn, eps, BLOCK_N,
-                        BLOCK_K, PRE_K, PROLOGUE, HAS_RES, STORE_FIRST, STORE_MAIN, ROWS, BLOCK_M, INTERPRET_DOT)
-    else:
-        acc = _rows_cuda_cores(x, res, res_out, g, w, w0.to(tl.float32), rn, rp, rk, cols, pid, K, XK, stride_wn,
-                               eps, BLOCK_N, BLOCK_K, PRE_K, PROLOGUE, HAS_RES, STORE_FIRST, STORE_MAIN, ROWS,
-                               BLOCK_M)
-    mask = (offs_n < N)[:, None] & (cols < ROWS)[None, :]
-    tl.store(y + cols[None, :] * N + offs_n[:, None], acc.to(y.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _rows_cuda_cores(x, res, res_out, g, w, w0, rn, rp, rk, cols, pid, K, XK, stride_wn, eps,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                     HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
-                     ROWS: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The CUDA-core body of ``decode_gemv_rows_kernel`` -> acc [BLOCK_N, BLOCK_M] fp32: per token
-    a multiply-reduce of each weight tile (w0: the first, in fp32) with its prologue values."""
-    rstd = tl.full([BLOCK_M], 1.0, tl.float32)
-    if PROLOGUE == RMSNORM:                                 # each token's mean square over all K
-        for m in tl.static_range(ROWS):
-            ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for k in range(0, K, BLOCK_K):
-                h = _inputs(x + m * XK, res + m * K, res_out + m * K, g, k + rk, K, 1.0, pid, NONE, HAS_RES,
-                            STORE_FIRST)
-                ss += h * h
-            rstd = tl.where(cols == m, tl.rsqrt((tl.sum(ss, 0) / K + eps).to(tl.float32)), rstd)
-    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for m in tl.static_range(ROWS):
-        r = tl.sum(tl.where(cols == m, rstd, 0.0), 0)
-        xin = _inputs(x + m * XK, res + m * K, res_out + m * K, g, rp, K, r, pid, PROLOGUE, HAS_RES, STORE_MAIN)
-        acc += tl.where(cols[None, :] == m, tl.sum(w0 * xin[None, :], 1)[:, None], 0.0)
-    for k in range(PRE_K, K, BLOCK_K):
-        wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :]).to(tl.float32)
-        for m in tl.static_range(ROWS):
-            r = tl.sum(tl.where(cols == m, rstd, 0.0), 0)
-            xin = _inputs(x + m * XK, res + m * K, res_out + m * K, g, k + rk, K, r, pid, PROLOGUE, HAS_RES,
-                          STORE_MAIN)
-            acc += tl.where(cols[None, :] == m, tl.sum(wt * xin[None, :], 1)[:, None], 0.0)
-    return acc
-
-
-@triton.jit
-def _rows_dot(x, res, res_out, g, w, w0, rn, rp, rk, cols, pid, K, XK, stride_wn, eps, BLOCK_N: tl.constexpr,
-              BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
-              STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr, ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
-              INTERPRET_DOT: tl.constexpr):
-    """The DOT body of ``decode_gemv_rows_kernel`` -> acc [BLOCK_N, BLOCK_M] fp32. Rows past ROWS
-    repeat row ROWS - 1 (their results are not stored; their residual writes repeat its values)."""
-    rm = tl.minimum(cols, ROWS - 1)
-    xr, rr, ro = x + rm[:, None] * XK, res + rm[:, None] * K, res_out + rm[:, None] * K   # [BLOCK_M, 1]
-    rstd = tl.full([BLOCK_M, 1], 1.0, tl.float32)
-    if PROLOGUE == RMSNORM:                                 # each token's mean square over all K
-        ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            h = _inputs(xr, rr, ro, g, (k + rk)[None, :], K, 1.0, pid, NONE, HAS_RES, STORE_FIRST)
-            ss += h * h
-        rstd = tl.rsqrt((tl.sum(ss, 1) / K + eps).to(tl.float32))[:, None]
-    xin = _inputs(xr, rr, ro, g, rp[None, :], K, rstd, pid, PROLOGUE, HAS_RES, STORE_MAIN)   # [BLOCK_M, PRE_K]
-    acc = _dot(w0, xin, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), INTERPRET_DOT)
-    for k in range(PRE_K, K, BLOCK_K):
-        wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
-        xin = _inputs(xr, rr, ro, g, (k + rk)[None, :], K, rstd, pid, PROLOGUE, HAS_RES, STORE_MAIN)
-        acc = _dot(wt, xin, acc, INTERPRET_DOT)
-    return acc
-
-
-@triton.jit
-def _dot(wt, xin, acc, INTERPRET_DOT: tl.constexpr):
-    """acc + wt [BLOCK_N, BK] @ xin [BLOCK_M, BK]^T; xin holds bf16 values (exact in bf16). Under
-    the interpreter in fp32 (its bf16 ``tl.dot`` is wrong, as ``skinny_gemm`` notes)."""
-    if INTERPRET_DOT:
-        return tl.dot(wt.to(tl.float32), tl.trans(xin), acc, input_precision="ieee")
-    return tl.dot(wt, tl.trans(xin.to(tl.bfloat16)), acc)
-
-
 def config_for(N: int, K: int) -> dict:
     """The measured tile of (N, K), else ``DEFAULT`` with BLOCK_K cut to a power of two dividing K."""
     cfg = dict(CONFIGS.get((N, K)) or DEFAULT)
@@ -250,28 +153,32 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
         raise ValueError(f"decode_gemv: residual_out needs a residual and {M} x {K} values of its own (other "
                          f"programs still read x and residual while program 0 writes it)")
     kw = pdl_launch(pdl, "decode_gemv", x)
-    cfg = dict(config) if config else config_for(N, K)
-    bk = int(cfg["BLOCK_K"])
-    pre = int(pre_k or bk)
-    if K % bk or K % pre or pre > K or pre & (pre - 1) or bk & (bk - 1):
-        raise ValueError(f"decode_gemv: K={K} must be a multiple of BLOCK_K={bk} and of pre_k={pre} (<= K), "
-                         f"both powers of two")
     w, x = w.contiguous(), x.contiguous()
     y = out if out is not None else torch.empty(*x.shape[:-1], N, dtype=x.dtype, device=x.device)
     res = residual.contiguous() if residual is not None else x
-    args = (x, res, residual_out if residual_out is not None else y, norm_weight if norm_weight is not None else x,
-            w, y, N, K, K, float(eps))
-    meta = dict(BLOCK_N=int(cfg["BLOCK_N"]), BLOCK_K=bk, PRE_K=pre, PROLOGUE=PROLOGUES[prologue],
-                HAS_RES=residual is not None, STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
-                STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl,
-                num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
-    if M == 1:
-        launcher(decode_gemv_kernel)[(triton.cdiv(N, int(cfg["BLOCK_N"])),)](*args, **meta)
-        return y
-    dot = bool(cfg.get("DOT", M > DOT_FROM_ROWS))
-    bm = triton.next_power_of_2(M)
-    if dot:                                     # tl.dot tiles are at least 16 x 16
-        bm, meta["BLOCK_N"] = max(16, bm), max(16, meta["BLOCK_N"])
-    launcher(decode_gemv_rows_kernel)[(triton.cdiv(N, meta["BLOCK_N"]),)](
-        *args, ROWS=M, BLOCK_M=bm, DOT=dot, INTERPRET_DOT=dot and INTERPRET, **meta)
+    r_out = residual_out if residual_out is not None else y
+    g = norm_weight if norm_weight is not None else x
+    if M > 1:
+        cfg = dict(config) if config else decode_rows.choose_config(M, N, K, x.device)
+        _check_tile(K, int(cfg["BLOCK_K"]), pre_k)
+        return decode_rows.decode_rows(x, w, y, PROLOGUES[prologue], res, r_out, g, float(eps), residual is not None,
+                                       residual_out is not None, cfg, pre_k, kw)
+    cfg = dict(config) if config else config_for(N, K)
+    bk = int(cfg["BLOCK_K"])
+    pre = _check_tile(K, bk, pre_k)
+    launcher(decode_gemv_kernel)[(triton.cdiv(N, int(cfg["BLOCK_N"])),)](
+        x, res, r_out, g, w, y, N, K, K, float(eps), BLOCK_N=int(cfg["BLOCK_N"]), BLOCK_K=bk, PRE_K=pre,
+        PROLOGUE=PROLOGUES[prologue], HAS_RES=residual is not None,
+        STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
+        STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl,
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
     return y
+
+
+def _check_tile(K: int, bk: int, pre_k: int | None) -> int:
+    """pre_k (default BLOCK_K), checked: powers of two, K a multiple of both, pre_k of BLOCK_K."""
+    pre = int(pre_k or bk)
+    if K % bk or K % pre or pre > K or pre % bk or pre & (pre - 1) or bk & (bk - 1):
+        raise ValueError(f"decode_gemv: K={K} must be a multiple of BLOCK_K={bk} and of pre_k={pre} (<= K, a "
+                         f"multiple of BLOCK_K), both powers of two")
+    return pre

@@ -1,0 +1,191 @@
+"""Tile sweep of the few-token decode GEMV (``kernels/decode_rows.py``, issue #21) on a GPU.
+
+Per Qwen3-8B projection, with the prologue the token step gives it (q/k/v and gate/up: RMSNorm of
+the residual sum, written back; o: none; down: SwiGLU; the head: the final norm), and per token
+count M (2, 4, 8: a verify block of N = 7 drafts; 16), every candidate tile (tensor-core / CUDA-core
+body, BLOCK_N x BLOCK_K, split-K, warps, stages) against
+- ``cublas``: ``F.linear`` of the prologue's output (the GEMM alone),
+- ``modules``: the torch prologue (``RMSNorm`` of ``x + residual`` / ``silu(gate) * up``) + ``F.linear``,
+as median microseconds of CUDA-graph replays over weight copies rotated past L2, and the fraction
+of the HBM roofline (weight bytes / 4.8 TB/s). Writes ``decode-rows-<gpu>-<sha>.json``, whose
+winners ``decode_rows.load_table`` reads (``DSPARK_DECODE_ROWS_TABLE=<file>``).
+
+Hundreds of tiles take longer to compile than to time: ``--jobs`` processes compile them first
+(Triton's disk cache), then this process times them.
+
+    python benchmarks/decode_rows_sweep.py [--rows 2,4,8,16] [--shapes qkv,o,gate_up,down,lm_head] [--jobs 14]
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
+from dspark_trt import provenance  # noqa: E402
+
+HBM = 4.8e12
+SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate_up": (24576, 4096, "rmsnorm"),
+          "down": (4096, 12288, "swiglu"), "lm_head": (151936, 4096, "rmsnorm")}
+DOT_TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (32, 128), (64, 256))
+CUDA_CORE_TILES = ((16, 256), (32, 128), (32, 256))
+
+
+def candidates(M: int, N: int, K: int, sms: int = 132) -> list[dict]:
+    """Tiles worth timing: per (body, BLOCK_N, BLOCK_K) the one or two splits of K that give
+    1-12 programs per SM (K tiles >= 2 per split), a few warp / stage counts; the default tile."""
+    from dspark_trt.plugins.kernels.decode_rows import default_config
+    out = [default_config(M, N, K, sms)]
+    bodies = [(True, DOT_TILES, ((4, 3), (4, 4), (8, 4)))]
+    if M <= 4:
+        bodies.append((False, CUDA_CORE_TILES, ((4, 3),)))
+    if N > 100_000:                                           # the head: wide tiles only, no split
+        bodies = [(True, ((128, 128), (128, 64), (64, 128)), ((4, 4), (8, 4)))]
+    for dot, tiles, launches in bodies:
+        for bn, bk in tiles:
+            splits = [s for s in (1, 2, 4, 8, 16) if K % (s * bk) == 0 and K // (s * bk) >= 2
+                      and -(-N // bn) * s <= 12 * sms]
+            fill = [s for s in splits if -(-N // bn) * s >= sms] or splits[-1:]
+            for split in fill[:2]:
+                for nw, ns in launches:
+                    out.append(dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, DOT=dot, num_warps=nw, num_stages=ns))
+    seen, unique = set(), []
+    for c in out:
+        key = tuple(sorted(c.items()))
+        if key not in seen:
+            seen.add(key)
+            unique.append(c)
+    return unique
+
+
+def inputs(M: int, N: int, K: int, prologue: str, copies: int = 1, seed: int = 0):
+    """x, residual, norm weight, residual_out and ``copies`` weight copies of one case."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = dict(device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, 2 * K if prologue == "swiglu" else K, generator=g, **dev)
+    res = torch.randn(M, K, generator=g, **dev) if prologue != "swiglu" and prologue != "none" else None
+    norm = (1 + 0.1 * torch.randn(K, generator=g, device="cuda")).bfloat16() if prologue == "rmsnorm" else None
+    r_out = torch.empty(M, K, **dev) if res is not None else None
+    ws = [torch.randn(N, K, generator=g, **dev) * 0.02 for _ in range(copies)]
+    return x, res, norm, r_out, ws
+
+
+def run_tile(x, w, prologue, res, norm, r_out, cfg):
+    from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
+    return decode_gemv(x, w, prologue, residual=res, norm_weight=norm, residual_out=r_out, config=cfg)
+
+
+def compile_cases(cases: list[tuple]) -> list[str]:
+    """A worker: launch each (shape, M, config) once (Triton compiles it into its disk cache)."""
+    errors = []
+    for name, M, cfg in cases:
+        N, K, prologue = SHAPES[name]
+        try:
+            x, res, norm, r_out, ws = inputs(M, N, K, prologue)
+            run_tile(x, ws[0], prologue, res, norm, r_out, cfg)
+            torch.cuda.synchronize()
+        except Exception as e:                                # noqa: BLE001 - reported, timed later
+            errors.append(f"{name} M={M} {cfg}: {type(e).__name__}: {str(e)[:160]}")
+    return errors
+
+
+def module_prologue(prologue: str, x, res, norm):
+    from dspark_trt.models.layers import RMSNorm
+    if prologue == "swiglu":
+        K = x.shape[-1] // 2
+        return F.silu(x[..., :K]) * x[..., K:]
+    h = x if res is None else x + res
+    if prologue == "rmsnorm":
+        rms = RMSNorm(h.shape[-1], 1e-6).to(device=h.device, dtype=h.dtype)
+        rms.weight.data = norm
+        return rms(h)
+    return h
+
+
+def sweep_case(name: str, M: int, rotate_mb: float, iters: int) -> dict:
+    N, K, prologue = SHAPES[name]
+    copies = max(2, int(rotate_mb * 2**20 / (2 * N * K)) + 1)
+    x, res, norm, r_out, ws = inputs(M, N, K, prologue, copies)
+    xin = module_prologue(prologue, x, res, norm)
+    ref = F.linear(xin, ws[0]).float()
+    scale = ref.abs().max().item()
+    byte_us = 2 * N * K / HBM * 1e6                          # the weights at the HBM limit, us
+    row = dict(shape=name, N=N, K=K, M=M, bucket=_bucket(M), prologue=prologue, copies=copies,
+               roofline_us=byte_us,
+               cublas_us=graph_us([lambda w=w: F.linear(xin, w) for w in ws], iters),
+               modules_us=graph_us([lambda w=w: F.linear(module_prologue(prologue, x, res, norm), w) for w in ws],
+                                   iters))
+    timed = []
+    for cfg in candidates(M, N, K):
+        try:
+            err = (run_tile(x, ws[0], prologue, res, norm, r_out, cfg).float() - ref).abs().max().item()
+            if not err <= 0.02 * scale:
+                raise AssertionError(f"max error {err:.4g} of scale {scale:.4g}")
+            us = graph_us([lambda w=w: run_tile(x, w, prologue, res, norm, r_out, cfg) for w in ws], iters)
+            timed.append(dict(config=cfg, us=us, pct=byte_us / us * 100))
+        except Exception as e:                                # noqa: BLE001 - e.g. out of shared memory
+            timed.append(dict(config=cfg, error=f"{type(e).__name__}: {str(e)[:160]}"))
+    ok = [t for t in timed if "us" in t]
+    best = min(ok, key=lambda t: t["us"]) if ok else None
+    row.update(configs=timed, default_us=timed[0].get("us"), best_config=best and best["config"],
+               best_us=best and best["us"], best_pct=best and best["pct"],
+               cublas_pct=byte_us / row["cublas_us"] * 100, modules_pct=byte_us / row["modules_us"] * 100)
+    return row
+
+
+def _bucket(M: int) -> int:
+    from dspark_trt.plugins.kernels.decode_rows import m_bucket
+    return m_bucket(M)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", default="2,4,8,16")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--jobs", type=int, default=14, help="compiling processes (0: compile while timing)")
+    ap.add_argument("--rotate-mb", type=float, default=400.0)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args()
+    t0 = time.time()
+    rows_list = [int(m) for m in args.rows.split(",")]
+    shapes = args.shapes.split(",")
+    cases = [(s, M, c) for s in shapes for M in rows_list for c in candidates(M, *SHAPES[s][:2])]
+    print(f"[rows] {len(cases)} tiles to compile with {args.jobs} processes", flush=True)
+    if args.jobs:
+        chunks = [cases[i::args.jobs] for i in range(args.jobs)]
+        with cf.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for errs in pool.map(compile_cases, chunks):
+                for e in errs[:3]:
+                    print(f"[rows] compile: {e}", flush=True)
+    print(f"[rows] compiled in {time.time() - t0:.0f} s", flush=True)
+    rows = []
+    for s in shapes:
+        for M in rows_list:
+            r = sweep_case(s, M, args.rotate_mb, args.iters)
+            rows.append(r)
+            print(f"[rows] {s:8s} M={M:2d} best {r['best_us']:.1f} us ({r['best_pct']:.0f} %) default "
+                  f"{r['default_us'] or float('nan'):.1f} cublas {r['cublas_us']:.1f} ({r['cublas_pct']:.0f} %) "
+                  f"modules {r['modules_us']:.1f} ({r['modules_pct']:.0f} %) {r['best_config']}", flush=True)
+    gpu, sha = torch.cuda.get_device_name(), provenance.git_sha()
+    doc = dict(git_sha=sha, gpu=gpu, versions=provenance.versions(),
+               command="python benchmarks/decode_rows_sweep.py " + " ".join(sys.argv[1:]), peak_bytes_per_s=HBM,
+               rows=rows, seconds=time.time() - t0)
+    out = Path(args.out) / f"decode-rows-{gpu.replace(' ', '-')}-{sha}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    print(f"[rows] wrote {out} in {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

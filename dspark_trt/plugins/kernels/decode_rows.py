@@ -1,0 +1,230 @@
+"""Few-token decode GEMV: 2..``MAX_ROWS`` tokens (a verify block, a draft block, a small batch)
+with ``decode_gemv``'s fused prologues, split-K and a deferred norm scale (issue #21).
+
+``y[M, N] = p(x)[M, K] @ W[N, K]^T``, bf16 in and out, fp32 accumulation; ``p`` is ``"none"``
+(``h = x + residual``), ``"rmsnorm"`` or ``"swiglu"`` as in ``decode_gemv``. The weights dominate
+(M <= 16 tokens of activations against N x K weights), so the kernel streams W once:
+
+* Grid ``(cdiv(N, BLOCK_N), SPLIT_K)``: a program owns ``BLOCK_N`` weight rows and one ``K /
+  SPLIT_K`` slice of K. Split-K gives the narrow projections (o, down, q/k/v) enough programs at
+  the wide tiles the tensor cores want (session 28 on the H200: the previous body, one program per
+  16 rows and the whole K, ran the 8-token verify at 2x the module's time).
+* Each K tile loads a ``[BLOCK_N, BLOCK_K]`` weight tile and the tokens' ``[BLOCK_M, BLOCK_K]``
+  prologue values; ``DOT``: one ``tl.dot`` ("swap AB": the weights the MMA's wide side, the tokens
+  padded to 16 by repeating the last), else per token a multiply-reduce on the CUDA cores.
+* RMSNorm's scale is deferred: the program multiplies ``bf16(h * g)`` and sums ``h^2`` of its K
+  slice on the way; the scale ``rsqrt(sum h^2 / K + eps)`` of each token multiplies the finished
+  fp32 sums (after the split-K reduction). So no program reads all of K twice for a mean square,
+  which made the prologue, not the weights, the cost of every program. The one rounding is of
+  ``h * g`` instead of the module's ``h * rstd * g``: the result is within about one bf16 ulp of
+  the module's, no longer bit for bit its roundings (the one-token kernel keeps them).
+* Split-K partials are reduced deterministically (``skinny_gemm``'s ticket: the tile's last
+  program sums them in split order, with the sums of squares); a traced call (export) runs
+  unsplit, since the ticket's cached counters must not hold fake tensors.
+* The residual sum ``h`` is written by the programs of the first N tile (each its K slice).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .common import INTERPRET, gdc_launch_dependents, gdc_wait, launcher, num_sms, round_bf16, ticket_counters, \
+    tracing
+
+NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # decode_gemv.PROLOGUES
+M_BUCKETS = (2, 4, 8, 16)
+# (M bucket, N, K) -> tile: winners of ``benchmarks/decode_rows_sweep.py`` (on the H200); others:
+# ``default_config``. ``load_table`` replaces it by a sweep's JSON (``DSPARK_DECODE_ROWS_TABLE``).
+CONFIGS: dict[tuple[int, int, int], dict] = {}
+TABLE_ENV = "DSPARK_DECODE_ROWS_TABLE"
+
+
+@triton.jit
+def _prologue(xp, rp, rop, g, offs, K, ss, pid_n, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
+              STORE_RES: tl.constexpr, AXIS: tl.constexpr):
+    """(the bf16 values the weights multiply at columns ``offs``, before RMSNorm's scale, as fp32;
+    ss + the sum of h^2 over them along AXIS). xp / rp / rop: x / residual / residual_out rows."""
+    if PROLOGUE == SWIGLU:                                   # x = [gate | up]
+        gate = tl.load(xp + offs).to(tl.float32)
+        act = round_bf16(gate / (1.0 + tl.exp(-gate)))
+        return round_bf16(act * tl.load(xp + K + offs).to(tl.float32)), ss
+    h = tl.load(xp + offs).to(tl.float32)
+    if HAS_RES:
+        h = round_bf16(h + tl.load(rp + offs).to(tl.float32))
+        if STORE_RES:
+            tl.store(rop + offs, h.to(tl.bfloat16), mask=offs < K - tl.minimum(pid_n, 1) * K)    # the first N tile
+    if PROLOGUE == RMSNORM:
+        return round_bf16(h * tl.load(g + offs).to(tl.float32)), ss + tl.sum(h * h, AXIS)
+    return h, ss
+
+
+@triton.jit
+def _cuda_core_tile(x, res, res_out, g, wt, offs, acc, ss, cols, K, XK, pid_n, PROLOGUE: tl.constexpr,
+                    HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, ROWS: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] + per token m the fp32 weight tile wt times its prologue values."""
+    for m in tl.static_range(ROWS):
+        xin, s = _prologue(x + m * XK, res + m * K, res_out + m * K, g, offs, K, 0.0, pid_n, PROLOGUE, HAS_RES,
+                           STORE_RES, 0)
+        acc += tl.where(cols[None, :] == m, tl.sum(wt * xin[None, :], 1)[:, None], 0.0)
+        ss += tl.where(cols == m, s, 0.0)
+    return acc, ss
+
+
+@triton.jit
+def _dot(wt, xin, acc, INTERPRET_DOT: tl.constexpr):
+    """acc + wt [BLOCK_N, BK] @ xin [BLOCK_M, BK]^T (xin holds bf16 values); under the interpreter
+    in fp32 (its bf16 ``tl.dot`` is wrong, as ``skinny_gemm`` notes)."""
+    if INTERPRET_DOT:
+        return tl.dot(wt.to(tl.float32), tl.trans(xin), acc, input_precision="ieee")
+    return tl.dot(wt, tl.trans(xin.to(tl.bfloat16)), acc)
+
+
+@triton.jit
+def _scaled(acc, ss, K, eps, PROLOGUE: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_M] times each token's RMSNorm scale (ss: its sum of h^2 over all K)."""
+    if PROLOGUE == RMSNORM:
+        return acc * tl.rsqrt((ss / K + eps).to(tl.float32))[None, :]      # eps may arrive as fp64 (AOTI)
+    return acc
+
+
+@triton.jit
+def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPLIT, SPLIT_K, stride_wn, eps,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                       HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
+                       BLOCK_M: tl.constexpr, DOT: tl.constexpr, TICKET: tl.constexpr,
+                       INTERPRET_DOT: tl.constexpr):
+    """Grid (cdiv(N, BLOCK_N), SPLIT_K). x [ROWS, K] ([ROWS, 2K] for SWIGLU), res / res_out
+    [ROWS, K], g [K], w [N, K] (row stride ``stride_wn``), y [ROWS, N]. TICKET (SPLIT_K > 1): ws
+    fp32 [SPLIT_K, ROWS, N] partials, ss_ws fp32 [N tiles, SPLIT_K, BLOCK_M] sums of squares,
+    counter int32 [N tiles] zeros. With PDL the successor is let go first and the predecessor
+    waited for after the first ``PRE_K`` weight columns are loaded."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = tl.minimum(offs_n, N - 1).to(tl.int64)              # clamped rows: loads need no N mask
+    k0 = pid_k * K_SPLIT
+    if PDL:
+        gdc_launch_dependents()
+    rp = k0 + tl.arange(0, PRE_K)
+    w0 = tl.load(w + rn[:, None] * stride_wn + rp[None, :])
+    if PDL:
+        gdc_wait()
+    XK = 2 * K if PROLOGUE == SWIGLU else K                  # x's row stride
+    rk = tl.arange(0, BLOCK_K)
+    cols = tl.arange(0, BLOCK_M)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if DOT:
+        rm = tl.minimum(cols, ROWS - 1)[:, None]
+        xr, rr, ro = x + rm * XK, res + rm * K, res_out + rm * K                    # [BLOCK_M, 1]
+        xin, ss = _prologue(xr, rr, ro, g, rp[None, :], K, ss, pid_n, PROLOGUE, HAS_RES, STORE_RES, 1)
+        acc = _dot(w0, xin, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), INTERPRET_DOT)
+        for k in range(k0 + PRE_K, k0 + K_SPLIT, BLOCK_K):
+            wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
+            xin, ss = _prologue(xr, rr, ro, g, (k + rk)[None, :], K, ss, pid_n, PROLOGUE, HAS_RES, STORE_RES, 1)
+            acc = _dot(wt, xin, acc, INTERPRET_DOT)
+    else:
+        acc, ss = _cuda_core_tile(x, res, res_out, g, w0.to(tl.float32), rp, tl.zeros([BLOCK_N, BLOCK_M], tl.float32),
+                                  ss, cols, K, XK, pid_n, PROLOGUE, HAS_RES, STORE_RES, ROWS)
+        for k in range(k0 + PRE_K, k0 + K_SPLIT, BLOCK_K):
+            wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :]).to(tl.float32)
+            acc, ss = _cuda_core_tile(x, res, res_out, g, wt, k + rk, acc, ss, cols, K, XK, pid_n, PROLOGUE, HAS_RES,
+                                      STORE_RES, ROWS)
+    mask = (offs_n < N)[:, None] & (cols < ROWS)[None, :]
+    y_ptr = y + cols[None, :] * N + offs_n[:, None]
+    if TICKET:
+        part = cols[None, :] * N + offs_n[:, None]            # [ROWS, N] offsets inside one split
+        tl.store(ws + pid_k * ROWS * N + part, acc, mask=mask)
+        ss_tile = ss_ws + pid_n * SPLIT_K * BLOCK_M + cols
+        tl.store(ss_tile + pid_k * BLOCK_M, ss)
+        tl.debug_barrier()                                   # every thread's partial is stored
+        if tl.atomic_add(counter + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:    # the tile's last program
+            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for s in range(SPLIT_K):                         # split order: deterministic
+                total += tl.load(ws + s * ROWS * N + part, mask=mask, other=0.0, cache_modifier=".cg")
+                ss += tl.load(ss_tile + s * BLOCK_M, cache_modifier=".cg")
+            tl.store(y_ptr, _scaled(total, ss, K, eps, PROLOGUE).to(y.dtype.element_ty), mask=mask)
+            tl.atomic_xchg(counter + pid_n, 0)               # reset for the next launch
+    else:
+        tl.store(y_ptr, _scaled(acc, ss, K, eps, PROLOGUE).to(y.dtype.element_ty), mask=mask)
+
+
+def m_bucket(M: int) -> int:
+    return next((b for b in M_BUCKETS if M <= b), M_BUCKETS[-1])
+
+
+def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
+    """Unmeasured shapes: the tensor cores from 5 tokens (64 rows x 128 K tiles), the CUDA cores
+    below (32 x 256); K split while the programs are fewer than 2 per SM, each split keeping
+    >= 4 K tiles."""
+    dot = M > 4
+    bn, bk = (64, 128) if dot else (32, 256)
+    bk = min(bk, _pow2_divisor(K))
+    split = 1
+    while triton.cdiv(N, bn) * split < 2 * sms and K % (2 * split * bk) == 0 and K // (2 * split * bk) >= 4:
+        split *= 2
+    return dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, DOT=dot, num_warps=4, num_stages=4 if dot else 3)
+
+
+def _pow2_divisor(K: int) -> int:
+    return K & -K
+
+
+def choose_config(M: int, N: int, K: int, device: torch.device) -> dict:
+    """The measured tile of (M bucket, N, K), else ``default_config`` for the device's SMs."""
+    return dict(CONFIGS.get((m_bucket(M), N, K)) or default_config(M, N, K, num_sms(device)))
+
+
+def load_table(path: str) -> int:
+    """Replace ``CONFIGS`` by a ``decode_rows_sweep.py`` JSON's winners; returns how many. Raises
+    ValueError naming the file when it is not such a result."""
+    import json
+    try:
+        doc = json.loads(open(path).read())
+        table = {(int(r["bucket"]), int(r["N"]), int(r["K"])): dict(r["best_config"]) for r in doc["rows"]
+                 if r.get("best_config")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"decode-rows table {path!r}: not a decode_rows_sweep.py result ({e})") from e
+    CONFIGS.clear(), CONFIGS.update(table)
+    return len(table)
+
+
+def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res_out: Tensor, g: Tensor, eps: float,
+                has_res: bool, store_res: bool, cfg: dict, pre_k: int | None, launch: dict) -> Tensor:
+    """Launch for x [M, K'] (checked by ``decode_gemv``) into y [M, N]; ``cfg``: a tile (module
+    doc; ``SPLIT_K`` cut to what K allows, 1 when traced)."""
+    M = int(x.shape[0])
+    N, K = (int(d) for d in w.shape)
+    bn, bk = int(cfg["BLOCK_N"]), int(cfg["BLOCK_K"])
+    dot = bool(cfg.get("DOT", M > 4))
+    split = 1 if tracing() else int(cfg.get("SPLIT_K", 1))
+    while split > 1 and K % (split * bk):
+        split //= 2
+    pre = int(pre_k or bk)
+    k_split = K // split
+    if pre > k_split or k_split % pre or pre % bk:
+        raise ValueError(f"decode_gemv: pre_k={pre} must be a multiple of BLOCK_K={bk} within K / SPLIT_K = {k_split}")
+    bm = triton.next_power_of_2(M)
+    if dot:                                                  # tl.dot tiles are at least 16 x 16
+        bm, bn = max(16, bm), max(16, bn)
+    tiles = triton.cdiv(N, bn)
+    if split > 1:
+        ws = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
+        ss_ws = torch.empty(tiles, split, bm, dtype=torch.float32, device=x.device)
+        counter = ticket_counters(x.device, tiles)
+    else:
+        ws = ss_ws = counter = y
+    launcher(decode_rows_kernel)[(tiles, split)](
+        x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, k_split, split, K, eps, BLOCK_N=bn, BLOCK_K=bk, PRE_K=pre,
+        PROLOGUE=prologue, HAS_RES=has_res, STORE_RES=store_res, PDL=bool(launch), ROWS=M, BLOCK_M=bm, DOT=dot,
+        TICKET=split > 1, INTERPRET_DOT=dot and INTERPRET, num_warps=int(cfg.get("num_warps", 4)),
+        num_stages=int(cfg.get("num_stages", 3)), **launch)
+    return y
+
+
+if os.environ.get(TABLE_ENV):
+    load_table(os.environ[TABLE_ENV])
