@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe, moe_decode as kmd, rejection as krj, sparse_mla as ksm  # noqa: E402
-from dspark_trt.plugins.kernels import decode_gemv as kdg, fp8_gemm as kfp8, qk_rope_cache as kqr  # noqa: E402
+from dspark_trt.plugins.kernels import decode_gemv as kdg, decode_rows as kdr, fp8_gemm as kfp8, qk_rope_cache as kqr  # noqa: E402,E501
 
 from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, moe_mxfp4_inputs,  # noqa: E402
                                          rejection_inputs, sparse_mla_inputs)
@@ -236,8 +236,8 @@ def _launches_fp8(monkeypatch):
 
 def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
-    the default one, the rows kernel at 8 and 5 tokens (tensor cores) and at 5 on the CUDA cores,
-    each also with PDL (``_with_pdl``)."""
+    the default one, the rows kernel at 8 and 5 tokens (tensor cores), at 5 on the CUDA cores and
+    split K (the ticket reduction) in both bodies, each also with PDL (``_with_pdl``)."""
     N, K = 4096, 4096
     w = torch.randn(N, K).bfloat16()
     x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
@@ -248,12 +248,16 @@ def _launches_decode_gemv(monkeypatch):
                dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT)):
         out += record(monkeypatch, kdg, kdg.decode_gemv, x, w, **kw)
     out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(2 * K).bfloat16(), w, "swiglu")
-    for M in (8, 5):                                 # a verify block / a few rows: the rows kernel
+    rows = (kdg, kdr)                                # a verify block / a few rows: decode_rows' kernel
+    for M in (8, 5):
         xm, rm = torch.randn(M, K).bfloat16(), torch.randn(M, K).bfloat16()
-        out += record(monkeypatch, kdg, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,
+        out += record(monkeypatch, rows, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,
                       residual_out=torch.empty_like(rm))
-        out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(M, 2 * K).bfloat16(), w, "swiglu")
-    out += record(monkeypatch, kdg, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,   # CUDA cores
+        out += record(monkeypatch, rows, kdg.decode_gemv, torch.randn(M, 2 * K).bfloat16(), w, "swiglu")
+    for dot in (True, False):                        # split K, both bodies
+        out += record(monkeypatch, rows, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,
+                      residual_out=torch.empty_like(rm), config=dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, DOT=dot))
+    out += record(monkeypatch, rows, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,   # CUDA cores
                   residual_out=torch.empty_like(rm), config=dict(kdg.DEFAULT, DOT=False))
     return _with_pdl(out)
 
