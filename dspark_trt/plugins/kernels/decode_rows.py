@@ -37,9 +37,42 @@ from .common import INTERPRET, gdc_launch_dependents, gdc_wait, launcher, num_sm
 
 NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # decode_gemv.PROLOGUES
 M_BUCKETS = (2, 4, 8, 16)
-# (M bucket, N, K) -> tile: winners of ``benchmarks/decode_rows_sweep.py`` (on the H200); others:
+# (M bucket, N, K) -> tile: winners of ``benchmarks/decode_rows_sweep.py`` on the H200 at 40cfc72
+# (benchmarks/results/decode-rows-NVIDIA-H200-40cfc72.json.gz; with the shape's prologue, CUDA-graph
+# replays over weight copies past L2; "modules": the torch prologue + F.linear); others:
 # ``default_config``. ``load_table`` replaces it by a sweep's JSON (``DSPARK_DECODE_ROWS_TABLE``).
-CONFIGS: dict[tuple[int, int, int], dict] = {}
+CONFIGS: dict[tuple[int, int, int], dict] = {
+    # qkv [6144, 4096], rmsnorm, M = 2/4/8/16:
+    #   this 18.7/19.0/19.6/19.8 us | cuBLAS alone 16.1/15.6/15.7/16.0 | modules 33.1/37.4/39.6/43.3
+    (2, 6144, 4096): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
+    (4, 6144, 4096): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
+    (8, 6144, 4096): dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=4, DOT=True, num_warps=4, num_stages=4),
+    (16, 6144, 4096): dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=4, DOT=True, num_warps=4, num_stages=4),
+    # o [4096, 4096], none, M = 2/4/8/16:
+    #   this 13.0/13.3/13.6/13.1 us | cuBLAS alone 12.5/12.4/12.4/12.7 | modules 12.5/12.4/12.4/12.7
+    (2, 4096, 4096): dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=4, DOT=False, num_warps=4, num_stages=3),
+    (4, 4096, 4096): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
+    (8, 4096, 4096): dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=4, DOT=True, num_warps=8, num_stages=4),
+    (16, 4096, 4096): dict(BLOCK_N=32, BLOCK_K=128, SPLIT_K=2, DOT=True, num_warps=4, num_stages=4),
+    # gate_up [24576, 4096], rmsnorm, M = 2/4/8/16:
+    #   this 57.5/57.5/56.7/55.5 us | cuBLAS alone 51.3/51.1/54.9/51.6 | modules 71.7/73.0/79.2/79.0
+    (2, 24576, 4096): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
+    (4, 24576, 4096): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
+    (8, 24576, 4096): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=2, DOT=True, num_warps=4, num_stages=3),
+    (16, 24576, 4096): dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=1, DOT=True, num_warps=4, num_stages=4),
+    # down [4096, 12288], swiglu, M = 2/4/8/16:
+    #   this 31.1/31.4/31.9/32.7 us | cuBLAS alone 29.5/29.6/30.1/28.9 | modules 36.8/37.1/37.2/36.2
+    (2, 4096, 12288): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=8, num_stages=4),
+    (4, 4096, 12288): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=8, num_stages=4),
+    (8, 4096, 12288): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=8, num_stages=4),
+    (16, 4096, 12288): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=8, num_stages=4),
+    # lm_head [151936, 4096], rmsnorm, M = 2/4/8/16:
+    #   this 306.3/309.3/307.8/309.4 us | cuBLAS alone 297.4/298.9/300.2/303.1 | modules 319.6/322.3/325.5/332.3
+    (2, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
+    (4, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
+    (8, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
+    (16, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
+}
 TABLE_ENV = "DSPARK_DECODE_ROWS_TABLE"
 
 
