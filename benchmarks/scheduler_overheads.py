@@ -5,7 +5,8 @@ Wraps ``Scheduler._falls_back_to_ar`` / ``_ar_round`` / ``_reserve_round`` / ``_
 and ``DecodeSteps.ar_round`` / ``ar_round_taps`` with wall timers, runs ``verify_concurrency.run``
 with the given arguments (its own JSON is not written), and writes per batch and mode the calls
 and mean ms of each, next to the rounds' walls: e.g. the AR fallback's bookkeeping is
-``_ar_round`` minus ``ar_round_taps`` against plain AR's ``_ar_round`` minus ``ar_round``.
+``_ar_round`` minus ``ar_round_taps`` against plain AR's ``_ar_round`` minus ``ar_round``, and a
+speculative round's ``_spec_round`` minus ``DecodeSteps.spec_round`` in either mode.
 
     python benchmarks/scheduler_overheads.py --device cpu --prompts heldout --batch-sizes 4,64 \\
         --gen-len 32 --prompt-len 64 --load steady --waves 3 --modes fixed,scheduled --out-dir DIR
@@ -25,10 +26,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.runtime import scheduler as sched_mod, steps as steps_mod  # noqa: E402
+from dspark_trt.runtime import confidence as confidence_mod, scheduler as sched_mod, steps as steps_mod  # noqa: E402,E501
 
-TIMED = {sched_mod.Scheduler: ("_falls_back_to_ar", "_ar_round", "_reserve_round", "_write_deferred"),
-         steps_mod.DecodeSteps: ("ar_round", "ar_round_taps")}
+TIMED = {sched_mod.Scheduler: ("_falls_back_to_ar", "_ar_round", "_reserve_round", "_write_deferred", "_spec_round",
+                                "_observe_round", "_estimates_rounds", "_estimated_window", "round_inputs"),
+         steps_mod.DecodeSteps: ("ar_round", "ar_round_taps", "spec_round"),
+         confidence_mod.SurvivalEstimate: ("add",)}
 
 
 def timed(calls: dict):
