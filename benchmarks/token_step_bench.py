@@ -8,8 +8,9 @@ step's tokens at positions L .. L + T - 1; the cache holds random K/V below them
 - ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch.
 Each: median ms of graph replays, the fraction of the HBM roofline (weights of every layer and the
 head, plus the K/V rows read, at 4.8 TB/s), and the logits' agreement with the module step (the
-largest difference over the logits' scale, argmax equal). With ``--draft-layers`` (default 5, the
-published Qwen3-8B DSpark draft's), the draft's block pass of N = 7 tokens (the anchor and mask
+largest difference over the logits' scale, argmax equal), and each path's agreement with the same
+step in fp32 (weights, cache, arithmetic; ``--no-fp32``: not), the scale of bf16's own error. With
+``--draft-layers`` (default 5, the published Qwen3-8B DSpark draft's), the draft's block pass of N = 7 tokens (the anchor and mask
 tokens, non-causal over its context) the same way: ``DSparkQwen3Draft.block`` against
 ``TokenStep.draft_logits`` (the Markov sampler after it is the same in both, not timed here).
 Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
@@ -81,24 +82,41 @@ def build_draft(model, layers: int, block: int, cache_pages: int):
     return draft, cache
 
 
-def time_paths(fns: dict, bytes_: float, iters: int) -> dict:
+def time_paths(fns: dict, bytes_: float, iters: int, exact=None) -> dict:
     """Each path's median CUDA-graph replay, its HBM fraction of ``bytes_`` and its output's
-    agreement with the first path's (the reference)."""
+    agreement with the first path's (the reference); with ``exact`` (the same step in fp32: weights,
+    cache and arithmetic) each path's too, so the paths' distance from each other reads against
+    the bf16 module's own distance from fp32."""
     out = {"roofline_ms": bytes_ / HBM * 1e3}
     ref = next(iter(fns.values()))().float()
+    ref32 = exact().float() if exact is not None else None
     for name, fn in fns.items():
         logits = fn().float()
         ms = graph_us([fn], iters) / 1e3
-        out[name] = {"ms": ms, "hbm_fraction": bytes_ / HBM / (ms * 1e-3),
-                     "logit_err": float((logits - ref).abs().max() / ref.abs().max()),
-                     "argmax_equal": bool(torch.equal(logits.argmax(-1), ref.argmax(-1)))}
+        out[name] = {"ms": ms, "hbm_fraction": bytes_ / HBM / (ms * 1e-3), **agreement(logits, ref)}
+        if ref32 is not None:
+            out[name].update({f"fp32_{k}": v for k, v in agreement(logits, ref32).items()})
     return out
 
 
+def agreement(logits, ref) -> dict:
+    return {"logit_err": float((logits - ref).abs().max() / ref.abs().max()),
+            "argmax_equal": bool(torch.equal(logits.argmax(-1), ref.argmax(-1)))}
+
+
+def fp32_copy(model, cache: dict):
+    """``model`` and its cache in fp32 (the exact reference of ``time_paths``)."""
+    import copy
+    return copy.deepcopy(model).float(), {k: [c.float() for c in v] for k, v in cache.items()}
+
+
 def report_line(head: str, out: dict) -> str:
+    eq = lambda v, k: "=" if v[k] else "!="                                      # noqa: E731
     return f"[token-step] {head} roofline {out['roofline_ms']:.3f} ms | " + " | ".join(
         f"{k} {v['ms']:.3f} ms ({100 * v['hbm_fraction']:.1f} %, err {v['logit_err']:.3g}, "
-        f"argmax {'=' if v['argmax_equal'] else '!='})" for k, v in out.items() if isinstance(v, dict))
+        f"argmax {eq(v, 'argmax_equal')}" + (f"; vs fp32 {v['fp32_logit_err']:.3g} {eq(v, 'fp32_argmax_equal')}"
+                                              if "fp32_logit_err" in v else "") + ")"
+        for k, v in out.items() if isinstance(v, dict))
 
 
 def main() -> int:
@@ -109,6 +127,7 @@ def main() -> int:
     ap.add_argument("--tokens", default="1,8", help="tokens per step: 1 (AR), 8 (a verify block of N = 7)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--draft-layers", type=int, default=5, help="the draft's block pass too (0: not)")
+    ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (it holds a second, fp32 copy)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -122,6 +141,7 @@ def main() -> int:
     weight_bytes = sum(t.numel() * t.element_size() for w in chain.layers for t in vars(w).values()) + sum(
         t.numel() * t.element_size() for t in (chain.lm_head, chain.final_norm))
     kv_row = 2 * 8 * 128 * 2                                         # K and V of one position, one layer
+    model32, cache32 = (None, None) if args.no_fp32 else fp32_copy(model, cache)
     rows = []
     for T in blocks:
         tokens = torch.randint(0, args.vocab, (1, T), device="cuda")
@@ -130,7 +150,8 @@ def main() -> int:
             with torch.inference_mode():
                 fns = {"module": lambda: model(tokens, pos, pages[None], cache)[0]}
                 fns.update({k: (lambda s=s: s(tokens, pos, cache, pages[None])[0]) for k, s in steps.items()})
-                out = time_paths(fns, weight_bytes + args.layers * (L + T) * kv_row, args.iters)
+                exact = None if model32 is None else (lambda: model32(tokens, pos, pages[None], cache32)[0])
+                out = time_paths(fns, weight_bytes + args.layers * (L + T) * kv_row, args.iters, exact)
             rows.append({"tokens": T, "context": L, **out})
             print(report_line(f"T={T} L={L:6d}", out), flush=True)
     draft_rows = []
@@ -142,13 +163,16 @@ def main() -> int:
         draft_bytes = sum(t.numel() * t.element_size() for w in d.layers for t in vars(w).values()) + sum(
             t.numel() * t.element_size() for t in (d.lm_head, d.final_norm))
         anchor = torch.randint(0, args.vocab - 1, (1,), device="cuda")
+        del model32, cache32
+        draft32, dcache32 = (None, None) if args.no_fp32 else fp32_copy(draft, dcache)
         for L in contexts:
             start = torch.tensor([L], device="cuda")
             with torch.inference_mode():
                 fns = {"module": lambda: draft.block(anchor, start, pages[None], dcache, N)}
                 fns.update({k: (lambda s=s: s.draft_logits(anchor, start, dcache, pages[None], N))
                             for k, s in dsteps.items()})
-                out = time_paths(fns, draft_bytes + args.draft_layers * (L + N) * kv_row, args.iters)
+                exact = None if draft32 is None else (lambda: draft32.block(anchor, start, pages[None], dcache32, N))
+                out = time_paths(fns, draft_bytes + args.draft_layers * (L + N) * kv_row, args.iters, exact)
             draft_rows.append({"block": N, "context": L, **out})
             print(report_line(f"draft block N={N} L={L:6d}", out), flush=True)
     sha = provenance.git_sha()
