@@ -471,6 +471,7 @@ class VerifyScheduler:
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.round_costs = RoundCosts() if learn_costs else None
         self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
+        self._values: tuple | None = None                   # (survival, rows, cost, values): the last
         self._host_tables: tuple | None = None              # (sps, round_ms) on the host: packed_gain
         self.slot_buckets = token_buckets(max(1, max_tokens))
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
@@ -556,10 +557,21 @@ class VerifyScheduler:
 
     def _option_values(self, rows: int, survival) -> np.ndarray:
         """[len(widths)] expected committed tokens per row per ms of each window (with
-        ``round_costs``: each priced as its kind of round has been running, ``option_kind``)."""
-        ms = self.option_ms(rows) * np.array([self._scale(self.option_kind(rows, w), rows, "fixed")
-                                              for w in self.widths])
-        return self._option_tokens(survival) / ms
+        ``round_costs``: each priced as its kind of round has been running, ``option_kind``). A
+        round's decisions (``prefers_ar``, ``best_window``, ``probe_loss``) read the same survival
+        array (``SurvivalEstimate.curve``, a new array per round): without ``round_costs`` its
+        values are computed once for them."""
+        last = self._values
+        if (last is not None and last[0] is survival and last[1] == rows and last[2] is self.cost
+                and self.round_costs is None):
+            return last[3]
+        ms = self.option_ms(rows)
+        if self.round_costs is not None:
+            ms = ms * np.array([self._scale(self.option_kind(rows, w), rows, "fixed") for w in self.widths])
+        values = self._option_tokens(survival) / ms
+        if isinstance(survival, np.ndarray):                # a list may change in place: not kept
+            self._values = (survival, rows, self.cost, values)
+        return values
 
     def spec_options(self, rows: int, survival) -> list[tuple[int, float]]:
         """Expected committed tokens per row per ms of a speculative round at ``rows`` rows for each
@@ -816,9 +828,8 @@ class SurvivalEstimate:
             return np.full(self.n, self.PRIOR)
         prev = np.concatenate([[1.0], s[:-1]])
         ratio = np.divide(s, prev, out=np.full(self.n, np.nan), where=prev > 1e-12)
-        for k in range(self.n):                  # S_{k-1} ~ 0: carry the last defined hazard
-            if not np.isfinite(ratio[k]):
-                ratio[k] = ratio[k - 1] if k else self.PRIOR
+        for k in np.flatnonzero(~np.isfinite(ratio)):   # S_{k-1} ~ 0: carry the last defined hazard
+            ratio[k] = ratio[k - 1] if k else self.PRIOR
         return np.clip(ratio, 0.0, 1.0)
 
     def curve(self) -> np.ndarray:
