@@ -12,7 +12,8 @@ largest difference over the logits' scale, argmax equal), and each path's agreem
 step in fp32 (weights, cache, arithmetic; ``--no-fp32``: not), the scale of bf16's own error. With
 ``--draft-layers`` (default 5, the published Qwen3-8B DSpark draft's), the draft's block pass of
 N = 7 tokens (the anchor and mask tokens, non-causal over its context) the same way:
-``DSparkQwen3Draft.block`` against ``TokenStep.draft_logits`` (the Markov sampler after it is the same in both, not timed here).
+``DSparkQwen3Draft.block`` against ``TokenStep.draft_logits`` (the Markov sampler after it is the
+same in both, not timed here).
 Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
     python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
