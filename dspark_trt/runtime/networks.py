@@ -14,14 +14,15 @@ from .. import plugins
 from ..config.source import resolve_num_spec_tokens
 from ..models.dspark_qwen3 import markov_sampler_op, window_rows
 
-DECODE_CHAIN_ENV = "DSPARK_DECODE_CHAIN"   # "1": the target's decode steps and the draft's block
-                                           # passes through runtime/token_step.py
+DECODE_CHAIN_ENV = "DSPARK_DECODE_CHAIN"   # the target's decode steps and the draft's block passes
+                                           # through runtime/token_step.py: "auto" / "1" / "0"
 
 
 def decode_chain_flag() -> str | None:
-    """``DSPARK_DECODE_CHAIN``'s value, None when unset, empty or "0" (the chain not asked for)."""
-    flag = os.environ.get(DECODE_CHAIN_ENV, "0")
-    return None if flag in ("", "0") else flag
+    """``DSPARK_DECODE_CHAIN``: "auto" when unset or empty (the chain wherever it can run), "1"
+    (asked for: an error where it cannot), other values as given; None for "0" (off)."""
+    flag = os.environ.get(DECODE_CHAIN_ENV, "") or "auto"
+    return None if flag == "0" else flag
 
 
 def _fitting(chain, tokens: int):

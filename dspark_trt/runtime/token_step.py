@@ -1,10 +1,14 @@
 """The Qwen3 target's decode step for a few tokens (one, a verify block, a small batch: up to
 ``decode_gemv.MAX_ROWS`` in all) as a chain of fused Triton kernels, each launched with
-programmatic dependent launch where the GPU has it (issue #21). Opt-in for ``LLM``'s eager
-modules with ``DSPARK_DECODE_CHAIN=1`` (``chain_for``: the target's steps of at most
-``MAX_ROWS`` tokens run here, larger ones (most prefills, big verifies) through the modules; so
-does the DSpark draft's block pass of B x N <= ``MAX_ROWS`` tokens, ``draft_logits``: the same
-layers, non-causal over the block, its Markov sampler after); not yet measured on a GPU.
+programmatic dependent launch where the GPU has it (issue #21). ``LLM``'s eager Qwen3 modules
+run it on a CUDA GPU by default (``DSPARK_DECODE_CHAIN`` unset or "auto"; "0": the modules; "1":
+an error where it cannot run; ``chain_for``): the target's steps of at most ``MAX_ROWS`` tokens
+run here, larger ones (most prefills, big verifies) through the modules; so does the DSpark
+draft's block pass of B x N <= ``MAX_ROWS`` tokens (``draft_logits``: the same layers,
+non-causal over the block, its Markov sampler after). On the H200 at Qwen3-8B dims (36 layers,
+``benchmarks/results/token-step-NVIDIA-H200-40cfc72.json.gz``): AR step 4.67 ms (68 % of the HBM
+roofline; modules 7.38), 8-token verify 5.14 ms (modules 9.07), 5-layer draft block 1.01 ms
+(modules 1.55).
 
 Per layer (``models.qwen3.Qwen3DecoderLayer.deferred`` for the step's tokens, six launches):
 
@@ -22,9 +26,10 @@ weight tile before it waits (``benchmarks/pdl_gemv_probe.py``: a 36-layer chain 
 GEMVs at 84.7 % of the HBM roofline with PDL, 80.9 % without, cuBLAS 75.3 %). Only the embedding
 lookup and the token's RoPE rows are torch ops, once per step.
 
-Numerics: the modules' roundings in every prologue (``decode_gemv``, ``qk_rope_cache``); the GEMVs'
-fp32 sums run in another order than cuBLAS's, so logits differ from the module step by bf16
-rounding noise (tests: within a tolerance, the caches' K/V within one bf16 ulp). The taps of
+Numerics: the modules' roundings in every prologue (``decode_gemv``, ``qk_rope_cache``) but the
+RMSNorm of steps of 2+ tokens (``decode_rows``: a deferred scale, within about a bf16 ulp); the
+GEMVs' fp32 sums run in another order than cuBLAS's, so logits differ from the module step by
+bf16 rounding noise (tests: within a tolerance, the caches' K/V within one bf16 ulp). The taps of
 ``tap_layer_ids`` (the residual stream after those layers, never the last) are the residual sums
 the next layer's q/k/v GEMV writes anyway.
 """
@@ -169,23 +174,28 @@ class TokenStep:
 
 
 def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None:
-    """The chain ``DSPARK_DECODE_CHAIN=1`` asks for (None when unset or "0"): a ``TokenStep`` of
-    ``model`` (the target, or the draft's block pass), with PDL on sm_90+ GPUs. ``ConfigError``
-    naming why when it cannot serve it (not a Qwen3 target or DSpark Qwen3 draft, not bf16, not on
-    a GPU, tensor parallel)."""
+    """The chain ``DSPARK_DECODE_CHAIN`` asks for: a ``TokenStep`` of ``model`` (the target, or the
+    draft's block pass), with PDL on sm_90+ GPUs. "1": ``ConfigError`` naming why where it cannot
+    serve it (not a Qwen3 target or DSpark Qwen3 draft, not bf16, not on a GPU, tensor parallel);
+    "auto" (unset): None there instead; "0": None."""
     flag = decode_chain_flag()
     if flag is None:
         return None
-    why = (f"{ENV}={flag!r}: set it to 1 or 0" if flag != "1"
-           else "the chain runs Qwen3 targets and their DSpark drafts only"
+    if flag not in ("1", "auto"):
+        raise ConfigError(f"{ENV}={flag!r}: set it to 1, 0 or auto")
+    why = ("the chain runs Qwen3 targets and their DSpark drafts only"
            if not isinstance(model, (Qwen3ForCausalLM, DSparkQwen3Draft))
            else "the chain's Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1)"
-           if device.type != "cuda" and not INTERPRET
+           if device.type != "cuda" and not (INTERPRET and flag == "1")
            else "the chain is not sharded for tensor parallelism" if tp_size > 1 else None)
     if why:
+        if flag == "auto":
+            return None
         raise ConfigError(f"{ENV}: {why}")
     try:
         pdl = device.type == "cuda" and gdc_wait is not None and torch.cuda.get_device_capability(device)[0] >= 9
         return TokenStep(model, pdl=pdl)
     except ValueError as e:                                # weights that are not bf16
+        if flag == "auto":
+            return None
         raise ConfigError(f"{ENV}: {e}") from None

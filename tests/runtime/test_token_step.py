@@ -79,7 +79,7 @@ def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
 
 
 @pytest.mark.parametrize("flag,case,match", [
-    ("2", "bf16", "set it to 1 or 0"),
+    ("2", "bf16", "set it to 1, 0 or auto"),
     ("1", "fp32", "bf16 only"),
     ("1", "cpu", "need a CUDA GPU"),
 ])
@@ -96,6 +96,22 @@ def test_decode_chain_refuses_what_it_cannot_run(monkeypatch, flag, case, match)
         token_step.chain_for(target, torch.device("cpu"))
     monkeypatch.setenv("DSPARK_DECODE_CHAIN", "0")
     assert token_step.chain_for(target, torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("case", ["fp32", "cpu", "tp2"])
+def test_decode_chain_auto_runs_where_it_can(monkeypatch, case):
+    """Unset (``auto``, the default): the modules (None, no error) where the chain cannot serve
+    the model: fp32 weights, no GPU, tensor parallelism (``LLM`` then runs its modules; where it
+    can, the GPU tests run with the chain)."""
+    from dspark_trt.models import build_models
+    from dspark_trt.runtime import token_step
+    from tests.support.models import tiny_pair
+    monkeypatch.delenv("DSPARK_DECODE_CHAIN", raising=False)
+    monkeypatch.setattr(token_step, "INTERPRET", case != "cpu")
+    target, _ = build_models(tiny_pair(), torch.float32 if case == "fp32" else torch.bfloat16, "cpu")
+    device = torch.device("cpu") if case == "cpu" else torch.device("cuda", 0)   # fp32: past the device check
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    assert token_step.chain_for(target, device, tp_size=2 if case == "tp2" else 1) is None
 
 
 def test_refuses_weights_that_are_not_bf16():
