@@ -147,7 +147,7 @@ class LLM:
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
                                                   self.device, self.dtype, markov_sampler, n)
         chain = decode_chain_flag()
-        if networks is None and (chain == "1" or chain and self.device.type == "cuda" and not self.compiled):
+        if networks is None and chain and (chain != "auto" or self.device.type == "cuda" and not self.compiled):
             from .token_step import chain_for           # Triton kernels: imported only where they may run
             self.networks.decode_chain = chain_for(target, self.device, self.tp_size)   # (issue #21)
             self.networks.draft_chain = None if draft is None else chain_for(draft, self.device, self.tp_size)
