@@ -52,7 +52,7 @@ PATHS = {  # name -> LLM.from_preset options
 FP8_SUFFIXES = ("_fp8", "_w8a8")   # a path "<p>_fp8" / "<p>_w8a8" is compared with path "<p>" (same weights, quantised)
 # environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears, with
 # DSPARK_SKINNY_GEMM_TABLE (a skinny_gemm_bench.py JSON of this GPU) if the caller set one
-# the other eager paths run the modules (the chain is LLM's default on a GPU: DSPARK_DECODE_CHAIN=auto)
+# the other eager paths pin the modules (whatever DSPARK_DECODE_CHAIN's default)
 PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"},
             "eager_chain": {"DSPARK_DECODE_CHAIN": "1"},   # steps of <= 16 tokens: runtime/token_step.py
             **{p: {"DSPARK_DECODE_CHAIN": "0"} for p in ("eager_unfused", "eager_fused", "eager_fused_fp8")}}

@@ -16,12 +16,13 @@ from ..models.dspark_qwen3 import markov_sampler_op, window_rows
 
 DECODE_CHAIN_ENV = "DSPARK_DECODE_CHAIN"   # the target's decode steps and the draft's block passes
                                            # through runtime/token_step.py: "auto" / "1" / "0"
+DECODE_CHAIN_DEFAULT = "0"   # "auto" once every GPU test has run with it (session 29 ran out of device time)
 
 
 def decode_chain_flag() -> str | None:
-    """``DSPARK_DECODE_CHAIN``: "auto" when unset or empty (the chain wherever it can run), "1"
-    (asked for: an error where it cannot), other values as given; None for "0" (off)."""
-    flag = os.environ.get(DECODE_CHAIN_ENV, "") or "auto"
+    """``DSPARK_DECODE_CHAIN`` (unset or empty: ``DECODE_CHAIN_DEFAULT``): "auto" (the chain wherever
+    it can run), "1" (asked for: an error where it cannot), other values as given; None for "0"."""
+    flag = os.environ.get(DECODE_CHAIN_ENV, "") or DECODE_CHAIN_DEFAULT
     return None if flag == "0" else flag
 
 

@@ -1,8 +1,9 @@
 """The Qwen3 target's decode step for a few tokens (one, a verify block, a small batch: up to
 ``decode_gemv.MAX_ROWS`` in all) as a chain of fused Triton kernels, each launched with
 programmatic dependent launch where the GPU has it (issue #21). ``LLM``'s eager Qwen3 modules
-run it on a CUDA GPU by default (``DSPARK_DECODE_CHAIN`` unset or "auto"; "0": the modules; "1":
-an error where it cannot run; ``chain_for``): the target's steps of at most ``MAX_ROWS`` tokens
+run it with ``DSPARK_DECODE_CHAIN=auto`` (on a CUDA GPU, bf16, not compiled, TP 1; the modules
+elsewhere) or ``=1`` (an error where it cannot run; ``chain_for``); unset: off until every GPU
+test has run with it (``networks.DECODE_CHAIN_DEFAULT``). The target's steps of at most ``MAX_ROWS`` tokens
 run here, larger ones (most prefills, big verifies) through the modules; so does the DSpark
 draft's block pass of B x N <= ``MAX_ROWS`` tokens (``draft_logits``: the same layers,
 non-causal over the block, its Markov sampler after). On the H200 at Qwen3-8B dims (36 layers,
@@ -177,7 +178,7 @@ def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None
     """The chain ``DSPARK_DECODE_CHAIN`` asks for: a ``TokenStep`` of ``model`` (the target, or the
     draft's block pass), with PDL on sm_90+ GPUs. "1": ``ConfigError`` naming why where it cannot
     serve it (not a Qwen3 target or DSpark Qwen3 draft, not bf16, not on a GPU, tensor parallel);
-    "auto" (unset): None there instead; "0": None."""
+    "auto": None there instead; "0" (unset): None."""
     flag = decode_chain_flag()
     if flag is None:
         return None

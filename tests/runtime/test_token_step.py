@@ -100,13 +100,12 @@ def test_decode_chain_refuses_what_it_cannot_run(monkeypatch, flag, case, match)
 
 @pytest.mark.parametrize("case", ["fp32", "cpu", "tp2"])
 def test_decode_chain_auto_runs_where_it_can(monkeypatch, case):
-    """Unset (``auto``, the default): the modules (None, no error) where the chain cannot serve
-    the model: fp32 weights, no GPU, tensor parallelism (``LLM`` then runs its modules; where it
-    can, the GPU tests run with the chain)."""
+    """``auto``: the modules (None, no error) where the chain cannot serve the model: fp32
+    weights, no GPU, tensor parallelism (``LLM`` then runs its modules)."""
     from dspark_trt.models import build_models
     from dspark_trt.runtime import token_step
     from tests.support.models import tiny_pair
-    monkeypatch.delenv("DSPARK_DECODE_CHAIN", raising=False)
+    monkeypatch.setenv("DSPARK_DECODE_CHAIN", "auto")
     monkeypatch.setattr(token_step, "INTERPRET", case != "cpu")
     target, _ = build_models(tiny_pair(), torch.float32 if case == "fp32" else torch.bfloat16, "cpu")
     device = torch.device("cpu") if case == "cpu" else torch.device("cuda", 0)   # fp32: past the device check
