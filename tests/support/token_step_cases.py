@@ -208,7 +208,43 @@ def step_cases() -> dict:
             "logits_dtype": str(logits.dtype), "rows_written": len(rows),
             **_cache_errors(cache, ref_cache, before, rows),
         }
-    return {**out, **draft_cases()}
+    return {**out, **draft_cases(), **deep_cases()}
+
+
+# (name, layers, step tokens): deep enough that rounding errors compound (weights x 4)
+DEEP_CASES = [("deep_one_token", 12, 1), ("deep_verify_block_of_8", 12, 8)]
+
+
+def deep_cases() -> dict:
+    """Per case of ``DEEP_CASES``: the chain's step and the module's, each against the same step in
+    fp32 (weights, caches and arithmetic): their logits' largest error over the fp32 logits' scale
+    (bf16 rounding compounds over the layers; the chain should not drift further than the modules)."""
+    import copy
+    from dspark_trt.models import build_models
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.runtime.token_step import TokenStep
+    from tests.support.models import scale_weights_, tiny_pair
+    out = {}
+    for name, layers, T in DEEP_CASES:
+        target, _ = build_models(tiny_pair(vocab=96, hidden=64, layers=layers, heads=4, kv_heads=2, taps=(0,)),
+                                 torch.bfloat16, "cpu", seed=7)
+        scale_weights_(target, 4.0)
+        fuse_projections_(target)
+        exact = copy.deepcopy(target).float()
+        cache = target.make_cache(PAGES, PAGE, torch.bfloat16, "cpu")
+        table, gen = torch.tensor(TABLES[:1]), torch.Generator().manual_seed(0)
+        ids, tokens = torch.randint(0, 96, (1, 5), generator=gen), torch.randint(0, 96, (1, T), generator=gen)
+        step_pos = 5 + torch.arange(T)[None]                  # within the table's 4 pages of 4
+        with torch.inference_mode():
+            target(ids, torch.arange(5)[None], table, cache)
+            cache32 = {k: [c.float() for c in v] for k, v in cache.items()}
+            module_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
+            ref = exact(tokens, step_pos, table, cache32)[0].float()
+            module = target(tokens, step_pos, table, module_cache)[0].float()
+            chain = TokenStep(target)(tokens, step_pos, cache, table)[0].float()
+        err = lambda x: float((x - ref).abs().max() / ref.abs().max())          # noqa: E731
+        out[name] = {"chain_fp32_err": err(chain), "module_fp32_err": err(module)}
+    return out
 
 
 if __name__ == "__main__":       # python -m tests.support.token_step_cases [llm] (TRITON_INTERPRET=1)
