@@ -898,7 +898,7 @@ def test_ar_fallback_where_ar_is_cheaper_than_every_window():
 
 def test_survival_estimate_is_kaplan_meier_over_the_verified_windows():
     from dspark_trt.runtime.confidence import SurvivalEstimate
-    est = SurvivalEstimate(3, window=2)
+    est = SurvivalEstimate(3, window=2, refresh=1)
     est.PRIOR_WEIGHT = 0.0
     est.add([1, 3, 0], [1, 3, 2])      # row 0: window 1 all accepted (censored after 0)
     # pos 0: at risk 3, survived 2; pos 1: at risk 1 (row 1; row 0 not verified), survived 1
@@ -907,6 +907,27 @@ def test_survival_estimate_is_kaplan_meier_over_the_verified_windows():
     est.add([0], [3])
     est.add([0], [3])                  # the window drops the first round
     np.testing.assert_allclose(est.curve()[0], 0.0)
+
+
+def test_survival_estimate_refreshes_a_full_window_every_few_rounds():
+    """Until the window is full the curve follows every round; then it is estimated again every
+    ``refresh`` rounds (``version`` moves with it: the cached decisions key on it) and holds in
+    between, whatever those rounds add."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    est = SurvivalEstimate(2, window=2, refresh=3)
+    est.PRIOR_WEIGHT = 0.0
+    est.add([2], [2])
+    first = est.curve().copy()
+    est.add([2], [2])                              # the window fills: still estimated each round
+    np.testing.assert_allclose(est.curve(), [1.0, 1.0])
+    v = est.version
+    est.add([0], [2])
+    est.add([0], [2])                              # two rounds of nothing accepted: held
+    np.testing.assert_allclose(est.curve(), [1.0, 1.0])
+    assert est.version == v
+    est.add([0], [2])                              # the third: estimated again from the window
+    np.testing.assert_allclose(est.curve(), [0.0, 0.0])
+    assert est.version == v + 1 and first[0] == 1.0
 
 
 def test_survival_estimate_starts_from_the_measured_curve():
@@ -1313,7 +1334,7 @@ def test_survival_running_sums_equal_the_windows_sums():
     than the window (evictions) its curve equals the estimate recomputed from the kept rounds."""
     from dspark_trt.runtime.confidence import SurvivalEstimate
     rng = np.random.default_rng(3)
-    est = SurvivalEstimate(5, window=4)
+    est = SurvivalEstimate(5, window=4, refresh=1)
     kept = []                                        # the confidence arrays of the window's rounds
     for i in range(11):
         acc = rng.integers(0, 6, 7)
