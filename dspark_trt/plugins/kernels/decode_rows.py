@@ -34,9 +34,9 @@ from torch import Tensor
 
 from .common import INTERPRET, gdc_launch_dependents, gdc_wait, launcher, num_sms, round_bf16, ticket_counters, \
     tracing
+from .skinny_gemm import default_config as default_skinny_config, m_bucket
 
 NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # decode_gemv.PROLOGUES
-M_BUCKETS = (2, 4, 8, 16)
 # (M bucket, N, K) -> tile: winners of ``benchmarks/decode_rows_sweep.py`` on the H200 at 40cfc72
 # (benchmarks/results/decode-rows-NVIDIA-H200-40cfc72.json.gz; with the shape's prologue, CUDA-graph
 # replays over weight copies past L2; "modules": the torch prologue + F.linear); others:
@@ -186,25 +186,12 @@ def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPL
         tl.store(y_ptr, _scaled(acc, ss, K, eps, PROLOGUE).to(y.dtype.element_ty), mask=mask)
 
 
-def m_bucket(M: int) -> int:
-    return next((b for b in M_BUCKETS if M <= b), M_BUCKETS[-1])
-
-
 def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
-    """Unmeasured shapes: the tensor cores from 5 tokens (64 rows x 128 K tiles), the CUDA cores
-    below (32 x 256); K split while the programs are fewer than 2 per SM, each split keeping
-    >= 4 K tiles."""
-    dot = M > 4
-    bn, bk = (64, 128) if dot else (32, 256)
-    bk = min(bk, _pow2_divisor(K))
-    split = 1
-    while triton.cdiv(N, bn) * split < 2 * sms and K % (2 * split * bk) == 0 and K // (2 * split * bk) >= 4:
-        split *= 2
-    return dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, DOT=dot, num_warps=4, num_stages=4 if dot else 3)
-
-
-def _pow2_divisor(K: int) -> int:
-    return K & -K
+    """Unmeasured shapes: ``skinny_gemm.default_config`` (the tensor cores from 5 tokens, K split
+    while the programs are fewer than 2 per SM), BLOCK_K cut to a power of two dividing K."""
+    cfg = default_skinny_config(M, N, K, sms)
+    cfg["BLOCK_K"] = min(cfg["BLOCK_K"], K & -K)
+    return cfg
 
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> dict:
