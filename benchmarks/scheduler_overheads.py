@@ -7,6 +7,9 @@ with the given arguments (its own JSON is not written), and writes per batch and
 and mean ms of each, next to the rounds' walls: e.g. the AR fallback's bookkeeping is
 ``_ar_round`` minus ``ar_round_taps`` against plain AR's ``_ar_round`` minus ``ar_round``, and a
 speculative round's ``_spec_round`` minus ``DecodeSteps.spec_round`` in either mode.
+``--force-speculative``: ``VerifyScheduler.prefers_ar`` always False, so the scheduled mode's rounds
+stay speculative where the cost curve would fall back to AR (the CPU): what its decisions cost a
+round of the kind the H200 runs.
 
     python benchmarks/scheduler_overheads.py --device cpu --prompts heldout --batch-sizes 4,64 \\
         --gen-len 32 --prompt-len 64 --load steady --waves 3 --modes fixed,scheduled --out-dir DIR
@@ -52,6 +55,10 @@ def timed(calls: dict):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    forced = "--force-speculative" in argv
+    if forced:          # the scheduled mode's rounds stay speculative: its decisions' host cost on a
+        argv = [a for a in argv if a != "--force-speculative"]        # machine whose curve says AR
+        confidence_mod.VerifyScheduler.prefers_ar = lambda self, rows, survival, margin=0.0: False
     calls: dict[str, list[float]] = {}
     rows = []
     steady = vc.steady_state
@@ -74,7 +81,8 @@ def main(argv=None) -> int:
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     path = out / f"scheduler-overheads-{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
     path.write_text(json.dumps({"git_sha": provenance.git_sha(), "gpu": gpu,
-                                "command": "python benchmarks/scheduler_overheads.py " + " ".join(argv),
+                                "command": "python benchmarks/scheduler_overheads.py " + " ".join(argv)
+                                + (" --force-speculative" if forced else ""),
                                 "rows": rows}, indent=1))
     print(f"[overheads] wrote {path}")
     return 0
