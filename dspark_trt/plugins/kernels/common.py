@@ -72,6 +72,27 @@ def round_bf16(v):
     return ((b + 0x7FFF + ((b >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def swiglu_bf16(xp, K, offs):
+    """``bf16(bf16(silu(gate)) * up)`` at columns ``offs`` of a fused row ``[gate | up]`` (K each) at
+    xp, as fp32: the roundings of ``F.silu(gate) * up``."""
+    gate = tl.load(xp + offs).to(tl.float32)
+    act = round_bf16(gate / (1.0 + tl.exp(-gate)))
+    return round_bf16(act * tl.load(xp + K + offs).to(tl.float32))
+
+
+@triton.jit
+def residual_sum(xp, rp, rop, offs, K, pid, HAS_RES: tl.constexpr, STORE_RES: tl.constexpr):
+    """``h = bf16(x + residual)`` at columns ``offs`` (x alone without HAS_RES), as fp32; with
+    STORE_RES the program / N tile ``pid`` 0 writes it to the residual output at rop."""
+    h = tl.load(xp + offs).to(tl.float32)
+    if HAS_RES:
+        h = round_bf16(h + tl.load(rp + offs).to(tl.float32))
+        if STORE_RES:
+            tl.store(rop + offs, h.to(tl.bfloat16), mask=offs < K - tl.minimum(pid, 1) * K)    # pid 0 only
+    return h
+
+
 def launcher(kernel):
     """``kernel[grid]`` as torch.compile / export should see it (``wrap_triton``), or the plain
     kernel under the interpreter, where tensors live on the CPU."""

@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import decode_rows
-from .common import gdc_launch_dependents, gdc_wait, launcher, pdl_launch, round_bf16
+from .common import gdc_launch_dependents, gdc_wait, launcher, pdl_launch, residual_sum, round_bf16, swiglu_bf16
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
 NONE, RMSNORM, SWIGLU = (tl.constexpr(v) for v in PROLOGUES.values())
@@ -56,14 +56,8 @@ def _inputs(x, res, res_out, g, offs, K, rstd, pid, PROLOGUE: tl.constexpr, HAS_
             STORE_RES: tl.constexpr):
     """The prologue's bf16 values at columns ``offs``, as fp32 (``rstd``: RMSNORM's scale)."""
     if PROLOGUE == SWIGLU:                               # x = [gate | up]
-        gate = tl.load(x + offs).to(tl.float32)
-        act = round_bf16(gate / (1.0 + tl.exp(-gate)))
-        return round_bf16(act * tl.load(x + K + offs).to(tl.float32))
-    h = tl.load(x + offs).to(tl.float32)
-    if HAS_RES:
-        h = round_bf16(h + tl.load(res + offs).to(tl.float32))
-        if STORE_RES:
-            tl.store(res_out + offs, h.to(tl.bfloat16), mask=offs < K - tl.minimum(pid, 1) * K)   # program 0
+        return swiglu_bf16(x, K, offs)
+    h = residual_sum(x, res, res_out, offs, K, pid, HAS_RES, STORE_RES)
     if PROLOGUE == RMSNORM:
         return round_bf16(h * rstd * tl.load(g + offs).to(tl.float32))
     return h

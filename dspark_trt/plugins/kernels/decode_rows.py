@@ -32,8 +32,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import INTERPRET, gdc_launch_dependents, gdc_wait, launcher, num_sms, round_bf16, ticket_counters, \
-    tracing
+from .common import INTERPRET, gdc_launch_dependents, gdc_wait, launcher, num_sms, residual_sum, round_bf16, \
+    swiglu_bf16, ticket_counters, tracing
 from .skinny_gemm import default_config as default_skinny_config, m_bucket
 
 NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # decode_gemv.PROLOGUES
@@ -82,14 +82,8 @@ def _prologue(xp, rp, rop, g, offs, K, ss, pid_n, PROLOGUE: tl.constexpr, HAS_RE
     """(the bf16 values the weights multiply at columns ``offs``, before RMSNorm's scale, as fp32;
     ss + the sum of h^2 over them along AXIS). xp / rp / rop: x / residual / residual_out rows."""
     if PROLOGUE == SWIGLU:                                   # x = [gate | up]
-        gate = tl.load(xp + offs).to(tl.float32)
-        act = round_bf16(gate / (1.0 + tl.exp(-gate)))
-        return round_bf16(act * tl.load(xp + K + offs).to(tl.float32)), ss
-    h = tl.load(xp + offs).to(tl.float32)
-    if HAS_RES:
-        h = round_bf16(h + tl.load(rp + offs).to(tl.float32))
-        if STORE_RES:
-            tl.store(rop + offs, h.to(tl.bfloat16), mask=offs < K - tl.minimum(pid_n, 1) * K)    # the first N tile
+        return swiglu_bf16(xp, K, offs), ss
+    h = residual_sum(xp, rp, rop, offs, K, pid_n, HAS_RES, STORE_RES)     # the first N tile stores it
     if PROLOGUE == RMSNORM:
         return round_bf16(h * tl.load(g + offs).to(tl.float32)), ss + tl.sum(h * h, AXIS)
     return h, ss
@@ -132,7 +126,7 @@ def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPL
                        INTERPRET_DOT: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N), SPLIT_K). x [ROWS, K] ([ROWS, 2K] for SWIGLU), res / res_out
     [ROWS, K], g [K], w [N, K] (row stride ``stride_wn``), y [ROWS, N]. TICKET (SPLIT_K > 1): ws
-    fp32 [SPLIT_K, ROWS, N] partials, ss_ws fp32 [N tiles, SPLIT_K, BLOCK_M] sums of squares,
+    fp32 [SPLIT_K, ROWS, N] partials, ss_ws fp32 [N tiles, SPLIT_K, BLOCK_M] sums of squares (RMSNORM),
     counter int32 [N tiles] zeros. With PDL the successor is let go first and the predecessor
     waited for after the first ``PRE_K`` weight columns are loaded."""
     pid_n = tl.program_id(0)
@@ -172,14 +166,16 @@ def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPL
         part = cols[None, :] * N + offs_n[:, None]            # [ROWS, N] offsets inside one split
         tl.store(ws + pid_k * ROWS * N + part, acc, mask=mask)
         ss_tile = ss_ws + pid_n * SPLIT_K * BLOCK_M + cols
-        tl.store(ss_tile + pid_k * BLOCK_M, ss)
+        if PROLOGUE == RMSNORM:
+            tl.store(ss_tile + pid_k * BLOCK_M, ss)
         tl.debug_barrier()                                   # every thread's partial is stored
         if tl.atomic_add(counter + pid_n, 1, sem="acq_rel") == SPLIT_K - 1:    # the tile's last program
             total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
             ss = tl.zeros([BLOCK_M], dtype=tl.float32)
             for s in range(SPLIT_K):                         # split order: deterministic
                 total += tl.load(ws + s * ROWS * N + part, mask=mask, other=0.0, cache_modifier=".cg")
-                ss += tl.load(ss_tile + s * BLOCK_M, cache_modifier=".cg")
+                if PROLOGUE == RMSNORM:
+                    ss += tl.load(ss_tile + s * BLOCK_M, cache_modifier=".cg")
             tl.store(y_ptr, _scaled(total, ss, K, eps, PROLOGUE).to(y.dtype.element_ty), mask=mask)
             tl.atomic_xchg(counter + pid_n, 0)               # reset for the next launch
     else:
@@ -234,7 +230,7 @@ def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res
     tiles = triton.cdiv(N, bn)
     if split > 1:
         ws = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
-        ss_ws = torch.empty(tiles, split, bm, dtype=torch.float32, device=x.device)
+        ss_ws = torch.empty(tiles, split, bm, dtype=torch.float32, device=x.device) if prologue == RMSNORM.value else ws
         counter = ticket_counters(x.device, tiles)
     else:
         ws = ss_ws = counter = y
