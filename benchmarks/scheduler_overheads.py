@@ -2,7 +2,9 @@
 the Scheduler's own functions and the AR steps timed call by call.
 
 Wraps ``Scheduler._falls_back_to_ar`` / ``_ar_round`` / ``_reserve_round`` / ``_write_deferred``
-and ``DecodeSteps.ar_round`` / ``ar_round_taps`` with wall timers, runs ``verify_concurrency.run``
+(... ``TIMED``), the steps' rounds (``DecodeSteps``; ``GraphedSteps`` with CUDA graphs) and
+``SurvivalEstimate.add`` / ``prepare`` (the latter runs inside a round, before its read-back) with
+wall timers, runs ``verify_concurrency.run``
 with the given arguments (its own JSON is not written), and writes per batch and mode the calls
 and mean ms of each, next to the rounds' walls: e.g. the AR fallback's bookkeeping is
 ``_ar_round`` minus ``ar_round_taps`` against plain AR's ``_ar_round`` minus ``ar_round``, and a
@@ -29,12 +31,14 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.runtime import confidence as confidence_mod, scheduler as sched_mod, steps as steps_mod  # noqa: E402,E501
+from dspark_trt.runtime import confidence as confidence_mod, cuda_graphs, scheduler as sched_mod, \
+    steps as steps_mod  # noqa: E402
 
 TIMED = {sched_mod.Scheduler: ("_falls_back_to_ar", "_ar_round", "_reserve_round", "_write_deferred", "_spec_round",
                                 "_observe_round", "_estimates_rounds", "_estimated_window", "round_inputs"),
          steps_mod.DecodeSteps: ("ar_round", "ar_round_taps", "spec_round"),
-         confidence_mod.SurvivalEstimate: ("add",)}
+         cuda_graphs.GraphedSteps: ("spec_round", "spec_round_admitted"),
+         confidence_mod.SurvivalEstimate: ("add", "prepare")}
 
 
 def timed(calls: dict):

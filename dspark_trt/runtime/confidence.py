@@ -471,7 +471,7 @@ class VerifyScheduler:
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.round_costs = RoundCosts() if learn_costs else None
         self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
-        self._values: tuple | None = None                   # (survival, rows, cost, values): the last
+        self._values: tuple | None = None                   # (survival, cost, {rows: values}) of the last curve
         self._host_tables: tuple | None = None              # (sps, round_ms) on the host: packed_gain
         self.slot_buckets = token_buckets(max(1, max_tokens))
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
@@ -559,18 +559,20 @@ class VerifyScheduler:
         """[len(widths)] expected committed tokens per row per ms of each window (with
         ``round_costs``: each priced as its kind of round has been running, ``option_kind``). A
         round's decisions (``prefers_ar``, ``best_window``, ``probe_loss``) read the same survival
-        array (``SurvivalEstimate.curve``, a new array per round): without ``round_costs`` its
-        values are computed once for them."""
+        array (``SurvivalEstimate.curve``, a new array per estimate): without ``round_costs`` its
+        values are computed once per row count for them."""
         last = self._values
-        if (last is not None and last[0] is survival and last[1] == rows and last[2] is self.cost
-                and self.round_costs is None):
-            return last[3]
+        if last is not None and last[0] is survival and last[1] is self.cost and self.round_costs is None \
+                and rows in last[2]:
+            return last[2][rows]
         ms = self.option_ms(rows)
         if self.round_costs is not None:
             ms = ms * np.array([self._scale(self.option_kind(rows, w), rows, "fixed") for w in self.widths])
         values = self._option_tokens(survival) / ms
         if isinstance(survival, np.ndarray):                # a list may change in place: not kept
-            self._values = (survival, rows, self.cost, values)
+            if last is None or last[0] is not survival or last[1] is not self.cost:
+                self._values = last = (survival, self.cost, {})
+            last[2][rows] = values
         return values
 
     def spec_options(self, rows: int, survival) -> list[tuple[int, float]]:
@@ -788,6 +790,8 @@ class SurvivalEstimate:
         self._conf, self._conf_rows = np.zeros(self.n), 0
         self._curve: np.ndarray | None = None
         self._stale = 0                                  # rounds added since the curve was estimated
+        self._due = False                                # the curve is to be estimated again
+        self._held = False                               # prepare()d: the next add keeps the curve
         self.last_confidence: np.ndarray | None = None   # [rows, N] of the latest round with the head
         self.version = 0                                 # curves dropped: what a cached decision keys on
 
@@ -822,9 +826,24 @@ class SurvivalEstimate:
             self.confidence.append((prefix, c.shape[0]))
             self._conf, self._conf_rows = self._conf + prefix, self._conf_rows + c.shape[0]
         self._stale += 1
-        if filling or self._stale >= self.refresh:
-            self._curve = None
-            self.version += 1
+        self._due = self._due or filling or self._stale >= self.refresh
+        if self._due and not self._held:
+            self._drop()
+        self._held = False
+
+    def _drop(self) -> None:
+        self._curve, self._due = None, False
+        self.version += 1
+
+    def prepare(self) -> None:
+        """Estimate the curve now, while a round runs on the device (``Scheduler``: host work
+        between a round's launch and its read-back), where a refresh is due; the round's ``add``
+        then keeps it, so the next round's decisions read it at no host cost on their path: an
+        estimate one round older (the decisions stay a function of the batch's history)."""
+        if self._due:
+            self._drop()
+        self.curve()
+        self._held = True
 
     def prior(self) -> np.ndarray:
         """[N] the prior conditional acceptance ``S_k / S_{k-1}`` of the head's mean calibrated
@@ -847,7 +866,7 @@ class SurvivalEstimate:
 
     def curve(self) -> np.ndarray:
         """[N] float64 prefix-survival estimate (cached until the next ``add``; with a full window
-        for ``refresh`` rounds)."""
+        for ``refresh`` rounds; after ``prepare`` until the round after next)."""
         if self._curve is None:
             self._curve, self._stale = self._estimate(), 0
         return self._curve

@@ -49,7 +49,7 @@ from torch import Tensor
 from .packed_verify import check_packable
 from .prefill_graphs import PrefillGraphs
 from .sampling_modifiers import Modifiers
-from .steps import MODIFIER_FIELDS, DecodeSteps, DeviceInputs, RoundInputs, StagedRound, widen
+from .steps import MODIFIER_FIELDS, DecodeSteps, DeviceInputs, RoundInputs, StagedRound, run_host_work, widen
 
 log = logging.getLogger(__name__)
 
@@ -247,13 +247,15 @@ class BucketBuffers:
         self.dev_i.copy_(self.host_i, non_blocking=True)
         self.dev_f.copy_(self.host_f, non_blocking=True)
 
-    def download(self, out: Tensor, B: int) -> np.ndarray:
-        """Copy ``out[:B]`` to the pinned output and synchronise (the round's one host sync)."""
+    def download(self, out: Tensor, B: int, host_work: Callable[[], None] | None = None) -> np.ndarray:
+        """Copy ``out[:B]`` to the pinned output and synchronise (the round's one host sync);
+        ``host_work`` runs between the queued copy and the wait."""
         w = out.shape[1]
         if w not in self._host_out:
             self._host_out[w] = torch.empty(self.Bb, w, dtype=torch.int64, pin_memory=self.cuda)
         host = self._host_out[w][:B]
         host.copy_(out[:B], non_blocking=self.cuda)
+        run_host_work(host_work)
         if self.cuda:
             torch.cuda.current_stream().synchronize()
         return host.numpy().copy()              # the pinned buffer is rewritten next round
@@ -410,13 +412,14 @@ class GraphedSteps:
         """As ``DecodeSteps.prefill``, from a graph of the padded shape (``prefill_graphs.py``)."""
         return self.prefills.run(tokens, positions, table, lens, context, keep_taps)
 
-    def spec_round(self, r: RoundInputs, mods: Modifiers | bool, width: int | None = None) -> np.ndarray:
+    def spec_round(self, r: RoundInputs, mods: Modifiers | bool, width: int | None = None,
+                   host_work: Callable[[], None] | None = None) -> np.ndarray:
         """As ``DecodeSteps.spec_round``: the "draft" and "verify" graphs (of the window ``width``)."""
         if width is not None and width >= self.num_spec_tokens:
             width = None
         if width is not None:
             self.steps.window_rounds[width] += 1
-        return widen(self._replay_round("draft", "verify", r, mods, width)[0], self.num_spec_tokens)
+        return widen(self._replay_round("draft", "verify", r, mods, width, host_work)[0], self.num_spec_tokens)
 
     def _window_widths(self, Bb: int) -> list[int]:
         """The widths < N of bucket ``Bb``'s window rounds, where its scheduler estimates windows
@@ -439,11 +442,12 @@ class GraphedSteps:
         return sizes
 
     def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, mods: Modifiers | bool,
-                      width: int | None = None):
+                      width: int | None = None, host_work: Callable[[], None] | None = None):
         """Upload ``r``, replay the draft then the verify graph of its bucket -> (verify outputs
         [B, ...] on the host, the draft graph). A "verify_admit" round of a trimming scheduler
         reads the admitted lengths back between the two to pick the window's graph (a packing
-        one: the slots' graph), unless the caller chose the window (``width``)."""
+        one: the slots' graph), unless the caller chose the window (``width``). ``host_work``:
+        run before the final read-back waits."""
         B = r.batch_size
         Bb = self.bucket(B)
         sched = self.steps.scheduler
@@ -468,16 +472,16 @@ class GraphedSteps:
             self.steps.verify_slots[slots] += 1
         g = verify[(width, slots)]
         g.launch()
-        return buf.download(g.outputs, B), draft
+        return buf.download(g.outputs, B, host_work), draft
 
     def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False,
-                            width: int | None = None):
+                            width: int | None = None, host_work: Callable[[], None] | None = None):
         """As ``DecodeSteps.spec_round_admitted``: fixed rounds replay the plain graphs, confidence
         rounds "draft_admit" + "verify_admit" (the window of ``_replay_round``, or ``width``)."""
         B, N = r.batch_size, self.num_spec_tokens
         if width is None and not (self.steps.needs_admission(r) or want_confidence):
-            return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
-        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods, width)  # [B, 3+w]
+            return self.spec_round(r, mods, host_work=host_work), np.where(r.start >= 0, N, 0), None
+        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods, width, host_work)  # [B, 3+w]
         conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None
         return widen(out[:, :-1], N), out[:, -1], conf
 

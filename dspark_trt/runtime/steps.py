@@ -378,15 +378,20 @@ class DecodeSteps:
         return self.prefill_step(tokens, positions, table, lens, context, keep_taps)
 
     # ---- one round from host inputs to host outputs (the single synchronisation) ----------------
-    def spec_round(self, r: RoundInputs, mods: Modifiers | bool, width: int | None = None) -> np.ndarray:
+    def spec_round(self, r: RoundInputs, mods: Modifiers | bool, width: int | None = None,
+                   host_work: Callable[[], None] | None = None) -> np.ndarray:
         """-> [B, 2 + N] int64 on the host: accepted (-1: non-finite logits), next token, drafts.
         ``width`` < N: a window round, the fixed round of the first ``width`` drafts (drafts past
-        it come back as -1; no head, no admission, no read-back between the steps)."""
+        it come back as -1; no head, no admission, no read-back between the steps).
+        ``host_work``: called once the round's device work is queued, before its read-back waits
+        for it (the caller's host work for the next round, hidden behind this one)."""
         x = DeviceInputs.from_host(r, self.device, mods=mods)
         drafts, z = self.draft_step(x, width)
         if width is not None and width < self.num_spec_tokens:
             self.window_rounds[width] += 1
-        return widen(self.verify_step(x, drafts, z, mods).cpu().numpy(), self.num_spec_tokens)
+        out = self.verify_step(x, drafts, z, mods)
+        run_host_work(host_work)
+        return widen(out.cpu().numpy(), self.num_spec_tokens)
 
     def needs_admission(self, r: RoundInputs) -> bool:
         """Whether round ``r`` runs the confidence steps (head + admission): some row has a
@@ -395,7 +400,7 @@ class DecodeSteps:
                                       or not self.scheduler.admits_every_draft(r.verify_mode))
 
     def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False,
-                            width: int | None = None
+                            width: int | None = None, host_work: Callable[[], None] | None = None
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """-> (as ``spec_round``: [B, 2 + N]; admitted drafts per row [B]; the confidence logits
         [B, N] when ``want_confidence``, else None). Rounds with a confidence mode (or
@@ -403,17 +408,19 @@ class DecodeSteps:
         the window of ``shape(x, limit)`` (drafts past it come back as -1), or over ``width`` drafts
         when the caller chose the window ahead (``Scheduler``'s estimated window: no read-back of
         the admitted lengths between the steps); rounds that admit every draft
-        (``needs_admission``) run the plain steps."""
+        (``needs_admission``) run the plain steps. ``host_work``: as in ``spec_round``."""
         N = self.num_spec_tokens
         if width is None and not (self.needs_admission(r) or want_confidence):
-            return self.spec_round(r, mods), np.where(r.start >= 0, N, 0), None
+            return self.spec_round(r, mods, host_work=host_work), np.where(r.start >= 0, N, 0), None
         x = DeviceInputs.from_host(r, self.device, confidence=True, mods=mods)
         drafts, z, conf, limit = self.draft_admit_step(x)
         w, slots = self.shape(x, limit) if width is None else (width, None)
         self.verify_widths[w] += 1
         if slots is not None:
             self.verify_slots[slots] += 1
-        out = self.verify_admit_step(x, drafts, z, limit, mods, w, slots).cpu().numpy()
+        out = self.verify_admit_step(x, drafts, z, limit, mods, w, slots)
+        run_host_work(host_work)
+        out = out.cpu().numpy()
         return widen(out[:, :-1], N), out[:, -1], conf.cpu().numpy() if want_confidence else None
 
     def spec_round_logprobs(self, r: RoundInputs, mods: Modifiers | bool, k: int
@@ -450,6 +457,12 @@ class DecodeSteps:
         device, valid until the next AR round: ``ar_step(taps_out=True)``)."""
         nxt, taps = self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods, taps_out=True)
         return nxt.cpu().numpy(), taps
+
+
+def run_host_work(work: Callable[[], None] | None) -> None:
+    """A round's ``host_work``, run while its device work is queued (before the read-back)."""
+    if work is not None:
+        work()
 
 
 def widen(out: np.ndarray, n: int) -> np.ndarray:

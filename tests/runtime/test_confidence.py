@@ -15,7 +15,7 @@ from dspark_trt.checkpoints.qwen3 import load_qwen3_pair, qwen3_draft_tensors, q
 from dspark_trt.cli import main
 from dspark_trt.models import build_models
 from dspark_trt.runtime import calibration as cal
-from dspark_trt.runtime.confidence import (ESTIMATED_WINDOW_MIN_ROWS, MODE_IDS, Calibration, CostCurve,
+from dspark_trt.runtime.confidence import (ESTIMATED_WINDOW_MIN_ROWS, MODE_IDS, Calibration, CostCurve, VerifyScheduler,
                                            admitted_lengths)
 from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
 from dspark_trt.runtime.steps import DecodeSteps
@@ -928,6 +928,49 @@ def test_survival_estimate_refreshes_a_full_window_every_few_rounds():
     est.add([0], [2])                              # the third: estimated again from the window
     np.testing.assert_allclose(est.curve(), [0.0, 0.0])
     assert est.version == v + 1 and first[0] == 1.0
+
+
+def test_option_values_are_computed_once_per_curve_and_row_count(monkeypatch):
+    """A round's decisions (``prefers_ar``, ``best_window``) and the next round's, warmed while a
+    round runs, share the options' values per row count of one survival curve; a new curve (a new
+    estimate) computes them again, to the same values as a fresh scheduler."""
+    cost = CostCurve([1, 64], [1.0, 40.0], "test: steep", rows=[1, 8], draft_ms=[0.1, 0.1], ar_ms=[3.0, 3.0])
+    sched = VerifyScheduler(4, 64, "cpu", cost=cost)
+    computed, tokens = [], sched._option_tokens
+    monkeypatch.setattr(sched, "_option_tokens", lambda s: computed.append(1) or tokens(s))
+    curve = np.array([0.9, 0.8, 0.6, 0.3])
+    first = [sched.best_window(2, curve), sched.prefers_ar(2, curve), sched.best_window(3, curve)]
+    assert [sched.best_window(2, curve), sched.prefers_ar(2, curve), sched.best_window(3, curve)] == first
+    assert len(computed) == 2
+    sched.best_window(2, curve.copy())
+    assert len(computed) == 3
+    fresh = VerifyScheduler(4, 64, "cpu", cost=cost)
+    for rows in (2, 3):
+        np.testing.assert_array_equal(sched._option_values(rows, curve), fresh._option_values(rows, curve))
+
+
+def test_survival_estimate_prepared_during_a_round_lags_it_by_one():
+    """``prepare`` (host work while a round runs on the device) estimates from the rounds before
+    that round; its ``add`` keeps the estimate (and ``version``), the next ``prepare`` takes it in;
+    an ``add`` with no ``prepare`` before it drops the estimate as before."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    est = SurvivalEstimate(2, window=4, refresh=1)
+    est.PRIOR_WEIGHT = 0.0
+    est.add([2], [2])
+    est.prepare()
+    np.testing.assert_allclose(est.curve(), [1.0, 1.0])
+    v = est.version
+    est.add([0], [2])                  # the round that ran while prepare did: kept
+    np.testing.assert_allclose(est.curve(), [1.0, 1.0])
+    assert est.version == v
+    est.prepare()                      # now with it: position 0 at risk 2, survived 1
+    np.testing.assert_allclose(est.curve(), [0.5, 0.5])
+    assert est.version == v + 1
+    est.add([0], [2])                  # held once more
+    np.testing.assert_allclose(est.curve(), [0.5, 0.5])
+    est.add([0], [2])                  # no prepare before it: the estimate follows (1 of 4)
+    np.testing.assert_allclose(est.curve(), [0.25, 0.25])
+    assert est.version == v + 2
 
 
 def test_survival_estimate_starts_from_the_measured_curve():

@@ -65,7 +65,9 @@ def test_large_scheduled_batches_run_window_rounds_losslessly(graphs):
     """From ``ESTIMATED_WINDOW_MIN_ROWS`` rows under a steep verify cost, the rounds after the
     first confidence round are window rounds of the estimate's width, one in
     ``CONFIDENCE_PROBE_EVERY`` a confidence round over that window; greedy output equals the
-    target's token for token (eager steps and graph replay)."""
+    target's token for token (eager steps and graph replay). Every round that decides from the
+    estimate hands the steps the next round's decisions as host work (``Scheduler._next_decisions``),
+    which runs once, before the round's read-back."""
     rows = ESTIMATED_WINDOW_MIN_ROWS
     llm = _llm(block=4, seed=6, batch=rows, verify_cost=STEEP, cost_model="trimmed", graphs=graphs)
     prompts = [[1 + i, 2, 3 + i] for i in range(rows)]
@@ -73,10 +75,19 @@ def test_large_scheduled_batches_run_window_rounds_losslessly(graphs):
     kinds = []
     spec_round, admitted = llm.steps.spec_round, llm.steps.spec_round_admitted
 
+    host_work = []                                     # [calls] per round handed host work
+
     def record(kind, fn):
         def run(r, *a, **kw):
             if r.batch_size == rows:                             # the full batch's rounds
                 kinds.append(kind if kind != "fixed" or kw.get("width") is None else "window")
+            if kw.get("host_work") is not None:
+                work, calls = kw["host_work"], host_work.append(0) or len(host_work) - 1
+
+                def counted():
+                    host_work[calls] += 1
+                    work()
+                kw["host_work"] = counted
             return fn(r, *a, **kw)
         return run
     llm.steps.spec_round, llm.steps.spec_round_admitted = record("fixed", spec_round), record("confidence", admitted)
@@ -86,6 +97,7 @@ def test_large_scheduled_batches_run_window_rounds_losslessly(graphs):
         llm.steps.spec_round, llm.steps.spec_round_admitted = spec_round, admitted
     assert [o.output_ids for o in out] == [a.output_ids for a in ar]
     assert kinds[0] == "confidence" and "fixed" not in kinds, kinds
+    assert len(host_work) >= len(kinds) - 1 and set(host_work) == {1}, (host_work, kinds)
     window = kinds[1:]
     assert window.count("window") >= CONFIDENCE_PROBE_EVERY, kinds
     for i in range(0, len(window) - CONFIDENCE_PROBE_EVERY + 1):          # a probe in every stretch
