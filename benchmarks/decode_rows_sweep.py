@@ -2,7 +2,8 @@
 
 Per Qwen3-8B projection, with the prologue the token step gives it (q/k/v and gate/up: RMSNorm of
 the residual sum, written back; o: none; down: SwiGLU; the head: the final norm), and per token
-count M (2, 4, 8: a verify block of N = 7 drafts; 16), every candidate tile (tensor-core / CUDA-core
+count M (2, 4, 8: a verify block of N = 7 drafts; 16; 1 with ``--rows 1``: the one-token kernel's
+tiles against the rows kernel's, ``ROWS``), every candidate tile (tensor-core / CUDA-core
 body, BLOCK_N x BLOCK_K, split-K, warps, stages) against
 - ``cublas``: ``F.linear`` of the prologue's output (the GEMM alone),
 - ``modules``: the torch prologue (``RMSNorm`` of ``x + residual`` / ``silu(gate) * up``) + ``F.linear``,
@@ -41,11 +42,27 @@ DOT_TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (32, 128), (64, 256))
 CUDA_CORE_TILES = ((16, 256), (32, 128), (32, 256))
 
 
-def candidates(M: int, N: int, K: int, sms: int = 132) -> list[dict]:
+ONE_TOKEN_TILES = ((4, 512), (8, 256), (8, 512), (8, 1024), (16, 256), (16, 512))
+
+
+def one_token_candidates(N: int, K: int, sms: int = 132) -> list[dict]:
+    """M = 1: ``decode_gemv_kernel``'s tile today (``config_for``: the default, first), its
+    variants, and the rows kernel's tiles (``ROWS``: split K, the deferred norm scale)."""
+    from dspark_trt.plugins.kernels.decode_gemv import config_for
+    out = [config_for(N, K)]
+    out += [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3) for bn, bk in ONE_TOKEN_TILES
+            if K % bk == 0 for nw in (4, 8)]
+    return out + [dict(c, ROWS=True) for c in candidates(1, N, K, sms, default=False)]
+
+
+def candidates(M: int, N: int, K: int, sms: int = 132, default: bool = True) -> list[dict]:
     """Tiles worth timing: per (body, BLOCK_N, BLOCK_K) the one or two splits of K that give
-    1-12 programs per SM (K tiles >= 2 per split), a few warp / stage counts; the default tile."""
+    1-12 programs per SM (K tiles >= 2 per split), a few warp / stage counts; the default tile
+    (``default``; at M = 1 ``one_token_candidates`` unless not ``default``)."""
     from dspark_trt.plugins.kernels.decode_rows import default_config
-    out = [default_config(M, N, K, sms)]
+    if M == 1 and default:
+        return one_token_candidates(N, K, sms)
+    out = [default_config(M, N, K, sms)] if default else []
     bodies = [(True, DOT_TILES, ((4, 3), (4, 4), (8, 4)))]
     if M <= 4:
         bodies.append((False, CUDA_CORE_TILES, ((4, 3),)))

@@ -3,6 +3,8 @@ the Triton interpreter in a subprocess (as test_skinny_gemm.py), its argument ch
 the Qwen3-8B shapes with and without programmatic dependent launch."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -27,12 +29,13 @@ def results() -> dict:
 def test_matches_the_modules_prologue_times_w(results, case):
     """y equals (the model's RMSNorm / SwiGLU / residual sum of x) @ w^T within one bf16 ulp, for
     one token and for M tokens (each row its own norm; split K included), and the residual sum
-    written by the first programs is torch's bf16 sum bit for bit. Two or more tokens with RMSNorm
-    (a deferred scale): as close to the fp32 prologue's product as the modules' result, plus one ulp."""
-    name, prologue, N, K, has_res, has_out, _, _, M = case
+    written by the first programs is torch's bf16 sum bit for bit. RMSNorm on the rows kernel (two
+    or more tokens, or one with a ROWS tile: a deferred scale): as close to the fp32 prologue's
+    product as the modules' result, plus one ulp."""
+    name, prologue, N, K, has_res, has_out, cfg, _, M = case
     r = results[name]
     assert r["shape"] == ([N] if M is None else [M, N]) and r["dtype"] == "torch.bfloat16"
-    if prologue == "rmsnorm" and (M or 1) > 1:
+    if prologue == "rmsnorm" and ((M or 1) > 1 or (cfg or {}).get("ROWS")):
         assert r["ulp_exact"] <= r["module_ulp_exact"] + DEFERRED_ULP, r
     else:
         assert r["ulp"] <= ULP_TOL, r
@@ -85,6 +88,31 @@ def test_rows_default_config_splits_k_for_the_sms():
     assert not default_config(4, 4096, 4096)["DOT"]
 
 
+def test_rows_tables_merge_and_route_one_token(tmp_path, monkeypatch):
+    """``load_table`` merges sweeps (a later file's shape over an earlier's) and leaves the table as
+    it was when a file is not a sweep's result, naming it; a one-token winner with ``ROWS`` sends
+    one token to the rows kernel (as a row), without it to the one-token kernel's tile."""
+    import json
+    from dspark_trt.plugins.kernels import decode_gemv as dg, decode_rows
+    monkeypatch.setattr(decode_rows, "CONFIGS", dict(decode_rows.CONFIGS))
+    rows = lambda *r: {"rows": [dict(bucket=b, N=n, K=k, best_config=c) for b, n, k, c in r]}  # noqa: E731
+    a, b, bad = tmp_path / "a.json", tmp_path / "b.json", tmp_path / "bad.json"
+    one = dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=2, DOT=False, ROWS=True)
+    a.write_text(json.dumps(rows((8, 32, 256, dict(BLOCK_N=16, BLOCK_K=64)), (1, 32, 256, dict(BLOCK_N=4)))))
+    b.write_text(json.dumps(rows((1, 32, 256, one))))
+    bad.write_text(json.dumps({"shapes": []}))
+    assert decode_rows.load_table(str(a), str(b)) == 2
+    assert decode_rows.CONFIGS == {(8, 32, 256): dict(BLOCK_N=16, BLOCK_K=64), (1, 32, 256): one}
+    with pytest.raises(ValueError, match="bad.json"):
+        decode_rows.load_table(str(a), str(bad))
+    assert decode_rows.CONFIGS[(1, 32, 256)] == one
+    seen = []
+    monkeypatch.setattr(decode_rows, "decode_rows", lambda x, w, y, *a: seen.append((x.shape, y.shape, a[-3])))
+    x, w = torch.randn(256).bfloat16(), torch.randn(32, 256).bfloat16()
+    assert dg.decode_gemv(x, w).shape == (32,)
+    assert seen == [((1, 256), (1, 32), one)]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "swiglu"])
@@ -115,16 +143,19 @@ def test_qwen3_8b_shapes_on_gpu(prologue, pdl):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("rows", [2, 4, 7, 16])
+@pytest.mark.parametrize("rows", [1, 2, 4, 7, 16])
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "swiglu"])
 def test_qwen3_8b_rows_on_gpu(prologue, rows):
     """A few tokens at every Qwen3-8B projection shape with the chosen tiles (split K, ticket
-    reduction): within 1 ulp of the modules' prologue times w (RMSNorm: of the fp32 prologue's
-    product, one ulp more than the modules' own result), residual sums bit for bit, PDL and a
-    second call (the tickets reset) give the same bits."""
-    from dspark_trt.plugins.kernels.decode_gemv import CONFIGS, decode_gemv
+    reduction; one token: the rows kernel's default tile, ``ROWS``): within 1 ulp of the modules'
+    prologue times w (RMSNorm: of the fp32 prologue's product, one ulp more than the modules' own
+    result), residual sums bit for bit, PDL and a second call (the tickets reset) give the same bits."""
+    from dspark_trt.plugins.kernels import decode_rows
+    from dspark_trt.plugins.kernels.decode_gemv import CONFIGS, decode_gemv as gemv
     torch.manual_seed(rows)
     for N, K in CONFIGS:
+        cfg = dict(decode_rows.default_config(1, N, K), ROWS=True) if rows == 1 else None
+        decode_gemv = functools.partial(gemv, config=cfg)
         x = torch.randn(rows, 2 * K if prologue == "swiglu" else K, device="cuda").bfloat16()
         w = (torch.randn(N, K, device="cuda") * 0.02).bfloat16()
         r = torch.randn(rows, K, device="cuda").bfloat16() if prologue != "swiglu" else None

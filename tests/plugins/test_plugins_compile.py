@@ -237,7 +237,8 @@ def _launches_fp8(monkeypatch):
 def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
     the default one, the rows kernel at 8 and 5 tokens (tensor cores), at 5 on the CUDA cores and
-    split K (the ticket reduction) in both bodies, each also with PDL (``_with_pdl``)."""
+    split K (the ticket reduction) in both bodies, one token on it in both, each also with PDL
+    (``_with_pdl``)."""
     N, K = 4096, 4096
     w = torch.randn(N, K).bfloat16()
     x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
@@ -259,6 +260,10 @@ def _launches_decode_gemv(monkeypatch):
                       residual_out=torch.empty_like(rm), config=dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, DOT=dot))
     out += record(monkeypatch, rows, kdg.decode_gemv, xm, w, "rmsnorm", norm_weight=g, residual=rm,   # CUDA cores
                   residual_out=torch.empty_like(rm), config=dict(kdg.DEFAULT, DOT=False))
+    for dot in (True, False):                        # one token on the rows kernel (a ROWS tile), split K
+        out += record(monkeypatch, rows, kdg.decode_gemv, x, w, "rmsnorm", norm_weight=g, residual=r,
+                      residual_out=torch.empty_like(r),
+                      config=dict(BLOCK_N=64 if dot else 16, BLOCK_K=128, SPLIT_K=4, DOT=dot, ROWS=True))
     return _with_pdl(out)
 
 

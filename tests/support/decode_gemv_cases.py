@@ -16,7 +16,7 @@ from tests.support.skinny_gemm_cases import ulp_err
 # (name, prologue, N, K, residual, residual_out, config, pre_k, M): N not a multiple of BLOCK_N, PRE_K of
 # one and two K tiles, every prologue with and without a residual; M None: one token x [K], else x [M, K]
 # (M = 1 as a row, a power of two and not; the tensor-core body from M = 5 unless the config says; split K
-# with the ticket reduction, both bodies, the default tile).
+# with the ticket reduction, both bodies, the default tile; one token on the rows kernel).
 CASES = [
     ("none", "none", 37, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), None, None),
     ("none_pre2", "none", 40, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64), 128, None),
@@ -40,6 +40,13 @@ CASES = [
      dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=2, DOT=False), 64, 3),
     ("rows7_split2_swiglu", "swiglu", 40, 256, False, False, dict(BLOCK_N=32, BLOCK_K=64, SPLIT_K=2), None, 7),
     ("rows7_default_config_rmsnorm", "rmsnorm", 64, 1024, False, False, None, None, 7),
+    # one token on the rows kernel (a tile with ROWS): x [K] and x [1, K], both bodies, split K
+    ("one_token_rows_split2_rmsnorm_residual", "rmsnorm", 37, 256, True, True,
+     dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=2, DOT=False, ROWS=True), None, None),
+    ("one_token_rows_dot_none_residual", "none", 40, 128, True, True,
+     dict(BLOCK_N=16, BLOCK_K=32, DOT=True, ROWS=True), 64, None),
+    ("one_row_rows_split2_swiglu", "swiglu", 29, 256, False, False,
+     dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=2, ROWS=True), None, 1),
 ]
 EPS = 1e-6
 

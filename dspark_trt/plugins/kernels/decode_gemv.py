@@ -26,6 +26,8 @@ none) and keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial, reduced once after the lo
 multiple of ``BLOCK_K`` (the wrapper picks one) and of ``PRE_K``. Two to ``MAX_ROWS`` tokens (a
 verify block, a draft block, a small batch) run ``decode_rows.py``'s kernel: split-K, tensor-core
 tiles and a deferred norm scale (within about a bf16 ulp of these roundings, not bit for bit).
+One token runs it too where its tile says ``ROWS`` (a ``config``, or a sweep's winner at M = 1 in
+``decode_rows.CONFIGS``: split K for the narrow projections), with the same deferred scale.
 """
 from __future__ import annotations
 
@@ -152,11 +154,15 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
     res = residual.contiguous() if residual is not None else x
     r_out = residual_out if residual_out is not None else y
     g = norm_weight if norm_weight is not None else x
-    if M > 1:
+    if M == 1 and not config:
+        config = decode_rows.CONFIGS.get((1, N, K))          # a sweep's one-token winner, if any
+    if M > 1 or (config and config.get("ROWS")):
         cfg = dict(config) if config else decode_rows.choose_config(M, N, K, x.device)
         _check_tile(K, int(cfg["BLOCK_K"]), pre_k)
-        return decode_rows.decode_rows(x, w, y, PROLOGUES[prologue], res, r_out, g, float(eps), residual is not None,
-                                       residual_out is not None, cfg, pre_k, kw)
+        rows = (lambda t: t.view(M, -1)) if M == 1 else (lambda t: t)        # one token as a row
+        decode_rows.decode_rows(rows(x), w, rows(y), PROLOGUES[prologue], rows(res), rows(r_out), g, float(eps),
+                                residual is not None, residual_out is not None, cfg, pre_k, kw)
+        return y
     cfg = dict(config) if config else config_for(N, K)
     bk = int(cfg["BLOCK_K"])
     pre = _check_tile(K, bk, pre_k)

@@ -195,16 +195,19 @@ def choose_config(M: int, N: int, K: int, device: torch.device) -> dict:
     return dict(CONFIGS.get((m_bucket(M), N, K)) or default_config(M, N, K, num_sms(device)))
 
 
-def load_table(path: str) -> int:
-    """Replace ``CONFIGS`` by a ``decode_rows_sweep.py`` JSON's winners; returns how many. Raises
-    ValueError naming the file when it is not such a result."""
+def load_table(*paths: str) -> int:
+    """Replace ``CONFIGS`` by the winners of ``decode_rows_sweep.py`` JSONs (a later file's shape
+    over an earlier's: e.g. a sweep of M = 2..16 and one of M = 1); returns how many. Raises
+    ValueError naming the file that is not such a result (``CONFIGS`` unchanged)."""
     import json
-    try:
-        doc = json.loads(open(path).read())
-        table = {(int(r["bucket"]), int(r["N"]), int(r["K"])): dict(r["best_config"]) for r in doc["rows"]
-                 if r.get("best_config")}
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"decode-rows table {path!r}: not a decode_rows_sweep.py result ({e})") from e
+    table = {}
+    for path in paths:
+        try:
+            doc = json.loads(open(path).read())
+            table.update({(int(r["bucket"]), int(r["N"]), int(r["K"])): dict(r["best_config"]) for r in doc["rows"]
+                          if r.get("best_config")})
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"decode-rows table {path!r}: not a decode_rows_sweep.py result ({e})") from e
     CONFIGS.clear(), CONFIGS.update(table)
     return len(table)
 
@@ -242,5 +245,5 @@ def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res
     return y
 
 
-if os.environ.get(TABLE_ENV):
-    load_table(os.environ[TABLE_ENV])
+if os.environ.get(TABLE_ENV):                               # one file, or several joined by os.pathsep
+    load_table(*os.environ[TABLE_ENV].split(os.pathsep))
