@@ -471,7 +471,7 @@ class VerifyScheduler:
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.round_costs = RoundCosts() if learn_costs else None
         self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
-        self._values: tuple | None = None                   # (survival, cost, {rows: values}) of the last curve
+        self._values: tuple | None = None                   # (survival, cost, tokens, {rows: values}): the last curve
         self._host_tables: tuple | None = None              # (sps, round_ms) on the host: packed_gain
         self.slot_buckets = token_buckets(max(1, max_tokens))
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
@@ -560,19 +560,19 @@ class VerifyScheduler:
         ``round_costs``: each priced as its kind of round has been running, ``option_kind``). A
         round's decisions (``prefers_ar``, ``best_window``, ``probe_loss``) read the same survival
         array (``SurvivalEstimate.curve``, a new array per estimate): without ``round_costs`` its
-        values are computed once per row count for them."""
+        values are computed once per row count for them (its expected tokens once per curve)."""
         last = self._values
-        if last is not None and last[0] is survival and last[1] is self.cost and self.round_costs is None \
-                and rows in last[2]:
-            return last[2][rows]
+        if last is None or last[0] is not survival or last[1] is not self.cost:
+            last = (survival, self.cost, self._option_tokens(survival), {})
+            if isinstance(survival, np.ndarray):            # a list may change in place: not kept
+                self._values = last
+        if self.round_costs is None and rows in last[3]:
+            return last[3][rows]
         ms = self.option_ms(rows)
         if self.round_costs is not None:
             ms = ms * np.array([self._scale(self.option_kind(rows, w), rows, "fixed") for w in self.widths])
-        values = self._option_tokens(survival) / ms
-        if isinstance(survival, np.ndarray):                # a list may change in place: not kept
-            if last is None or last[0] is not survival or last[1] is not self.cost:
-                self._values = last = (survival, self.cost, {})
-            last[2][rows] = values
+            return last[2] / ms
+        last[3][rows] = values = last[2] / ms
         return values
 
     def spec_options(self, rows: int, survival) -> list[tuple[int, float]]:

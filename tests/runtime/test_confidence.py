@@ -932,18 +932,21 @@ def test_survival_estimate_refreshes_a_full_window_every_few_rounds():
 
 def test_option_values_are_computed_once_per_curve_and_row_count(monkeypatch):
     """A round's decisions (``prefers_ar``, ``best_window``) and the next round's, warmed while a
-    round runs, share the options' values per row count of one survival curve; a new curve (a new
-    estimate) computes them again, to the same values as a fresh scheduler."""
+    round runs, share the options' values per row count of one survival curve (its expected tokens
+    once per curve); a new curve (a new estimate) computes them again, to the same values as a
+    fresh scheduler."""
     cost = CostCurve([1, 64], [1.0, 40.0], "test: steep", rows=[1, 8], draft_ms=[0.1, 0.1], ar_ms=[3.0, 3.0])
     sched = VerifyScheduler(4, 64, "cpu", cost=cost)
-    computed, tokens = [], sched._option_tokens
-    monkeypatch.setattr(sched, "_option_tokens", lambda s: computed.append(1) or tokens(s))
+    tokens, priced = [], []
+    option_tokens, option_ms = sched._option_tokens, sched.option_ms
+    monkeypatch.setattr(sched, "_option_tokens", lambda s: tokens.append(1) or option_tokens(s))
+    monkeypatch.setattr(sched, "option_ms", lambda rows: priced.append(rows) or option_ms(rows))
     curve = np.array([0.9, 0.8, 0.6, 0.3])
     first = [sched.best_window(2, curve), sched.prefers_ar(2, curve), sched.best_window(3, curve)]
     assert [sched.best_window(2, curve), sched.prefers_ar(2, curve), sched.best_window(3, curve)] == first
-    assert len(computed) == 2
+    assert len(tokens) == 1 and priced == [2, 3]
     sched.best_window(2, curve.copy())
-    assert len(computed) == 3
+    assert len(tokens) == 2 and priced == [2, 3, 2]
     fresh = VerifyScheduler(4, 64, "cpu", cost=cost)
     for rows in (2, 3):
         np.testing.assert_array_equal(sched._option_values(rows, curve), fresh._option_values(rows, curve))
