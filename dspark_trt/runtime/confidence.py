@@ -803,10 +803,11 @@ class SurvivalEstimate:
         """Whether the curve rests on anything measured: verified rounds or the ``measured`` prior."""
         return bool(self.rounds) or self.measured is not None
 
-    def add(self, accepted, verified, confidence=None) -> None:
+    def add(self, accepted, verified, confidence=None, now: bool = False) -> None:
         """One round: per row, drafts accepted and drafts verified (accepted <= verified <= N);
         ``confidence`` [rows, N]: the rows' calibrated conditional confidences, if the round ran
-        the head."""
+        the head. ``now``: the next ``curve`` takes this round in whatever the refresh and a
+        ``prepare`` say (a probe of an AR streak, whose outcome the next decision is to read)."""
         acc, ver = np.asarray(accepted)[:, None], np.asarray(verified)[:, None]
         k = np.arange(self.n)[None]
         filling = len(self.rounds) < self.rounds.maxlen
@@ -826,8 +827,8 @@ class SurvivalEstimate:
             self.confidence.append((prefix, c.shape[0]))
             self._conf, self._conf_rows = self._conf + prefix, self._conf_rows + c.shape[0]
         self._stale += 1
-        self._due = self._due or filling or self._stale >= self.refresh
-        if self._due and not self._held:
+        self._due = self._due or filling or self._stale >= self.refresh or now
+        if self._due and (now or not self._held):
             self._drop()
         self._held = False
 

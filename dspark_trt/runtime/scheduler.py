@@ -571,8 +571,8 @@ class Scheduler:
         live = [i for i, s in enumerate(seqs) if s.stats.committed and s.finish_reason is None]
         if live and self._tracks_survival():   # verified outcomes (rounds cut by a stop: left out)
             c = None if conf is None else self._scheduler().calibrated(np.asarray(conf)[live])
-            self._survival.add([seqs[i].stats.accepted[-1] for i in live],
-                               [seqs[i].stats.proposed[-1] for i in live], c)
+            self._survival.add([seqs[i].stats.accepted[-1] for i in live],       # a probe: read at once
+                               [seqs[i].stats.proposed[-1] for i in live], c, now=self._probing)
 
     def _next_decisions(self, seqs: list[Sequence], estimates: bool) -> Callable[[], None] | None:
         """Host work for the next round, run while this one's device work runs (``host_work`` of

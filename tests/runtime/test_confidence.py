@@ -974,6 +974,13 @@ def test_survival_estimate_prepared_during_a_round_lags_it_by_one():
     est.add([0], [2])                  # no prepare before it: the estimate follows (1 of 4)
     np.testing.assert_allclose(est.curve(), [0.25, 0.25])
     assert est.version == v + 2
+    held = SurvivalEstimate(2, window=2, refresh=8)
+    held.PRIOR_WEIGHT = 0.0
+    held.add([0], [2])
+    held.add([0], [2])                 # the window is full: held for 8 rounds, and prepared
+    held.prepare()
+    held.add([2], [2], now=True)       # a probe: taken in at once all the same
+    np.testing.assert_allclose(held.curve(), [0.5, 0.5])
 
 
 def test_survival_estimate_starts_from_the_measured_curve():
@@ -1157,14 +1164,24 @@ def test_scheduled_batches_run_fixed_rounds_where_the_full_window_is_best(cost_m
     assert len(proposed) > 3 and all(p == 4 for p in proposed[1:-1]), proposed
 
 
-def test_ar_fallback_probes_less_often_while_ar_wins(unbudgeted_probes):
-    """Scheduled probes at rounds 0 (no history), 9, 26, 59: 8, 16 then 32 AR rounds between."""
+def test_ar_fallback_probes_less_often_while_ar_wins(unbudgeted_probes, monkeypatch):
+    """Scheduled probes at rounds 0 (no history), 9, 26, 59: 8, 16 then 32 AR rounds between; each
+    probe's outcome enters the survival estimate at once (``add(now=True)``), whatever its refresh
+    interval and the estimate prepared during the probe, so the decision after it reads it."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
     curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
+    added, add = [], SurvivalEstimate.add
+
+    def recorded(self, *a, now=False):
+        added.append(now)
+        return add(self, *a, now=now)
+    monkeypatch.setattr(SurvivalEstimate, "add", recorded)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80, verify_mode="scheduled"))[0]
     ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80), speculative=False)[0]
     assert out.output_ids == ar.output_ids
     assert [i for i, p in enumerate(out.stats.proposed) if p > 0][:4] == [0, 9, 26, 59]
+    assert added[:4] == [False, True, True, True]
 
 
 @pytest.mark.parametrize("graphs", [False, True])
