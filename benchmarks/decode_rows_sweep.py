@@ -45,29 +45,28 @@ CUDA_CORE_TILES = ((16, 256), (32, 128), (32, 256))
 ONE_TOKEN_TILES = ((4, 512), (8, 256), (8, 512), (8, 1024), (16, 256), (16, 512))
 
 
-def one_token_candidates(N: int, K: int, sms: int = 132) -> list[dict]:
-    """M = 1: ``decode_gemv_kernel``'s tile today (``config_for``: the default, first), its
-    variants, and the rows kernel's tiles (``ROWS``: split K, the deferred norm scale)."""
-    from dspark_trt.plugins.kernels.decode_gemv import config_for
-    out = [config_for(N, K)]
-    out += [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3) for bn, bk in ONE_TOKEN_TILES
-            if K % bk == 0 for nw in (4, 8)]
-    return out + [dict(c, ROWS=True) for c in candidates(1, N, K, sms, default=False)]
-
-
-def candidates(M: int, N: int, K: int, sms: int = 132, default: bool = True) -> list[dict]:
-    """Tiles worth timing: per (body, BLOCK_N, BLOCK_K) the one or two splits of K that give
-    1-12 programs per SM (K tiles >= 2 per split), a few warp / stage counts; the default tile
-    (``default``; at M = 1 ``one_token_candidates`` unless not ``default``)."""
+def candidates(M: int, N: int, K: int, sms: int = 132) -> list[dict]:
+    """Tiles worth timing, first the one taken without a sweep: the rows kernel's ``default_config``
+    and ``rows_tiles``; at M = 1 ``decode_gemv_kernel``'s tile today (``config_for``), its variants,
+    then the rows kernel's tiles marked ``ROWS`` (split K, the deferred norm scale)."""
+    if M == 1:
+        from dspark_trt.plugins.kernels.decode_gemv import config_for
+        one = [config_for(N, K)] + [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3)
+                                    for bn, bk in ONE_TOKEN_TILES if K % bk == 0 for nw in (4, 8)]
+        return _unique(one + [dict(c, ROWS=True) for c in rows_tiles(1, N, K, sms)])
     from dspark_trt.plugins.kernels.decode_rows import default_config
-    if M == 1 and default:
-        return one_token_candidates(N, K, sms)
-    out = [default_config(M, N, K, sms)] if default else []
+    return _unique([default_config(M, N, K, sms)] + rows_tiles(M, N, K, sms))
+
+
+def rows_tiles(M: int, N: int, K: int, sms: int = 132) -> list[dict]:
+    """The rows kernel's tiles: per (body, BLOCK_N, BLOCK_K) the one or two splits of K that give
+    1-12 programs per SM (K tiles >= 2 per split), a few warp / stage counts."""
     bodies = [(True, DOT_TILES, ((4, 3), (4, 4), (8, 4)))]
     if M <= 4:
         bodies.append((False, CUDA_CORE_TILES, ((4, 3),)))
     if N > 100_000:                                           # the head: wide tiles only, no split
         bodies = [(True, ((128, 128), (128, 64), (64, 128)), ((4, 4), (8, 4)))]
+    out = []
     for dot, tiles, launches in bodies:
         for bn, bk in tiles:
             splits = [s for s in (1, 2, 4, 8, 16) if K % (s * bk) == 0 and K // (s * bk) >= 2
@@ -76,13 +75,17 @@ def candidates(M: int, N: int, K: int, sms: int = 132, default: bool = True) -> 
             for split in fill[:2]:
                 for nw, ns in launches:
                     out.append(dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=split, DOT=dot, num_warps=nw, num_stages=ns))
-    seen, unique = set(), []
-    for c in out:
+    return out
+
+
+def _unique(configs: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for c in configs:
         key = tuple(sorted(c.items()))
         if key not in seen:
             seen.add(key)
-            unique.append(c)
-    return unique
+            out.append(c)
+    return out
 
 
 def inputs(M: int, N: int, K: int, prologue: str, copies: int = 1, seed: int = 0):
