@@ -5,7 +5,9 @@ Per step size T (1: an AR step; 8: the verify block of N = 7 drafts) and context
 step's tokens at positions L .. L + T - 1; the cache holds random K/V below them):
 - ``module``: ``Qwen3ForCausalLM.forward`` of one token, eager modules captured in a CUDA graph
   (what ``LLM``'s eager CUDA-graph AR step replays: cuBLAS GEMVs and torch elementwise kernels);
-- ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch.
+- ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch;
+  ``chain_pdl_l2p<MiB>`` (``--l2-prefetch``): with PDL and that many MiB of each layer's o weight
+  prefetched into L2 while attention runs (at every context here: no position limit).
 Each: median ms of graph replays, the fraction of the HBM roofline (weights of every layer and the
 head, plus the K/V rows read, at 4.8 TB/s), and the logits' agreement with the module step (the
 largest difference over the logits' scale, argmax equal), and each path's agreement with the same
@@ -17,6 +19,7 @@ same in both, not timed here).
 Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
     python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
+        [--l2-prefetch 16,32]
 """
 from __future__ import annotations
 
@@ -83,6 +86,15 @@ def build_draft(model, layers: int, block: int, cache_pages: int):
     return draft, cache
 
 
+def chain_steps(model, prefetch_mib: list[int]) -> dict:
+    """The chain's variants of ``model`` (target or draft): without / with PDL, and with PDL plus
+    each L2 prefetch size (no position limit, so every context shows its effect)."""
+    steps = {"chain": TokenStep(model), "chain_pdl": TokenStep(model, pdl=True)}
+    steps.update({f"chain_pdl_l2p{m}": TokenStep(model, pdl=True, l2_prefetch_bytes=m << 20,
+                                                 l2_prefetch_max_pos=2**31 - 1) for m in prefetch_mib})
+    return steps
+
+
 def time_paths(fns: dict, bytes_: float, iters: int, exact=None) -> dict:
     """Each path's median CUDA-graph replay, its HBM fraction of ``bytes_`` and its output's
     agreement with the first path's (the reference); with ``exact`` (the same step in fp32: weights,
@@ -135,6 +147,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--draft-layers", type=int, default=5, help="the draft's block pass too (0: not)")
     ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (it holds a second, fp32 copy)")
+    ap.add_argument("--l2-prefetch", default="", help="MiB of each o weight prefetched into L2, comma-separated "
+                    "(a chain_pdl_l2p<MiB> path each; sm_90+)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -143,7 +157,8 @@ def main() -> int:
     contexts = [int(c) for c in args.contexts.split(",")]
     blocks = [int(t) for t in args.tokens.split(",")]
     model, cache, pages = build(args.layers, args.vocab, max(contexts) + max(blocks))
-    steps = {"chain": TokenStep(model), "chain_pdl": TokenStep(model, pdl=True)}
+    prefetch = [int(m) for m in args.l2_prefetch.split(",") if m]
+    steps = chain_steps(model, prefetch)
     chain = steps["chain"]                                           # the bytes a step must read
     weight_bytes = sum(t.numel() * t.element_size() for w in chain.layers for t in vars(w).values()) + sum(
         t.numel() * t.element_size() for t in (chain.lm_head, chain.final_norm))
@@ -165,7 +180,7 @@ def main() -> int:
     if args.draft_layers:
         N = 7
         draft, dcache = build_draft(model, args.draft_layers, N, len(pages))
-        dsteps = {"chain": TokenStep(draft), "chain_pdl": TokenStep(draft, pdl=True)}
+        dsteps = chain_steps(draft, prefetch)
         d = dsteps["chain"]
         draft_bytes = sum(t.numel() * t.element_size() for w in d.layers for t in vars(w).values()) + sum(
             t.numel() * t.element_size() for t in (d.lm_head, d.final_norm))
@@ -191,9 +206,11 @@ def main() -> int:
               "weight_bytes": weight_bytes, "hbm_bytes_per_s": HBM, "rows": rows,
               "draft": {"layers": args.draft_layers, "rows": draft_rows},
               "seconds": time.perf_counter() - t0,
+              "l2_prefetch_mib": prefetch,
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "
-                       "without / with programmatic dependent launch; hbm_fraction: (weights + K/V read) / "
-                       "4.8 TB/s over the step"}
+                       "without / with programmatic dependent launch; chain_pdl_l2p<MiB>: with PDL and that "
+                       "many MiB of each layer's o weight prefetched into L2 during attention; hbm_fraction: "
+                       "(weights + K/V read) / 4.8 TB/s over the step"}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"token-step-{gpu.replace(' ', '-')}-{sha}.json"

@@ -27,6 +27,12 @@ weight tile before it waits (``benchmarks/pdl_gemv_probe.py``: a 36-layer chain 
 GEMVs at 84.7 % of the HBM roofline with PDL, 80.9 % without, cuBLAS 75.3 %). Only the embedding
 lookup and the token's RoPE rows are torch ops, once per step.
 
+L2 prefetch (``l2_prefetch_bytes``, ``DSPARK_DECODE_L2_PREFETCH`` in MiB; sm_90+, off by default
+until the H200 has measured it): HBM idles while ``qk_rope_cache`` and attention run (latency-bound
+at short contexts), so ``qk_rope_cache``'s programs, once the q/k/v GEMV is done, bulk-prefetch the
+first bytes of the layer's o weight (32 MiB at Qwen3-8B dims) into L2 for the o GEMV, for tokens
+below ``l2_prefetch_max_pos`` (at long contexts attention streams the K/V through L2 itself).
+
 Numerics: the modules' roundings in every prologue (``decode_gemv``, ``qk_rope_cache``) but the
 RMSNorm of steps of 2+ tokens (``decode_rows``: a deferred scale, within about a bf16 ulp); the
 GEMVs' fp32 sums run in another order than cuBLAS's, so logits differ from the module step by
@@ -36,6 +42,7 @@ the next layer's q/k/v GEMV writes anyway.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +57,9 @@ from ..plugins.kernels.common import INTERPRET, gdc_wait
 from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
 from .networks import DECODE_CHAIN_ENV as ENV, decode_chain_flag
+
+L2_PREFETCH_ENV = "DSPARK_DECODE_L2_PREFETCH"    # MiB of each layer's o weight prefetched into L2
+L2_PREFETCH_MAX_POS = 4096                       # tokens at or past this position do not prefetch
 
 
 @dataclass
@@ -93,13 +103,16 @@ class TokenStep:
 
     max_rows = MAX_ROWS
 
-    def __init__(self, model, pdl: bool = False):
+    def __init__(self, model, pdl: bool = False, l2_prefetch_bytes: int = 0,
+                 l2_prefetch_max_pos: int = L2_PREFETCH_MAX_POS):
         """``model``: a ``Qwen3ForCausalLM`` target, or a ``DSparkQwen3Draft`` (its block pass:
-        ``draft_logits``; no taps)."""
+        ``draft_logits``; no taps). ``l2_prefetch_bytes``: of each layer's o weight, prefetched into
+        L2 during attention by the tokens below ``l2_prefetch_max_pos`` (module doc; sm_90+)."""
         target = isinstance(model, Qwen3ForCausalLM)
         body = model.model if target else model
         cfg = model.config if target else model.config.layer_config()
         self.model, self.pdl = model, pdl
+        self.l2_prefetch_bytes, self.l2_prefetch_max_pos = int(l2_prefetch_bytes), int(l2_prefetch_max_pos)
         self.layers = [layer_weights(layer) for layer in body.layers]
         self.embed = body.embed_tokens
         self.heads, self.eps, self.head_dim = body.layers[0].self_attn.h, cfg.rms_norm_eps, cfg.head_dim
@@ -132,7 +145,7 @@ class TokenStep:
         cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)           # [B, T, 1, D]
         cos, sin = cos.reshape(M, -1), sin.reshape(M, -1)
         flat_pos = positions.reshape(M)
-        pending, flip = None, 0
+        pending, flip, pf = None, 0, self.l2_prefetch_bytes
         for i, w in enumerate(self.layers):
             k_cache, v_cache = cache["k"][i], cache["v"][i]
             if pending is None:                               # first layer: the embedding is the stream
@@ -143,7 +156,8 @@ class TokenStep:
                                   residual_out=out, pdl=pdl)
                 x, flip = out, flip ^ 1
             q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, flat_pos,
-                              self.heads, eps, pdl=pdl)                                   # [M, H, D]
+                              self.heads, eps, pdl=pdl, prefetch=w.o if pf else None, prefetch_bytes=pf,
+                              prefetch_max_pos=self.l2_prefetch_max_pos)                 # [M, H, D]
             o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
                                        positions, kv_limit, self.head_dim ** -0.5, pdl=pdl)
             a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl)
@@ -176,7 +190,7 @@ class TokenStep:
 
 def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None:
     """The chain ``DSPARK_DECODE_CHAIN`` asks for: a ``TokenStep`` of ``model`` (the target, or the
-    draft's block pass), with PDL on sm_90+ GPUs. "1": ``ConfigError`` naming why where it cannot
+    draft's block pass), with PDL and ``DSPARK_DECODE_L2_PREFETCH``'s L2 prefetch on sm_90+ GPUs. "1": ``ConfigError`` naming why where it cannot
     serve it (not a Qwen3 target or DSpark Qwen3 draft, not bf16, not on a GPU, tensor parallel);
     "auto": None there instead; "0" (unset): None."""
     flag = decode_chain_flag()
@@ -184,6 +198,7 @@ def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None
         return None
     if flag not in ("1", "auto"):
         raise ConfigError(f"{ENV}={flag!r}: set it to 1, 0 or auto")
+    prefetch = l2_prefetch_bytes()
     why = ("the chain runs Qwen3 targets and their DSpark drafts only"
            if not isinstance(model, (Qwen3ForCausalLM, DSparkQwen3Draft))
            else "the chain's Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1)"
@@ -194,9 +209,19 @@ def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None
             return None
         raise ConfigError(f"{ENV}: {why}")
     try:
-        pdl = device.type == "cuda" and gdc_wait is not None and torch.cuda.get_device_capability(device)[0] >= 9
-        return TokenStep(model, pdl=pdl)
+        sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+        return TokenStep(model, pdl=sm90 and gdc_wait is not None, l2_prefetch_bytes=prefetch if sm90 else 0)
     except ValueError as e:                                # weights that are not bf16
         if flag == "auto":
             return None
         raise ConfigError(f"{ENV}: {e}") from None
+
+
+def l2_prefetch_bytes() -> int:
+    """``DSPARK_DECODE_L2_PREFETCH`` (MiB of each layer's o weight; unset or 0: none) in bytes, or a
+    ``ConfigError`` naming a value that is not a whole number of MiB >= 0."""
+    raw = os.environ.get(L2_PREFETCH_ENV, "").strip() or "0"
+    if not raw.isdigit():
+        raise ConfigError(f"{L2_PREFETCH_ENV}={raw!r}: give the MiB of each layer's o weight to prefetch "
+                          f"into L2, a whole number >= 0 (0: none)")
+    return int(raw) << 20
