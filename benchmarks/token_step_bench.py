@@ -7,7 +7,10 @@ step's tokens at positions L .. L + T - 1; the cache holds random K/V below them
   (what ``LLM``'s eager CUDA-graph AR step replays: cuBLAS GEMVs and torch elementwise kernels);
 - ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch;
   ``chain_pdl_l2p<MiB>`` (``--l2-prefetch``): with PDL and that many MiB of each layer's o weight
-  prefetched into L2 while attention runs (at every context here: no position limit).
+  prefetched into L2 while attention runs (at every context here: no position limit);
+  ``chain_pdl_attn_<variant>`` (``--attention``): with PDL and other attention launch parameters,
+  ``ticket`` (the splits merged by the last-arriving split: one launch fewer) or ``s<S>`` (S KV
+  splits instead of ``default_num_splits``' fill of the SMs), e.g. ``ticket,s4,s8,ticket_s8``.
 Each: median ms of graph replays, the fraction of the HBM roofline (weights of every layer and the
 head, plus the K/V rows read, at 4.8 TB/s), and the logits' agreement with the module step (the
 largest difference over the logits' scale, argmax equal), and each path's agreement with the same
@@ -19,7 +22,7 @@ same in both, not timed here).
 Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
     python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
-        [--l2-prefetch 16,32]
+        [--l2-prefetch 16,32] [--attention ticket,s8]
 """
 from __future__ import annotations
 
@@ -86,12 +89,28 @@ def build_draft(model, layers: int, block: int, cache_pages: int):
     return draft, cache
 
 
-def chain_steps(model, prefetch_mib: list[int]) -> dict:
+def attention_options(variant: str) -> dict:
+    """``ticket`` / ``s<S>`` / ``ticket_s<S>`` -> ``block_attention_triton`` launch parameters."""
+    opts = {}
+    for part in variant.split("_"):
+        if part == "ticket":
+            opts["reduce"] = "ticket"
+        elif part[:1] == "s" and part[1:].isdigit() and int(part[1:]) > 0:
+            opts["num_splits"] = int(part[1:])
+        else:
+            raise SystemExit(f"[token-step] --attention {variant!r}: parts are ticket and s<splits>")
+    return opts
+
+
+def chain_steps(model, prefetch_mib: list[int], attention: list[str]) -> dict:
     """The chain's variants of ``model`` (target or draft): without / with PDL, and with PDL plus
-    each L2 prefetch size (no position limit, so every context shows its effect)."""
+    each L2 prefetch size (no position limit, so every context shows its effect) or attention
+    variant."""
     steps = {"chain": TokenStep(model), "chain_pdl": TokenStep(model, pdl=True)}
     steps.update({f"chain_pdl_l2p{m}": TokenStep(model, pdl=True, l2_prefetch_bytes=m << 20,
                                                  l2_prefetch_max_pos=2**31 - 1) for m in prefetch_mib})
+    steps.update({f"chain_pdl_attn_{a}": TokenStep(model, pdl=True, attention=attention_options(a))
+                  for a in attention})
     return steps
 
 
@@ -149,6 +168,8 @@ def main() -> int:
     ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (it holds a second, fp32 copy)")
     ap.add_argument("--l2-prefetch", default="", help="MiB of each o weight prefetched into L2, comma-separated "
                     "(a chain_pdl_l2p<MiB> path each; sm_90+)")
+    ap.add_argument("--attention", default="", help="attention variants, comma-separated: ticket, s<S>, "
+                    "ticket_s<S> (a chain_pdl_attn_<variant> path each)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -156,9 +177,12 @@ def main() -> int:
     t0 = time.perf_counter()
     contexts = [int(c) for c in args.contexts.split(",")]
     blocks = [int(t) for t in args.tokens.split(",")]
-    model, cache, pages = build(args.layers, args.vocab, max(contexts) + max(blocks))
     prefetch = [int(m) for m in args.l2_prefetch.split(",") if m]
-    steps = chain_steps(model, prefetch)
+    attention = [a for a in args.attention.split(",") if a]
+    for a in attention:                                              # a bad variant fails before the build
+        attention_options(a)
+    model, cache, pages = build(args.layers, args.vocab, max(contexts) + max(blocks))
+    steps = chain_steps(model, prefetch, attention)
     chain = steps["chain"]                                           # the bytes a step must read
     weight_bytes = sum(t.numel() * t.element_size() for w in chain.layers for t in vars(w).values()) + sum(
         t.numel() * t.element_size() for t in (chain.lm_head, chain.final_norm))
@@ -180,7 +204,7 @@ def main() -> int:
     if args.draft_layers:
         N = 7
         draft, dcache = build_draft(model, args.draft_layers, N, len(pages))
-        dsteps = chain_steps(draft, prefetch)
+        dsteps = chain_steps(draft, prefetch, attention)
         d = dsteps["chain"]
         draft_bytes = sum(t.numel() * t.element_size() for w in d.layers for t in vars(w).values()) + sum(
             t.numel() * t.element_size() for t in (d.lm_head, d.final_norm))
@@ -206,7 +230,7 @@ def main() -> int:
               "weight_bytes": weight_bytes, "hbm_bytes_per_s": HBM, "rows": rows,
               "draft": {"layers": args.draft_layers, "rows": draft_rows},
               "seconds": time.perf_counter() - t0,
-              "l2_prefetch_mib": prefetch,
+              "l2_prefetch_mib": prefetch, "attention_variants": {a: attention_options(a) for a in attention},
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "
                        "without / with programmatic dependent launch; chain_pdl_l2p<MiB>: with PDL and that "
                        "many MiB of each layer's o weight prefetched into L2 during attention; hbm_fraction: "

@@ -104,15 +104,18 @@ class TokenStep:
     max_rows = MAX_ROWS
 
     def __init__(self, model, pdl: bool = False, l2_prefetch_bytes: int = 0,
-                 l2_prefetch_max_pos: int = L2_PREFETCH_MAX_POS):
+                 l2_prefetch_max_pos: int = L2_PREFETCH_MAX_POS, attention: dict | None = None):
         """``model``: a ``Qwen3ForCausalLM`` target, or a ``DSparkQwen3Draft`` (its block pass:
         ``draft_logits``; no taps). ``l2_prefetch_bytes``: of each layer's o weight, prefetched into
-        L2 during attention by the tokens below ``l2_prefetch_max_pos`` (module doc; sm_90+)."""
+        L2 during attention by the tokens below ``l2_prefetch_max_pos`` (module doc; sm_90+).
+        ``attention``: launch parameters of ``block_attention_triton`` other than its defaults
+        (e.g. ``num_splits``, ``reduce``: what ``token_step_bench.py --attention`` compares)."""
         target = isinstance(model, Qwen3ForCausalLM)
         body = model.model if target else model
         cfg = model.config if target else model.config.layer_config()
         self.model, self.pdl = model, pdl
         self.l2_prefetch_bytes, self.l2_prefetch_max_pos = int(l2_prefetch_bytes), int(l2_prefetch_max_pos)
+        self.attention = dict(attention or {})
         self.layers = [layer_weights(layer) for layer in body.layers]
         self.embed = body.embed_tokens
         self.heads, self.eps, self.head_dim = body.layers[0].self_attn.h, cfg.rms_norm_eps, cfg.head_dim
@@ -159,7 +162,7 @@ class TokenStep:
                               self.heads, eps, pdl=pdl, prefetch=w.o if pf else None, prefetch_bytes=pf,
                               prefetch_max_pos=self.l2_prefetch_max_pos)                 # [M, H, D]
             o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
-                                       positions, kv_limit, self.head_dim ** -0.5, pdl=pdl)
+                                       positions, kv_limit, self.head_dim ** -0.5, pdl=pdl, **self.attention)
             a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl)
             out = stream[flip]
             gate_up = decode_gemv(a, w.gate_up, "rmsnorm", residual=x, norm_weight=w.post_norm, eps=eps,

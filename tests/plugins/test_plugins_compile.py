@@ -305,13 +305,13 @@ def test_qk_rope_cache_l2_prefetch_compiles_after_the_wait(monkeypatch):
 
 
 def _launches_token_step_attention(monkeypatch):
-    """The token chain's attention (one query token, Qwen3-8B heads): split and reduce, or one
-    split, each with PDL."""
+    """The token chain's attention (one query token, Qwen3-8B heads): split and reduce, the splits'
+    ticket merge, or one split, each with PDL."""
     q, kc, vc, table, pos, *_ = block_attention_inputs("cpu", torch.bfloat16, H=32, Hkv=8, D=128, page=16)
     out = []
-    for splits in (3, 1):
+    for splits, reduce in ((3, "two_pass"), (3, "ticket"), (1, "two_pass")):
         out += record(monkeypatch, kba, kba.block_attention_triton, q[:1, :1], kc, vc, table[:1], pos[:1, :1],
-                      pos[:1, :1], 0.088, num_splits=splits)
+                      pos[:1, :1], 0.088, num_splits=splits, reduce=reduce)
     return _with_pdl(out)
 
 
