@@ -24,7 +24,9 @@ and the head ``decode_gemv(W_lm, rmsnorm(x'' + mlp))`` of the last layer. Norms,
 SwiGLU live in the GEMV prologues, so no elementwise kernel sits between two GEMVs, and with
 ``pdl=True`` (sm_90+) each kernel launches while its predecessor drains and loads its first
 weight tile before it waits (``benchmarks/pdl_gemv_probe.py``: a 36-layer chain of Qwen3-8B's
-GEMVs at 84.7 % of the HBM roofline with PDL, 80.9 % without, cuBLAS 75.3 %). Only the embedding
+GEMVs at 84.7 % of the HBM roofline with PDL, 80.9 % without, cuBLAS 75.3 %); ``qk_rope_cache``
+and attention read the step's indices (positions, kv limits, block table: no kernel of the chain
+writes them) before the wait too, so only their dependent data loads follow it. Only the embedding
 lookup and the token's RoPE rows are torch ops, once per step.
 
 L2 prefetch (``l2_prefetch_bytes``, ``DSPARK_DECODE_L2_PREFETCH`` in MiB; sm_90+, off by default

@@ -376,5 +376,9 @@ def test_pdl_launches_wait_for_their_predecessor(monkeypatch, op):
         ptx = {pdl: compile_launch(kernel, args, {**kwargs, "PDL": pdl}).asm["ptx"] for pdl in (False, True)}
         assert "griddepcontrol.wait" in ptx[True] and "griddepcontrol.launch_dependents" in ptx[True], kernel
         assert "griddepcontrol" not in ptx[False], kernel
+        # what does not depend on the predecessor loads before the wait (weights; the step's indices,
+        # norm weights, cos / sin); the attention merge reads nothing but its predecessor's partials
+        first_load = ptx[True].find("ld.global")
+        assert (0 < first_load < ptx[True].find("griddepcontrol.wait")) == (kernel.__name__ != "block_attention_reduce_kernel"), kernel
     if op == "token_step_attention":
         assert len(firsts) == 3                 # split, reduce and single-split kernels

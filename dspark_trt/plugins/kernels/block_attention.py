@@ -51,10 +51,15 @@ def _split_chunk(lim, NUM_SPLITS, BLOCK_N: tl.constexpr):
 def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scale, b, kvh, t0, split,
                   T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS,
                   H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """Online softmax of the tile's BLOCK_T * G query rows over split ``split`` of the keys, in base 2
     (``qk_scale`` = scale * log2(e)). Returns (m [BLOCK_M] (log2 domain), l [BLOCK_M],
     acc [BLOCK_M, D] unnormalised, lim, q_off, t, h, tmask).
+
+    PDL: the step's index inputs (positions, kv_limit, the block table, so the split's key range
+    and its first tile's cache rows) are read before ``gdc_wait``, q and the cache contents after:
+    a dependent launch (the token chain) must not have them written by the kernel just before it
+    (the chain's are the step's inputs), and their loads leave the critical path.
 
     PREFETCH: the page-table lookup of tile i + 1 happens in iteration i, so the K/V addresses of a
     tile do not depend on a load of the same iteration. Triton's software pipeliner then keeps
@@ -74,17 +79,19 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scal
     lim = tl.where(first_page >= 0, lim, -1)
     lim = tl.minimum(tl.maximum(lim, -1), P * PAGE_SIZE - 1).to(tl.int32)   # int32 key math (cheap div/mod)
 
-    d = tl.arange(0, D)
-    q_off = ((b * T + t).to(tl.int64) * H + h) * D
-    qt = tl.load(q + q_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)   # [BLOCK_M, D]
-
     hi, chunk = _split_chunk(lim, NUM_SPLITS, BLOCK_N)     # keys [0, hi) matter to this tile
     lo = split * chunk
     end = tl.minimum(lo + chunk, hi)
+    kv_next = _kv_rows(block_table, b, P, lo + tl.arange(0, BLOCK_N), PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
+    if PDL:
+        gdc_wait()                                           # q and this step's K / V rows are written
+
+    d = tl.arange(0, D)
+    q_off = ((b * T + t).to(tl.int64) * H + h) * D
+    qt = tl.load(q + q_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)   # [BLOCK_M, D]
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
-    kv_next = _kv_rows(block_table, b, P, lo + tl.arange(0, BLOCK_N), PAGE_SIZE, PAD_PAGE, kvh, HKV, D)
     for n0 in range(lo, end, BLOCK_N):
         kpos = n0 + tl.arange(0, BLOCK_N)
         kmask = kpos < end
@@ -135,11 +142,12 @@ def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit
                            PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False,
                            PDL: tl.constexpr = False):
     """Grid (B, Hkv, cdiv(T, BLOCK_T)) (KVH_FIRST: (Hkv, B, ...)): one split, normalised output."""
-    _pdl_start(PDL)
+    if PDL:
+        gdc_launch_dependents()                              # the wait: in _attend_split
     b, kvh = _row_and_head(KVH_FIRST)
     m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
         q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh,
-        tl.program_id(2) * BLOCK_T, 0, T, P, PAGE_SIZE, PAD_PAGE, 1, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH)
+        tl.program_id(2) * BLOCK_T, 0, T, P, PAGE_SIZE, PAD_PAGE, 1, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH, PDL)
     o = acc / tl.maximum(l_i, 1e-30)[:, None]
     o = tl.where((lim >= 0)[:, None], o, 0.0)
     d = tl.arange(0, D)
@@ -158,13 +166,14 @@ def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv
     TICKET: the query tile's last-arriving split merges its splits into ``out`` (``counter``: int32
     zeros, one per (row, KV head, query tile), left at zero); else ``out`` is unused and
     ``block_attention_reduce_kernel`` merges."""
-    _pdl_start(PDL)
+    if PDL:
+        gdc_launch_dependents()                              # the wait: in _attend_split
     b, kvh = _row_and_head(KVH_FIRST)
     split = tl.program_id(2) % NUM_SPLITS
     t_tile = tl.program_id(2) // NUM_SPLITS
     m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
         q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh, t_tile * BLOCK_T, split,
-        T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH)
+        T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH, PDL)
     row = ((b * T + t).to(tl.int64) * H + h) * NUM_SPLITS                     # [BLOCK_M] slot of split 0
     d = tl.arange(0, D)
     hi, chunk = _split_chunk(lim, NUM_SPLITS, BLOCK_N)

@@ -9,8 +9,8 @@ program ``(t, h < H)`` takes its query head h and program ``(t, H + j)`` its key
 head j), with the modules' roundings: ``RMSNorm`` (fp32 ``x * rsqrt(mean(x^2) + eps) * w``, one
 rounding to bf16), then ``apply_rope_neox`` (``x * cos`` and ``rotate_half(x) * sin`` each
 rounded to bf16, then their sum). ``cos`` / ``sin`` are the tokens' ``rope_cos_sin`` rows [M, D]
-(computed once per step, shared by every layer). With ``PDL`` the norm weights and cos / sin,
-which no previous kernel writes, load before ``gdc_wait``.
+(computed once per step, shared by every layer). With ``PDL`` the norm weights, cos / sin, the
+positions and the block table, which no kernel of the chain writes, load before ``gdc_wait``.
 
 A token at a negative position, or whose page is missing, writes nothing to the cache (its q is
 still computed, as the modules do).
@@ -64,9 +64,14 @@ def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache,
     c_hi = tl.load(cos + tok * D + D // 2 + half).to(tl.float32)
     s_lo = tl.load(sin + tok * D + half).to(tl.float32)
     s_hi = tl.load(sin + tok * D + D // 2 + half).to(tl.float32)
+    pos = tl.load(positions + tok)                       # the step's inputs: read before the wait too
+    j = pid - H                                          # a k program's KV head
+    col = tl.minimum(tl.maximum(pos, 0) // PAGE_SIZE, P - 1)
+    page = tl.load(block_table + (tok // T) * P + col)
+    ok = (pos >= 0) & (page >= 0) & (pos < P * PAGE_SIZE)
+    dst = ((tl.maximum(page, 0) * PAGE_SIZE + tl.maximum(pos, 0) % PAGE_SIZE).to(tl.int64) * HKV + j) * D
     if PDL:
         gdc_wait()
-    pos = tl.load(positions + tok)
     if PREFETCH:
         if pos < pf_max_pos:
             l2_prefetch(pf, pf_chunks, tok * (H + HKV) + pid, tl.num_programs(0) * (H + HKV), 32)
@@ -80,11 +85,6 @@ def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache,
         tl.store(q_row + half, lo.to(q_out.dtype.element_ty))
         tl.store(q_row + D // 2 + half, hi.to(q_out.dtype.element_ty))
     else:
-        j = pid - H
-        col = tl.minimum(tl.maximum(pos, 0) // PAGE_SIZE, P - 1)
-        page = tl.load(block_table + (tok // T) * P + col)
-        ok = (pos >= 0) & (page >= 0) & (pos < P * PAGE_SIZE)
-        dst = ((tl.maximum(page, 0) * PAGE_SIZE + tl.maximum(pos, 0) % PAGE_SIZE).to(tl.int64) * HKV + j) * D
         m = half < tl.where(ok, D // 2, 0)                 # inert: every store masked off
         tl.store(k_cache + dst + half, lo.to(k_cache.dtype.element_ty), mask=m)
         tl.store(k_cache + dst + D // 2 + half, hi.to(k_cache.dtype.element_ty), mask=m)
