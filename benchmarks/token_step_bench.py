@@ -19,10 +19,16 @@ step in fp32 (weights, cache, arithmetic; ``--no-fp32``: not), the scale of bf16
 N = 7 tokens (the anchor and mask tokens, non-causal over its context) the same way:
 ``DSparkQwen3Draft.block`` against ``TokenStep.draft_logits`` (the Markov sampler after it is the
 same in both, not timed here).
+With ``--ablate`` (timing only, where the step's time goes: the 32 % of the AR step outside the
+GEMVs' roofline, issue #21): ``chain_pdl`` again with parts of the step replaced by fixed outputs
+of their shape, so the difference to ``chain_pdl`` is what that part costs inside the chain
+(its kernels, launches and waits): ``minus_qk_rope`` (attention reads a fixed q; the step's K/V
+are not written), ``minus_attention`` (and the o GEMV reads a fixed o: the layers are GEMVs
+only), ``minus_step_ops`` (the RoPE rows' torch ops once per step).
 Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
     python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
-        [--l2-prefetch 16,32] [--attention ticket,s8]
+        [--l2-prefetch 16,32] [--attention ticket,s8] [--ablate]
 """
 from __future__ import annotations
 
@@ -42,6 +48,7 @@ from dspark_trt import provenance  # noqa: E402
 from dspark_trt.config import Qwen3Config  # noqa: E402
 from dspark_trt.models.fuse import fuse_projections_  # noqa: E402
 from dspark_trt.models.qwen3 import Qwen3ForCausalLM  # noqa: E402
+from dspark_trt.runtime import token_step  # noqa: E402
 from dspark_trt.runtime.token_step import TokenStep  # noqa: E402
 
 HBM = 4.8e12
@@ -114,6 +121,58 @@ def chain_steps(model, prefetch_mib: list[int], attention: list[str]) -> dict:
     return steps
 
 
+ABLATIONS = {      # path -> token_step's functions replaced by fixed outputs (no work)
+    "minus_qk_rope": ("qk_rope_cache",),
+    "minus_attention": ("qk_rope_cache", "block_attention_triton"),
+    "minus_step_ops": ("rope_cos_sin",),
+}
+
+
+def ablated(fn, names: tuple[str, ...]):
+    """``fn`` with ``token_step``'s functions ``names`` standing in as fixed tensors of their
+    outputs' shapes while it runs (its warm-up and CUDA-graph capture): timing only."""
+    fixed: dict = {}
+
+    def const(shape, dtype, device):
+        key = (tuple(shape), dtype)
+        if key not in fixed:
+            fixed[key] = torch.randn(shape, device=device).to(dtype)
+        return fixed[key]
+
+    stand_ins = {
+        "qk_rope_cache": lambda qkv, q_norm, k_norm, cos, sin, k_cache, v_cache, table, pos, heads, eps, **_: const(
+            (pos.numel(), heads, k_cache.shape[3]), qkv.dtype, qkv.device),
+        "block_attention_triton": lambda q, *_, **__: const(q.shape, q.dtype, q.device),
+        "rope_cos_sin": lambda pos, dim, theta, dtype: (const((*pos.shape, 1, dim), dtype, pos.device),) * 2,
+    }
+
+    def run():
+        saved = {n: getattr(token_step, n) for n in names}
+        try:
+            for n in names:
+                setattr(token_step, n, stand_ins[n])
+            return fn()
+        finally:
+            for n, f in saved.items():
+                setattr(token_step, n, f)
+    return run
+
+
+def ablation_times(fn, base_ms: float, iters: int) -> dict:
+    """Each ``ABLATIONS`` path of ``fn`` (a ``chain_pdl`` step): its ms and what the part left out
+    costs inside the chain (``base_ms`` - ms)."""
+    out = {}
+    for name, names in ABLATIONS.items():
+        ms = graph_us([ablated(fn, names)], iters) / 1e3
+        out[name] = {"ms": ms, "part_ms": base_ms - ms}
+    return out
+
+
+def ablation_line(head: str, abl: dict) -> str:
+    return f"[token-step] {head} ablations (chain_pdl minus part: ms, the part's cost) | " + " | ".join(
+        f"{k} {v['ms']:.3f} ms ({v['part_ms']:+.3f})" for k, v in abl.items())
+
+
 def time_paths(fns: dict, bytes_: float, iters: int, exact=None) -> dict:
     """Each path's median CUDA-graph replay, its HBM fraction of ``bytes_`` and its output's
     agreement with the first path's (the reference); with ``exact`` (the same step in fp32: weights,
@@ -170,6 +229,8 @@ def main() -> int:
                     "(a chain_pdl_l2p<MiB> path each; sm_90+)")
     ap.add_argument("--attention", default="", help="attention variants, comma-separated: ticket, s<S>, "
                     "ticket_s<S> (a chain_pdl_attn_<variant> path each)")
+    ap.add_argument("--ablate", action="store_true", help="also time chain_pdl without parts of the step "
+                    "(timing only: where the step's time goes)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -200,6 +261,10 @@ def main() -> int:
                 out = time_paths(fns, weight_bytes + args.layers * (L + T) * kv_row, args.iters, exact)
             rows.append({"tokens": T, "context": L, **out})
             print(report_line(f"T={T} L={L:6d}", out), flush=True)
+            if args.ablate:
+                with torch.inference_mode():
+                    rows[-1]["ablations"] = ablation_times(fns["chain_pdl"], out["chain_pdl"]["ms"], args.iters)
+                print(ablation_line(f"T={T} L={L:6d}", rows[-1]["ablations"]), flush=True)
     draft_rows = []
     if args.draft_layers:
         N = 7
@@ -221,6 +286,10 @@ def main() -> int:
                 out = time_paths(fns, draft_bytes + args.draft_layers * (L + N) * kv_row, args.iters, exact)
             draft_rows.append({"block": N, "context": L, **out})
             print(report_line(f"draft block N={N} L={L:6d}", out), flush=True)
+            if args.ablate:
+                with torch.inference_mode():
+                    draft_rows[-1]["ablations"] = ablation_times(fns["chain_pdl"], out["chain_pdl"]["ms"], args.iters)
+                print(ablation_line(f"draft block N={N} L={L:6d}", draft_rows[-1]["ablations"]), flush=True)
     sha = provenance.git_sha()
     gpu = torch.cuda.get_device_name()
     report = {"git_sha": sha, "gpu": gpu, "command": "python benchmarks/token_step_bench.py " + " ".join(sys.argv[1:]),
