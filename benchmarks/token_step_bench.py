@@ -6,8 +6,9 @@ step's tokens at positions L .. L + T - 1; the cache holds random K/V below them
 - ``module``: ``Qwen3ForCausalLM.forward`` of one token, eager modules captured in a CUDA graph
   (what ``LLM``'s eager CUDA-graph AR step replays: cuBLAS GEMVs and torch elementwise kernels);
 - ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch;
-  ``chain_pdl_l2p<MiB>`` (``--l2-prefetch``): with PDL and that many MiB of each layer's o weight
-  prefetched into L2 while attention runs (at every context here: no position limit);
+  ``chain_pdl_l2p<MiB>[_<KiB>k]`` (``--l2-prefetch <MiB>[/<KiB>]``): with PDL and that many MiB of
+  each layer's o weight prefetched into L2 while attention runs, in bulk copies of 64 KiB or the
+  KiB given (at every context here: no position limit);
   ``chain_pdl_attn_<variant>`` (``--attention``): with PDL and other attention launch parameters,
   ``ticket`` (the splits merged by the last-arriving split: one launch fewer) or ``s<S>`` (S KV
   splits instead of ``default_num_splits``' fill of the SMs), e.g. ``ticket,s4,s8,ticket_s8``.
@@ -28,7 +29,7 @@ only), ``minus_step_ops`` (the RoPE rows' torch ops once per step).
 Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
     python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
-        [--l2-prefetch 16,32] [--attention ticket,s8] [--ablate]
+        [--l2-prefetch 16,32,32/16] [--attention ticket,s8] [--ablate]
 """
 from __future__ import annotations
 
@@ -109,13 +110,21 @@ def attention_options(variant: str) -> dict:
     return opts
 
 
-def chain_steps(model, prefetch_mib: list[int], attention: list[str]) -> dict:
+def prefetch_option(text: str) -> tuple[str, int, int]:
+    """``<MiB>[/<KiB>]`` -> (path name, bytes, bytes per bulk copy)."""
+    mib, _, kib = text.partition("/")
+    if not mib.isdigit() or not (kib or "64").isdigit():
+        raise SystemExit(f"[token-step] --l2-prefetch {text!r}: give <MiB> or <MiB>/<KiB per bulk copy>")
+    return f"chain_pdl_l2p{mib}" + (f"_{kib}k" if kib else ""), int(mib) << 20, int(kib or 64) << 10
+
+
+def chain_steps(model, prefetch: list[tuple[str, int, int]], attention: list[str]) -> dict:
     """The chain's variants of ``model`` (target or draft): without / with PDL, and with PDL plus
-    each L2 prefetch size (no position limit, so every context shows its effect) or attention
-    variant."""
+    each L2 prefetch (``prefetch_option``; no position limit, so every context shows its effect)
+    or attention variant."""
     steps = {"chain": TokenStep(model), "chain_pdl": TokenStep(model, pdl=True)}
-    steps.update({f"chain_pdl_l2p{m}": TokenStep(model, pdl=True, l2_prefetch_bytes=m << 20,
-                                                 l2_prefetch_max_pos=2**31 - 1) for m in prefetch_mib})
+    steps.update({name: TokenStep(model, pdl=True, l2_prefetch_bytes=nbytes, l2_prefetch_max_pos=2**31 - 1,
+                                  l2_prefetch_chunk=chunk) for name, nbytes, chunk in prefetch})
     steps.update({f"chain_pdl_attn_{a}": TokenStep(model, pdl=True, attention=attention_options(a))
                   for a in attention})
     return steps
@@ -225,8 +234,8 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--draft-layers", type=int, default=5, help="the draft's block pass too (0: not)")
     ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (it holds a second, fp32 copy)")
-    ap.add_argument("--l2-prefetch", default="", help="MiB of each o weight prefetched into L2, comma-separated "
-                    "(a chain_pdl_l2p<MiB> path each; sm_90+)")
+    ap.add_argument("--l2-prefetch", default="", help="MiB of each o weight prefetched into L2, comma-separated, "
+                    "each optionally /<KiB per bulk copy> (a chain_pdl_l2p<MiB>[_<KiB>k] path each; sm_90+)")
     ap.add_argument("--attention", default="", help="attention variants, comma-separated: ticket, s<S>, "
                     "ticket_s<S> (a chain_pdl_attn_<variant> path each)")
     ap.add_argument("--ablate", action="store_true", help="also time chain_pdl without parts of the step "
@@ -238,7 +247,7 @@ def main() -> int:
     t0 = time.perf_counter()
     contexts = [int(c) for c in args.contexts.split(",")]
     blocks = [int(t) for t in args.tokens.split(",")]
-    prefetch = [int(m) for m in args.l2_prefetch.split(",") if m]
+    prefetch = [prefetch_option(p) for p in args.l2_prefetch.split(",") if p]
     attention = [a for a in args.attention.split(",") if a]
     for a in attention:                                              # a bad variant fails before the build
         attention_options(a)
@@ -299,10 +308,11 @@ def main() -> int:
               "weight_bytes": weight_bytes, "hbm_bytes_per_s": HBM, "rows": rows,
               "draft": {"layers": args.draft_layers, "rows": draft_rows},
               "seconds": time.perf_counter() - t0,
-              "l2_prefetch_mib": prefetch, "attention_variants": {a: attention_options(a) for a in attention},
+              "l2_prefetch": {name: {"bytes": b, "chunk": c} for name, b, c in prefetch}, "attention_variants": {a: attention_options(a) for a in attention},
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "
                        "without / with programmatic dependent launch; chain_pdl_l2p<MiB>: with PDL and that "
-                       "many MiB of each layer's o weight prefetched into L2 during attention; hbm_fraction: "
+                       "many MiB of each layer's o weight prefetched into L2 during attention (_<KiB>k: bulk "
+                       "copies of that size, else 64 KiB); hbm_fraction: "
                        "(weights + K/V read) / 4.8 TB/s over the step"}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

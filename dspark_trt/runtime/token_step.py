@@ -55,7 +55,7 @@ from ..models.layers import rope_cos_sin
 from ..models.dspark_qwen3 import DSparkQwen3Draft
 from ..models.qwen3 import Qwen3ForCausalLM
 from ..plugins.kernels.block_attention import block_attention_triton
-from ..plugins.kernels.common import INTERPRET, gdc_wait
+from ..plugins.kernels.common import INTERPRET, L2_CHUNK, gdc_wait
 from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
 from .networks import DECODE_CHAIN_ENV as ENV, decode_chain_flag
@@ -106,10 +106,12 @@ class TokenStep:
     max_rows = MAX_ROWS
 
     def __init__(self, model, pdl: bool = False, l2_prefetch_bytes: int = 0,
-                 l2_prefetch_max_pos: int = L2_PREFETCH_MAX_POS, attention: dict | None = None):
+                 l2_prefetch_max_pos: int = L2_PREFETCH_MAX_POS, l2_prefetch_chunk: int = L2_CHUNK,
+                 attention: dict | None = None):
         """``model``: a ``Qwen3ForCausalLM`` target, or a ``DSparkQwen3Draft`` (its block pass:
         ``draft_logits``; no taps). ``l2_prefetch_bytes``: of each layer's o weight, prefetched into
-        L2 during attention by the tokens below ``l2_prefetch_max_pos`` (module doc; sm_90+).
+        L2 during attention by the tokens below ``l2_prefetch_max_pos``, in bulk copies of
+        ``l2_prefetch_chunk`` bytes (module doc; sm_90+).
         ``attention``: launch parameters of ``block_attention_triton`` other than its defaults
         (e.g. ``num_splits``, ``reduce``: what ``token_step_bench.py --attention`` compares)."""
         target = isinstance(model, Qwen3ForCausalLM)
@@ -117,6 +119,7 @@ class TokenStep:
         cfg = model.config if target else model.config.layer_config()
         self.model, self.pdl = model, pdl
         self.l2_prefetch_bytes, self.l2_prefetch_max_pos = int(l2_prefetch_bytes), int(l2_prefetch_max_pos)
+        self.l2_prefetch_chunk = int(l2_prefetch_chunk)
         self.attention = dict(attention or {})
         self.layers = [layer_weights(layer) for layer in body.layers]
         self.embed = body.embed_tokens
@@ -162,7 +165,8 @@ class TokenStep:
                 x, flip = out, flip ^ 1
             q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, flat_pos,
                               self.heads, eps, pdl=pdl, prefetch=w.o if pf else None, prefetch_bytes=pf,
-                              prefetch_max_pos=self.l2_prefetch_max_pos)                 # [M, H, D]
+                              prefetch_max_pos=self.l2_prefetch_max_pos,
+                              prefetch_chunk=self.l2_prefetch_chunk)                     # [M, H, D]
             o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
                                        positions, kv_limit, self.head_dim ** -0.5, pdl=pdl, **self.attention)
             a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl)

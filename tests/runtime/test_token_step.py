@@ -160,7 +160,9 @@ def test_refuses_weights_that_are_not_bf16():
     (dict(qkv_size=100), "qkv has 100 values"),
     (dict(fp32=True), "qkv, q_norm, k_norm, cos, sin must be bfloat16"),
     (dict(pdl=True), "pdl=True needs a CUDA GPU"),
-    (dict(prefetch=torch.zeros(8192, dtype=torch.bfloat16), prefetch_bytes=16384), "L2 prefetch needs a CUDA GPU"),
+    (dict(prefetch=torch.zeros(32768, dtype=torch.bfloat16), prefetch_bytes=65536), "L2 prefetch needs a CUDA GPU"),
+    (dict(prefetch=torch.zeros(8192, dtype=torch.bfloat16), prefetch_bytes=16384, prefetch_chunk=3000),
+     "chunk must be a power of two"),
 ])
 def test_qk_rope_cache_names_bad_arguments(kwargs, match):
     from dspark_trt.plugins.kernels.qk_rope_cache import qk_rope_cache
