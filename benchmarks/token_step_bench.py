@@ -308,7 +308,8 @@ def main() -> int:
               "weight_bytes": weight_bytes, "hbm_bytes_per_s": HBM, "rows": rows,
               "draft": {"layers": args.draft_layers, "rows": draft_rows},
               "seconds": time.perf_counter() - t0,
-              "l2_prefetch": {name: {"bytes": b, "chunk": c} for name, b, c in prefetch}, "attention_variants": {a: attention_options(a) for a in attention},
+              "l2_prefetch": {name: {"bytes": b, "chunk": c} for name, b, c in prefetch},
+              "attention_variants": {a: attention_options(a) for a in attention},
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "
                        "without / with programmatic dependent launch; chain_pdl_l2p<MiB>: with PDL and that "
                        "many MiB of each layer's o weight prefetched into L2 during attention (_<KiB>k: bulk "

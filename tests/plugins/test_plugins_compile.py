@@ -379,7 +379,7 @@ def test_pdl_launches_wait_for_their_predecessor(monkeypatch, op):
         assert "griddepcontrol" not in ptx[False], kernel
         # what does not depend on the predecessor loads before the wait (weights; the step's indices,
         # norm weights, cos / sin); the attention merge reads nothing but its predecessor's partials
-        first_load = ptx[True].find("ld.global")
-        assert (0 < first_load < ptx[True].find("griddepcontrol.wait")) == (kernel.__name__ != "block_attention_reduce_kernel"), kernel
+        loads_early = 0 < ptx[True].find("ld.global") < ptx[True].find("griddepcontrol.wait")
+        assert loads_early == (kernel.__name__ != "block_attention_reduce_kernel"), kernel
     if op == "token_step_attention":
         assert len(firsts) == 3                 # split, reduce and single-split kernels

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import L2_CHUNK, check_l2_prefetch, gdc_launch_dependents, gdc_wait, l2_prefetch, launcher, pdl_launch, round_bf16
+from .common import (L2_CHUNK, check_l2_prefetch, gdc_launch_dependents, gdc_wait, l2_prefetch, launcher, pdl_launch,
+                     round_bf16)
 
 
 @triton.jit
