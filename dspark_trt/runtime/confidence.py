@@ -792,22 +792,57 @@ class SurvivalEstimate:
         self._stale = 0                                  # rounds added since the curve was estimated
         self._due = False                                # the curve is to be estimated again
         self._held = False                               # prepare()d: the next add keeps the curve
-        self.last_confidence: np.ndarray | None = None   # [rows, N] of the latest round with the head
-        self.version = 0                                 # curves dropped: what a cached decision keys on
+        self._last_confidence: np.ndarray | None = None  # [rows, N] of the latest round with the head
+        self._version = 0                                # curves dropped: what a cached decision keys on
+        self._pending: tuple | None = None               # a deferred add: (accepted, verified, confidence)
 
     def __len__(self) -> int:
-        return len(self.rounds)
+        return min(len(self.rounds) + (self._pending is not None), self.rounds.maxlen)
 
     @property
     def informed(self) -> bool:
         """Whether the curve rests on anything measured: verified rounds or the ``measured`` prior."""
-        return bool(self.rounds) or self.measured is not None
+        return bool(self.rounds) or self._pending is not None or self.measured is not None
 
-    def add(self, accepted, verified, confidence=None, now: bool = False) -> None:
+    @property
+    def last_confidence(self) -> np.ndarray | None:
+        """[rows, N] the calibrated confidences of the latest round with the head (deferred or not;
+        the same array object until another such round)."""
+        if self._pending is not None and self._pending[2] is not None:
+            return self._pending[2]
+        return self._last_confidence
+
+    @property
+    def version(self) -> int:
+        """Counts the curves dropped: what a cached decision keys on."""
+        if self._pending is not None and not self._held:     # the deferred add may drop the curve
+            self._flush()
+        return self._version
+
+    def add(self, accepted, verified, confidence=None, now: bool = False, defer: bool = False) -> None:
         """One round: per row, drafts accepted and drafts verified (accepted <= verified <= N);
         ``confidence`` [rows, N]: the rows' calibrated conditional confidences, if the round ran
         the head. ``now``: the next ``curve`` takes this round in whatever the refresh and a
-        ``prepare`` say (a probe of an AR streak, whose outcome the next decision is to read)."""
+        ``prepare`` say (a probe of an AR streak, whose outcome the next decision is to read).
+        ``defer`` (not with ``now``): keep the round until the estimate is next read or prepared
+        (``Scheduler``: the next round's host work, while that round runs on the device), one round
+        at most; every read returns what it would have after an immediate ``add``."""
+        c = None
+        if confidence is not None and len(confidence):
+            c = np.asarray(confidence, dtype=np.float64)[:, : self.n]               # [rows, N]
+        self._flush()
+        if defer and not now:
+            self._pending = (accepted, verified, c)
+        else:
+            self._add(accepted, verified, c, now)
+
+    def _flush(self) -> None:
+        """Apply a deferred ``add``."""
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self._add(*pending, now=False)
+
+    def _add(self, accepted, verified, c: np.ndarray | None, now: bool) -> None:
         acc, ver = np.asarray(accepted)[:, None], np.asarray(verified)[:, None]
         k = np.arange(self.n)[None]
         filling = len(self.rounds) < self.rounds.maxlen
@@ -817,12 +852,11 @@ class SurvivalEstimate:
         new = (((acc >= k) & (ver > k)).sum(0), (acc > k).sum(0))
         self.rounds.append(new)
         self._risk, self._surv = self._risk + new[0], self._surv + new[1]
-        if confidence is not None and len(confidence):
-            c = np.asarray(confidence, dtype=np.float64)[:, : self.n]
+        if c is not None:
             if len(self.confidence) == self.confidence.maxlen:
                 old_sum, old_rows = self.confidence[0]
                 self._conf, self._conf_rows = self._conf - old_sum, self._conf_rows - old_rows
-            self.last_confidence = c                                                # [rows, N]
+            self._last_confidence = c                                               # [rows, N]
             prefix = np.cumprod(c, axis=1).sum(0)                                   # [N]
             self.confidence.append((prefix, c.shape[0]))
             self._conf, self._conf_rows = self._conf + prefix, self._conf_rows + c.shape[0]
@@ -834,13 +868,15 @@ class SurvivalEstimate:
 
     def _drop(self) -> None:
         self._curve, self._due = None, False
-        self.version += 1
+        self._version += 1
 
     def prepare(self) -> None:
         """Estimate the curve now, while a round runs on the device (``Scheduler``: host work
         between a round's launch and its read-back), where a refresh is due; the round's ``add``
         then keeps it, so the next round's decisions read it at no host cost on their path: an
-        estimate one round older (the decisions stay a function of the batch's history)."""
+        estimate one round older (the decisions stay a function of the batch's history). A deferred
+        ``add`` is applied first."""
+        self._flush()
         if self._due:
             self._drop()
         self.curve()
@@ -850,6 +886,7 @@ class SurvivalEstimate:
         """[N] the prior conditional acceptance ``S_k / S_{k-1}`` of the head's mean calibrated
         prefix products ``S``, else of the ``measured`` curve, else ``PRIOR``; where ``S_{k-1}``
         vanishes (or the measured curve ends), the previous position's."""
+        self._flush()
         if self.confidence:
             s = self._conf / self._conf_rows                                        # [N] S_k
         elif self.measured is not None:
@@ -867,7 +904,10 @@ class SurvivalEstimate:
 
     def curve(self) -> np.ndarray:
         """[N] float64 prefix-survival estimate (cached until the next ``add``; with a full window
-        for ``refresh`` rounds; after ``prepare`` until the round after next)."""
+        for ``refresh`` rounds; after ``prepare`` until the round after next). A deferred ``add``
+        waits where it would keep the curve (after ``prepare``), else is applied first."""
+        if self._pending is not None and not self._held:
+            self._flush()
         if self._curve is None:
             self._curve, self._stale = self._estimate(), 0
         return self._curve

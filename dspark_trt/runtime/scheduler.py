@@ -572,12 +572,14 @@ class Scheduler:
         if live and self._tracks_survival():   # verified outcomes (rounds cut by a stop: left out)
             c = None if conf is None else self._scheduler().calibrated(np.asarray(conf)[live])
             self._survival.add([seqs[i].stats.accepted[-1] for i in live],       # a probe: read at once
-                               [seqs[i].stats.proposed[-1] for i in live], c, now=self._probing)
+                               [seqs[i].stats.proposed[-1] for i in live], c, now=self._probing,
+                               defer=True)         # else taken in by the next round's host work
 
     def _next_decisions(self, seqs: list[Sequence], estimates: bool) -> Callable[[], None] | None:
         """Host work for the next round, run while this one's device work runs (``host_work`` of
-        the steps): the survival estimate's refresh (``SurvivalEstimate.prepare``: the next round
-        decides from the estimate of the rounds before this one) and the decisions it feeds
+        the steps): the survival estimate's refresh (``SurvivalEstimate.prepare``: it takes in the
+        last round's outcome, which that round's ``add`` deferred, and the next round decides from
+        the estimate of the rounds before this one) and the decisions it feeds
         (``prefers_ar``, ``best_window``) for a batch of as many rows, cached for that round. On a
         round of ~1.5 ms (the default pair on the H200) they were 0.1-0.2 ms of its host path."""
         sched = self._scheduler()

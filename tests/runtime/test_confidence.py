@@ -983,6 +983,53 @@ def test_survival_estimate_prepared_during_a_round_lags_it_by_one():
     np.testing.assert_allclose(held.curve(), [0.5, 0.5])
 
 
+def test_a_deferred_add_reads_as_an_immediate_one():
+    """``add(defer=True)`` (the scheduler's, so that the next round's host work takes the outcome
+    in) is invisible to every read: random runs of adds (with and without the head's confidences,
+    probes with ``now``), ``prepare``, curve / version / length / last-confidence reads give the
+    same values, bit for bit, as with every add applied at once; the deferred add runs at
+    ``prepare``, at a read that needs it, or at the next add, never twice."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    rng = np.random.default_rng(3)
+    for run in range(40):
+        window, refresh = int(rng.integers(2, 6)), int(rng.integers(1, 5))
+        now_est, deferred = SurvivalEstimate(4, window, refresh=refresh), SurvivalEstimate(4, window, refresh=refresh)
+        applied = []
+        add_now = deferred._add
+        deferred._add = lambda *a, **k: applied.append(1) or add_now(*a, **k)
+        adds = 0
+        for step in range(60):
+            op = rng.integers(0, 7)
+            if op <= 2:                                    # a round's outcome
+                rows = int(rng.integers(1, 4))
+                ver = rng.integers(0, 5, rows)
+                acc = np.minimum(rng.integers(0, 5, rows), ver)
+                conf = rng.uniform(0.05, 1.0, (rows, 4)) if op == 2 else None
+                probe = bool(rng.integers(0, 6) == 0)
+                now_est.add(acc, ver, conf, now=probe)
+                deferred.add(acc, ver, conf, now=probe, defer=True)
+                adds += 1
+            elif op == 3:
+                now_est.prepare()
+                deferred.prepare()
+            elif op == 4:
+                np.testing.assert_array_equal(deferred.curve(), now_est.curve())
+            elif op == 5:
+                assert deferred.version == now_est.version and len(deferred) == len(now_est), (run, step)
+                assert deferred.informed == now_est.informed
+            else:
+                a, b = deferred.last_confidence, now_est.last_confidence
+                assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), (run, step)
+            assert len(applied) in (adds - 1, adds)       # at most one round waits
+        np.testing.assert_array_equal(deferred.prior(), now_est.prior())
+        assert len(applied) == adds                        # prior() took the last one in
+    est = SurvivalEstimate(2, window=4)
+    est.add([1], [2], [[0.9, 0.5]], defer=True)
+    conf = est.last_confidence
+    est.prepare()
+    assert est.last_confidence is conf                     # one array: cached decisions key on it
+
+
 def test_survival_estimate_starts_from_the_measured_curve():
     """A measured (held-out) survival curve is the estimate before any round (``informed``); verified
     rounds then weigh against it as the prior; a confidence round's head products replace it as the
@@ -1173,9 +1220,9 @@ def test_ar_fallback_probes_less_often_while_ar_wins(unbudgeted_probes, monkeypa
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
     added, add = [], SurvivalEstimate.add
 
-    def recorded(self, *a, now=False):
+    def recorded(self, *a, now=False, **kw):
         added.append(now)
-        return add(self, *a, now=now)
+        return add(self, *a, now=now, **kw)
     monkeypatch.setattr(SurvivalEstimate, "add", recorded)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80, verify_mode="scheduled"))[0]
     ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=80), speculative=False)[0]
