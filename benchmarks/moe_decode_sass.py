@@ -1,6 +1,6 @@
 """Instructions per weight in the MoE decode GEMVs' K loop, from sm_90 SASS compiled on a CPU.
 
-    python benchmarks/moe_decode_sass.py [--decode words,bytes]
+    python benchmarks/moe_decode_sass.py [--decode words,bytes,e4m3]
 
 Records ``decode_experts``' launches for V4-Flash expert shapes (d=4096, h=2048, MXFP4), compiles
 each for ``GPUTarget("cuda", 90, 32)`` with the ptxas Triton ships, disassembles it with its
@@ -44,25 +44,33 @@ def loop_ops(sass: str) -> list[str]:
     return best
 
 
+def loop_instructions(decode: str) -> tuple[float, collections.Counter]:
+    """(instructions per weight one thread decodes per iteration, opcode counts) of the MXFP4
+    gate/up kernel's K loop with the E2M1 route ``decode``, V4-Flash expert shapes, sm_90."""
+    x, ids, w, w13, s13, w2, s2, fe, lim = moe_mxfp4_inputs("cpu", torch.bfloat16, M=4, k=6, E=8, d=4096, h=2048)
+    rec, launcher = [], kmd.launcher
+    kmd.launcher = _Recorder(rec)
+    try:
+        kmd.decode_experts(x, ids, w, (w13, s13), (w2, s2), fe, lim, 2048, decode=decode)
+    finally:
+        kmd.launcher = launcher
+    kernel, a, kw = next(r for r in rec if r[0] is kmd.moe_decode_gate_up_kernel)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compile_launch(kernel, a, kw).asm["cubin"])
+        f.flush()
+        ops = loop_ops(subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout)
+    weights = 2 * kw["BLOCK_N"] * kw["BLOCK_K"] // (32 * kw["num_warps"])     # gate + up, per thread
+    return len(ops) / weights, collections.Counter(ops)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--decode", default="words,bytes")
+    ap.add_argument("--decode", default="words,bytes,e4m3")
     args = ap.parse_args()
-    x, ids, w, w13, s13, w2, s2, fe, lim = moe_mxfp4_inputs("cpu", torch.bfloat16, M=4, k=6, E=8, d=4096, h=2048)
     for decode in args.decode.split(","):
-        rec = []
-        kmd.launcher = _Recorder(rec)
-        kmd.decode_experts(x, ids, w, (w13, s13), (w2, s2), fe, lim, 2048, decode=decode)
-        kernel, a, kw = next(r for r in rec if r[0] is kmd.moe_decode_gate_up_kernel)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-            f.write(compile_launch(kernel, a, kw).asm["cubin"])
-            f.flush()
-            ops = loop_ops(subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout)
-        weights = 2 * kw["BLOCK_N"] * kw["BLOCK_K"] // (32 * kw["num_warps"])     # gate + up, per thread
-        count = collections.Counter(ops)
-        print(f"{decode}: {len(ops)} instructions per iteration, {len(ops) / weights:.2f} per weight "
-              f"({weights} weights per thread), barriers {count['BAR.SYNC.DEFER_BLOCKING']}; "
-              f"top {count.most_common(6)}")
+        per_weight, count = loop_instructions(decode)
+        print(f"{decode}: {sum(count.values())} instructions per iteration, {per_weight:.2f} per weight, "
+              f"barriers {count['BAR.SYNC.DEFER_BLOCKING']}; top {count.most_common(6)}")
 
 
 if __name__ == "__main__":

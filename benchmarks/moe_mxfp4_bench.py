@@ -45,10 +45,12 @@ PEAK = 4.8e12
 DEV = "cuda"
 MODELS = {"flash": "deepseek-v4-flash-dspark", "pro": "deepseek-v4-pro-dspark"}
 # MXFP4 variants: the GEMV decode schedule (kernels/moe_decode.py, the op's choice up to
-# DECODE_MAX_PAIRS pairs) at its defaults (E2M1 from int32 words of 8 codes; and from single bytes), the grouped kernels with tl.dot_scaled (the op's choice
+# DECODE_MAX_PAIRS pairs) at its defaults (E2M1 from int32 words of 8 codes; from single bytes; through the fp8
+# conversion, e4m3), the grouped kernels with tl.dot_scaled (the op's choice
 # above) and with the in-register decode; --sweep-ms adds GEMV tiles.
 VARIANTS = {"mxfp4_gemv": dict(schedule="decode"),
             "mxfp4_gemv_bytes": dict(schedule="decode", decode="bytes"),
+            "mxfp4_gemv_e4m3": dict(schedule="decode", decode="e4m3"),
             "mxfp4_grouped_dot_scaled": dict(schedule="grouped", dot_scaled=True),
             "mxfp4_grouped_decode": dict(schedule="grouped")}
 GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (8, 16, 32) for k in (256, 512, 1024) for w in (4, 8)]
@@ -159,7 +161,9 @@ def main():
             print(f"[{time.time() - t0:6.1f}s] {model:5s} d={d} h={h} E={E} k={k} M={M:3d} experts read {used:3d}: "
                   f"bf16 {row['bf16']['cold_us']:8.1f} us ({row['bf16']['pct']:5.1f}%) bf16 gemv "
                   f"{row['bf16_gemv']['cold_us']:8.1f} us ({row['bf16_gemv']['pct']:5.1f}%)  mxfp4 gemv "
-                  + (f"{gemv['cold_us']:8.1f} us ({gemv['pct']:5.1f}%) dot_scaled "
+                  + (f"{gemv['cold_us']:8.1f} us ({gemv['pct']:5.1f}%) e4m3 "
+                     f"{row['mxfp4_gemv_e4m3'].get('cold_us', float('nan')):8.1f} us "
+                     f"({row['mxfp4_gemv_e4m3'].get('pct', float('nan')):5.1f}%) dot_scaled "
                      f"{row['mxfp4_grouped_dot_scaled'].get('cold_us', float('nan')):8.1f} us"
                      if "cold_us" in gemv else gemv.get("error", "?"))
                   + (f"  best {best['cold_us']:9.1f} us ({best['pct']:5.1f}%) x{best['speedup_vs_bf16']:.2f} "

@@ -116,7 +116,7 @@ def test_both_schedules_flash_shapes(flash_weights, flash_mxfp4, schedule, fmt):
             _check_bf16(got, x, ids, w, (w13p, w13s), (w2p, w2s), first_expert, moe_experts_mxfp4_ref)
 
 
-@pytest.mark.parametrize("decode", ["words", "bytes"])
+@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3"])
 def test_mxfp4_decode_schedule_exact_in_fp32(flash_mxfp4, decode):
     """fp32 x: the GEMV schedule's E2M1 decode (both routes keep the e = 0 codes as fp32
     subnormals, which a flush to zero would lose: 1 in 8 codes) equals the fp32 reference up to
@@ -130,7 +130,7 @@ def test_mxfp4_decode_schedule_exact_in_fp32(flash_mxfp4, decode):
     assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
-@pytest.mark.parametrize("decode", ["words", "bytes"])
+@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3"])
 def test_gemv_decodes_every_code_exactly_on_gpu(decode):
     """Every E2M1 code at every word position, x from 2^-60 to 2^60, on the GPU's fp32 units
     (subnormal operands of the words route's multiplies kept): exact."""

@@ -4,7 +4,7 @@ Rows of 128 columns whose code at column c of row r is (r + c) % 16 (all 16 code
 word positions), E8M0 scales 2^-1 .. 2^1 per 32-column group, and x = +-2^a for one a per run: every
 product is a multiple of 2^(a-2) and each row's sum needs a dozen bits, so the GEMV equals the
 dequantised reference exactly in any summation order. a spans the range the ``words`` route
-promises to be exact on (|x| < 2^65, nonzero |w x| >= 2^-63).
+promises to be exact on (|x| < 2^65, nonzero |w x| >= 2^-63; ``e4m3``: |x| < 2^120, >= 2^-140).
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def every_code_case(device, decode: str) -> dict:
     """-> {"exact": every run equal to the reference, "runs": [(a, max abs error)]}."""
     packed, scale, ref_w = every_code_weights(device)
     signs = torch.where(torch.arange(COLS) % 3 == 0, -1.0, 1.0).double().to(device)
-    w = packed.view(torch.int32) if decode == "words" else packed
+    w = packed if decode == "bytes" else packed.view(torch.int32)
     runs = []
     for a in EXPONENTS:
         x = signs * 2.0 ** a

@@ -412,10 +412,11 @@ def moe_mxfp4_cases(device) -> dict:
     got = kmoe.moe_experts_mxfp4_triton(*b16, schedule="decode")
     out["moe_mxfp4_decode_bf16"] = {"err": _err(got, ref), "err16": _err(moe_experts_mxfp4_ref(*b16), ref),
                                     "scale": float(ref.abs().max())}
-    out["moe_mxfp4_decode_bytes"] = {"err": _err(kmoe.moe_experts_mxfp4_triton(*base, decode="bytes"), ref),
-                                     "scale": float(ref.abs().max())}
+    for decode in ("bytes", "e4m3"):
+        out[f"moe_mxfp4_decode_{decode}"] = {"err": _err(kmoe.moe_experts_mxfp4_triton(*base, decode=decode), ref),
+                                             "scale": float(ref.abs().max())}
     from tests.support.mxfp4_codes import every_code_case
-    for decode in ("words", "bytes"):
+    for decode in ("words", "bytes", "e4m3"):
         out[f"mxfp4_codes_{decode}"] = every_code_case(device, decode)
     return out
 

@@ -32,6 +32,16 @@ picks:
   ``|x| < 2^65`` and each nonzero ``|w x| >= 2^-63`` (below, a product is an fp32 subnormal).
 * ``bytes``: the packed bytes one by one, two codes each, every weight times 2^126 (as fast on
   the H200: 72.4 vs 73.1 us at one V4-Flash token).
+* ``e4m3`` (sm_89+; session 31, not yet timed on a GPU): the hardware's fp8 conversion does the
+  decode. Each word's codes become e4m3 bytes with four 32-bit operations per 8 codes (a code
+  ``s e1 e0 m`` as the e4m3 byte ``s 000 e1 e0 m 00``: its value times 2^-6, the e = 0 codes as
+  e4m3 subnormals), ``cvt.rn.f16x2.e4m3x2`` turns two bytes into two fp16 per instruction and one
+  conversion per weight widens them to fp32; the products then chain as FFMAs. sm_90 SASS of the
+  gate/up loop at V4-Flash shapes: 4.39 instructions per weight against ``words``' 6.30
+  (``benchmarks/moe_decode_sass.py``; fp16 -> fp32 widening 1, FFMA 1, the conversion 0.5, bit
+  operations 1, the rest x's layout and the loop).
+  Exact while each nonzero ``|w x|`` >= 2^-140 and ``|x| < 2^120``; the group sums leave times 2^6.
+  The interpreter runs the same arithmetic with the ``words`` decode scaled by 2^120 (exact).
 """
 from __future__ import annotations
 
@@ -42,15 +52,52 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import DENSE, MXFP4, launcher
+from .common import DENSE, INTERPRET, MXFP4, launcher
 
 BYTES = tl.constexpr(0)                     # packed bytes, each weight times 2^126
 WORDS = tl.constexpr(1)                     # int32 words of 8 codes, 2^126 applied per group
-DECODES = {"bytes": int(BYTES.value), "words": int(WORDS.value)}
+E4M3 = tl.constexpr(2)                      # int32 words of 8 codes through the fp8 conversion, weights * 2^-6
+DECODES = {"bytes": int(BYTES.value), "words": int(WORDS.value), "e4m3": int(E4M3.value)}
+_INTERPRET = tl.constexpr(INTERPRET)
 MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "words")
 TWO_126 = tl.constexpr(8.507059173023462e37)      # a code's fp32 bit pattern is its value * 2^-126
 X_SCALE = tl.constexpr(9.223372036854775808e18)    # words: x * 2^63 ...
 SUM_SCALE = tl.constexpr(9.223372036854775808e18)  # ... and the sums * 2^(126 - 63)
+E4M3_SUM_SCALE = tl.constexpr(64.0)                # e4m3: the sums * 2^6
+TWO_120 = tl.constexpr(1.329227995784916e36)        # interpreter: words' 2^-126 scale -> e4m3's 2^-6
+# 8 E2M1 codes of an int32 word ($8) -> their values * 2^-6 as fp32 ($0 .. $7, code order): even codes
+# (low nibbles) and odd codes (high nibbles) as e4m3 bytes (mag << 2 | sign << 7), two per cvt.
+E4M3_WORD_ASM = tl.constexpr("""{
+.reg .b32 t, u, lo, hi, p0, p1, p2, p3;
+.reg .b16 a0, a1, b0, b1, f0, f1, f2, f3, f4, f5, f6, f7;
+shl.b32 t, $8, 2;
+and.b32 t, t, 0x1C1C1C1C;
+shl.b32 u, $8, 4;
+and.b32 u, u, 0x80808080;
+or.b32 lo, t, u;
+shr.b32 t, $8, 2;
+and.b32 t, t, 0x1C1C1C1C;
+and.b32 u, $8, 0x80808080;
+or.b32 hi, t, u;
+mov.b32 {a0, a1}, lo;
+mov.b32 {b0, b1}, hi;
+cvt.rn.f16x2.e4m3x2 p0, a0;
+cvt.rn.f16x2.e4m3x2 p1, b0;
+cvt.rn.f16x2.e4m3x2 p2, a1;
+cvt.rn.f16x2.e4m3x2 p3, b1;
+mov.b32 {f0, f2}, p0;
+mov.b32 {f1, f3}, p1;
+mov.b32 {f4, f6}, p2;
+mov.b32 {f5, f7}, p3;
+cvt.f32.f16 $0, f0;
+cvt.f32.f16 $1, f1;
+cvt.f32.f16 $2, f2;
+cvt.f32.f16 $3, f3;
+cvt.f32.f16 $4, f4;
+cvt.f32.f16 $5, f5;
+cvt.f32.f16 $6, f6;
+cvt.f32.f16 $7, f7;
+}""")
 # (token, slot) pairs up to which the GEMV schedule runs, per weight format; above it the grouped
 # kernels. H200, V4-Flash / V4-Pro experts (6 per token): bf16 GEMVs win up to 16 tokens and tie
 # at 32 (moe-mxfp4-NVIDIA-H200-25e553b.json.gz: flash 998 vs 1095 us at 16, 1772 vs 1746 at 32), MXFP4 ones up to 32 tokens, 192 pairs, already with the
@@ -83,6 +130,18 @@ def e2m1_word_code(wd, J: tl.constexpr):
     else:
         sign = wd
     return ((mag & 0x01C00000) | (sign & -2147483648)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_word_e4m3(wd):
+    """int32 words of 8 codes -> the 8 codes' values times 2^-6 as fp32 (``E4M3_WORD_ASM``; under
+    the interpreter ``e2m1_word_code`` times 2^120, the same values)."""
+    if _INTERPRET:
+        return (e2m1_word_code(wd, 0) * TWO_120, e2m1_word_code(wd, 1) * TWO_120, e2m1_word_code(wd, 2) * TWO_120,
+                e2m1_word_code(wd, 3) * TWO_120, e2m1_word_code(wd, 4) * TWO_120, e2m1_word_code(wd, 5) * TWO_120,
+                e2m1_word_code(wd, 6) * TWO_120, e2m1_word_code(wd, 7) * TWO_120)
+    return tl.inline_asm_elementwise(E4M3_WORD_ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r", [wd], dtype=(tl.float32,) * 8,
+                                     is_pure=True, pack=1)
 
 
 @triton.jit
@@ -121,7 +180,23 @@ def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMA
         return tile.to(tl.float32) * _x_at(xrow, cols, ncols, 1.0)[None, :]                # [BN, BK]
     else:
         G: tl.constexpr = BLOCK_K // 32
-        if DECODE == WORDS:
+        if DECODE == E4M3:                               # fp8 conversion, then one FFMA per weight
+            W8: tl.constexpr = BLOCK_K // 8
+            word = k0 // 8 + tl.arange(0, W8)
+            wd = tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
+                         other=0)                                                            # [BN, BK/8] int32
+            x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, 1.0), W8)
+            c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_e4m3(wd)
+            part = c0 * x0[None, :]
+            part += c1 * x1[None, :]
+            part += c2 * x2[None, :]
+            part += c3 * x3[None, :]
+            part += c4 * x4[None, :]
+            part += c5 * x5[None, :]
+            part += c6 * x6[None, :]
+            part += c7 * x7[None, :]
+            part = tl.sum(tl.reshape(part, [BLOCK_N, G, 4]), 2)                                # per 32 columns
+        elif DECODE == WORDS:
             W8: tl.constexpr = BLOCK_K // 8
             word = k0 // 8 + tl.arange(0, W8)
             wd = tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
@@ -153,6 +228,8 @@ def row_sums(acc, FORMAT: tl.constexpr, DECODE: tl.constexpr):
     if FORMAT != DENSE:
         if DECODE == WORDS:
             y = y * SUM_SCALE
+        elif DECODE == E4M3:
+            y = y * E4M3_SUM_SCALE
     return y
 
 
@@ -167,7 +244,7 @@ def _row_offsets(rows, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr):
     r64 = rows.to(tl.int64)
     if FORMAT == DENSE:
         return r64 * ncols, r64
-    elif DECODE == WORDS:
+    elif DECODE != BYTES:                                   # int32 words
         return r64 * (ncols // 8), r64 * (ncols // 32)
     else:
         return r64 * (ncols // 2), r64 * (ncols // 32)
@@ -272,7 +349,7 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     decode = decode or MXFP4_DECODE
     if decode not in DECODES:
         raise ValueError(f"moe decode: decode must be one of {sorted(DECODES)}, got {decode!r}")
-    if not dense and decode == "words":                  # 8 codes per int32 (rows are 16-byte multiples)
+    if not dense and decode != "bytes":                  # 8 codes per int32 (rows are 16-byte multiples)
         w13_v, w2_v = w13_v.view(torch.int32), w2_v.view(torch.int32)
     part_w = part_width(dense, bk)
     decode = DECODES[decode]
