@@ -816,7 +816,7 @@ class SurvivalEstimate:
     def version(self) -> int:
         """Counts the curves dropped: what a cached decision keys on."""
         if self._pending is not None and not self._held:     # the deferred add may drop the curve
-            self._flush()
+            self.flush()
         return self._version
 
     def add(self, accepted, verified, confidence=None, now: bool = False, defer: bool = False) -> None:
@@ -830,14 +830,15 @@ class SurvivalEstimate:
         c = None
         if confidence is not None and len(confidence):
             c = np.asarray(confidence, dtype=np.float64)[:, : self.n]               # [rows, N]
-        self._flush()
+        self.flush()
         if defer and not now:
             self._pending = (accepted, verified, c)
         else:
             self._add(accepted, verified, c, now)
 
-    def _flush(self) -> None:
-        """Apply a deferred ``add``."""
+    def flush(self) -> None:
+        """Apply a deferred ``add`` now (``Scheduler``: the host work of a round that decides
+        nothing, e.g. a fixed-N round, so the bookkeeping still runs while the device works)."""
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._add(*pending, now=False)
@@ -876,7 +877,7 @@ class SurvivalEstimate:
         then keeps it, so the next round's decisions read it at no host cost on their path: an
         estimate one round older (the decisions stay a function of the batch's history). A deferred
         ``add`` is applied first."""
-        self._flush()
+        self.flush()
         if self._due:
             self._drop()
         self.curve()
@@ -886,7 +887,7 @@ class SurvivalEstimate:
         """[N] the prior conditional acceptance ``S_k / S_{k-1}`` of the head's mean calibrated
         prefix products ``S``, else of the ``measured`` curve, else ``PRIOR``; where ``S_{k-1}``
         vanishes (or the measured curve ends), the previous position's."""
-        self._flush()
+        self.flush()
         if self.confidence:
             s = self._conf / self._conf_rows                                        # [N] S_k
         elif self.measured is not None:
@@ -907,7 +908,7 @@ class SurvivalEstimate:
         for ``refresh`` rounds; after ``prepare`` until the round after next). A deferred ``add``
         waits where it would keep the curve (after ``prepare``), else is applied first."""
         if self._pending is not None and not self._held:
-            self._flush()
+            self.flush()
         if self._curve is None:
             self._curve, self._stale = self._estimate(), 0
         return self._curve

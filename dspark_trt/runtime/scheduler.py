@@ -581,10 +581,14 @@ class Scheduler:
         last round's outcome, which that round's ``add`` deferred, and the next round decides from
         the estimate of the rounds before this one) and the decisions it feeds
         (``prefers_ar``, ``best_window``) for a batch of as many rows, cached for that round. On a
-        round of ~1.5 ms (the default pair on the H200) they were 0.1-0.2 ms of its host path."""
+        round of ~1.5 ms (the default pair on the H200) they were 0.1-0.2 ms of its host path.
+        A round that estimates nothing (fixed N) but feeds the estimate takes in the last round's
+        deferred outcome (``SurvivalEstimate.flush``) the same way."""
         sched = self._scheduler()
-        if not (estimates and self._tracks_survival()):
+        if not self._tracks_survival():
             return None
+        if not estimates:
+            return self._survival.flush
 
         def work() -> None:
             self._survival.prepare()

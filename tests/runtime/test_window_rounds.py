@@ -107,6 +107,47 @@ def test_large_scheduled_batches_run_window_rounds_losslessly(graphs):
     assert all(p < 4 for p in out[0].stats.proposed[1:-1]), out[0].stats.proposed
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_fixed_rounds_take_in_the_survival_outcome_as_host_work(graphs):
+    """A fixed-N batch under a scheduler that may fall back still feeds the survival estimate; its
+    rounds decide nothing, so their host work is the estimate's bookkeeping: each round's outcome
+    (deferred by ``add``) is applied during the next round's device work, none between rounds;
+    greedy output equals the target's."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    rows = 2
+    llm = _llm(block=4, seed=6, batch=rows, verify_cost=STEEP, cost_model="trimmed", graphs=graphs)
+    prompts = [[1 + i, 2, 3 + i] for i in range(rows)]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
+    applied, in_work = [], [False]
+    add = SurvivalEstimate._add
+    spec_round = llm.steps.spec_round
+
+    def record_add(self, *a, **kw):
+        applied.append(in_work[0])
+        return add(self, *a, **kw)
+
+    def run(r, *a, **kw):
+        work = kw.get("host_work")
+        if work is not None:
+            def flagged():
+                in_work[0] = True
+                try:
+                    work()
+                finally:
+                    in_work[0] = False
+            kw["host_work"] = flagged
+        return spec_round(r, *a, **kw)
+    llm.steps.spec_round = run
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(SurvivalEstimate, "_add", record_add)
+            out = llm.generate(prompts, SamplingParams(max_new_tokens=24))          # fixed N
+    finally:
+        llm.steps.spec_round = spec_round
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert len(applied) >= 3 and all(applied), applied
+
+
 def test_window_rounds_pay_the_admission_only_in_their_probes():
     """The trimmed model prices a window below N with the admission's cost under
     ``ESTIMATED_WINDOW_MIN_ROWS`` rows (each round admits) and with 1 / ``CONFIDENCE_PROBE_EVERY``
