@@ -471,6 +471,7 @@ class VerifyScheduler:
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.round_costs = RoundCosts() if learn_costs else None
         self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
+        self._cannot_pay: dict[tuple, bool] = {}            # (rows, id(cost)) -> drafting_cannot_pay
         self._values: tuple | None = None                   # (survival, cost, tokens, {rows: values}): the last curve
         self._host_tables: tuple | None = None              # (sps, round_ms) on the host: packed_gain
         self.slot_buckets = token_buckets(max(1, max_tokens))
@@ -612,6 +613,20 @@ class VerifyScheduler:
             return False
         ar_ms = self.priced_ms("ar", rows) * self._scale("ar", rows)
         return 1.0 / ar_ms > (1.0 + margin) * float(self._option_values(rows, survival).max())
+
+    def drafting_cannot_pay(self, rows: int) -> bool:
+        """Whether an AR round beats every speculative option at ``rows`` rows even if every draft
+        were accepted (``prefers_ar`` of the all-ones survival curve, no margin), on the cost
+        curve's prices alone: then no outcome of a speculative round can change the AR decision
+        there, and an AR streak's probes are pointless. False with learned round costs (a probe
+        also updates their prices) or without the fallback. Cached per row count."""
+        if not self.falls_back or self.round_costs is not None:
+            return False
+        key = (rows, id(self.cost))
+        if key not in self._cannot_pay:
+            best = self._option_tokens(np.ones(self.num_spec_tokens)) / self.option_ms(rows)    # [widths]
+            self._cannot_pay[key] = 1.0 / self.priced_ms("ar", rows) > float(best.max())
+        return self._cannot_pay[key]
 
     def probe_loss(self, rows: int, survival, pending: int = 0, confidence_round: bool = False) -> float:
         """What one speculative round of the best option costs an AR streak, in AR rounds: its

@@ -428,12 +428,15 @@ class Scheduler:
         probes confirm AR, and never shorter than the probes' budget allows: a probe that is
         expected to lose ``L`` AR rounds (``probe_loss``, its context write of the streak's
         deferred rows included, so priced again when it is due) comes after at least ``L /
-        PROBE_BUDGET`` of them, at most ``AR_PROBE_LIMIT``. Deterministic: a function of the
-        batch's history. ``estimates``: the round's ``_estimates_rounds``."""
+        PROBE_BUDGET`` of them, at most ``AR_PROBE_LIMIT``. No probe at all while drafting cannot
+        pay at the batch's row count even if every draft were accepted (``drafting_cannot_pay``: no
+        probe's outcome could end the streak there). Deterministic: a function of the batch's
+        history. ``estimates``: the round's ``_estimates_rounds``."""
         sched = self._scheduler()
         if not estimates:
             return False
-        if self._ar_streak >= max(self._probe_every, self._probe_floor):   # a probe is due ...
+        if self._ar_streak >= max(self._probe_every, self._probe_floor) \
+                and not sched.drafting_cannot_pay(len(seqs)):                # a probe is due ...
             loss = self._probe_loss(sched, seqs)
             if loss <= PROBE_BUDGET * self._ar_streak or self._ar_streak >= AR_PROBE_LIMIT:
                 self._probing = True

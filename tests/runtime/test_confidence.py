@@ -734,6 +734,15 @@ def test_trimmed_rounds_verify_narrower_windows_and_stay_lossless(graphs):
 # ---- the AR fallback of all-scheduled batches -------------------------------------------------------
 
 STEPS = dict(rows=[1, 4], draft_ms=[30.0, 30.0], ar_ms=[1.0, 1.2])      # drafting never pays
+
+
+def probed_curve(draft_ms: float = 3.0) -> CostCurve:
+    """Step costs under which drafting pays at 1-4 rows only if nearly every draft is accepted
+    (``drafting_cannot_pay`` is False there: all 5 tokens of a round would beat AR by 1.6x, so an
+    AR streak's probes could end it), while the tiny test pairs' acceptance (about 0.9, then
+    under 0.05) keeps AR ahead by 1.6x: the curve of the tests of the probes themselves."""
+    return CostCurve([1, 64], [1.0, 2.0], "test: drafting pays only near full acceptance", rows=[1, 4],
+                     draft_ms=[draft_ms, draft_ms], ar_ms=[0.4, 0.5])
 AR_PROBE_EVERY_T = 8              # scheduler.AR_PROBE_EVERY (checked in the fallback tests)
 
 
@@ -1091,7 +1100,7 @@ def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs, unbudgeted_
     verified, the draft's context kept) with a scheduled probe every AR_PROBE_EVERY rounds; greedy
     output equals the target's; a batch with a fixed row never falls back."""
     from dspark_trt.runtime.scheduler import AR_PROBE_EVERY
-    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    curve = probed_curve()
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
     if graphs:
         llm.capture_graphs(True)
@@ -1113,7 +1122,7 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
     """The fallback's AR rounds keep their taps and the next scheduled round writes them in one
     draft_context call: the same drafts, acceptance and output as writing them in every AR round
     (fp64), and the draft cache holds the same context; a finished sequence leaves nothing pending."""
-    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    curve = probed_curve()
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
     reqs = [([1, 2, 3], SamplingParams(max_new_tokens=40, verify_mode="scheduled")),
             ([4, 5], SamplingParams(max_new_tokens=25, verify_mode="scheduled"))]
@@ -1216,7 +1225,7 @@ def test_ar_fallback_probes_less_often_while_ar_wins(unbudgeted_probes, monkeypa
     probe's outcome enters the survival estimate at once (``add(now=True)``), whatever its refresh
     interval and the estimate prepared during the probe, so the decision after it reads it."""
     from dspark_trt.runtime.confidence import SurvivalEstimate
-    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    curve = probed_curve()
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
     added, add = [], SurvivalEstimate.add
 
@@ -1238,7 +1247,7 @@ def test_a_fresh_batch_starts_from_the_calibrations_survival(graphs, unbudgeted_
     deferred, the first probe after AR_PROBE_EVERY of them) instead of a blind speculative round,
     and greedy output equals the target's; where drafting pays, it starts speculative; without a
     measured curve, speculative as before."""
-    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    curve = probed_curve()
     pays = CostCurve([1, 64], [1.0, 1.0], "flat: cheap drafts, dear AR", rows=[1, 4], draft_ms=[0.1, 0.1],
                      ar_ms=[30.0, 30.0])
     prompts, runs = [[1, 2, 3], [4, 5]], {}
@@ -1315,12 +1324,36 @@ def test_probes_wait_while_their_context_write_exceeds_the_budget():
     assert probes["priced"][0] == scheduler.AR_PROBE_LIMIT, probes
 
 
-def test_ar_streaks_space_their_probes_by_the_budget():
-    """Drafting never pays (a probe costs ~30 AR rounds of 1 ms): after the first round the next
-    scheduled probe comes only after AR_PROBE_LIMIT AR rounds, where without the budget it came
-    after AR_PROBE_EVERY; greedy output equals the target's."""
+def test_no_probes_where_drafting_cannot_pay():
+    """Drafting never pays at this batch's row count, even if every draft were accepted
+    (``drafting_cannot_pay``): after the first round the AR streak runs without probes (none
+    could end it), so the scheduled batch runs exactly the target's AR rounds; where drafting
+    could pay (``probed_curve``) the streak probes again after AR_PROBE_EVERY rounds."""
     from dspark_trt.runtime import scheduler
-    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    for curve, probed in ((CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS), False),
+                          (probed_curve(), True)):
+        sched = VerifyScheduler(4, 64, "cpu", cost=curve)
+        assert sched.drafting_cannot_pay(1) is not probed
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(scheduler, "PROBE_BUDGET", math.inf)
+            llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
+            out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=60, verify_mode="scheduled"))[0]
+        ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=60), speculative=False)[0]
+        assert out.output_ids == ar.output_ids
+        rounds = [i for i, p in enumerate(out.stats.proposed) if p > 0]
+        assert (rounds[:2] == [0, 1 + AR_PROBE_EVERY_T]) if probed else rounds == [0], rounds
+    never = CostCurve([1, 64], [1.0, 40.0], "test: steep, with step costs", **STEPS)
+    learned = VerifyScheduler(4, 64, "cpu", cost=never, learn_costs=True)
+    assert not learned.drafting_cannot_pay(1)           # learned prices move: probes keep them honest
+
+
+def test_ar_streaks_space_their_probes_by_the_budget():
+    """Drafting pays only if every draft is accepted (by 1.08x), and a probe costs ~2.7 AR rounds
+    at the pair's acceptance: after the first round the next scheduled probe comes only after
+    AR_PROBE_LIMIT AR rounds (the budget asks for ~270), where without the budget it came after
+    AR_PROBE_EVERY; greedy output equals the target's."""
+    from dspark_trt.runtime import scheduler
+    curve = probed_curve(draft_ms=5.5)
     n = scheduler.AR_PROBE_LIMIT + 8
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", max_seq_len=n + 8)
     out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=n, verify_mode="scheduled"))[0]
