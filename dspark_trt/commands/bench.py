@@ -99,6 +99,9 @@ def _ints(s: str) -> list[int]:
 # ---- timing ---------------------------------------------------------------------------------------
 
 HOST_ITERS = 5       # the host overhead's iterations at least (a difference of walls: noisy)
+CPU_STEP_ITERS = 5   # on the CPU, the step latencies' samples at least: a median of 2 is their mean, and
+                     # one stretched call priced the 1-row AR step at 20 ms against 12.6 ms as it ran,
+                     # which turned the scheduled mode speculative at batch 1 (session 31, 53b30e8)
 
 
 def _wall_ms(fn) -> float:
@@ -183,7 +186,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     (``host_overhead_ms``)
     (with CUDA graphs the round replays its bucket's graphs: a B that is not a bucket size counts
     the padding rows' device time as host time); ``context_tokens`` / ``context_ms``: the draft's
-    context write by rows written (``context_points``)."""
+    context write by rows written (``context_points``). On the CPU the draft, AR and verify
+    latencies take at least ``CPU_STEP_ITERS`` samples each."""
     from ..runtime.steps import DeviceInputs
     steps, nets, N = llm.steps, llm.networks, llm.networks.num_spec_tokens
     eager = steps.eager
@@ -194,11 +198,12 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     drafts_all, z_all = eager.draft_step(x_all)
     points, rows, draft_ms, ar_ms, grid, admission, draft_window, host = {}, [], [], [], [], [], [], []
     context = {}
+    step_iters = iters if cuda else max(iters, CPU_STEP_ITERS)
     for B in sorted(sizes):
         x = x_all.head(B)
         rows.append(B)
         draft = steps.replayable(lambda: eager.draft_step(x))
-        draft_ms.append(time_ms(draft, iters, cuda))
+        draft_ms.append(time_ms(draft, step_iters, cuda))
         if xc_all is not None:
             xc = xc_all.head(B)
 
@@ -212,12 +217,12 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             draft_window.append([time_ms(steps.replayable(lambda w=w: eager.draft_step(x, w)), iters, cuda)
                                  for w in range(1, N)])
         # the fallback's AR step (what ``prefers_ar`` compares); it defers its context write
-        ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, taps_out=True)), iters, cuda))
+        ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, taps_out=True)), step_iters, cuda))
         grid.append([])
         for w in range(1, N + 1):
             d, z = drafts_all[:B, :w].contiguous(), z_all[:B, :w].contiguous()
             fn = steps.replayable(lambda: eager.verify_step(x, d, z, False))
-            ms = time_ms(fn, iters, cuda)
+            ms = time_ms(fn, step_iters, cuda)
             grid[-1].append(ms)
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
         host.append(host_overhead_ms(lambda: steps.spec_round(r.head(B), False), (draft, fn),

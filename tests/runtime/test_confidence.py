@@ -523,13 +523,19 @@ def test_calibrate_command_writes_the_calibration_the_llm_loads(tmp_path, capsys
     assert f"(tau {1 + sum(labels):.2f}:" in capsys.readouterr().out
 
 
-def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys):
+def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys, monkeypatch):
+    from dspark_trt.commands import bench as bench_cmd
     tdir, ddir = _head_checkpoints(tmp_path)
     out = tmp_path / "curve"
+    samples, time_ms = [], bench_cmd.time_ms
+    monkeypatch.setattr(bench_cmd, "time_ms", lambda fn, iters, cuda: samples.append(iters) or time_ms(fn, iters, cuda))
     rc = main(["bench", "--checkpoint", str(tdir), "--draft-checkpoint", str(ddir), "--device", "cpu",
                "--cost-curve", "--batch-sizes", "1,2", "--iters", "1", "--prompt-len", "8",
                "--gen-len", "8", "--cost-curve-out", str(out)])
     assert rc == 0
+    # on the CPU the step latencies the scheduler compares (draft, AR, verify per width: 6 per row
+    # count) take CPU_STEP_ITERS samples whatever --iters says (a median of one or two is not one)
+    assert samples.count(bench_cmd.CPU_STEP_ITERS) == 2 * 6, samples
     curve = CostCurve.find(out)
     assert curve.tokens == [2, 3, 4, 5, 6, 8, 10] and "bench --cost-curve" in curve.source
     assert all(b >= a for a, b in zip(curve.latency_ms, curve.latency_ms[1:]))
