@@ -177,9 +177,12 @@ def ablation_times(fn, base_ms: float, iters: int) -> dict:
     return out
 
 
-def ablation_line(head: str, abl: dict) -> str:
-    return f"[token-step] {head} ablations (chain_pdl minus part: ms, the part's cost) | " + " | ".join(
-        f"{k} {v['ms']:.3f} ms ({v['part_ms']:+.3f})" for k, v in abl.items())
+def add_ablations(row: dict, fn, out: dict, iters: int, head: str) -> None:
+    """``row["ablations"]``: ``ablation_times`` of the row's ``chain_pdl`` step ``fn``, printed."""
+    with torch.inference_mode():
+        abl = row["ablations"] = ablation_times(fn, out["chain_pdl"]["ms"], iters)
+    print(f"[token-step] {head} ablations (chain_pdl minus part: ms, the part's cost) | " + " | ".join(
+        f"{k} {v['ms']:.3f} ms ({v['part_ms']:+.3f})" for k, v in abl.items()), flush=True)
 
 
 def time_paths(fns: dict, bytes_: float, iters: int, exact=None) -> dict:
@@ -271,9 +274,7 @@ def main() -> int:
             rows.append({"tokens": T, "context": L, **out})
             print(report_line(f"T={T} L={L:6d}", out), flush=True)
             if args.ablate:
-                with torch.inference_mode():
-                    rows[-1]["ablations"] = ablation_times(fns["chain_pdl"], out["chain_pdl"]["ms"], args.iters)
-                print(ablation_line(f"T={T} L={L:6d}", rows[-1]["ablations"]), flush=True)
+                add_ablations(rows[-1], fns["chain_pdl"], out, args.iters, f"T={T} L={L:6d}")
     draft_rows = []
     if args.draft_layers:
         N = 7
@@ -296,9 +297,7 @@ def main() -> int:
             draft_rows.append({"block": N, "context": L, **out})
             print(report_line(f"draft block N={N} L={L:6d}", out), flush=True)
             if args.ablate:
-                with torch.inference_mode():
-                    draft_rows[-1]["ablations"] = ablation_times(fns["chain_pdl"], out["chain_pdl"]["ms"], args.iters)
-                print(ablation_line(f"draft block N={N} L={L:6d}", draft_rows[-1]["ablations"]), flush=True)
+                add_ablations(draft_rows[-1], fns["chain_pdl"], out, args.iters, f"draft block N={N} L={L:6d}")
     sha = provenance.git_sha()
     gpu = torch.cuda.get_device_name()
     report = {"git_sha": sha, "gpu": gpu, "command": "python benchmarks/token_step_bench.py " + " ".join(sys.argv[1:]),
