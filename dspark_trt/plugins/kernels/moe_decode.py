@@ -145,6 +145,14 @@ def e2m1_word_e4m3(wd):
 
 
 @triton.jit
+def _words(w, row_ptr_off, rmask, k0, ncols, W8: tl.constexpr):
+    """The rows' int32 words of 8 codes at columns ``k0 .. k0 + 8 * W8`` ([BN, W8], 0 past ncols)."""
+    word = k0 // 8 + tl.arange(0, W8)
+    return tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
+                   other=0)
+
+
+@triton.jit
 def _x_at(xrow, cols, ncols, SCALE: tl.constexpr):
     """xrow[cols] as fp32 times SCALE, 0 past ncols."""
     return tl.load(xrow + cols, mask=cols < ncols, other=0.0).to(tl.float32) * SCALE
@@ -182,9 +190,7 @@ def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMA
         G: tl.constexpr = BLOCK_K // 32
         if DECODE == E4M3:                               # fp8 conversion, then one FFMA per weight
             W8: tl.constexpr = BLOCK_K // 8
-            word = k0 // 8 + tl.arange(0, W8)
-            wd = tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
-                         other=0)                                                            # [BN, BK/8] int32
+            wd = _words(w, row_ptr_off, rmask, k0, ncols, W8)                              # [BN, BK/8] int32
             x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, 1.0), W8)
             c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_e4m3(wd)
             part = c0 * x0[None, :]
@@ -198,9 +204,7 @@ def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMA
             part = tl.sum(tl.reshape(part, [BLOCK_N, G, 4]), 2)                                # per 32 columns
         elif DECODE == WORDS:
             W8: tl.constexpr = BLOCK_K // 8
-            word = k0 // 8 + tl.arange(0, W8)
-            wd = tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
-                         other=0)                                                            # [BN, BK/8] int32
+            wd = _words(w, row_ptr_off, rmask, k0, ncols, W8)                              # [BN, BK/8] int32
             x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, X_SCALE), W8)
             part = e2m1_word_code(wd, 0) * x0[None, :] + e2m1_word_code(wd, 1) * x1[None, :]
             part += e2m1_word_code(wd, 2) * x2[None, :] + e2m1_word_code(wd, 3) * x3[None, :]
