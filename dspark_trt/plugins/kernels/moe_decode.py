@@ -24,16 +24,17 @@ the fp32 bit pattern ``s 0000000 e1 e0 m 0...`` is its value times 2^-126 (``e =
 fp32 subnormals, which Triton's fp32 arithmetic keeps). The decode bounds these GEMVs by
 instruction issue, not HBM (sm_90 SASS of the gate/up loop: 6.3 instructions per weight, 7.5 with
 ``bytes``; on the H200 23-35 % of HBM, moe-mxfp4-NVIDIA-H200-6b084b6.json.gz). ``DSPARK_MXFP4_DECODE``
-picks:
+picks (unset: ``auto``, ``e4m3`` on sm_89+ GPUs, else ``words``):
 
-* ``words`` (default): int32 words of 8 codes; code ``j`` of every word is two shifts and two masks
+* ``words``: int32 words of 8 codes; code ``j`` of every word is two shifts and two masks
   (columns ``8i + j``, x split to match), and the 2^126 never multiplies a weight: x enters
   scaled by 2^63 and the per-32 E8M0 scale times 2^63 leaves on the fp32 partial sums. Exact while
   ``|x| < 2^65`` and each nonzero ``|w x| >= 2^-63`` (below, a product is an fp32 subnormal).
 * ``bytes``: the packed bytes one by one, two codes each, every weight times 2^126 (as fast on
   the H200: 72.4 vs 73.1 us at one V4-Flash token).
-* ``e4m3`` (sm_89+; session 31, not yet timed on a GPU): the hardware's fp8 conversion does the
-  decode. Each word's codes become e4m3 bytes with four 32-bit operations per 8 codes (a code
+* ``e4m3`` (sm_89+; the default there): the hardware's fp8 conversion does the decode (on an
+  H100, V4-Flash shapes: 63.3 against ``words``' 75.2 us at one token, 565 against 713 at 16,
+  moe-mxfp4-NVIDIA-H100-80GB-HBM3-f354b4b.json). Each word's codes become e4m3 bytes with four 32-bit operations per 8 codes (a code
   ``s e1 e0 m`` as the e4m3 byte ``s 000 e1 e0 m 00``: its value times 2^-6, the e = 0 codes as
   e4m3 subnormals), ``cvt.rn.f16x2.e4m3x2`` turns two bytes into two fp16 per instruction and one
   conversion per weight widens them to fp32; the products then chain as FFMAs. sm_90 SASS of the
@@ -59,7 +60,7 @@ WORDS = tl.constexpr(1)                     # int32 words of 8 codes, 2^126 appl
 E4M3 = tl.constexpr(2)                      # int32 words of 8 codes through the fp8 conversion, weights * 2^-6
 DECODES = {"bytes": int(BYTES.value), "words": int(WORDS.value), "e4m3": int(E4M3.value)}
 _INTERPRET = tl.constexpr(INTERPRET)
-MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "words")
+MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "auto")
 TWO_126 = tl.constexpr(8.507059173023462e37)      # a code's fp32 bit pattern is its value * 2^-126
 X_SCALE = tl.constexpr(9.223372036854775808e18)    # words: x * 2^63 ...
 SUM_SCALE = tl.constexpr(9.223372036854775808e18)  # ... and the sums * 2^(126 - 63)
@@ -329,6 +330,14 @@ def use_decode(x: Tensor, expert_ids: Tensor, dense: bool) -> bool:
         torch.float32, torch.bfloat16, torch.float16)
 
 
+def auto_decode(device: torch.device) -> str:
+    """``DSPARK_MXFP4_DECODE=auto``'s route on ``device``: ``e4m3`` on sm_89+ GPUs (the fp8
+    conversion instruction), ``words`` elsewhere (older GPUs, the interpreter)."""
+    if device.type == "cuda" and not INTERPRET and torch.cuda.get_device_capability(device) >= (8, 9):
+        return "e4m3"
+    return "words"
+
+
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
                    block_k: int | None = None, num_warps: int | None = None, decode: str | None = None) -> Tensor:
@@ -351,8 +360,10 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     out = torch.empty((M, D), dtype=x.dtype, device=x.device)
     bn, bk, warps = cfg["block_n"], cfg["block_k"], cfg["num_warps"]
     decode = decode or MXFP4_DECODE
+    if decode == "auto":
+        decode = auto_decode(x.device)
     if decode not in DECODES:
-        raise ValueError(f"moe decode: decode must be one of {sorted(DECODES)}, got {decode!r}")
+        raise ValueError(f"moe decode: decode must be one of {sorted(DECODES)} or auto, got {decode!r}")
     if not dense and decode != "bytes":                  # 8 codes per int32 (rows are 16-byte multiples)
         w13_v, w2_v = w13_v.view(torch.int32), w2_v.view(torch.int32)
     part_w = part_width(dense, bk)
