@@ -113,6 +113,21 @@ def test_decode_schedule_with_bf16_x_in_the_interpreter(kernel_results):
     assert r["err"] <= 2 * r["err16"] + 1e-3 * r["scale"], r
 
 
+def test_auto_decode_takes_the_fp8_conversion_on_sm89_gpus_only(monkeypatch):
+    """``DSPARK_MXFP4_DECODE=auto`` (the default): ``e4m3`` on sm_89+ GPUs, ``words`` on older ones,
+    on the CPU and under the interpreter."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels import moe_decode
+    assert moe_decode.MXFP4_DECODE in ("auto", *moe_decode.DECODES)
+    monkeypatch.setattr(moe_decode, "INTERPRET", False)
+    assert moe_decode.auto_decode(torch.device("cpu")) == "words"
+    for cap, want in (((9, 0), "e4m3"), ((8, 9), "e4m3"), ((8, 6), "words"), ((8, 0), "words")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=cap: c)
+        assert moe_decode.auto_decode(torch.device("cuda", 0)) == want, cap
+    monkeypatch.setattr(moe_decode, "INTERPRET", True)
+    assert moe_decode.auto_decode(torch.device("cuda", 0)) == "words"
+
+
 def test_schedule_arguments_are_checked():
     pytest.importorskip("triton", reason="Triton is not installed")
     from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton
@@ -121,7 +136,7 @@ def test_schedule_arguments_are_checked():
         moe_experts_mxfp4_triton(*args, schedule="decode", block_m=16)
     with pytest.raises(ValueError, match=r"\['decode'\] do not apply to the grouped schedule"):
         moe_experts_mxfp4_triton(*args, schedule="grouped", decode="bytes")
-    with pytest.raises(ValueError, match="decode must be one of \\['bytes', 'e4m3', 'words'\\], got 'fp16'"):
+    with pytest.raises(ValueError, match="decode must be one of \\['bytes', 'e4m3', 'words'\\] or auto, got 'fp16'"):
         moe_experts_mxfp4_triton(*args, schedule="decode", decode="fp16")
     with pytest.raises(ValueError, match="schedule must be auto, grouped or decode, got 'gemv'"):
         moe_experts_mxfp4_triton(*args, schedule="gemv")
