@@ -13,7 +13,7 @@ step's tokens at positions L .. L + T - 1; the cache holds random K/V below them
   ``ticket`` (the splits merged by the last-arriving split: one launch fewer) or ``s<S>`` (S KV
   splits instead of ``default_num_splits``' fill of the SMs), e.g. ``ticket,s4,s8,ticket_s8``.
 Each: median ms of graph replays, the fraction of the HBM roofline (weights of every layer and the
-head, plus the K/V rows read, at 4.8 TB/s), and the logits' agreement with the module step (the
+head, plus the K/V rows read, at the GPU's HBM rate: 4.8 TB/s on the H200, 3.35 on the H100), and the logits' agreement with the module step (the
 largest difference over the logits' scale, argmax equal), and each path's agreement with the same
 step in fp32 (weights, cache, arithmetic; ``--no-fp32``: not), the scale of bf16's own error. With
 ``--draft-layers`` (default 5, the published Qwen3-8B DSpark draft's), the draft's block pass of
@@ -52,7 +52,8 @@ from dspark_trt.models.qwen3 import Qwen3ForCausalLM  # noqa: E402
 from dspark_trt.runtime import token_step  # noqa: E402
 from dspark_trt.runtime.token_step import TokenStep  # noqa: E402
 
-HBM = 4.8e12
+HBM = 4.8e12                                   # the H200's; other GPUs: HBM_BY_GPU
+HBM_BY_GPU = {"H100": 3.35e12, "H200": 4.8e12}   # bytes/s (SXM parts)
 PAGE = 16
 
 
@@ -118,11 +119,28 @@ def prefetch_option(text: str) -> tuple[str, int, int]:
     return f"chain_pdl_l2p{mib}" + (f"_{kib}k" if kib else ""), int(mib) << 20, int(kib or 64) << 10
 
 
-def chain_steps(model, prefetch: list[tuple[str, int, int]], attention: list[str]) -> dict:
+def gemv_prefetch_option(text: str) -> tuple[str, dict]:
+    """``<gemv>[:<KiB>]+...`` (``all``: every GEMV; no KiB: each program's whole share) -> (path name,
+    ``TokenStep(gemv_prefetch=)``)."""
+    out = {}
+    for part in text.split("+"):
+        name, _, kib = part.partition(":")
+        names = token_step.GEMV_NAMES if name == "all" else (name,)
+        if any(n not in token_step.GEMV_NAMES for n in names) or not (kib or "0").isdigit():
+            raise SystemExit(f"[token-step] --gemv-prefetch {text!r}: give <gemv>[:<KiB>] joined by +, a gemv one "
+                             f"of all, {', '.join(token_step.GEMV_NAMES)}")
+        out.update({n: (int(kib) << 10) if kib else 1 << 30 for n in names})
+    return "chain_pdl_gpf_" + text.replace("+", "_").replace(":", "k"), out
+
+
+def chain_steps(model, prefetch: list[tuple[str, int, int]], attention: list[str],
+                gemv_prefetch: list[str] = ()) -> dict:
     """The chain's variants of ``model`` (target or draft): without / with PDL, and with PDL plus
-    each L2 prefetch (``prefetch_option``; no position limit, so every context shows its effect)
-    or attention variant."""
+    each L2 prefetch (``prefetch_option``; no position limit, so every context shows its effect),
+    attention variant or GEMV prefetch (``gemv_prefetch_option``)."""
     steps = {"chain": TokenStep(model), "chain_pdl": TokenStep(model, pdl=True)}
+    steps.update({name: TokenStep(model, pdl=True, gemv_prefetch=pf)
+                  for name, pf in map(gemv_prefetch_option, gemv_prefetch)})
     steps.update({name: TokenStep(model, pdl=True, l2_prefetch_bytes=nbytes, l2_prefetch_max_pos=2**31 - 1,
                                   l2_prefetch_chunk=chunk) for name, nbytes, chunk in prefetch})
     steps.update({f"chain_pdl_attn_{a}": TokenStep(model, pdl=True, attention=attention_options(a))
@@ -241,21 +259,29 @@ def main() -> int:
                     "each optionally /<KiB per bulk copy> (a chain_pdl_l2p<MiB>[_<KiB>k] path each; sm_90+)")
     ap.add_argument("--attention", default="", help="attention variants, comma-separated: ticket, s<S>, "
                     "ticket_s<S> (a chain_pdl_attn_<variant> path each)")
+    ap.add_argument("--gemv-prefetch", default="", help="GEMV L2 prefetch variants, comma-separated: "
+                    "<gemv>[:<KiB per program>] joined by +, gemv one of all, qkv, o, gate_up, down, head "
+                    "(a chain_pdl_gpf_<variant> path each; sm_90+; one-token steps only)")
     ap.add_argument("--ablate", action="store_true", help="also time chain_pdl without parts of the step "
                     "(timing only: where the step's time goes)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("[token-step] needs a CUDA GPU")
+    global HBM
+    HBM = next((b for k, b in HBM_BY_GPU.items() if k in torch.cuda.get_device_name()), HBM)
     t0 = time.perf_counter()
     contexts = [int(c) for c in args.contexts.split(",")]
     blocks = [int(t) for t in args.tokens.split(",")]
     prefetch = [prefetch_option(p) for p in args.l2_prefetch.split(",") if p]
     attention = [a for a in args.attention.split(",") if a]
+    gemv_prefetch = [g for g in args.gemv_prefetch.split(",") if g]
     for a in attention:                                              # a bad variant fails before the build
         attention_options(a)
+    for g in gemv_prefetch:
+        gemv_prefetch_option(g)
     model, cache, pages = build(args.layers, args.vocab, max(contexts) + max(blocks))
-    steps = chain_steps(model, prefetch, attention)
+    steps = chain_steps(model, prefetch, attention, gemv_prefetch)
     chain = steps["chain"]                                           # the bytes a step must read
     weight_bytes = sum(t.numel() * t.element_size() for w in chain.layers for t in vars(w).values()) + sum(
         t.numel() * t.element_size() for t in (chain.lm_head, chain.final_norm))
@@ -279,7 +305,7 @@ def main() -> int:
     if args.draft_layers:
         N = 7
         draft, dcache = build_draft(model, args.draft_layers, N, len(pages))
-        dsteps = chain_steps(draft, prefetch, attention)
+        dsteps = chain_steps(draft, prefetch, attention, gemv_prefetch)
         d = dsteps["chain"]
         draft_bytes = sum(t.numel() * t.element_size() for w in d.layers for t in vars(w).values()) + sum(
             t.numel() * t.element_size() for t in (d.lm_head, d.final_norm))
@@ -309,11 +335,12 @@ def main() -> int:
               "seconds": time.perf_counter() - t0,
               "l2_prefetch": {name: {"bytes": b, "chunk": c} for name, b, c in prefetch},
               "attention_variants": {a: attention_options(a) for a in attention},
+              "gemv_prefetch_variants": dict(map(gemv_prefetch_option, gemv_prefetch)),
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "
                        "without / with programmatic dependent launch; chain_pdl_l2p<MiB>: with PDL and that "
                        "many MiB of each layer's o weight prefetched into L2 during attention (_<KiB>k: bulk "
                        "copies of that size, else 64 KiB); hbm_fraction: "
-                       "(weights + K/V read) / 4.8 TB/s over the step"}
+                       f"(weights + K/V read) / {HBM / 1e12:.2f} TB/s over the step"}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"token-step-{gpu.replace(' ', '-')}-{sha}.json"

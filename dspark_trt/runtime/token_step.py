@@ -62,6 +62,7 @@ from .networks import DECODE_CHAIN_ENV as ENV, decode_chain_flag
 
 L2_PREFETCH_ENV = "DSPARK_DECODE_L2_PREFETCH"    # MiB of each layer's o weight prefetched into L2
 L2_PREFETCH_MAX_POS = 4096                       # tokens at or past this position do not prefetch
+GEMV_NAMES = ("qkv", "o", "gate_up", "down", "head")     # the step's GEMVs (``gemv_prefetch``'s keys)
 
 
 @dataclass
@@ -107,13 +108,16 @@ class TokenStep:
 
     def __init__(self, model, pdl: bool = False, l2_prefetch_bytes: int = 0,
                  l2_prefetch_max_pos: int = L2_PREFETCH_MAX_POS, l2_prefetch_chunk: int = L2_CHUNK,
-                 attention: dict | None = None):
+                 attention: dict | None = None, gemv_prefetch: dict[str, int] | None = None):
         """``model``: a ``Qwen3ForCausalLM`` target, or a ``DSparkQwen3Draft`` (its block pass:
         ``draft_logits``; no taps). ``l2_prefetch_bytes``: of each layer's o weight, prefetched into
         L2 during attention by the tokens below ``l2_prefetch_max_pos``, in bulk copies of
         ``l2_prefetch_chunk`` bytes (module doc; sm_90+).
         ``attention``: launch parameters of ``block_attention_triton`` other than its defaults
-        (e.g. ``num_splits``, ``reduce``: what ``token_step_bench.py --attention`` compares)."""
+        (e.g. ``num_splits``, ``reduce``: what ``token_step_bench.py --attention`` compares).
+        ``gemv_prefetch``: projection (``GEMV_NAMES``) -> bytes of each one-token GEMV program's
+        weight rows it bulk-prefetches into L2 before its PDL wait (``decode_gemv(l2_prefetch=)``;
+        with ``pdl`` only: what ``token_step_bench.py --gemv-prefetch`` compares)."""
         target = isinstance(model, Qwen3ForCausalLM)
         body = model.model if target else model
         cfg = model.config if target else model.config.layer_config()
@@ -121,6 +125,11 @@ class TokenStep:
         self.l2_prefetch_bytes, self.l2_prefetch_max_pos = int(l2_prefetch_bytes), int(l2_prefetch_max_pos)
         self.l2_prefetch_chunk = int(l2_prefetch_chunk)
         self.attention = dict(attention or {})
+        unknown = sorted(set(gemv_prefetch or {}) - set(GEMV_NAMES))
+        if unknown or (gemv_prefetch and not pdl):
+            raise ValueError(f"TokenStep: gemv_prefetch takes {', '.join(GEMV_NAMES)} with pdl=True, got "
+                             f"{sorted(gemv_prefetch)} (pdl={pdl})")
+        self.pf = {name: int((gemv_prefetch or {}).get(name, 0)) for name in GEMV_NAMES}
         self.layers = [layer_weights(layer) for layer in body.layers]
         self.embed = body.embed_tokens
         self.heads, self.eps, self.head_dim = body.layers[0].self_attn.h, cfg.rms_norm_eps, cfg.head_dim
@@ -157,11 +166,12 @@ class TokenStep:
         for i, w in enumerate(self.layers):
             k_cache, v_cache = cache["k"][i], cache["v"][i]
             if pending is None:                               # first layer: the embedding is the stream
-                qkv = decode_gemv(x, w.qkv, "rmsnorm", norm_weight=w.input_norm, eps=eps, pdl=pdl)
+                qkv = decode_gemv(x, w.qkv, "rmsnorm", norm_weight=w.input_norm, eps=eps, pdl=pdl,
+                                  l2_prefetch=self.pf["qkv"])
             else:
                 out = tapped.get(i - 1, stream[flip])         # the stream after layer i - 1: a tap?
                 qkv = decode_gemv(pending, w.qkv, "rmsnorm", residual=x, norm_weight=w.input_norm, eps=eps,
-                                  residual_out=out, pdl=pdl)
+                                  residual_out=out, pdl=pdl, l2_prefetch=self.pf["qkv"])
                 x, flip = out, flip ^ 1
             q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, flat_pos,
                               self.heads, eps, pdl=pdl, prefetch=w.o if pf else None, prefetch_bytes=pf,
@@ -169,15 +179,15 @@ class TokenStep:
                               prefetch_chunk=self.l2_prefetch_chunk)                     # [M, H, D]
             o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
                                        positions, kv_limit, self.head_dim ** -0.5, pdl=pdl, **self.attention)
-            a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl)
+            a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl, l2_prefetch=self.pf["o"])
             out = stream[flip]
             gate_up = decode_gemv(a, w.gate_up, "rmsnorm", residual=x, norm_weight=w.post_norm, eps=eps,
-                                  residual_out=out, pdl=pdl)
+                                  residual_out=out, pdl=pdl, l2_prefetch=self.pf["gate_up"])
             x, flip = out, flip ^ 1
-            pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl)
+            pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl, l2_prefetch=self.pf["down"])
         last = stream[flip] if final_residual else None
         logits = decode_gemv(pending, self.lm_head, "rmsnorm", residual=x, norm_weight=self.final_norm, eps=eps,
-                             residual_out=last, pdl=pdl)
+                             residual_out=last, pdl=pdl, l2_prefetch=self.pf["head"])
         taps = [tapped[i] for i in self.taps_from]
         taps = torch.cat(taps, -1) if taps else x.new_zeros(M, 0)
         if final_residual:

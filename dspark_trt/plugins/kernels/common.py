@@ -113,6 +113,21 @@ def l2_prefetch(base, chunks, first, stride, LANES: tl.constexpr, CHUNK: tl.cons
                                   [p + c * CHUNK, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
+@triton.jit
+def l2_prefetch_span(base, nbytes, LANES: tl.constexpr, CHUNK: tl.constexpr):
+    """Bulk-prefetch the ``nbytes`` bytes at ``base`` into L2 (``nbytes`` a multiple of 16), one
+    copy of at most CHUNK bytes per lane ``i`` for ``i * CHUNK < nbytes``; LANES must be the
+    program's thread count (one element per thread), lanes past the span issue nothing. sm_90+
+    only, like ``l2_prefetch``."""
+    lanes = tl.arange(0, LANES)
+    off = lanes.to(tl.int64) * CHUNK
+    size = tl.maximum(tl.minimum(nbytes - off, CHUNK), 0).to(tl.int32)
+    tl.inline_asm_elementwise("{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\t"
+                              "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;\n\t}",
+                              "=r,l,r", [base.to(tl.pointer_type(tl.int8)) + off, size], dtype=tl.int32,
+                              is_pure=False, pack=1)
+
+
 def check_l2_prefetch(t: torch.Tensor, nbytes: int, where: str, chunk: int = L2_CHUNK) -> int:
     """The whole ``chunk``-byte chunks of ``t``'s first ``nbytes`` bytes that ``l2_prefetch`` may
     read (0: none asked); a clear error where it cannot run: off a CUDA sm_90+ GPU, under the
