@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from dspark_trt import provenance  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 from dspark_trt.commands.bench import (context_step_latencies, load_hf_peer, make_prompts,  # noqa: E402
                                        roofline, versions)
 from dspark_trt.runtime import LLM, SamplingParams  # noqa: E402
@@ -170,7 +171,7 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=32)
     ap.add_argument("--iters", type=int, default=30)
-    ap.add_argument("--hbm-tbps", type=float, default=4.8)
+    ap.add_argument("--hbm-tbps", type=float, default=None, help="default: the GPU's own (devices.hbm_bytes_per_s)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
@@ -183,6 +184,7 @@ def main() -> int:
                          "the previous one's")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
+    a.hbm_tbps = a.hbm_tbps or hbm_bytes_per_s() / 1e12
     t_start = time.perf_counter()
     deadline = t_start + a.time_budget_s
     sizes = sorted(int(x) for x in a.batch_sizes.split(","))

@@ -46,14 +46,14 @@ import torch  # noqa: E402
 
 from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 from dspark_trt.config import Qwen3Config  # noqa: E402
 from dspark_trt.models.fuse import fuse_projections_  # noqa: E402
 from dspark_trt.models.qwen3 import Qwen3ForCausalLM  # noqa: E402
 from dspark_trt.runtime import token_step  # noqa: E402
 from dspark_trt.runtime.token_step import TokenStep  # noqa: E402
 
-HBM = 4.8e12                                   # the H200's; other GPUs: HBM_BY_GPU
-HBM_BY_GPU = {"H100": 3.35e12, "H200": 4.8e12}   # bytes/s (SXM parts)
+HBM = 4.8e12                                   # the H200's; the GPU's own in main (devices.hbm_bytes_per_s)
 PAGE = 16
 
 
@@ -269,7 +269,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         sys.exit("[token-step] needs a CUDA GPU")
     global HBM
-    HBM = next((b for k, b in HBM_BY_GPU.items() if k in torch.cuda.get_device_name()), HBM)
+    HBM = hbm_bytes_per_s()
     t0 = time.perf_counter()
     contexts = [int(c) for c in args.contexts.split(",")]
     blocks = [int(t) for t in args.tokens.split(",")]

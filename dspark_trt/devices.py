@@ -1,5 +1,5 @@
 """Device names from users (``--device``, ``device=``): checked before anything loads; the default
-dtype of a device."""
+dtype of a device; a GPU's HBM bandwidth for rooflines."""
 from __future__ import annotations
 
 import torch
@@ -108,3 +108,17 @@ def resolve_dtype(dtype, device: str, stored: torch.dtype | None = None) -> tupl
                 f"{str(chosen).removeprefix('torch.')} on the CPU: in bf16, greedy speculative output "
                 "can differ from plain decoding on near-ties (--dtype bf16 for speed)")
     return chosen, note
+
+
+# Peak HBM bandwidth by GPU name (bytes/s, the vendor's figure); the first key the name contains.
+HBM_BYTES_PER_S = {"H200": 4.8e12, "H100 NVL": 3.9e12, "H100 PCIe": 2.0e12, "H100": 3.35e12,
+                   "A100-SXM4-80GB": 2.039e12, "A100 80GB": 1.935e12, "A100": 1.555e12}
+DEFAULT_HBM_BYTES_PER_S = 4.8e12          # the H200's: what the project's numbers are quoted against
+
+
+def hbm_bytes_per_s(name: str | None = None) -> float:
+    """The peak HBM bandwidth of the GPU called ``name`` (None: the current CUDA device's; a GPU
+    not in ``HBM_BYTES_PER_S`` or none at all: ``DEFAULT_HBM_BYTES_PER_S``)."""
+    if name is None:
+        name = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    return next((b for k, b in HBM_BYTES_PER_S.items() if k in name), DEFAULT_HBM_BYTES_PER_S)

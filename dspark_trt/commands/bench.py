@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from .common import add_model_args, add_source_args, load_llm
+from ..devices import hbm_bytes_per_s
 from ..progress import bar
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,7 +61,9 @@ def add_parser(sub) -> None:
                    help="HF transformers peer modes: eager,compiled (or 'none')")
     p.add_argument("--hf-batch-sizes", default="1")
     p.add_argument("--paper-tau", type=float, default=6.17, help="tau for the projection (Qwen3-8B GSM8K)")
-    p.add_argument("--hbm-tbps", type=float, default=4.8, help="HBM bandwidth for the roofline (H200)")
+    p.add_argument("--hbm-tbps", type=float, default=None,
+                   help="HBM bandwidth for the roofline (default: the GPU's own, devices.HBM_BYTES_PER_S; "
+                        "4.8, the H200's, elsewhere)")
     p.add_argument("--graph-backend", choices=["cuda-python", "torch"], default=None)
     p.add_argument("--cuda-graphs", choices=["auto", "on", "off"], default="auto",
                    help="decode steps as CUDA graphs (auto: on for one GPU, off under --tp-size)")
@@ -527,6 +530,7 @@ def run(args) -> int:
     if args.graph_backend:
         llm.graph_backend = args.graph_backend
     cuda = llm.device.type == "cuda"
+    args.hbm_tbps = args.hbm_tbps or hbm_bytes_per_s(torch.cuda.get_device_name(llm.device) if cuda else "") / 1e12
     t_load = time.perf_counter() - t_start
     print(f"[bench] model ready in {t_load:.1f} s; graphs: {llm.graphs_skipped or 'on'}")
     if args.cost_curve:

@@ -170,3 +170,15 @@ def test_cuda_defaults_are_the_checkpoints_dtype_and_context():
     assert len(out.output_ids) == 32 and out.finish_reason == "length"
     with pytest.raises(RequestError, match="exceeds max_seq_len 4096"):
         llm.generate([prompt], SamplingParams(max_new_tokens=4096 - 2100 + 1))
+
+
+def test_hbm_bandwidth_by_gpu_name():
+    """Rooflines use the GPU's own HBM rate: the H100 SXM's 3.35 TB/s is not taken for the H100
+    PCIe's or NVL's, and an unknown GPU (or none) falls back to the H200's 4.8 TB/s."""
+    from dspark_trt.devices import DEFAULT_HBM_BYTES_PER_S, hbm_bytes_per_s
+    assert hbm_bytes_per_s("NVIDIA H200") == 4.8e12
+    assert hbm_bytes_per_s("NVIDIA H100 80GB HBM3") == 3.35e12
+    assert hbm_bytes_per_s("NVIDIA H100 PCIe") == 2.0e12
+    assert hbm_bytes_per_s("NVIDIA H100 NVL") == 3.9e12
+    assert hbm_bytes_per_s("NVIDIA A100-SXM4-80GB") == 2.039e12
+    assert hbm_bytes_per_s("Some GPU") == hbm_bytes_per_s("") == DEFAULT_HBM_BYTES_PER_S == 4.8e12
