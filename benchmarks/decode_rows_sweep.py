@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 
 HBM = 4.8e12
@@ -178,6 +179,8 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
+    global HBM
+    HBM = hbm_bytes_per_s()                    # the GPU's own (4.8 TB/s: the H200's)
     t0 = time.time()
     rows_list = [int(m) for m in args.rows.split(",")]
     shapes = args.shapes.split(",")

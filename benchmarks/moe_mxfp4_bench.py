@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from benchmarks.plugins import err, graph_time, timeit  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.config import get_preset  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe  # noqa: E402
@@ -101,6 +102,8 @@ def main():
     ap.add_argument("--limit", type=float, default=10.0, help="swiglu_limit")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
     args = ap.parse_args()
+    global PEAK
+    PEAK = hbm_bytes_per_s()                    # the GPU's own (4.8 TB/s: the H200's)
     t0, rows, shapes = time.time(), [], {}
     sha, gpu = provenance.git_sha(), provenance.gpu_name()
     out = Path(args.out)
