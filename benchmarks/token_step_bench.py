@@ -6,9 +6,10 @@ step's tokens at positions L .. L + T - 1; the cache holds random K/V below them
 - ``module``: ``Qwen3ForCausalLM.forward`` of one token, eager modules captured in a CUDA graph
   (what ``LLM``'s eager CUDA-graph AR step replays: cuBLAS GEMVs and torch elementwise kernels);
 - ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch;
-  ``chain_pdl_l2p<MiB>[_<KiB>k]`` (``--l2-prefetch <MiB>[/<KiB>]``): with PDL and that many MiB of
-  each layer's o weight prefetched into L2 while attention runs, in bulk copies of 64 KiB or the
-  KiB given (at every context here: no position limit);
+  ``chain_pdl_gpf_<variant>`` (``--gemv-prefetch``): with PDL and the one-token GEMVs' programs
+  bulk-prefetching their weight rows into L2 before their wait (``<gemv>[:<KiB per program>]``
+  joined by ``+``, e.g. ``o``, ``o+qkv``, ``all:32``; session 31's ``--l2-prefetch`` of the o
+  weight from ``qk_rope_cache`` lost 1.2-1.8 ms on an H100 and is gone);
   ``chain_pdl_attn_<variant>`` (``--attention``): with PDL and other attention launch parameters,
   ``ticket`` (the splits merged by the last-arriving split: one launch fewer) or ``s<S>`` (S KV
   splits instead of ``default_num_splits``' fill of the SMs), e.g. ``ticket,s4,s8,ticket_s8``.
@@ -29,7 +30,7 @@ only), ``minus_step_ops`` (the RoPE rows' torch ops once per step).
 Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
     python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
-        [--l2-prefetch 16,32,32/16] [--attention ticket,s8] [--ablate]
+        [--gemv-prefetch o,all:32] [--attention ticket,s8] [--ablate]
 """
 from __future__ import annotations
 
@@ -111,14 +112,6 @@ def attention_options(variant: str) -> dict:
     return opts
 
 
-def prefetch_option(text: str) -> tuple[str, int, int]:
-    """``<MiB>[/<KiB>]`` -> (path name, bytes, bytes per bulk copy)."""
-    mib, _, kib = text.partition("/")
-    if not mib.isdigit() or not (kib or "64").isdigit():
-        raise SystemExit(f"[token-step] --l2-prefetch {text!r}: give <MiB> or <MiB>/<KiB per bulk copy>")
-    return f"chain_pdl_l2p{mib}" + (f"_{kib}k" if kib else ""), int(mib) << 20, int(kib or 64) << 10
-
-
 def gemv_prefetch_option(text: str) -> tuple[str, dict]:
     """``<gemv>[:<KiB>]+...`` (``all``: every GEMV; no KiB: each program's whole share) -> (path name,
     ``TokenStep(gemv_prefetch=)``)."""
@@ -133,16 +126,12 @@ def gemv_prefetch_option(text: str) -> tuple[str, dict]:
     return "chain_pdl_gpf_" + text.replace("+", "_").replace(":", "k"), out
 
 
-def chain_steps(model, prefetch: list[tuple[str, int, int]], attention: list[str],
-                gemv_prefetch: list[str] = ()) -> dict:
+def chain_steps(model, attention: list[str], gemv_prefetch: list[str] = ()) -> dict:
     """The chain's variants of ``model`` (target or draft): without / with PDL, and with PDL plus
-    each L2 prefetch (``prefetch_option``; no position limit, so every context shows its effect),
-    attention variant or GEMV prefetch (``gemv_prefetch_option``)."""
+    each attention variant or GEMV prefetch (``gemv_prefetch_option``)."""
     steps = {"chain": TokenStep(model), "chain_pdl": TokenStep(model, pdl=True)}
     steps.update({name: TokenStep(model, pdl=True, gemv_prefetch=pf)
                   for name, pf in map(gemv_prefetch_option, gemv_prefetch)})
-    steps.update({name: TokenStep(model, pdl=True, l2_prefetch_bytes=nbytes, l2_prefetch_max_pos=2**31 - 1,
-                                  l2_prefetch_chunk=chunk) for name, nbytes, chunk in prefetch})
     steps.update({f"chain_pdl_attn_{a}": TokenStep(model, pdl=True, attention=attention_options(a))
                   for a in attention})
     return steps
@@ -255,8 +244,6 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--draft-layers", type=int, default=5, help="the draft's block pass too (0: not)")
     ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (it holds a second, fp32 copy)")
-    ap.add_argument("--l2-prefetch", default="", help="MiB of each o weight prefetched into L2, comma-separated, "
-                    "each optionally /<KiB per bulk copy> (a chain_pdl_l2p<MiB>[_<KiB>k] path each; sm_90+)")
     ap.add_argument("--attention", default="", help="attention variants, comma-separated: ticket, s<S>, "
                     "ticket_s<S> (a chain_pdl_attn_<variant> path each)")
     ap.add_argument("--gemv-prefetch", default="", help="GEMV L2 prefetch variants, comma-separated: "
@@ -273,7 +260,6 @@ def main() -> int:
     t0 = time.perf_counter()
     contexts = [int(c) for c in args.contexts.split(",")]
     blocks = [int(t) for t in args.tokens.split(",")]
-    prefetch = [prefetch_option(p) for p in args.l2_prefetch.split(",") if p]
     attention = [a for a in args.attention.split(",") if a]
     gemv_prefetch = [g for g in args.gemv_prefetch.split(",") if g]
     for a in attention:                                              # a bad variant fails before the build
@@ -281,7 +267,7 @@ def main() -> int:
     for g in gemv_prefetch:
         gemv_prefetch_option(g)
     model, cache, pages = build(args.layers, args.vocab, max(contexts) + max(blocks))
-    steps = chain_steps(model, prefetch, attention, gemv_prefetch)
+    steps = chain_steps(model, attention, gemv_prefetch)
     chain = steps["chain"]                                           # the bytes a step must read
     weight_bytes = sum(t.numel() * t.element_size() for w in chain.layers for t in vars(w).values()) + sum(
         t.numel() * t.element_size() for t in (chain.lm_head, chain.final_norm))
@@ -305,7 +291,7 @@ def main() -> int:
     if args.draft_layers:
         N = 7
         draft, dcache = build_draft(model, args.draft_layers, N, len(pages))
-        dsteps = chain_steps(draft, prefetch, attention, gemv_prefetch)
+        dsteps = chain_steps(draft, attention, gemv_prefetch)
         d = dsteps["chain"]
         draft_bytes = sum(t.numel() * t.element_size() for w in d.layers for t in vars(w).values()) + sum(
             t.numel() * t.element_size() for t in (d.lm_head, d.final_norm))
@@ -333,13 +319,12 @@ def main() -> int:
               "weight_bytes": weight_bytes, "hbm_bytes_per_s": HBM, "rows": rows,
               "draft": {"layers": args.draft_layers, "rows": draft_rows},
               "seconds": time.perf_counter() - t0,
-              "l2_prefetch": {name: {"bytes": b, "chunk": c} for name, b, c in prefetch},
               "attention_variants": {a: attention_options(a) for a in attention},
               "gemv_prefetch_variants": dict(map(gemv_prefetch_option, gemv_prefetch)),
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "
-                       "without / with programmatic dependent launch; chain_pdl_l2p<MiB>: with PDL and that "
-                       "many MiB of each layer's o weight prefetched into L2 during attention (_<KiB>k: bulk "
-                       "copies of that size, else 64 KiB); hbm_fraction: "
+                       "without / with programmatic dependent launch; chain_pdl_gpf_<variant>: with PDL and the "
+                       "one-token GEMVs' programs prefetching their weight rows into L2 before their wait "
+                       "(gemv_prefetch_variants: bytes per program); hbm_fraction: "
                        f"(weights + K/V read) / {HBM / 1e12:.2f} TB/s over the step"}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -29,11 +29,11 @@ and attention read the step's indices (positions, kv limits, block table: no ker
 writes them) before the wait too, so only their dependent data loads follow it. Only the embedding
 lookup and the token's RoPE rows are torch ops, once per step.
 
-L2 prefetch (``l2_prefetch_bytes``, ``DSPARK_DECODE_L2_PREFETCH`` in MiB; sm_90+, off by default
-until the H200 has measured it): HBM idles while ``qk_rope_cache`` and attention run (latency-bound
-at short contexts), so ``qk_rope_cache``'s programs, once the q/k/v GEMV is done, bulk-prefetch the
-first bytes of the layer's o weight (32 MiB at Qwen3-8B dims) into L2 for the o GEMV, for tokens
-below ``l2_prefetch_max_pos`` (at long contexts attention streams the K/V through L2 itself).
+L2 prefetch (``gemv_prefetch``, sm_90+, off until measured): HBM idles while ``qk_rope_cache``
+and attention run (latency-bound at short contexts; on an H100 attention costs the 36-layer AR
+step 0.44 ms at 128 tokens of context, its kernels 0.2 ms), so a one-token GEMV's programs, once
+launched early by PDL, may bulk-prefetch their own weight rows into L2 before they wait. (Session
+31's prefetch of the o weight from ``qk_rope_cache``'s 40 programs lost 1.2-1.8 ms and is gone.)
 
 Numerics: the modules' roundings in every prologue (``decode_gemv``, ``qk_rope_cache``) but the
 RMSNorm of steps of 2+ tokens (``decode_rows``: a deferred scale, within about a bf16 ulp); the
@@ -44,7 +44,6 @@ the next layer's q/k/v GEMV writes anyway.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -55,13 +54,11 @@ from ..models.layers import rope_cos_sin
 from ..models.dspark_qwen3 import DSparkQwen3Draft
 from ..models.qwen3 import Qwen3ForCausalLM
 from ..plugins.kernels.block_attention import block_attention_triton
-from ..plugins.kernels.common import INTERPRET, L2_CHUNK, gdc_wait
+from ..plugins.kernels.common import INTERPRET, gdc_wait
 from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
 from .networks import DECODE_CHAIN_ENV as ENV, decode_chain_flag
 
-L2_PREFETCH_ENV = "DSPARK_DECODE_L2_PREFETCH"    # MiB of each layer's o weight prefetched into L2
-L2_PREFETCH_MAX_POS = 4096                       # tokens at or past this position do not prefetch
 GEMV_NAMES = ("qkv", "o", "gate_up", "down", "head")     # the step's GEMVs (``gemv_prefetch``'s keys)
 
 
@@ -106,13 +103,10 @@ class TokenStep:
 
     max_rows = MAX_ROWS
 
-    def __init__(self, model, pdl: bool = False, l2_prefetch_bytes: int = 0,
-                 l2_prefetch_max_pos: int = L2_PREFETCH_MAX_POS, l2_prefetch_chunk: int = L2_CHUNK,
-                 attention: dict | None = None, gemv_prefetch: dict[str, int] | None = None):
+    def __init__(self, model, pdl: bool = False, attention: dict | None = None,
+                 gemv_prefetch: dict[str, int] | None = None):
         """``model``: a ``Qwen3ForCausalLM`` target, or a ``DSparkQwen3Draft`` (its block pass:
-        ``draft_logits``; no taps). ``l2_prefetch_bytes``: of each layer's o weight, prefetched into
-        L2 during attention by the tokens below ``l2_prefetch_max_pos``, in bulk copies of
-        ``l2_prefetch_chunk`` bytes (module doc; sm_90+).
+        ``draft_logits``; no taps).
         ``attention``: launch parameters of ``block_attention_triton`` other than its defaults
         (e.g. ``num_splits``, ``reduce``: what ``token_step_bench.py --attention`` compares).
         ``gemv_prefetch``: projection (``GEMV_NAMES``) -> bytes of each one-token GEMV program's
@@ -122,8 +116,6 @@ class TokenStep:
         body = model.model if target else model
         cfg = model.config if target else model.config.layer_config()
         self.model, self.pdl = model, pdl
-        self.l2_prefetch_bytes, self.l2_prefetch_max_pos = int(l2_prefetch_bytes), int(l2_prefetch_max_pos)
-        self.l2_prefetch_chunk = int(l2_prefetch_chunk)
         self.attention = dict(attention or {})
         unknown = sorted(set(gemv_prefetch or {}) - set(GEMV_NAMES))
         if unknown or (gemv_prefetch and not pdl):
@@ -162,7 +154,7 @@ class TokenStep:
         cos, sin = rope_cos_sin(positions, self.head_dim, self.theta, x.dtype)           # [B, T, 1, D]
         cos, sin = cos.reshape(M, -1), sin.reshape(M, -1)
         flat_pos = positions.reshape(M)
-        pending, flip, pf = None, 0, self.l2_prefetch_bytes
+        pending, flip = None, 0
         for i, w in enumerate(self.layers):
             k_cache, v_cache = cache["k"][i], cache["v"][i]
             if pending is None:                               # first layer: the embedding is the stream
@@ -174,9 +166,7 @@ class TokenStep:
                                   residual_out=out, pdl=pdl, l2_prefetch=self.pf["qkv"])
                 x, flip = out, flip ^ 1
             q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, flat_pos,
-                              self.heads, eps, pdl=pdl, prefetch=w.o if pf else None, prefetch_bytes=pf,
-                              prefetch_max_pos=self.l2_prefetch_max_pos,
-                              prefetch_chunk=self.l2_prefetch_chunk)                     # [M, H, D]
+                              self.heads, eps, pdl=pdl)                                  # [M, H, D]
             o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
                                        positions, kv_limit, self.head_dim ** -0.5, pdl=pdl, **self.attention)
             a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl, l2_prefetch=self.pf["o"])
@@ -209,15 +199,14 @@ class TokenStep:
 
 def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None:
     """The chain ``DSPARK_DECODE_CHAIN`` asks for: a ``TokenStep`` of ``model`` (the target, or the
-    draft's block pass), with PDL and ``DSPARK_DECODE_L2_PREFETCH``'s L2 prefetch on sm_90+ GPUs.
+    draft's block pass), with PDL on sm_90+ GPUs.
     "1": ``ConfigError`` naming why where it cannot serve it (not a Qwen3 target or DSpark Qwen3
-    draft, not bf16, not on a GPU, tensor parallel); "auto": None there instead; "0" (unset): None."""
+    draft, not bf16, not on a GPU, tensor parallel); "auto" (unset: ``DECODE_CHAIN_DEFAULT``): None there instead; "0": None."""
     flag = decode_chain_flag()
     if flag is None:
         return None
     if flag not in ("1", "auto"):
         raise ConfigError(f"{ENV}={flag!r}: set it to 1, 0 or auto")
-    prefetch = l2_prefetch_bytes()
     why = ("the chain runs Qwen3 targets and their DSpark drafts only"
            if not isinstance(model, (Qwen3ForCausalLM, DSparkQwen3Draft))
            else "the chain's Triton kernels need a CUDA GPU (or TRITON_INTERPRET=1)"
@@ -229,18 +218,9 @@ def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None
         raise ConfigError(f"{ENV}: {why}")
     try:
         sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-        return TokenStep(model, pdl=sm90 and gdc_wait is not None, l2_prefetch_bytes=prefetch if sm90 else 0)
+        return TokenStep(model, pdl=sm90 and gdc_wait is not None)
     except ValueError as e:                                # weights that are not bf16
         if flag == "auto":
             return None
         raise ConfigError(f"{ENV}: {e}") from None
 
-
-def l2_prefetch_bytes() -> int:
-    """``DSPARK_DECODE_L2_PREFETCH`` (MiB of each layer's o weight; unset or 0: none) in bytes, or a
-    ``ConfigError`` naming a value that is not a whole number of MiB >= 0."""
-    raw = os.environ.get(L2_PREFETCH_ENV, "").strip() or "0"
-    if not raw.isdigit():
-        raise ConfigError(f"{L2_PREFETCH_ENV}={raw!r}: give the MiB of each layer's o weight to prefetch "
-                          f"into L2, a whole number >= 0 (0: none)")
-    return int(raw) << 20

@@ -110,28 +110,6 @@ def test_decode_chain_refuses_what_it_cannot_run(monkeypatch, flag, case, match)
     assert token_step.chain_for(target, torch.device("cpu")) is None
 
 
-def test_l2_prefetch_env_reaches_sm90_chains_only(monkeypatch):
-    """``DSPARK_DECODE_L2_PREFETCH`` (MiB): the chain of an sm_90 GPU prefetches that many bytes of
-    each o weight, one of an older GPU (no bulk prefetch) or the interpreter none; a value that is
-    not a whole number of MiB is a ConfigError naming the variable, whatever the device."""
-    from dspark_trt.config import ConfigError
-    from dspark_trt.models import build_models
-    from dspark_trt.runtime import token_step
-    from tests.support.models import tiny_pair
-    target, _ = build_models(tiny_pair(), torch.bfloat16, "cpu")
-    monkeypatch.setenv("DSPARK_DECODE_CHAIN", "1")
-    monkeypatch.setenv("DSPARK_DECODE_L2_PREFETCH", "24")
-    for major, want in ((9, 24 << 20), (8, 0)):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_, m=major: (m, 0))
-        assert token_step.chain_for(target, torch.device("cuda", 0)).l2_prefetch_bytes == want
-    monkeypatch.setattr(token_step, "INTERPRET", True)
-    assert token_step.chain_for(target, torch.device("cpu")).l2_prefetch_bytes == 0
-    for bad in ("-1", "1.5", "lots"):
-        monkeypatch.setenv("DSPARK_DECODE_L2_PREFETCH", bad)
-        with pytest.raises(ConfigError, match="DSPARK_DECODE_L2_PREFETCH"):
-            token_step.chain_for(target, torch.device("cpu"))
-
-
 @pytest.mark.parametrize("case", ["fp32", "cpu", "tp2"])
 def test_decode_chain_auto_runs_where_it_can(monkeypatch, case):
     """``auto``: the modules (None, no error) where the chain cannot serve the model: fp32
@@ -176,9 +154,6 @@ def test_gemv_prefetch_is_checked():
     (dict(qkv_size=100), "qkv has 100 values"),
     (dict(fp32=True), "qkv, q_norm, k_norm, cos, sin must be bfloat16"),
     (dict(pdl=True), "pdl=True needs a CUDA GPU"),
-    (dict(prefetch=torch.zeros(32768, dtype=torch.bfloat16), prefetch_bytes=65536), "L2 prefetch needs a CUDA GPU"),
-    (dict(prefetch=torch.zeros(8192, dtype=torch.bfloat16), prefetch_bytes=16384, prefetch_chunk=3000),
-     "chunk must be a power of two"),
 ])
 def test_qk_rope_cache_names_bad_arguments(kwargs, match):
     from dspark_trt.plugins.kernels.qk_rope_cache import qk_rope_cache
@@ -200,8 +175,7 @@ def test_qwen3_8b_layers_on_gpu(pdl, T):
     """Two layers at Qwen3-8B dims (d 4096, 32 / 8 heads of 128, I 12288), a 300-token context,
     one token or a verify block of 8: the chain's logits within LOGIT_TOL of the module step's,
     same argmaxes, the step's K / V within ULP_TOL ulps; with PDL the same bits as without, and
-    with PDL and the o weights' L2 prefetch (all 32 MiB) too, and with every GEMV's programs
-    prefetching their rows (``gemv_prefetch``)."""
+    with PDL and every GEMV's programs prefetching their rows into L2 (``gemv_prefetch``) too."""
     from dspark_trt.config import Qwen3Config
     from dspark_trt.models.fuse import fuse_projections_
     from dspark_trt.models.qwen3 import Qwen3ForCausalLM
@@ -220,14 +194,12 @@ def test_qwen3_8b_layers_on_gpu(pdl, T):
     copy = lambda c: {k: [t.clone() for t in v] for k, v in c.items()}  # noqa: E731
     with torch.inference_mode():
         model(torch.randint(0, 32000, (1, L), device="cuda"), torch.arange(L, device="cuda")[None], table, cache)
-        ref_cache, plain_cache, pf_cache, gpf_cache = copy(cache), copy(cache), copy(cache), copy(cache)
+        ref_cache, plain_cache, gpf_cache = copy(cache), copy(cache), copy(cache)
         tokens = torch.randint(0, 32000, (1, T), device="cuda")
         pos = L + torch.arange(T, device="cuda")[None]
         ref, ref_taps = model(tokens, pos, table, ref_cache)
         logits, taps = TokenStep(model, pdl=pdl)(tokens, pos, cache, table)
         plain = TokenStep(model)(tokens, pos, plain_cache, table)
-        prefetched = (TokenStep(model, pdl=True, l2_prefetch_bytes=32 << 20)(tokens, pos, pf_cache, table)
-                      if pdl else None)
         every_gemv = dict.fromkeys(("qkv", "o", "gate_up", "down", "head"), 1 << 30)
         gemv_prefetched = (TokenStep(model, pdl=True, gemv_prefetch=every_gemv)(tokens, pos, gpf_cache, table)
                            if pdl else None)
@@ -241,7 +213,6 @@ def test_qwen3_8b_layers_on_gpu(pdl, T):
         assert float(((row_a - row_b).abs() / ulp).max()) <= ULP_TOL
     if pdl:
         assert torch.equal(logits, plain[0]) and torch.equal(taps, plain[1])
-        assert torch.equal(prefetched[0], plain[0]) and torch.equal(prefetched[1], plain[1])
         assert torch.equal(gemv_prefetched[0], plain[0]) and torch.equal(gemv_prefetched[1], plain[1])
 
 

@@ -93,32 +93,13 @@ def residual_sum(xp, rp, rop, offs, K, pid, HAS_RES: tl.constexpr, STORE_RES: tl
     return h
 
 
-L2_CHUNK = 65536                          # bytes per bulk L2 prefetch (``l2_prefetch``), default
-
-
-@triton.jit
-def l2_prefetch(base, chunks, first, stride, LANES: tl.constexpr, CHUNK: tl.constexpr):
-    """Bulk-prefetch ``chunks`` chunks of CHUNK bytes from ``base`` into L2 (sm_90
-    ``cp.async.bulk.prefetch.L2``: fire and forget, nothing waits for it, no value changes), LANES
-    at a time per program: this program's are ``first * LANES + i`` and every ``stride * LANES``
-    after (``first`` / ``stride``: its index among the programs that share the work / their
-    count). Large chunks keep the instructions few (one per lane at Qwen3-8B's o weight and one
-    token). CUDA sm_90+ only (not the interpreter: ``check_l2_prefetch``)."""
-    lanes = tl.arange(0, LANES)
-    p = base.to(tl.pointer_type(tl.int8))
-    size = tl.full([LANES], CHUNK, tl.int32)
-    for c0 in range(first * LANES, chunks, stride * LANES):
-        c = tl.minimum(c0 + lanes, chunks - 1).to(tl.int64)       # past the end: the last chunk again
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;", "=r,l,r",
-                                  [p + c * CHUNK, size], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def l2_prefetch_span(base, nbytes, LANES: tl.constexpr, CHUNK: tl.constexpr):
     """Bulk-prefetch the ``nbytes`` bytes at ``base`` into L2 (``nbytes`` a multiple of 16), one
     copy of at most CHUNK bytes per lane ``i`` for ``i * CHUNK < nbytes``; LANES must be the
-    program's thread count (one element per thread), lanes past the span issue nothing. sm_90+
-    only, like ``l2_prefetch``."""
+    program's thread count (one element per thread), lanes past the span issue nothing (sm_90
+    ``cp.async.bulk.prefetch.L2``: fire and forget, no value changes). CUDA sm_90+ only, not the
+    interpreter (``check_l2_prefetch``)."""
     lanes = tl.arange(0, LANES)
     off = lanes.to(tl.int64) * CHUNK
     size = tl.maximum(tl.minimum(nbytes - off, CHUNK), 0).to(tl.int32)
@@ -128,22 +109,14 @@ def l2_prefetch_span(base, nbytes, LANES: tl.constexpr, CHUNK: tl.constexpr):
                               is_pure=False, pack=1)
 
 
-def check_l2_prefetch(t: torch.Tensor, nbytes: int, where: str, chunk: int = L2_CHUNK) -> int:
-    """The whole ``chunk``-byte chunks of ``t``'s first ``nbytes`` bytes that ``l2_prefetch`` may
-    read (0: none asked); a clear error where it cannot run: off a CUDA sm_90+ GPU, under the
-    interpreter, ``t`` not contiguous / not 16-byte aligned, or a chunk that is not a power of two
-    of at least 16 bytes (the bulk copy's rules)."""
-    if chunk < 16 or chunk & (chunk - 1):
-        raise ValueError(f"{where}: the L2 prefetch chunk must be a power of two >= 16 bytes, got {chunk}")
-    chunks = min(int(nbytes), t.numel() * t.element_size()) // chunk
-    if chunks <= 0:
-        return 0
+def check_l2_prefetch(t: torch.Tensor, where: str) -> None:
+    """A clear error where ``l2_prefetch_span`` cannot read ``t``: off a CUDA sm_90+ GPU, under the
+    interpreter, ``t`` not contiguous or not 16-byte aligned (the bulk copy's rules)."""
     if INTERPRET or not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] < 9:
         raise ValueError(f"{where}: an L2 prefetch needs a CUDA GPU of compute capability 9.0+ (bulk prefetch), "
                          f"not {'the interpreter' if INTERPRET else t.device}")
     if not t.is_contiguous() or t.data_ptr() % 16:
         raise ValueError(f"{where}: the prefetched tensor must be contiguous and 16-byte aligned")
-    return chunks
 
 
 def launcher(kernel):

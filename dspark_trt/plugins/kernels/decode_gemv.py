@@ -195,7 +195,7 @@ def prefetch_options(w: Tensor, nbytes: int, lanes: int, chunk: int = 16384) -> 
     nbytes -= nbytes % 16
     if nbytes <= 0:
         return {"PF_BYTES": 0, "PF_LANES": lanes, "PF_CHUNK": chunk}
-    check_l2_prefetch(w, nbytes, "decode_gemv", 16)
+    check_l2_prefetch(w, "decode_gemv")
     if (w.shape[-1] * w.element_size()) % 16:
         raise ValueError(f"decode_gemv: an L2 prefetch needs weight rows of a multiple of 16 bytes, not "
                          f"{w.shape[-1] * w.element_size()}")

@@ -15,12 +15,9 @@ positions and the block table, which no kernel of the chain writes, load before 
 A token at a negative position, or whose page is missing, writes nothing to the cache (its q is
 still computed, as the modules do).
 
-L2 prefetch (``prefetch``, sm_90+): between the q/k/v GEMV and the o GEMV the chain runs three
-latency-bound kernels (this one, attention's split and reduce) during which HBM is nearly idle at
-short contexts. Once the GEMV's output is ready (after ``gdc_wait``), every program of this kernel
-whose token sits below ``prefetch_max_pos`` issues bulk L2 prefetches of its share of the first
-``prefetch_bytes`` of a tensor (the layer's o weight), so the o GEMV reads them from L2. Values
-are unchanged (a prefetch only moves bytes into the cache).
+(Session 31 let these programs bulk-prefetch the layer's o weight into L2 after their wait; on an
+H100 it cost the AR step 1.2-1.8 ms, token-step-NVIDIA-H100-80GB-HBM3-f354b4b.json.gz: its 40
+programs' bulk copies held the kernel, which the chain waits for. Removed in session 32.)
 """
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import (L2_CHUNK, check_l2_prefetch, gdc_launch_dependents, gdc_wait, l2_prefetch, launcher, pdl_launch,
-                     round_bf16)
+from .common import gdc_launch_dependents, gdc_wait, launcher, pdl_launch, round_bf16
 
 
 @triton.jit
@@ -46,12 +42,11 @@ def _norm_rope(x_lo, x_hi, w_lo, w_hi, c_lo, c_hi, s_lo, s_hi, eps, D: tl.conste
 
 @triton.jit
 def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache, block_table, positions,
-                         T, P, PAGE_SIZE, eps, pf, pf_chunks, pf_max_pos, H: tl.constexpr, HKV: tl.constexpr,
-                         D: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, PF_CHUNK: tl.constexpr):
+                         T, P, PAGE_SIZE, eps, H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                         PDL: tl.constexpr):
     """Grid (M, H + HKV). qkv [M, (H + 2 HKV) D] (q heads, k heads, v heads), q_out [M, H, D],
     norms [D], cos / sin [M, D], caches [pages, PAGE_SIZE, HKV, D], block_table [M // T, P],
-    positions [M]. PREFETCH: ``pf_chunks`` L2 chunks of PF_CHUNK bytes of ``pf`` shared by the
-    programs whose token is below ``pf_max_pos`` (module doc)."""
+    positions [M]."""
     tok = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
     if PDL:
@@ -73,9 +68,6 @@ def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache,
     dst = ((tl.maximum(page, 0) * PAGE_SIZE + tl.maximum(pos, 0) % PAGE_SIZE).to(tl.int64) * HKV + j) * D
     if PDL:
         gdc_wait()
-    if PREFETCH:
-        if pos < pf_max_pos:
-            l2_prefetch(pf, pf_chunks, tok * (H + HKV) + pid, tl.num_programs(0) * (H + HKV), 32, PF_CHUNK)
     qkv += tok * (H + 2 * HKV) * D
     src = pid * D                                        # q head h at h * D; k head j at (H + j) * D
     x_lo = tl.load(qkv + src + half).to(tl.float32)
@@ -97,17 +89,12 @@ def qk_rope_cache_kernel(qkv, q_out, q_norm, k_norm, cos, sin, k_cache, v_cache,
 
 def qk_rope_cache(qkv: Tensor, q_norm: Tensor, k_norm: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor,
                   v_cache: Tensor, block_table: Tensor, positions: Tensor, heads: int, eps: float,
-                  out: Tensor | None = None, pdl: bool = False, prefetch: Tensor | None = None,
-                  prefetch_bytes: int = 0, prefetch_max_pos: int = 2**31 - 1, prefetch_chunk: int = L2_CHUNK
-                  ) -> Tensor:
+                  out: Tensor | None = None, pdl: bool = False) -> Tensor:
     """M decode tokens, B rows of T: ``qkv`` [M, (H + 2 Hkv) D] bf16 (the fused projection's
     output) -> normed, roped queries ``out`` [M, H, D]; the normed, roped K and the V of each token
     go into the paged caches [pages, page_size, Hkv, D] at ``positions`` [M] (int64; negative:
     nothing written) through its row of ``block_table`` [B, P]. ``cos`` / ``sin`` [M, D]:
-    ``rope_cos_sin`` at those positions (bf16). One token: qkv [(H + 2 Hkv) D], block_table [P].
-    ``prefetch``: a tensor (the next GEMV's weight) whose first ``prefetch_bytes`` the programs of
-    tokens below ``prefetch_max_pos`` prefetch into L2 in ``prefetch_chunk``-byte bulk copies
-    (module doc; sm_90+)."""
+    ``rope_cos_sin`` at those positions (bf16). One token: qkv [(H + 2 Hkv) D], block_table [P]."""
     Hkv, D = int(k_cache.shape[2]), int(k_cache.shape[3])
     H = int(heads)
     bad = [n for n, t in (("qkv", qkv), ("q_norm", q_norm), ("k_norm", k_norm), ("cos", cos), ("sin", sin))
@@ -127,13 +114,9 @@ def qk_rope_cache(qkv: Tensor, q_norm: Tensor, k_norm: Tensor, cos: Tensor, sin:
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or k_cache.shape != v_cache.shape:
         raise ValueError("qk_rope_cache: the K and V caches must be contiguous and of one shape")
     kw = pdl_launch(pdl, "qk_rope_cache", qkv)
-    chunks = (check_l2_prefetch(prefetch, prefetch_bytes, "qk_rope_cache", prefetch_chunk)
-              if prefetch is not None else 0)
     q = out if out is not None else torch.empty(M, H, D, dtype=qkv.dtype, device=qkv.device)
     launcher(qk_rope_cache_kernel)[(M, H + Hkv)](
         qkv.contiguous(), q, q_norm.contiguous(), k_norm.contiguous(), cos.contiguous(), sin.contiguous(),
         k_cache, v_cache, table.contiguous(), positions.reshape(-1).contiguous(), M // table.shape[0],
-        table.shape[1], int(k_cache.shape[1]), float(eps), prefetch if chunks else qkv, chunks,
-        min(int(prefetch_max_pos), 2**31 - 1), H=H, HKV=Hkv, D=D, PDL=pdl, PREFETCH=chunks > 0,
-        PF_CHUNK=int(prefetch_chunk), num_warps=1, **kw)
+        table.shape[1], int(k_cache.shape[1]), float(eps), H=H, HKV=Hkv, D=D, PDL=pdl, num_warps=1, **kw)
     return q
