@@ -201,7 +201,8 @@ def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None
     """The chain ``DSPARK_DECODE_CHAIN`` asks for: a ``TokenStep`` of ``model`` (the target, or the
     draft's block pass), with PDL on sm_90+ GPUs.
     "1": ``ConfigError`` naming why where it cannot serve it (not a Qwen3 target or DSpark Qwen3
-    draft, not bf16, not on a GPU, tensor parallel); "auto" (unset: ``DECODE_CHAIN_DEFAULT``): None there instead; "0": None."""
+    draft, not bf16, not on a GPU, tensor parallel); "auto" (unset: ``DECODE_CHAIN_DEFAULT``): None
+    there instead; "0": None."""
     flag = decode_chain_flag()
     if flag is None:
         return None

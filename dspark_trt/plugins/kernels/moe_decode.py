@@ -34,10 +34,10 @@ picks (unset: ``auto``, ``e4m3`` on sm_89+ GPUs, else ``words``):
   the H200: 72.4 vs 73.1 us at one V4-Flash token).
 * ``e4m3`` (sm_89+; the default there): the hardware's fp8 conversion does the decode (on an
   H100, V4-Flash shapes: 63.3 against ``words``' 75.2 us at one token, 565 against 713 at 16,
-  moe-mxfp4-NVIDIA-H100-80GB-HBM3-f354b4b.json.gz). Each word's codes become e4m3 bytes with four 32-bit operations per 8 codes (a code
-  ``s e1 e0 m`` as the e4m3 byte ``s 000 e1 e0 m 00``: its value times 2^-6, the e = 0 codes as
-  e4m3 subnormals), ``cvt.rn.f16x2.e4m3x2`` turns two bytes into two fp16 per instruction and one
-  conversion per weight widens them to fp32; the products then chain as FFMAs. sm_90 SASS of the
+  moe-mxfp4-NVIDIA-H100-80GB-HBM3-f354b4b.json.gz). Each word's codes become e4m3 bytes with four
+  32-bit operations per 8 codes (a code ``s e1 e0 m`` as the e4m3 byte ``s 000 e1 e0 m 00``: its
+  value times 2^-6, the e = 0 codes as e4m3 subnormals), ``cvt.rn.f16x2.e4m3x2`` turns two bytes
+  into two fp16 per instruction and one conversion per weight widens them to fp32; the products then chain as FFMAs. sm_90 SASS of the
   gate/up loop at V4-Flash shapes: 4.39 instructions per weight against ``words``' 6.30
   (``benchmarks/moe_decode_sass.py``; fp16 -> fp32 widening 1, FFMA 1, the conversion 0.5, bit
   operations 1, the rest x's layout and the loop).

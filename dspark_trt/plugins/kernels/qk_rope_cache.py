@@ -16,8 +16,8 @@ A token at a negative position, or whose page is missing, writes nothing to the 
 still computed, as the modules do).
 
 (Session 31 let these programs bulk-prefetch the layer's o weight into L2 after their wait; on an
-H100 it cost the AR step 1.2-1.8 ms, token-step-NVIDIA-H100-80GB-HBM3-f354b4b.json.gz: its 40
-programs' bulk copies held the kernel, which the chain waits for. Removed in session 32.)
+H100 it cost the AR step 1.2-1.8 ms, token-step-NVIDIA-H100-80GB-HBM3-f354b4b.json.gz, likely
+because 40 programs of a short kernel the chain waits for issued every copy. Removed in session 32.)
 """
 from __future__ import annotations
 
