@@ -16,11 +16,11 @@ step's tokens at positions L .. L + T - 1; the cache holds random K/V below them
 Each: median ms of graph replays, the fraction of the HBM roofline (weights of every layer and the
 head, plus the K/V rows read, at the GPU's HBM rate: 4.8 TB/s on the H200, 3.35 on the H100), and
 the logits' agreement with the module step (the largest difference over the logits' scale, argmax
-equal), and each path's agreement with the same step in fp32 (weights, cache, arithmetic; ``--no-fp32``: not), the scale of bf16's own error. With
-``--draft-layers`` (default 5, the published Qwen3-8B DSpark draft's), the draft's block pass of
-N = 7 tokens (the anchor and mask tokens, non-causal over its context) the same way:
-``DSparkQwen3Draft.block`` against ``TokenStep.draft_logits`` (the Markov sampler after it is the
-same in both, not timed here).
+equal), and each path's agreement with the same step in fp32 (weights, cache, arithmetic;
+``--no-fp32``: not), the scale of bf16's own error. With ``--draft-layers`` (default 5, the
+published Qwen3-8B DSpark draft's), the draft's block pass of N = 7 tokens (the anchor and mask
+tokens, non-causal over its context) the same way: ``DSparkQwen3Draft.block`` against
+``TokenStep.draft_logits`` (the Markov sampler after it is the same in both, not timed here).
 With ``--ablate`` (timing only, where the step's time goes: the 32 % of the AR step outside the
 GEMVs' roofline, issue #21): ``chain_pdl`` again with parts of the step replaced by fixed outputs
 of their shape, so the difference to ``chain_pdl`` is what that part costs inside the chain
