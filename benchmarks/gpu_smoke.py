@@ -92,7 +92,7 @@ def main() -> int:
               for name in BUILDS} if wanted("builds") else {}
     if wanted("gpu_tests"):
         # Triton JIT compilation dominates the GPU tests: 4 workers where pytest-xdist is installed
-        xdist = ["-n", "4"] if importlib.util.find_spec("xdist") else []
+        xdist = ["-n", "4", "--dist", "loadgroup"] if importlib.util.find_spec("xdist") else []
         tests = run("gpu_tests", [py, "-m", "pytest", "-q", "-m", "gpu", "tests/", "-p", "no:cacheprovider",
                                   *xdist], 330, steps)
         steps["gpu_tests"]["summary"] = next((ln for ln in reversed(tests.splitlines()) if " passed" in ln

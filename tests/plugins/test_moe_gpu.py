@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
+# One xdist worker for the module (under ``--dist loadgroup``): each worker that runs its tests builds
+# the V4-Flash fixtures (17 GB of bf16 weights), and six of them outgrow an 80 GB H100 (session 32).
+pytestmark = [pytest.mark.gpu, pytest.mark.xdist_group("moe_flash_shapes"),
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 import dspark_trt.plugins  # noqa: E402,F401
@@ -26,9 +28,9 @@ D, H, E, K = 4096, 2048, 256, 6                 # deepseek-v4-flash-dspark: hidd
 
 @pytest.fixture(scope="module")
 def flash_weights():
-    g = torch.Generator(device=DEV).manual_seed(0)
-    w13 = (torch.randn(E, 2 * H, D, device=DEV, generator=g) * D ** -0.5).to(torch.bfloat16)
-    w2 = (torch.randn(E, D, H, device=DEV, generator=g) * H ** -0.5).to(torch.bfloat16)
+    g = torch.Generator(device=DEV).manual_seed(0)          # drawn in bf16: no 17 GB fp32 temporaries
+    w13 = torch.randn(E, 2 * H, D, device=DEV, generator=g, dtype=torch.bfloat16).mul_(D ** -0.5)
+    w2 = torch.randn(E, D, H, device=DEV, generator=g, dtype=torch.bfloat16).mul_(H ** -0.5)
     return w13, w2
 
 
