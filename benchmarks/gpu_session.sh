@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A session's GPU checks, one device call each, results packed into one tarball per call (the
-# device tool returns at most 8 files):
+# device tool returns at most 8 files), packed again after every step of part N > 1:
 #   part 1: the smoke's AOTI builds (Qwen3-8B dims 6 layers, V4-tiny) on CPUs 8-15, beside every GPU
 #           test (4 xdist workers) and the verify modes under a steady load (#25: Qwen3-8B dims with
 #           the replayed acceptance curve, fixed / scheduled / packed verify, one round of each kind
@@ -15,16 +15,24 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CXX=/usr/bin/g++ PYTHONUNBUFFERED=1 DSPARK_GIT_SHA=${DSPARK_GIT_SHA:?}
-O=${OUT:?}
+DEST=${OUT:?}           # what the device tool brings back: one tarball, packed again after every step,
+export OUT=$(mktemp -d) # so a call cut short still returns what it measured; the steps write $OUT/results
+O=$OUT
 R=$O/results
 mkdir -p "$R"
 step() { echo "===== $1 ($(date +%T))" | tee -a "$R/session.log"; }
+pack() {
+  (cd "$O" && tar czf pack.tgz results && cp pack.tgz "$DEST/.results-part$PART.tgz" \
+    && mv "$DEST/.results-part$PART.tgz" "$DEST/results-part$PART.tgz")
+}
 run_extra() {   # each non-comment line of $EXTRA, one after the other
   grep -v '^\s*#' "${EXTRA:?}" | grep . | while read -r cmd; do
     step "$cmd"
     bash -c "$cmd" 2>&1 | tail -60 | tee -a "$R/session.log"
+    pack
   done
 }
+PART=$1
 if [ "$1" = 1 ]; then
   OUT=$R taskset -c 8-15 python3 benchmarks/gpu_smoke.py --only builds > "$R/builds.out" 2>&1 &
   B=$!
@@ -57,5 +65,5 @@ if [ "$1" = 1 ]; then
 else
   run_extra
 fi
-(cd "$O" && tar czf "results-part$1.tgz" results && rm -rf results)
-ls -la "$O"
+pack
+ls -la "$DEST"
