@@ -1,5 +1,6 @@
 """The decode kernel chain (``runtime/token_step.py``, issue #21) against the module step, in CUDA
-graphs, at Qwen3-8B dimensions (bf16, random weights, fused q/k/v and gate/up), batch 1.
+graphs, at Qwen3-8B dimensions (bf16, random weights, fused q/k/v and gate/up), batch 1 (``--batch
+1,16``: rows of their own contexts too, e.g. issue #21's batch-16 AR step against batch 1).
 
 Per step size T (1: an AR step; 8: the verify block of N = 7 drafts) and context length L (the
 step's tokens at positions L .. L + T - 1; the cache holds random K/V below them):
@@ -241,6 +242,9 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--contexts", default="128,1024,8192,32768")
     ap.add_argument("--tokens", default="1,8", help="tokens per step: 1 (AR), 8 (a verify block of N = 7)")
+    ap.add_argument("--batch", default="1", help="rows per step, comma-separated (each its own context of the "
+                    "same length and its own pages; batch x tokens <= 16; the cache holds batch x context "
+                    "positions: 4 KiB each per layer at Qwen3-8B dims)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--draft-layers", type=int, default=5, help="the draft's block pass too (0: not)")
     ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (it holds a second, fp32 copy)")
@@ -266,7 +270,10 @@ def main() -> int:
         attention_options(a)
     for g in gemv_prefetch:
         gemv_prefetch_option(g)
-    model, cache, pages = build(args.layers, args.vocab, max(contexts) + max(blocks))
+    batches = [int(b) for b in args.batch.split(",")]
+    span = -(-(max(contexts) + max(blocks)) // PAGE) * PAGE         # positions a row's own pages hold
+    model, cache, pages = build(args.layers, args.vocab, span * max(batches))
+    table = pages.view(max(batches), -1)                             # [rows, P]: each row its own pages
     steps = chain_steps(model, attention, gemv_prefetch)
     chain = steps["chain"]                                           # the bytes a step must read
     weight_bytes = sum(t.numel() * t.element_size() for w in chain.layers for t in vars(w).values()) + sum(
@@ -274,23 +281,25 @@ def main() -> int:
     kv_row = 2 * 8 * 128 * 2                                         # K and V of one position, one layer
     model32, cache32 = (None, None) if args.no_fp32 else fp32_copy(model, cache)
     rows = []
-    for T in blocks:
-        tokens = torch.randint(0, args.vocab, (1, T), device="cuda")
+    for B, T in [(B, T) for B in batches for T in blocks if B * T <= TokenStep.max_rows]:
+        tokens = torch.randint(0, args.vocab, (B, T), device="cuda")
+        bt = table[:B]
         for L in contexts:
-            pos = L + torch.arange(T, device="cuda")[None]
+            pos = (L + torch.arange(T, device="cuda")[None]).expand(B, T).contiguous()
             with torch.inference_mode():
-                fns = {"module": lambda: model(tokens, pos, pages[None], cache)[0]}
-                fns.update({k: (lambda s=s: s(tokens, pos, cache, pages[None])[0]) for k, s in steps.items()})
-                exact = None if model32 is None else (lambda: model32(tokens, pos, pages[None], cache32)[0])
-                out = time_paths(fns, weight_bytes + args.layers * (L + T) * kv_row, args.iters, exact)
-            rows.append({"tokens": T, "context": L, **out})
-            print(report_line(f"T={T} L={L:6d}", out), flush=True)
+                fns = {"module": lambda: model(tokens, pos, bt, cache)[0]}
+                fns.update({k: (lambda s=s: s(tokens, pos, cache, bt)[0]) for k, s in steps.items()})
+                exact = None if model32 is None else (lambda: model32(tokens, pos, bt, cache32)[0])
+                out = time_paths(fns, weight_bytes + args.layers * B * (L + T) * kv_row, args.iters, exact)
+            rows.append({"batch": B, "tokens": T, "context": L, **out})
+            head = (f"B={B} " if len(batches) > 1 else "") + f"T={T} L={L:6d}"
+            print(report_line(head, out), flush=True)
             if args.ablate:
-                add_ablations(rows[-1], fns["chain_pdl"], out, args.iters, f"T={T} L={L:6d}")
+                add_ablations(rows[-1], fns["chain_pdl"], out, args.iters, head)
     draft_rows = []
     if args.draft_layers:
         N = 7
-        draft, dcache = build_draft(model, args.draft_layers, N, len(pages))
+        draft, dcache = build_draft(model, args.draft_layers, N, table.shape[1])
         dsteps = chain_steps(draft, attention, gemv_prefetch)
         d = dsteps["chain"]
         draft_bytes = sum(t.numel() * t.element_size() for w in d.layers for t in vars(w).values()) + sum(
@@ -301,10 +310,10 @@ def main() -> int:
         for L in contexts:
             start = torch.tensor([L], device="cuda")
             with torch.inference_mode():
-                fns = {"module": lambda: draft.block(anchor, start, pages[None], dcache, N)}
-                fns.update({k: (lambda s=s: s.draft_logits(anchor, start, dcache, pages[None], N))
+                fns = {"module": lambda: draft.block(anchor, start, table[:1], dcache, N)}
+                fns.update({k: (lambda s=s: s.draft_logits(anchor, start, dcache, table[:1], N))
                             for k, s in dsteps.items()})
-                exact = None if draft32 is None else (lambda: draft32.block(anchor, start, pages[None], dcache32, N))
+                exact = None if draft32 is None else (lambda: draft32.block(anchor, start, table[:1], dcache32, N))
                 out = time_paths(fns, draft_bytes + args.draft_layers * (L + N) * kv_row, args.iters, exact)
             draft_rows.append({"block": N, "context": L, **out})
             print(report_line(f"draft block N={N} L={L:6d}", out), flush=True)
@@ -314,7 +323,7 @@ def main() -> int:
     gpu = torch.cuda.get_device_name()
     report = {"git_sha": sha, "gpu": gpu, "command": "python benchmarks/token_step_bench.py " + " ".join(sys.argv[1:]),
               "shapes": {"layers": args.layers, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
-                         "intermediate": 12288, "vocab": args.vocab, "dtype": "bf16", "batch": 1, "page": PAGE,
+                         "intermediate": 12288, "vocab": args.vocab, "dtype": "bf16", "batch": batches, "page": PAGE,
                          "tokens_per_step": blocks, "contexts": contexts},
               "weight_bytes": weight_bytes, "hbm_bytes_per_s": HBM, "rows": rows,
               "draft": {"layers": args.draft_layers, "rows": draft_rows},
