@@ -169,7 +169,6 @@ def step_cases() -> dict:
     from dspark_trt.models import build_models
     from dspark_trt.models.fuse import fuse_projections_
     from dspark_trt.runtime import token_step
-    from dspark_trt.runtime.token_step import TokenStep
     from tests.support.models import scale_weights_, tiny_pair
     token_step.block_attention_triton = attention_in_fp32(token_step.block_attention_triton)
     out = {}
@@ -179,36 +178,62 @@ def step_cases() -> dict:
         scale_weights_(target, 4.0)
         if fused:
             fuse_projections_(target)
-        B, gen = len(prompts), torch.Generator().manual_seed(i)
-        cache = target.make_cache(PAGES, PAGE, torch.bfloat16, "cpu")
-        table = torch.tensor(TABLES[:B])
-        L = max(prompts)
-        ids = torch.randint(0, 96, (B, L), generator=gen)
-        pos = torch.stack([torch.where(torch.arange(L) < n, torch.arange(L), -1) for n in prompts])
-        tokens = torch.randint(0, 96, (B, T), generator=gen)
-        step_pos = torch.stack([n + torch.arange(T) for n in prompts])
-        if padded:
-            step_pos[1, -1] = -1
-        with torch.inference_mode():
-            target(ids, pos, table, cache)
-            ref_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
-            before = {k: [c.clone() for c in v] for k, v in cache.items()}
-            ref_logits, ref_taps = target(tokens, step_pos, table, ref_cache)
-            logits, tap = TokenStep(target)(tokens, step_pos, cache, table)
-        live = step_pos >= 0
-        ref_l, got_l = ref_logits[live].float(), logits[live].float()
-        rows = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(live, as_tuple=True))
-                for p in [step_pos[b, p].item()]]
-        out[name] = {
-            "logit_err": float((got_l - ref_l).abs().max() / ref_l.abs().max()),
-            "argmax_equal": bool(torch.equal(got_l.argmax(-1), ref_l.argmax(-1))),
-            "shape": list(logits.shape), "ref_shape": list(ref_logits.shape),
-            "taps_shape": list(tap.shape), "ref_taps_shape": list(ref_taps.shape),
-            "taps_ulp": ulp_err(tap[live], ref_taps[live].float()) if tap.numel() else 0.0,
-            "logits_dtype": str(logits.dtype), "rows_written": len(rows),
-            **_cache_errors(cache, ref_cache, before, rows),
-        }
+        out[name] = _step_case(target, prompts, T, padded, i)
+    for name, T in DEFAULT_DIMS_CASES:            # the default pair's layer dims (non-power-of-two MLP)
+        target, _ = build_models(default_dims_pair(), torch.bfloat16, "cpu", seed=7)
+        fuse_projections_(target)
+        out[name] = _step_case(target, (5,), T, False, 7)
     return {**out, **draft_cases(), **deep_cases()}
+
+
+def _step_case(target, prompts, T: int, padded: bool, seed: int) -> dict:
+    """``target`` prefilled with random prompts of ``prompts`` tokens per row, then one step of T
+    tokens per row through the chain and through the module on a copy of the caches."""
+    from dspark_trt.runtime.token_step import TokenStep
+    vocab = target.config.vocab_size
+    B, gen = len(prompts), torch.Generator().manual_seed(seed)
+    cache = target.make_cache(PAGES, PAGE, torch.bfloat16, "cpu")
+    table = torch.tensor(TABLES[:B])
+    L = max(prompts)
+    ids = torch.randint(0, vocab, (B, L), generator=gen)
+    pos = torch.stack([torch.where(torch.arange(L) < n, torch.arange(L), -1) for n in prompts])
+    tokens = torch.randint(0, vocab, (B, T), generator=gen)
+    step_pos = torch.stack([n + torch.arange(T) for n in prompts])
+    if padded:
+        step_pos[1, -1] = -1
+    with torch.inference_mode():
+        target(ids, pos, table, cache)
+        ref_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
+        before = {k: [c.clone() for c in v] for k, v in cache.items()}
+        ref_logits, ref_taps = target(tokens, step_pos, table, ref_cache)
+        logits, tap = TokenStep(target)(tokens, step_pos, cache, table)
+    live = step_pos >= 0
+    ref_l, got_l = ref_logits[live].float(), logits[live].float()
+    rows = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(live, as_tuple=True))
+            for p in [step_pos[b, p].item()]]
+    return {
+        "logit_err": float((got_l - ref_l).abs().max() / ref_l.abs().max()),
+        "argmax_equal": bool(torch.equal(got_l.argmax(-1), ref_l.argmax(-1))),
+        "shape": list(logits.shape), "ref_shape": list(ref_logits.shape),
+        "taps_shape": list(tap.shape), "ref_taps_shape": list(ref_taps.shape),
+        "taps_ulp": ulp_err(tap[live], ref_taps[live].float()) if tap.numel() else 0.0,
+        "logits_dtype": str(logits.dtype), "rows_written": len(rows),
+        **_cache_errors(cache, ref_cache, before, rows),
+    }
+
+
+# the default pair's target layers (dspark_trt/assets/default: d 512, 8 / 4 heads of 64, MLP 1408 =
+# 11 x 128, tied head), two of them, a small vocabulary: one token and a verify block of 8
+DEFAULT_DIMS_CASES = [("default_pair_dims_one_token", 1), ("default_pair_dims_verify_block_of_8", 8)]
+
+
+def default_dims_pair():
+    import dataclasses
+    from tests.support.models import tiny_pair
+    pair = tiny_pair(vocab=256, hidden=512, layers=2, heads=8, kv_heads=4, taps=(0,))
+    target = dataclasses.replace(pair.target, intermediate_size=1408, head_dim=64, tie_word_embeddings=True)
+    return dataclasses.replace(pair, target=target,
+                               draft=dataclasses.replace(pair.draft, backbone=target)).validate()
 
 
 # (name, layers, step tokens): deep enough that rounding errors compound (weights x 4)
