@@ -37,7 +37,8 @@ if [ "$1" = 1 ]; then
   OUT=$R taskset -c 8-15 python3 benchmarks/gpu_smoke.py --only builds > "$R/builds.out" 2>&1 &
   B=$!
   step "GPU tests"
-  timeout 200 taskset -c 0-7 python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/} -n 4 --dist loadgroup -p no:cacheprovider -rfE \
+  timeout 200 taskset -c 0-7 python3 -m pytest -q -m gpu ${GPU_TESTS:-tests/} -n 4 --dist loadgroup \
+    -p no:cacheprovider -rfE \
     > "$R/gpu-tests-$DSPARK_GIT_SHA.log" 2>&1
   grep -E "passed|failed|FAILED|ERROR" "$R/gpu-tests-$DSPARK_GIT_SHA.log" | tail -15 | tee -a "$R/session.log"
   if [ -n "${EXTRA:-}" ]; then

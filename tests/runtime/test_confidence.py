@@ -546,10 +546,9 @@ def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys, monkeypatch):
     # on the CPU the step latencies the scheduler compares (draft, AR, verify per width: 6 per row
     # count) take CPU_STEP_ITERS samples whatever --iters says (a median of one or two is not one)
     assert samples.count(bench_cmd.CPU_STEP_ITERS) == 2 * 6, samples
-    steps = CostCurve.find(out)                     # step costs grow with rows (and drafts)
-    for costs in (steps.draft_ms, steps.ar_ms, *steps.verify_ms, *zip(*steps.verify_ms)):
-        assert all(b >= a for a, b in zip(costs, costs[1:])), costs
     curve = CostCurve.find(out)
+    for costs in (curve.draft_ms, curve.ar_ms, *curve.verify_ms, *zip(*curve.verify_ms)):   # grow with rows, drafts
+        assert all(b >= a for a, b in zip(costs, costs[1:])), costs
     assert curve.tokens == [2, 3, 4, 5, 6, 8, 10] and "bench --cost-curve" in curve.source
     assert all(b >= a for a, b in zip(curve.latency_ms, curve.latency_ms[1:]))
     n = len(curve.verify_ms[0])                                    # one latency per (rows, width)
