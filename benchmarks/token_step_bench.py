@@ -6,11 +6,9 @@ Per step size T (1: an AR step; 8: the verify block of N = 7 drafts) and context
 step's tokens at positions L .. L + T - 1; the cache holds random K/V below them):
 - ``module``: ``Qwen3ForCausalLM.forward`` of one token, eager modules captured in a CUDA graph
   (what ``LLM``'s eager CUDA-graph AR step replays: cuBLAS GEMVs and torch elementwise kernels);
-- ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch;
-  ``chain_pdl_gpf_<variant>`` (``--gemv-prefetch``): with PDL and the one-token GEMVs' programs
-  bulk-prefetching their weight rows into L2 before their wait (``<gemv>[:<KiB per program>]``
-  joined by ``+``, e.g. ``o``, ``o+qkv``, ``all:32``; session 31's ``--l2-prefetch`` of the o
-  weight from ``qk_rope_cache`` lost 1.2-1.8 ms on an H100 and is gone);
+- ``chain``: ``TokenStep`` without PDL; ``chain_pdl``: with programmatic dependent launch (the
+  L2 prefetches of sessions 31 and 32, ``--l2-prefetch`` and ``--gemv-prefetch``, lost or tied on an
+  H100 and are gone: ``runtime/token_step.py``'s module doc);
   ``chain_pdl_attn_<variant>`` (``--attention``): with PDL and other attention launch parameters,
   ``ticket`` (the splits merged by the last-arriving split: one launch fewer) or ``s<S>`` (S KV
   splits instead of ``default_num_splits``' fill of the SMs), e.g. ``ticket,s4,s8,ticket_s8``.
@@ -31,7 +29,7 @@ only), ``minus_step_ops`` (the RoPE rows' torch ops once per step).
 Writes ``token-step-<gpu>-<sha>.json`` to ``--out``.
 
     python benchmarks/token_step_bench.py [--layers 36] [--tokens 1,8] [--contexts 128,1024,8192,32768]
-        [--gemv-prefetch o,all:32] [--attention ticket,s8] [--ablate]
+        [--attention ticket,s8] [--ablate]
 """
 from __future__ import annotations
 
@@ -113,26 +111,10 @@ def attention_options(variant: str) -> dict:
     return opts
 
 
-def gemv_prefetch_option(text: str) -> tuple[str, dict]:
-    """``<gemv>[:<KiB>]+...`` (``all``: every GEMV; no KiB: each program's whole share) -> (path name,
-    ``TokenStep(gemv_prefetch=)``)."""
-    out = {}
-    for part in text.split("+"):
-        name, _, kib = part.partition(":")
-        names = token_step.GEMV_NAMES if name == "all" else (name,)
-        if any(n not in token_step.GEMV_NAMES for n in names) or not (kib or "0").isdigit():
-            raise SystemExit(f"[token-step] --gemv-prefetch {text!r}: give <gemv>[:<KiB>] joined by +, a gemv one "
-                             f"of all, {', '.join(token_step.GEMV_NAMES)}")
-        out.update({n: (int(kib) << 10) if kib else 1 << 30 for n in names})
-    return "chain_pdl_gpf_" + text.replace("+", "_").replace(":", "k"), out
-
-
-def chain_steps(model, attention: list[str], gemv_prefetch: list[str] = ()) -> dict:
+def chain_steps(model, attention: list[str]) -> dict:
     """The chain's variants of ``model`` (target or draft): without / with PDL, and with PDL plus
-    each attention variant or GEMV prefetch (``gemv_prefetch_option``)."""
+    each attention variant."""
     steps = {"chain": TokenStep(model), "chain_pdl": TokenStep(model, pdl=True)}
-    steps.update({name: TokenStep(model, pdl=True, gemv_prefetch=pf)
-                  for name, pf in map(gemv_prefetch_option, gemv_prefetch)})
     steps.update({f"chain_pdl_attn_{a}": TokenStep(model, pdl=True, attention=attention_options(a))
                   for a in attention})
     return steps
@@ -250,9 +232,6 @@ def main() -> int:
     ap.add_argument("--no-fp32", action="store_true", help="no fp32 reference (it holds a second, fp32 copy)")
     ap.add_argument("--attention", default="", help="attention variants, comma-separated: ticket, s<S>, "
                     "ticket_s<S> (a chain_pdl_attn_<variant> path each)")
-    ap.add_argument("--gemv-prefetch", default="", help="GEMV L2 prefetch variants, comma-separated: "
-                    "<gemv>[:<KiB per program>] joined by +, gemv one of all, qkv, o, gate_up, down, head "
-                    "(a chain_pdl_gpf_<variant> path each; sm_90+; one-token steps only)")
     ap.add_argument("--ablate", action="store_true", help="also time chain_pdl without parts of the step "
                     "(timing only: where the step's time goes)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -265,16 +244,13 @@ def main() -> int:
     contexts = [int(c) for c in args.contexts.split(",")]
     blocks = [int(t) for t in args.tokens.split(",")]
     attention = [a for a in args.attention.split(",") if a]
-    gemv_prefetch = [g for g in args.gemv_prefetch.split(",") if g]
     for a in attention:                                              # a bad variant fails before the build
         attention_options(a)
-    for g in gemv_prefetch:
-        gemv_prefetch_option(g)
     batches = [int(b) for b in args.batch.split(",")]
     span = -(-(max(contexts) + max(blocks)) // PAGE) * PAGE         # positions a row's own pages hold
     model, cache, pages = build(args.layers, args.vocab, span * max(batches))
     table = pages.view(max(batches), -1)                             # [rows, P]: each row its own pages
-    steps = chain_steps(model, attention, gemv_prefetch)
+    steps = chain_steps(model, attention)
     chain = steps["chain"]                                           # the bytes a step must read
     weight_bytes = sum(t.numel() * t.element_size() for w in chain.layers for t in vars(w).values()) + sum(
         t.numel() * t.element_size() for t in (chain.lm_head, chain.final_norm))
@@ -300,7 +276,7 @@ def main() -> int:
     if args.draft_layers:
         N = 7
         draft, dcache = build_draft(model, args.draft_layers, N, table.shape[1])
-        dsteps = chain_steps(draft, attention, gemv_prefetch)
+        dsteps = chain_steps(draft, attention)
         d = dsteps["chain"]
         draft_bytes = sum(t.numel() * t.element_size() for w in d.layers for t in vars(w).values()) + sum(
             t.numel() * t.element_size() for t in (d.lm_head, d.final_norm))
@@ -329,11 +305,8 @@ def main() -> int:
               "draft": {"layers": args.draft_layers, "rows": draft_rows},
               "seconds": time.perf_counter() - t0,
               "attention_variants": {a: attention_options(a) for a in attention},
-              "gemv_prefetch_variants": dict(map(gemv_prefetch_option, gemv_prefetch)),
               "notes": "module: eager modules in a CUDA graph; chain / chain_pdl: runtime/token_step.py "
-                       "without / with programmatic dependent launch; chain_pdl_gpf_<variant>: with PDL and the "
-                       "one-token GEMVs' programs prefetching their weight rows into L2 before their wait "
-                       "(gemv_prefetch_variants: bytes per program); hbm_fraction: "
+                       "without / with programmatic dependent launch; hbm_fraction: "
                        f"(weights + K/V read) / {HBM / 1e12:.2f} TB/s over the step"}
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -29,11 +29,12 @@ and attention read the step's indices (positions, kv limits, block table: no ker
 writes them) before the wait too, so only their dependent data loads follow it. Only the embedding
 lookup and the token's RoPE rows are torch ops, once per step.
 
-L2 prefetch (``gemv_prefetch``, sm_90+, off until measured): HBM idles while ``qk_rope_cache``
-and attention run (latency-bound at short contexts; on an H100 attention costs the 36-layer AR
-step 0.44 ms at 128 tokens of context, its kernels 0.2 ms), so a one-token GEMV's programs, once
-launched early by PDL, may bulk-prefetch their own weight rows into L2 before they wait. (Session
-31's prefetch of the o weight from ``qk_rope_cache``'s 40 programs lost 1.2-1.8 ms and is gone.)
+L2 prefetch lost or tied on an H100 and was removed, both kinds: session 31's prefetch of the
+o weight from ``qk_rope_cache`` (AR step +1.2-1.8 ms) and session 32's one-token GEMVs
+bulk-prefetching their own rows before their PDL wait (AR step, batch 1, 128 tokens: chain_pdl
+6.151 ms, with it 6.126 (o, 32 KiB a program) to 7.689 ms (every GEMV, whole rows); at 8192
+tokens and at batch 16 within noise or worse;
+``token-step-batch-gemv-prefetch-NVIDIA-H100-80GB-HBM3-7915627.json.gz``).
 
 Numerics: the modules' roundings in every prologue (``decode_gemv``, ``qk_rope_cache``) but the
 RMSNorm of steps of 2+ tokens (``decode_rows``: a deferred scale, within about a bf16 ulp); the
@@ -58,8 +59,6 @@ from ..plugins.kernels.common import INTERPRET, gdc_wait
 from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
 from .networks import DECODE_CHAIN_ENV as ENV, decode_chain_flag
-
-GEMV_NAMES = ("qkv", "o", "gate_up", "down", "head")     # the step's GEMVs (``gemv_prefetch``'s keys)
 
 
 @dataclass
@@ -103,25 +102,16 @@ class TokenStep:
 
     max_rows = MAX_ROWS
 
-    def __init__(self, model, pdl: bool = False, attention: dict | None = None,
-                 gemv_prefetch: dict[str, int] | None = None):
+    def __init__(self, model, pdl: bool = False, attention: dict | None = None):
         """``model``: a ``Qwen3ForCausalLM`` target, or a ``DSparkQwen3Draft`` (its block pass:
         ``draft_logits``; no taps).
         ``attention``: launch parameters of ``block_attention_triton`` other than its defaults
-        (e.g. ``num_splits``, ``reduce``: what ``token_step_bench.py --attention`` compares).
-        ``gemv_prefetch``: projection (``GEMV_NAMES``) -> bytes of each one-token GEMV program's
-        weight rows it bulk-prefetches into L2 before its PDL wait (``decode_gemv(l2_prefetch=)``;
-        with ``pdl`` only: what ``token_step_bench.py --gemv-prefetch`` compares)."""
+        (e.g. ``num_splits``, ``reduce``: what ``token_step_bench.py --attention`` compares)."""
         target = isinstance(model, Qwen3ForCausalLM)
         body = model.model if target else model
         cfg = model.config if target else model.config.layer_config()
         self.model, self.pdl = model, pdl
         self.attention = dict(attention or {})
-        unknown = sorted(set(gemv_prefetch or {}) - set(GEMV_NAMES))
-        if unknown or (gemv_prefetch and not pdl):
-            raise ValueError(f"TokenStep: gemv_prefetch takes {', '.join(GEMV_NAMES)} with pdl=True, got "
-                             f"{sorted(gemv_prefetch)} (pdl={pdl})")
-        self.pf = {name: int((gemv_prefetch or {}).get(name, 0)) for name in GEMV_NAMES}
         self.layers = [layer_weights(layer) for layer in body.layers]
         self.embed = body.embed_tokens
         self.heads, self.eps, self.head_dim = body.layers[0].self_attn.h, cfg.rms_norm_eps, cfg.head_dim
@@ -158,26 +148,25 @@ class TokenStep:
         for i, w in enumerate(self.layers):
             k_cache, v_cache = cache["k"][i], cache["v"][i]
             if pending is None:                               # first layer: the embedding is the stream
-                qkv = decode_gemv(x, w.qkv, "rmsnorm", norm_weight=w.input_norm, eps=eps, pdl=pdl,
-                                  l2_prefetch=self.pf["qkv"])
+                qkv = decode_gemv(x, w.qkv, "rmsnorm", norm_weight=w.input_norm, eps=eps, pdl=pdl)
             else:
                 out = tapped.get(i - 1, stream[flip])         # the stream after layer i - 1: a tap?
                 qkv = decode_gemv(pending, w.qkv, "rmsnorm", residual=x, norm_weight=w.input_norm, eps=eps,
-                                  residual_out=out, pdl=pdl, l2_prefetch=self.pf["qkv"])
+                                  residual_out=out, pdl=pdl)
                 x, flip = out, flip ^ 1
             q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, flat_pos,
                               self.heads, eps, pdl=pdl)                                  # [M, H, D]
             o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
                                        positions, kv_limit, self.head_dim ** -0.5, pdl=pdl, **self.attention)
-            a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl, l2_prefetch=self.pf["o"])
+            a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl)
             out = stream[flip]
             gate_up = decode_gemv(a, w.gate_up, "rmsnorm", residual=x, norm_weight=w.post_norm, eps=eps,
-                                  residual_out=out, pdl=pdl, l2_prefetch=self.pf["gate_up"])
+                                  residual_out=out, pdl=pdl)
             x, flip = out, flip ^ 1
-            pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl, l2_prefetch=self.pf["down"])
+            pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl)
         last = stream[flip] if final_residual else None
         logits = decode_gemv(pending, self.lm_head, "rmsnorm", residual=x, norm_weight=self.final_norm, eps=eps,
-                             residual_out=last, pdl=pdl, l2_prefetch=self.pf["head"])
+                             residual_out=last, pdl=pdl)
         taps = [tapped[i] for i in self.taps_from]
         taps = torch.cat(taps, -1) if taps else x.new_zeros(M, 0)
         if final_residual:

@@ -302,25 +302,6 @@ def _launches_qk_rope_cache(monkeypatch):
     return _with_pdl(out)
 
 
-def test_decode_gemv_l2_prefetch_compiles_before_the_wait(monkeypatch):
-    """With ``l2_prefetch`` the one-token GEMV bulk-prefetches its programs' rows (predicated, one copy
-    per lane: chunks grow until the lanes cover the bytes) before ``griddepcontrol.wait`` (the
-    weights never depend on the predecessor, so HBM streams them while it runs); without, none."""
-    monkeypatch.setattr(kdg, "check_l2_prefetch", lambda t, where: None)
-    x, w = torch.randn(1024).bfloat16(), torch.zeros(256, 1024).bfloat16()
-    for nbytes, want_chunk in ((16384, 16384), (1 << 30, 16384), (8 * 1024 * 2 - 8, 16384)):
-        (kernel, args, kwargs), = record(monkeypatch, kdg, kdg.decode_gemv, x, w, l2_prefetch=nbytes,
-                                         config=dict(BLOCK_N=8, BLOCK_K=256, num_warps=4))
-        assert kwargs["PF_BYTES"] == min(nbytes, 8 * 1024 * 2) // 16 * 16 and kwargs["PF_CHUNK"] == want_chunk
-        ptx = compile_launch(kernel, args, {**kwargs, "PDL": True}).asm["ptx"]
-        at = ptx.find("cp.async.bulk.prefetch.L2.global")
-        assert 0 < at < ptx.find("griddepcontrol.wait"), nbytes
-    assert kdg.prefetch_options(w, 1 << 20, 2)["PF_CHUNK"] == 1 << 19      # 2 lanes cover 1 MiB
-    (kernel, args, kwargs), = record(monkeypatch, kdg, kdg.decode_gemv, x, w)
-    assert kwargs["PF_BYTES"] == 0
-    assert "prefetch" not in compile_launch(kernel, args, {**kwargs, "PDL": True}).asm["ptx"]
-
-
 def _launches_token_step_attention(monkeypatch):
     """The token chain's attention (one query token, Qwen3-8B heads): split and reduce, the splits'
     ticket merge, or one split, each with PDL."""

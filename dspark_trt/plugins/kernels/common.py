@@ -93,32 +93,6 @@ def residual_sum(xp, rp, rop, offs, K, pid, HAS_RES: tl.constexpr, STORE_RES: tl
     return h
 
 
-@triton.jit
-def l2_prefetch_span(base, nbytes, LANES: tl.constexpr, CHUNK: tl.constexpr):
-    """Bulk-prefetch the ``nbytes`` bytes at ``base`` into L2 (``nbytes`` a multiple of 16), one
-    copy of at most CHUNK bytes per lane ``i`` for ``i * CHUNK < nbytes``; LANES must be the
-    program's thread count (one element per thread), lanes past the span issue nothing (sm_90
-    ``cp.async.bulk.prefetch.L2``: fire and forget, no value changes). CUDA sm_90+ only, not the
-    interpreter (``check_l2_prefetch``)."""
-    lanes = tl.arange(0, LANES)
-    off = lanes.to(tl.int64) * CHUNK
-    size = tl.maximum(tl.minimum(nbytes - off, CHUNK), 0).to(tl.int32)
-    tl.inline_asm_elementwise("{\n\t.reg .pred p;\n\tsetp.gt.s32 p, $2, 0;\n\t"
-                              "@p cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;\n\t}",
-                              "=r,l,r", [base.to(tl.pointer_type(tl.int8)) + off, size], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-def check_l2_prefetch(t: torch.Tensor, where: str) -> None:
-    """A clear error where ``l2_prefetch_span`` cannot read ``t``: off a CUDA sm_90+ GPU, under the
-    interpreter, ``t`` not contiguous or not 16-byte aligned (the bulk copy's rules)."""
-    if INTERPRET or not t.is_cuda or torch.cuda.get_device_capability(t.device)[0] < 9:
-        raise ValueError(f"{where}: an L2 prefetch needs a CUDA GPU of compute capability 9.0+ (bulk prefetch), "
-                         f"not {'the interpreter' if INTERPRET else t.device}")
-    if not t.is_contiguous() or t.data_ptr() % 16:
-        raise ValueError(f"{where}: the prefetched tensor must be contiguous and 16-byte aligned")
-
-
 def launcher(kernel):
     """``kernel[grid]`` as torch.compile / export should see it (``wrap_triton``), or the plain
     kernel under the interpreter, where tensors live on the CPU."""

@@ -26,8 +26,9 @@ none) and keeps a ``[BLOCK_N, BLOCK_K]`` fp32 partial, reduced once after the lo
 multiple of ``BLOCK_K`` (the wrapper picks one) and of ``PRE_K``. Two to ``MAX_ROWS`` tokens (a
 verify block, a draft block, a small batch) run ``decode_rows.py``'s kernel: split-K, tensor-core
 tiles and a deferred norm scale (within about a bf16 ulp of these roundings, not bit for bit).
-One token runs it too where its tile says ``ROWS`` (a ``config``, or a sweep's winner at M = 1 in
-``decode_rows.CONFIGS``: split K for the narrow projections), with the same deferred scale.
+One token runs it too where its tile says ``ROWS`` (a ``config``, or a sweep's winner at M = 1,
+``decode_rows.tile_for``: the GPU's shipped table, else ``decode_rows.CONFIGS``; split K for the
+narrow projections), with the same deferred scale; other one-token winners are this kernel's tile.
 """
 from __future__ import annotations
 
@@ -37,8 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from . import decode_rows
-from .common import (check_l2_prefetch, gdc_launch_dependents, gdc_wait, l2_prefetch_span, launcher, pdl_launch,
-                     residual_sum, round_bf16, swiglu_bf16)
+from .common import gdc_launch_dependents, gdc_wait, launcher, pdl_launch, residual_sum, round_bf16, swiglu_bf16
 
 PROLOGUES = {"none": 0, "rmsnorm": 1, "swiglu": 2}
 NONE, RMSNORM, SWIGLU = (tl.constexpr(v) for v in PROLOGUES.values())
@@ -67,22 +67,15 @@ def _inputs(x, res, res_out, g, offs, K, rstd, pid, PROLOGUE: tl.constexpr, HAS_
 
 
 @triton.jit
-def _first_tile(w, N, stride_wn, BLOCK_N: tl.constexpr, PRE_K: tl.constexpr, PDL: tl.constexpr,
-                PF_BYTES: tl.constexpr, PF_LANES: tl.constexpr, PF_CHUNK: tl.constexpr):
+def _first_tile(w, N, stride_wn, BLOCK_N: tl.constexpr, PRE_K: tl.constexpr, PDL: tl.constexpr):
     """(pid, the program's rows offs_n and their clamped int64 rn, columns rp, its first weight
     tile [BLOCK_N, PRE_K]); with PDL the successor is let go first and the predecessor waited
-    for after the load (weights never depend on it). PF_BYTES > 0: first the program's rows (at
-    most PF_BYTES of them, bf16, contiguous) are bulk-prefetched into L2, so HBM works on them
-    while the predecessor still runs."""
+    for after the load (weights never depend on it)."""
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.minimum(offs_n, N - 1).to(tl.int64)
     if PDL:
         gdc_launch_dependents()
-    if PF_BYTES > 0:
-        row0 = pid.to(tl.int64) * BLOCK_N
-        share = tl.minimum(N - row0, BLOCK_N) * stride_wn * 2
-        l2_prefetch_span(w + row0 * stride_wn, tl.minimum(share, PF_BYTES), PF_LANES, PF_CHUNK)
     rp = tl.arange(0, PRE_K)
     w0 = tl.load(w + rn[:, None] * stride_wn + rp[None, :])
     if PDL:
@@ -94,13 +87,11 @@ def _first_tile(w, N, stride_wn, BLOCK_N: tl.constexpr, PRE_K: tl.constexpr, PDL
 def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
                        HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
-                       PDL: tl.constexpr, PF_BYTES: tl.constexpr, PF_LANES: tl.constexpr,
-                       PF_CHUNK: tl.constexpr):
+                       PDL: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N),). x [K] ([2K] for SWIGLU), res / res_out [K] (HAS_RES), g [K]
     (RMSNORM), w [N, K] (row stride ``stride_wn``), y [N]. STORE_FIRST / STORE_MAIN: program 0
-    writes h to res_out in the mean-square pass / in the product's pass. PF_*: ``_first_tile``'s
-    L2 prefetch (PF_LANES: the program's threads)."""
-    pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL, PF_BYTES, PF_LANES, PF_CHUNK)
+    writes h to res_out in the mean-square pass / in the product's pass."""
+    pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL)
     rk = tl.arange(0, BLOCK_K)
     rstd = 1.0
     if PROLOGUE == RMSNORM:                              # the mean square of h over all K
@@ -131,15 +122,13 @@ def config_for(N: int, K: int) -> dict:
 def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor | None = None,
                 norm_weight: Tensor | None = None, eps: float = 1e-6, out: Tensor | None = None,
                 residual_out: Tensor | None = None, config: dict | None = None, pdl: bool = False,
-                pre_k: int | None = None, l2_prefetch: int = 0) -> Tensor:
+                pre_k: int | None = None) -> Tensor:
     """``prologue(x) @ w[N, K]^T`` (module doc) for one token, x [K] -> ``out`` [N], or for M <=
     ``MAX_ROWS`` tokens, x [M, K] -> [M, N] (allocated if None). ``"swiglu"``: x [2K] / [M, 2K];
     ``residual`` / ``residual_out`` shaped like a K-wide x (``"rmsnorm"`` / ``"none"``: h = x +
     residual, written to ``residual_out`` if given); ``norm_weight`` [K] (``"rmsnorm"``).
     ``pdl``: launch with programmatic dependent launch (CUDA sm_90+). ``pre_k``: weight columns
-    loaded before the wait (default BLOCK_K). ``l2_prefetch``: bytes of each program's weight rows
-    bulk-prefetched into L2 before the wait (sm_90+; the one-token kernel only, the rows kernel of
-    2+ tokens and one-token ``ROWS`` tiles ignore it; 0: none)."""
+    loaded before the wait (default BLOCK_K)."""
     if prologue not in PROLOGUES:
         raise ValueError(f"decode_gemv: prologue {prologue!r} is not one of {sorted(PROLOGUES)}")
     N, K = (int(d) for d in w.shape)
@@ -167,7 +156,7 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
     r_out = residual_out if residual_out is not None else y
     g = norm_weight if norm_weight is not None else x
     if M == 1 and not config:
-        config = decode_rows.CONFIGS.get((1, N, K))          # a sweep's one-token winner, if any
+        config = decode_rows.tile_for(1, N, K, x.device)     # a sweep's one-token winner, if any
     if M > 1 or (config and config.get("ROWS")):
         cfg = dict(config) if config else decode_rows.choose_config(M, N, K, x.device)
         _check_tile(K, int(cfg["BLOCK_K"]), pre_k)
@@ -176,32 +165,15 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
                                 residual is not None, residual_out is not None, cfg, pre_k, kw)
         return y
     cfg = dict(config) if config else config_for(N, K)
-    bk, bn, warps = int(cfg["BLOCK_K"]), int(cfg["BLOCK_N"]), int(cfg.get("num_warps", 4))
+    bk, bn = int(cfg["BLOCK_K"]), int(cfg["BLOCK_N"])
     pre = _check_tile(K, bk, pre_k)
     launcher(decode_gemv_kernel)[(triton.cdiv(N, bn),)](
         x, res, r_out, g, w, y, N, K, K, float(eps), BLOCK_N=bn, BLOCK_K=bk, PRE_K=pre,
         PROLOGUE=PROLOGUES[prologue], HAS_RES=residual is not None,
         STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
         STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl,
-        **prefetch_options(w, min(int(l2_prefetch), bn * K * 2), 32 * warps),
-        num_warps=warps, num_stages=int(cfg.get("num_stages", 3)), **kw)
+        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
     return y
-
-
-def prefetch_options(w: Tensor, nbytes: int, lanes: int, chunk: int = 16384) -> dict:
-    """The kernel's PF_* constexprs for an L2 prefetch of ``nbytes`` of each program's rows of ``w``
-    (rounded down to 16 bytes; 0: none): chunks of ``chunk`` bytes, larger where ``lanes`` of them
-    would not cover it; PF_BYTES 0 for none. A clear error off sm_90+ GPUs (``check_l2_prefetch``)."""
-    nbytes -= nbytes % 16
-    if nbytes <= 0:
-        return {"PF_BYTES": 0, "PF_LANES": lanes, "PF_CHUNK": chunk}
-    check_l2_prefetch(w, "decode_gemv")
-    if (w.shape[-1] * w.element_size()) % 16:
-        raise ValueError(f"decode_gemv: an L2 prefetch needs weight rows of a multiple of 16 bytes, not "
-                         f"{w.shape[-1] * w.element_size()}")
-    while chunk * lanes < nbytes:
-        chunk *= 2
-    return {"PF_BYTES": nbytes, "PF_LANES": lanes, "PF_CHUNK": chunk}
 
 
 def _check_tile(K: int, bk: int, pre_k: int | None) -> int:

@@ -25,7 +25,9 @@ with ``decode_gemv``'s fused prologues, split-K and a deferred norm scale (issue
 """
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import torch
 import triton
@@ -40,7 +42,13 @@ NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # d
 # (M bucket, N, K) -> tile: winners of ``benchmarks/decode_rows_sweep.py`` on the H200 at 40cfc72
 # (benchmarks/results/decode-rows-NVIDIA-H200-40cfc72.json.gz; with the shape's prologue, CUDA-graph
 # replays over weight copies past L2; "modules": the torch prologue + F.linear); others:
-# ``default_config``. ``load_table`` replaces it by a sweep's JSON (``DSPARK_DECODE_ROWS_TABLE``).
+# ``default_config``. Per-GPU tables measured on other GPUs ship in ``tables/`` (``TABLES``:
+# ``decode-rows-<torch.cuda.get_device_name, spaces as ->.json``, written from a sweep's result by
+# ``benchmarks/ship_decode_rows_table.py``): on the first lookup for a CUDA device (``tile_for``;
+# nothing at import) the table of that GPU's name is read and its shapes win over these. The H100's
+# one-token tiles took the Qwen3-8B AR step on an H100 from 6.105 to 5.766 ms (7915627). CPU and the
+# interpreter: these only. ``DSPARK_DECODE_ROWS_TABLE`` (or ``load_table``) replaces this table by
+# sweep JSONs and turns the per-GPU tables off: an explicit table wins.
 CONFIGS: dict[tuple[int, int, int], dict] = {
     # qkv [6144, 4096], rmsnorm, M = 2/4/8/16:
     #   this 18.7/19.0/19.6/19.8 us | cuBLAS alone 16.1/15.6/15.7/16.0 | modules 33.1/37.4/39.6/43.3
@@ -74,6 +82,9 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (16, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
 }
 TABLE_ENV = "DSPARK_DECODE_ROWS_TABLE"
+TABLES = Path(__file__).with_name("tables")                 # the per-GPU tables (package data)
+GPU_TABLES = True                   # whether tile_for reads them (False once a table is loaded explicitly)
+_gpu_tables: dict[str, dict] = {}                           # GPU name -> its table ({}: none shipped)
 
 
 @triton.jit
@@ -191,25 +202,98 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
 
 
 def choose_config(M: int, N: int, K: int, device: torch.device) -> dict:
-    """The measured tile of (M bucket, N, K), else ``default_config`` for the device's SMs."""
-    return dict(CONFIGS.get((m_bucket(M), N, K)) or default_config(M, N, K, num_sms(device)))
+    """The measured tile of (M bucket, N, K) (``tile_for``), else ``default_config`` for the
+    device's SMs."""
+    return dict(tile_for(M, N, K, device) or default_config(M, N, K, num_sms(device)))
+
+
+def tile_for(M: int, N: int, K: int, device: torch.device) -> dict | None:
+    """The measured tile of (M bucket, N, K) on ``device`` (a copy), or None: the shipped table of
+    the device's GPU (a CUDA device, ``GPU_TABLES`` on), else ``CONFIGS``."""
+    key = (m_bucket(M), N, K)
+    name = gpu_name(device) if GPU_TABLES else None
+    cfg = (gpu_table(name).get(key) if name else None) or CONFIGS.get(key)
+    return dict(cfg) if cfg else None
+
+
+_names: dict[int, str] = {}
+
+
+def gpu_name(device: torch.device) -> str | None:
+    """``torch.cuda.get_device_name`` of a CUDA device (cached per index), None for any other."""
+    device = torch.device(device)
+    if device.type != "cuda" or INTERPRET:
+        return None
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if index not in _names:
+        _names[index] = torch.cuda.get_device_name(index)
+    return _names[index]
+
+
+def table_path(name: str) -> Path:
+    """Where the shipped table of the GPU called ``name`` lives (it may not exist)."""
+    return TABLES / f"decode-rows-{name.replace(' ', '-')}.json"
+
+
+def gpu_table(name: str) -> dict:
+    """The shipped table of the GPU called ``name`` ({} where none ships), read once. A table that
+    is not one, or is another GPU's, raises ValueError naming the file."""
+    if name not in _gpu_tables:
+        path = table_path(name)
+        table = read_table(path) if path.exists() else {}
+        if table and json.loads(path.read_text()).get("gpu") != name:
+            raise ValueError(f"decode-rows table {str(path)!r}: its gpu is not {name!r}")
+        _gpu_tables[name] = table
+    return _gpu_tables[name]
+
+
+def read_table(path) -> dict:
+    """(M bucket, N, K) -> tile of a ``decode_rows_sweep.py`` JSON or a shipped table (``rows`` of
+    ``bucket``, ``N``, ``K``, ``best_config``); ValueError naming the file where it is neither."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        return {(int(r["bucket"]), int(r["N"]), int(r["K"])): dict(r["best_config"]) for r in doc["rows"]
+                if r.get("best_config")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"decode-rows table {str(path)!r}: not a decode_rows_sweep.py result ({e})") from e
 
 
 def load_table(*paths: str) -> int:
-    """Replace ``CONFIGS`` by the winners of ``decode_rows_sweep.py`` JSONs (a later file's shape
-    over an earlier's: e.g. a sweep of M = 2..16 and one of M = 1); returns how many. Raises
-    ValueError naming the file that is not such a result (``CONFIGS`` unchanged)."""
-    import json
+    """Replace ``CONFIGS`` by the winners of ``decode_rows_sweep.py`` JSONs or shipped tables (a
+    later file's shape over an earlier's: e.g. a sweep of M = 2..16 and one of M = 1) and turn the
+    per-GPU tables off (``GPU_TABLES``); returns how many. Raises ValueError naming the file that
+    is not such a result (``CONFIGS`` unchanged)."""
+    global GPU_TABLES
     table = {}
     for path in paths:
-        try:
-            doc = json.loads(open(path).read())
-            table.update({(int(r["bucket"]), int(r["N"]), int(r["K"])): dict(r["best_config"]) for r in doc["rows"]
-                          if r.get("best_config")})
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"decode-rows table {path!r}: not a decode_rows_sweep.py result ({e})") from e
+        table.update(read_table(path))
     CONFIGS.clear(), CONFIGS.update(table)
+    GPU_TABLES = False
     return len(table)
+
+
+def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES) -> Path:
+    """Write a ``decode_rows_sweep.py`` result (``.json`` or ``.json.gz``) as the shipped table of
+    its GPU (``table_path``): its shapes' keys and winners, and where they came from (git sha, GPU,
+    the result's file name, the sweep's command). ValueError naming the file that is not a result."""
+    import gzip
+    result = Path(result)
+    try:
+        raw = result.read_bytes()
+        doc = json.loads(gzip.decompress(raw) if result.suffix == ".gz" else raw)
+        rows = [{"shape": r.get("shape"), "bucket": int(r["bucket"]), "N": int(r["N"]), "K": int(r["K"]),
+                 "best_config": dict(r["best_config"])} for r in doc["rows"] if r.get("best_config")]
+        gpu = str(doc["gpu"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"decode-rows table {str(result)!r}: not a decode_rows_sweep.py result ({e})") from e
+    head = {"gpu": gpu, "git_sha": doc.get("git_sha"), "source": result.name, "command": doc.get("command")}
+    lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
+    lines += [' "rows": ['] + [f"  {json.dumps(r)}," for r in rows]
+    lines[-1] = lines[-1].rstrip(",")
+    path = Path(out_dir) / table_path(gpu).name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{\n" + "\n".join(lines) + "\n ]\n}\n")
+    return path
 
 
 def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res_out: Tensor, g: Tensor, eps: float,

@@ -1,0 +1,34 @@
+"""Ship a ``decode_rows_sweep.py`` result as its GPU's per-GPU tile table (package data that
+``kernels/decode_rows.py`` reads on the first lookup for a CUDA device of that name):
+
+    python benchmarks/ship_decode_rows_table.py benchmarks/results/decode-rows-<gpu>-<sha>.json[.gz]
+        [--out-dir dspark_trt/plugins/kernels/tables]
+
+Writes ``decode-rows-<gpu>.json`` (the shapes' keys and winners, the sweep's git sha, GPU, file name
+and command), replacing that GPU's table: one sweep per GPU (``decode_rows_sweep.py --rows
+1,2,4,8,16`` covers every bucket; ``DSPARK_DECODE_ROWS_TABLE`` merges several for a trial run).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dspark_trt.plugins.kernels import decode_rows  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("result", help="a decode_rows_sweep.py result (.json or .json.gz)")
+    ap.add_argument("--out-dir", default=str(decode_rows.TABLES))
+    args = ap.parse_args()
+    path = decode_rows.ship_table(args.result, args.out_dir)
+    print(f"[ship] {len(decode_rows.read_table(path))} tiles of {args.result} -> {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
