@@ -113,6 +113,10 @@ def parse_args(argv):
     b.add_argument("--synthetic", default=None,
                    help="calibrate JSON whose survival curve is replayed as confidence + acceptance")
     b.add_argument("--spread", type=float, default=1.0, help="per-row logistic spread (synthetic)")
+    b.add_argument("--prices", default=None,
+                   help="the scheduler decides with this cost curve instead of one measured here: a "
+                        "verify_concurrency JSON (its 'cost_curve', .json or .json.gz) or a verify_cost.json; "
+                        "e.g. a GPU run's prices replayed on the CPU, to study its decisions")
     b.add_argument("--modes", default=",".join(MODES),
                    help=f"of {MODES + tuple(EXTRA_MODES)}; 'packed': scheduled with the packed "
                         "variable-length verify (each row its own admitted prefix)")
@@ -135,6 +139,25 @@ def parse_args(argv):
                         "(runtime/round_costs.py; opt-in)")
     b.set_defaults(batch_sizes="1,2,4,8,16,32,64", gen_len=32, prompt_len=64, iters=5, hf="none")
     return p.parse_args(["bench"] + list(argv))
+
+
+def load_prices(path: str):
+    """``CostCurve`` of ``--prices``: a verify_concurrency JSON's ``cost_curve`` (.json / .json.gz)
+    or a ``verify_cost.json``."""
+    from dspark_trt.runtime.confidence import ConfidenceFileError, CostCurve
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt") as f:
+            d = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: --prices {path}: not a readable JSON file ({e})") from None
+    pts = d.get("cost_curve", d) if isinstance(d, dict) else None
+    if not isinstance(pts, dict):
+        raise SystemExit(f"error: --prices {path}: no cost curve (a 'cost_curve' object or a verify_cost.json)")
+    try:
+        return CostCurve(**{**pts, "source": f"--prices {path}"})
+    except (TypeError, ConfidenceFileError) as e:
+        raise SystemExit(f"error: --prices {path}: {e}") from None
 
 
 def measure_cost_curve(llm, args, sizes):
@@ -314,7 +337,7 @@ def run(argv) -> dict:
     if args.synthetic:
         llm.networks = SyntheticAcceptance(llm.networks, survival_curve(args.synthetic), args.spread)
         llm._steps = None                       # the steps are built over the wrapped networks
-    curve = measure_cost_curve(llm, args, sizes)
+    curve = load_prices(args.prices) if args.prices else measure_cost_curve(llm, args, sizes)
     from dspark_trt.runtime.confidence import Calibration, VerifyScheduler
     n = llm.networks.num_spec_tokens
     calibration = (Calibration([1.0], {"survival": survival_curve(args.synthetic)}) if args.synthetic

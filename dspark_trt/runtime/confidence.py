@@ -785,6 +785,10 @@ class SurvivalEstimate:
     down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros."""
 
     PRIOR, PRIOR_WEIGHT = 0.5, 4.0
+    # The AR fallback's evidence (``optimistic``): the expected accepted drafts at their one-sided
+    # 95 % upper bound. A streak, once started, runs until a probe (hundreds of rounds where probes
+    # are dear), so it starts only where AR wins even against that bound.
+    UPPER_Z = 1.645
     # Once the window is full the curve is estimated again every REFRESH rounds, not every round:
     # each round's decisions read it, and on a round of ~1.5 ms (the default pair on the H200) the
     # estimate and the decisions that follow from it were 0.1-0.2 ms of host time; a full window
@@ -804,6 +808,7 @@ class SurvivalEstimate:
         self._risk, self._surv = np.zeros(self.n), np.zeros(self.n)
         self._conf, self._conf_rows = np.zeros(self.n), 0
         self._curve: np.ndarray | None = None
+        self._upper: np.ndarray | None = None            # ``optimistic``, of the same counts as the curve
         self._stale = 0                                  # rounds added since the curve was estimated
         self._due = False                                # the curve is to be estimated again
         self._held = False                               # prepare()d: the next add keeps the curve
@@ -883,7 +888,7 @@ class SurvivalEstimate:
         self._held = False
 
     def _drop(self) -> None:
-        self._curve, self._due = None, False
+        self._curve, self._upper, self._due = None, None, False
         self._version += 1
 
     def prepare(self) -> None:
@@ -925,8 +930,30 @@ class SurvivalEstimate:
         if self._pending is not None and not self._held:
             self.flush()
         if self._curve is None:
-            self._curve, self._stale = self._estimate(), 0
+            self._curve, self._upper, self._stale = self._estimate(), None, 0
         return self._curve
+
+    def optimistic(self) -> np.ndarray:
+        """[N] the curve (``curve``) scaled up so that its expected accepted drafts per row, ``mu =
+        sum_k s_k``, sit at their one-sided 95 % upper bound ``mu + UPPER_Z sqrt(var / n)`` (each
+        entry at most 1): ``var = sum_k (2k + 1) s_k - mu^2`` the variance of a row's accepted
+        count under the curve, ``n`` the rows behind ``s_0`` (``at_risk_0 + PRIOR_WEIGHT``). What
+        the AR fallback decides from (``Scheduler._falls_back_to_ar``): a window of batch-1 rounds
+        is a few dozen rows, whose estimate dips on a few hard requests, and each dip would start
+        an AR streak that its dear probes keep for hundreds of rounds (H100, default pair, batch 1:
+        111 of 286 rounds in AR where drafting won by 1.3x); thousands of rows (batch 64) move it
+        by a few percent. Before any verified row: the curve as it is (the calibration's held-out
+        survival counts as measured)."""
+        curve = self.curve()
+        if self._upper is None:
+            mu, k = float(curve.sum()), np.arange(self.n)
+            if self._risk[0] <= 0 or mu <= 0.0:
+                self._upper = curve
+            else:
+                var = max(float(((2 * k + 1) * curve).sum()) - mu * mu, 0.0)
+                se = np.sqrt(var / (self._risk[0] + self.PRIOR_WEIGHT))
+                self._upper = np.minimum(curve * (1.0 + self.UPPER_Z * se / mu), 1.0)
+        return self._upper
 
     def _estimate(self) -> np.ndarray:
         at_risk, survived = self._risk, self._surv

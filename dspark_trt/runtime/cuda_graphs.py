@@ -389,12 +389,17 @@ class GraphedSteps:
                 prefill_lengths: list[int] | None = None) -> None:
         """Capture ahead of time, largest bucket first (the others reuse its pool memory); with a
         confidence head, the confidence rounds' two graphs too; with ``prefill_lengths``, the
-        prefill graphs of those prompt lengths for every bucket that has one."""
+        prefill graphs of those prompt lengths for every bucket that has one, and where the
+        scheduler may fall back to AR rounds the ones that keep the prompts' taps (an admission
+        inside an AR streak: ``Scheduler._defers_prompts``); captured on first use they were
+        inside the timed rounds (H100, default pair, steady load at batch 4: 5.8 ms per admission
+        prefill against 3.2 without the fallback)."""
         kinds = ("ar",)
         if speculative:
             kinds = ("draft", "verify") + (("draft_admit", "verify_admit") if self.confidence else ())
         sched = self.steps.scheduler
-        if speculative and self.confidence and sched is not None and sched.falls_back:
+        falls_back = speculative and self.confidence and sched is not None and sched.falls_back
+        if falls_back:
             kinds += ("ar_taps",)
         for Bb in sorted(buckets or self.buckets, reverse=True):
             for kind in kinds:
@@ -403,8 +408,10 @@ class GraphedSteps:
             for w in (self._window_widths(Bb) if speculative else []):
                 self.graph("verify", Bb, width=w)                  # captures its "draft" too
         if prefill_lengths:
-            self.prefills.capture(sorted(buckets or self.buckets, reverse=True), prefill_lengths,
-                                  context=speculative)
+            sizes = sorted(buckets or self.buckets, reverse=True)
+            self.prefills.capture(sizes, prefill_lengths, context=speculative)
+            if falls_back:
+                self.prefills.capture(sizes, prefill_lengths, context=False, keep_taps=True)
 
     # ---- rounds -----------------------------------------------------------------------------------
     def prefill(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor, context: bool,

@@ -95,10 +95,11 @@ class PrefillGraphs:
             return last[:B], taps[:B, :T]
         return graph.outputs[:B]
 
-    def capture(self, batch_sizes: list[int], lengths: list[int], context: bool) -> None:
+    def capture(self, batch_sizes: list[int], lengths: list[int], context: bool,
+                keep_taps: bool = False) -> None:
         """Capture the graphs of these prefill shapes now (a server's common admissions)."""
         for B in batch_sizes:
             for T in lengths:
                 shape = self.shape(B, T, self.g.max_pages)
                 if shape is not None:
-                    self.graph(*shape, context)
+                    self.graph(*shape, context, keep_taps)

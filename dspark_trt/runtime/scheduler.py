@@ -383,7 +383,7 @@ class Scheduler:
         kind comes from the estimate (``_estimates_rounds``), which is the calibration's measured
         survival alone, and that says AR pays (``_falls_back_to_ar``)."""
         return (not len(self._survival) and self._estimates_rounds(seqs)
-                and self._prefers_ar(self._scheduler(), len(seqs), self._survival.curve()))
+                and self._prefers_ar(self._scheduler(), len(seqs), self._survival.optimistic()))
 
     def _ar_round(self, seqs: list[Sequence], fallback: bool = False) -> None:
         """Plain autoregressive step on the target: the comparison mode, or (``fallback``) an AR
@@ -423,7 +423,8 @@ class Scheduler:
     def _falls_back_to_ar(self, seqs: list[Sequence], estimates: bool) -> bool:
         """Whether this round of an all-``scheduled`` batch runs as an AR round (the scheduler's
         ``prefers_ar``: AR's tokens per ms against the best window's expected tokens per ms under
-        the recent rounds' survival estimate, ``SurvivalEstimate``); after ``AR_PROBE_EVERY`` AR rounds one
+        the recent rounds' survival estimate at its upper bound, ``SurvivalEstimate.optimistic``:
+        a streak starts only on evidence, not on a few unlucky rows); after ``AR_PROBE_EVERY`` AR rounds one
         scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
         probes confirm AR, and never shorter than the probes' budget allows: a probe that is
         expected to lose ``L`` AR rounds (``probe_loss``, its context write of the streak's
@@ -443,8 +444,7 @@ class Scheduler:
                 return False
             # ... but its context write of the streak's deferred rows grew past the budget: later
             self._probe_floor = min(AR_PROBE_LIMIT, math.ceil(loss / PROBE_BUDGET))
-        curve = self._survival.curve()
-        ar = self._prefers_ar(sched, len(seqs), curve)
+        ar = self._prefers_ar(sched, len(seqs), self._survival.optimistic())
         if self._probing:                  # the probe confirmed AR: probe half as often (to 1/64)
             self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
             self._probing = False
@@ -595,10 +595,9 @@ class Scheduler:
 
         def work() -> None:
             self._survival.prepare()
-            curve = self._survival.curve()
-            self._prefers_ar(sched, len(seqs), curve)
+            self._prefers_ar(sched, len(seqs), self._survival.optimistic())
             if sched.cost_model == "trimmed":
-                sched.best_window(len(seqs), curve)
+                sched.best_window(len(seqs), self._survival.curve())
         return work
 
     def _write_deferred(self, seqs: list[Sequence]) -> bool:

@@ -190,3 +190,22 @@ def test_repeats_keep_the_median_run_and_pair_the_ratios():
     assert "decode_tokens_per_s_repeats" not in mod.repeated(runs[:1])
     ar = [{"decode_tokens_per_s": v} for v in (15.0, 10.0, 40.0)]
     assert mod.paired_ratios(runs, ar) == [2.0, 1.0, 0.5]
+
+
+def test_prices_replay_a_runs_cost_curve(tmp_path):
+    """``--prices``: the cost curve of a results JSON (gzipped too) or a verify_cost.json, as that run
+    measured it; a file without one, or a broken one, is refused naming the file."""
+    from dspark_trt.runtime.confidence import CostCurve
+    mod = _module()
+    pts = dict(tokens=[2, 16], latency_ms=[0.4, 1.0], rows=[1, 4], draft_ms=[0.1, 0.2], ar_ms=[0.3, 0.5])
+    (tmp_path / "run.json.gz").write_bytes(gzip.compress(json.dumps({"cost_curve": pts, "batch": {}}).encode()))
+    (tmp_path / "verify_cost.json").write_text(json.dumps(pts))
+    for name in ("run.json.gz", "verify_cost.json"):
+        curve = mod.load_prices(str(tmp_path / name))
+        assert isinstance(curve, CostCurve) and curve.ar_ms == [0.3, 0.5] and name in curve.source
+        assert curve.step_ms("ar", 4) == 0.5
+    (tmp_path / "none.json").write_text(json.dumps([1, 2]))
+    (tmp_path / "bad.json").write_text(json.dumps({"cost_curve": {**pts, "latency_ms": [0.4]}}))
+    for name in ("none.json", "bad.json", "missing.json"):
+        with pytest.raises(SystemExit, match=name):
+            mod.load_prices(str(tmp_path / name))
