@@ -1,7 +1,10 @@
 """The Python API's decode step, path by path, in one process (issue #21): ``LLM`` eager modules
 with separate q/k/v and gate/up linears (the path before this change), with the engines' fused
-projections, fused + ``compile=True`` (inductor, regional), and the compiled HF transformers peer
-on the same weights. Same preset, seed and prompts for every path. ``<path>_fp8`` (issue #23): the
+projections, fused + ``compile=True`` (inductor, regional), the decode kernel chain (``eager_chain``:
+steps of <= 16 tokens through ``runtime/token_step.py``, larger ones through the eager modules;
+``compiled_chain``: the larger ones through the compiled modules, e.g. batch 16's verify of 128
+rows, which took the eager modules 13.2 ms against the compiled 8.1 on an H100 at 7915627), and the
+compiled HF transformers peer on the same weights. Same preset, seed and prompts for every path. ``<path>_fp8`` (issue #23): the
 same path with the target's projections quantised to fp8 (``--quantization fp8``: the fp8 kernel,
 q/k/v and gate/up fused), compared with ``<path>`` (prefill logits, greedy prefix); ``<path>_w8a8``
 likewise with ``--quantization fp8-w8a8`` (activations quantised per 128-group too).
@@ -46,6 +49,7 @@ PATHS = {  # name -> LLM.from_preset options
     "compiled": {"compile": True},
     "compiled_skinny": {"compile": True},
     "eager_chain": {},                                 # fused modules + the decode kernel chain (#21)
+    "compiled_chain": {"compile": True},               # the chain's steps of <= 16 tokens, compiled modules' larger
     "eager_fused_fp8": {"quantization": "fp8"},        # q..down in fp8 e4m3, 128x128 block scales (#23)
     "compiled_fp8": {"compile": True, "quantization": "fp8"},
     "compiled_w8a8": {"compile": True, "quantization": "fp8-w8a8"},   # + activations fp8 per 128-group
@@ -56,6 +60,7 @@ FP8_SUFFIXES = ("_fp8", "_w8a8")   # a path "<p>_fp8" / "<p>_w8a8" is compared w
 # the other eager paths pin the modules (whatever DSPARK_DECODE_CHAIN's default)
 PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"},
             "eager_chain": {"DSPARK_DECODE_CHAIN": "1"},   # steps of <= 16 tokens: runtime/token_step.py
+            "compiled_chain": {"DSPARK_DECODE_CHAIN": "1"},   # (batch 16: verify 128 rows, draft 112)
             **{p: {"DSPARK_DECODE_CHAIN": "0"} for p in ("eager_unfused", "eager_fused", "eager_fused_fp8")}}
 HF = "hf_compiled"            # the compiled HF peer's place in --paths (on the current path's weights)
 STEP_KEYS = ("ar_step_ms", "verify_step_ms", "draft_step_ms", "ar_roofline_ms", "ar_roofline_efficiency")

@@ -104,6 +104,18 @@ def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
     assert r["ar_1"] == r["ar_0"] == r["spec_1"] == r["spec_0"] == r["threshold_1"] == r["threshold_0"]
 
 
+def test_llm_decode_chain_beside_compiled_modules(llm_runs):
+    """``compile`` with ``DSPARK_DECODE_CHAIN=1``: the chain takes the steps that fit it (AR steps of
+    2 rows here, its limit cut to 4), the compiled modules the larger ones (verify blocks of 2 x 4,
+    prefills), and greedy output is the plain modules' in every mode (on a GPU: the chain's one-token
+    steps and the compiled modules' batch-16 verify, ``decode_paths.py --paths compiled_chain``)."""
+    r = llm_runs
+    assert r["chain_calls_compiled"] > 0 and r["module_calls_compiled"] > 0
+    assert r["draft_chain_calls_compiled"] > 0
+    assert r["ar_compiled"] == r["ar_0"] and r["spec_compiled"] == r["spec_0"]
+    assert r["threshold_compiled"] == r["threshold_0"]
+
+
 @pytest.mark.parametrize("flag,case,match", [
     ("2", "bf16", "set it to 1, 0 or auto"),
     ("1", "fp32", "bf16 only"),

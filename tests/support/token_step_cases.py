@@ -39,7 +39,9 @@ def llm_runs() -> dict:
     """``LLM`` with ``DSPARK_DECODE_CHAIN=1`` on a tiny bf16 pair with a confidence head: greedy AR,
     speculative (fixed N) and ``threshold`` output with the chain, the same of the plain modules,
     and how many target calls and draft block passes (plain, with the head's hidden states) the
-    chains took (prefills go to the modules)."""
+    chains took (prefills go to the modules); "compiled": the chain beside compiled modules
+    (``compile="aot_eager"``), its target steps cut to 4 rows so that the verify blocks (2 x 4
+    rows) and prefills run through the compiled modules (``module_calls_compiled``)."""
     from dspark_trt.models import build_models
     from dspark_trt.runtime import SamplingParams, token_step
     from dspark_trt.runtime.llm import LLM
@@ -54,14 +56,19 @@ def llm_runs() -> dict:
     prompts, sp = [[1, 2, 3, 4], [5, 6]], SamplingParams(max_new_tokens=6)
     threshold = SamplingParams(max_new_tokens=6, verify_mode="threshold", confidence_threshold=0.3)
     out = {}
-    for chain in ("1", "0"):
-        os.environ[DECODE_CHAIN_ENV] = chain
-        llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8)
-        calls = {"target": 0, "draft": 0, "draft_confidence": 0}
+    for chain in ("1", "0", "compiled"):
+        os.environ[DECODE_CHAIN_ENV] = "0" if chain == "0" else "1"
+        llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8,
+                  compile="aot_eager" if chain == "compiled" else False)
+        calls = {"target": 0, "draft": 0, "draft_confidence": 0, "modules": 0}
+        if chain == "compiled":     # the hybrid: the chain's steps of <= 4 rows, the compiled modules' larger
+            module = llm.networks.target_module
+            llm.networks.target_module = lambda *a, _m=module: (calls.__setitem__("modules", calls["modules"] + 1),
+                                                                 _m(*a))[1]
         if llm.networks.decode_chain is not None:
             step = llm.networks.decode_chain
             llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__("target", calls["target"] + 1), _s(*a))[1]
-            llm.networks.decode_chain.max_rows = step.max_rows
+            llm.networks.decode_chain.max_rows = 4 if chain == "compiled" else step.max_rows
         if llm.networks.draft_chain is not None:
             block = llm.networks.draft_chain.draft_logits
             def counted(*a, _b=block, **kw):
@@ -74,6 +81,7 @@ def llm_runs() -> dict:
         out[f"threshold_{chain}"] = [o.output_ids for o in llm.generate(prompts, threshold)]
         out[f"chain_calls_{chain}"], out[f"draft_chain_calls_{chain}"] = calls["target"], calls["draft"]
         out[f"draft_confidence_chain_calls_{chain}"] = calls["draft_confidence"]
+        out[f"module_calls_{chain}"] = calls["modules"]
     return out
 
 
