@@ -1673,7 +1673,7 @@ def test_ar_fallback_needs_evidence_at_batch_1():
     each accepting each draft with its own probability, uniform in [0.2, 0.8]: ~2 tokens a round,
     1.3x AR), but the estimate over 32 batch-1 rounds (32 rows) dips: in a stream of 2000 rounds
     its point curve says AR at dozens of rounds (each would start a streak that its dear probes
-    keep for ~200 rounds; H100, default pair: 111 of 286 rounds), the optimistic curve at a fifth
+    keep for ~200 rounds; H100, default pair: 205 AR rounds to 123), the optimistic curve at a fifth
     as many at most (seeds 0-5: 43-121 rounds against 0-12). Where AR wins by 1.4x (acceptance
     0.1) the optimistic curve still says AR at a third of the rounds or more at batch 1 (seeds 0-5:
     44-84 %; the first such round starts the streak), at every round at batch 64."""
