@@ -240,8 +240,8 @@ def gpu_table(name: str) -> dict:
     is not one, or is another GPU's, raises ValueError naming the file."""
     if name not in _gpu_tables:
         path = table_path(name)
-        table = read_table(path) if path.exists() else {}
-        if table and json.loads(path.read_text()).get("gpu") != name:
+        table, gpu = _read(path) if path.exists() else ({}, name)
+        if table and gpu != name:
             raise ValueError(f"decode-rows table {str(path)!r}: its gpu is not {name!r}")
         _gpu_tables[name] = table
     return _gpu_tables[name]
@@ -250,10 +250,15 @@ def gpu_table(name: str) -> dict:
 def read_table(path) -> dict:
     """(M bucket, N, K) -> tile of a ``decode_rows_sweep.py`` JSON or a shipped table (``rows`` of
     ``bucket``, ``N``, ``K``, ``best_config``); ValueError naming the file where it is neither."""
+    return _read(path)[0]
+
+
+def _read(path) -> tuple[dict, str | None]:
+    """``read_table``'s table and the file's ``gpu`` (None where it names none), one read."""
     try:
         doc = json.loads(Path(path).read_text())
         return {(int(r["bucket"]), int(r["N"]), int(r["K"])): dict(r["best_config"]) for r in doc["rows"]
-                if r.get("best_config")}
+                if r.get("best_config")}, doc.get("gpu")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"decode-rows table {str(path)!r}: not a decode_rows_sweep.py result ({e})") from e
 
