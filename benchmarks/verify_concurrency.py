@@ -141,23 +141,27 @@ def parse_args(argv):
     return p.parse_args(["bench"] + list(argv))
 
 
+def read_json(path: str | Path):
+    """A results JSON, plain or ``.json.gz``."""
+    path = Path(path)
+    return json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
+
+
 def load_prices(path: str):
     """``CostCurve`` of ``--prices``: a verify_concurrency JSON's ``cost_curve`` (.json / .json.gz)
     or a ``verify_cost.json``."""
     from dspark_trt.runtime.confidence import ConfidenceFileError, CostCurve
-    opener = gzip.open if path.endswith(".gz") else open
     try:
-        with opener(path, "rt") as f:
-            d = json.load(f)
+        d = read_json(path)
     except (OSError, ValueError) as e:
         raise SystemExit(f"error: --prices {path}: not a readable JSON file ({e})") from None
     pts = d.get("cost_curve", d) if isinstance(d, dict) else None
     if not isinstance(pts, dict):
         raise SystemExit(f"error: --prices {path}: no cost curve (a 'cost_curve' object or a verify_cost.json)")
     try:
-        return CostCurve(**{**pts, "source": f"--prices {path}"})
-    except (TypeError, ConfidenceFileError) as e:
-        raise SystemExit(f"error: --prices {path}: {e}") from None
+        return CostCurve.from_json(pts, f"--prices {path}")
+    except ConfidenceFileError as e:
+        raise SystemExit(f"error: {e}") from None
 
 
 def measure_cost_curve(llm, args, sizes):
@@ -517,8 +521,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--plot"]:                      # re-plot a JSON: --plot FILE.json
         path = Path(argv[1])                        # .json or .json.gz
-        text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-        print(plot(json.loads(text), Path(str(path).removesuffix(".gz")).with_suffix(".png")))
+        print(plot(read_json(path), Path(str(path).removesuffix(".gz")).with_suffix(".png")))
         return 0
     report = run(argv)
     out_dir = Path(parse_args(argv).out_dir)

@@ -278,16 +278,22 @@ class CostCurve:
     @classmethod
     def load(cls, path: str | Path) -> "CostCurve":
         d = _read_json(Path(path))
+        return cls.from_json(d, str(d.get("source", path)) if isinstance(d, dict) else str(path), where=path)
+
+    @classmethod
+    def from_json(cls, d: dict, source: str, where=None) -> "CostCurve":
+        """The curve of ``to_json``'s dict (a ``verify_cost.json``, a bench result's ``cost_curve``);
+        ``ConfidenceFileError`` naming ``where`` (default: ``source``) where it is not one."""
         try:
             opt = lambda k, f: None if d.get(k) is None else [f(v) for v in d[k]]  # noqa: E731
             grid = lambda k: None if d.get(k) is None else [[float(v) for v in r] for r in d[k]]  # noqa: E731
             return cls([int(n) for n in d["tokens"]], [float(v) for v in d["latency_ms"]],
-                       str(d.get("source", path)), opt("rows", int), opt("draft_ms", float),
+                       source, opt("rows", int), opt("draft_ms", float),
                        opt("ar_ms", float), grid("verify_ms"), opt("admission_ms", float),
                        grid("draft_window_ms"), opt("host_ms", float), opt("context_tokens", int),
                        opt("context_ms", float))
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfidenceFileError(f"{path}: needs 'tokens' and 'latency_ms' lists ({e})") from None
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ConfidenceFileError(f"{where or source}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
     @classmethod
     def find(cls, *directories) -> "CostCurve":
