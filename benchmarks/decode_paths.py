@@ -57,11 +57,11 @@ PATHS = {  # name -> LLM.from_preset options
 FP8_SUFFIXES = ("_fp8", "_w8a8")   # a path "<p>_fp8" / "<p>_w8a8" is compared with path "<p>" (same weights, quantised)
 # environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears, with
 # DSPARK_SKINNY_GEMM_TABLE (a skinny_gemm_bench.py JSON of this GPU) if the caller set one
-# the other eager paths pin the modules (whatever DSPARK_DECODE_CHAIN's default)
-PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1"},
+# the other eager paths and "compiled" pin the modules (the default "auto" runs the chain beside both)
+PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1", "DSPARK_DECODE_CHAIN": "0"},
             "eager_chain": {"DSPARK_DECODE_CHAIN": "1"},   # steps of <= 16 tokens: runtime/token_step.py
             "compiled_chain": {"DSPARK_DECODE_CHAIN": "1"},   # (batch 16: verify 128 rows, draft 112)
-            **{p: {"DSPARK_DECODE_CHAIN": "0"} for p in ("eager_unfused", "eager_fused", "eager_fused_fp8")}}
+            **{p: {"DSPARK_DECODE_CHAIN": "0"} for p in ("eager_unfused", "eager_fused", "eager_fused_fp8", "compiled")}}
 HF = "hf_compiled"            # the compiled HF peer's place in --paths (on the current path's weights)
 STEP_KEYS = ("ar_step_ms", "verify_step_ms", "draft_step_ms", "ar_roofline_ms", "ar_roofline_efficiency")
 

@@ -147,7 +147,9 @@ class LLM:
         self.networks = networks or EagerNetworks(target, draft, num_pages, page_size,
                                                   self.device, self.dtype, markov_sampler, n)
         chain = decode_chain_flag()
-        if networks is None and chain and (chain != "auto" or self.device.type == "cuda" and not self.compiled):
+        # "auto" beside compiled modules too (H100 at f9411cd, Qwen3-8B dims: AR 6.17 ms against
+        # the compiled modules' 6.65 at batch 1, 7.48 / 7.41 at batch 16; verify and draft no slower)
+        if networks is None and chain and (chain != "auto" or self.device.type == "cuda"):
             from .token_step import chain_for           # Triton kernels: imported only where they may run
             self.networks.decode_chain = chain_for(target, self.device, self.tp_size)   # (issue #21)
             self.networks.draft_chain = None if draft is None else chain_for(draft, self.device, self.tp_size)

@@ -2,8 +2,8 @@
 ``decode_gemv.MAX_ROWS`` in all) as a chain of fused Triton kernels, each launched with
 programmatic dependent launch where the GPU has it (issue #21). ``LLM``'s eager Qwen3 modules
 run it with ``DSPARK_DECODE_CHAIN=auto``, the default (``networks.DECODE_CHAIN_DEFAULT``: on a CUDA
-GPU, bf16, not compiled, TP 1; the modules elsewhere), ``=1`` (an error where it cannot run;
-``chain_for``) or ``=0`` (the modules everywhere). The target's steps of at most ``MAX_ROWS`` tokens
+GPU, bf16, TP 1, beside eager or compiled modules; the modules elsewhere), ``=1`` (an error where
+it cannot run; ``chain_for``) or ``=0`` (the modules everywhere). The target's steps of at most ``MAX_ROWS`` tokens
 run here, larger ones (most prefills, big verifies) through the modules; so does the DSpark
 draft's block pass of B x N <= ``MAX_ROWS`` tokens (``draft_logits``: the same layers,
 non-causal over the block, its Markov sampler after). On the H200 at Qwen3-8B dims (36 layers,
