@@ -7,7 +7,7 @@ Wraps ``Scheduler._falls_back_to_ar`` / ``_ar_round`` / ``_reserve_round`` / ``_
 wall timers, runs ``verify_concurrency.run``
 with the given arguments (its own JSON is not written), and writes per batch and mode the calls
 and mean ms of each, next to the rounds' walls: e.g. the AR fallback's bookkeeping is
-``_ar_round`` minus ``ar_round_taps`` against plain AR's ``_ar_round`` minus ``ar_round``, and a
+``_ar_round`` minus ``ar_round_keep_taps`` against plain AR's ``_ar_round`` minus ``ar_round``, and a
 speculative round's ``_spec_round`` minus ``DecodeSteps.spec_round`` in either mode.
 ``--force-speculative``: ``VerifyScheduler.prefers_ar`` always False, so the scheduled mode's rounds
 stay speculative where the cost curve would fall back to AR (the CPU): what its decisions cost a
@@ -31,14 +31,16 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.runtime import confidence as confidence_mod, cuda_graphs, scheduler as sched_mod, \
-    steps as steps_mod  # noqa: E402
+from dspark_trt.runtime import confidence as confidence_mod, cuda_graphs, deferred_context, \
+    scheduler as sched_mod, steps as steps_mod  # noqa: E402
 
 TIMED = {sched_mod.Scheduler: ("_falls_back_to_ar", "_ar_round", "_reserve_round", "_write_deferred", "_spec_round",
                                 "_observe_round", "_estimates_rounds", "_estimated_window", "round_inputs"),
-         steps_mod.DecodeSteps: ("ar_round", "ar_round_taps", "spec_round"),
-         cuda_graphs.GraphedSteps: ("spec_round", "spec_round_admitted"),
+         steps_mod.DecodeSteps: ("ar_round", "ar_round_keep_taps", "spec_round"),
+         cuda_graphs.GraphedSteps: ("spec_round", "spec_round_admitted", "ar_round", "ar_round_keep_taps"),
+         deferred_context.DeferredContext: ("add", "flush"),
          confidence_mod.SurvivalEstimate: ("add", "prepare")}
+PREFIX = {deferred_context.DeferredContext: "deferred."}      # names the timed classes share
 
 
 def timed(calls: dict):
@@ -46,9 +48,10 @@ def timed(calls: dict):
     for cls, names in TIMED.items():
         for name in names:
             fn = getattr(cls, name)
+            label = PREFIX.get(cls, "") + name
 
             @functools.wraps(fn)
-            def wrapper(*a, _fn=fn, _name=name, **kw):
+            def wrapper(*a, _fn=fn, _name=label, **kw):
                 t0 = time.perf_counter()
                 try:
                     return _fn(*a, **kw)

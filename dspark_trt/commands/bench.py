@@ -220,7 +220,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             draft_window.append([time_ms(steps.replayable(lambda w=w: eager.draft_step(x, w)), iters, cuda)
                                  for w in range(1, N)])
         # the fallback's AR step (what ``prefers_ar`` compares); it defers its context write
-        ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, taps_out=True)), step_iters, cuda))
+        ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, keep_taps=True)), step_iters, cuda))
         grid.append([])
         for w in range(1, N + 1):
             d, z = drafts_all[:B, :w].contiguous(), z_all[:B, :w].contiguous()

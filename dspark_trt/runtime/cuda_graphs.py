@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .deferred_context import SLOT_ROWS
 from .packed_verify import check_packable
 from .prefill_graphs import PrefillGraphs
 from .sampling_modifiers import Modifiers
@@ -191,7 +192,7 @@ def _no_gc():
 
 # the flat int64 / f32 input segments of a bucket and each one's inert value (the table follows
 # the int64 segments)
-INT_FIELDS = {"anchor": -1, "start": -1, "seed": 0, "verify_mode": 0,
+INT_FIELDS = {"anchor": -1, "start": -1, "seed": 0, "verify_mode": 0, "tap_row": -1,
               **{f: v for f, (v, t) in MODIFIER_FIELDS.items() if t == np.int64}}
 F32_FIELDS = {"temperature": 0.0, "top_p": 1.0, "threshold": 0.0,
               **{f: v for f, (v, t) in MODIFIER_FIELDS.items() if t == np.float32}}
@@ -347,7 +348,8 @@ class GraphedSteps:
     def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False, width: int | None = None,
               slots: int | None = None) -> CapturedGraph:
         """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar", "ar_taps"
-        (the AR step returning its taps too, for the fallback's deferred context)} of bucket
+        (the AR step storing its taps in the steps' ``tap_store`` at the inputs' ``tap_row``, for
+        the fallback's deferred context)} of bucket
         ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies the first
         ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths,
         packed into ``slots`` token slots when given (``packed_verify.py``); "draft" / "verify"
@@ -361,7 +363,8 @@ class GraphedSteps:
         key = ((kind, Bb, mods) + ((width, slots) if kind == "verify_admit" else ())
                + ((width,) if window else ())
                + ((sched.cost_model,) if kind in ("draft_admit", "verify_admit") else ())
-               + ((self.steps.counts,) if mods.penalties else ()))
+               + ((self.steps.counts,) if mods.penalties else ())
+               + ((self.steps.tap_rows,) if kind == "ar_taps" else ()))
         if key in self._graphs:
             return self._graphs[key]
         x = self.buffers(Bb).inputs
@@ -376,7 +379,7 @@ class GraphedSteps:
             drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
             fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods, width, slots)  # noqa: E731
         elif kind in ("ar", "ar_taps"):
-            fn = lambda: self.steps.ar_step(x, mods, taps_out=kind == "ar_taps")  # noqa: E731
+            fn = lambda: self.steps.ar_step(x, mods, keep_taps=kind == "ar_taps")  # noqa: E731
         else:
             raise ValueError(f"unknown graph kind '{kind}'")
         log.debug("capturing %s graph for batch bucket %d (%s)", kind, Bb, mods)
@@ -401,6 +404,7 @@ class GraphedSteps:
         falls_back = speculative and self.confidence and sched is not None and sched.falls_back
         if falls_back:
             kinds += ("ar_taps",)
+            self.steps.reserve_taps(self.buckets[-1] * SLOT_ROWS)     # every scheduler's DeferredContext
         for Bb in sorted(buckets or self.buckets, reverse=True):
             for kind in kinds:
                 for w, n in (self._verify_sizes(Bb) if kind == "verify_admit" else [(None, None)]):
@@ -497,11 +501,10 @@ class GraphedSteps:
             return self.steps.ar_round(r, mods, context=True)
         return self._replay_ar("ar", r, mods)
 
-    def ar_round_taps(self, r: RoundInputs, mods: Modifiers | bool) -> tuple[np.ndarray, Tensor]:
-        """As ``DecodeSteps.ar_round_taps``; the taps are the graph's output buffer (rows [:B]),
-        overwritten by its next replay."""
-        nxt = self._replay_ar("ar_taps", r, mods)
-        return nxt, self.graph("ar_taps", self.bucket(r.batch_size), mods).outputs[1][:r.batch_size]
+    def ar_round_keep_taps(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
+        """As ``DecodeSteps.ar_round_keep_taps``: the store of the taps is inside the graph (no
+        launch and no index upload of its own: ``tap_row`` travels with the round's inputs)."""
+        return self._replay_ar("ar_taps", r, mods)
 
     def _replay_ar(self, kind: str, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         B = r.batch_size
@@ -511,4 +514,4 @@ class GraphedSteps:
         buf.fill(r)
         buf.upload()
         ar.launch()
-        return buf.download(ar.outputs if kind == "ar" else ar.outputs[0], B)
+        return buf.download(ar.outputs, B)

@@ -17,6 +17,11 @@ that does not has it written with the streak's rows by the next speculative roun
 
 A sequence's pending rows go when it leaves (finish, abort, preemption: its prefill rewrites the
 whole context). ``capacity`` AR rows per slot; a full slot is flushed before it takes another.
+
+The AR rows live in the steps' ``tap_store`` (``DecodeSteps.keep_taps``): the AR round itself stores
+its taps at the rows ``add`` hands out (``RoundInputs.tap_row``), inside its CUDA graph, so the
+round's host path has no store of its own (an index upload and a scatter launch after the round's
+read-back took ~0.1 ms of the H100's fallback AR rounds over plain ones, default pair, batches 4-16).
 """
 from __future__ import annotations
 
@@ -24,17 +29,20 @@ import numpy as np
 import torch
 from torch import Tensor
 
+SLOT_ROWS = 64          # AR rows kept per slot (the scheduler's longest streak between probes)
+
 
 class DeferredContext:
     """Pending draft-context taps per sequence slot: the AR rows in ``buffer [slots, capacity,
-    m*d]`` on the device (allocated at the first ``add``), a deferred prompt's rows in ``prompts``
-    (before them), the positions on the host."""
+    m*d]`` (the ``steps``' ``tap_store``, written by the AR rounds), a deferred prompt's rows in
+    ``prompts`` (before them), the positions on the host."""
 
-    def __init__(self, networks, slots: int, capacity: int):
+    def __init__(self, networks, slots: int, capacity: int, steps):
+        """``steps``: the ``DecodeSteps`` whose AR rounds store the taps (``keep_taps``)."""
         if capacity < 1:
             raise ValueError(f"DeferredContext: capacity must be >= 1, got {capacity}")
-        self.nets, self.slots, self.capacity = networks, slots, capacity
-        self.buffer: Tensor | None = None                    # [slots, capacity, m*d]
+        self.nets, self.slots, self.capacity, self.steps = networks, slots, capacity, steps
+        steps.reserve_taps(slots * capacity)
         self.positions: dict[int, list[int]] = {}            # slot -> pending AR positions, in order
         self.prompts: dict[int, tuple[list[int], Tensor]] = {}   # slot -> (positions, taps [T, m*d])
         self.flushes = 0                                     # draft_context calls made
@@ -64,21 +72,24 @@ class DeferredContext:
         held = sum(len(p) for p, _ in self.prompts.values())
         return held + rows <= self.slots * self.capacity
 
-    def add(self, slots: list[int], positions: list[int], taps: Tensor) -> None:
-        """Keep ``taps [B, m*d]`` of rows at ``positions`` for ``slots`` (one row each; every slot
-        has room: ``room_for``)."""
-        if self.buffer is None:
-            self.buffer = torch.empty(self.slots, self.capacity, taps.shape[-1], dtype=taps.dtype,
-                                      device=taps.device)
+    @property
+    def buffer(self) -> Tensor:
+        """[slots, capacity, m*d] the AR rows (a view of the steps' ``tap_store``)."""
+        store = self.steps.tap_store
+        if store is None or store.shape[0] < self.slots * self.capacity:
+            raise RuntimeError("DeferredContext: no AR round has stored taps for these slots")
+        return store[: self.slots * self.capacity].view(self.slots, self.capacity, -1)
+
+    def add(self, slots: list[int], positions: list[int]) -> np.ndarray:
+        """Rows at ``positions`` for ``slots`` (one each; every slot has room: ``room_for``) ->
+        [B] int64 their ``tap_store`` rows, where the AR round that computes them stores their
+        taps (``RoundInputs.tap_row``)."""
         rows = [len(self.positions.get(s, ())) for s in slots]
         if max(rows, default=0) >= self.capacity:
             raise RuntimeError("DeferredContext.add: a slot is full; flush it first")
-        flat = torch.tensor([s * self.capacity + r for s, r in zip(slots, rows)], dtype=torch.int64)
-        # one index_copy_ into the flat rows: an AR round of the fallback pays this on the host (an
-        # advanced-index store [slot, row] took 41-88 us of host time on this CPU, this 14-16)
-        self.buffer.view(-1, self.buffer.shape[-1]).index_copy_(0, flat.to(taps.device), taps)
         for s, p in zip(slots, positions):
             self.positions.setdefault(s, []).append(p)
+        return np.array([s * self.capacity + r for s, r in zip(slots, rows)], dtype=np.int64)
 
     def room_for(self, slots: list[int]) -> bool:
         return all(len(self.positions.get(s, ())) < self.capacity for s in slots)

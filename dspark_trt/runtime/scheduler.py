@@ -43,7 +43,7 @@ import torch
 from .. import plugins
 from .kv_manager import PagedKVManager
 from .confidence import CONFIDENCE_PROBE_EVERY, MODE_IDS, TRIM_MARGIN, SurvivalEstimate
-from .deferred_context import DeferredContext
+from .deferred_context import SLOT_ROWS, DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
 from .sampling_modifiers import Modifiers, uses_penalties
@@ -146,7 +146,7 @@ class Scheduler:
         # the fallback AR rounds' draft context, written by the next speculative round
         # (``defer_context=False``: by each AR round itself, the reference behaviour)
         self.defer_context = True
-        self.deferred = DeferredContext(networks, max_batch_size, AR_PROBE_MAX)
+        self.deferred = DeferredContext(networks, max_batch_size, SLOT_ROWS, self.steps.eager)
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
         self.preemptions = 0                                # sequences preempted for KV pages
@@ -397,8 +397,9 @@ class Scheduler:
         if k is None and fallback and self.defer_context:
             if not self.deferred.room_for(slots):
                 self._write_deferred(seqs)
-            host, taps = self.steps.ar_round_taps(self.round_inputs(seqs), mods)      # [B, 1], [B, m*d]
-            self.deferred.add(slots, [s.position for s in seqs], taps)
+            r = self.round_inputs(seqs)
+            r.tap_row = self.deferred.add(slots, [s.position for s in seqs])      # where the round stores its taps
+            host = self.steps.ar_round_keep_taps(r, mods)                         # [B, 1]
         elif k is None:
             host = self.steps.ar_round(self.round_inputs(seqs), mods, context=fallback)   # [B, 1]
         else:

@@ -44,7 +44,8 @@ bucket, read back like the trimmed window); ``verify_slots`` counts the slot buc
 The public round interface (every caller drives a round through it, never through private parts):
   ``Scheduler.round_inputs(seqs)``             the ``RoundInputs`` of running sequences
   ``steps.spec_round / spec_round_admitted / ar_round(r, ...)``  one round, host in, host out
-  ``steps.ar_round_taps(r, mods)``             an AR round that also returns its taps (device)
+  ``steps.ar_round_keep_taps(r, mods)``        an AR round that also stores its taps in the steps'
+                                               ``tap_store`` at rows ``r.tap_row`` (the fallback's)
   ``steps.eager.spec_round_logprobs / ar_round_logprobs(r, mods, k)``  the same, eager, with the
                                                raw target logprobs of the emitted tokens (top k)
   ``steps.stage(r)`` -> ``StagedRound``        the round's device inputs and one callable per step
@@ -103,6 +104,7 @@ class RoundInputs:
     frequency_penalty: np.ndarray | None = None   # [B] float32
     repetition_penalty: np.ndarray | None = None  # [B] float32
     slot: np.ndarray | None = None          # [B] int64: the row's ``TokenCounts`` slot (-1: none)
+    tap_row: np.ndarray | None = None       # [B] int64: ``tap_store`` row of its taps (-1 / None: spare row)
 
     def modifier(self, name: str) -> np.ndarray:
         """The modifier field ``name`` [B] (its neutral value on every row when None)."""
@@ -141,6 +143,7 @@ class DeviceInputs:
     frequency_penalty: Tensor | None = None   # [B] f32
     repetition_penalty: Tensor | None = None  # [B] f32
     slot: Tensor | None = None          # [B] int64
+    tap_row: Tensor | None = None       # [B] int64
 
     @classmethod
     def from_host(cls, r: RoundInputs, device, confidence: bool = False,
@@ -151,7 +154,7 @@ class DeviceInputs:
         mode, thr = confidence_inputs(r, device) if confidence else (None, None)
         extra = ({f: t(r.modifier(f)) for f in MODIFIER_FIELDS} if Modifiers.of(mods).any else {})
         return cls(t(r.anchor), t(r.start), t(r.seed), t(r.temperature), t(r.top_p), t(r.table),
-                   mode, thr, **extra)
+                   mode, thr, **extra, tap_row=None if r.tap_row is None else t(r.tap_row))
 
     def head(self, B: int) -> "DeviceInputs":
         """The first B rows (the fixed-round fields, and the verify modes / thresholds if present;
@@ -199,6 +202,26 @@ class DecodeSteps:
         self.verify_widths: Counter = Counter()       # confidence rounds per verify window
         self.verify_slots: Counter = Counter()        # packed confidence rounds per slot count
         self.window_rounds: Counter = Counter()       # window rounds (w < N drafts, no head) per w
+        # the AR fallback's taps (``deferred_context.py``), written by its AR rounds at ``tap_row``:
+        # [tap_rows + 1, m*d] (the last row takes inert rows), allocated by the first such step
+        self.tap_rows = 0
+        self.tap_store: Tensor | None = None
+
+    def reserve_taps(self, rows: int) -> None:
+        """``tap_store`` rows for at least ``rows`` taps (``DeferredContext``: slots x capacity); a
+        larger reservation replaces the store at the next step that keeps taps (``GraphedSteps``
+        keys the graph of that step by ``tap_rows``: a new store, a new capture)."""
+        if rows > self.tap_rows:
+            self.tap_rows, self.tap_store = rows, None
+
+    def keep_taps(self, taps: Tensor, rows: Tensor | None) -> None:
+        """``taps [B, m*d]`` into ``tap_store`` at ``rows [B]`` (-1, or ``rows`` None: the spare
+        last row): one scatter inside the step, which a CUDA graph replays with the round's rows."""
+        if self.tap_store is None or self.tap_store.shape[-1] != taps.shape[-1]:
+            self.tap_store = taps.new_empty(self.tap_rows + 1, taps.shape[-1])
+        spare = torch.full_like(taps[:, 0], self.tap_rows, dtype=torch.int64)
+        dest = spare if rows is None else torch.where(rows >= 0, rows, spare)
+        self.tap_store.index_copy_(0, dest, taps)
 
     def token_counts(self, slots: int, vocab: int) -> TokenCounts:
         """The penalties' device state with at least ``slots`` slots (allocated on first use; a
@@ -333,12 +356,13 @@ class DecodeSteps:
 
     @torch.inference_mode()
     def ar_step(self, x: DeviceInputs, mods: Modifiers | bool, context: bool = False,
-                logprobs: int | None = None, taps_out: bool = False):
+                logprobs: int | None = None, taps_out: bool = False, keep_taps: bool = False):
         """One autoregressive target step -> next token [B, 1] (-1 for inert rows). ``context``:
         also write the draft's context at the anchor's position from the target's taps (what a
         verify that accepted no draft writes), so that a speculative round can follow.
         ``taps_out``: ``(next, taps [B, m*d])`` instead, the taps of the anchor's position for a
-        later write (the AR rounds of the scheduler's fallback, ``deferred_context.py``). With
+        later write; ``keep_taps``: those taps stored in ``tap_store`` at rows ``x.tap_row`` (the AR
+        rounds of the scheduler's fallback, ``deferred_context.py``). With
         ``logprobs`` = k (eager only) ``(next, (chosen [B, 1], ids, vals))`` as ``verify_step``."""
         mods = Modifiers.of(mods)
         pos = torch.where(x.start >= 0, x.start, -1)[:, None]                       # [B, 1]
@@ -353,6 +377,8 @@ class DecodeSteps:
         nxt = torch.where((x.start >= 0) & finite, nxt, -1)[:, None]                # [B, 1]
         if mods.penalties:
             self.counts.add(x.slot, nxt, nxt >= 0)
+        if keep_taps:
+            self.keep_taps(taps[:, 0], x.tap_row)
         if taps_out:
             return nxt, taps[:, 0]
         return nxt if logprobs is None else (nxt, token_logprobs(raw, nxt, logprobs))
@@ -452,11 +478,11 @@ class DecodeSteps:
         return self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods,
                             context).cpu().numpy()
 
-    def ar_round_taps(self, r: RoundInputs, mods: Modifiers | bool) -> tuple[np.ndarray, Tensor]:
-        """-> (next token [B, 1] on the host as ``ar_round``, the anchors' taps [B, m*d] on the
-        device, valid until the next AR round: ``ar_step(taps_out=True)``)."""
-        nxt, taps = self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods, taps_out=True)
-        return nxt.cpu().numpy(), taps
+    def ar_round_keep_taps(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
+        """-> next token [B, 1] on the host as ``ar_round``; the anchors' taps go to ``tap_store``
+        at rows ``r.tap_row`` (``ar_step(keep_taps=True)``)."""
+        return self.ar_step(DeviceInputs.from_host(r, self.device, mods=mods), mods,
+                            keep_taps=True).cpu().numpy()
 
 
 def run_host_work(work: Callable[[], None] | None) -> None:

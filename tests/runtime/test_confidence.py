@@ -1113,6 +1113,41 @@ def test_ar_round_with_context_writes_the_drafts_context_like_a_verify_that_acce
 
 
 @pytest.mark.parametrize("graphs", [False, True])
+def test_ar_round_stores_its_taps_at_the_rows_it_is_given(graphs):
+    """The fallback's AR round stores each row's taps (those ``ar_step(taps_out=True)`` returns) in
+    the steps' ``tap_store`` at its ``tap_row``, inside the step (the graph path: the bucket's
+    static inputs); inert rows (-1, and the bucket's padding) go to the spare last row, no other
+    row is touched; the next tokens equal a plain AR round's."""
+    from dspark_trt.runtime.steps import DeviceInputs
+    llm = _llm(block=4, seed=2, graphs=graphs)
+    steps = llm.steps
+    gen = llm.scheduler()
+    for p in ([1, 2, 3], [4, 5], [6, 7, 8, 9]):
+        gen.add_request(p, SamplingParams(max_new_tokens=10))
+    gen.step()
+    r = gen.round_inputs(gen.running)
+    plain, taps = steps.eager.ar_step(DeviceInputs.from_host(r, "cpu"), False, taps_out=True)  # [B, m*d]
+    store = steps.eager.tap_store
+    assert store is None or store.shape[0] == steps.eager.tap_rows + 1
+    r.tap_row = np.array([5, -1, 2])
+    steps.ar_round_keep_taps(r, False)                 # allocates the store (the graph: at capture)
+    store = steps.eager.tap_store
+    assert store.shape == (steps.eager.tap_rows + 1, taps.shape[-1]) and steps.eager.tap_rows >= 4 * 64
+    with torch.inference_mode():                       # the steps write it in inference mode
+        store.fill_(7.0)
+    out = steps.ar_round_keep_taps(r, False)
+    assert store is steps.eager.tap_store
+    np.testing.assert_array_equal(out, plain.numpy())
+    torch.testing.assert_close(store[5], taps[0])
+    torch.testing.assert_close(store[2], taps[2])
+    if not graphs:                                     # the graph's bucket pads with inert rows too
+        torch.testing.assert_close(store[-1], taps[1])
+    others = torch.ones(store.shape[0], dtype=torch.bool)
+    others[[2, 5, -1]] = False
+    assert (store[others] == 7.0).all()
+
+
+@pytest.mark.parametrize("graphs", [False, True])
 def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs, unbudgeted_probes):
     """With step costs where drafting never pays, an all-scheduled batch runs AR rounds (0 drafts
     verified, the draft's context kept) with a scheduled probe every AR_PROBE_EVERY rounds; greedy
@@ -1135,13 +1170,36 @@ def test_scheduled_batches_fall_back_to_ar_rounds_losslessly(graphs, unbudgeted_
     assert 0 not in mixed[0].stats.proposed
 
 
-@pytest.mark.parametrize("graphs", [False, True])
+def _cuda_llm(**kw) -> LLM:
+    """``_llm``'s pair on the GPU in fp32 (head dim 16: the Triton attention kernel's least), its
+    rounds from captured CUDA graphs (cuda-python)."""
+    if not torch.cuda.is_available():
+        pytest.skip("CUDA graphs need a GPU")
+    pytest.importorskip("cuda.bindings", reason="needs cuda-python")
+    pair = _pair(block=4, hidden=64)
+    target, draft = build_models(pair, torch.float32, "cuda", seed=6)
+    scale_weights_(target, 4.0)
+    _spread_head_(draft)
+    llm = LLM(pair, target, draft, max_batch_size=4, max_seq_len=96, page_size=8, cuda_graphs=True,
+              graph_backend="cuda-python", **kw)
+    _scheduler(llm).cost_model = "trimmed"
+    return llm
+
+
+@pytest.mark.parametrize("graphs", [False, True, pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_fallback_context_written_late_equals_written_each_round(graphs, unbudgeted_probes):
     """The fallback's AR rounds keep their taps and the next scheduled round writes them in one
     draft_context call: the same drafts, acceptance and output as writing them in every AR round
-    (fp64), and the draft cache holds the same context; a finished sequence leaves nothing pending."""
+    (fp64), and the draft cache holds the same context; a finished sequence leaves nothing pending.
+    "cuda": captured graphs (the taps stored inside the "ar_taps" graph), fp32: the same output,
+    the cache within fp32 rounding of a wider matmul."""
     curve = probed_curve()
-    llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
+    if graphs == "cuda":
+        llm = _cuda_llm(verify_cost=curve)
+        llm.capture_graphs(True)
+        assert any(k[0] == "ar_taps" for k in llm.steps._graphs)
+    else:
+        llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", graphs=graphs)
     reqs = [([1, 2, 3], SamplingParams(max_new_tokens=40, verify_mode="scheduled")),
             ([4, 5], SamplingParams(max_new_tokens=25, verify_mode="scheduled"))]
     runs = {}
@@ -1149,8 +1207,9 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
         gen = llm.scheduler()
         gen.defer_context = defer
         seqs = [gen.add_request(p, sp) for p, sp in reqs]
-        while seqs[0].stats.proposed.count(0) < 2 * AR_PROBE_EVERY_T:    # stop inside an AR streak
+        while seqs[0].stats.proposed.count(0) < 2 * AR_PROBE_EVERY_T and gen.has_work():   # stop inside an AR streak
             gen.step()
+        assert seqs[0].stats.proposed.count(0) >= 2 * AR_PROBE_EVERY_T, seqs[0].stats.proposed
         gen._write_deferred(gen.running)
         ps = llm.networks.page_size                 # the draft K of every committed position
         cache = [torch.stack([k[s.table_row[p // ps], p % ps] for p in range(s.position)])
@@ -1158,9 +1217,13 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
         while gen.has_work():
             gen.step()
         runs[defer] = ([(s.output_ids, s.stats.proposed, s.stats.accepted) for s in seqs], cache, gen)
-    assert runs[True][0] == runs[False][0]
+    if graphs == "cuda":                           # fp32: the output; the cache to its rounding
+        assert [o for o, _, _ in runs[True][0]] == [o for o, _, _ in runs[False][0]]
+    else:
+        assert runs[True][0] == runs[False][0]
+    tol = 1e-4 if graphs == "cuda" else 1e-12
     for a, b in zip(runs[True][1], runs[False][1]):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     late = runs[True][2].deferred
     ar_rounds = sum(p == 0 for _, proposed, _ in runs[True][0] for p in proposed)
     assert late.flushes >= 2 and 0 < late.flushed_rows <= ar_rounds
