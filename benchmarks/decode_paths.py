@@ -49,6 +49,7 @@ PATHS = {  # name -> LLM.from_preset options
     "compiled": {"compile": True},
     "compiled_skinny": {"compile": True},
     "eager_chain": {},                                 # fused modules + the decode kernel chain (#21)
+    "eager_chain_torch_ops": {},                       # the same with the wider steps' torch elementwise ops
     "compiled_chain": {"compile": True},               # the chain's steps of <= 16 tokens, compiled modules' larger
     "eager_fused_fp8": {"quantization": "fp8"},        # q..down in fp8 e4m3, 128x128 block scales (#23)
     "compiled_fp8": {"compile": True, "quantization": "fp8"},
@@ -57,11 +58,16 @@ PATHS = {  # name -> LLM.from_preset options
 FP8_SUFFIXES = ("_fp8", "_w8a8")   # a path "<p>_fp8" / "<p>_w8a8" is compared with path "<p>" (same weights, quantised)
 # environment a path runs under (restored after it): the opt-in skinny-GEMM decode linears, with
 # DSPARK_SKINNY_GEMM_TABLE (a skinny_gemm_bench.py JSON of this GPU) if the caller set one
-# the other eager paths and "compiled" pin the modules (the default "auto" runs the chain beside both)
+# the other eager paths and "compiled" pin the modules (the default "auto" runs the chain beside both);
+# the eager paths' steps past the chain run the row kernels (models.qwen3.use_row_kernels_) unless
+# DSPARK_ROW_KERNELS=0: the unchained eager paths keep the torch ops (the paths before #21's kernels)
+NO_ROWS = {"DSPARK_ROW_KERNELS": "0"}
 PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1", "DSPARK_DECODE_CHAIN": "0"},
             "eager_chain": {"DSPARK_DECODE_CHAIN": "1"},   # steps of <= 16 tokens: runtime/token_step.py
+            "eager_chain_torch_ops": {"DSPARK_DECODE_CHAIN": "1", **NO_ROWS},
             "compiled_chain": {"DSPARK_DECODE_CHAIN": "1"},   # (batch 16: verify 128 rows, draft 112)
-            **{p: {"DSPARK_DECODE_CHAIN": "0"} for p in ("eager_unfused", "eager_fused", "eager_fused_fp8", "compiled")}}
+            "compiled": {"DSPARK_DECODE_CHAIN": "0"},
+            **{p: {"DSPARK_DECODE_CHAIN": "0", **NO_ROWS} for p in ("eager_unfused", "eager_fused", "eager_fused_fp8")}}
 HF = "hf_compiled"            # the compiled HF peer's place in --paths (on the current path's weights)
 STEP_KEYS = ("ar_step_ms", "verify_step_ms", "draft_step_ms", "ar_roofline_ms", "ar_roofline_efficiency")
 

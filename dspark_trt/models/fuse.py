@@ -33,7 +33,11 @@ class FusedLinear(nn.Module):
         self.skinny_gemm: bool | None = False   # decode_linear's ``enabled`` (None: DSPARK_SKINNY_GEMM)
 
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
-        return decode_linear(x, self.weight, self.skinny_gemm).split(self.sizes, -1)
+        return self.rows(x).split(self.sizes, -1)
+
+    def rows(self, x: Tensor) -> Tensor:
+        """The parts' outputs side by side, one tensor [..., sum(sizes)] (what ``forward`` splits)."""
+        return decode_linear(x, self.weight, self.skinny_gemm)
 
     def parts_from(self, x: Tensor, i: int) -> tuple[Tensor, ...]:
         """The outputs of parts i, i+1, ... only (one GEMM over their rows, a view of the weight)."""

@@ -34,6 +34,8 @@ def apply_rope_neox(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class SwiGLU(nn.Module):
+    row_kernels = False     # silu(gate) * up in one launch (``qwen3.use_row_kernels_``)
+
     def __init__(self, dim: int, hidden: int):
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden, bias=False)
@@ -42,6 +44,9 @@ class SwiGLU(nn.Module):
         self.gate_up_proj = None                  # set by models.fuse.fuse_projections_
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.row_kernels:
+            from ..plugins.kernels.norm_act import silu_mul
+            return self.down_proj(silu_mul(self.gate_up_proj.rows(x)))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x)
         else:

@@ -16,6 +16,8 @@ from .layers import RMSNorm, SwiGLU, apply_rope_neox, make_paged_kv_cache, rope_
 
 
 class Qwen3Attention(nn.Module):
+    row_kernels = False     # queries_and_cache through qk_rope_cache (``use_row_kernels_``)
+
     def __init__(self, cfg: Qwen3Config):
         super().__init__()
         self.h, self.hkv, self.d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -44,6 +46,12 @@ class Qwen3Attention(nn.Module):
                           block_table: Tensor, positions: Tensor) -> Tensor:
         """x [B, T, d] (normed) -> roped, q-normed queries [B, T, H, D]; writes the rows' K/V."""
         B, T, _ = x.shape
+        if self.row_kernels:            # norms, RoPE and the cache write in one launch
+            from ..plugins.kernels.qk_rope_cache import qk_rope_cache
+            q = qk_rope_cache(self.qkv_proj.rows(x).view(B * T, -1), self.q_norm.weight, self.k_norm.weight,
+                              cos.reshape(B * T, self.d), sin.reshape(B * T, self.d), k_cache, v_cache,
+                              block_table, positions, self.h, self.q_norm.eps)
+            return q.view(B, T, self.h, self.d)
         if self.qkv_proj is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         else:
@@ -77,6 +85,8 @@ def local_kv_heads(layers: nn.ModuleList, cfg) -> int:
 
 
 class Qwen3DecoderLayer(nn.Module):
+    row_kernels = False     # residual add + RMSNorm in one launch (``use_row_kernels_``)
+
     def __init__(self, cfg: Qwen3Config):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -102,15 +112,22 @@ class Qwen3DecoderLayer(nn.Module):
     def attention_input(self, x: Tensor, pending: Tensor | None, cos, sin, k_cache, v_cache, block_table,
                         positions) -> tuple[Tensor, Tensor]:
         """-> (residual stream x + pending [B, T, d], queries [B, T, H, D]); writes the layer's K/V."""
-        if pending is not None:
-            x = x + pending
-        return x, self.self_attn.queries_and_cache(self.input_layernorm(x), cos, sin, k_cache, v_cache,
-                                                   block_table, positions)
+        h, x = self._add_norm(self.input_layernorm, x, pending)
+        return x, self.self_attn.queries_and_cache(h, cos, sin, k_cache, v_cache, block_table, positions)
 
     def attention_output(self, x: Tensor, o: Tensor) -> tuple[Tensor, Tensor]:
         """Residual x [B, T, d], attention output o [B, T, H, D] -> (x + o_proj(o), MLP output)."""
-        x = x + self.self_attn.output(o)
-        return x, self.mlp(self.post_attention_layernorm(x))
+        h, x = self._add_norm(self.post_attention_layernorm, x, self.self_attn.output(o))
+        return x, self.mlp(h)
+
+    def _add_norm(self, norm: RMSNorm, x: Tensor, r: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(norm(x + r), x + r); r None: (norm(x), x)."""
+        if self.row_kernels:
+            from ..plugins.kernels.norm_act import add_rmsnorm
+            return add_rmsnorm(x, r, norm.weight, norm.eps)
+        if r is not None:
+            x = x + r
+        return norm(x), x
 
 
 def run_layers(layers, x: Tensor, cos: Tensor, sin: Tensor, cache: dict, block_table: Tensor,
@@ -125,6 +142,22 @@ def run_layers(layers, x: Tensor, cos: Tensor, sin: Tensor, cache: dict, block_t
         if i in tap_layer_ids:
             taps.append(x + pending)
     return (x if pending is None else x + pending), taps
+
+
+def use_row_kernels_(model: nn.Module) -> int:
+    """Run the bf16 Qwen3 decoder layers of ``model`` whose projections are fused with one launch
+    per norm (with its residual add), per q/k norm + RoPE + cache write and per SwiGLU
+    (``plugins/kernels/norm_act.py``, ``qk_rope_cache``): what ``LLM`` does on a GPU for the steps
+    past the decode chain's rows. -> the layers switched."""
+    from .fuse import FusedLinear
+    n = 0
+    for layer in model.modules():
+        if (isinstance(layer, Qwen3DecoderLayer) and type(layer.self_attn.qkv_proj) is FusedLinear
+                and type(layer.mlp.gate_up_proj) is FusedLinear
+                and layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16):
+            layer.row_kernels = layer.self_attn.row_kernels = layer.mlp.row_kernels = True
+            n += 1
+    return n
 
 
 class Qwen3Model(nn.Module):

@@ -17,6 +17,7 @@ from ..config.source import (DEFAULT_ASSETS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX
 from ..devices import default_device, resolve_device, resolve_dtype  # noqa: F401  (default_device: re-exported)
 from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
+from ..models.qwen3 import use_row_kernels_
 from ..parallel import TPInfo, init_tp, shared_seeds
 from ..parallel.topology import launch_hint
 from ..plugins.decode_linear import skinny_gemm_enabled, use_decode_linear_
@@ -26,7 +27,7 @@ from .confidence import Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .kv_manager import (KVBudgetError, check_kv_fits, context_that_fits, cuda_kv_budget,
                          kv_bytes_per_token, pages_from_budget, table_width_cost)
-from .networks import EagerNetworks, decode_chain_flag
+from .networks import EagerNetworks, decode_chain_flag, row_kernels_flag
 from .prompts import check_text, is_single_prompt, token_ids
 from .sampling_params import RequestError, RequestOutput, SamplingParams, StreamChunk
 from .scheduler import Scheduler, to_output
@@ -153,6 +154,9 @@ class LLM:
             from .token_step import chain_for           # Triton kernels: imported only where they may run
             self.networks.decode_chain = chain_for(target, self.device, self.tp_size)   # (issue #21)
             self.networks.draft_chain = None if draft is None else chain_for(draft, self.device, self.tp_size)
+        if networks is None and self.device.type == "cuda" and not self.compiled and self.tp_size == 1 \
+                and row_kernels_flag():          # the eager steps past the chain's rows (issue #21)
+            use_row_kernels_(target)
         if self.compiled:
             mark_caches_static(self.networks.target_cache, self.networks.draft_cache)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)

@@ -19,6 +19,15 @@ DECODE_CHAIN_ENV = "DSPARK_DECODE_CHAIN"   # the target's decode steps and the d
 DECODE_CHAIN_DEFAULT = "auto"   # the GPU tests with it, session 32 (H100): 119 passed, the 6 others not the chain's
 
 
+ROW_KERNELS_ENV = "DSPARK_ROW_KERNELS"     # "0": the eager layers' torch elementwise ops on a GPU too
+
+
+def row_kernels_flag() -> bool:
+    """Whether ``LLM``'s eager bf16 Qwen3 target on a GPU runs its steps past the decode chain with
+    the row kernels (``models.qwen3.use_row_kernels_``): unless ``DSPARK_ROW_KERNELS=0``."""
+    return os.environ.get(ROW_KERNELS_ENV, "") != "0"
+
+
 def decode_chain_flag() -> str | None:
     """``DSPARK_DECODE_CHAIN`` (unset or empty: ``DECODE_CHAIN_DEFAULT``): "auto" (the chain wherever
     it can run), "1" (asked for: an error where it cannot), other values as given; None for "0"."""

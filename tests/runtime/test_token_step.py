@@ -12,7 +12,7 @@ pytest.importorskip("triton", reason="Triton is not installed")
 
 from tests.support import prebuilt  # noqa: E402
 from tests.support.token_step_cases import (CASES, DEEP_CASES, DEFAULT_DIMS_CASES, DRAFT_CASES,  # noqa: E402
-                                            write_results)
+                                            ROW_CASES, write_results)
 
 STEPS = prebuilt.job("token-step-cases", write_results, args=("steps",), fixture="results", timeout=900,
                      env={"TRITON_INTERPRET": "1"})
@@ -90,6 +90,32 @@ def test_draft_chain_equals_the_modules_block_pass(results, case):
     # scale (the head reads the chain's hidden states; without the draft's norm: 16 %), the inert
     # row's (-inf) exactly
     assert r["drafts_equal"] and r["conf_err"] <= LOGIT_TOL and r["conf_inert_equal"], r
+
+
+@pytest.mark.parametrize("case", ROW_CASES, ids=[c[0] for c in ROW_CASES])
+def test_row_kernels_equal_the_modules_step(results, case):
+    """The eager layers with ``use_row_kernels_`` (every layer switched): a verify block of 8 and
+    two rows of 7 (one padded token) within LOGIT_TOL of the plain modules' step with the same
+    argmax, taps and K / V within ULP_TOL bf16 ulps, no other cache row touched."""
+    name, layers, _, prompts, T, padded = case
+    r = results[name]
+    assert r["layers_switched"] == layers and r["shape"] == r["ref_shape"]
+    # the step ran them: per layer two norms, one attention input, one SwiGLU (the final norm: the module's)
+    assert r["kernel_calls"] == {"add_rmsnorm": 2 * layers, "qk_rope_cache": layers, "silu_mul": layers}, r
+    assert r["rows_written"] == len(prompts) * T - padded
+    assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
+    assert r["taps_shape"] == r["ref_taps_shape"] and r["taps_ulp"] <= ULP_TOL, r
+    assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
+
+
+@pytest.mark.parametrize("name", ["add_rmsnorm_64_plain", "add_rmsnorm_64_residual", "add_rmsnorm_96_plain",
+                                  "add_rmsnorm_96_residual", "silu_mul_96", "silu_mul_1408"])
+def test_norm_act_kernels_round_as_the_modules(results, name):
+    """``add_rmsnorm``'s residual sum bit-equal to ``x + r``; its norm and ``silu_mul`` within one bf16
+    ulp of ``RMSNorm`` / ``F.silu(gate) * up`` (fp32 sums and exp in another order), on at most 2 % of
+    the values (a missing weight or rounding step is off everywhere)."""
+    r = results[name]
+    assert r.get("sum_equal", True) and r["ulp"] <= 1.0 and r["differ"] <= 0.02, r
 
 
 def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
@@ -219,6 +245,45 @@ def test_qwen3_8b_layers_on_gpu(pdl, T):
         assert float(((row_a - row_b).abs() / ulp).max()) <= ULP_TOL
     if pdl:
         assert torch.equal(logits, plain[0]) and torch.equal(taps, plain[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_row_kernels_at_qwen3_8b_dims_on_gpu():
+    """Two layers at Qwen3-8B dims, 16 rows of 8 tokens (a batch-16 verify, past the chain) over a
+    300-token context: the module step with ``use_row_kernels_`` within LOGIT_TOL of the plain
+    module step, same argmaxes, the step's K / V within ULP_TOL ulps of it."""
+    import copy
+    from dspark_trt.config import Qwen3Config
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.models.qwen3 import Qwen3ForCausalLM, use_row_kernels_
+    cfg = Qwen3Config(vocab_size=32000, hidden_size=4096, num_hidden_layers=2, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=128, intermediate_size=12288)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg, tap_layer_ids=(0,)).to(torch.bfloat16)
+    fuse_projections_(model)
+    rows = copy.deepcopy(model)
+    assert use_row_kernels_(rows) == 2
+    B, T, L, pages = 16, 8, 300, 20                            # 20 pages of 16 per row
+    cache = model.make_cache(B * pages, 16, torch.bfloat16, "cuda")
+    table = torch.arange(B * pages, device="cuda").view(B, pages)
+    copy_of = lambda c: {k: [t.clone() for t in v] for k, v in c.items()}  # noqa: E731
+    with torch.inference_mode():
+        model(torch.randint(0, 32000, (B, L), device="cuda"), torch.arange(L, device="cuda").expand(B, L), table, cache)
+        ref_cache = copy_of(cache)
+        tokens = torch.randint(0, 32000, (B, T), device="cuda")
+        pos = (L + torch.arange(T, device="cuda")).expand(B, T)
+        ref, ref_taps = model(tokens, pos, table, ref_cache)
+        got, taps = rows(tokens, pos, table, cache)
+    ref, got = ref.float(), got.float()
+    assert float((got - ref).abs().max() / ref.abs().max()) <= LOGIT_TOL
+    assert float((got.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.99    # near-ties of random weights
+    assert taps.shape == ref_taps.shape
+    for a, b in zip(cache["k"] + cache["v"], ref_cache["k"] + ref_cache["v"]):
+        row_a, row_b = (t.view(B, pages * 16, 8, 128)[:, L:L + T].float() for t in (a, b))
+        ulp = 2.0 ** (torch.floor(torch.log2(row_b.abs().clamp(min=1.0))) - 7)
+        assert float(((row_a - row_b).abs() / ulp).max()) <= ULP_TOL
 
 
 @pytest.mark.gpu

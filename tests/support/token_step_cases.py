@@ -7,6 +7,7 @@ logits' largest error over their scale, whether the argmaxes agree, the taps' an
 V's errors in bf16 ulps, and whether anything besides the step's cache rows changed."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sys
@@ -191,12 +192,82 @@ def step_cases() -> dict:
         target, _ = build_models(default_dims_pair(), torch.bfloat16, "cpu", seed=7)
         fuse_projections_(target)
         out[name] = _step_case(target, (5,), T, False, 7)
-    return {**out, **draft_cases(), **deep_cases()}
+    return {**out, **draft_cases(), **deep_cases(), **row_kernel_cases(), **norm_act_cases()}
 
 
-def _step_case(target, prompts, T: int, padded: bool, seed: int) -> dict:
+# (name, layers, taps, prompt lengths per row, step tokens per row, padded last token of row 1)
+ROW_CASES = [("rows_verify_block_of_8", 3, (0, 1), (6,), 8, False),
+             ("rows_two_rows_one_padded", 2, (0,), (3, 9), 7, True)]
+
+
+def row_kernel_cases() -> dict:
+    """Per case of ``ROW_CASES``: the module's own step with ``use_row_kernels_`` (one launch per
+    norm + residual add, per q/k norm + RoPE + cache write, per SwiGLU) against the plain module
+    step, as ``_step_case`` compares the chain."""
+    from dspark_trt.models import build_models
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.models.qwen3 import use_row_kernels_
+    from dspark_trt.plugins.kernels import norm_act, qk_rope_cache
+    from tests.support.models import scale_weights_, tiny_pair
+    calls: dict[str, int] = {}
+
+    def counted(mod, fn_name):
+        fn = getattr(mod, fn_name)
+
+        def wrapper(*a, **kw):
+            calls[fn_name] = calls.get(fn_name, 0) + 1
+            return fn(*a, **kw)
+        setattr(mod, fn_name, wrapper)
+    for mod, fn_name in ((norm_act, "add_rmsnorm"), (norm_act, "silu_mul"), (qk_rope_cache, "qk_rope_cache")):
+        counted(mod, fn_name)
+    out = {}
+    for i, (name, layers, taps, prompts, T, padded) in enumerate(ROW_CASES):
+        calls.clear()
+        pair = tiny_pair(vocab=96, hidden=64, layers=layers, heads=4, kv_heads=2, taps=taps)
+        target, _ = build_models(pair, torch.bfloat16, "cpu", seed=20 + i)
+        scale_weights_(target, 4.0)
+        fuse_projections_(target)
+        rows = copy.deepcopy(target)
+        switched = use_row_kernels_(rows)
+        out[name] = {**_step_case(target, prompts, T, padded, 20 + i,
+                                  step=lambda tok, pos, cache, table, _m=rows: _m(tok, pos, table, cache)),
+                     "layers_switched": switched, "kernel_calls": dict(calls)}
+    return out
+
+
+def norm_act_cases() -> dict:
+    """``add_rmsnorm`` (with and without the residual, rows of 64 and of 96: a masked row) and
+    ``silu_mul`` (K = 96: blocks of 32; K = 1408: blocks of 128) against the modules' torch ops:
+    the largest error in bf16 ulps and the share of values that differ; the sum exactly."""
+    import torch.nn.functional as F
+    from dspark_trt.models.layers import RMSNorm
+    from dspark_trt.plugins.kernels.norm_act import add_rmsnorm, silu_mul
+    gen = torch.Generator().manual_seed(5)
+    out = {}
+    for N in (64, 96):
+        x, r = (4 * torch.randn(7, 3, N, generator=gen)).to(torch.bfloat16), torch.randn(7, 3, N, generator=gen).to(torch.bfloat16)
+        norm = RMSNorm(N, 1e-6).to(torch.bfloat16)
+        with torch.no_grad():
+            norm.weight.copy_(1 + torch.rand(N, generator=gen))
+        for res in (False, True):
+            y, h = add_rmsnorm(x, r if res else None, norm.weight.detach(), norm.eps)
+            want_h = x + r if res else x
+            want = norm(want_h).detach()
+            out[f"add_rmsnorm_{N}_{'residual' if res else 'plain'}"] = {
+                "sum_equal": bool(torch.equal(h, want_h)), "ulp": ulp_err(y, want.float()),
+                "differ": float((y != want).float().mean()), "shape": list(y.shape)}
+    for K in (96, 1408):
+        gu = (3 * torch.randn(5, 2 * K, generator=gen)).to(torch.bfloat16)
+        got, want = silu_mul(gu), F.silu(gu[:, :K]) * gu[:, K:]
+        out[f"silu_mul_{K}"] = {"ulp": ulp_err(got, want.float()), "differ": float((got != want).float().mean()),
+                                "shape": list(got.shape)}
+    return out
+
+
+def _step_case(target, prompts, T: int, padded: bool, seed: int, step=None) -> dict:
     """``target`` prefilled with random prompts of ``prompts`` tokens per row, then one step of T
-    tokens per row through the chain and through the module on a copy of the caches."""
+    tokens per row through the chain (or ``step(tokens, positions, cache, table)``) and through the
+    module on a copy of the caches."""
     from dspark_trt.runtime.token_step import TokenStep
     vocab = target.config.vocab_size
     B, gen = len(prompts), torch.Generator().manual_seed(seed)
@@ -214,7 +285,7 @@ def _step_case(target, prompts, T: int, padded: bool, seed: int) -> dict:
         ref_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
         before = {k: [c.clone() for c in v] for k, v in cache.items()}
         ref_logits, ref_taps = target(tokens, step_pos, table, ref_cache)
-        logits, tap = TokenStep(target)(tokens, step_pos, cache, table)
+        logits, tap = (step or TokenStep(target))(tokens, step_pos, cache, table)
     live = step_pos >= 0
     ref_l, got_l = ref_logits[live].float(), logits[live].float()
     rows = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(live, as_tuple=True))
