@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed")
 
 from tests.support import prebuilt  # noqa: E402
+from tests.support.skinny_gemm_cases import ulp_err  # noqa: E402
 from tests.support.token_step_cases import (CASES, DEEP_CASES, DEFAULT_DIMS_CASES, DRAFT_CASES,  # noqa: E402
                                             ROW_CASES, write_results)
 
@@ -203,6 +204,21 @@ def test_qk_rope_cache_names_bad_arguments(kwargs, match):
                       torch.tensor([2]), H, 1e-6, **kwargs)
 
 
+def _qwen3_8b_two_layers():
+    """Two layers at Qwen3-8B dims (d 4096, 32 / 8 heads of 128, I 12288), bf16 on the GPU, fused
+    projections, layer 0 tapped, seed 0."""
+    from dspark_trt.config import Qwen3Config
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.models.qwen3 import Qwen3ForCausalLM
+    cfg = Qwen3Config(vocab_size=32000, hidden_size=4096, num_hidden_layers=2, num_attention_heads=32,
+                      num_key_value_heads=8, head_dim=128, intermediate_size=12288)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen3ForCausalLM(cfg, tap_layer_ids=(0,)).to(torch.bfloat16)
+    fuse_projections_(model)
+    return model
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("T", [1, 8])
@@ -211,18 +227,10 @@ def test_qwen3_8b_layers_on_gpu(pdl, T):
     """Two layers at Qwen3-8B dims (d 4096, 32 / 8 heads of 128, I 12288), a 300-token context,
     one token or a verify block of 8: the chain's logits within LOGIT_TOL of the module step's,
     same argmaxes, the step's K / V within ULP_TOL ulps; with PDL the same bits as without."""
-    from dspark_trt.config import Qwen3Config
-    from dspark_trt.models.fuse import fuse_projections_
-    from dspark_trt.models.qwen3 import Qwen3ForCausalLM
     from dspark_trt.runtime.token_step import TokenStep
     if pdl and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs sm_90+")
-    cfg = Qwen3Config(vocab_size=32000, hidden_size=4096, num_hidden_layers=2, num_attention_heads=32,
-                      num_key_value_heads=8, head_dim=128, intermediate_size=12288)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg, tap_layer_ids=(0,)).to(torch.bfloat16)
-    fuse_projections_(model)
+    model = _qwen3_8b_two_layers()
     cache = model.make_cache(24, 16, torch.bfloat16, "cuda")
     table = torch.arange(24, device="cuda")[None]
     L = 300
@@ -240,9 +248,7 @@ def test_qwen3_8b_layers_on_gpu(pdl, T):
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
     assert taps.shape == ref_taps.shape
     for a, b in zip(cache["k"] + cache["v"], ref_cache["k"] + ref_cache["v"]):
-        row_a, row_b = a.reshape(-1, 8, 128)[L:L + T].float(), b.reshape(-1, 8, 128)[L:L + T].float()
-        ulp = 2.0 ** (torch.floor(torch.log2(row_b.abs().clamp(min=1.0))) - 7)
-        assert float(((row_a - row_b).abs() / ulp).max()) <= ULP_TOL
+        assert ulp_err(a.reshape(-1, 8, 128)[L:L + T], b.reshape(-1, 8, 128)[L:L + T].float()) <= ULP_TOL
     if pdl:
         assert torch.equal(logits, plain[0]) and torch.equal(taps, plain[1])
 
@@ -254,15 +260,8 @@ def test_row_kernels_at_qwen3_8b_dims_on_gpu():
     300-token context: the module step with ``use_row_kernels_`` within LOGIT_TOL of the plain
     module step, same argmaxes, the step's K / V within ULP_TOL ulps of it."""
     import copy
-    from dspark_trt.config import Qwen3Config
-    from dspark_trt.models.fuse import fuse_projections_
-    from dspark_trt.models.qwen3 import Qwen3ForCausalLM, use_row_kernels_
-    cfg = Qwen3Config(vocab_size=32000, hidden_size=4096, num_hidden_layers=2, num_attention_heads=32,
-                      num_key_value_heads=8, head_dim=128, intermediate_size=12288)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg, tap_layer_ids=(0,)).to(torch.bfloat16)
-    fuse_projections_(model)
+    from dspark_trt.models.qwen3 import use_row_kernels_
+    model = _qwen3_8b_two_layers()
     rows = copy.deepcopy(model)
     assert use_row_kernels_(rows) == 2
     B, T, L, pages = 16, 8, 300, 20                            # 20 pages of 16 per row
@@ -281,9 +280,8 @@ def test_row_kernels_at_qwen3_8b_dims_on_gpu():
     assert float((got.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.99    # near-ties of random weights
     assert taps.shape == ref_taps.shape
     for a, b in zip(cache["k"] + cache["v"], ref_cache["k"] + ref_cache["v"]):
-        row_a, row_b = (t[:B * pages].view(B, pages * 16, 8, 128)[:, L:L + T].float() for t in (a, b))  # no pad page
-        ulp = 2.0 ** (torch.floor(torch.log2(row_b.abs().clamp(min=1.0))) - 7)
-        assert float(((row_a - row_b).abs() / ulp).max()) <= ULP_TOL
+        row_a, row_b = (t[:B * pages].view(B, pages * 16, 8, 128)[:, L:L + T] for t in (a, b))  # no pad page
+        assert ulp_err(row_a, row_b.float()) <= ULP_TOL
 
 
 @pytest.mark.gpu
