@@ -4,8 +4,8 @@ verifies of many rows, draft blocks of big batches, prefills.
 Under CUDA graphs an eager layer's cost past the GEMMs is its elementwise kernels: ``RMSNorm`` is
 nine (upcast, square, mean, add, rsqrt, two products, the weight's cast, the downcast), the
 residual add before it one more, ``F.silu(gate) * up`` two. On an H100 at Qwen3-8B dims the target's
-forward over 128 rows took the eager modules 12.70 ms against the compiled modules' 7.78 (f9411cd).
-Here each is one launch, with the modules' roundings:
+forward over 128 rows (a batch-16 verify) took the eager modules 12.70 ms, with these kernels 7.70
+(59677c4; the compiled modules 7.78 at f9411cd). Here each is one launch, with the modules' roundings:
 
     add_rmsnorm(x, r, w)  -> (bf16(h * rsqrt(mean(h^2) + eps) * w), h),  h = bf16(x + r) (x without r)
     silu_mul(gu)          -> bf16(bf16(silu(gate)) * up)                  of fused rows [gate | up]
