@@ -148,13 +148,13 @@ def use_row_kernels_(model: nn.Module) -> int:
     """Run the bf16 Qwen3 decoder layers of ``model`` whose projections are fused with one launch
     per norm (with its residual add), per q/k norm + RoPE + cache write and per SwiGLU
     (``plugins/kernels/norm_act.py``, ``qk_rope_cache``): what ``LLM`` does on a GPU for the steps
-    past the decode chain's rows. -> the layers switched."""
-    from .fuse import FusedLinear
+    past the decode chain's rows. -> the layers switched (fused bf16 projections: ``fuse.FusedLinear``;
+    fp8 ones keep their own path)."""
     n = 0
     for layer in model.modules():
-        if (isinstance(layer, Qwen3DecoderLayer) and type(layer.self_attn.qkv_proj) is FusedLinear
-                and type(layer.mlp.gate_up_proj) is FusedLinear
-                and layer.self_attn.qkv_proj.weight.dtype == torch.bfloat16):
+        if isinstance(layer, Qwen3DecoderLayer) and all(
+                p is not None and p.weight.dtype == torch.bfloat16
+                for p in (layer.self_attn.qkv_proj, layer.mlp.gate_up_proj)):
             layer.row_kernels = layer.self_attn.row_kernels = layer.mlp.row_kernels = True
             n += 1
     return n

@@ -178,6 +178,23 @@ def test_decode_chain_auto_runs_where_it_can(monkeypatch, case):
     assert token_step.chain_for(target, device, tp_size=2 if case == "tp2" else 1) is None
 
 
+@pytest.mark.parametrize("dtype,fuse,switched", [(torch.bfloat16, True, 3), (torch.bfloat16, False, 0),
+                                                  (torch.float32, True, 0)])
+def test_row_kernels_switch_only_fused_bf16_layers(dtype, fuse, switched):
+    """``use_row_kernels_`` takes the layers with fused bf16 projections (the kernels round as the
+    bf16 modules and read the fused rows), every part of each; others keep the torch ops."""
+    from dspark_trt.models import build_models
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.models.qwen3 import use_row_kernels_
+    from tests.support.models import tiny_pair
+    target, _ = build_models(tiny_pair(vocab=96, hidden=64, layers=3, heads=4, kv_heads=2), dtype, "cpu")
+    if fuse:
+        fuse_projections_(target)
+    assert use_row_kernels_(target) == switched
+    for layer in target.model.layers:
+        assert layer.row_kernels == layer.self_attn.row_kernels == layer.mlp.row_kernels == bool(switched)
+
+
 def test_refuses_weights_that_are_not_bf16():
     from dspark_trt.models import build_models
     from dspark_trt.runtime.token_step import TokenStep
