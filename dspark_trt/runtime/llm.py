@@ -156,7 +156,9 @@ class LLM:
             self.networks.draft_chain = None if draft is None else chain_for(draft, self.device, self.tp_size)
         if networks is None and self.device.type == "cuda" and not self.compiled and self.tp_size == 1 \
                 and row_kernels_flag():          # the eager steps past the chain's rows (issue #21)
-            use_row_kernels_(target)
+            for m in (target, draft):            # the draft's block passes of more than 16 rows too
+                if m is not None:
+                    use_row_kernels_(m)
         if self.compiled:
             mark_caches_static(self.networks.target_cache, self.networks.draft_cache)
         self.graphs_skipped = graphs_unavailable_reason(self.networks.device)

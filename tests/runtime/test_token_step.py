@@ -13,7 +13,7 @@ pytest.importorskip("triton", reason="Triton is not installed")
 from tests.support import prebuilt  # noqa: E402
 from tests.support.skinny_gemm_cases import ulp_err  # noqa: E402
 from tests.support.token_step_cases import (CASES, DEEP_CASES, DEFAULT_DIMS_CASES, DRAFT_CASES,  # noqa: E402
-                                            ROW_CASES, write_results)
+                                            DRAFT_ROW_CASE, ROW_CASES, write_results)
 
 STEPS = prebuilt.job("token-step-cases", write_results, args=("steps",), fixture="results", timeout=900,
                      env={"TRITON_INTERPRET": "1"})
@@ -106,6 +106,18 @@ def test_row_kernels_equal_the_modules_step(results, case):
     assert r["rows_written"] == len(prompts) * T - padded
     assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
     assert r["taps_shape"] == r["ref_taps_shape"] and r["taps_ulp"] <= ULP_TOL, r
+    assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
+
+
+def test_row_kernels_equal_the_draft_modules_block_pass(results):
+    """The DSpark draft's layers with ``use_row_kernels_``: the block pass (N = 4, two rows, one
+    inert) within LOGIT_TOL of the plain module's, same argmax, the block's K / V within ULP_TOL
+    ulps, no other cache row touched (the inert row writes none); each layer ran the kernels."""
+    r = results[DRAFT_ROW_CASE]
+    n = r["layers"]
+    assert n >= 2 and r["layers_switched"] == n and r["shape"] == r["ref_shape"] and r["rows_written"] == 4
+    assert r["kernel_calls"] == {"add_rmsnorm": 2 * n, "qk_rope_cache": n, "silu_mul": n}, r
+    assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
     assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
 
 
@@ -301,18 +313,12 @@ def test_row_kernels_at_qwen3_8b_dims_on_gpu():
         assert ulp_err(row_a, row_b.float()) <= ULP_TOL
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("pdl", [False, True])
-def test_qwen3_8b_draft_block_on_gpu(pdl):
-    """A two-layer DSpark draft at Qwen3-8B dims over a 300-token context, the block of N = 7:
-    the chain's base logits within LOGIT_TOL of ``DSparkQwen3Draft.block``'s, same argmaxes."""
+def _qwen3_8b_draft(pages: int):
+    """A two-layer DSpark draft at Qwen3-8B dims (block 7), bf16 on the GPU, fused projections,
+    seed 0, and its cache of ``pages`` pages of 16 filled with random K / V (a context)."""
     from dspark_trt.config import DSparkConfig, Qwen3Config
     from dspark_trt.models.dspark_qwen3 import DSparkQwen3Draft
     from dspark_trt.models.fuse import fuse_projections_
-    from dspark_trt.runtime.token_step import TokenStep
-    if pdl and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("PDL needs sm_90+")
     cfg = Qwen3Config(vocab_size=32000, hidden_size=4096, num_hidden_layers=4, num_attention_heads=32,
                       num_key_value_heads=8, head_dim=128, intermediate_size=12288)
     dcfg = DSparkConfig(backbone=cfg, num_hidden_layers=2, block_size=7, mask_token_id=31999,
@@ -322,9 +328,43 @@ def test_qwen3_8b_draft_block_on_gpu(pdl):
         embed, head = torch.nn.Embedding(32000, 4096), torch.nn.Linear(4096, 32000, bias=False)
         draft = DSparkQwen3Draft(dcfg, embed, head).to(torch.bfloat16)
     fuse_projections_(draft)
-    cache = draft.make_cache(24, 16, torch.bfloat16, "cuda")
+    cache = draft.make_cache(pages, 16, torch.bfloat16, "cuda")
     for c in cache["k"] + cache["v"]:
         c.normal_()
+    return draft, cache
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_row_kernels_in_the_qwen3_8b_draft_block_on_gpu():
+    """The same draft's block pass for 16 rows (112 tokens, past the chain) with ``use_row_kernels_``:
+    base logits within LOGIT_TOL of the plain module's, argmaxes equal on >= 99 % of the tokens."""
+    import copy
+    from dspark_trt.models.qwen3 import use_row_kernels_
+    draft, cache = _qwen3_8b_draft(16 * 20)
+    rows = copy.deepcopy(draft)
+    assert use_row_kernels_(rows) == 2
+    table = torch.arange(16 * 20, device="cuda").view(16, 20)
+    anchor = torch.randint(0, 32000, (16,), device="cuda")
+    start = torch.full((16,), 300, device="cuda")
+    with torch.inference_mode():
+        ref = draft.block(anchor, start, table, {k: [t.clone() for t in v] for k, v in cache.items()}, 7)
+        got = rows.block(anchor, start, table, cache, 7)
+    ref, got = ref.float(), got.float()
+    assert float((got - ref).abs().max() / ref.abs().max()) <= LOGIT_TOL
+    assert float((got.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.99
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("pdl", [False, True])
+def test_qwen3_8b_draft_block_on_gpu(pdl):
+    """A two-layer DSpark draft at Qwen3-8B dims over a 300-token context, the block of N = 7:
+    the chain's base logits within LOGIT_TOL of ``DSparkQwen3Draft.block``'s, same argmaxes."""
+    from dspark_trt.runtime.token_step import TokenStep
+    if pdl and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("PDL needs sm_90+")
+    draft, cache = _qwen3_8b_draft(24)
     table = torch.arange(24, device="cuda")[None]
     anchor, start = torch.tensor([17], device="cuda"), torch.tensor([300], device="cuda")
     with torch.inference_mode():

@@ -104,32 +104,44 @@ def draft_cases() -> dict:
     for i, (name, ctx, N) in enumerate(DRAFT_CASES):
         pair = tiny_pair(vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, taps=(0, 1), block=N)
         _, draft = build_models(pair, torch.bfloat16, "cpu", seed=10 + i)
-        B, gen = len(ctx), torch.Generator().manual_seed(i)
-        cache = draft.make_cache(PAGES, PAGE, torch.bfloat16, "cpu")
-        table = torch.tensor(TABLES[:B])
-        L = max(ctx)
-        pos = torch.stack([torch.where(torch.arange(L) < n, torch.arange(L), -1) for n in ctx])
-        taps = torch.randn(B, L, draft.fc.in_features, generator=gen).to(torch.bfloat16)
-        live_rows = torch.tensor([n > 0 for n in ctx])
-        anchor = torch.where(live_rows, torch.randint(0, 96, (B,), generator=gen), -1)
-        start = torch.where(live_rows, torch.tensor(ctx), -1)         # the anchor: after the context
-        with torch.inference_mode():
-            draft.context(taps, pos, table, cache)
-            ref_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
-            before = {k: [c.clone() for c in v] for k, v in cache.items()}
-            ref = draft.block(anchor, start, table, ref_cache, N)
-            got = TokenStep(draft).draft_logits(anchor, start, cache, table, N)
-        _, block_pos, _ = draft.block_inputs(anchor, start, N)
-        live = block_pos >= 0
-        ref_l, got_l = ref[live].float(), got[live].float()
-        rows = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(live, as_tuple=True))
-                for p in [block_pos[b, p].item()]]
-        out[name] = {"logit_err": float((got_l - ref_l).abs().max() / ref_l.abs().max()),
-                     "argmax_equal": bool(torch.equal(got_l.argmax(-1), ref_l.argmax(-1))),
-                     "shape": list(got.shape), "ref_shape": list(ref.shape), "rows_written": len(rows),
-                     **_cache_errors(cache, ref_cache, before, rows),
-                     **_confidence_case(draft, anchor, start, table, before, N, live_rows)}
+        r, (anchor, start, table, before, live_rows) = _draft_block_case(
+            draft, ctx, N, i, lambda anchor, start, cache, table: TokenStep(draft).draft_logits(anchor, start, cache,
+                                                                                                table, N))
+        out[name] = {**r, **_confidence_case(draft, anchor, start, table, before, N, live_rows)}
     return out
+
+
+def _draft_block_case(draft, ctx, N: int, seed: int, block) -> tuple[dict, tuple]:
+    """``draft``'s context written for rows of ``ctx`` tokens (0: an inert row), then its block pass
+    through ``block(anchor, start, cache, table)`` and through the module's ``block`` on a copy of
+    the cache: the live rows' base logits' error over their scale, whether the argmaxes agree, the
+    block's K / V in bf16 ulps, whether anything else changed; and (anchor, start, table, the cache
+    before the block, the live rows)."""
+    B, gen = len(ctx), torch.Generator().manual_seed(seed)
+    cache = draft.make_cache(PAGES, PAGE, torch.bfloat16, "cpu")
+    table = torch.tensor(TABLES[:B])
+    L = max(ctx)
+    pos = torch.stack([torch.where(torch.arange(L) < n, torch.arange(L), -1) for n in ctx])
+    taps = torch.randn(B, L, draft.fc.in_features, generator=gen).to(torch.bfloat16)
+    live_rows = torch.tensor([n > 0 for n in ctx])
+    anchor = torch.where(live_rows, torch.randint(0, 96, (B,), generator=gen), -1)
+    start = torch.where(live_rows, torch.tensor(ctx), -1)         # the anchor: after the context
+    with torch.inference_mode():
+        draft.context(taps, pos, table, cache)
+        ref_cache = {k: [c.clone() for c in v] for k, v in cache.items()}
+        before = {k: [c.clone() for c in v] for k, v in cache.items()}
+        ref = draft.block(anchor, start, table, ref_cache, N)
+        got = block(anchor, start, cache, table)
+    _, block_pos, _ = draft.block_inputs(anchor, start, N)
+    live = block_pos >= 0
+    ref_l, got_l = ref[live].float(), got[live].float()
+    rows = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(live, as_tuple=True))
+            for p in [block_pos[b, p].item()]]
+    return ({"logit_err": float((got_l - ref_l).abs().max() / ref_l.abs().max()),
+             "argmax_equal": bool(torch.equal(got_l.argmax(-1), ref_l.argmax(-1))),
+             "shape": list(got.shape), "ref_shape": list(ref.shape), "rows_written": len(rows),
+             **_cache_errors(cache, ref_cache, before, rows)},
+            (anchor, start, table, before, live_rows))
 
 
 def _confidence_case(draft, anchor, start, table, cache, N, live_rows) -> dict:
@@ -198,6 +210,7 @@ def step_cases() -> dict:
 # (name, layers, taps, prompt lengths per row, step tokens per row, padded last token of row 1)
 ROW_CASES = [("rows_verify_block_of_8", 3, (0, 1), (6,), 8, False),
              ("rows_two_rows_one_padded", 2, (0,), (3, 9), 7, True)]
+DRAFT_ROW_CASE = "rows_draft_block_two_rows_one_inert"      # N = 4, context rows of 9 and 0
 
 
 def row_kernel_cases() -> dict:
@@ -232,6 +245,16 @@ def row_kernel_cases() -> dict:
         out[name] = {**_step_case(target, prompts, T, padded, 20 + i,
                                   step=lambda tok, pos, cache, table, _m=rows: _m(tok, pos, table, cache)),
                      "layers_switched": switched, "kernel_calls": dict(calls)}
+    # the DSpark draft's block pass (its layers are Qwen3 decoder layers, non-causal over the block)
+    calls.clear()
+    pair = tiny_pair(vocab=96, hidden=64, layers=3, heads=4, kv_heads=2, taps=(0, 1), block=4)
+    _, draft = build_models(pair, torch.bfloat16, "cpu", seed=30)
+    fuse_projections_(draft)
+    rows = copy.deepcopy(draft)
+    switched = use_row_kernels_(rows)
+    r, _ = _draft_block_case(draft, (9, 0), 4, 30,
+                             lambda anchor, start, cache, table: rows.block(anchor, start, table, cache, 4))
+    out[DRAFT_ROW_CASE] = {**r, "layers": len(rows.layers), "layers_switched": switched, "kernel_calls": dict(calls)}
     return out
 
 
