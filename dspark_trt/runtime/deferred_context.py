@@ -37,11 +37,12 @@ class DeferredContext:
     m*d]`` (the ``steps``' ``tap_store``, written by the AR rounds), a deferred prompt's rows in
     ``prompts`` (before them), the positions on the host."""
 
-    def __init__(self, networks, slots: int, capacity: int, steps):
-        """``steps``: the ``DecodeSteps`` whose AR rounds store the taps (``keep_taps``)."""
+    def __init__(self, steps, slots: int, capacity: int):
+        """``steps``: the ``DecodeSteps`` whose AR rounds store the taps (``keep_taps``) and whose
+        networks write the context (``flush``)."""
         if capacity < 1:
             raise ValueError(f"DeferredContext: capacity must be >= 1, got {capacity}")
-        self.nets, self.slots, self.capacity, self.steps = networks, slots, capacity, steps
+        self.nets, self.slots, self.capacity, self.steps = steps.nets, slots, capacity, steps
         steps.reserve_taps(slots * capacity)
         self.positions: dict[int, list[int]] = {}            # slot -> pending AR positions, in order
         self.prompts: dict[int, tuple[list[int], Tensor]] = {}   # slot -> (positions, taps [T, m*d])

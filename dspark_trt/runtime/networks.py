@@ -23,8 +23,9 @@ ROW_KERNELS_ENV = "DSPARK_ROW_KERNELS"     # "0": the eager layers' torch elemen
 
 
 def row_kernels_flag() -> bool:
-    """Whether ``LLM``'s eager bf16 Qwen3 target on a GPU runs its steps past the decode chain with
-    the row kernels (``models.qwen3.use_row_kernels_``): unless ``DSPARK_ROW_KERNELS=0``."""
+    """Whether ``LLM``'s eager bf16 Qwen3 target and DSpark draft on a GPU run their steps past the
+    decode chain with the row kernels (``models.qwen3.use_row_kernels_``): unless
+    ``DSPARK_ROW_KERNELS=0``."""
     return os.environ.get(ROW_KERNELS_ENV, "") != "0"
 
 

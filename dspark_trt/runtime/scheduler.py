@@ -146,7 +146,7 @@ class Scheduler:
         # the fallback AR rounds' draft context, written by the next speculative round
         # (``defer_context=False``: by each AR round itself, the reference behaviour)
         self.defer_context = True
-        self.deferred = DeferredContext(networks, max_batch_size, SLOT_ROWS, self.steps.eager)
+        self.deferred = DeferredContext(self.steps.eager, max_batch_size, SLOT_ROWS)
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self._next_id = 0
         self.preemptions = 0                                # sequences preempted for KV pages
