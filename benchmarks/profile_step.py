@@ -3,8 +3,8 @@
     python benchmarks/profile_step.py --model qwen3-8b-dspark-block7 [--engine DIR] [--out DIR]
 
 Prefills B random prompts, stages the next round (``steps.stage``), then profiles (torch.profiler,
-CUDA activity) eager calls of the target over its verify window for 1 and N+1 tokens and of the
-draft step; ``--prefill``: also a whole admission prefill of the B prompts (``Scheduler.step`` of a
+CUDA activity) eager calls of the AR step (target + sampling), of the target over its verify
+window for 1 and N+1 tokens and of the draft step; ``--prefill``: also a whole admission prefill of the B prompts (``Scheduler.step`` of a
 fresh scheduler: target, first token, draft context), with the host's top operators. Writes ``profile-<label>.json``: per network
 the kernel count, summed kernel time, CUDA-event wall time, and the top kernels by total time,
 so the gap between the step time and the HBM roofline can be attributed.
@@ -90,7 +90,8 @@ def main() -> None:
            "command": " ".join(sys.argv), "batch_size": a.batch_size, "prompt_len": a.prompt_len,
            "networks": "engine" if a.engine else ("compiled" if a.compile else "eager"),
            "quantization": a.quantization, "profiles": {}}
-    fns = {"target_1": lambda: nets.target(tokens[:, :1], pos[:, :1], x.table),
+    fns = {"ar_step": lambda: llm.steps.eager.ar_step(x, False),      # target + sampling, as the AR round
+           "target_1": lambda: nets.target(tokens[:, :1], pos[:, :1], x.table),
            f"target_{N + 1}": lambda: nets.target(tokens, pos, x.table)}
     if N:
         fns["draft_block"] = st.draft

@@ -2,7 +2,8 @@
 the Scheduler's own functions and the AR steps timed call by call.
 
 Wraps ``Scheduler._falls_back_to_ar`` / ``_ar_round`` / ``_reserve_round`` / ``_write_deferred``
-(... ``TIMED``), the steps' rounds (``DecodeSteps``; ``GraphedSteps`` with CUDA graphs) and
+(... ``TIMED``), each round's ``host_work`` (and how often the device had finished
+before it did: ``host_work.device_idle``'s mean is that share), the steps' rounds (``DecodeSteps``; ``GraphedSteps`` with CUDA graphs) and
 ``SurvivalEstimate.add`` / ``prepare`` (the latter runs inside a round, before its read-back) with
 wall timers, runs ``verify_concurrency.run``
 with the given arguments (its own JSON is not written), and writes per batch and mode the calls
@@ -60,6 +61,25 @@ def timed(calls: dict):
             setattr(cls, name, wrapper)
 
 
+def timed_host_work(calls: dict) -> None:
+    """Time each round's ``host_work`` (``run_host_work``, between the queued device work and the
+    read-back) and count in ``host_work.device_idle`` the calls after which the device had already
+    finished (a CUDA stream with nothing left): there the host work was on the round's path, not
+    beside it."""
+    fn = steps_mod.run_host_work
+
+    def wrapper(work):
+        if work is None:
+            return fn(work)
+        t0 = time.perf_counter()
+        fn(work)
+        calls.setdefault("host_work", []).append(1e3 * (time.perf_counter() - t0))
+        if torch.cuda.is_available():
+            idle = torch.cuda.current_stream().query()
+            calls.setdefault("host_work.device_idle", []).append(float(idle))
+    steps_mod.run_host_work = cuda_graphs.run_host_work = wrapper
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     forced = "--force-speculative" in argv
@@ -81,6 +101,7 @@ def main(argv=None) -> int:
         return r
 
     timed(calls)
+    timed_host_work(calls)
     vc.steady_state = measured
     vc.run(argv)
     out = Path(vc.parse_args(argv).out_dir)

@@ -479,6 +479,9 @@ class VerifyScheduler:
         self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
         self._cannot_pay: dict[tuple, bool] = {}            # (rows, id(cost)) -> drafting_cannot_pay
         self._values: tuple | None = None                   # (survival, cost, tokens, {rows: values}): the last curve
+        self.max_rows = max(1, max_tokens // (num_spec_tokens + 1))   # the row counts ``row_choices`` covers
+        self._row_prices: tuple | None = None               # (cost, option ms [R + 1, widths], AR ms [R + 1])
+        self._row_choices: list[tuple] = []                 # (survival, cost, choices) of the latest curves
         self._host_tables: tuple | None = None              # (sps, round_ms) on the host: packed_gain
         self.slot_buckets = token_buckets(max(1, max_tokens))
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
@@ -596,11 +599,44 @@ class VerifyScheduler:
         """The window of the best option of ``spec_options(rows, survival)`` (ties: the wider); N
         unless that window beats the fixed round by ``TRIM_MARGIN`` (the curve's error on narrow
         rounds is of that order, and the fixed round needs no head, admission or read-back)."""
-        v = self._option_values(rows, survival)
-        best = len(v) - 1 - int(np.argmax(v[::-1]))
-        if self.widths[-1] == self.num_spec_tokens and v[best] < (1.0 + TRIM_MARGIN) * v[-1]:
-            return self.num_spec_tokens
-        return self.widths[best]
+        choices = self.row_choices(survival, rows)
+        if choices is not None:
+            return int(choices[1][rows])
+        return int(self._best_windows(self._option_values(rows, survival)[None])[0])
+
+    def _best_windows(self, values: np.ndarray) -> np.ndarray:
+        """[rows] ``best_window`` of each row of option values [rows, widths]."""
+        widths = np.asarray(self.widths)
+        best = values.shape[1] - 1 - np.argmax(values[:, ::-1], axis=1)                # ties: the wider
+        chosen = values[np.arange(len(values)), best]
+        if self.widths[-1] == self.num_spec_tokens:
+            return np.where(chosen < (1.0 + TRIM_MARGIN) * values[:, -1], self.num_spec_tokens, widths[best])
+        return widths[best]
+
+    def row_choices(self, survival, rows: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
+        """(``prefers_ar`` [R + 1] bool, ``best_window`` [R + 1] int) of one survival curve at every
+        row count 1 .. R = ``max_rows`` (entry 0 as row 1's), from one array of option values [R +
+        1, widths]: a round reads its decisions whatever its row count (a steady load's batch
+        changes between the round whose host work prepared them and the next), at no host cost on
+        its path. Cached for the two latest curves (the AR fallback decides from
+        ``SurvivalEstimate.optimistic``, the window from ``curve``). None with learned round costs
+        (their prices move every round), past ``max_rows`` or for a curve that is not an array."""
+        if self.round_costs is not None or rows > self.max_rows or not isinstance(survival, np.ndarray):
+            return None
+        for s, cost, choices in self._row_choices:
+            if s is survival and cost is self.cost:
+                return choices
+        if self._row_prices is None or self._row_prices[0] is not self.cost:
+            r = range(1, self.max_rows + 1)
+            ms, ar_ms = np.stack([self.option_ms(i) for i in r]), np.array([self.priced_ms("ar", i) for i in r])
+            self._row_prices = (self.cost, np.concatenate([ms[:1], ms]), np.concatenate([ar_ms[:1], ar_ms]))
+        _, ms, ar_ms = self._row_prices
+        values = self._option_tokens(survival)[None] / ms                            # [R + 1, widths]
+        ar = (1.0 / ar_ms > (1.0 + AR_MARGIN) * values.max(axis=1)) & self.falls_back
+        choices = (ar, self._best_windows(values))
+        self._row_choices = [self._row_choices[-1], (survival, self.cost, choices)] if self._row_choices \
+            else [(survival, self.cost, choices)]
+        return choices
 
     def prefers_full_window(self, rows: int, survival) -> bool:
         """Whether the best option of ``spec_options(rows, survival)`` is the fixed round (w = N):
@@ -617,6 +653,9 @@ class VerifyScheduler:
         function of the curve and the batch's history only (the same on every TP rank)."""
         if not self.falls_back:
             return False
+        choices = self.row_choices(survival, rows) if margin == AR_MARGIN else None
+        if choices is not None:
+            return bool(choices[0][rows])
         ar_ms = self.priced_ms("ar", rows) * self._scale("ar", rows)
         return 1.0 / ar_ms > (1.0 + margin) * float(self._option_values(rows, survival).max())
 

@@ -139,7 +139,6 @@ class Scheduler:
         self._survival = SurvivalEstimate(networks.num_spec_tokens, measured=measured)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
         self._probe_floor = 0                  # the streak's probe interval from PROBE_BUDGET
-        self._ar_choices: tuple = (-1, {})     # (survival version, {(scheduler, cost model, rows): prefers_ar})
         self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
         self._window_streak = 0                # window rounds since the last confidence probe
         self._packed_gain: tuple = (None, 0.0)  # (the confidences it was computed from, packed_gain)
@@ -383,7 +382,7 @@ class Scheduler:
         kind comes from the estimate (``_estimates_rounds``), which is the calibration's measured
         survival alone, and that says AR pays (``_falls_back_to_ar``)."""
         return (not len(self._survival) and self._estimates_rounds(seqs)
-                and self._prefers_ar(self._scheduler(), len(seqs), self._survival.optimistic()))
+                and self._scheduler().prefers_ar(len(seqs), self._survival.optimistic()))
 
     def _ar_round(self, seqs: list[Sequence], fallback: bool = False) -> None:
         """Plain autoregressive step on the target: the comparison mode, or (``fallback``) an AR
@@ -445,7 +444,7 @@ class Scheduler:
                 return False
             # ... but its context write of the streak's deferred rows grew past the budget: later
             self._probe_floor = min(AR_PROBE_LIMIT, math.ceil(loss / PROBE_BUDGET))
-        ar = self._prefers_ar(sched, len(seqs), self._survival.optimistic())
+        ar = sched.prefers_ar(len(seqs), self._survival.optimistic())
         if self._probing:                  # the probe confirmed AR: probe half as often (to 1/64)
             self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
             self._probing = False
@@ -459,19 +458,6 @@ class Scheduler:
         return sched.probe_loss(len(seqs), self._survival.curve(),
                                 pending=self.deferred.pending_rows([s.slot for s in seqs]),
                                 confidence_round=self._survival.last_confidence is None)
-
-    def _prefers_ar(self, sched, rows: int, curve) -> bool:
-        """``sched.prefers_ar(rows, curve)``, reused per row count while the survival estimate is
-        unchanged (an AR streak adds nothing to it) and the prices are the curve's alone (learned
-        round costs change every round)."""
-        if sched.round_costs is not None:
-            return sched.prefers_ar(rows, curve)
-        if self._ar_choices[0] != self._survival.version:
-            self._ar_choices = (self._survival.version, {})
-        choices, key = self._ar_choices[1], (id(sched), sched.cost_model, rows)
-        if key not in choices:
-            choices[key] = sched.prefers_ar(rows, curve)
-        return choices[key]
 
     def _estimates_rounds(self, seqs: list[Sequence]) -> bool:
         """Whether this batch's round kind comes from the survival estimate (an all-``scheduled``
@@ -584,7 +570,8 @@ class Scheduler:
         the steps): the survival estimate's refresh (``SurvivalEstimate.prepare``: it takes in the
         last round's outcome, which that round's ``add`` deferred, and the next round decides from
         the estimate of the rounds before this one) and the decisions it feeds
-        (``prefers_ar``, ``best_window``) for a batch of as many rows, cached for that round. On a
+        (``prefers_ar``, ``best_window``: the scheduler's ``row_choices`` tables, every row count
+        at once, so the next round reads its decisions even where its batch changed). On a
         round of ~1.5 ms (the default pair on the H200) they were 0.1-0.2 ms of its host path.
         A round that estimates nothing (fixed N) but feeds the estimate takes in the last round's
         deferred outcome (``SurvivalEstimate.flush``) the same way."""
@@ -596,7 +583,7 @@ class Scheduler:
 
         def work() -> None:
             self._survival.prepare()
-            self._prefers_ar(sched, len(seqs), self._survival.optimistic())
+            sched.prefers_ar(len(seqs), self._survival.optimistic())
             if sched.cost_model == "trimmed":
                 sched.best_window(len(seqs), self._survival.curve())
         return work

@@ -216,12 +216,13 @@ class DecodeSteps:
 
     def keep_taps(self, taps: Tensor, rows: Tensor | None) -> None:
         """``taps [B, m*d]`` into ``tap_store`` at ``rows [B]`` (-1, or ``rows`` None: the spare
-        last row): one scatter inside the step, which a CUDA graph replays with the round's rows."""
+        last row): one scatter kernel inside the step, which a CUDA graph replays with the round's
+        rows (-1 indexes the spare row as it wraps)."""
         if self.tap_store is None or self.tap_store.shape[-1] != taps.shape[-1]:
             self.tap_store = taps.new_empty(self.tap_rows + 1, taps.shape[-1])
-        spare = torch.full_like(taps[:, 0], self.tap_rows, dtype=torch.int64)
-        dest = spare if rows is None else torch.where(rows >= 0, rows, spare)
-        self.tap_store.index_copy_(0, dest, taps)
+        if rows is None:
+            rows = torch.full_like(taps[:, 0], -1, dtype=torch.int64)
+        self.tap_store.index_put_((rows,), taps)
 
     def token_counts(self, slots: int, vocab: int) -> TokenCounts:
         """The penalties' device state with at least ``slots`` slots (allocated on first use; a

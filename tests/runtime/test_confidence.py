@@ -957,13 +957,16 @@ def test_survival_estimate_refreshes_a_full_window_every_few_rounds():
     assert est.version == v + 1 and first[0] == 1.0
 
 
-def test_option_values_are_computed_once_per_curve_and_row_count(monkeypatch):
-    """A round's decisions (``prefers_ar``, ``best_window``) and the next round's, warmed while a
-    round runs, share the options' values per row count of one survival curve (its expected tokens
-    once per curve); a new curve (a new estimate) computes them again, to the same values as a
-    fresh scheduler."""
-    cost = CostCurve([1, 64], [1.0, 40.0], "test: steep", rows=[1, 8], draft_ms=[0.1, 0.1], ar_ms=[3.0, 3.0])
-    sched = VerifyScheduler(4, 64, "cpu", cost=cost)
+def test_round_decisions_are_priced_once_and_read_per_row_count(monkeypatch):
+    """A round's decisions (``prefers_ar``, ``best_window``) come from one table per survival curve
+    over every row count (``row_choices``), so the next round reads them whatever its row count:
+    the options' prices are computed once per row count for the cost curve, a new curve computes
+    only its expected tokens, and each decision equals the per-row-count computation (a scheduler
+    whose table covers one row, ``max_rows`` 1) on curves where AR, narrow and full windows win."""
+    cost = CostCurve([1, 8, 64], [1.0, 1.2, 40.0], "test: steep", rows=[1, 4, 16], draft_ms=[0.1, 0.3, 0.5],
+                     ar_ms=[0.9, 1.0, 2.6])
+    sched = VerifyScheduler(4, 16 * 5, "cpu", cost=cost)
+    assert sched.max_rows == 16
     tokens, priced = [], []
     option_tokens, option_ms = sched._option_tokens, sched.option_ms
     monkeypatch.setattr(sched, "_option_tokens", lambda s: tokens.append(1) or option_tokens(s))
@@ -971,12 +974,20 @@ def test_option_values_are_computed_once_per_curve_and_row_count(monkeypatch):
     curve = np.array([0.9, 0.8, 0.6, 0.3])
     first = [sched.best_window(2, curve), sched.prefers_ar(2, curve), sched.best_window(3, curve)]
     assert [sched.best_window(2, curve), sched.prefers_ar(2, curve), sched.best_window(3, curve)] == first
-    assert len(tokens) == 1 and priced == [2, 3]
+    assert len(tokens) == 1 and priced == list(range(1, 17))
     sched.best_window(2, curve.copy())
-    assert len(tokens) == 2 and priced == [2, 3, 2]
-    fresh = VerifyScheduler(4, 64, "cpu", cost=cost)
-    for rows in (2, 3):
-        np.testing.assert_array_equal(sched._option_values(rows, curve), fresh._option_values(rows, curve))
+    assert len(tokens) == 2 and priced == list(range(1, 17))
+    per_row = VerifyScheduler(4, 5, "cpu", cost=cost)
+    assert per_row.max_rows == 1 and per_row.row_choices(curve, 2) is None
+    seen_ar, seen_windows = set(), set()
+    for c in (curve, np.array([0.99, 0.98, 0.97, 0.96]), np.array([0.3, 0.05, 0.01, 0.0]),
+              np.array([0.95, 0.9, 0.2, 0.1]), np.array([0.6, 0.4, 0.2, 0.1])):
+        for rows in range(2, 17):
+            ar, w = sched.prefers_ar(rows, c), sched.best_window(rows, c)
+            assert (ar, w) == (per_row.prefers_ar(rows, c), per_row.best_window(rows, c)), (c, rows)
+            seen_ar.add(ar)
+            seen_windows.add(w)
+    assert seen_ar == {True, False} and len(seen_windows) >= 2
 
 
 def test_survival_estimate_prepared_during_a_round_lags_it_by_one():
