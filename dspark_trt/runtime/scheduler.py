@@ -41,12 +41,13 @@ import numpy as np
 import torch
 
 from .. import plugins
+from .batch_constants import BatchConstantsCache
 from .kv_manager import PagedKVManager
-from .confidence import CONFIDENCE_PROBE_EVERY, MODE_IDS, TRIM_MARGIN, SurvivalEstimate
+from .confidence import CONFIDENCE_PROBE_EVERY, TRIM_MARGIN, SurvivalEstimate
 from .deferred_context import SLOT_ROWS, DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
-from .sampling_modifiers import Modifiers, uses_penalties
+from .sampling_modifiers import uses_penalties
 from .steps import DecodeSteps, DeviceInputs, RoundInputs
 
 AR_PROBE_EVERY = 8           # AR fallback rounds before a scheduled round measures tau again,
@@ -79,9 +80,13 @@ class Sequence:
                                         # when the scheduler records them (calibration data)
     slot: int = -1                      # its row of the penalties' token counts, while running
     logprobs: list[TokenLogprob] | None = None   # per output token, when params.logprobs is set
+    _stops: set[int] | None = field(default=None, repr=False)    # ``stop_ids``, once
 
     def stop_ids(self, eos: Iterable[int]) -> set[int]:
-        return set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
+        """Its stop tokens under the scheduler's ``eos`` (built once: the scheduler's eos is fixed)."""
+        if self._stops is None:
+            self._stops = set(self.params.stop_token_ids) | (set() if self.params.ignore_eos else set(eos))
+        return self._stops
 
     def fail(self, message: str) -> None:
         """End the request with finish_reason "error" (its committed tokens stay)."""
@@ -147,6 +152,7 @@ class Scheduler:
         self.defer_context = True
         self.deferred = DeferredContext(self.steps.eager, max_batch_size, SLOT_ROWS)
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
+        self.constants = BatchConstantsCache()              # the batch's per-request round inputs and flags
         self._next_id = 0
         self.preemptions = 0                                # sequences preempted for KV pages
         # admission prefills: calls, sequences and host seconds (each ends in a device read-back,
@@ -302,19 +308,9 @@ class Scheduler:
         """The next round's inputs of running sequences (prefilled: anchor and position set), in
         order; public: bench and profiling stage a real round's inputs with it
         (``steps.stage(gen.round_inputs(seqs))``)."""
-        return RoundInputs(
-            anchor=np.array([s.anchor for s in seqs], dtype=np.int64),
-            start=np.array([s.position for s in seqs], dtype=np.int64),
-            seed=np.array([s.seed for s in seqs], dtype=np.int64),
-            temperature=np.array([s.params.temperature for s in seqs], dtype=np.float32),
-            top_p=np.array([s.params.top_p for s in seqs], dtype=np.float32),
-            table=np.stack([s.table_row for s in seqs]),
-            verify_mode=np.array([MODE_IDS[s.params.verify_mode] for s in seqs], dtype=np.int64),
-            threshold=np.array([s.params.confidence_threshold for s in seqs], dtype=np.float32),
-            slot=np.array([s.slot for s in seqs], dtype=np.int64),
-            **{f: np.array([getattr(s.params, f) for s in seqs], dtype=np.float32)
-               for f in ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")},
-            top_k=np.array([s.params.top_k for s in seqs], dtype=np.int64))
+        return RoundInputs(anchor=np.array([s.anchor for s in seqs], dtype=np.int64),
+                           start=np.array([s.position for s in seqs], dtype=np.int64),
+                           table=np.stack([s.table_row for s in seqs]), **self.constants.get(seqs).fields)
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         """Target over the prompts (right-padded, pad position -1) and the draft context
@@ -336,7 +332,7 @@ class Scheduler:
             last = self.steps.prefill(tokens, positions, table, lens, self.speculative)   # [B, V]
         finite = torch.isfinite(last).all(dim=-1)
         raw = last
-        mods = Modifiers.for_params(s.params for s in seqs)
+        mods = self.constants.get(seqs).mods
         x = DeviceInputs.from_host(self.round_inputs(seqs), self.device, mods=mods)
         if mods.penalties:                          # new slots: the prompt, no output yet
             counts = self.steps.eager.token_counts(self.max_batch_size, last.shape[-1])
@@ -352,7 +348,7 @@ class Scheduler:
         fresh = self._tensor([not r for r in resumed], torch.bool)
         if mods.penalties:
             counts.add(x.slot, first[:, None], ((first >= 0) & fresh)[:, None])
-        k = _logprobs_k(seqs)
+        k = self.constants.get(seqs).logprobs_k
         rows = None if k is None else to_host(*token_logprobs(raw[:, None], first[:, None], k))
         for i, (s, t) in enumerate(zip(seqs, first.tolist())):
             self.running.append(s)
@@ -389,8 +385,8 @@ class Scheduler:
         round inside speculative decoding, whose draft context waits in ``deferred`` for the
         next speculative round (``_write_deferred``) and which each request records as a round of
         0 verified drafts (never with logprobs: those batches do not fall back)."""
-        mods = Modifiers.for_params(s.params for s in seqs)
-        k, rows = _logprobs_k(seqs), None
+        c = self.constants.get(seqs)
+        mods, k, rows = c.mods, c.logprobs_k, None
         slots = [s.slot for s in seqs]
         self._round_kind = "ar"
         if k is None and fallback and self.defer_context:
@@ -463,10 +459,9 @@ class Scheduler:
         """Whether this batch's round kind comes from the survival estimate (an all-``scheduled``
         batch, a cost curve with step latencies, an estimate; no calibration run, no logprobs:
         their rows come from the eager confidence rounds)."""
-        sched = self._scheduler()
+        sched, c = self._scheduler(), self.constants.get(seqs)
         return not (sched is None or not sched.falls_back or self.record_confidence
-                    or not self._survival.informed or any(s.params.verify_mode != "scheduled" for s in seqs)
-                    or _logprobs_k(seqs) is not None)
+                    or not self._survival.informed or not c.all_scheduled or c.logprobs_k is not None)
 
     def _estimated_window(self, seqs: list[Sequence], estimates: bool) -> int | None:
         """The verify window of this round of an all-``scheduled`` batch from the survival estimate
@@ -521,9 +516,9 @@ class Scheduler:
             return self._ar_round(seqs, fallback=True)
         self._ar_streak = 0
         self._flushed = self._write_deferred(seqs)
-        mods = Modifiers.for_params(s.params for s in seqs)
+        c = self.constants.get(seqs)
+        mods, k, rows = c.mods, c.logprobs_k, None
         r = self.round_inputs(seqs)
-        k, rows = _logprobs_k(seqs), None
         if k is not None:                           # eager steps with logprob outputs
             self._round_kind = "logprobs"
             host, lims, rows = self.steps.eager.spec_round_logprobs(r, mods, k)
@@ -603,12 +598,6 @@ class Scheduler:
         while self.has_work():
             self.step()
         return [to_output(s) for s in seqs]
-
-
-def _logprobs_k(seqs: list[Sequence]) -> int | None:
-    """The top-k a step must compute for its rows' ``logprobs`` (None: no row asks)."""
-    ks = [s.params.logprobs for s in seqs if s.params.logprobs is not None]
-    return max(ks) if ks else None
 
 
 def to_output(s: Sequence) -> RequestOutput:

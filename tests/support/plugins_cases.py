@@ -295,6 +295,26 @@ def _rejection_cases(device, dtype, out):
         ra, rn = rejection_sample_ref(*args)
         ta, tn = krj.rejection_sample_triton(*args, **kw)
         out[name] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)), "accepted": ra.tolist()}
+    _sample_tokens_cases(device, out)
+
+
+def _sample_tokens_cases(device, out):
+    """``kernels/sample.py`` against ``sample_tokens_ref``: greedy and sampled rows, one slice or
+    several with a partial last one, bf16 logits, rows under a -inf prefix longer than a tile and
+    a row of -inf only."""
+    from dspark_trt.plugins.kernels.sample import sample_tokens_triton
+    from dspark_trt.plugins.rejection_sample import sample_tokens_ref
+    L, _, _, temp, seed, start = rejection_inputs(device)
+    masked = rejection_topp_inputs(device)[0][:, 0].clone()
+    masked[4] = float("-inf")
+    cases = {"sample_tokens": ((L[:, 0], temp, seed, start), {}),
+             "sample_tokens_split": ((L[:, 1], temp, seed, start + 1), {"block_v": 16, "slices": 5}),
+             "sample_tokens_bf16": ((L[:, 2].to(torch.bfloat16), temp, seed + 7, start), {"block_v": 32, "slices": 3}),
+             "sample_tokens_masked": ((masked, temp, seed, start), {"block_v": 16, "slices": 6})}
+    for name, (args, kw) in cases.items():
+        ref, got = sample_tokens_ref(*args), sample_tokens_triton(*args, **kw)
+        out[name] = {"tokens_equal": bool(torch.equal(ref, got)), "tokens": ref.tolist(),
+                     "argmax": args[0].argmax(-1).tolist(), "greedy": (args[1] <= 0).tolist()}
 
 
 def _swa_and_mla_cases(device, dtype, out):

@@ -9,6 +9,8 @@ RESIDUAL for the resample and the bonus. Rows with ``start < 0`` are inert (0 ac
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -16,9 +18,20 @@ from ..dispatch import all_greedy_eager_cpu, use_triton
 from ..opspec import AotDesc, OnnxNode, OpSpec
 from ..rng import STREAM_ACCEPT, STREAM_RESIDUAL, gumbel, uniform
 
+SAMPLE_KERNEL = os.environ.get("DSPARK_SAMPLE_KERNEL", "1") != "0"   # read at import
+
 
 def sample_tokens(logits: Tensor, temperature: Tensor, seed: Tensor, position: Tensor) -> Tensor:
-    """Sample one token per row of logits [B, V]: argmax at T = 0, else softmax(logits / T)."""
+    """Sample one token per row of logits [B, V]: argmax at T = 0, else softmax(logits / T) (on a
+    GPU one Triton kernel pair, ``kernels/sample.py``, unless ``DSPARK_SAMPLE_KERNEL=0``)."""
+    if SAMPLE_KERNEL and use_triton(logits):
+        from ..kernels.sample import sample_tokens_triton
+        return sample_tokens_triton(logits, temperature, seed, position)
+    return sample_tokens_ref(logits, temperature, seed, position)
+
+
+def sample_tokens_ref(logits: Tensor, temperature: Tensor, seed: Tensor, position: Tensor) -> Tensor:
+    """``sample_tokens`` in torch ops (the reference; CPU)."""
     acc = torch.promote_types(logits.dtype, torch.float32)
     greedy = temperature <= 0
     inv_t = torch.where(greedy, 1.0, 1.0 / temperature.clamp(min=1e-6)).to(acc)
