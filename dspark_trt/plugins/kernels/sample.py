@@ -18,7 +18,7 @@ from torch import Tensor
 
 from .common import STREAM_RESIDUAL, gumbel, launcher, num_sms, row_key
 
-INT_MAX = 2**31 - 1
+INT_MAX = tl.constexpr(2**31 - 1)
 BLOCK_V = 1024
 
 
