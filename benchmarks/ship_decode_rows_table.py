@@ -2,7 +2,7 @@
 ``kernels/decode_rows.py`` reads on the first lookup for a CUDA device of that name):
 
     python benchmarks/ship_decode_rows_table.py benchmarks/results/decode-rows-<gpu>-<sha>.json[.gz]
-        [--out-dir dspark_trt/plugins/kernels/tables]
+        [--out-dir dspark_trt/plugins/kernels/tables] [--buckets 1,2,4,8]
 
 Writes ``decode-rows-<gpu>.json`` (the shapes' keys and winners, the sweep's git sha, GPU, file name
 and command), replacing that GPU's table: one sweep per GPU (``decode_rows_sweep.py --rows
@@ -24,8 +24,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("result", help="a decode_rows_sweep.py result (.json or .json.gz)")
     ap.add_argument("--out-dir", default=str(decode_rows.TABLES))
+    ap.add_argument("--buckets", default=None,
+                    help="ship only these token buckets (e.g. 1,2,4,8: the others keep the built-in tiles)")
     args = ap.parse_args()
-    path = decode_rows.ship_table(args.result, args.out_dir)
+    buckets = None if args.buckets is None else [int(b) for b in args.buckets.split(",")]
+    path = decode_rows.ship_table(args.result, args.out_dir, buckets)
     print(f"[ship] {len(decode_rows.read_table(path))} tiles of {args.result} -> {path}")
     return 0
 

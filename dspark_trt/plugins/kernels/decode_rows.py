@@ -46,7 +46,9 @@ NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # d
 # ``decode-rows-<torch.cuda.get_device_name, spaces as ->.json``, written from a sweep's result by
 # ``benchmarks/ship_decode_rows_table.py``): on the first lookup for a CUDA device (``tile_for``;
 # nothing at import) the table of that GPU's name is read and its shapes win over these. The H100's
-# one-token tiles took the Qwen3-8B AR step on an H100 from 6.105 to 5.766 ms (7915627). CPU and the
+# one-token tiles took the Qwen3-8B AR step on an H100 from 6.105 to 5.766 ms (7915627); its 2..8-token
+# ones (9985f8c) its batch-1 verify from 6.906 to 6.823 ms, while its 16-token winners took the batch-16 AR
+# step from 7.108 to 7.641 ms inside the chain, so bucket 16 keeps these (5f1aa1d). CPU and the
 # interpreter: these only. ``DSPARK_DECODE_ROWS_TABLE`` (or ``load_table``) replaces this table by
 # sweep JSONs and turns the per-GPU tables off: an explicit table wins.
 CONFIGS: dict[tuple[int, int, int], dict] = {
@@ -277,21 +279,26 @@ def load_table(*paths: str) -> int:
     return len(table)
 
 
-def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES) -> Path:
+def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, buckets=None) -> Path:
     """Write a ``decode_rows_sweep.py`` result (``.json`` or ``.json.gz``) as the shipped table of
-    its GPU (``table_path``): its shapes' keys and winners, and where they came from (git sha, GPU,
-    the result's file name, the sweep's command). ValueError naming the file that is not a result."""
+    its GPU (``table_path``): its shapes' keys and winners (of the token ``buckets`` only, where
+    given: the others keep ``CONFIGS``' tiles), and where they came from (git sha, GPU, the
+    result's file name, the sweep's command, the buckets). ValueError naming the file that is not
+    a result."""
     import gzip
     result = Path(result)
     try:
         raw = result.read_bytes()
         doc = json.loads(gzip.decompress(raw) if result.suffix == ".gz" else raw)
         rows = [{"shape": r.get("shape"), "bucket": int(r["bucket"]), "N": int(r["N"]), "K": int(r["K"]),
-                 "best_config": dict(r["best_config"])} for r in doc["rows"] if r.get("best_config")]
+                 "best_config": dict(r["best_config"])} for r in doc["rows"]
+                if r.get("best_config") and (buckets is None or int(r["bucket"]) in buckets)]
         gpu = str(doc["gpu"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"decode-rows table {str(result)!r}: not a decode_rows_sweep.py result ({e})") from e
     head = {"gpu": gpu, "git_sha": doc.get("git_sha"), "source": result.name, "command": doc.get("command")}
+    if buckets is not None:
+        head["buckets"] = sorted(int(b) for b in buckets)
     lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
     lines += [' "rows": ['] + [f"  {json.dumps(r)}," for r in rows]
     lines[-1] = lines[-1].rstrip(",")
