@@ -423,7 +423,13 @@ ROUND_OVERHEAD_MS = 1.3       # host time of a round outside its steps, AR or sp
 SCHEDULER_ROW_MS = 0.01       # with ``host_ms``: the Scheduler's own Python per row and round (commit,
                               # round inputs; H200 3599eb9, compiled steps: steady-load decode round
                               # minus the timed fixed round, 0.35 ms at 16 rows, 0.63 ms at 64)
-AR_MARGIN = 0.05               # the AR fallback needs AR this much faster than the best window
+AR_MARGIN = 0.05               # the AR fallback starts a streak where AR is this much faster than the best
+                               # window under the estimate's upper bound (``SurvivalEstimate.optimistic``)
+AR_STAY_MARGIN = -0.05         # and keeps it while AR is within this of the best window under the point
+                               # estimate (``curve``): a band between the two in which the batch stays the kind
+                               # it is. Without it a streak ended whenever the upper bound of a few dozen rows
+                               # crossed AR (H100, default pair, batch 1 at 6770686: AR rounds 0.29 ms, fixed
+                               # 0.76 with tau 2.0, and 86 fixed rounds beside 213 AR ones: 0.89-0.91x AR)
 TRIM_MARGIN = 0.05             # a trimmed window must beat the fixed round by this much: what the curve
                                # misses of a window round's cost under load (H200 cb44cdd: narrow 64-row
                                # rounds ~2 % over the curve, a tie lost 4 %; ee24758, steady load, 32
@@ -442,6 +448,14 @@ def width_buckets(n: int) -> list[int]:
     if n <= 8:
         return list(range(1, n + 1))
     return [w for w in (1 << i for i in range(n.bit_length())) if w < n] + [n]
+
+
+@dataclass(frozen=True)
+class RowChoices:
+    """``VerifyScheduler.row_choices``: per row count r (index r), for one survival curve."""
+    ar_rate: np.ndarray        # [R + 1] an AR round's tokens per ms per row (1 / its price)
+    best_rate: np.ndarray      # [R + 1] the best window's expected tokens per ms per row
+    window: np.ndarray         # [R + 1] int: ``best_window``
 
 
 class VerifyScheduler:
@@ -601,7 +615,7 @@ class VerifyScheduler:
         rounds is of that order, and the fixed round needs no head, admission or read-back)."""
         choices = self.row_choices(survival, rows)
         if choices is not None:
-            return int(choices[1][rows])
+            return int(choices.window[rows])
         return int(self._best_windows(self._option_values(rows, survival)[None])[0])
 
     def _best_windows(self, values: np.ndarray) -> np.ndarray:
@@ -613,14 +627,15 @@ class VerifyScheduler:
             return np.where(chosen < (1.0 + TRIM_MARGIN) * values[:, -1], self.num_spec_tokens, widths[best])
         return widths[best]
 
-    def row_choices(self, survival, rows: int = 1) -> tuple[np.ndarray, np.ndarray] | None:
-        """(``prefers_ar`` [R + 1] bool, ``best_window`` [R + 1] int) of one survival curve at every
-        row count 1 .. R = ``max_rows`` (entry 0 as row 1's), from one array of option values [R +
-        1, widths]: a round reads its decisions whatever its row count (a steady load's batch
-        changes between the round whose host work prepared them and the next), at no host cost on
-        its path. Cached for the two latest curves (the AR fallback decides from
-        ``SurvivalEstimate.optimistic``, the window from ``curve``). None with learned round costs
-        (their prices move every round), past ``max_rows`` or for a curve that is not an array."""
+    def row_choices(self, survival, rows: int = 1) -> "RowChoices | None":
+        """The decisions of one survival curve at every row count 1 .. R = ``max_rows`` (entry 0 as
+        row 1's), from one array of option values [R + 1, widths]: AR's and the best window's tokens
+        per ms (``prefers_ar`` at any margin) and the best window (``best_window``), so a round
+        reads its decisions whatever its row count (a steady load's batch changes between the round
+        whose host work prepared them and the next) at no host cost on its path. Cached for the two
+        latest curves (the AR fallback's ``SurvivalEstimate.optimistic`` and ``curve``). None with
+        learned round costs (their prices move every round), past ``max_rows`` or for a curve that
+        is not an array."""
         if self.round_costs is not None or rows > self.max_rows or not isinstance(survival, np.ndarray):
             return None
         for s, cost, choices in self._row_choices:
@@ -632,10 +647,8 @@ class VerifyScheduler:
             self._row_prices = (self.cost, np.concatenate([ms[:1], ms]), np.concatenate([ar_ms[:1], ar_ms]))
         _, ms, ar_ms = self._row_prices
         values = self._option_tokens(survival)[None] / ms                            # [R + 1, widths]
-        ar = (1.0 / ar_ms > (1.0 + AR_MARGIN) * values.max(axis=1)) & self.falls_back
-        choices = (ar, self._best_windows(values))
-        self._row_choices = [self._row_choices[-1], (survival, self.cost, choices)] if self._row_choices \
-            else [(survival, self.cost, choices)]
+        choices = RowChoices(ar_rate=1.0 / ar_ms, best_rate=values.max(axis=1), window=self._best_windows(values))
+        self._row_choices = self._row_choices[-1:] + [(survival, self.cost, choices)]
         return choices
 
     def prefers_full_window(self, rows: int, survival) -> bool:
@@ -653,9 +666,9 @@ class VerifyScheduler:
         function of the curve and the batch's history only (the same on every TP rank)."""
         if not self.falls_back:
             return False
-        choices = self.row_choices(survival, rows) if margin == AR_MARGIN else None
+        choices = self.row_choices(survival, rows)
         if choices is not None:
-            return bool(choices[0][rows])
+            return bool(choices.ar_rate[rows] > (1.0 + margin) * choices.best_rate[rows])
         ar_ms = self.priced_ms("ar", rows) * self._scale("ar", rows)
         return 1.0 / ar_ms > (1.0 + margin) * float(self._option_values(rows, survival).max())
 

@@ -43,7 +43,7 @@ import torch
 from .. import plugins
 from .batch_constants import BatchConstantsCache
 from .kv_manager import PagedKVManager
-from .confidence import CONFIDENCE_PROBE_EVERY, TRIM_MARGIN, SurvivalEstimate
+from .confidence import AR_STAY_MARGIN, CONFIDENCE_PROBE_EVERY, TRIM_MARGIN, SurvivalEstimate
 from .deferred_context import SLOT_ROWS, DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
@@ -420,7 +420,9 @@ class Scheduler:
         """Whether this round of an all-``scheduled`` batch runs as an AR round (the scheduler's
         ``prefers_ar``: AR's tokens per ms against the best window's expected tokens per ms under
         the recent rounds' survival estimate at its upper bound, ``SurvivalEstimate.optimistic``:
-        a streak starts only on evidence, not on a few unlucky rows); after ``AR_PROBE_EVERY`` AR rounds one
+        a streak starts only on evidence, not on a few unlucky rows; once started it goes on while
+        AR stays within ``AR_STAY_MARGIN`` of the best window under the point estimate, ``curve``,
+        so a probe's outcome ends it only where drafting is expected to pay); after ``AR_PROBE_EVERY`` AR rounds one
         scheduled round measures again, the interval doubling up to ``AR_PROBE_MAX`` while the
         probes confirm AR, and never shorter than the probes' budget allows: a probe that is
         expected to lose ``L`` AR rounds (``probe_loss``, its context write of the streak's
@@ -440,7 +442,10 @@ class Scheduler:
                 return False
             # ... but its context write of the streak's deferred rows grew past the budget: later
             self._probe_floor = min(AR_PROBE_LIMIT, math.ceil(loss / PROBE_BUDGET))
-        ar = sched.prefers_ar(len(seqs), self._survival.optimistic())
+        if self._ar_streak > 0 or self._probing:       # a streak (or its probe's verdict): the point estimate
+            ar = sched.prefers_ar(len(seqs), self._survival.curve(), AR_STAY_MARGIN)
+        else:
+            ar = sched.prefers_ar(len(seqs), self._survival.optimistic())
         if self._probing:                  # the probe confirmed AR: probe half as often (to 1/64)
             self._probe_every = min(2 * self._probe_every, AR_PROBE_MAX) if ar else AR_PROBE_EVERY
             self._probing = False
@@ -579,8 +584,7 @@ class Scheduler:
         def work() -> None:
             self._survival.prepare()
             sched.prefers_ar(len(seqs), self._survival.optimistic())
-            if sched.cost_model == "trimmed":
-                sched.best_window(len(seqs), self._survival.curve())
+            sched.prefers_ar(len(seqs), self._survival.curve(), AR_STAY_MARGIN)   # and the curve's windows
         return work
 
     def _write_deferred(self, seqs: list[Sequence]) -> bool:

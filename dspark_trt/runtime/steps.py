@@ -150,7 +150,7 @@ class DeviceInputs:
                   mods: Modifiers | bool | None = None) -> "DeviceInputs":
         """``confidence``: also the verify modes and thresholds (``draft_admit_step``); ``mods``
         using any modifier: also the modifier fields."""
-        t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+        t = lambda a: torch.tensor(a, device=device)  # noqa: E731  (a copy: the arrays may be read-only, shared)
         mode, thr = confidence_inputs(r, device) if confidence else (None, None)
         extra = ({f: t(r.modifier(f)) for f in MODIFIER_FIELDS} if Modifiers.of(mods).any else {})
         return cls(t(r.anchor), t(r.start), t(r.seed), t(r.temperature), t(r.top_p), t(r.table),
@@ -504,5 +504,5 @@ def confidence_inputs(r: RoundInputs, device) -> tuple[Tensor, Tensor]:
     B = r.batch_size
     mode = r.verify_mode if r.verify_mode is not None else np.zeros(B, np.int64)
     thr = r.threshold if r.threshold is not None else np.zeros(B, np.float32)
-    return (torch.from_numpy(np.ascontiguousarray(mode, dtype=np.int64)).to(device),
-            torch.from_numpy(np.ascontiguousarray(thr, dtype=np.float32)).to(device))
+    return (torch.tensor(mode, dtype=torch.int64, device=device),
+            torch.tensor(thr, dtype=torch.float32, device=device))
