@@ -3,7 +3,8 @@
     python benchmarks/profile_step.py --model qwen3-8b-dspark-block7 [--engine DIR] [--out DIR]
 
 Prefills B random prompts, stages the next round (``steps.stage``), then profiles (torch.profiler,
-CUDA activity) eager calls of the AR step (target + sampling), of the target over its verify
+CUDA activity) eager calls of the AR step (target + sampling; and the AR fallback's, which keeps its
+taps), of the target over its verify
 window for 1 and N+1 tokens and of the draft step; ``--prefill``: also a whole admission prefill of the B prompts (``Scheduler.step`` of a
 fresh scheduler: target, first token, draft context), with the host's top operators. Writes ``profile-<label>.json``: per network
 the kernel count, summed kernel time, CUDA-event wall time, and the top kernels by total time,
@@ -60,7 +61,7 @@ def profile_fn(fn, reps: int = 5, top: int = 25, host: bool = False) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="qwen3-8b-dspark-block7")
+    ap.add_argument("--model", default="qwen3-8b-dspark-block7", help="a preset, or 'default': the built-in pair")
     ap.add_argument("--engine")
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--prompt-len", type=int, default=128)
@@ -76,8 +77,13 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT") or str(Path(__file__).parent / "results"))
     a = ap.parse_args()
     kw = dict(max_batch_size=a.batch_size, max_seq_len=a.prompt_len + 64, device="cuda")
-    llm = (LLM.from_engine(a.engine, **kw) if a.engine
-           else LLM.from_preset(a.model, dtype=torch.bfloat16, compile=a.compile, quantization=a.quantization, **kw))
+    if a.engine:
+        llm = LLM.from_engine(a.engine, **kw)
+    elif a.model == "default":           # the built-in default pair (dspark_trt/assets/default)
+        assets = Path(__file__).resolve().parents[1] / "dspark_trt" / "assets" / "default"
+        llm = LLM.from_checkpoints(assets / "target", assets / "draft", dtype=torch.bfloat16, compile=a.compile, **kw)
+    else:
+        llm = LLM.from_preset(a.model, dtype=torch.bfloat16, compile=a.compile, quantization=a.quantization, **kw)
     nets, N = llm.networks, llm.networks.num_spec_tokens
     gen = llm.scheduler()
     prompts = np.random.default_rng(0).integers(0, nets.vocab_size, (a.batch_size, a.prompt_len))
@@ -91,6 +97,8 @@ def main() -> None:
            "networks": "engine" if a.engine else ("compiled" if a.compile else "eager"),
            "quantization": a.quantization, "profiles": {}}
     fns = {"ar_step": lambda: llm.steps.eager.ar_step(x, False),      # target + sampling, as the AR round
+           # the AR fallback's step: its taps stored in the steps' tap_store (inert rows: the spare row)
+           "ar_step_keep_taps": lambda: llm.steps.eager.ar_step(x, False, keep_taps=True),
            "target_1": lambda: nets.target(tokens[:, :1], pos[:, :1], x.table),
            f"target_{N + 1}": lambda: nets.target(tokens, pos, x.table)}
     if N:
