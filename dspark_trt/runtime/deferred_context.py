@@ -51,6 +51,11 @@ class DeferredContext:
         self.prompts_deferred = 0                            # prompts whose context waited here
         self.prompt_rows_dropped = 0                         # ... rows never written (sequence left)
 
+    @property
+    def empty(self) -> bool:
+        """Whether no slot has anything pending (the rounds' common case outside AR streaks)."""
+        return not self.positions and not self.prompts
+
     def pending(self, slot: int) -> int:
         return len(self.positions.get(slot, ())) + len(self.prompts.get(slot, ((),))[0])
 

@@ -279,14 +279,17 @@ class Scheduler:
         i = 0
         while i < len(keep):
             s = keep[i]
-            while self.kv.missing(s.request_id, self._need(s)) > len(self.kv.free) and keep[-1] is not s:
-                self._preempt(keep.pop())
-            if self.kv.missing(s.request_id, self._need(s)) > len(self.kv.free):
-                self._preempt(keep.pop())                   # s itself: nothing later to preempt
-                continue
-            have = len(self.kv.owned[s.request_id])
-            pages = self.kv.grow(s.request_id, self._need(s))
-            s.table_row[have:have + len(pages)] = pages
+            need = self._need(s)
+            missing = self.kv.missing(s.request_id, need)    # preempting others frees pages, not s's need
+            if missing:
+                while missing > len(self.kv.free) and keep[-1] is not s:
+                    self._preempt(keep.pop())
+                if missing > len(self.kv.free):
+                    self._preempt(keep.pop())               # s itself: nothing later to preempt
+                    continue
+                have = len(self.kv.owned[s.request_id])
+                pages = self.kv.grow(s.request_id, need)
+                s.table_row[have:have + len(pages)] = pages
             i += 1
         return keep
 
@@ -590,6 +593,8 @@ class Scheduler:
     def _write_deferred(self, seqs: list[Sequence]) -> bool:
         """The draft context that fallback AR rounds left pending for ``seqs``, in one call;
         whether there was any."""
+        if self.deferred.empty:
+            return False
         pending = [s for s in seqs if self.deferred.pending(s.slot)]
         if pending:
             self.deferred.flush([s.slot for s in pending], self._table(pending))

@@ -1225,7 +1225,9 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
         while seqs[0].stats.proposed.count(0) < 2 * AR_PROBE_EVERY_T and gen.has_work():   # stop inside an AR streak
             gen.step()
         assert seqs[0].stats.proposed.count(0) >= 2 * AR_PROBE_EVERY_T, seqs[0].stats.proposed
+        assert gen.deferred.empty != defer                 # an AR streak's rows wait (deferring)
         gen._write_deferred(gen.running)
+        assert gen.deferred.empty
         ps = llm.networks.page_size                 # the draft K of every committed position
         cache = [torch.stack([k[s.table_row[p // ps], p % ps] for p in range(s.position)])
                  for s in gen.running for k in llm.networks.draft_cache["k"]]
@@ -1242,7 +1244,7 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
     late = runs[True][2].deferred
     ar_rounds = sum(p == 0 for _, proposed, _ in runs[True][0] for p in proposed)
     assert late.flushes >= 2 and 0 < late.flushed_rows <= ar_rounds
-    assert not late.positions and runs[False][2].deferred.flushes == 0
+    assert not late.positions and late.empty and runs[False][2].deferred.flushes == 0
 
 
 @pytest.mark.parametrize("graphs", [False, True])
