@@ -871,7 +871,7 @@ class SurvivalEstimate:
         self._due = False                                # the curve is to be estimated again
         self._held = False                               # prepare()d: the next add keeps the curve
         self._last_confidence: np.ndarray | None = None  # [rows, N] of the latest round with the head
-        self._version = 0                                # curves dropped: what a cached decision keys on
+        self._version = 0                                # curves dropped (``version``)
         self._pending: tuple | None = None               # a deferred add: (accepted, verified, confidence)
 
     def __len__(self) -> int:
@@ -892,7 +892,8 @@ class SurvivalEstimate:
 
     @property
     def version(self) -> int:
-        """Counts the curves dropped: what a cached decision keys on."""
+        """Counts the curves dropped: each makes the next ``curve`` a new array, and the scheduler's
+        decision tables (``VerifyScheduler.row_choices``) key on the array."""
         if self._pending is not None and not self._held:     # the deferred add may drop the curve
             self.flush()
         return self._version

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from .. import plugins
-from .batch_constants import BatchConstantsCache
+from .batch_constants import BatchConstants, BatchConstantsCache
 from .kv_manager import PagedKVManager
 from .confidence import AR_STAY_MARGIN, CONFIDENCE_PROBE_EVERY, TRIM_MARGIN, SurvivalEstimate
 from .deferred_context import SLOT_ROWS, DeferredContext
@@ -307,13 +307,14 @@ class Scheduler:
     def _tensor(self, values, dtype=torch.int64):
         return torch.tensor(values, dtype=dtype, device=self.device)
 
-    def round_inputs(self, seqs: list[Sequence]) -> RoundInputs:
+    def round_inputs(self, seqs: list[Sequence], constants: BatchConstants | None = None) -> RoundInputs:
         """The next round's inputs of running sequences (prefilled: anchor and position set), in
-        order; public: bench and profiling stage a real round's inputs with it
-        (``steps.stage(gen.round_inputs(seqs))``)."""
+        order (``constants``: the batch's, where the caller has them); public: bench and profiling
+        stage a real round's inputs with it (``steps.stage(gen.round_inputs(seqs))``)."""
+        c = constants or self.constants.get(seqs)
         return RoundInputs(anchor=np.array([s.anchor for s in seqs], dtype=np.int64),
                            start=np.array([s.position for s in seqs], dtype=np.int64),
-                           table=np.stack([s.table_row for s in seqs]), **self.constants.get(seqs).fields)
+                           table=np.stack([s.table_row for s in seqs]), **c.fields)
 
     def _prefill(self, seqs: list[Sequence]) -> None:
         """Target over the prompts (right-padded, pad position -1) and the draft context
@@ -335,8 +336,9 @@ class Scheduler:
             last = self.steps.prefill(tokens, positions, table, lens, self.speculative)   # [B, V]
         finite = torch.isfinite(last).all(dim=-1)
         raw = last
-        mods = self.constants.get(seqs).mods
-        x = DeviceInputs.from_host(self.round_inputs(seqs), self.device, mods=mods)
+        c = self.constants.get(seqs)
+        mods = c.mods
+        x = DeviceInputs.from_host(self.round_inputs(seqs, c), self.device, mods=mods)
         if mods.penalties:                          # new slots: the prompt, no output yet
             counts = self.steps.eager.token_counts(self.max_batch_size, last.shape[-1])
             for s in seqs:
@@ -351,7 +353,7 @@ class Scheduler:
         fresh = self._tensor([not r for r in resumed], torch.bool)
         if mods.penalties:
             counts.add(x.slot, first[:, None], ((first >= 0) & fresh)[:, None])
-        k = self.constants.get(seqs).logprobs_k
+        k = c.logprobs_k
         rows = None if k is None else to_host(*token_logprobs(raw[:, None], first[:, None], k))
         for i, (s, t) in enumerate(zip(seqs, first.tolist())):
             self.running.append(s)
@@ -383,25 +385,26 @@ class Scheduler:
         return (not len(self._survival) and self._estimates_rounds(seqs)
                 and self._scheduler().prefers_ar(len(seqs), self._survival.optimistic()))
 
-    def _ar_round(self, seqs: list[Sequence], fallback: bool = False) -> None:
+    def _ar_round(self, seqs: list[Sequence], fallback: bool = False,
+                  constants: BatchConstants | None = None) -> None:
         """Plain autoregressive step on the target: the comparison mode, or (``fallback``) an AR
         round inside speculative decoding, whose draft context waits in ``deferred`` for the
         next speculative round (``_write_deferred``) and which each request records as a round of
         0 verified drafts (never with logprobs: those batches do not fall back)."""
-        c = self.constants.get(seqs)
+        c = constants or self.constants.get(seqs)
         mods, k, rows = c.mods, c.logprobs_k, None
         slots = [s.slot for s in seqs]
         self._round_kind = "ar"
         if k is None and fallback and self.defer_context:
             if not self.deferred.room_for(slots):
                 self._write_deferred(seqs)
-            r = self.round_inputs(seqs)
+            r = self.round_inputs(seqs, c)
             r.tap_row = self.deferred.add(slots, [s.position for s in seqs])      # where the round stores its taps
             host = self.steps.ar_round_keep_taps(r, mods)                         # [B, 1]
         elif k is None:
-            host = self.steps.ar_round(self.round_inputs(seqs), mods, context=fallback)   # [B, 1]
+            host = self.steps.ar_round(self.round_inputs(seqs, c), mods, context=fallback)   # [B, 1]
         else:
-            host, rows = self.steps.eager.ar_round_logprobs(self.round_inputs(seqs), mods, k)
+            host, rows = self.steps.eager.ar_round_logprobs(self.round_inputs(seqs, c), mods, k)
         for i, (s, (t,)) in enumerate(zip(seqs, host.tolist())):
             if t < 0:
                 s.fail(NONFINITE_LOGITS)
@@ -463,11 +466,11 @@ class Scheduler:
                                 pending=self.deferred.pending_rows([s.slot for s in seqs]),
                                 confidence_round=self._survival.last_confidence is None)
 
-    def _estimates_rounds(self, seqs: list[Sequence]) -> bool:
+    def _estimates_rounds(self, seqs: list[Sequence], constants: BatchConstants | None = None) -> bool:
         """Whether this batch's round kind comes from the survival estimate (an all-``scheduled``
         batch, a cost curve with step latencies, an estimate; no calibration run, no logprobs:
         their rows come from the eager confidence rounds)."""
-        sched, c = self._scheduler(), self.constants.get(seqs)
+        sched, c = self._scheduler(), constants or self.constants.get(seqs)
         return not (sched is None or not sched.falls_back or self.record_confidence
                     or not self._survival.informed or not c.all_scheduled or c.logprobs_k is not None)
 
@@ -518,15 +521,15 @@ class Scheduler:
         return True
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
-        estimates = self._estimates_rounds(seqs)         # the round's decisions, host-side, once
+        batch = self.constants.get(seqs)
+        estimates = self._estimates_rounds(seqs, batch)  # the round's decisions, host-side, once
         if self._falls_back_to_ar(seqs, estimates):
             self._ar_streak += 1
-            return self._ar_round(seqs, fallback=True)
+            return self._ar_round(seqs, fallback=True, constants=batch)
         self._ar_streak = 0
         self._flushed = self._write_deferred(seqs)
-        c = self.constants.get(seqs)
-        mods, k, rows = c.mods, c.logprobs_k, None
-        r = self.round_inputs(seqs)
+        mods, k, rows = batch.mods, batch.logprobs_k, None
+        r = self.round_inputs(seqs, batch)
         if k is not None:                           # eager steps with logprob outputs
             self._round_kind = "logprobs"
             host, lims, rows = self.steps.eager.spec_round_logprobs(r, mods, k)

@@ -938,8 +938,8 @@ def test_survival_estimate_is_kaplan_meier_over_the_verified_windows():
 
 def test_survival_estimate_refreshes_a_full_window_every_few_rounds():
     """Until the window is full the curve follows every round; then it is estimated again every
-    ``refresh`` rounds (``version`` moves with it: the cached decisions key on it) and holds in
-    between, whatever those rounds add."""
+    ``refresh`` rounds (``version`` moves with it: each move a new curve array, what the decision
+    tables key on) and holds in between, whatever those rounds add."""
     from dspark_trt.runtime.confidence import SurvivalEstimate
     est = SurvivalEstimate(2, window=2, refresh=3)
     est.PRIOR_WEIGHT = 0.0
