@@ -57,18 +57,16 @@ def stub_steps(llm, n: int, seed: int = 0) -> None:
 def per_round_ms(llm, B: int, mode: str, rounds: int) -> float:
     speculative, verify_mode = MODES[mode]
     gen = llm.scheduler(speculative)
-    for _ in range(B):
-        gen.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=3000, ignore_eos=True, verify_mode=verify_mode))
-    gen.step()                                           # the prefill (real) and a first round
-    if mode == "fallback":
-        gen._ar_streak = max(gen._ar_streak, 1)          # in a streak,
-        gen._probe_every = gen._probe_floor = 10**9      # without probes,
-        gen.deferred.capacity = 10**9                    # and without flushes (the stubs store no taps)
+    if mode == "fallback":                               # from the first round: an AR streak
         zeros = np.zeros(gen.nets.num_spec_tokens)                                       # AR wins
         gen._survival.curve = gen._survival.optimistic = lambda: zeros
-    elif mode == "scheduled":
+        gen._probe_every = gen._probe_floor = 10**9      # without probes
+        gen.deferred.capacity = 10**9                    # and without flushes (the stubs store no taps)
+    elif mode == "scheduled":                            # speculative from the first round
         ones = np.ones(gen.nets.num_spec_tokens)                                         # drafting wins
         gen._survival.curve = gen._survival.optimistic = lambda: ones
+    for _ in range(B):
+        gen.add_request([1, 2, 3, 4], SamplingParams(max_new_tokens=3000, ignore_eos=True, verify_mode=verify_mode))
     for _ in range(20):
         gen.step()
     t = time.perf_counter()
