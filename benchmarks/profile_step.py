@@ -5,7 +5,8 @@
 Prefills B random prompts, stages the next round (``steps.stage``), then profiles (torch.profiler,
 CUDA activity) eager calls of the AR step (target + sampling; and the AR fallback's, which keeps its
 taps), of the target over its verify
-window for 1 and N+1 tokens and of the draft step; ``--prefill``: also a whole admission prefill of the B prompts (``Scheduler.step`` of a
+window for 1 and N+1 tokens and of the draft step; ``--packed K``: also the target over 1 + K tokens
+per row, dense and as the packed verify of B x (1 + K) slots; ``--prefill``: also a whole admission prefill of the B prompts (``Scheduler.step`` of a
 fresh scheduler: target, first token, draft context), with the host's top operators. Writes ``profile-<label>.json``: per network
 the kernel count, summed kernel time, CUDA-event wall time, and the top kernels by total time,
 so the gap between the step time and the HBM roofline can be attributed.
@@ -28,6 +29,7 @@ from dspark_trt import provenance  # noqa: E402
 from dspark_trt.commands.bench import time_ms  # noqa: E402
 from dspark_trt.runtime import SamplingParams  # noqa: E402
 from dspark_trt.runtime.llm import LLM  # noqa: E402
+from dspark_trt.runtime.packed_verify import packed_target  # noqa: E402
 from dspark_trt.runtime.steps import verify_window  # noqa: E402
 
 
@@ -68,6 +70,9 @@ def main() -> None:
     ap.add_argument("--label", default=None)
     ap.add_argument("--prefill", action="store_true",
                     help="also profile the admission prefill of --batch-size prompts (host side too)")
+    ap.add_argument("--packed", type=int, default=None,
+                    help="also the packed verify (runtime/packed_verify.py) of K drafts per row, B x (1 + K) "
+                         "slots, beside the dense target over the same 1 + K tokens per row")
     ap.add_argument("--window", type=int, default=None,
                     help="also profile the window round's draft step of this many drafts (< N)")
     ap.add_argument("--compile", action="store_true",
@@ -101,6 +106,12 @@ def main() -> None:
            "ar_step_keep_taps": lambda: llm.steps.eager.ar_step(x, False, keep_taps=True),
            "target_1": lambda: nets.target(tokens[:, :1], pos[:, :1], x.table),
            f"target_{N + 1}": lambda: nets.target(tokens, pos, x.table)}
+    if a.packed is not None:      # the same tokens per row, dense and packed end to end (issue #25)
+        w = a.packed + 1
+        lengths = torch.full((a.batch_size,), w, dtype=torch.long, device=nets.device)
+        fns[f"target_{w}"] = lambda: nets.target(tokens[:, :w], pos[:, :w], x.table)
+        fns[f"target_packed_{a.batch_size * w}"] = lambda: packed_target(nets.target, tokens, pos, x.table, lengths,
+                                                                          a.batch_size * w)
     if N:
         fns["draft_block"] = st.draft
         if a.window:
