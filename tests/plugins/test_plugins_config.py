@@ -159,6 +159,37 @@ def test_attention_splits_fill_waves(programs):
     assert all(fill(s) < 0.9 for s in range(1, S))          # the fewest splits that reach 90 %
 
 
+def test_attention_splits_env_overrides_the_default_and_names_a_bad_value(monkeypatch):
+    """``DSPARK_ATTN_SPLITS`` fixes the split count of every shape-static launch (the split kernel's
+    grid: S programs per (KV head, row, query tile)); a bad value is an error naming the variable."""
+    from tests.support.plugins_cases import block_attention_inputs
+    q, kc, vc, table, pos, _, block, scale = block_attention_inputs("cpu", torch.float32, H=8, Hkv=2, D=16, page=16)
+    grids = []
+
+    class Grid:
+        def __init__(self, kernel):
+            self.kernel = kernel
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: grids.append((self.kernel.__name__, tuple(grid)))
+
+    monkeypatch.setattr(kba, "launcher", Grid)
+    monkeypatch.setenv(kba.SPLITS_ENV, "3")
+    kba.block_attention_triton(q, kc, vc, table, pos, block, scale)
+    B = q.shape[0]
+    assert grids[0] == ("block_attention_split_kernel", (2, B, 3))      # (Hkv, B, one query tile of T = 4) x 3
+    assert kba.env_num_splits() == 3
+    monkeypatch.setenv(kba.SPLITS_ENV, "1")
+    kba.block_attention_triton(q, kc, vc, table, pos, block, scale)
+    assert grids[-1][0] == "block_attention_kernel"                                  # one split: no reduce
+    monkeypatch.setenv(kba.SPLITS_ENV, " ")
+    assert kba.env_num_splits() is None
+    for bad in ("0", "two", "-2"):
+        monkeypatch.setenv(kba.SPLITS_ENV, bad)
+        with pytest.raises(ValueError, match="DSPARK_ATTN_SPLITS"):
+            kba.block_attention_triton(q, kc, vc, table, pos, block, scale)
+
+
 def test_mla_splits_only_for_few_tokens():
     small = ksm.mla_config(8, 128, 512, 512, 256, DEV)       # batch 1: 8 tokens x 2 head x 2 dv tiles
     assert small["num_splits"] > 1 and 8 * 2 * 2 * small["num_splits"] >= 0.9 * SMS

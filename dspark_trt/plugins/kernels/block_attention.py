@@ -22,6 +22,8 @@ Inert queries (position < 0, row without pages) write zeros.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -244,6 +246,20 @@ ATTN_DEFAULTS = dict(block_n=64, num_warps=4, num_stages=3, programs_per_sm=2, p
                      reduce="two_pass")
 
 
+SPLITS_ENV = "DSPARK_ATTN_SPLITS"   # a fixed KV split count for every eager launch (read at call time)
+
+
+def env_num_splits() -> int | None:
+    """``DSPARK_ATTN_SPLITS``: the split count of every shape-static launch (benchmarks compare split
+    policies through ``LLM`` with it); unset or empty: ``default_num_splits``."""
+    v = os.environ.get(SPLITS_ENV, "").strip()
+    if not v:
+        return None
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"{SPLITS_ENV}={v!r}: set it to a positive integer or leave it unset")
+    return int(v)
+
+
 def default_num_splits(device: torch.device, programs: int, max_keys: int, block_n: int,
                        programs_per_sm: int = ATTN_DEFAULTS["programs_per_sm"]) -> int:
     """KV splits per query tile. Less than a wave of programs: about two programs per SM. A wave or
@@ -272,7 +288,8 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
                            kvh_first: bool | None = None, reduce: str | None = None,
                            pdl: bool = False) -> Tensor:
     """Same contract as ``block_attention_ref``. Unset launch parameters come from
-    ``ATTN_DEFAULTS``; ``num_splits`` (KV splits per query tile) from ``default_num_splits``. The
+    ``ATTN_DEFAULTS``; ``num_splits`` (KV splits per query tile) from ``DSPARK_ATTN_SPLITS``
+    (``env_num_splits``), else ``default_num_splits``. The
     actual key range of each split is decided on the device from ``kv_limit``, so the split count
     only depends on shapes. ``reduce``: how splits merge, "ticket" or "two_pass" (module doc; traced
     calls always use "two_pass"). ``pdl``: every launch with programmatic dependent launch (sm_90+;
@@ -300,7 +317,8 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
     if all(isinstance(n, int) for n in (B, T, P)):
         block_t = max(pow2(16 // G), min(pow2(T), max(1, 64 // G)))   # BLOCK_T * G in [16, 64] (tl.dot)
         t_tiles = triton.cdiv(T, block_t)
-        S = num_splits or default_num_splits(q.device, B * Hkv * t_tiles, P * page, block_n, programs_per_sm)
+        S = num_splits or env_num_splits() or default_num_splits(q.device, B * Hkv * t_tiles, P * page, block_n,
+                                                                 programs_per_sm)
     else:   # traced with dynamic shapes (torch.export): launch choices must not depend on them
         block_t = max(pow2(16 // G), max(1, 64 // G))
         t_tiles = triton.cdiv(T, block_t)
