@@ -102,15 +102,16 @@ class TokenStep:
 
     max_rows = MAX_ROWS
 
-    def __init__(self, model, pdl: bool = False, attention: dict | None = None):
+    def __init__(self, model, pdl: bool = False, attention: dict | None = None, pdl_one_token: bool = True):
         """``model``: a ``Qwen3ForCausalLM`` target, or a ``DSparkQwen3Draft`` (its block pass:
-        ``draft_logits``; no taps).
+        ``draft_logits``; no taps). ``pdl``: launch with programmatic dependent launch;
+        ``pdl_one_token``: also steps of one token per row (AR steps; ``chain_for`` turns it off).
         ``attention``: launch parameters of ``block_attention_triton`` other than its defaults
         (e.g. ``num_splits``, ``reduce``: what ``token_step_bench.py --attention`` compares)."""
         target = isinstance(model, Qwen3ForCausalLM)
         body = model.model if target else model
         cfg = model.config if target else model.config.layer_config()
-        self.model, self.pdl = model, pdl
+        self.model, self.pdl, self.pdl_one_token = model, pdl, pdl_one_token
         self.attention = dict(attention or {})
         self.layers = [layer_weights(layer) for layer in body.layers]
         self.embed = body.embed_tokens
@@ -135,7 +136,7 @@ class TokenStep:
         ``final_residual``: also the residual stream after the last layer [B, T, d] (the head's
         input before its norm; the head GEMV writes it)."""
         B, T = tokens.shape
-        M, pdl, eps = B * T, self.pdl, self.eps
+        M, pdl, eps = B * T, self.pdl and (T > 1 or self.pdl_one_token), self.eps
         if M > MAX_ROWS:
             raise ValueError(f"TokenStep: {B} x {T} tokens, at most {MAX_ROWS} per step (decode_gemv.MAX_ROWS)")
         stream, tapped = self.buffers(M)
@@ -188,7 +189,11 @@ class TokenStep:
 
 def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None:
     """The chain ``DSPARK_DECODE_CHAIN`` asks for: a ``TokenStep`` of ``model`` (the target, or the
-    draft's block pass), with PDL on sm_90+ GPUs.
+    draft's block pass), with PDL on sm_90+ GPUs for steps of several tokens per row (verify, the
+    draft's block) and without it for one token per row (AR steps), as measured at Qwen3-8B dims:
+    one token, PDL cost 0.05-0.24 ms at batch 1 on the H200 and the H100 and 0.30-0.47 ms at batch
+    16 on the H100 (10 of 12 chain timings; it won by 0.04-0.08 ms at 8192-32768 tokens, batch 1,
+    H100), eight tokens it saved 0.06-0.15 ms (``token-step-*`` results, ``README.md``).
     "1": ``ConfigError`` naming why where it cannot serve it (not a Qwen3 target or DSpark Qwen3
     draft, not bf16, not on a GPU, tensor parallel); "auto" (unset: ``DECODE_CHAIN_DEFAULT``): None
     there instead; "0": None."""
@@ -208,7 +213,7 @@ def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None
         raise ConfigError(f"{ENV}: {why}")
     try:
         sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-        return TokenStep(model, pdl=sm90 and gdc_wait is not None)
+        return TokenStep(model, pdl=sm90 and gdc_wait is not None, pdl_one_token=False)
     except ValueError as e:                                # weights that are not bf16
         if flag == "auto":
             return None

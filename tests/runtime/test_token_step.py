@@ -190,6 +190,47 @@ def test_decode_chain_auto_runs_where_it_can(monkeypatch, case):
     assert token_step.chain_for(target, device, tp_size=2 if case == "tp2" else 1) is None
 
 
+def test_chain_for_launches_pdl_for_blocks_and_not_for_one_token_per_row(monkeypatch):
+    """``LLM``'s chain (``chain_for``, sm_90): every launch of a step of several tokens per row with
+    PDL, none of a one-token step (AR, any batch); a plain ``TokenStep(pdl=True)``: both with PDL.
+    The kernels are stubbed (their launch flags recorded), so this runs without a GPU."""
+    from dspark_trt.models import build_models
+    from dspark_trt.runtime import token_step
+    from tests.support.models import tiny_pair
+    target, _ = build_models(tiny_pair(), torch.bfloat16, "cpu")
+    seen = []
+
+    def gemv(x, w, *a, pdl=False, **k):
+        seen.append(pdl)
+        return torch.zeros(x.shape[0], w.shape[0], dtype=torch.bfloat16)
+
+    def rope(qkv, *a, pdl=False, **k):
+        seen.append(pdl)
+        return torch.zeros(qkv.shape[0], step.heads, step.head_dim, dtype=torch.bfloat16)
+
+    def attention(q, *a, pdl=False, **k):
+        seen.append(pdl)
+        return torch.zeros_like(q)
+    for name, fn in (("decode_gemv", gemv), ("qk_rope_cache", rope), ("block_attention_triton", attention)):
+        monkeypatch.setattr(token_step, name, fn)
+    monkeypatch.setenv("DSPARK_DECODE_CHAIN", "1")
+    monkeypatch.setattr(token_step, "INTERPRET", True)
+    monkeypatch.setattr(token_step, "gdc_wait", object())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    step = token_step.chain_for(target, torch.device("cuda", 0))
+    assert step.pdl and not step.pdl_one_token
+    cache, table = {"k": [None] * 3, "v": [None] * 3}, torch.zeros(2, 4, dtype=torch.long)
+    launches = 1 + 3 * 6                                           # per layer 6, and the head
+    for B, T, want in ((2, 1, False), (1, 4, True), (2, 3, True)):
+        seen.clear()
+        step(torch.ones(B, T, dtype=torch.long), torch.arange(T).expand(B, T), cache, table[:B])
+        assert seen == [want] * launches, (B, T)
+    seen.clear()
+    token_step.TokenStep(target, pdl=True)(torch.ones(2, 1, dtype=torch.long), torch.zeros(2, 1, dtype=torch.long),
+                                           cache, table)
+    assert seen == [True] * launches
+
+
 @pytest.mark.parametrize("dtype,fuse,switched", [(torch.bfloat16, True, 3), (torch.bfloat16, False, 0),
                                                   (torch.float32, True, 0)])
 def test_row_kernels_switch_only_fused_bf16_layers(dtype, fuse, switched):
