@@ -191,9 +191,10 @@ def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None
     """The chain ``DSPARK_DECODE_CHAIN`` asks for: a ``TokenStep`` of ``model`` (the target, or the
     draft's block pass), with PDL on sm_90+ GPUs for steps of several tokens per row (verify, the
     draft's block) and without it for one token per row (AR steps), as measured at Qwen3-8B dims:
-    one token, PDL cost 0.05-0.24 ms at batch 1 on the H200 and the H100 and 0.30-0.47 ms at batch
-    16 on the H100 (10 of 12 chain timings; it won by 0.04-0.08 ms at 8192-32768 tokens, batch 1,
-    H100), eight tokens it saved 0.06-0.15 ms (``token-step-*`` results, ``README.md``).
+    with one token PDL was slower in 19 of the 21 chain timings on record (H200 and H100: 0.01-0.24
+    ms at batch 1, 0.30-0.48 ms at batch 16; it won by 0.04-0.08 ms in two H100 batch-1 timings at
+    8192-32768 tokens), with eight it saved 0.06-0.31 ms in every timing since the 2-16-token kernel
+    (``decode_rows.py``; ``benchmarks/results/token-step-*``).
     "1": ``ConfigError`` naming why where it cannot serve it (not a Qwen3 target or DSpark Qwen3
     draft, not bf16, not on a GPU, tensor parallel); "auto" (unset: ``DECODE_CHAIN_DEFAULT``): None
     there instead; "0": None."""
