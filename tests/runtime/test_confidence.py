@@ -1781,6 +1781,11 @@ def test_ar_fallback_needs_evidence_at_batch_1():
         assert upper >= share * (300 - 32), (rows, upper)
 
 
+def _ar_wins_at_batch_1() -> CostCurve:
+    """The default pair's prices on the H100 at 6770686, roughly: a flat verify, AR rounds far cheaper."""
+    return CostCurve([2, 512], [0.41, 0.41], "flat verify", rows=[1, 64], draft_ms=[0.14, 0.14], ar_ms=[0.18, 0.18])
+
+
 def test_an_ar_streak_ends_on_the_point_estimate_not_its_upper_bound():
     """Where AR wins at batch 1 (fixed round 0.66 ms at ~1.8 tokens, AR 0.29 ms: the default pair on
     the H100 at 6770686 ran 86 fixed rounds beside 213 AR ones) the optimistic curve of 32 batch-1
@@ -1788,8 +1793,7 @@ def test_an_ar_streak_ends_on_the_point_estimate_not_its_upper_bound():
     streak that ended on it ended at nearly every probe; the rule that keeps a streak (AR within
     ``AR_STAY_MARGIN`` of the best window under the point estimate) says so at a few percent (0-78)."""
     from dspark_trt.runtime.confidence import AR_STAY_MARGIN, SurvivalEstimate
-    curve = CostCurve([2, 512], [0.41, 0.41], "flat verify", rows=[1, 64], draft_ms=[0.14, 0.14],
-                      ar_ms=[0.18, 0.18])
+    curve = _ar_wins_at_batch_1()
     sched = VerifyScheduler(7, 512, "cpu", cost=curve, round_overhead_ms=0.11)
     assert sched.prefers_ar(1, 0.45 ** np.arange(1, 8))               # the mean request: AR wins
     for seed in range(4):
@@ -1810,8 +1814,7 @@ def test_the_scheduler_keeps_an_ar_streak_in_the_band_between_the_two_estimates(
     in a streak, or deciding after its probe, goes on with AR."""
     from types import SimpleNamespace
     from dspark_trt.runtime.confidence import AR_STAY_MARGIN, SurvivalEstimate
-    curve = CostCurve([2, 512], [0.41, 0.41], "flat verify", rows=[1, 64], draft_ms=[0.14, 0.14],
-                      ar_ms=[0.18, 0.18])
+    curve = _ar_wins_at_batch_1()
     llm = _llm(block=7, seed=6, verify_cost=curve, cost_model="trimmed")
     gen = llm.scheduler()
     sched = VerifyScheduler(7, 4 * 8, "cpu", cost=curve, round_overhead_ms=0.11, cost_model="trimmed")
