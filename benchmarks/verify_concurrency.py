@@ -128,6 +128,8 @@ def parse_args(argv):
     b.add_argument("--round-kinds", action="store_true",
                    help="also time one round of each kind per batch (fixed, confidence with the "
                         "read-back, estimated window without it)")
+    b.add_argument("--profile-kinds", action="store_true",
+                   help="with --round-kinds: each kind's kernel breakdown too (torch.profiler, a GPU)")
     b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
     b.add_argument("--repeats", type=int, default=1,
                    help="runs of every mode per batch, interleaved, each repeat in a rotated order (fixed, "
@@ -178,7 +180,8 @@ def measure_cost_curve(llm, args, sizes):
     return CostCurve.from_points(pts, "measured by benchmarks/verify_concurrency.py")
 
 
-def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = False) -> dict:
+def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = False,
+                profile: bool = False) -> dict:
     """Wall ms of one round of each kind at ``B`` rows after a prefill of ``args.prompt_len``
     (host in, host out, as the Scheduler pays it): "fixed" (draft + verify of N), "confidence"
     (head + admission, read-back of the admitted lengths, verify of that window),
@@ -186,7 +189,9 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
     read-back), "window" (the window round of that width: its drafts only, no head, no
     admission) and with ``packed`` "packed" (the packed cost model's admission, read-back,
     packed verify of the admitted prefixes). Rounds are not committed: each replays the same
-    positions."""
+    positions. ``profile``: also each kind's kernels (``profile_step.profile_fn``: kernel time per
+    round against its CUDA-event wall, the top kernels) under ``profiles``, and the slot buckets
+    the packed rounds ran."""
     from dspark_trt.runtime import SamplingParams
     from dspark_trt.runtime.sampling_modifiers import Modifiers
     prompts = bench.make_prompts(llm, args.prompts, B, args.prompt_len, args.seed)
@@ -212,6 +217,12 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
         for _ in range(iters):
             fn()
         out[f"{name}_ms"] = 1e3 * (time.perf_counter() - t0) / iters
+        if profile:
+            from profile_step import profile_fn
+            llm.steps.verify_slots.clear()
+            out.setdefault("profiles", {})[name] = profile_fn(fn, reps=3, top=15)
+            if name == "packed":
+                out["profiles"][name]["verify_slots"] = {str(k): v for k, v in llm.steps.verify_slots.items()}
     sched.cost_model = model
     draft = sched.cost.step_ms("draft", B)               # the curve's prediction, as the scheduler prices it
     out["curve_fixed_ms"] = draft + sched.cost.window_ms(B, sched.num_spec_tokens)
@@ -337,6 +348,9 @@ def run(argv) -> dict:
     args.max_batch_size, args.max_seq_len = max(sizes), args.prompt_len + longest
     if args.model and not (args.checkpoint or args.engine) and not args.random_weights:
         raise SystemExit("error: --model without checkpoints is RANDOM weights: add --random-weights")
+    if args.profile_kinds and not (args.round_kinds and torch.cuda.is_available()):
+        raise SystemExit("error: --profile-kinds profiles the --round-kinds rounds on a CUDA GPU: add "
+                         "--round-kinds" + ("" if torch.cuda.is_available() else " and run it where a GPU is"))
     llm = bench.load_llm(args, **bench.step_path_kwargs(args))   # --compile / --unfused
     if args.synthetic:
         llm.networks = SyntheticAcceptance(llm.networks, survival_curve(args.synthetic), args.spread)
@@ -403,7 +417,8 @@ def run(argv) -> dict:
             row[mode]["speedup_vs_autoregressive"] = (row[mode]["decode_tokens_per_s"]
                                                       / row["autoregressive"]["decode_tokens_per_s"])
         if kinds_survival:
-            row["round_kinds"] = round_kinds(llm, args, B, kinds_survival, packed="packed" in modes)
+            row["round_kinds"] = round_kinds(llm, args, B, kinds_survival, packed="packed" in modes,
+                                             profile=args.profile_kinds)
         rows[str(B)] = row
         print(f"[verify-concurrency] B={B:3d} " + " | ".join(
             f"{m} {r['decode_tokens_per_s']:.0f} tok/s"
@@ -420,8 +435,13 @@ def run(argv) -> dict:
                 + f", {m}/AR " + " ".join(f"{v:.2f}" for v in row[m]["ratio_vs_autoregressive_repeats"])
                 for m in modes if m != "fixed"), flush=True)
         if "round_kinds" in row:
+            kinds = row["round_kinds"]
             print(f"[verify-concurrency] B={B:3d} round ms: " + ", ".join(
-                f"{k} {v:.2f}" for k, v in row["round_kinds"].items()), flush=True)
+                f"{k} {v:.2f}" for k, v in kinds.items() if k != "profiles"), flush=True)
+            for k, p in kinds.get("profiles", {}).items():
+                print(f"[verify-concurrency] B={B:3d} {k} round: wall {p['wall_us'] / 1e3:.2f} ms, kernels "
+                      f"{p['kernel_us_per_call'] / 1e3:.2f} ms ({p['kernels_per_call']:.0f}); top: " + ", ".join(
+                          f"{t['name'][:40]} {t['us_per_call'] / 1e3:.2f}" for t in p["top"][:6]), flush=True)
     cuda = llm.device.type == "cuda"
     tps = lambda b, m: rows[b][m]["decode_tokens_per_s"]  # noqa: E731
     goal = {}

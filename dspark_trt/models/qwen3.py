@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import plugins
+from ..plugins.block_attention import SlotGroups, grouped_block_attention
 from ..config import Qwen3Config
 from .layers import RMSNorm, SwiGLU, apply_rope_neox, make_paged_kv_cache, rope_cos_sin
 
@@ -73,8 +74,12 @@ class Qwen3Attention(nn.Module):
         plugins.kv_cache_write(k_cache, v_cache, k, v, block_table, positions)
 
     def attention(self, q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
-                  positions: Tensor, kv_limit: Tensor) -> Tensor:
-        """q [B, T, H, D] against the paged caches -> [B, T, H, D] (``dspark::block_attention``)."""
+                  positions: Tensor, kv_limit: Tensor, groups: SlotGroups | None = None) -> Tensor:
+        """q [B, T, H, D] against the paged caches -> [B, T, H, D] (``dspark::block_attention``).
+        ``groups``: q's rows are the packed verify's slots (T = 1), attended grouped by their batch
+        rows (``grouped_block_attention``: each row's cache read once)."""
+        if groups is not None:
+            return grouped_block_attention(q, k_cache, v_cache, *groups, self.d ** -0.5)
         return plugins.block_attention(q, k_cache, v_cache, block_table, positions, kv_limit, self.d ** -0.5)
 
 
@@ -99,14 +104,15 @@ class Qwen3DecoderLayer(nn.Module):
         return x + mlp
 
     def deferred(self, x: Tensor, pending: Tensor | None, cos, sin, k_cache, v_cache, block_table,
-                 positions, kv_limit) -> tuple[Tensor, Tensor]:
+                 positions, kv_limit, groups: SlotGroups | None = None) -> tuple[Tensor, Tensor]:
         """The layer with the residual add of its MLP output left to the caller: the residual
         stream is ``x + pending`` on entry (None: x) and ``x' + mlp`` on exit, returned as
         (x', mlp). Chained through ``run_layers``, each layer adds the previous one's MLP output in
         the kernel of its input norm. Two phases around the attention, which ``runtime.compiled``
-        compiles as two graphs (the attention runs between them)."""
+        compiles as two graphs (the attention runs between them). ``groups``: see
+        ``Qwen3Attention.attention``."""
         x, q = self.attention_input(x, pending, cos, sin, k_cache, v_cache, block_table, positions)
-        o = self.self_attn.attention(q, k_cache, v_cache, block_table, positions, kv_limit)
+        o = self.self_attn.attention(q, k_cache, v_cache, block_table, positions, kv_limit, groups)
         return self.attention_output(x, o)
 
     def attention_input(self, x: Tensor, pending: Tensor | None, cos, sin, k_cache, v_cache, block_table,
@@ -131,14 +137,15 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 def run_layers(layers, x: Tensor, cos: Tensor, sin: Tensor, cache: dict, block_table: Tensor,
-               positions: Tensor, kv_limit: Tensor, tap_layer_ids=()) -> tuple[Tensor, list[Tensor]]:
+               positions: Tensor, kv_limit: Tensor, tap_layer_ids=(),
+               groups: SlotGroups | None = None) -> tuple[Tensor, list[Tensor]]:
     """Qwen3 decoder layers over x [B, T, d] -> (residual stream after the last layer, the raw
     outputs of ``tap_layer_ids``). Each layer's MLP output is added in the next layer's input
     norm kernel (``Qwen3DecoderLayer.deferred``), bit-for-bit the sum ``forward`` makes."""
     pending, taps = None, []
     for i, layer in enumerate(layers):
         x, pending = layer.deferred(x, pending, cos, sin, cache["k"][i], cache["v"][i], block_table,
-                                    positions, kv_limit)
+                                    positions, kv_limit, groups)
         if i in tap_layer_ids:
             taps.append(x + pending)
     return (x if pending is None else x + pending), taps
@@ -189,13 +196,14 @@ class Qwen3ForCausalLM(nn.Module):
                                    local_kv_heads(self.model.layers, c), c.head_dim, dtype, device)
 
     def forward(self, tokens: Tensor, positions: Tensor, block_table: Tensor,
-                cache: dict[str, list[Tensor]]) -> tuple[Tensor, Tensor]:
+                cache: dict[str, list[Tensor]], groups: SlotGroups | None = None) -> tuple[Tensor, Tensor]:
         """tokens, positions [B, T] (position < 0: padding); block_table [B, pages] ->
-        logits [B, T, V], taps [B, T, len(tap_layer_ids) * d]."""
+        logits [B, T, V], taps [B, T, len(tap_layer_ids) * d]. ``groups``: the rows are the packed
+        verify's slots (T = 1), their attention grouped by batch row (``packed_verify.py``)."""
         x = self.model.embed_tokens(tokens.clamp(min=0))
         cos, sin = rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, x.dtype)
         x, taps = run_layers(self.model.layers, x, cos, sin, cache, block_table, positions, positions,
-                             self.tap_layer_ids)
+                             self.tap_layer_ids, groups)
         logits = self.lm_head(self.model.norm(x))
         tap = torch.cat(taps, -1) if taps else x.new_zeros(*x.shape[:2], 0)
         return logits, tap

@@ -69,11 +69,16 @@ class EagerNetworks:
         self.draft_chain = None        # ... of the draft: its block passes of <= max_rows tokens
 
     @torch.inference_mode()
-    def target(self, tokens: Tensor, positions: Tensor, block_table: Tensor) -> tuple[Tensor, Tensor]:
+    def target(self, tokens: Tensor, positions: Tensor, block_table: Tensor,
+               groups=None) -> tuple[Tensor, Tensor]:
         """target_prefill / target_verify: tokens [B, T] -> logits [B, T, V], taps [B, T, m*d]
-        (a decode step of few tokens through ``decode_chain`` where one is set)."""
+        (a decode step of few tokens through ``decode_chain`` where one is set). ``groups``: the
+        packed verify's ``SlotGroups`` (``packed_verify.py``), for the modules' attention (the
+        chain attends each slot on its own)."""
         if (chain := _fitting(self.decode_chain, tokens.numel())) is not None:
             return chain(tokens, positions, self.target_cache, block_table)
+        if groups is not None:
+            return self.target_module(tokens, positions, block_table, self.target_cache, groups=groups)
         return self.target_module(tokens, positions, block_table, self.target_cache)
 
     @torch.inference_mode()

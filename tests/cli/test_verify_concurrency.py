@@ -177,6 +177,8 @@ def test_modes_are_checked_before_the_model_loads():
     for modes, msg in (("scheduled", "must include 'fixed'"), ("fixed,sched", r"unknown \['sched'\]")):
         with pytest.raises(SystemExit, match=msg):
             mod.run(["--device", "cpu", "--modes", modes, "--batch-sizes", "1"])
+    with pytest.raises(SystemExit, match="--profile-kinds profiles the --round-kinds rounds"):
+        mod.run(["--device", "cpu", "--modes", "fixed", "--batch-sizes", "1", "--profile-kinds"])
 
 
 def test_repeats_keep_the_median_run_and_pair_the_ratios():

@@ -55,6 +55,16 @@ def test_block_attention_kernel(results, mask, variant, splits):
     assert results[f"block_attention_{mask}{variant}_split{splits}"]["err"] < 1e-5
 
 
+@pytest.mark.parametrize("splits", [1, 3, 8])
+@pytest.mark.parametrize("reduce", ["two_pass", "ticket"])
+@pytest.mark.parametrize("mask", ["causal", "block"])
+def test_block_attention_kernel_indexed_queries(results, mask, reduce, splits):
+    """Packed query rows named by ``q_index`` (the packed verify's slots grouped by row): each
+    named row gets its window token's attention, rows no token names stay zero."""
+    r = results[f"block_attention_{mask}_indexed_{reduce}_split{splits}"]
+    assert r["shape"] and r["err"] < 1e-5
+
+
 @pytest.mark.parametrize("mask", ["causal", "block"])
 def test_block_attention_ticket_reuses_counters(results, mask):
     r = results[f"block_attention_{mask}_ticket_again"]

@@ -222,6 +222,30 @@ def _block_attention_cases(device, dtype, out):
         out[f"block_attention_{name}_ticket_again"] = {     # the counters are left at zero for reuse
             "equal": bool(torch.equal(again, got)),
             "counters_zero": all(int(b.abs().sum()) == 0 for b in kcommon._COUNTERS.get(q.device, []))}
+        packed, index, expected = grouped_inputs(q, pos, ref)
+        for splits in (1, 3, 8):
+            for reduce in ("two_pass", "ticket"):
+                got = kba.block_attention_triton(packed, kc, vc, table, pos, lim, scale, num_splits=splits,
+                                                 block_n=16, reduce=reduce, q_index=index)
+                out[f"block_attention_{name}_indexed_{reduce}_split{splits}"] = {
+                    "err": _err(got, expected), "shape": list(got.shape) == list(packed.shape)}
+
+
+def grouped_inputs(q, pos, window_out):
+    """The window queries q [B, T, H, D] as packed rows [R, 1, H, D] in a shuffled order with two
+    rows no token names, the window -> row index (-1 where the position is -1) and the packed rows
+    the window output ``window_out`` gives (zeros for the two)."""
+    B, T, H, D = q.shape
+    live = (pos >= 0).flatten()
+    n = int(live.sum())
+    order = torch.randperm(n + 2, generator=torch.Generator().manual_seed(3)).to(q.device)
+    index = torch.full((B * T,), -1, dtype=torch.int32, device=q.device)
+    index[live] = order[:n].to(torch.int32)
+    packed = torch.randn(n + 2, 1, H, D, generator=torch.Generator().manual_seed(4)).to(q)
+    packed[order[:n], 0] = q.reshape(B * T, H, D)[live]
+    expected = torch.zeros_like(packed)
+    expected[order[:n], 0] = window_out.reshape(B * T, H, D)[live]
+    return packed, index.view(B, T), expected
 
 
 def _markov_cases(device, dtype, out):

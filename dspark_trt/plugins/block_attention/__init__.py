@@ -8,6 +8,8 @@ return zeros.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -49,6 +51,35 @@ def block_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Te
         from ..kernels.block_attention import block_attention_triton
         return block_attention_triton(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
     return block_attention_ref(q, k_cache, v_cache, block_table, positions, kv_limit, scale)
+
+
+class SlotGroups(NamedTuple):
+    """Packed query rows grouped back into their batch rows (``grouped_block_attention``)."""
+    block_table: Tensor     # [B, P] the batch rows' pages
+    positions: Tensor       # [B, T] position of token (b, t), -1: no token
+    q_index: Tensor         # [B, T] int32 packed row of token (b, t), -1: no token
+
+
+def grouped_block_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor,
+                            positions: Tensor, q_index: Tensor, scale: float) -> Tensor:
+    """``block_attention`` of packed query rows grouped by batch row: q [R, 1, H, D] (R packed rows);
+    block_table [B, P]; positions [B, T] (the causal limit too; -1: no token); q_index [B, T] the
+    packed row of token (b, t), -1 where its position is -1 -> [R, 1, H, D], rows no token names
+    zero. What the packed verify's slots need (``runtime/packed_verify.py``): a row's cache is read
+    once for all of its slots, as the rectangular verify reads it. Not an exported op: the runtime's
+    eager / CUDA-graphed steps call it."""
+    if use_triton(q) and kernel_supports_head_dim(q.shape[-1]):
+        from ..kernels.block_attention import block_attention_triton
+        return block_attention_triton(q, k_cache, v_cache, block_table, positions, positions, scale,
+                                      q_index=q_index)
+    rows = q.reshape(-1, *q.shape[-2:])                                           # [R, H, D]
+    live = q_index >= 0
+    window = rows[q_index.clamp(min=0)]                                           # [B, T, H, D]
+    o = block_attention_ref(window, k_cache, v_cache, block_table, torch.where(live, positions, -1),
+                            torch.where(live, positions, -1), scale)
+    out = torch.zeros_like(rows)
+    out[q_index[live]] = o[live]
+    return out.view(q.shape)
 
 
 def _aot_constants() -> dict:

@@ -53,10 +53,18 @@ def _split_chunk(lim, NUM_SPLITS, BLOCK_N: tl.constexpr):
 def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scale, b, kvh, t0, split,
                   T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS,
                   H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                  BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr,
+                  q_index, INDEXED: tl.constexpr):
     """Online softmax of the tile's BLOCK_T * G query rows over split ``split`` of the keys, in base 2
     (``qk_scale`` = scale * log2(e)). Returns (m [BLOCK_M] (log2 domain), l [BLOCK_M],
-    acc [BLOCK_M, D] unnormalised, lim, q_off, t, h, tmask).
+    acc [BLOCK_M, D] unnormalised, lim, q_off, t, h, tmask, qmask): ``q_off`` / ``qmask`` the
+    element offsets and mask of the rows' q (and output) in ``q``; ``tmask`` the query tokens that
+    exist in the [B, T] layout (their partials).
+
+    INDEXED: q (and the output) are packed rows of the tokens of every batch row, ``q_index``
+    [B, T] (int32) the packed row of token (b, t), -1 for none (its position is then < 0 too):
+    the packed verify's slots grouped back into their rows, so a row's cache is read once for all
+    of its tokens.
 
     PDL: the step's index inputs (positions, kv_limit, the block table, so the split's key range
     and its first tile's cache rows) are read before ``gdc_wait``, q and the cache contents after:
@@ -89,8 +97,14 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scal
         gdc_wait()                                           # q and this step's K / V rows are written
 
     d = tl.arange(0, D)
-    q_off = ((b * T + t).to(tl.int64) * H + h) * D
-    qt = tl.load(q + q_off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)   # [BLOCK_M, D]
+    if INDEXED:
+        slot = tl.load(q_index + b * T + t, mask=tmask, other=-1)
+        qmask = tmask & (slot >= 0)
+        q_off = (tl.maximum(slot, 0).to(tl.int64) * H + h) * D
+    else:
+        qmask = tmask
+        q_off = ((b * T + t).to(tl.int64) * H + h) * D
+    qt = tl.load(q + q_off[:, None] + d[None, :], mask=qmask[:, None], other=0.0)   # [BLOCK_M, D]
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
@@ -112,7 +126,7 @@ def _attend_split(q, k_cache, v_cache, block_table, positions, kv_limit, qk_scal
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision="ieee")
         m_i = m_new
-    return m_i, l_i, acc, lim, q_off, t, h, tmask
+    return m_i, l_i, acc, lim, q_off, t, h, tmask, qmask
 
 
 LOG2E = tl.constexpr(1.4426950408889634)
@@ -142,18 +156,19 @@ def block_attention_kernel(q, k_cache, v_cache, block_table, positions, kv_limit
                            H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                            BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                            PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False,
-                           PDL: tl.constexpr = False):
+                           PDL: tl.constexpr = False, q_index=None, INDEXED: tl.constexpr = False):
     """Grid (B, Hkv, cdiv(T, BLOCK_T)) (KVH_FIRST: (Hkv, B, ...)): one split, normalised output."""
     if PDL:
         gdc_launch_dependents()                              # the wait: in _attend_split
     b, kvh = _row_and_head(KVH_FIRST)
-    m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
+    m_i, l_i, acc, lim, q_off, t, h, tmask, qmask = _attend_split(
         q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh,
-        tl.program_id(2) * BLOCK_T, 0, T, P, PAGE_SIZE, PAD_PAGE, 1, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH, PDL)
+        tl.program_id(2) * BLOCK_T, 0, T, P, PAGE_SIZE, PAD_PAGE, 1, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH, PDL,
+        q_index, INDEXED)
     o = acc / tl.maximum(l_i, 1e-30)[:, None]
     o = tl.where((lim >= 0)[:, None], o, 0.0)
     d = tl.arange(0, D)
-    tl.store(out + q_off[:, None] + d[None, :], o.to(out.dtype.element_ty), mask=tmask[:, None])
+    tl.store(out + q_off[:, None] + d[None, :], o.to(out.dtype.element_ty), mask=qmask[:, None])
 
 
 @triton.jit
@@ -162,7 +177,8 @@ def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv
                                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                                  BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                                  PREFETCH: tl.constexpr = False, KVH_FIRST: tl.constexpr = False,
-                                 TICKET: tl.constexpr = False, PDL: tl.constexpr = False):
+                                 TICKET: tl.constexpr = False, PDL: tl.constexpr = False,
+                                 q_index=None, INDEXED: tl.constexpr = False):
     """Grid (B, Hkv, cdiv(T, BLOCK_T) * NUM_SPLITS) (KVH_FIRST: (Hkv, B, ...)); partials
     part_ml [B, T, H, S, 2] (m in log2 units, l) and part_acc [B, T, H, S, D], S = NUM_SPLITS.
     TICKET: the query tile's last-arriving split merges its splits into ``out`` (``counter``: int32
@@ -173,9 +189,9 @@ def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv
     b, kvh = _row_and_head(KVH_FIRST)
     split = tl.program_id(2) % NUM_SPLITS
     t_tile = tl.program_id(2) // NUM_SPLITS
-    m_i, l_i, acc, lim, q_off, t, h, tmask = _attend_split(
+    m_i, l_i, acc, lim, q_off, t, h, tmask, qmask = _attend_split(
         q, k_cache, v_cache, block_table, positions, kv_limit, scale * LOG2E, b, kvh, t_tile * BLOCK_T, split,
-        T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH, PDL)
+        T, P, PAGE_SIZE, PAD_PAGE, NUM_SPLITS, H, HKV, D, BLOCK_T, BLOCK_N, PREFETCH, PDL, q_index, INDEXED)
     row = ((b * T + t).to(tl.int64) * H + h) * NUM_SPLITS                     # [BLOCK_M] slot of split 0
     d = tl.arange(0, D)
     hi, chunk = _split_chunk(lim, NUM_SPLITS, BLOCK_N)
@@ -207,15 +223,17 @@ def block_attention_split_kernel(q, k_cache, v_cache, block_table, positions, kv
                 m_run = m_new
             o = o / tl.maximum(l_run, 1e-30)[:, None]
             o = tl.where((lim >= 0)[:, None], o, 0.0)
-            tl.store(out + q_off[:, None] + d[None, :], o.to(out.dtype.element_ty), mask=tmask[:, None])
+            tl.store(out + q_off[:, None] + d[None, :], o.to(out.dtype.element_ty), mask=qmask[:, None])
             tl.atomic_xchg(tile, 0)                          # reset for the next launch
 
 
 @triton.jit
 def block_attention_reduce_kernel(part_ml, part_acc, out, NUM_SPLITS, D: tl.constexpr,
-                                  BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (B * T * H,): merge the NUM_SPLITS partials of one (query, head) into its output row.
-    Inert rows have l = 0 in every split and come out 0."""
+                                  BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
+                                  q_index=None, H: tl.constexpr = 1, INDEXED: tl.constexpr = False):
+    """Grid (B * T * H,): merge the NUM_SPLITS partials of one (query, head) into its output row
+    (INDEXED: row ``q_index[b, t]`` of the packed output, none for -1). Inert rows have l = 0 in
+    every split and come out 0."""
     _pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     s = tl.arange(0, BLOCK_S)
@@ -227,7 +245,12 @@ def block_attention_reduce_kernel(part_ml, part_acc, out, NUM_SPLITS, D: tl.cons
                   other=0.0)                                                        # [BLOCK_S, D]
     w = tl.exp2(m - tl.max(m, 0))                                                   # [BLOCK_S]
     o = tl.sum(acc * w[:, None], 0) / tl.maximum(tl.sum(l_s * w, 0), 1e-30)
-    tl.store(out + row * D + d, o.to(out.dtype.element_ty))
+    if INDEXED:
+        slot = tl.load(q_index + row // H)
+        tl.store(out + (tl.maximum(slot, 0).to(tl.int64) * H + row % H) * D + d, o.to(out.dtype.element_ty),
+                 mask=(tl.zeros([D], tl.int32) + slot) >= 0)
+    else:
+        tl.store(out + row * D + d, o.to(out.dtype.element_ty))
 
 
 EXPORT_NUM_SPLITS = 8     # fixed split count of exported (dynamic-shape) engines
@@ -290,14 +313,17 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
                            num_warps: int | None = None, num_stages: int | None = None,
                            programs_per_sm: int | None = None, prefetch: bool | None = None,
                            kvh_first: bool | None = None, reduce: str | None = None,
-                           pdl: bool = False) -> Tensor:
+                           pdl: bool = False, q_index: Tensor | None = None) -> Tensor:
     """Same contract as ``block_attention_ref``. Unset launch parameters come from
     ``ATTN_DEFAULTS``; ``num_splits`` (KV splits per query tile) from ``DSPARK_ATTN_SPLITS``
     (``env_num_splits``), else ``default_num_splits``. The
     actual key range of each split is decided on the device from ``kv_limit``, so the split count
     only depends on shapes. ``reduce``: how splits merge, "ticket" or "two_pass" (module doc; traced
     calls always use "two_pass"). ``pdl``: every launch with programmatic dependent launch (sm_90+;
-    the chain of ``runtime/token_step.py``)."""
+    the chain of ``runtime/token_step.py``). ``q_index`` [B, T] (int32): q is packed, ``[R, ..., H, D]``
+    (R rows, any middle dims of size 1) and token (b, t) is its row ``q_index[b, t]`` (-1: none; such
+    a token's position must be < 0), the output has q's shape and rows no token names are zero
+    (``grouped_block_attention``)."""
     pdl_kw = pdl_launch(pdl, "block_attention", q)
     block_n = block_n or ATTN_DEFAULTS["block_n"]
     num_warps = num_warps or ATTN_DEFAULTS["num_warps"]
@@ -308,15 +334,25 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
     reduce = reduce or ATTN_DEFAULTS["reduce"]
     if reduce not in ("ticket", "two_pass"):
         raise ValueError(f"block_attention: reduce must be 'ticket' or 'two_pass', got {reduce!r}")
+    packed_shape = q.shape
+    if q_index is not None:       # view the packed rows as a [1, R] batch for the checks below
+        if q_index.shape != positions.shape:
+            raise ValueError(f"block_attention: q_index {tuple(q_index.shape)} must have the shape of "
+                             f"positions {tuple(positions.shape)}")
+        q = q.reshape(1, -1, *q.shape[-2:])
     B, T, H, D = q.shape
+    if q_index is not None:
+        B, T = positions.shape
     Hkv = k_cache.shape[2]
     G = H // Hkv if Hkv else 0
     if G == 0 or H % Hkv or G != pow2(G) or D != pow2(D):
         raise ValueError(f"block_attention kernel needs H / Hkv and the head dim to be powers of two, "
                          f"got H={H}, Hkv={Hkv}, D={D}")
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if out.numel() == 0:
-        return out
+    out = (torch.empty if q_index is None else torch.zeros)(q.shape, dtype=q.dtype, device=q.device)
+    if out.numel() == 0 or B * T == 0:
+        return out.view(packed_shape)
+    index = dict(q_index=positions if q_index is None else q_index.to(torch.int32).contiguous(),
+                 INDEXED=q_index is not None)
     P, page = block_table.shape[1], k_cache.shape[1]
     if all(isinstance(n, int) for n in (B, T, P)):
         block_t = max(pow2(16 // G), min(pow2(T), max(1, 64 // G)))   # BLOCK_T * G in [16, 64] (tl.dot)
@@ -334,16 +370,16 @@ def block_attention_triton(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
     rows_heads = (Hkv, B) if kvh_first else (B, Hkv)
     if S == 1:
         launcher(block_attention_kernel)[(*rows_heads, t_tiles)](
-            *tensors, out, float(scale), T, P, page, k_cache.shape[0] - 1, **meta)
-        return out
+            *tensors, out, float(scale), T, P, page, k_cache.shape[0] - 1, **meta, **index)
+        return out.view(packed_shape)
     part_ml = torch.empty((B, T, H, S, 2), dtype=torch.float32, device=q.device)
     part_acc = torch.empty((B, T, H, S, D), dtype=torch.float32, device=q.device)
     ticket = reduce == "ticket" and not tracing()
     counter = ticket_counters(q.device, B * Hkv * t_tiles) if ticket else part_ml
     launcher(block_attention_split_kernel)[(*rows_heads, t_tiles * S)](
         *tensors, part_ml, part_acc, out, counter, float(scale), T, P, page, k_cache.shape[0] - 1, S,
-        TICKET=ticket, **meta)
+        TICKET=ticket, **meta, **index)
     if not ticket:
         launcher(block_attention_reduce_kernel)[(B * T * H,)](
-            part_ml, part_acc, out, S, D=D, BLOCK_S=pow2(S), num_warps=4, PDL=pdl, **pdl_kw)
-    return out
+            part_ml, part_acc, out, S, D=D, BLOCK_S=pow2(S), num_warps=4, PDL=pdl, H=H, **pdl_kw, **index)
+    return out.view(packed_shape)
