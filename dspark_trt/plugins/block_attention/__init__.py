@@ -73,13 +73,14 @@ def grouped_block_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_t
         return block_attention_triton(q, k_cache, v_cache, block_table, positions, positions, scale,
                                       q_index=q_index)
     rows = q.reshape(-1, *q.shape[-2:])                                           # [R, H, D]
+    R = rows.shape[0]
     live = q_index >= 0
     window = rows[q_index.clamp(min=0)]                                           # [B, T, H, D]
-    o = block_attention_ref(window, k_cache, v_cache, block_table, torch.where(live, positions, -1),
-                            torch.where(live, positions, -1), scale)
-    out = torch.zeros_like(rows)
-    out[q_index[live]] = o[live]
-    return out.view(q.shape)
+    pos = torch.where(live, positions, -1)
+    o = block_attention_ref(window, k_cache, v_cache, block_table, pos, pos, scale)   # 0 where not live
+    out = rows.new_zeros(R + 1, *rows.shape[1:])          # row R: where the tokens without a row go
+    out.index_copy_(0, torch.where(live, q_index, R).flatten().long(), o.flatten(0, 1))   # no host sync
+    return out[:R].view(q.shape)
 
 
 def _aot_constants() -> dict:
