@@ -74,3 +74,13 @@ def test_grouped_attention_kernel_qwen_shapes_bf16(B, ctx):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, got)
+
+
+def test_indexed_launch_names_a_mismatched_index():
+    """The kernel wrapper refuses a ``q_index`` whose shape is not the positions' (before any launch)."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels.block_attention import block_attention_triton
+    q, kc, vc, table, pos, packed, groups = _window(2, 4, 8, 2, 16, 4, 5, torch.tensor([2, 3]), "cpu",
+                                                    torch.float32)
+    with pytest.raises(ValueError, match=r"q_index \(2, 3\) must have the shape of positions \(2, 4\)"):
+        block_attention_triton(packed, kc, vc, table, pos, pos, 0.25, q_index=groups.q_index[:, :3])
