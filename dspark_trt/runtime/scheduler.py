@@ -496,17 +496,27 @@ class Scheduler:
 
     def _packed_or_fixed(self, sched) -> int | None:
         """Packed model: None (a packed round) where the last confidence round's rows gain by
-        ``TRIM_MARGIN`` from packing (``VerifyScheduler.packed_gain``), at least every
+        ``TRIM_MARGIN`` from packing (``VerifyScheduler.packed_gain``, of the confidence round
+        before the last: ``_refresh_packed_gain``), at least every
         ``PACKED_PROBE_EVERY`` rounds (a fresh look at the rows' confidences), else N (a fixed
         round: no head, no admission, no read-back)."""
         conf = self._survival.last_confidence
-        if conf is not None and self._packed_gain[0] is not conf:     # once per confidence round
-            self._packed_gain = (conf, sched.packed_gain(conf))       # (~0.6 ms at 64 rows, 2 cores)
+        if conf is not None and self._packed_gain[0] is None:   # the first: now (later: host work)
+            self._refresh_packed_gain(sched)
         if conf is None or self._fixed_streak >= PACKED_PROBE_EVERY or self._packed_gain[1] > 1.0 + TRIM_MARGIN:
             self._fixed_streak = 0
             return None
         self._fixed_streak += 1
         return sched.num_spec_tokens
+
+    def _refresh_packed_gain(self, sched) -> None:
+        """``_packed_gain`` of the survival estimate's last confidences, once per confidence round
+        (0.7 ms at 64 rows on 2 cores): in the host work of the round after it, while the device
+        runs (``_next_decisions``), so the next round decides from the confidences of the round
+        before its last one instead of computing it between two rounds, with the device idle."""
+        conf = self._survival.last_confidence
+        if conf is not None and self._packed_gain[0] is not conf:
+            self._packed_gain = (conf, sched.packed_gain(conf))
 
     def _window_round(self) -> bool:
         """Whether an estimated window (< N) runs as a window round (the fixed round of its
@@ -579,8 +589,9 @@ class Scheduler:
         (``prefers_ar``, ``best_window``: the scheduler's ``row_choices`` tables, every row count
         at once, so the next round reads its decisions even where its batch changed). On a
         round of ~1.5 ms (the default pair on the H200) they were 0.1-0.2 ms of its host path.
-        A round that estimates nothing (fixed N) but feeds the estimate takes in the last round's
-        deferred outcome (``SurvivalEstimate.flush``) the same way."""
+        Under the packed cost model also ``packed_gain`` of the confidences it took in
+        (``_refresh_packed_gain``). A round that estimates nothing (fixed N) but feeds the estimate
+        takes in the last round's deferred outcome (``SurvivalEstimate.flush``) the same way."""
         sched = self._scheduler()
         if not self._tracks_survival():
             return None
@@ -591,6 +602,8 @@ class Scheduler:
             self._survival.prepare()
             sched.prefers_ar(len(seqs), self._survival.optimistic())
             sched.prefers_ar(len(seqs), self._survival.curve(), AR_STAY_MARGIN)   # and the curve's windows
+            if sched.cost_model == "packed":
+                self._refresh_packed_gain(sched)     # what the next round's _packed_or_fixed reads
         return work
 
     def _write_deferred(self, seqs: list[Sequence]) -> bool:

@@ -1706,12 +1706,22 @@ def test_packed_gain_prices_per_row_prefixes():
 def test_packed_model_packs_where_the_rows_gain(gain, monkeypatch):
     """The packed cost model packs every round while ``packed_gain`` of the last confidence
     round's rows clears the margin, else runs fixed rounds with a packed probe every
-    ``PACKED_PROBE_EVERY``; greedy output equals the target's either way."""
-    from dspark_trt.runtime import scheduler as sched_mod
+    ``PACKED_PROBE_EVERY``; greedy output equals the target's either way. The gain is computed in
+    the host work of the round after the confidences' (while the device runs), not on the path of
+    the round that reads it: every call but the first inside a round's ``host_work``."""
+    from dspark_trt.runtime import scheduler as sched_mod, steps as steps_mod
     curve = CostCurve([1, 64], [1.0, 3.0], "test", rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[10.0, 10.0])
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="packed")
-    calls = []
-    monkeypatch.setattr(llm.steps.eager.scheduler, "packed_gain", lambda conf: calls.append(conf) or gain)
+    calls, in_host_work = [], [False]
+    monkeypatch.setattr(llm.steps.eager.scheduler, "packed_gain",
+                        lambda conf: calls.append(in_host_work[0]) or gain)
+    run = steps_mod.run_host_work
+
+    def host_work(work):
+        in_host_work[0] = True
+        run(work)
+        in_host_work[0] = False
+    monkeypatch.setattr(steps_mod, "run_host_work", host_work)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=40), speculative=False)
     before = sum(llm.steps.verify_widths.values())
@@ -1720,6 +1730,7 @@ def test_packed_model_packs_where_the_rows_gain(gain, monkeypatch):
     confidence_rounds = sum(llm.steps.verify_widths.values()) - before
     rounds = len(out[0].stats.proposed)
     assert len(calls) <= confidence_rounds                  # once per round that read confidences
+    assert len(calls) > 1 and all(calls[1:]), calls
     if gain > 1.5:
         assert confidence_rounds >= rounds - 1 > 3
     else:
