@@ -84,3 +84,27 @@ def test_indexed_launch_names_a_mismatched_index():
                                                     torch.float32)
     with pytest.raises(ValueError, match=r"q_index \(2, 3\) must have the shape of positions \(2, 4\)"):
         block_attention_triton(packed, kc, vc, table, pos, pos, 0.25, q_index=groups.q_index[:, :3])
+
+
+@pytest.mark.parametrize("kernel", ["block_attention_kernel", "block_attention_split_kernel",
+                                    "block_attention_reduce_kernel"])
+def test_indexed_kernels_compile_for_sm90(kernel):
+    """The indexed launches' kernels compile for the H100 / H200 (sm_90, on the CPU): what the
+    interpreter cannot show (e.g. a store masked by a scalar)."""
+    triton = pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.aot import OPTIONS, TARGET
+    from dspark_trt.plugins.kernels import block_attention as kba
+    fn = getattr(kba, kernel)
+    types = {"q": "*bf16", "k_cache": "*bf16", "v_cache": "*bf16", "out": "*bf16", "block_table": "*i64",
+             "positions": "*i64", "kv_limit": "*i64", "part_ml": "*fp32", "part_acc": "*fp32", "counter": "*i32",
+             "q_index": "*i32", "scale": "fp32"}
+    consts = dict(H=32, HKV=8, D=128, BLOCK_T=8, BLOCK_N=64, PREFETCH=True, KVH_FIRST=True, TICKET=False,
+                  PDL=False, INDEXED=True, BLOCK_S=4)
+    consts = {a: v for a, v in consts.items() if a in fn.arg_names}
+    sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
+    src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts)
+    try:
+        k = triton.compile(src, target=TARGET, options={**OPTIONS, "num_warps": 4})
+    except RuntimeError as e:           # e.g. a Triton without the CUDA backend's ptxas
+        pytest.skip(f"Triton cannot compile for cuda sm_90 on this machine: {e}")
+    assert "q_index" in fn.arg_names and k.asm["ptx"]
