@@ -121,12 +121,25 @@ def cuda_kv_budget(device, gpu_memory_utilization: float) -> int:
 
 
 class PagedKVManager:
+    """Pages of the paged KV caches per sequence. ``free`` is a stack (the next page at its end;
+    pages released last are taken first), so taking or returning n pages costs O(n), not O(free
+    pages): a serving budget holds tens of thousands of pages, and a decode round grows several
+    sequences by a page."""
+
     def __init__(self, num_pages: int, page_size: int, max_pages_per_seq: int):
         if num_pages <= 0 or page_size <= 0:
             raise ValueError(f"num_pages ({num_pages}) and page_size ({page_size}) must be positive")
         self.num_pages, self.page_size, self.max_pages_per_seq = num_pages, page_size, max_pages_per_seq
-        self.free: list[int] = list(range(num_pages))
+        self.free: list[int] = list(range(num_pages - 1, -1, -1))     # pages 0, 1, ... taken first
         self.owned: dict[int, list[int]] = {}
+
+    def _take(self, n: int) -> list[int]:
+        """The next ``n`` free pages (the caller checked there are), off the stack's end."""
+        if n <= 0:
+            return []
+        pages = self.free[-n:][::-1]
+        del self.free[-n:]
+        return pages
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -143,7 +156,7 @@ class PagedKVManager:
         if n > len(self.free) or n > self.max_pages_per_seq:
             raise KVCacheFull(f"sequence {seq_id} needs {n} pages of {self.page_size} tokens, "
                               f"{len(self.free)} free (per-sequence limit {self.max_pages_per_seq})")
-        pages, self.free = self.free[:n], self.free[n:]
+        pages = self._take(n)
         self.owned[seq_id] = pages
         return pages
 
@@ -157,7 +170,7 @@ class PagedKVManager:
         if n > len(self.free) or len(have) + n > self.max_pages_per_seq:
             raise KVCacheFull(f"sequence {seq_id} needs {n} more pages of {self.page_size} tokens, "
                               f"{len(self.free)} free (per-sequence limit {self.max_pages_per_seq})")
-        pages, self.free = self.free[:n], self.free[n:]
+        pages = self._take(n)
         have.extend(pages)
         return pages
 
@@ -166,7 +179,7 @@ class PagedKVManager:
         return max(0, self.pages_for(num_tokens) - len(self.owned.get(seq_id, [])))
 
     def release(self, seq_id: int) -> None:
-        self.free.extend(self.owned.pop(seq_id, []))
+        self.free.extend(reversed(self.owned.pop(seq_id, [])))    # taken again in the same order
 
     def table(self, seq_ids: list[int], device) -> torch.Tensor:
         """[B, max_pages_per_seq] int64 page ids, -1 padded (inert)."""

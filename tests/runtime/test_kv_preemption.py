@@ -75,3 +75,24 @@ def test_grow_takes_pages_only_when_they_fit():
     with pytest.raises(KVCacheFull):
         kv.grow(0, 16)
     assert kv.owned[0] == [0, 1, 2] and kv.free == []
+
+
+def test_released_pages_are_taken_again_in_order():
+    kv = PagedKVManager(num_pages=6, page_size=4, max_pages_per_seq=4)
+    assert kv.allocate(0, 12) == [0, 1, 2] and kv.allocate(1, 8) == [3, 4]
+    kv.release(0)
+    assert kv.allocate(2, 9) == [0, 1, 2] and kv.grow(1, 12) == [5] and kv.free == []
+
+
+def test_taking_a_page_does_not_cost_the_whole_free_list():
+    """A serving budget holds tens of thousands of pages and every decode round grows some
+    sequences by one: 20,000 one-page grows with 500,000 pages free take well under a second (they
+    copied the free list each time: about 0.6 ms a grow, 12 s in all, on this machine)."""
+    import time
+    kv = PagedKVManager(num_pages=500_000, page_size=1, max_pages_per_seq=500_000)
+    kv.allocate(0, 1)
+    t0 = time.perf_counter()
+    for n in range(2, 20_002):
+        kv.grow(0, n)
+    assert time.perf_counter() - t0 < 2.0
+    assert kv.owned[0] == list(range(20_001)) and len(kv.free) == 500_000 - 20_001
