@@ -1857,3 +1857,19 @@ def test_capture_takes_the_prefills_of_deferred_prompts_where_the_scheduler_fall
         keys = set(llm.steps.prefills._graphs)
         assert {(b, t) for b, t, ctx, taps in keys if ctx and not taps} == {(4, 16), (2, 16), (1, 16)}
         assert {(b, t) for b, t, ctx, taps in keys if taps} == ({(4, 16), (2, 16), (1, 16)} if deferred else set())
+
+
+def test_trimmed_rounds_look_their_verify_graphs_up_once():
+    """``GraphedSteps._trimmed_verify_graphs``: every (width, slots) graph a trimming or packing
+    round may launch, the same objects ``graph`` returns, kept per round shape and cost model (a
+    packed round's 27 lookups at batch 64 were on its path before the draft launched)."""
+    llm = _llm(block=4, seed=6, batch=8, verify_cost=CURVES["linear"], cost_model="packed", graphs=True)
+    steps = llm.steps
+    Bb, sched = steps.bucket(8), _scheduler(llm)
+    packed = steps._trimmed_verify_graphs("verify_admit", Bb, False)
+    assert set(packed) == set(steps._verify_sizes(Bb)) and any(slots for _, slots in packed)
+    assert all(g is steps.graph("verify_admit", Bb, False, *s) for s, g in packed.items())
+    assert steps._trimmed_verify_graphs("verify_admit", Bb, False) is packed
+    sched.cost_model = "trimmed"                               # the admission baked in differs
+    trimmed = steps._trimmed_verify_graphs("verify_admit", Bb, False)
+    assert not any(slots for _, slots in trimmed) and set(trimmed.values()).isdisjoint(packed.values())
