@@ -116,7 +116,8 @@ def test_rows_tables_merge_and_route_one_token(tmp_path, monkeypatch):
 
 H100 = "NVIDIA H100 80GB HBM3"
 # the one-token winners of benchmarks/results/decode-rows-NVIDIA-H100-80GB-HBM3-7915627.json.gz, picked again by
-# the sweep of every bucket at 9985f8c (its buckets 1-8 ship; its 16-token tiles lost in the chain, session 35)
+# the sweep of every bucket at 9985f8c (buckets 1-8 shipped in session 35; 16 too since session 37, once one-token
+# steps ran without PDL: batch-16 AR 6.620 against 6.794-6.798 ms through LLM, batch 2 no slower, 0d5294b)
 H100_ONE_TOKEN = {
     (1, 6144, 4096): dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=2, DOT=False, num_warps=4, num_stages=3, ROWS=True),
     (1, 4096, 4096): dict(BLOCK_N=4, BLOCK_K=512, num_warps=8, num_stages=3),
@@ -138,8 +139,8 @@ def gpu_tables(monkeypatch):
 
 
 def test_shipped_h100_table_holds_the_measured_one_token_tiles(tmp_path):
-    """The H100's table ships as package data: the Qwen3-8B winners of its sweep for 1, 2, 4 and 8
-    tokens (the one-token ones as before), with where they came from."""
+    """The H100's table ships as package data: the Qwen3-8B winners of its sweep for 1, 2, 4, 8 and
+    16 tokens (the one-token ones as before), with where they came from."""
     import json
     import tomllib
     from fnmatch import fnmatch
@@ -149,9 +150,9 @@ def test_shipped_h100_table_holds_the_measured_one_token_tiles(tmp_path):
     assert path.name == "decode-rows-NVIDIA-H100-80GB-HBM3.json" and path.parent == decode_rows.TABLES
     table = decode_rows.read_table(path)
     assert {k: v for k, v in table.items() if k[0] == 1} == H100_ONE_TOKEN
-    assert sorted({k[0] for k in table}) == [1, 2, 4, 8] and len(table) == 20
+    assert sorted({k[0] for k in table}) == [1, 2, 4, 8, 16] and len(table) == 25
     doc = json.loads(path.read_text())
-    assert doc["gpu"] == H100 and doc["git_sha"] == "9985f8c" and doc["buckets"] == [1, 2, 4, 8]
+    assert doc["gpu"] == H100 and doc["git_sha"] == "9985f8c" and "buckets" not in doc      # every bucket
     assert doc["source"] == "decode-rows-NVIDIA-H100-80GB-HBM3-9985f8c.json.gz"
     assert doc["command"].startswith("python benchmarks/decode_rows_sweep.py --rows 1,2,4,8,16")
     package = Path(decode_rows.__file__).parents[2]                      # dspark_trt/
@@ -160,18 +161,19 @@ def test_shipped_h100_table_holds_the_measured_one_token_tiles(tmp_path):
     assert any(fnmatch(str(path.relative_to(package)), pattern) for pattern in data)
     result = package.parent / "benchmarks" / "results" / doc["source"]
     if result.exists():                                  # the table is that result, shipped as is
-        assert decode_rows.ship_table(result, tmp_path, doc["buckets"]).read_text() == path.read_text()
+        assert decode_rows.ship_table(result, tmp_path).read_text() == path.read_text()
 
 
 def test_tile_for_reads_the_gpus_own_table(gpu_tables, monkeypatch):
-    """A CUDA device named as the H100 gets its table's tiles for its shapes (one token) and the
-    built-in ones elsewhere (M = 16); another GPU's name, the built-in ones only; the table is read
-    once; ``choose_config`` and ``decode_gemv``'s one-token path both take it."""
+    """A CUDA device named as the H100 gets its table's tiles for its shapes (one and 16 tokens: not
+    the built-in 16-token tile); another GPU's name, the built-in ones only; the table is read once;
+    ``choose_config`` and ``decode_gemv``'s one-token path both take it."""
     from dspark_trt.plugins.kernels import decode_gemv as dg, decode_rows
     gpu_tables(H100)
     assert decode_rows.tile_for(1, 24576, 4096, "cuda") == H100_ONE_TOKEN[(1, 24576, 4096)]
     assert decode_rows.choose_config(1, 6144, 4096, "cuda") == H100_ONE_TOKEN[(1, 6144, 4096)]
-    assert decode_rows.tile_for(16, 24576, 4096, "cuda:1") == decode_rows.CONFIGS[(16, 24576, 4096)]
+    sixteen = dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=4, num_stages=3)
+    assert decode_rows.tile_for(16, 24576, 4096, "cuda:1") == sixteen != decode_rows.CONFIGS[(16, 24576, 4096)]
     assert decode_rows.tile_for(1, 1000, 4096, "cuda") is None
     decode_rows.tile_for(1, 24576, 4096, "cuda")["BLOCK_N"] = 1                   # a copy
     assert decode_rows.tile_for(1, 24576, 4096, "cuda") == H100_ONE_TOKEN[(1, 24576, 4096)]
