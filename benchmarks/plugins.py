@@ -182,12 +182,13 @@ def markov_bytes(B, N, V, r):
     return N * V * r * 2 + B * N * V * (2 + 4)
 
 
-def markov_inputs(B, N, V, r):
+def markov_inputs(B, N, V, r, greedy=False):
+    """Rows alternate greedy / T = 0.8 (every row greedy with ``greedy``, the serving default)."""
     U = torch.randn(B, N, V, device=DEV, dtype=BF16) * 3
     w1 = torch.randn(V, r, device=DEV, dtype=BF16) * 0.1
     w2 = torch.randn(V, r, device=DEV, dtype=BF16) * 0.1
     anchor = torch.randint(0, V, (B,), device=DEV)
-    temp = torch.where(torch.arange(B, device=DEV) % 2 == 0, 0.0, 0.8)
+    temp = torch.where((torch.arange(B, device=DEV) % 2 == 0) | greedy, 0.0, 0.8)
     seed = torch.arange(B, device=DEV) + 1234
     start = torch.full((B,), 500, device=DEV)
     return U, anchor, w1, w2, temp, seed, start

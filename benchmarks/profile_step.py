@@ -111,7 +111,7 @@ def main() -> None:
         lengths = torch.full((a.batch_size,), w, dtype=torch.long, device=nets.device)
         fns[f"target_{w}"] = lambda: nets.target(tokens[:, :w], pos[:, :w], x.table)
         fns[f"target_packed_{a.batch_size * w}"] = lambda: packed_target(nets.target, tokens, pos, x.table, lengths,
-                                                                          a.batch_size * w)
+                                                                          a.batch_size * w)[:2]
     if N:
         fns["draft_block"] = st.draft
         if a.window:

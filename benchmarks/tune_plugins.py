@@ -69,6 +69,12 @@ MARKOV_B64 = [
     {"one_launch": False}, {"one_launch": False, "num_programs": 594}, {"one_launch": True},
     {"one_launch": False, "snake": True},
     {"one_launch": True, "snake": True}, {"one_launch": False, "reduce": "prologue", "snake": True},
+    # the one-launch tensor-core body's tile and residency (session 38: 0.7 ms of a batch-64 round)
+    {"one_launch": True, "resident_per_sm": 2}, {"one_launch": True, "resident_per_sm": 2, "num_warps": 4},
+    {"one_launch": True, "resident_per_sm": 3, "num_warps": 4}, {"one_launch": True, "block_v": 64},
+    {"one_launch": True, "block_v": 64, "resident_per_sm": 2}, {"one_launch": True, "block_r": 128},
+    {"one_launch": True, "block_r": 32, "num_stages": 4}, {"one_launch": True, "num_stages": 2},
+    {"one_launch": False, "programs_per_sm": 2}, {"one_launch": False, "programs_per_sm": 8},
 ]
 MARKOV_R512 = [
     {"one_launch": False}, {"one_launch": False, "num_programs": 1010}, {"one_launch": True},
@@ -151,15 +157,18 @@ def tune_rejection(results):
 
 
 def tune_markov(results):
-    for B, V, r, configs in ((1, 151936, 256, MARKOV_B1), (64, 151936, 256, MARKOV_B64),
-                             (1, 129280, 512, MARKOV_R512)):
-        args = markov_inputs(B, 7, V, r)
+    cases = ((1, 151936, 256, MARKOV_B1, False), (64, 151936, 256, MARKOV_B64, False),
+             (64, 151936, 256, MARKOV_B64, True), (32, 151936, 256, MARKOV_B64, True),
+             (1, 129280, 512, MARKOV_R512, False))
+    for B, V, r, configs, greedy in cases:
+        args = markov_inputs(B, 7, V, r, greedy=greedy)
         rt, rz = markov_sample_ref(*args)
 
         def check(out, rt=rt, rz=rz):
             e = err(out[1], rz)
             return dict(ok=bool(torch.equal(out[0], rt)) and e < ATOL_Z, z_max_err=e)
-        sweep(results, "markov_sample", f"B={B} N=7 V={V} r={r}", markov_bytes(B, 7, V, r), configs,
+        shape = f"B={B} N=7 V={V} r={r}" + (" greedy" if greedy else "")
+        sweep(results, "markov_sample", shape, markov_bytes(B, 7, V, r), configs,
               lambda cfg: kmk.markov_sample_triton(*args, **cfg), check)
 
 

@@ -13,6 +13,7 @@ if not HAVE_TRITON:     # torch logs "Triton not available" for every triton_op;
     logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
 
 from . import registry  # noqa: E402  (imports every op module: registers the ops with torch)
+from .finite import rows_finite  # noqa: E402
 from .rejection_sample import apply_top_p, sample_tokens  # noqa: E402
 
 import torch  # noqa: E402
@@ -23,4 +24,4 @@ import torch  # noqa: E402
 # moe_experts, moe_experts_mxfp4: its routed experts in MXFP4, fp8_linear)
 globals().update({name: getattr(torch.ops.dspark, name) for name in registry.OPS})
 
-__all__ = [*registry.OPS, "apply_top_p", "sample_tokens"]
+__all__ = [*registry.OPS, "apply_top_p", "rows_finite", "sample_tokens"]

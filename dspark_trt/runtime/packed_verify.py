@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..plugins.block_attention import SlotGroups
+from ..plugins.finite import rows_finite
 
 
 def check_packable(networks) -> None:
@@ -81,15 +82,17 @@ def window_index(lengths: Tensor, W: int, T: int) -> Tensor:
 
 
 def packed_target(target, tokens: Tensor, positions: Tensor, table: Tensor, lengths: Tensor,
-                  T: int) -> tuple[Tensor, Tensor]:
+                  T: int) -> tuple[Tensor, Tensor, Tensor]:
     """``target(tokens, positions, table)`` over the first ``lengths[r]`` window tokens of each row
     only, packed into ``T`` slots. tokens, positions [B, W] (positions -1 on inert rows); table
     [B, pages]; lengths [B] (<= W, 0 on inert rows) -> logits [B, W, V], taps [B, W, m*d] in the
-    window layout (entries past a row's length repeat its last one)."""
+    window layout (entries past a row's length repeat its last one), and finite [B] bool: every
+    logit of the row's slots is finite (read on the slots: no repeated entry read twice)."""
     row, col, live = pack_slots(lengths, T)
     col = col.clamp(max=tokens.shape[1] - 1)                                  # pad slots
     tok = tokens[row, col][:, None]                                           # [T, 1]
     pos = torch.where(live, positions[row, col], -1)[:, None]                 # [T, 1]
     logits, taps = target(tok, pos, table[row], groups=slot_groups(lengths, positions, table))  # [T, 1, .]
     idx = window_index(lengths, tokens.shape[1], T)                           # [B, W]
-    return logits[idx, 0], taps[idx, 0]
+    finite = rows_finite(logits)[idx].all(-1)                                 # [B]
+    return logits[idx, 0], taps[idx, 0], finite

@@ -60,7 +60,7 @@ The context injection ends the verify step (rather than starting the next draft 
 device state is carried between rounds: rows may join, leave or reorder freely between rounds.
 Rows with ``start < 0`` are inert (they write nothing and return -1 / 0 accepted).
 A live row whose target logits hold NaN or Inf returns accepted = -1 (verify) or token -1 (AR):
-one ``isfinite`` reduction of the logits per step, read back with the tokens.
+one read of the logits per step (``plugins.rows_finite``), read back with the tokens.
 """
 from __future__ import annotations
 
@@ -329,11 +329,11 @@ class DecodeSteps:
         tokens, pos = verify_window(x, drafts)                                    # [B, N+1]
         if slots is None:
             logits, taps = self.nets.target(tokens, pos, x.table)
+            finite = plugins.rows_finite(logits)                                  # [B]
         else:
             lengths = torch.where(x.start >= 0, 1 + limit.clamp(max=N), 0)       # [B]
-            logits, taps = packed_target(self.nets.target, tokens, pos, x.table, lengths, slots)
+            logits, taps, finite = packed_target(self.nets.target, tokens, pos, x.table, lengths, slots)
         raw = logits
-        finite = torch.isfinite(logits).all(dim=-1).all(dim=-1)                   # [B]
         if mods.any:                                # row j counts the drafts before it
             logits = self.modify(logits, x, mods, drafts)
         accepted, nxt = self.nets.verify(logits, drafts, z, x.temperature, x.seed, x.start)
@@ -371,7 +371,7 @@ class DecodeSteps:
         if context:
             self.nets.draft_context(taps, pos, x.table)
         raw = logits
-        finite = torch.isfinite(logits[:, 0]).all(dim=-1)                           # [B]
+        finite = plugins.rows_finite(logits)                                        # [B]
         if mods.any:
             logits = self.modify(logits, x, mods)
         nxt = plugins.sample_tokens(logits[:, 0], x.temperature, x.seed, x.start + 1)

@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from dspark_trt.plugins.kernels import block_attention as kba, markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe, moe_decode as kmd, rejection as krj, sparse_mla as ksm  # noqa: E402
 from dspark_trt.plugins.kernels import decode_gemv as kdg, decode_rows as kdr, fp8_gemm as kfp8, qk_rope_cache as kqr  # noqa: E402,E501
+from dspark_trt.plugins.kernels import finite as kfn  # noqa: E402
 
 from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, moe_inputs, moe_mxfp4_inputs,  # noqa: E402
                                          rejection_inputs, sparse_mla_inputs)
@@ -102,6 +103,8 @@ def _launches_rejection(monkeypatch):
     out = []
     for kw in ({}, {"block_v": 1024, "num_warps": 4}, {"schedule": "row"}):
         out += record(monkeypatch, krj, krj.rejection_sample_triton, *args, **kw)
+    for dtype in (torch.float32, torch.bfloat16):    # the logits' finiteness check of the same steps
+        out += record(monkeypatch, kfn, kfn.rows_finite_triton, torch.randn(2, 3, 4096, dtype=dtype), slices=2)
     return out
 
 

@@ -74,7 +74,7 @@ def test_block_attention_ticket_reuses_counters(results, mask):
 @pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",
                                       "one_gemv", "one_gemv_pipeline", "gemv_ticket_pipeline",
                                       "gemv_b1_pipeline", "one_unpacked",
-                                      "one_gemv_b1_sampled",
+                                      "one_gemv_b1_sampled", "all_greedy_one", "all_greedy_per_step",
                                       "per_step_groups", "prologue_groups", "rows", "aot", "topk", "topk_wide"])
 def test_markov_sample_kernel(results, schedule):
     r = results[f"markov_sample_{schedule}"]
@@ -107,6 +107,14 @@ def test_sample_tokens_kernel(results, case):
     assert r["tokens_equal"]
     assert all(t == a for t, a, g in zip(r["tokens"], r["argmax"], r["greedy"]) if g)
     assert any(t != a for t, a, g in zip(r["tokens"], r["argmax"], r["greedy"]) if not g)
+
+
+@pytest.mark.parametrize("case", [f"rows_finite_{d}_{s}" for d in ("fp32", "bf16") for s in (None, 1, 3)])
+def test_rows_finite_kernel(results, case):
+    """Rows with a NaN, a +Inf or a -Inf (at a slice's first or last column) are flagged, the
+    others not, as the torch reference."""
+    r = results[case]
+    assert r["equal"] and r["flags"] == [True, False, False, True, False]
 
 
 def test_noncausal_swa_indices_kernel(results):

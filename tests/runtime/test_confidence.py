@@ -1514,7 +1514,8 @@ def test_packed_target_equals_the_window_on_admitted_rows():
     for cache in nets.target_cache.values():
         for c in cache:
             c.zero_()
-    logits, taps = packed_target(nets.target, tokens, pos, table, lengths, 12)
+    logits, taps, finite = packed_target(nets.target, tokens, pos, table, lengths, 12)
+    assert finite[:2].all()
     for r in range(2):
         j = int(lengths[r])
         torch.testing.assert_close(logits[r, :j], ref_logits[r, :j], rtol=1e-12, atol=1e-12)
@@ -1531,6 +1532,26 @@ def test_packed_target_equals_the_window_on_admitted_rows():
                     assert not k_new[page, off].any()
     row, col, live = pack_slots(lengths, 12)
     assert live.sum() == 7 and row[:7].tolist() == [0, 0, 1, 1, 1, 1, 1] and col[:7].tolist() == [0, 1, 0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("bad_slot, bad_row", [(1, 0), (6, 1), (9, None)])
+def test_packed_target_flags_the_row_of_a_non_finite_slot(bad_slot, bad_row):
+    """``packed_target``'s finite flags are per row over the row's own slots: NaN in slot 1 (row
+    0's last token) or slot 6 (row 1's last) flags that row alone; in a pad slot (9) no row."""
+    from dspark_trt.runtime.packed_verify import packed_target
+    nets = _llm(block=4, seed=3).networks
+
+    def target(tok, pos, table, groups=None):
+        logits, taps = nets.target(tok, pos, table, groups=groups)
+        logits = logits.clone()
+        logits[bad_slot, 0, 3] = float("nan")
+        return logits, taps
+    start = torch.tensor([5, 9, -1])
+    pos = torch.where((start >= 0)[:, None], start[:, None] + torch.arange(5), -1)
+    tokens = torch.randint(0, nets.vocab_size, (3, 5), generator=torch.Generator().manual_seed(0))
+    lengths = torch.tensor([2, 5, 0])
+    _, _, finite = packed_target(target, tokens, pos, torch.tensor([[0, 1], [2, 3], [-1, -1]]), lengths, 12)
+    assert finite[:2].tolist() == [r != bad_row for r in range(2)]
 
 
 @pytest.mark.parametrize("graphs", [False, True])

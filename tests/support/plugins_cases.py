@@ -288,6 +288,12 @@ def _markov_cases(device, dtype, out):
     rt, rz = markov_sample_ref(*args)
     tt, tz = kmk.markov_sample_triton(*args, one_launch=True, gemv=True, snake=True, block_v=32)
     out["markov_sample_one_gemv_b1_sampled"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    args = markov_inputs(device, dtype, B=5, N=3)
+    args = (*args[:4], torch.zeros(5, device=device), *args[5:])   # every row greedy: the group skips the noise
+    rt, rz = markov_sample_ref(*args)
+    for name, kw in (("all_greedy_one", dict(one_launch=True)), ("all_greedy_per_step", dict(one_launch=False))):
+        tt, tz = kmk.markov_sample_triton(*args, **{**tiles, **kw})
+        out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     args = markov_inputs(device, dtype, B=70, N=2, V=200)       # two row groups of 64: one ticket each
     rt, rz = markov_sample_ref(*args)
     for name, kw in (("per_step_groups", {}), ("prologue_groups", dict(reduce="prologue", snake=True))):
@@ -320,6 +326,25 @@ def _rejection_cases(device, dtype, out):
         ta, tn = krj.rejection_sample_triton(*args, **kw)
         out[name] = {"tokens_equal": bool(torch.equal(ra, ta) and torch.equal(rn, tn)), "accepted": ra.tolist()}
     _sample_tokens_cases(device, out)
+    _rows_finite_cases(device, out)
+
+
+def _rows_finite_cases(device, out):
+    """``kernels/finite.py`` against ``rows_finite_ref``: [B, W, V] logits (fp32 and bf16, V not a
+    multiple of the tile) with a NaN, a +Inf and a -Inf each in one row, at a slice's first and
+    last column, one slice per row or several."""
+    from dspark_trt.plugins.finite import rows_finite_ref
+    from dspark_trt.plugins.kernels.finite import BLOCK_V, rows_finite_triton
+    V = 2 * BLOCK_V + 37
+    x = torch.randn(5, 3, V, generator=torch.Generator().manual_seed(4)).to(device) * 30
+    x[1, 2, V - 1] = float("nan")
+    x[2, 0, 0] = float("inf")
+    x[4, 1, BLOCK_V] = -float("inf")
+    for name, t in (("fp32", x), ("bf16", x.to(torch.bfloat16))):
+        for slices in (None, 1, 3):
+            got = rows_finite_triton(t, slices=slices)
+            out[f"rows_finite_{name}_{slices}"] = {"equal": bool(torch.equal(got, rows_finite_ref(t))),
+                                                   "flags": got.tolist()}
 
 
 def _sample_tokens_cases(device, out):

@@ -6,8 +6,9 @@ dealt round-robin to C programs; a program computes ``z = U_k + W1[prev] @ W2_ti
 row, stores z, scores it (``z`` at T = 0, else ``z / T + Gumbel``) and keeps its best (score,
 index) per row. The token of step k is the best of the C programs' (ties -> smallest index, like
 ``torch.argmax``): one ``atomic_max`` per program of the packed (score, index) (``_pack_best``) in
-the one-launch schedule, a reduction of per-program partials in the per-step ones. A batch-1 greedy
-row skips the Gumbel noise. Two tile bodies:
+the one-launch schedule, a reduction of per-program partials in the per-step ones. A row group
+whose rows are all greedy skips the Gumbel noise (a branch per tile: the counter hash and two
+logarithms per logit are most of a tile's arithmetic at 64 rows). Two tile bodies:
 
 * ``gemv=False``: ``tl.dot`` over BLOCK_R slices of the rank (tensor cores; rows padded to 16).
 * ``gemv=True`` (batch <= GEMV_MAX_B): whole-rank tiles, ``sum(W2_tile * h)`` on CUDA cores, few registers
@@ -150,6 +151,8 @@ def _store_z_and_score(acc, u, z_out, rows, rmask, live, greedy, inv_t, key, k, 
             score = z
         else:
             score = z * inv_t[:, None] + gumbel(key[:, None], cols[None, :])
+    elif tl.min(greedy.to(tl.int32), 0) == 1:   # every row greedy (rows past B too): no noise to draw
+        score = z
     else:
         score = tl.where(greedy[:, None], z, z * inv_t[:, None] + gumbel(key[:, None], cols[None, :]))
     return cols, tl.where(cmask[None, :], score, float("-inf"))
