@@ -51,7 +51,7 @@ from dspark_trt.commands import bench  # noqa: E402
 from dspark_trt.plugins import rng  # noqa: E402
 
 MODES = ("fixed", "scheduled", "threshold")
-EXTRA_MODES = {"packed": ("scheduled", "packed")}   # bench mode -> (verify_mode, cost model)
+EXTRA_MODES = {"packed": ("scheduled", "packed"), "auto": ("scheduled", "auto")}   # bench mode -> (verify_mode, cost model)
 STREAM_SYNTH_ROW, STREAM_SYNTH_ACCEPT = 11, 12       # keyed streams of the synthetic acceptance
 
 
@@ -119,7 +119,8 @@ def parse_args(argv):
                         "e.g. a GPU run's prices replayed on the CPU, to study its decisions")
     b.add_argument("--modes", default=",".join(MODES),
                    help=f"of {MODES + tuple(EXTRA_MODES)}; 'packed': scheduled with the packed "
-                        "variable-length verify (each row its own admitted prefix)")
+                        "variable-length verify (each row its own admitted prefix); 'auto': scheduled with "
+                        "LLM's default for such targets (packed from PACKED_MIN_ROWS rows, trimmed below)")
     b.add_argument("--load", choices=("static", "steady"), default="static",
                    help="static: one batch of B requests; steady: B in flight, replaced as they finish")
     b.add_argument("--waves", type=int, default=4, help="steady load: requests submitted = waves x B")
@@ -209,7 +210,7 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
     if packed:
         kinds["packed"] = lambda: llm.steps.spec_round_admitted(r, mods)
     out = {"estimated_window": w}
-    model = sched.cost_model
+    model = sched.configured
     for name, fn in kinds.items():
         sched.cost_model = "packed" if name == "packed" else model
         fn()                                                      # warm (graph capture)
@@ -371,11 +372,11 @@ def run(argv) -> dict:
     rows = {}
 
     sched = llm.steps.eager.scheduler
-    trimmed = sched.cost_model
+    trimmed = sched.configured
 
     def decode(B, speculative, mode="fixed"):
         mode, sched.cost_model = EXTRA_MODES.get(mode, (mode, trimmed))
-        if sched.cost_model != trimmed:
+        if sched.configured != trimmed:
             llm.capture_graphs(True)                  # the packed verify's slot graphs
         if steady:
             return steady_state(llm, prompts_all[:requests(B)], B, args.gen_len, speculative, mode, args.seed)
@@ -445,7 +446,7 @@ def run(argv) -> dict:
     cuda = llm.device.type == "cuda"
     tps = lambda b, m: rows[b][m]["decode_tokens_per_s"]  # noqa: E731
     goal = {}
-    for m in ("scheduled", "packed"):
+    for m in ("scheduled", "packed", "auto"):
         if {m, "fixed"} <= set(modes):
             goal.update({f"{m}_ge_fixed_every_batch": all(tps(b, m) >= tps(b, "fixed") for b in rows),
                          f"{m}_ge_autoregressive_every_batch": all(
@@ -473,7 +474,7 @@ def run(argv) -> dict:
                        else "the draft's confidence head" + (" (calibrated)" if llm.calibration else "")),
         "acceptance": "synthetic (same file)" if args.synthetic else "measured (greedy verification)",
         "starting_survival": start,           # a fresh scheduler's estimate before any round
-        "cost_curve": curve.to_json(), "cost_model": llm.steps.eager.scheduler.cost_model,
+        "cost_curve": curve.to_json(), "cost_model": llm.steps.eager.scheduler.configured,
         "options": {k: v for k, v in vars(args).items() if k not in ("func",)},
         "prompts": args.prompts, "gen_len": args.gen_len, "prompt_len": args.prompt_len,
         "load": (f"steady: B requests in flight, replaced as they finish, max({max(2, args.waves)} x B, "
@@ -501,9 +502,9 @@ def plot(report: dict, out: Path) -> Path:
     import matplotlib.pyplot as plt
     bs = sorted(int(b) for b in report["batch"])
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(16, 4.2))
-    colors = {"autoregressive": "k", "fixed": "C0", "scheduled": "C1", "threshold": "C2", "packed": "C3"}
+    colors = {"autoregressive": "k", "fixed": "C0", "scheduled": "C1", "threshold": "C2", "packed": "C3", "auto": "C4"}
     for mode, style in (("autoregressive", "--"), ("fixed", "o-"), ("scheduled", "s-"), ("threshold", "^-"),
-                        ("packed", "D-")):
+                        ("packed", "D-"), ("auto", "v-")):
         if mode not in report["batch"][str(bs[0])]:
             continue
         tps = [report["batch"][str(x)][mode]["decode_tokens_per_s"] for x in bs]
@@ -519,7 +520,7 @@ def plot(report: dict, out: Path) -> Path:
     b.set(xscale="log", xlabel="concurrent requests", ylabel="tokens per request per round",
           title="verified tokens per request per round" + (" (synthetic)" if "synthetic" in report["confidence"] else ""))
     rows = [report["batch"][str(x)] for x in bs]
-    for mode, marker in (("scheduled", "s"), ("packed", "D"), ("autoregressive", None)):
+    for mode, marker in (("scheduled", "s"), ("packed", "D"), ("auto", "v"), ("autoregressive", None)):
         for key, suffix, ls in (("decode_tokens_per_s", "", "-"), ("decode_only_tokens_per_s", ", decode only", ":")):
             if mode in rows[0] and key in rows[0][mode]:        # decode only: dotted, open markers
                 c.plot(bs, [r[mode][key] / r["fixed"][key] for r in rows], marker=marker, color=colors[mode],

@@ -416,7 +416,13 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
     return torch.where(sched, K, length)
 
 
-COST_MODELS = ("trimmed", "padded", "packed")
+COST_MODELS = ("trimmed", "padded", "packed", "auto")
+PACKED_MIN_ROWS = 48          # "auto": rounds of this many rows or more run the packed model, fewer the trimmed
+                              # one. H100, Qwen3-8B dimensions, steady load (session 37, faaf31b / 0d5294b):
+                              # packed / fixed 1.16-1.18 at 64 rows against the trimmed model's 1.08-1.13,
+                              # 1.01-1.02 at 32 (trimmed 1.00-1.02), 0.99 at 8-16, 0.93-0.95 at 1; between
+                              # 32 and 64 unmeasured: the threshold sits between them, below the 60-63
+                              # rows a steady load of 64 decodes in the rounds where requests finish
 ROUND_OVERHEAD_MS = 1.3       # host time of a round outside its steps, AR or speculative alike, where the
                               # cost curve has no ``host_ms`` (H200, a8f3096, eager steps: end-to-end
                               # round_ms - the curve's steps, batch 1)
@@ -471,7 +477,11 @@ class VerifyScheduler:
     * "packed": the paper's ``sum (1 + l_r)``: each row verifies its own admitted prefix in a
       packed variable-length verify (``packed_verify.py``) of ``verify_slots(sum (1 + l_r))``
       token slots, read back once like the trimmed window. Targets whose rows are not
-      independent cannot pack (``LLM`` refuses the model there)."""
+      independent cannot pack (``LLM`` refuses the model there).
+    * "auto" (``LLM``'s default where the target packs): "packed" for rounds of at least
+      ``PACKED_MIN_ROWS`` rows, "trimmed" below (``model_for``). ``cost_model`` reads as the model
+      of the current round (``use_rows`` sets it; "trimmed" until a round does), ``configured``
+      as what was set."""
 
     def __init__(self, num_spec_tokens: int, max_tokens: int, device,
                  calibration: Calibration | None = None, cost: CostCurve | None = None,
@@ -480,8 +490,6 @@ class VerifyScheduler:
         """``learn_costs``: scale the AR fallback's prices by what the rounds cost as they run
         (``round_costs``; the Scheduler observes them); off: the cost curve's prices alone, the
         same decision on every process of a group."""
-        if cost_model not in COST_MODELS:
-            raise ValueError(f"cost_model must be one of {COST_MODELS}, got {cost_model!r}")
         self.num_spec_tokens = num_spec_tokens
         self.calibration = calibration or Calibration()
         self.cost = cost or CostCurve.default()
@@ -490,12 +498,7 @@ class VerifyScheduler:
         self.round_overhead_ms = round_overhead_ms
         self.widths = width_buckets(num_spec_tokens) if num_spec_tokens else []
         self.round_costs = RoundCosts() if learn_costs else None
-        self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
-        self._cannot_pay: dict[tuple, bool] = {}            # (rows, id(cost)) -> drafting_cannot_pay
-        self._values: tuple | None = None                   # (survival, cost, tokens, {rows: values}): the last curve
         self.max_rows = max(1, max_tokens // (num_spec_tokens + 1))   # the row counts ``row_choices`` covers
-        self._row_prices: tuple | None = None               # (cost, option ms [R + 1, widths], AR ms [R + 1])
-        self._row_choices: list[tuple] = []                 # (survival, cost, choices) of the latest curves
         self._host_tables: tuple | None = None              # (sps, round_ms) on the host: packed_gain
         self.slot_buckets = token_buckets(max(1, max_tokens))
         self.inv_temp = self.calibration.inv_temperatures(num_spec_tokens, device)
@@ -503,6 +506,49 @@ class VerifyScheduler:
         self.sps = self.cost.sps_table(max(1, max_tokens), device)
         self.round_ms = self.round_ms_table(max(1, max_tokens), device)
         self.window_sps = self.window_sps_table(max(1, max_tokens), device)
+
+    @property
+    def cost_model(self) -> str:
+        """The cost model of the current round ("trimmed", "padded" or "packed")."""
+        return self._active
+
+    @cost_model.setter
+    def cost_model(self, value: str) -> None:
+        if value not in COST_MODELS:
+            raise ValueError(f"cost_model must be one of {COST_MODELS}, got {value!r}")
+        self.configured = value
+        self._active = "trimmed" if value == "auto" else value
+        self._clear_decisions()
+
+    def _clear_decisions(self) -> None:
+        """Drop the decisions cached per row count (they depend on the cost model)."""
+        self._option_ms: dict[tuple, np.ndarray] = {}      # (rows, id(cost)) -> option_ms
+        self._cannot_pay: dict[tuple, bool] = {}            # (rows, id(cost)) -> drafting_cannot_pay
+        self._values: tuple | None = None                   # (survival, cost, tokens, {rows: values}): the last curve
+        self._row_prices: tuple | None = None               # (cost, option ms [R + 1, widths], AR ms [R + 1])
+        self._row_choices: list[tuple] = []                 # (survival, cost, choices) of the latest curves
+
+    def model_for(self, rows: int) -> str:
+        """The cost model of a round of ``rows`` rows: under "auto" "packed" from ``PACKED_MIN_ROWS``
+        rows, "trimmed" below; else the configured one."""
+        if self.configured == "auto":
+            return "packed" if rows >= PACKED_MIN_ROWS else "trimmed"
+        return self._active
+
+    def use_rows(self, rows: int) -> str:
+        """Make ``model_for(rows)`` the current ``cost_model`` (a round of ``rows`` rows is next)."""
+        self._active = self.model_for(rows)
+        return self._active
+
+    def activate(self, model: str) -> None:
+        """Make ``model`` (one of ``bucket_models``) the current cost model (graph capture)."""
+        self._active = model
+
+    def bucket_models(self, bucket: int) -> list[str]:
+        """The cost models the rounds of a batch bucket of ``bucket`` rows may run (graphs to capture)."""
+        if self.configured != "auto":
+            return [self._active]
+        return ["trimmed"] + (["packed"] if bucket >= PACKED_MIN_ROWS else [])
 
     def admits_every_draft(self, mode: np.ndarray) -> bool:
         """Whether a round of these row modes (host [B] ``MODE_IDS``; rows = live rows) runs as a
@@ -513,9 +559,10 @@ class VerifyScheduler:
         built-in guess (``CostCurve.default``: no measured ``verify_cost.json``)."""
         if bool((mode == MODE_IDS["threshold"]).any()):
             return False
-        if self.cost_model == "padded":
+        model = self.model_for(len(mode))
+        if model == "padded":
             return True
-        if self.cost_model == "trimmed":
+        if model == "trimmed":
             if self.cost.source == "default":
                 return True
             rows, n = max(1, len(mode)), self.num_spec_tokens
@@ -550,7 +597,7 @@ class VerifyScheduler:
         survival estimate and runs it as a window round (``Scheduler._estimated_window``): the
         trimmed model from ``ESTIMATED_WINDOW_MIN_ROWS`` rows, where the round's own admitted
         lengths would be close to the estimate's and their read-back stalls the device."""
-        return self.cost_model == "trimmed" and rows >= ESTIMATED_WINDOW_MIN_ROWS
+        return self.model_for(rows) == "trimmed" and rows >= ESTIMATED_WINDOW_MIN_ROWS
 
     def option_ms(self, rows: int) -> np.ndarray:
         """[len(widths)] the round's ms at ``rows`` rows for each window (``spec_options``' cost),

@@ -406,10 +406,17 @@ class GraphedSteps:
         if falls_back:
             kinds += ("ar_taps",)
             self.steps.reserve_taps(self.buckets[-1] * SLOT_ROWS)     # every scheduler's DeferredContext
+        active = sched.cost_model if sched is not None else None
         for Bb in sorted(buckets or self.buckets, reverse=True):
             for kind in kinds:
-                for w, n in (self._verify_sizes(Bb) if kind == "verify_admit" else [(None, None)]):
-                    self.graph(kind, Bb, width=w, slots=n)
+                admits = kind in ("draft_admit", "verify_admit")     # one set per cost model ("auto": two)
+                for model in (sched.bucket_models(Bb) if admits else [active]):
+                    if model is not None:
+                        sched.activate(model)
+                    for w, n in (self._verify_sizes(Bb) if kind == "verify_admit" else [(None, None)]):
+                        self.graph(kind, Bb, width=w, slots=n)
+            if active is not None:
+                sched.activate(active)
             for w in (self._window_widths(Bb) if speculative else []):
                 self.graph("verify", Bb, width=w)                  # captures its "draft" too
         if prefill_lengths:
@@ -438,7 +445,9 @@ class GraphedSteps:
         (``VerifyScheduler.estimates_windows``; a confidence head, a cost curve with step
         latencies); none otherwise."""
         sched = self.steps.scheduler
-        if not (self.confidence and sched.falls_back and sched.estimates_windows(Bb)):
+        smaller = [b for b in self.buckets if b < Bb]
+        rows = range(max(smaller, default=0) + 1, Bb + 1)       # the row counts this bucket runs
+        if not (self.confidence and sched.falls_back and any(sched.estimates_windows(r) for r in rows)):
             return []
         return [w for w in sched.widths if w < self.num_spec_tokens]
 

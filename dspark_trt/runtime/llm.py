@@ -343,8 +343,9 @@ class LLM:
         """The decode steps every scheduler shares: CUDA graphs (captured lazily) or eager."""
         if self._steps is None:
             n = self.networks.num_spec_tokens
+            packs = getattr(self.networks, "packs_rows", False)   # "auto": packed rounds from PACKED_MIN_ROWS rows
             sched = VerifyScheduler(n, self.max_batch_size * (n + 1), self.networks.device,
-                                    self.calibration, self.verify_cost,
+                                    self.calibration, self.verify_cost, cost_model="auto" if packs else "trimmed",
                                     learn_costs=self.learn_round_costs) if n else None
             eager = DecodeSteps(self.networks, sched)
             self._steps = eager if self.graphs_skipped else GraphedSteps(

@@ -531,6 +531,8 @@ class Scheduler:
         return True
 
     def _spec_round(self, seqs: list[Sequence]) -> None:
+        if (sched := self._scheduler()) is not None:
+            sched.use_rows(len(seqs))                   # "auto": packed or trimmed by the round's rows
         batch = self.constants.get(seqs)
         estimates = self._estimates_rounds(seqs, batch)  # the round's decisions, host-side, once
         if self._falls_back_to_ar(seqs, estimates):

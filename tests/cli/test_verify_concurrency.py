@@ -42,7 +42,7 @@ def test_tiny_run_writes_json_and_plot(tmp_path):
     calib.write_text(json.dumps({"before": {"per_position": [{"label_mean": v} for v in (0.5, 0.2, 0.1)]}}))
     assert mod.main(["--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
                      "--batch-sizes", "1,2", "--gen-len", "6", "--prompt-len", "8", "--iters", "1",
-                     "--synthetic", str(calib), "--modes", "fixed,scheduled,threshold,packed",
+                     "--synthetic", str(calib), "--modes", "fixed,scheduled,threshold,packed,auto",
                      "--round-kinds", "--compile", "aot_eager", "--out-dir", str(tmp_path / "out")]) == 0
     path = next((tmp_path / "out").glob("verify-concurrency-*.json"))
     report = json.loads(path.read_text())
@@ -52,8 +52,8 @@ def test_tiny_run_writes_json_and_plot(tmp_path):
     assert path.with_suffix(".png").exists()
     n = report["model"]["num_spec_tokens"]
     for row in report["batch"].values():
-        assert set(row) == {"fixed", "scheduled", "threshold", "packed", "autoregressive", "round_kinds"}
-        for m in ("fixed", "scheduled", "threshold", "packed"):
+        assert set(row) == {"fixed", "scheduled", "threshold", "packed", "auto", "autoregressive", "round_kinds"}
+        for m in ("fixed", "scheduled", "threshold", "packed", "auto"):
             assert row[m]["decode_tokens_per_s"] > 0 and 1 <= row[m]["verified_per_round"] <= n + 1
             assert 1 <= row[m]["mean_verify_window"] <= n
         assert not row["fixed"]["verify_slots"] and not row["scheduled"]["verify_slots"]

@@ -1571,6 +1571,48 @@ def test_packed_rounds_verify_each_rows_own_prefix(graphs):
     assert any(len(set(r)) > 1 for r in per_round), per_round       # rows verify different prefixes
 
 
+@pytest.mark.parametrize("graphs", [False, True])
+def test_auto_cost_model_packs_large_rounds_and_trims_small_ones(monkeypatch, graphs):
+    """"auto" (the default where the target packs): rounds of PACKED_MIN_ROWS rows or more run the
+    packed model, smaller ones the trimmed model (here the threshold lowered to 5 rows of 8); as
+    requests finish the batch moves from one to the other; greedy output equals the target's."""
+    from dspark_trt.runtime import confidence
+    monkeypatch.setattr(confidence, "PACKED_MIN_ROWS", 5)
+    llm = _llm(block=4, seed=6, batch=8, verify_cost=CURVES["linear"], cost_model="auto", graphs=graphs)
+    sched = _scheduler(llm)
+    seen = []
+    use_rows = sched.use_rows
+    monkeypatch.setattr(sched, "use_rows", lambda rows: seen.append((rows, use_rows(rows))) or seen[-1][1])
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 3], [5, 1], [2, 2, 2], [7], [9, 8]]
+    params = [SamplingParams(max_new_tokens=n, verify_mode="scheduled") for n in (4, 6, 8, 10, 20, 20, 24, 24)]
+    ar = llm.generate(prompts, [SamplingParams(max_new_tokens=p.max_new_tokens) for p in params], speculative=False)
+    out = llm.generate(prompts, params)
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert {m for r, m in seen if r >= 5} == {"packed"} and {m for r, m in seen if r < 5} == {"trimmed"}, seen
+    assert llm.steps.verify_slots and llm.steps.verify_widths          # packed rounds, then trimmed ones
+    assert sched.configured == "auto"
+
+
+def test_auto_cost_model_chooses_by_rows():
+    from dspark_trt.runtime.confidence import PACKED_MIN_ROWS, VerifyScheduler
+    s = VerifyScheduler(7, 64 * 8, "cpu", cost_model="auto")
+    assert s.cost_model == "trimmed" and s.configured == "auto"          # until a round sets it
+    assert s.model_for(PACKED_MIN_ROWS - 1) == "trimmed" and s.model_for(PACKED_MIN_ROWS) == "packed"
+    assert s.use_rows(64) == "packed" and s.cost_model == "packed" and s.packs
+    assert s.use_rows(1) == "trimmed" and not s.packs and s.trims
+    assert s.bucket_models(64) == ["trimmed", "packed"] and s.bucket_models(32) == ["trimmed"]
+    assert not s.estimates_windows(64) and s.estimates_windows(32)      # packed rounds estimate no window
+    s.cost_model = "trimmed"
+    assert s.use_rows(64) == "trimmed" and s.bucket_models(64) == ["trimmed"]
+    with pytest.raises(ValueError, match="cost_model must be one of"):
+        s.cost_model = "fast"
+
+
+@pytest.mark.parametrize("preset, model", [("qwen3-tiny-dspark", "auto"), ("deepseek-v4-tiny-dspark", "trimmed")])
+def test_llm_defaults_to_auto_where_the_target_packs(preset, model):
+    assert _scheduler(LLM.from_preset(preset, device="cpu", max_seq_len=64)).configured == model
+
+
 def test_packed_cost_model_refuses_a_target_that_cannot_pack():
     from dspark_trt.runtime.packed_verify import check_packable
     llm = _llm()
