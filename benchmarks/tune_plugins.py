@@ -156,11 +156,14 @@ def tune_rejection(results):
               lambda cfg: krj.rejection_sample_triton(*args, **cfg), check)
 
 
-def tune_markov(results):
+def tune_markov(results, only=None):
+    """``only``: the cases to run, as "B" or "Bg" (every row greedy), e.g. {"64g", "32g"}; None: all."""
     cases = ((1, 151936, 256, MARKOV_B1, False), (64, 151936, 256, MARKOV_B64, False),
              (64, 151936, 256, MARKOV_B64, True), (32, 151936, 256, MARKOV_B64, True),
              (1, 129280, 512, MARKOV_R512, False))
     for B, V, r, configs, greedy in cases:
+        if only is not None and f"{B}{'g' if greedy else ''}" not in only:
+            continue
         args = markov_inputs(B, 7, V, r, greedy=greedy)
         rt, rz = markov_sample_ref(*args)
 
@@ -232,6 +235,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--ops", default="reject,markov,attn,mla", help="comma list: reject,markov,attn,mla")
+    ap.add_argument("--markov-cases", default=None,
+                    help='comma list of the markov cases to run, "B" or "Bg" (every row greedy): 1,64,64g,32g')
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/tune_plugins.py needs a CUDA GPU")
@@ -245,7 +250,9 @@ def main():
     gpu, sha = torch.cuda.get_device_name(), provenance.git_sha()
     path = Path(a.out) / f"tune-plugins-{gpu.replace(' ', '_')}-{sha}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    for name, fn in (("reject", tune_rejection), ("markov", tune_markov), ("attn", tune_block_attention),
+    only = set(a.markov_cases.split(",")) if a.markov_cases else None
+    markov = lambda results: tune_markov(results, only)  # noqa: E731
+    for name, fn in (("reject", tune_rejection), ("markov", markov), ("attn", tune_block_attention),
                      ("mla", tune_sparse_mla)):
         if name in ops:
             fn(results)

@@ -206,3 +206,36 @@ def test_sample_tokens_real_vocab_exact(B):
     assert torch.equal(ref[greedy], logits[greedy].argmax(-1))
     if B > 1:
         assert (ref[~greedy] != logits[~greedy].argmax(-1)).any()
+
+
+def test_markov_all_greedy_batch_real_vocab_tokens_exact():
+    """A batch of greedy rows only (the serving default): the row groups skip the Gumbel noise; tokens
+    and z as the reference's, at batch 64 (one launch) and 16 (per step)."""
+    from dspark_trt.plugins.kernels.markov_launch import markov_sample_triton
+    for B in (64, 16):
+        U, anchor, w1, w2, _, seed, start = _markov_args(B=B)
+        args = (U, anchor, w1, w2, torch.zeros(B, device=DEV), seed, start)
+        rt, rz = markov_sample_ref(*args)
+        t, z = markov_sample_triton(*args)
+        assert torch.equal(t, rt) and (z - rz).abs().max() < 1e-3, B
+
+
+@pytest.mark.parametrize("B, W", [(1, 1), (64, 8), (3, 4)])
+def test_rows_finite_real_vocab(B, W):
+    """``rows_finite`` (``kernels/finite.py``) on bf16 logits at Qwen3's vocabulary: NaN, +Inf, -Inf
+    each flag their row alone, as the reference, also replayed from a CUDA graph."""
+    from dspark_trt.plugins.finite import rows_finite, rows_finite_ref
+    x = (torch.randn(B, W, 151936, device=DEV) * 20).to(torch.bfloat16)
+    bad = {0: float("nan"), B // 2 + (B > 1): float("inf"), B - 1: -float("inf")} if B > 2 else {0: float("nan")}
+    for r, v in bad.items():
+        x[r, W - 1, 151935 - r] = v
+    ref = rows_finite_ref(x)
+    assert ref.tolist() == [r not in bad for r in range(B)]
+    assert torch.equal(rows_finite(x), ref)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = rows_finite(x)
+    x[:] = 1.0
+    graph.replay()
+    torch.cuda.synchronize()
+    assert out.all()
