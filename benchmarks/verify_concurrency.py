@@ -91,8 +91,8 @@ class SyntheticAcceptance:
         u = rng.uniform(seed, start, STREAM_SYNTH_ROW, 1)                               # [B, 1]
         return self.logit_p[None, :n] + self.spread * torch.logit(u)
 
-    def draft_block_confidence(self, anchor, start, table, temperature, seed):
-        drafts, z = self.inner.draft_block(anchor, start, table, temperature, seed)
+    def draft_block_confidence(self, anchor, start, table, temperature, seed, width=None):
+        drafts, z = self.inner.draft_block(anchor, start, table, temperature, seed, width=width)
         return drafts, z, self._conf_logits(seed, start, drafts.shape[1])
 
     def verify(self, logits, drafts, z, temperature, seed, start):
@@ -189,7 +189,8 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
     "estimated" (head + admission, verify of ``best_window(B, survival)`` without the
     read-back), "window" (the window round of that width: its drafts only, no head, no
     admission) and with ``packed`` "packed" (the packed cost model's admission, read-back,
-    packed verify of the admitted prefixes). Rounds are not committed: each replays the same
+    packed verify of the admitted prefixes) and "packed_head" (that round drafting
+    ``VerifyScheduler.head_width`` drafts, where fewer than N). Rounds are not committed: each replays the same
     positions. ``profile``: also each kind's kernels (``profile_step.profile_fn``: kernel time per
     round against its CUDA-event wall, the top kernels) under ``profiles``, and the slot buckets
     the packed rounds ran."""
@@ -207,12 +208,15 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
              "confidence": lambda: llm.steps.spec_round_admitted(r, mods),
              "estimated": lambda: llm.steps.spec_round_admitted(r, mods, width=w),
              "window": lambda: llm.steps.spec_round(r, mods, width=w)}
+    head = sched.head_width(B, survival)                 # a packed round's drafted width
     if packed:
         kinds["packed"] = lambda: llm.steps.spec_round_admitted(r, mods)
-    out = {"estimated_window": w}
+        if head < sched.num_spec_tokens:
+            kinds["packed_head"] = lambda: llm.steps.spec_round_admitted(r, mods, head=head)
+    out = {"estimated_window": w, "head_width": head}
     model = sched.configured
     for name, fn in kinds.items():
-        sched.cost_model = "packed" if name == "packed" else model
+        sched.cost_model = "packed" if name.startswith("packed") else model
         fn()                                                      # warm (graph capture)
         t0 = time.perf_counter()
         for _ in range(iters):
@@ -222,7 +226,7 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
             from profile_step import profile_fn
             llm.steps.verify_slots.clear()
             out.setdefault("profiles", {})[name] = profile_fn(fn, reps=3, top=15)
-            if name == "packed":
+            if name.startswith("packed"):
                 out["profiles"][name]["verify_slots"] = {str(k): v for k, v in llm.steps.verify_slots.items()}
     sched.cost_model = model
     draft = sched.cost.step_ms("draft", B)               # the curve's prediction, as the scheduler prices it
@@ -418,7 +422,7 @@ def run(argv) -> dict:
             row[mode]["speedup_vs_autoregressive"] = (row[mode]["decode_tokens_per_s"]
                                                       / row["autoregressive"]["decode_tokens_per_s"])
         if kinds_survival:
-            row["round_kinds"] = round_kinds(llm, args, B, kinds_survival, packed="packed" in modes,
+            row["round_kinds"] = round_kinds(llm, args, B, kinds_survival, packed=bool({"packed", "auto"} & set(modes)),
                                              profile=args.profile_kinds)
         rows[str(B)] = row
         print(f"[verify-concurrency] B={B:3d} " + " | ".join(

@@ -347,23 +347,25 @@ class GraphedSteps:
                 and getattr(self.steps.nets, "has_confidence", False))
 
     def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False, width: int | None = None,
-              slots: int | None = None) -> CapturedGraph:
+              slots: int | None = None, head: int | None = None) -> CapturedGraph:
         """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar", "ar_taps"
         (the AR step storing its taps in the steps' ``tap_store`` at the inputs' ``tap_row``, for
         the fallback's deferred context)} of bucket
         ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies the first
         ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths,
         packed into ``slots`` token slots when given (``packed_verify.py``); "draft" / "verify"
-        with ``width`` < N: the window round's steps (``DecodeSteps.spec_round(width=)``)."""
+        with ``width`` < N: the window round's steps (``DecodeSteps.spec_round(width=)``);
+        "draft_admit" / "verify_admit" of ``head`` (None: N) drafted (``DecodeSteps.draft_admit_step``)."""
         mods = Modifiers() if kind in ("draft", "draft_admit") else Modifiers.of(mods)
+        head = head or self.num_spec_tokens
         if kind == "verify_admit" and width is None:
-            width = self.num_spec_tokens
+            width = head
         window = kind in ("draft", "verify") and width is not None and width < self.num_spec_tokens
         # penalty graphs bake in the token counts' tensors: keyed by that state too
         sched = self.steps.scheduler                  # its cost model is baked into the admission
         key = ((kind, Bb, mods) + ((width, slots) if kind == "verify_admit" else ())
                + ((width,) if window else ())
-               + ((sched.cost_model,) if kind in ("draft_admit", "verify_admit") else ())
+               + ((sched.cost_model, head) if kind in ("draft_admit", "verify_admit") else ())
                + ((self.steps.counts,) if mods.penalties else ())
                + ((self.steps.tap_rows,) if kind == "ar_taps" else ()))
         if key in self._graphs:
@@ -372,12 +374,13 @@ class GraphedSteps:
         if kind == "draft":
             fn = lambda: self.steps.draft_step(x, width)  # noqa: E731
         elif kind == "draft_admit":
-            fn = lambda: self.steps.draft_admit_step(x)  # noqa: E731
+            h = head if head < self.num_spec_tokens else None
+            fn = lambda: self.steps.draft_admit_step(x, h)  # noqa: E731
         elif kind == "verify":
             drafts, z = self.graph("draft", Bb, width=width).outputs
             fn = lambda: self.steps.verify_step(x, drafts, z, mods)  # noqa: E731
         elif kind == "verify_admit":
-            drafts, z, _, limit = self.graph("draft_admit", Bb).outputs
+            drafts, z, _, limit = self.graph("draft_admit", Bb, head=head).outputs
             fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods, width, slots)  # noqa: E731
         elif kind in ("ar", "ar_taps"):
             fn = lambda: self.steps.ar_step(x, mods, keep_taps=kind == "ar_taps")  # noqa: E731
@@ -413,8 +416,9 @@ class GraphedSteps:
                 for model in (sched.bucket_models(Bb) if admits else [active]):
                     if model is not None:
                         sched.activate(model)
-                    for w, n in (self._verify_sizes(Bb) if kind == "verify_admit" else [(None, None)]):
-                        self.graph(kind, Bb, width=w, slots=n)
+                    for h in (sched.head_widths if admits and model == "packed" else [None]):
+                        for w, n in (self._verify_sizes(Bb, h) if kind == "verify_admit" else [(None, None)]):
+                            self.graph(kind, Bb, width=w, slots=n, head=h)
             if active is not None:
                 sched.activate(active)
             for w in (self._window_widths(Bb) if speculative else []):
@@ -451,37 +455,41 @@ class GraphedSteps:
             return []
         return [w for w in sched.widths if w < self.num_spec_tokens]
 
-    def _verify_sizes(self, Bb: int) -> list[tuple[int | None, int | None]]:
-        """The (width, slots) of the "verify_admit" graphs of bucket ``Bb``: one per width bucket
-        (trimmed and packed: a packed round whose window runs no more tokens verifies that
-        window), plus one per slot bucket at width N (packed); else the full window."""
-        sched = self.steps.scheduler
-        sizes = [(w, None) for w in (sched.widths if sched is not None and sched.trims else [None])]
+    def _verify_sizes(self, Bb: int, head: int | None = None) -> list[tuple[int | None, int | None]]:
+        """The (width, slots) of the "verify_admit" graphs of bucket ``Bb`` after a draft of
+        ``head`` (None: N): one per width bucket up to it (trimmed and packed: a packed round whose
+        window runs no more tokens verifies that window), plus one per slot bucket at width
+        ``head`` (packed); else the full window."""
+        sched, h = self.steps.scheduler, head or self.num_spec_tokens
+        sizes = [(w, None) for w in (sched.widths if sched is not None and sched.trims else [None])
+                 if w is None or w <= h]
         if sched is not None and sched.packs:
             check_packable(self.steps.nets)
-            sizes += [(self.num_spec_tokens, n) for n in sched.slot_sizes(Bb)]
+            sizes += [(h, n) for n in sched.slot_sizes(Bb, h)]
         return sizes
 
-    def _trimmed_verify_graphs(self, kind: str, Bb: int, mods: Modifiers | bool) -> dict:
+    def _trimmed_verify_graphs(self, kind: str, Bb: int, mods: Modifiers | bool, head: int | None = None) -> dict:
         """Every verify graph a trimming (or packing) round of bucket ``Bb`` may launch, by (width,
         slots) (``_verify_sizes``), captured on first use, then kept per round shape: the lookup
         of each (27 at batch 64 under the packed model, 68 us on 2 cores) was on the round's path
         before the draft's launch. Keyed by what ``graph`` keys them by (graphs are never dropped)."""
         sched = self.steps.scheduler
         mods = Modifiers.of(mods)
-        key = (kind, Bb, mods, sched, sched.cost_model) + ((self.steps.counts,) if mods.penalties else ())
+        key = (kind, Bb, mods, sched, sched.cost_model, head) + ((self.steps.counts,) if mods.penalties else ())
         graphs = self._trimmed_verify.get(key)
         if graphs is None:
-            graphs = self._trimmed_verify[key] = {s: self.graph(kind, Bb, mods, *s) for s in self._verify_sizes(Bb)}
+            graphs = self._trimmed_verify[key] = {s: self.graph(kind, Bb, mods, *s, head=head)
+                                                  for s in self._verify_sizes(Bb, head)}
         return graphs
 
     def _replay_round(self, draft_kind: str, verify_kind: str, r: RoundInputs, mods: Modifiers | bool,
-                      width: int | None = None, host_work: Callable[[], None] | None = None):
+                      width: int | None = None, host_work: Callable[[], None] | None = None,
+                      head: int | None = None):
         """Upload ``r``, replay the draft then the verify graph of its bucket -> (verify outputs
         [B, ...] on the host, the draft graph). A "verify_admit" round of a trimming scheduler
         reads the admitted lengths back between the two to pick the window's graph (a packing
         one: the slots' graph), unless the caller chose the window (``width``). ``host_work``:
-        run before the final read-back waits."""
+        run before the final read-back waits. ``head``: a confidence round drafting that many."""
         B = r.batch_size
         Bb = self.bucket(B)
         sched = self.steps.scheduler
@@ -489,9 +497,10 @@ class GraphedSteps:
                  and sched.trims)
         # every graph the round may launch exists before the inputs are staged (a capture stages
         # inert rows)
-        draft = self.graph(draft_kind, Bb, width=width if draft_kind == "draft" else None)
-        verify = (self._trimmed_verify_graphs(verify_kind, Bb, mods) if trims
-                  else {(width, None): self.graph(verify_kind, Bb, mods, width)})
+        head = head if draft_kind == "draft_admit" and width is None else None
+        draft = self.graph(draft_kind, Bb, width=width if draft_kind == "draft" else None, head=head)
+        verify = (self._trimmed_verify_graphs(verify_kind, Bb, mods, head) if trims
+                  else {(width, None): self.graph(verify_kind, Bb, mods, width, head=head)})
         buf = self.buffers(Bb)
         buf.fill(r)
         buf.upload()
@@ -499,9 +508,9 @@ class GraphedSteps:
         slots = None
         if trims:                                        # [B] admitted lengths -> the window
             lim = buf.download(draft.outputs[3].view(-1, 1), B)[:, 0]
-            width, slots = sched.verify_shape(lim[np.asarray(r.start) >= 0], Bb)
+            width, slots = sched.verify_shape(lim[np.asarray(r.start) >= 0], Bb, head)
         if verify_kind == "verify_admit":
-            self.steps.verify_widths[width or self.num_spec_tokens] += 1
+            self.steps.verify_widths[width or head or self.num_spec_tokens] += 1
         if slots is not None:
             self.steps.verify_slots[slots] += 1
         g = verify[(width, slots)]
@@ -509,13 +518,15 @@ class GraphedSteps:
         return buf.download(g.outputs, B, host_work), draft
 
     def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False,
-                            width: int | None = None, host_work: Callable[[], None] | None = None):
+                            width: int | None = None, host_work: Callable[[], None] | None = None,
+                            head: int | None = None):
         """As ``DecodeSteps.spec_round_admitted``: fixed rounds replay the plain graphs, confidence
-        rounds "draft_admit" + "verify_admit" (the window of ``_replay_round``, or ``width``)."""
+        rounds "draft_admit" + "verify_admit" (the window of ``_replay_round``, or ``width``) of
+        ``head`` drafted."""
         B, N = r.batch_size, self.num_spec_tokens
         if width is None and not (self.steps.needs_admission(r) or want_confidence):
             return self.spec_round(r, mods, host_work=host_work), np.where(r.start >= 0, N, 0), None
-        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods, width, host_work)  # [B, 3+w]
+        out, draft = self._replay_round("draft_admit", "verify_admit", r, mods, width, host_work, head)  # [B, 3+w]
         conf = draft.outputs[2][:B].float().cpu().numpy() if want_confidence else None
         return widen(out[:, :-1], N), out[:, -1], conf
 

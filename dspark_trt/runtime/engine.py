@@ -119,12 +119,17 @@ class EngineNetworks:
 
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
-                               temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """draft_block + the confidence logits [B, N] of the block (the same network call)."""
+                               temperature: Tensor, seed: Tensor, width: int | None = None
+                               ) -> tuple[Tensor, Tensor, Tensor]:
+        """draft_block + the confidence logits [B, w] of the block (the same network call; with
+        ``width`` the first w of all N, as ``draft_block``)."""
         if not self.has_confidence:
             raise EngineError(f"{self.engine_dir}: this engine's draft has no confidence head (its "
                               f"draft_block exports no confidence_logits): use verify mode 'fixed'")
-        return self._draft_block(anchor, start, block_table, temperature, seed)
+        out = self._draft_block(anchor, start, block_table, temperature, seed)
+        if width is None or width == self.num_spec_tokens:
+            return out
+        return tuple(t[:, :width].contiguous() for t in out)
 
     def _draft_block(self, anchor, start, block_table, temperature, seed) -> tuple[Tensor, ...]:
         self._check_rows(anchor, "draft_block")

@@ -100,16 +100,18 @@ class EagerNetworks:
 
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
-                               temperature: Tensor, seed: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """draft_block + the confidence logits [B, N] of the block, from the same forward (through
-        ``draft_chain`` as ``draft_block``)."""
+                               temperature: Tensor, seed: Tensor, width: int | None = None
+                               ) -> tuple[Tensor, Tensor, Tensor]:
+        """draft_block + the confidence logits [B, w] of its first ``width`` (None: all N) drafts,
+        from the same forward (through ``draft_chain`` as ``draft_block``)."""
         if (chain := _fitting(self.draft_chain, anchor.shape[0] * self.num_spec_tokens)) is not None:
             U, h = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens,
                                       hidden=True)
-            return self.draft_module.sample(U, anchor, temperature, seed, start, self.markov_sampler, h)
+            return self.draft_module.sample(window_rows(U, width), anchor, temperature, seed, start,
+                                            self.markov_sampler, window_rows(h, width))
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
                                  with_confidence=True, sampler=self.markov_sampler,
-                                 num_spec_tokens=self.num_spec_tokens)
+                                 num_spec_tokens=self.num_spec_tokens, width=width)
 
     @torch.inference_mode()
     def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,

@@ -43,7 +43,7 @@ import torch
 from .. import plugins
 from .batch_constants import BatchConstants, BatchConstantsCache
 from .kv_manager import PagedKVManager
-from .confidence import AR_STAY_MARGIN, CONFIDENCE_PROBE_EVERY, TRIM_MARGIN, SurvivalEstimate
+from .confidence import AR_STAY_MARGIN, CONFIDENCE_PROBE_EVERY, HEAD_PROBE_EVERY, TRIM_MARGIN, SurvivalEstimate
 from .deferred_context import SLOT_ROWS, DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats
@@ -146,6 +146,7 @@ class Scheduler:
         self._probe_floor = 0                  # the streak's probe interval from PROBE_BUDGET
         self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
         self._window_streak = 0                # window rounds since the last confidence probe
+        self._head_streak = 0                  # packed rounds of a narrowed head since one drafted all N
         self._packed_gain: tuple = (None, 0.0)  # (the confidences it was computed from, packed_gain)
         # the fallback AR rounds' draft context, written by the next speculative round
         # (``defer_context=False``: by each AR round itself, the reference behaviour)
@@ -518,6 +519,23 @@ class Scheduler:
         if conf is not None and self._packed_gain[0] is not conf:
             self._packed_gain = (conf, sched.packed_gain(conf))
 
+    def _head_width(self, seqs: list[Sequence]) -> int | None:
+        """The drafted width of this packed confidence round (``VerifyScheduler.head_width`` of
+        the survival estimate), or None: all N (other cost models, a calibration run, no narrower
+        width pays, or one round in ``HEAD_PROBE_EVERY`` of narrowed ones, whose head sees every
+        position)."""
+        sched = self._scheduler()
+        if sched.cost_model != "packed" or self.record_confidence:
+            return None
+        if self._head_streak >= HEAD_PROBE_EVERY - 1:
+            self._head_streak = 0
+            return None
+        h = sched.head_width(len(seqs), self._survival.curve())
+        if h >= sched.num_spec_tokens:
+            return None
+        self._head_streak += 1
+        return h
+
     def _window_round(self) -> bool:
         """Whether an estimated window (< N) runs as a window round (the fixed round of its
         drafts: no head, no admission, no read-back) rather than as a confidence round over it:
@@ -560,8 +578,12 @@ class Scheduler:
             track = self._tracks_survival() and admits
             # as spec_round_admitted runs it: the plain steps where nothing admits and nothing is read
             self._round_kind = "confidence" if admits or self.record_confidence else "fixed"
+            head = self._head_width(seqs) if window is None and estimates else None
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track, width=window,
-                                                              host_work=self._next_decisions(seqs, estimates))
+                                                              host_work=self._next_decisions(seqs, estimates),
+                                                              head=head)
+            if head is not None:          # confidences of the first `head` drafts: not the estimate's prior
+                conf = None
             lims = lims.tolist()
             self._round_width = window or self._scheduler().verify_width(max(lims, default=0))
         for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):

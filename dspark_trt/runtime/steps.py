@@ -267,9 +267,13 @@ class DecodeSteps:
         return self.nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed, width=width)
 
     @torch.inference_mode()
-    def draft_step_confidence(self, x: DeviceInputs) -> tuple[Tensor, Tensor, Tensor]:
-        """The draft step with the confidence head -> drafts, z, confidence logits [B, N] f32."""
-        return self.nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed)
+    def draft_step_confidence(self, x: DeviceInputs, head: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """The draft step with the confidence head -> drafts, z, confidence logits [B, h] f32 of the
+        first ``head`` (None: all N) drafts (the block pass is the N-token one; the LM head, the
+        sampler and the confidence head run on h rows)."""
+        if head is None or head == self.num_spec_tokens:
+            return self.nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed)
+        return self.nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed, width=head)
 
     @torch.inference_mode()
     def admit(self, x: DeviceInputs, conf: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
@@ -279,10 +283,11 @@ class DecodeSteps:
         return self.scheduler.admit(conf, x.start >= 0, mode, threshold)
 
     @torch.inference_mode()
-    def draft_admit_step(self, x: DeviceInputs) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The draft step with the confidence head, then the admission of ``x.verify_mode`` /
-        ``x.threshold`` -> drafts, z, confidence logits [B, N] f32, limit [B] int64."""
-        drafts, z, conf = self.draft_step_confidence(x)
+    def draft_admit_step(self, x: DeviceInputs, head: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The draft step with the confidence head (of the first ``head`` drafts), then the
+        admission of ``x.verify_mode`` / ``x.threshold`` -> drafts, z, confidence logits [B, h]
+        f32, limit [B] int64 (<= h)."""
+        drafts, z, conf = self.draft_step_confidence(x, head)
         return drafts, z, conf, self.admit(x, conf, x.verify_mode, x.threshold)
 
     @torch.inference_mode()
@@ -303,15 +308,15 @@ class DecodeSteps:
             limit = torch.where(sched, w, limit)
         return torch.cat([self.verify_step(x, d, zw, mods, limit, slots=slots), limit[:, None]], 1)
 
-    def shape(self, x: DeviceInputs, limit: Tensor) -> tuple[int, int | None]:
+    def shape(self, x: DeviceInputs, limit: Tensor, head: int | None = None) -> tuple[int, int | None]:
         """(width, slots) of the verify of a confidence round with admitted lengths ``limit`` [B]
-        (device): (N, None), or under a trimming / packing scheduler its ``verify_shape`` of the
-        live rows' lengths (one host read-back)."""
+        (device) of ``head`` (None: N) drafted: (head, None), or under a trimming / packing
+        scheduler its ``verify_shape`` of the live rows' lengths (one host read-back)."""
         if self.scheduler is None or not self.scheduler.trims:
-            return self.num_spec_tokens, None
+            return head or self.num_spec_tokens, None
         if self.scheduler.packs:
             check_packable(self.nets)
-        return self.scheduler.verify_shape(limit[x.start >= 0].cpu().numpy(), x.start.shape[0])
+        return self.scheduler.verify_shape(limit[x.start >= 0].cpu().numpy(), x.start.shape[0], head)
 
     @torch.inference_mode()
     def verify_step(self, x: DeviceInputs, drafts: Tensor, z: Tensor, mods: Modifiers | bool,
@@ -427,21 +432,23 @@ class DecodeSteps:
                                       or not self.scheduler.admits_every_draft(r.verify_mode))
 
     def spec_round_admitted(self, r: RoundInputs, mods: Modifiers | bool, want_confidence: bool = False,
-                            width: int | None = None, host_work: Callable[[], None] | None = None
-                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                            width: int | None = None, host_work: Callable[[], None] | None = None,
+                            head: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """-> (as ``spec_round``: [B, 2 + N]; admitted drafts per row [B]; the confidence logits
         [B, N] when ``want_confidence``, else None). Rounds with a confidence mode (or
         ``want_confidence``, or a ``width``) run ``draft_admit_step`` + ``verify_admit_step`` over
         the window of ``shape(x, limit)`` (drafts past it come back as -1), or over ``width`` drafts
         when the caller chose the window ahead (``Scheduler``'s estimated window: no read-back of
         the admitted lengths between the steps); rounds that admit every draft
-        (``needs_admission``) run the plain steps. ``host_work``: as in ``spec_round``."""
+        (``needs_admission``) run the plain steps. ``host_work``: as in ``spec_round``. ``head``
+        (< N, without ``width``): only the first ``head`` drafts are sampled, scored and admitted
+        (``VerifyScheduler.head_width``); the confidence logits come back [B, head]."""
         N = self.num_spec_tokens
         if width is None and not (self.needs_admission(r) or want_confidence):
             return self.spec_round(r, mods, host_work=host_work), np.where(r.start >= 0, N, 0), None
         x = DeviceInputs.from_host(r, self.device, confidence=True, mods=mods)
-        drafts, z, conf, limit = self.draft_admit_step(x)
-        w, slots = self.shape(x, limit) if width is None else (width, None)
+        drafts, z, conf, limit = self.draft_admit_step(x, None if width is not None else head)
+        w, slots = self.shape(x, limit, head) if width is None else (width, None)
         self.verify_widths[w] += 1
         if slots is not None:
             self.verify_slots[slots] += 1

@@ -1476,7 +1476,7 @@ def test_large_scheduled_batches_take_the_window_from_the_estimate(graphs, monke
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=24), speculative=False)
     eager = llm.steps.eager
     readbacks = []
-    monkeypatch.setattr(eager, "shape", lambda x, limit: readbacks.append(len(limit)) or DecodeSteps.shape(eager, x, limit))
+    monkeypatch.setattr(eager, "shape", lambda x, limit, head=None: readbacks.append(len(limit)) or DecodeSteps.shape(eager, x, limit, head))
     before = sum(llm.steps.verify_widths.values())
     out = llm.generate(prompts, SamplingParams(max_new_tokens=24, verify_mode="scheduled"))
     assert [o.output_ids for o in out] == [a.output_ids for a in ar]
@@ -1611,6 +1611,55 @@ def test_auto_cost_model_chooses_by_rows():
 @pytest.mark.parametrize("preset, model", [("qwen3-tiny-dspark", "auto"), ("deepseek-v4-tiny-dspark", "trimmed")])
 def test_llm_defaults_to_auto_where_the_target_packs(preset, model):
     assert _scheduler(LLM.from_preset(preset, device="cpu", max_seq_len=64)).configured == model
+
+
+# H100 at Qwen3-8B dimensions (session 37, faaf31b): the draft step at 1 / 64 rows by drafts sampled
+H100_DRAFTS = CostCurve([1, 512], [6.0, 15.0], "test: H100-like", rows=[1, 64], draft_ms=[0.05, 3.185],
+                        ar_ms=[5.7, 8.1], draft_window_ms=[[0.035, 0.037, 0.038, 0.04, 0.043, 0.046],
+                                                           [2.243, 2.345, 2.449, 2.569, 2.746, 2.939]])
+REPLAYED = [0.450, 0.179, 0.072, 0.027, 0.008, 0.004, 0.003]      # the replayed pair's prefix survival
+
+
+def test_head_width_drafts_only_the_positions_that_pay():
+    """A packed round drafts the head width of the most tokens per ms: at 64 rows with the replayed
+    survival (0.015 tokens a row past the 4th draft) 4 of 7 (0.62 ms of the draft saved); with a
+    survival that stays high, or without the draft's latencies, all 7; never below N / 2."""
+    from dspark_trt.runtime.confidence import VerifyScheduler
+    s = VerifyScheduler(7, 64 * 8, "cpu", cost=H100_DRAFTS, cost_model="packed")
+    assert s.head_widths == [4, 5, 6, 7]
+    assert s.head_width(64, np.array(REPLAYED)) == 4
+    assert s.head_width(64, 0.95 ** np.arange(1, 8)) == 7
+    assert s.head_width(64, np.zeros(7)) == 4
+    assert VerifyScheduler(7, 512, "cpu", cost_model="packed").head_width(64, np.array(REPLAYED)) == 7
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_packed_rounds_of_a_narrowed_head(monkeypatch, graphs):
+    """Packed rounds drafting 2 of 4 (``head_width``): the first confidence round drafts all 4
+    (nothing estimated yet), then 7 narrowed rounds to one of all 4 (HEAD_PROBE_EVERY); no row
+    verifies past 2 drafts in a narrowed round; greedy output equals the target's, eager and
+    graph-replay."""
+    from dspark_trt.runtime.confidence import HEAD_PROBE_EVERY
+    curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, AR dear", rows=[1, 8], draft_ms=[0.1, 0.1],
+                      ar_ms=[30.0, 30.0])
+    llm = _llm(block=4, seed=6, batch=8, verify_cost=curve, cost_model="packed", graphs=graphs)
+    monkeypatch.setattr(_scheduler(llm), "head_width", lambda rows, survival: 2)
+    drafted, real = [], DecodeSteps.draft_step_confidence
+
+    def draft(self, x, head=None):
+        if bool((x.start >= 0).any()):          # not a capture's warm-up on inert rows
+            drafted.append(head or 4)
+        return real(self, x, head)
+    monkeypatch.setattr(DecodeSteps, "draft_step_confidence", draft)
+    prompts = [[1 + i, 2, 3 + i] for i in range(8)]
+    ar = llm.generate(prompts, SamplingParams(max_new_tokens=40), speculative=False)
+    out = llm.generate(prompts, SamplingParams(max_new_tokens=40, verify_mode="scheduled"))
+    assert [o.output_ids for o in out] == [a.output_ids for a in ar]
+    assert len(drafted) > 2 * HEAD_PROBE_EVERY
+    assert drafted == [4] + [4 if i % HEAD_PROBE_EVERY == HEAD_PROBE_EVERY - 1 else 2
+                             for i in range(len(drafted) - 1)], drafted
+    rounds = list(zip(*[o.stats.proposed for o in out]))               # the rounds every row ran
+    assert all(max(r) <= 2 for r, h in zip(rounds, drafted) if h == 2), (rounds, drafted)
 
 
 def test_packed_cost_model_refuses_a_target_that_cannot_pack():
