@@ -839,6 +839,18 @@ class VerifyScheduler:
         from N / 2 to N (each its own "draft_admit" graph and slot graphs)."""
         return [w for w in self.widths if 2 * w >= self.num_spec_tokens]
 
+    def bucket_heads(self, rows: int) -> list[int]:
+        """The head widths to capture graphs of for a batch bucket of ``rows`` rows: ``head_widths``
+        where drafting the narrowest saves more than ``HEAD_MARGIN`` of the round's least cost
+        (the draft's share grows with the rows, so the bucket's smaller row counts save less), else
+        N alone (``head_width`` narrows nowhere there)."""
+        n, narrowest = self.num_spec_tokens, self.head_widths[0]
+        if not self.cost.has_steps or narrowest >= n:
+            return [n]
+        narrow = self.cost.draft_window(rows, narrowest)
+        least = narrow + self.admission_ms(rows) + self.overhead_ms(rows) + self.cost.latency(rows)
+        return self.head_widths if self.cost.step_ms("draft", rows) - narrow > HEAD_MARGIN * least else [n]
+
     def head_width(self, rows: int, survival) -> int:
         """The drafted width h of a packed confidence round at ``rows`` rows: the LM head, the Markov
         sampler and the confidence head run on the first h drafts only (the block pass stays the

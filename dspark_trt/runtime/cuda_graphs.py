@@ -416,7 +416,7 @@ class GraphedSteps:
                 for model in (sched.bucket_models(Bb) if admits else [active]):
                     if model is not None:
                         sched.activate(model)
-                    for h in (sched.head_widths if admits and model == "packed" else [None]):
+                    for h in (sched.bucket_heads(Bb) if admits and model == "packed" else [None]):
                         for w, n in (self._verify_sizes(Bb, h) if kind == "verify_admit" else [(None, None)]):
                             self.graph(kind, Bb, width=w, slots=n, head=h)
             if active is not None:

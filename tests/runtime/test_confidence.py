@@ -1631,6 +1631,8 @@ def test_head_width_drafts_only_the_positions_that_pay():
     assert s.head_width(64, 0.95 ** np.arange(1, 8)) == 7
     assert s.head_width(64, np.zeros(7)) == 4
     assert VerifyScheduler(7, 512, "cpu", cost_model="packed").head_width(64, np.array(REPLAYED)) == 7
+    assert s.bucket_heads(64) == [4, 5, 6, 7] and s.bucket_heads(1) == [7]     # graphs: where narrowing can pay
+    assert VerifyScheduler(7, 512, "cpu", cost_model="packed").bucket_heads(64) == [7]
 
 
 @pytest.mark.parametrize("graphs", [False, True])
