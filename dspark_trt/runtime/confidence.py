@@ -861,7 +861,7 @@ class VerifyScheduler:
         Qwen3-8B dimensions at 64 rows: the draft step 3.19 ms at 7 drafts, 2.57 ms at 4; the
         replayed survival past the 4th draft 0.015 tokens a row.)"""
         n = self.num_spec_tokens
-        if not self.cost.has_steps or rows <= 0:
+        if rows <= 0 or len(self.bucket_heads(rows)) == 1:       # no graphs of narrowed heads where they cannot pay
             return n
         s = np.zeros(n)
         v = np.asarray(survival, dtype=np.float64)[:n]

@@ -160,8 +160,9 @@ class Scheduler:
         # so the wall time is the prefill's, the previous round having synchronised too)
         self.prefill_calls, self.prefill_seqs, self.prefill_seconds = 0, 0, 0.0
         # rounds as the host saw them, when a list (benchmarks): (kind, rows, wall ms); kind
-        # "fixed", "window", "confidence", "ar" (AR decoding or the fallback, logprobs or not) or
-        # "logprobs" (a speculative round with logprob outputs)
+        # "fixed", "window", "confidence", "confidence_head" (a packed round of a narrowed head),
+        # "ar" (AR decoding or the fallback, logprobs or not) or "logprobs" (a speculative round with
+        # logprob outputs)
         self.round_log: list[tuple[str, int, float]] | None = None
         self._round_kind, self._round_width = "", None      # the last round's kind (and window)
         self._flushed = False                  # whether the last speculative round wrote deferred context
@@ -579,11 +580,11 @@ class Scheduler:
             # as spec_round_admitted runs it: the plain steps where nothing admits and nothing is read
             self._round_kind = "confidence" if admits or self.record_confidence else "fixed"
             head = self._head_width(seqs) if window is None and estimates else None
+            if head is not None:          # its confidences (first `head` drafts): not the estimate's prior;
+                self._round_kind, track = "confidence_head", False     # its wall: not a "confidence" round's
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track, width=window,
                                                               host_work=self._next_decisions(seqs, estimates),
                                                               head=head)
-            if head is not None:          # confidences of the first `head` drafts: not the estimate's prior
-                conf = None
             lims = lims.tolist()
             self._round_width = window or self._scheduler().verify_width(max(lims, default=0))
         for i, (s, (a, t, *x)) in enumerate(zip(seqs, host.tolist())):

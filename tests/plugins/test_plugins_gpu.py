@@ -231,7 +231,8 @@ def test_rows_finite_real_vocab(B, W):
         x[r, W - 1, 151935 - r] = v
     ref = rows_finite_ref(x)
     assert ref.tolist() == [r not in bad for r in range(B)]
-    assert torch.equal(rows_finite(x), ref)
+    got = rows_finite(x)
+    assert got.dtype == torch.bool and torch.equal(got, ref)     # bool: a torch.where condition
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = rows_finite(x)

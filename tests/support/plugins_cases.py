@@ -344,7 +344,7 @@ def _rows_finite_cases(device, out):
         for slices in (None, 1, 3):
             got = rows_finite_triton(t, slices=slices)
             out[f"rows_finite_{name}_{slices}"] = {"equal": bool(torch.equal(got, rows_finite_ref(t))),
-                                                   "flags": got.tolist()}
+                                                   "flags": got.tolist(), "bool": got.dtype == torch.bool}
 
 
 def _sample_tokens_cases(device, out):

@@ -53,4 +53,4 @@ def rows_finite_triton(x: Tensor, slices: int | None = None) -> Tensor:
     part = torch.empty((R, S), dtype=torch.uint8, device=x.device)
     launcher(finite_slices_kernel)[(R, S)](rows, part, V, chunk, S, rows.stride(0), BLOCK_V=BLOCK_V,
                                            num_warps=4)
-    return part.view(B, -1).all(-1)
+    return part.view(torch.bool).view(B, -1).all(-1)             # bool (``all`` of uint8 stays uint8)
