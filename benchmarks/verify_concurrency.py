@@ -131,6 +131,8 @@ def parse_args(argv):
                         "read-back, estimated window without it)")
     b.add_argument("--profile-kinds", action="store_true",
                    help="with --round-kinds: each kind's kernel breakdown too (torch.profiler, a GPU)")
+    b.add_argument("--profile-top", type=int, default=15,
+                   help="with --profile-kinds: the kernels kept per round kind, largest total first")
     b.add_argument("--tag", default=None, help="file name tag (default: cpu / the GPU name)")
     b.add_argument("--repeats", type=int, default=1,
                    help="runs of every mode per batch, interleaved, each repeat in a rotated order (fixed, "
@@ -225,7 +227,7 @@ def round_kinds(llm, args, B: int, survival, iters: int = 20, packed: bool = Fal
         if profile:
             from profile_step import profile_fn
             llm.steps.verify_slots.clear()
-            out.setdefault("profiles", {})[name] = profile_fn(fn, reps=3, top=15)
+            out.setdefault("profiles", {})[name] = profile_fn(fn, reps=3, top=args.profile_top)
             if name.startswith("packed"):
                 out["profiles"][name]["verify_slots"] = {str(k): v for k, v in llm.steps.verify_slots.items()}
     sched.cost_model = model
