@@ -91,8 +91,8 @@ class SyntheticAcceptance:
         u = rng.uniform(seed, start, STREAM_SYNTH_ROW, 1)                               # [B, 1]
         return self.logit_p[None, :n] + self.spread * torch.logit(u)
 
-    def draft_block_confidence(self, anchor, start, table, temperature, seed, width=None):
-        drafts, z = self.inner.draft_block(anchor, start, table, temperature, seed, width=width)
+    def draft_block_confidence(self, anchor, start, table, temperature, seed, width=None, z_out=None):
+        drafts, z = self.inner.draft_block(anchor, start, table, temperature, seed, width=width, z_out=z_out)
         return drafts, z, self._conf_logits(seed, start, drafts.shape[1])
 
     def verify(self, logits, drafts, z, temperature, seed, start):

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from .. import plugins
 from ..config import DSparkConfig
+from ..plugins.dispatch import use_triton
 from ..config.source import MARKOV_SAMPLERS, resolve_num_spec_tokens
 from .layers import RMSNorm, make_paged_kv_cache, rope_cos_sin
 from .qwen3 import Qwen3DecoderLayer, local_kv_heads, run_layers
@@ -110,6 +111,20 @@ def markov_sampler_op(mode: str):
     return topk
 
 
+def sample_block(mode: str, U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temperature: Tensor,
+                 seed: Tensor, start: Tensor, z_out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``markov_sampler_op(mode)`` -> drafts [B, w], z [B, w, V]; with ``z_out`` (contiguous fp32
+    [B, w, V], the caller's: the CUDA graphs of a batch bucket's confidence rounds share one) z is
+    written there, by the exact sampler's kernel itself on a GPU, else copied."""
+    if z_out is None:
+        return markov_sampler_op(mode)(U, anchor, w1, w2, temperature, seed, start)
+    if mode == "exact" and use_triton(U) and not torch.compiler.is_compiling():
+        from ..plugins.kernels.markov_launch import markov_sample_triton
+        return markov_sample_triton(U, anchor, w1, w2, temperature, seed, start, z_out=z_out)
+    drafts, z = markov_sampler_op(mode)(U, anchor, w1, w2, temperature, seed, start)
+    return drafts, z_out.copy_(z)
+
+
 class DSparkQwen3Draft(nn.Module):
     """Holds weights and shapes only: N (``num_spec_tokens``, default ``config.block_size``) and
     the Markov sampler mode (default "exact") are arguments of ``block`` / ``forward``."""
@@ -186,24 +201,27 @@ class DSparkQwen3Draft(nn.Module):
         return self.norm(run_layers(self.layers, x, cos, sin, cache, block_table, positions, kv_limit)[0])
 
     def sample(self, U: Tensor, anchor: Tensor, temperature: Tensor, seed: Tensor, start: Tensor,
-               sampler: str = "exact", h: Tensor | None = None):
+               sampler: str = "exact", h: Tensor | None = None, z_out: Tensor | None = None):
         """The Markov sampler over base logits U [B, w, V] -> drafts [B, w], z [B, w, V]; with the
-        block's post-norm hidden states ``h`` [B, w, d] also their confidence logits [B, w]."""
+        block's post-norm hidden states ``h`` [B, w, d] also their confidence logits [B, w].
+        ``z_out``: the buffer z is written to (``sample_block``)."""
         w1, w2 = self.markov_weights()
-        drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = sample_block(sampler, U, anchor, w1, w2, temperature, seed, start, z_out)
         if h is None:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,
-                sampler: str = "exact", num_spec_tokens: int | None = None, width: int | None = None):
+                sampler: str = "exact", num_spec_tokens: int | None = None, width: int | None = None,
+                z_out: Tensor | None = None):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
         (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``).
         ``sampler``: the Markov sampler mode; ``num_spec_tokens``: N (None: ``config.block_size``);
         both are run settings the caller passes (the runtime's networks, the export wrapper).
         ``width`` (< N): sample only the first ``width`` drafts: the block pass is the N-token one
-        (the same hidden states), the head and the sequential sampler run on ``width`` rows."""
+        (the same hidden states), the head and the sequential sampler run on ``width`` rows.
+        ``z_out``: a buffer for z (``sample_block``)."""
         h = window_rows(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens), width)
         return self.sample(self.lm_head(h), anchor, temperature, seed, start, sampler,
-                           h if with_confidence else None)
+                           h if with_confidence else None, z_out)

@@ -26,7 +26,7 @@ from ..config import DSparkV4Config
 from ..config.source import resolve_num_spec_tokens
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
-from .dspark_qwen3 import (ConfidenceHead, MarkovHead, confidence_logits, markov_sampler_op, markov_weights,
+from .dspark_qwen3 import (ConfidenceHead, MarkovHead, confidence_logits, markov_weights, sample_block,
                            window_rows)
 from .layers import RMSNorm
 from .v4_hc import HyperHead
@@ -108,17 +108,19 @@ class DSparkV4Draft(nn.Module):
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,
-                sampler: str = "exact", num_spec_tokens: int | None = None, width: int | None = None):
+                sampler: str = "exact", num_spec_tokens: int | None = None, width: int | None = None,
+                z_out: Tensor | None = None):
         """The draft_block network: drafts [B, N] and their proposal logits z [B, N, V]
         (+ confidence logits [B, N] with ``with_confidence``; needs ``confidence_head``).
         ``sampler``: the Markov sampler mode; ``num_spec_tokens``: N (None: ``config.block_size``);
         both are run settings the caller passes (the runtime's networks, the export wrapper).
         ``width`` (< N): sample only the first ``width`` drafts: the block pass is the N-token one
-        (the same hidden states), the head and the sequential sampler run on ``width`` rows."""
+        (the same hidden states), the head and the sequential sampler run on ``width`` rows.
+        ``z_out``: a buffer for z (``sample_block``)."""
         h = window_rows(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens), width)
         U = self.head(self.norm(h))
         w1, w2 = self.markov_weights()
-        drafts, z = markov_sampler_op(sampler)(U, anchor, w1, w2, temperature, seed, start)
+        drafts, z = sample_block(sampler, U, anchor, w1, w2, temperature, seed, start, z_out)
         if not with_confidence:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

@@ -287,6 +287,7 @@ class GraphedSteps:
         self._buffers: dict[int, BucketBuffers] = {}
         self._graphs: dict[tuple, CapturedGraph] = {}
         self._trimmed_verify: dict[tuple, dict] = {}   # (width, slots) -> graph, per round shape
+        self._draft_z: dict[int, Tensor] = {}          # bucket -> the z store of its "draft_admit" graphs
         self.prefills = PrefillGraphs(
             self, lambda fn: CapturedGraph(fn, self.pool, self.backend, self.capture_stream))
 
@@ -374,8 +375,8 @@ class GraphedSteps:
         if kind == "draft":
             fn = lambda: self.steps.draft_step(x, width)  # noqa: E731
         elif kind == "draft_admit":
-            h = head if head < self.num_spec_tokens else None
-            fn = lambda: self.steps.draft_admit_step(x, h)  # noqa: E731
+            h, z = head if head < self.num_spec_tokens else None, self.draft_z(Bb, head)
+            fn = lambda: self.steps.draft_admit_step(x, h, z)  # noqa: E731
         elif kind == "verify":
             drafts, z = self.graph("draft", Bb, width=width).outputs
             fn = lambda: self.steps.verify_step(x, drafts, z, mods)  # noqa: E731
@@ -391,6 +392,17 @@ class GraphedSteps:
         self.buffers(Bb).upload()
         self._graphs[key] = CapturedGraph(fn, self.pool, self.backend, self.capture_stream)
         return self._graphs[key]
+
+    def draft_z(self, Bb: int, head: int) -> Tensor:
+        """The z output [Bb, head, V] fp32 of bucket ``Bb``'s "draft_admit" graph of ``head``: one
+        store per bucket, [Bb, N, V], shared by the graphs of every head width and cost model (a
+        round replays one of them, then the verify that reads it; each graph kept its own: ~0.27
+        GB a head at 64 rows and Qwen3's vocabulary). Allocated outside any graph's pool."""
+        if Bb not in self._draft_z:
+            n, vocab = self.num_spec_tokens, self.steps.nets.vocab_size
+            self._draft_z[Bb] = torch.empty(Bb * n * vocab, dtype=torch.float32, device=self.device)
+        vocab = self.steps.nets.vocab_size
+        return self._draft_z[Bb][: Bb * head * vocab].view(Bb, head, vocab)
 
     def capture(self, speculative: bool = True, buckets: list[int] | None = None,
                 prefill_lengths: list[int] | None = None) -> None:

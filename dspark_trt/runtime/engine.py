@@ -105,31 +105,27 @@ class EngineNetworks:
 
     @torch.inference_mode()
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
-                    seed: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
+                    seed: Tensor, width: int | None = None, z_out: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """-> drafts [B, w] i64, proposal logits z [B, w, V] f32: the first ``width`` (None: all N)
         drafts of the block. N is compiled in, so a window drafts all N and keeps the first w:
         the same tokens and z as a width-w pass (the sampler is sequential, row k reads rows < k
-        only), at the whole block's cost."""
+        only), at the whole block's cost. ``z_out``: z copied there."""
         drafts, z = self._draft_block(anchor, start, block_table, temperature, seed)[:2]
-        if width is None or width == self.num_spec_tokens:
-            return drafts, z
-        if not 1 <= width < self.num_spec_tokens:
+        if width is not None and not 1 <= width <= self.num_spec_tokens:
             raise ValueError(f"draft_block: width {width} outside 1..{self.num_spec_tokens} (N)")
-        return drafts[:, :width].contiguous(), z[:, :width].contiguous()
+        return _window(width, z_out, drafts, z)
 
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
-                               temperature: Tensor, seed: Tensor, width: int | None = None
-                               ) -> tuple[Tensor, Tensor, Tensor]:
+                               temperature: Tensor, seed: Tensor, width: int | None = None,
+                               z_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """draft_block + the confidence logits [B, w] of the block (the same network call; with
-        ``width`` the first w of all N, as ``draft_block``)."""
+        ``width`` the first w of all N and ``z_out``, as ``draft_block``)."""
         if not self.has_confidence:
             raise EngineError(f"{self.engine_dir}: this engine's draft has no confidence head (its "
                               f"draft_block exports no confidence_logits): use verify mode 'fixed'")
-        out = self._draft_block(anchor, start, block_table, temperature, seed)
-        if width is None or width == self.num_spec_tokens:
-            return out
-        return tuple(t[:, :width].contiguous() for t in out)
+        drafts, z, conf = self._draft_block(anchor, start, block_table, temperature, seed)
+        return _window(width, z_out, drafts, z, conf)
 
     def _draft_block(self, anchor, start, block_table, temperature, seed) -> tuple[Tensor, ...]:
         self._check_rows(anchor, "draft_block")
@@ -140,6 +136,15 @@ class EngineNetworks:
     def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,
                seed: Tensor, start: Tensor) -> tuple[Tensor, Tensor]:
         return plugins.rejection_sample(logits, drafts, draft_logits, temperature, seed, start)
+
+
+def _window(width: int | None, z_out: Tensor | None, drafts: Tensor, z: Tensor, *rest: Tensor) -> tuple:
+    """The draft outputs (drafts [B, N], z [B, N, V], rest [B, N]) cut to their first ``width`` (None:
+    all N) drafts, z copied into ``z_out`` where given."""
+    if width is not None and width < drafts.shape[1]:
+        drafts, z, rest = drafts[:, :width].contiguous(), z[:, :width], tuple(t[:, :width].contiguous() for t in rest)
+    z = z.contiguous() if z_out is None else z_out.copy_(z)
+    return (drafts, z, *rest)
 
 
 def _group_rank() -> int | None:

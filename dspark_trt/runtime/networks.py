@@ -36,6 +36,11 @@ def decode_chain_flag() -> str | None:
     return None if flag == "0" else flag
 
 
+def _z_out(z_out: Tensor | None) -> dict:
+    """The draft forward's ``z_out`` keyword where one is given (modules without it stay callable)."""
+    return {} if z_out is None else {"z_out": z_out}
+
+
 def _fitting(chain, tokens: int):
     """``chain`` (a ``token_step.TokenStep`` or None) where it takes a step of ``tokens`` tokens
     (at most its ``max_rows``), else None: the modules run it."""
@@ -87,31 +92,32 @@ class EagerNetworks:
 
     @torch.inference_mode()
     def draft_block(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
-                    seed: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
+                    seed: Tensor, width: int | None = None, z_out: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """-> drafts [B, w], z [B, w, V]: the first ``width`` (None: all N) drafts of the block
-        (the block pass through ``draft_chain`` where one is set and the block is small enough)."""
+        (the block pass through ``draft_chain`` where one is set and the block is small enough);
+        ``z_out``: a buffer for z (``dspark_qwen3.sample_block``)."""
         if (chain := _fitting(self.draft_chain, anchor.shape[0] * self.num_spec_tokens)) is not None:
             U = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens)
             return self.draft_module.sample(window_rows(U, width), anchor, temperature, seed, start,
-                                            self.markov_sampler)
+                                            self.markov_sampler, z_out=z_out)
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
                                  sampler=self.markov_sampler, num_spec_tokens=self.num_spec_tokens,
-                                 width=width)
+                                 width=width, **_z_out(z_out))
 
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
-                               temperature: Tensor, seed: Tensor, width: int | None = None
-                               ) -> tuple[Tensor, Tensor, Tensor]:
+                               temperature: Tensor, seed: Tensor, width: int | None = None,
+                               z_out: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """draft_block + the confidence logits [B, w] of its first ``width`` (None: all N) drafts,
         from the same forward (through ``draft_chain`` as ``draft_block``)."""
         if (chain := _fitting(self.draft_chain, anchor.shape[0] * self.num_spec_tokens)) is not None:
             U, h = chain.draft_logits(anchor, start, self.draft_cache, block_table, self.num_spec_tokens,
                                       hidden=True)
             return self.draft_module.sample(window_rows(U, width), anchor, temperature, seed, start,
-                                            self.markov_sampler, window_rows(h, width))
+                                            self.markov_sampler, window_rows(h, width), z_out)
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
                                  with_confidence=True, sampler=self.markov_sampler,
-                                 num_spec_tokens=self.num_spec_tokens, width=width)
+                                 num_spec_tokens=self.num_spec_tokens, width=width, **_z_out(z_out))
 
     @torch.inference_mode()
     def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,

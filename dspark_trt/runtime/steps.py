@@ -267,13 +267,14 @@ class DecodeSteps:
         return self.nets.draft_block(x.anchor, x.start, x.table, x.temperature, x.seed, width=width)
 
     @torch.inference_mode()
-    def draft_step_confidence(self, x: DeviceInputs, head: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def draft_step_confidence(self, x: DeviceInputs, head: int | None = None, z_out: Tensor | None = None
+                              ) -> tuple[Tensor, Tensor, Tensor]:
         """The draft step with the confidence head -> drafts, z, confidence logits [B, h] f32 of the
         first ``head`` (None: all N) drafts (the block pass is the N-token one; the LM head, the
-        sampler and the confidence head run on h rows)."""
-        if head is None or head == self.num_spec_tokens:
-            return self.nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed)
-        return self.nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed, width=head)
+        sampler and the confidence head run on h rows); ``z_out``: a [B, h, V] buffer for z."""
+        kw = ({} if head is None or head == self.num_spec_tokens else {"width": head}) | (
+            {} if z_out is None else {"z_out": z_out})
+        return self.nets.draft_block_confidence(x.anchor, x.start, x.table, x.temperature, x.seed, **kw)
 
     @torch.inference_mode()
     def admit(self, x: DeviceInputs, conf: Tensor, mode: Tensor, threshold: Tensor) -> Tensor:
@@ -283,11 +284,12 @@ class DecodeSteps:
         return self.scheduler.admit(conf, x.start >= 0, mode, threshold)
 
     @torch.inference_mode()
-    def draft_admit_step(self, x: DeviceInputs, head: int | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """The draft step with the confidence head (of the first ``head`` drafts), then the
-        admission of ``x.verify_mode`` / ``x.threshold`` -> drafts, z, confidence logits [B, h]
-        f32, limit [B] int64 (<= h)."""
-        drafts, z, conf = self.draft_step_confidence(x, head)
+    def draft_admit_step(self, x: DeviceInputs, head: int | None = None, z_out: Tensor | None = None
+                         ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The draft step with the confidence head (of the first ``head`` drafts; z into ``z_out``),
+        then the admission of ``x.verify_mode`` / ``x.threshold`` -> drafts, z, confidence logits
+        [B, h] f32, limit [B] int64 (<= h)."""
+        drafts, z, conf = self.draft_step_confidence(x, head, z_out)
         return drafts, z, conf, self.admit(x, conf, x.verify_mode, x.threshold)
 
     @torch.inference_mode()

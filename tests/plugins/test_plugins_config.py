@@ -199,3 +199,15 @@ def test_mla_splits_only_for_few_tokens():
     assert ksm.mla_config(8, 16, 64, 32, 24, DEV)["block_dv"] == 32        # never wider than dv
     with pytest.raises(ValueError, match="block_dv"):
         ksm.mla_config(8, 128, 512, 512, 256, DEV, block_dv=96)
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "strided"])
+def test_markov_z_out_is_checked_before_any_launch(bad):
+    """``z_out`` (the confidence rounds' shared z store) must be a contiguous fp32 [B, N, V]."""
+    U = torch.zeros(2, 3, 40)
+    z_out = {"shape": torch.zeros(2, 4, 40), "dtype": torch.zeros(2, 3, 40, dtype=torch.float64),
+             "strided": torch.zeros(2, 40, 3).transpose(1, 2)}[bad]
+    args = (U, torch.tensor([1, 2]), torch.zeros(40, 4), torch.zeros(40, 4), torch.zeros(2),
+            torch.tensor([1, 2]), torch.tensor([5, 6]))
+    with pytest.raises(ValueError, match=r"z_out must be a contiguous float32 \(2, 3, 40\) tensor"):
+        kmk.markov_sample_triton(*args, z_out=z_out)

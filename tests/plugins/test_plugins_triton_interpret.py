@@ -74,7 +74,7 @@ def test_block_attention_ticket_reuses_counters(results, mask):
 @pytest.mark.parametrize("schedule", ["one", "per_step", "prologue", "dot_snake", "gemv", "gemv_b1", "gemv_ticket",
                                       "one_gemv", "one_gemv_pipeline", "gemv_ticket_pipeline",
                                       "gemv_b1_pipeline", "one_unpacked",
-                                      "one_gemv_b1_sampled", "all_greedy_one", "all_greedy_per_step",
+                                      "one_gemv_b1_sampled", "all_greedy_one", "all_greedy_per_step", "z_out",
                                       "per_step_groups", "prologue_groups", "rows", "aot", "topk", "topk_wide"])
 def test_markov_sample_kernel(results, schedule):
     r = results[f"markov_sample_{schedule}"]

@@ -1648,10 +1648,10 @@ def test_packed_rounds_of_a_narrowed_head(monkeypatch, graphs):
     monkeypatch.setattr(_scheduler(llm), "head_width", lambda rows, survival: 2)
     drafted, real = [], DecodeSteps.draft_step_confidence
 
-    def draft(self, x, head=None):
+    def draft(self, x, head=None, z_out=None):
         if bool((x.start >= 0).any()):          # not a capture's warm-up on inert rows
             drafted.append(head or 4)
-        return real(self, x, head)
+        return real(self, x, head, z_out)
     monkeypatch.setattr(DecodeSteps, "draft_step_confidence", draft)
     prompts = [[1 + i, 2, 3 + i] for i in range(8)]
     ar = llm.generate(prompts, SamplingParams(max_new_tokens=40), speculative=False)
@@ -1662,6 +1662,9 @@ def test_packed_rounds_of_a_narrowed_head(monkeypatch, graphs):
                              for i in range(len(drafted) - 1)], drafted
     rounds = list(zip(*[o.stats.proposed for o in out]))               # the rounds every row ran
     assert all(max(r) <= 2 for r, h in zip(rounds, drafted) if h == 2), (rounds, drafted)
+    if graphs:                                   # the heads' draft graphs write z to one store
+        z2, z4 = (llm.steps.graph("draft_admit", 8, head=h).outputs[1] for h in (2, 4))
+        assert z2.shape == (8, 2, z4.shape[-1]) and z4.shape[1] == 4 and z2.data_ptr() == z4.data_ptr()
 
 
 def test_packed_cost_model_refuses_a_target_that_cannot_pack():

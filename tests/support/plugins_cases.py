@@ -267,6 +267,11 @@ def _markov_cases(device, dtype, out):
         out[f"markov_sample_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
     tt, tz = kmk.markov_sample_triton(*args, rows_only=True, block_v=64, block_r=16)
     out["markov_sample_rows"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    store = torch.full((rz.numel() + 5,), float("nan"), device=device)              # z into a caller's buffer
+    z_out = store[: rz.numel()].view(rz.shape)
+    tt, tz = kmk.markov_sample_triton(*args, **tiles, one_launch=True, z_out=z_out)
+    out["markov_sample_z_out"] = {"tokens_equal": bool(torch.equal(tt, rt)) and tz.data_ptr() == store.data_ptr(),
+                                  "err": _err(tz, rz)}
     from dspark_trt.plugins.markov_sample.aot import markov_sample_aot         # the TensorRT entry's argument wiring
     U, anchor, w1, w2, temp, seed, start = args
     B, N, V = U.shape

@@ -131,17 +131,23 @@ def markov_sample_triton(U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, temp
                          num_stages: int | None = None, reduce: str | None = None, gemv: bool | None = None,
                          snake: bool | None = None, programs_per_sm: int | None = None,
                          l2_keep: float | None = None, resident_per_sm: int | None = None,
-                         pipeline: bool | None = None, packed: bool | None = None) -> tuple[Tensor, Tensor]:
+                         pipeline: bool | None = None, packed: bool | None = None,
+                         z_out: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Exact full-vocabulary Markov sampler; same contract as ``markov_sample_ref``.
 
     The grid is (C, row groups): C programs split the vocabulary, axis 1 splits the rows. Schedules
     and options: see the module doc; unset options come from ``markov_config``. ``rows_only`` runs
-    ``markov_rows_kernel`` (one program per row group, the schedule of the TensorRT AOT plugin)."""
+    ``markov_rows_kernel`` (one program per row group, the schedule of the TensorRT AOT plugin).
+    ``z_out``: a contiguous fp32 [B, N, V] buffer to write z to (returned as z)."""
     B, N, V = U.shape
     Rk = w1.shape[1]
     dev = U.device
     tokens = torch.empty((B, N), dtype=torch.int64, device=dev)
-    z = torch.empty((B, N, V), dtype=torch.float32, device=dev)
+    if z_out is not None and (tuple(z_out.shape) != (B, N, V) or z_out.dtype != torch.float32
+                              or not z_out.is_contiguous() or z_out.device != dev):
+        raise ValueError(f"markov_sample: z_out must be a contiguous float32 {(B, N, V)} tensor on {dev}, got "
+                         f"{z_out.dtype} {tuple(z_out.shape)} on {z_out.device}")
+    z = torch.empty((B, N, V), dtype=torch.float32, device=dev) if z_out is None else z_out
     if B == 0 or N == 0:
         return tokens, z
     if U.stride(-1) != 1:
