@@ -149,6 +149,16 @@ def max_resident_programs(compiled, device: torch.device, props=None) -> int:
     return fit
 
 
+def row_slices(rows: int, V: int, block: int, per_sm: int, device: torch.device,
+               slices: int | None = None) -> tuple[int, int]:
+    """How a grid (rows, S) splits each row of V columns: (S, chunk), chunk a multiple of ``block``
+    and S = cdiv(V, chunk). ``slices`` (None: about ``per_sm`` programs per SM in all, each at least
+    one ``block``) is the request; S can come out smaller (whole blocks per slice)."""
+    S = slices or max(1, min(triton.cdiv(V, block), triton.cdiv(per_sm * num_sms(device), max(rows, 1))))
+    chunk = triton.cdiv(triton.cdiv(V, S), block) * block
+    return triton.cdiv(V, chunk), chunk
+
+
 def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(max(int(n), 1)))
 

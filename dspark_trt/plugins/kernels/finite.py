@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import launcher, num_sms
+from .common import launcher, row_slices
 
 BLOCK_V = 2048
 
@@ -33,11 +33,6 @@ def finite_slices_kernel(x, part, V, CHUNK, S, stride_r, BLOCK_V: tl.constexpr):
     tl.store(part + r * S + s, (tl.max(bad, 0) == 0).to(tl.uint8))
 
 
-def slices_for(R: int, V: int, sms: int) -> int:
-    """Slices per row: about four programs per SM in all, each at least one ``BLOCK_V`` block."""
-    return max(1, min(triton.cdiv(V, BLOCK_V), triton.cdiv(4 * sms, max(R, 1))))
-
-
 def rows_finite_triton(x: Tensor, slices: int | None = None) -> Tensor:
     """x [B, ..., V] -> [B] bool: every entry of x[b] finite. ``slices``: per row (tests)."""
     B, V = x.shape[0], x.shape[-1]
@@ -47,9 +42,7 @@ def rows_finite_triton(x: Tensor, slices: int | None = None) -> Tensor:
     R = rows.shape[0]
     if R == 0 or V == 0:
         return torch.ones(B, dtype=torch.bool, device=x.device)
-    S = slices or slices_for(R, V, num_sms(x.device))
-    chunk = triton.cdiv(triton.cdiv(V, S), BLOCK_V) * BLOCK_V
-    S = triton.cdiv(V, chunk)
+    S, chunk = row_slices(R, V, BLOCK_V, 4, x.device, slices)      # about four programs per SM in all
     part = torch.empty((R, S), dtype=torch.uint8, device=x.device)
     launcher(finite_slices_kernel)[(R, S)](rows, part, V, chunk, S, rows.stride(0), BLOCK_V=BLOCK_V,
                                            num_warps=4)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import STREAM_RESIDUAL, gumbel, launcher, num_sms, row_key
+from .common import STREAM_RESIDUAL, gumbel, launcher, row_key, row_slices
 
 INT_MAX = tl.constexpr(2**31 - 1)
 BLOCK_V = 1024
@@ -61,24 +61,17 @@ def sample_merge_kernel(part_v, part_a, out, S, BLOCK_S: tl.constexpr):
     tl.store(out + b, best.to(tl.int64))
 
 
-def slices_for(B: int, V: int, sms: int) -> int:
-    """Slices per row: about two programs per SM in all, each at least one ``BLOCK_V`` block."""
-    return max(1, min(triton.cdiv(V, BLOCK_V), triton.cdiv(2 * sms, max(B, 1))))
-
-
 def sample_tokens_triton(logits: Tensor, temperature: Tensor, seed: Tensor, position: Tensor,
                          block_v: int = BLOCK_V, slices: int | None = None) -> Tensor:
     """logits [B, V] (any float dtype), temperature [B], seed [B] int64, position [B] int64 ->
     [B] int64 tokens, as ``rejection_sample.sample_tokens``. ``block_v`` / ``slices``: the tile and
-    the slices per row (default ``slices_for``; tests)."""
+    the slices per row (default: about two programs per SM in all, ``row_slices``; tests)."""
     B, V = logits.shape
     out = torch.empty(B, dtype=torch.int64, device=logits.device)
     if B == 0:
         return out
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
-    S = slices or slices_for(B, V, num_sms(logits.device))
-    chunk = triton.cdiv(triton.cdiv(V, S), block_v) * block_v
-    S = triton.cdiv(V, chunk)
+    S, chunk = row_slices(B, V, block_v, 2, logits.device, slices)
     part_v = torch.empty(B * S, dtype=torch.float32, device=logits.device)
     part_a = torch.empty(B * S, dtype=torch.int32, device=logits.device)
     launcher(sample_slices_kernel)[(B, S)](logits, temperature, seed, position, part_v, part_a, V, chunk, S,
