@@ -531,6 +531,7 @@ class VerifyScheduler:
         self._values: tuple | None = None                   # (survival, cost, tokens, {rows: values}): the last curve
         self._row_prices: tuple | None = None               # (cost, option ms [R + 1, widths], AR ms [R + 1])
         self._row_choices: list[tuple] = []                 # (survival, cost, choices) of the latest curves
+        self._heads: tuple = (None, None, {})               # (survival, cost, {rows: head_width}): the last curve
 
     def model_for(self, rows: int) -> str:
         """The cost model of a round of ``rows`` rows: under "auto" "packed" from ``PACKED_MIN_ROWS``
@@ -623,12 +624,17 @@ class VerifyScheduler:
             self._option_ms[(rows, id(self.cost))] = ms
         return ms
 
-    def _option_tokens(self, survival) -> np.ndarray:
-        """[len(widths)] expected committed tokens per row of each window: ``1 + sum_{k<w} s_k``."""
-        s = np.zeros(self.num_spec_tokens)                  # a shorter curve: 0 past its end
+    def _committed(self, survival) -> np.ndarray:
+        """[N] expected committed tokens per row of a round verifying k + 1 drafts: ``1 + sum_{j<=k}
+        s_j`` (a shorter curve: 0 past its end)."""
+        s = np.zeros(self.num_spec_tokens)
         v = np.asarray(survival, dtype=np.float64)[: self.num_spec_tokens]
         s[: len(v)] = v
-        return 1.0 + np.cumsum(s)[np.asarray(self.widths) - 1]
+        return 1.0 + np.cumsum(s)
+
+    def _option_tokens(self, survival) -> np.ndarray:
+        """[len(widths)] expected committed tokens per row of each window: ``1 + sum_{k<w} s_k``."""
+        return self._committed(survival)[np.asarray(self.widths) - 1]
 
     def _option_values(self, rows: int, survival) -> np.ndarray:
         """[len(widths)] expected committed tokens per row per ms of each window (with
@@ -859,17 +865,26 @@ class VerifyScheduler:
         S_h)))`` with ``S_h = sum_{k<h} s_k`` of the prefix-survival estimate ``survival``, where
         it beats all N by ``HEAD_MARGIN``; N without the cost curve's draft latencies. (H100,
         Qwen3-8B dimensions at 64 rows: the draft step 3.19 ms at 7 drafts, 2.57 ms at 4; the
-        replayed survival past the 4th draft 0.015 tokens a row.)"""
+        replayed survival past the 4th draft 0.015 tokens a row.) Cached per row count for the
+        latest curve (an array): the Scheduler's host work asks first, the round then reads it."""
+        if not isinstance(survival, np.ndarray):            # a list may change in place: not kept
+            return self._head_width(rows, survival)
+        if self._heads[0] is not survival or self._heads[1] is not self.cost:
+            self._heads = (survival, self.cost, {})
+        heads = self._heads[2]
+        if rows not in heads:
+            heads[rows] = self._head_width(rows, survival)
+        return heads[rows]
+
+    def _head_width(self, rows: int, survival) -> int:
         n = self.num_spec_tokens
         if rows <= 0 or len(self.bucket_heads(rows)) == 1:       # no graphs of narrowed heads where they cannot pay
             return n
-        s = np.zeros(n)
-        v = np.asarray(survival, dtype=np.float64)[:n]
-        s[: len(v)] = v
+        committed = self._committed(survival)                    # [N]: 1 + S_h at index h - 1
         fixed_ms = self.admission_ms(rows) + self.overhead_ms(rows)
 
         def value(h: int) -> float:
-            tokens = rows * (1.0 + float(s[:h].sum()))
+            tokens = rows * float(committed[h - 1])
             return tokens / (self.cost.draft_window(rows, h) + fixed_ms + self.cost.latency(tokens))
         best = max(self.head_widths, key=lambda h: (value(h), h))
         return best if value(best) > (1.0 + HEAD_MARGIN) * value(n) else n

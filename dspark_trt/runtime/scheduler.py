@@ -629,6 +629,7 @@ class Scheduler:
             sched.prefers_ar(len(seqs), self._survival.curve(), AR_STAY_MARGIN)   # and the curve's windows
             if sched.cost_model == "packed":
                 self._refresh_packed_gain(sched)     # what the next round's _packed_or_fixed reads
+                sched.head_width(len(seqs), self._survival.curve())   # and its _head_width (cached)
         return work
 
     def _write_deferred(self, seqs: list[Sequence]) -> bool:

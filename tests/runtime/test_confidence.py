@@ -1632,6 +1632,10 @@ def test_head_width_drafts_only_the_positions_that_pay():
     assert s.head_width(64, np.zeros(7)) == 4
     assert VerifyScheduler(7, 512, "cpu", cost_model="packed").head_width(64, np.array(REPLAYED)) == 7
     assert s.bucket_heads(64) == [4, 5, 6, 7] and s.bucket_heads(1) == [7]     # graphs: where narrowing can pay
+    curve, calls, price = np.array(REPLAYED), [], s._head_width
+    s._head_width = lambda rows, survival: calls.append(rows) or price(rows, survival)
+    assert [s.head_width(64, curve) for _ in range(3)] == [4, 4, 4] and calls == [64]   # once per curve and rows
+    assert s.head_width(64, curve.copy()) == 4 and calls == [64, 64]
     assert VerifyScheduler(7, 512, "cpu", cost_model="packed").bucket_heads(64) == [7]
 
 
