@@ -36,11 +36,6 @@ def decode_chain_flag() -> str | None:
     return None if flag == "0" else flag
 
 
-def _z_out(z_out: Tensor | None) -> dict:
-    """The draft forward's ``z_out`` keyword where one is given (modules without it stay callable)."""
-    return {} if z_out is None else {"z_out": z_out}
-
-
 def _fitting(chain, tokens: int):
     """``chain`` (a ``token_step.TokenStep`` or None) where it takes a step of ``tokens`` tokens
     (at most its ``max_rows``), else None: the modules run it."""
@@ -102,7 +97,7 @@ class EagerNetworks:
                                             self.markov_sampler, z_out=z_out)
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
                                  sampler=self.markov_sampler, num_spec_tokens=self.num_spec_tokens,
-                                 width=width, **_z_out(z_out))
+                                 width=width, z_out=z_out)
 
     @torch.inference_mode()
     def draft_block_confidence(self, anchor: Tensor, start: Tensor, block_table: Tensor,
@@ -117,7 +112,7 @@ class EagerNetworks:
                                             self.markov_sampler, window_rows(h, width), z_out)
         return self.draft_module(anchor, start, block_table, temperature, seed, self.draft_cache,
                                  with_confidence=True, sampler=self.markov_sampler,
-                                 num_spec_tokens=self.num_spec_tokens, width=width, **_z_out(z_out))
+                                 num_spec_tokens=self.num_spec_tokens, width=width, z_out=z_out)
 
     @torch.inference_mode()
     def verify(self, logits: Tensor, drafts: Tensor, draft_logits: Tensor, temperature: Tensor,
