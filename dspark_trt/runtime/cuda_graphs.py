@@ -421,18 +421,12 @@ class GraphedSteps:
         if falls_back:
             kinds += ("ar_taps",)
             self.steps.reserve_taps(self.buckets[-1] * SLOT_ROWS)     # every scheduler's DeferredContext
-        active = sched.cost_model if sched is not None else None
         for Bb in sorted(buckets or self.buckets, reverse=True):
             for kind in kinds:
-                admits = kind in ("draft_admit", "verify_admit")     # one set per cost model ("auto": two)
-                for model in (sched.bucket_models(Bb) if admits else [active]):
-                    if model is not None:
-                        sched.activate(model)
-                    for h in (sched.bucket_heads(Bb) if admits and model == "packed" else [None]):
-                        for w, n in (self._verify_sizes(Bb, h) if kind == "verify_admit" else [(None, None)]):
-                            self.graph(kind, Bb, width=w, slots=n, head=h)
-            if active is not None:
-                sched.activate(active)
+                if kind in ("draft_admit", "verify_admit"):
+                    self._capture_admission(kind, Bb)
+                else:
+                    self.graph(kind, Bb)
             for w in (self._window_widths(Bb) if speculative else []):
                 self.graph("verify", Bb, width=w)                  # captures its "draft" too
         if prefill_lengths:
@@ -440,6 +434,19 @@ class GraphedSteps:
             self.prefills.capture(sizes, prefill_lengths, context=speculative)
             if falls_back:
                 self.prefills.capture(sizes, prefill_lengths, context=False, keep_taps=True)
+
+    def _capture_admission(self, kind: str, Bb: int) -> None:
+        """The confidence rounds' graphs of ``kind`` ("draft_admit" / "verify_admit") of bucket
+        ``Bb``: one set per cost model its rounds may run ("auto": two) and, packed, per head width
+        (``bucket_heads``); the scheduler's current model is kept."""
+        sched = self.steps.scheduler
+        active = sched.cost_model
+        for model in sched.bucket_models(Bb):
+            sched.activate(model)
+            for h in (sched.bucket_heads(Bb) if model == "packed" else [None]):
+                for w, n in (self._verify_sizes(Bb, h) if kind == "verify_admit" else [(None, None)]):
+                    self.graph(kind, Bb, width=w, slots=n, head=h)
+        sched.activate(active)
 
     # ---- rounds -----------------------------------------------------------------------------------
     def prefill(self, tokens: Tensor, positions: Tensor, table: Tensor, lens: Tensor, context: bool,
