@@ -580,8 +580,8 @@ class Scheduler:
             # as spec_round_admitted runs it: the plain steps where nothing admits and nothing is read
             self._round_kind = "confidence" if admits or self.record_confidence else "fixed"
             head = self._head_width(seqs) if window is None and estimates else None
-            if head is not None:          # its confidences (first `head` drafts): not the estimate's prior;
-                self._round_kind, track = "confidence_head", False     # its wall: not a "confidence" round's
+            if head is not None:     # its wall: not a "confidence" round's; its confidences (first `head`
+                self._round_kind = "confidence_head"      # drafts) weigh its censored rows, not the prior
             host, lims, conf = self.steps.spec_round_admitted(r, mods, self.record_confidence or track, width=window,
                                                               host_work=self._next_decisions(seqs, estimates),
                                                               head=head)
