@@ -118,7 +118,7 @@ def _launches_markov(monkeypatch):
                   (args, dict(one_launch=True, gemv=True, snake=True, block_v=64)),
                   (args, dict(one_launch=True, gemv=True, snake=True, block_v=16, num_warps=4, pipeline=True)),
                   (args, dict(one_launch=False, reduce="prologue", gemv=True, snake=True, l2_keep=0.5)),
-                  (big, dict(one_launch=False, snake=True))):
+                  (big, dict(one_launch=False, snake=True)), (big, {})):     # B=64: rank-128 tiles
         out += record(monkeypatch, kmk, kmk.markov_sample_triton, *a, **kw)
     return out
 

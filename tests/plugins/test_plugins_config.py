@@ -84,6 +84,9 @@ def test_markov_one_launch_for_the_measured_large_batches(B):
     lo, hi = kmk.ONE_LAUNCH_B
     assert kmk.markov_config(B, 151936, 256, DEV)["one_launch"] == (lo <= B <= hi)
     assert not kmk.markov_config(B, 151936, 256, DEV, one_launch=False)["one_launch"]   # the caller's choice
+    block_r = kmk.markov_config(B, 151936, 256, DEV)["block_r"]                  # rank-128 tiles over 32 rows
+    assert block_r == (128 if 32 < B <= hi else kmk.MARKOV_DEFAULTS["block_r"]), block_r
+    assert kmk.markov_config(B, 151936, 256, DEV, block_r=32)["block_r"] == 32
 
 
 def test_markov_batch1_pipelines_small_tiles_only():

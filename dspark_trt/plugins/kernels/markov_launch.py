@@ -43,6 +43,10 @@ MARKOV_B1: dict = dict(one_launch=True, gemv=True, block_v=16, num_warps=4, resi
 # V=151936 r=256: B=32 480 vs 548 us per step, B=64 644 vs 856 us; B=16 408 vs 364 and B=8 398 vs
 # 355 us stay per step; larger batches are not measured).
 ONE_LAUNCH_B = (32, 64)
+# Batches above 32 (one row group of 64) in that launch take W2 tiles of rank 128: H100, B=64 N=7
+# V=151936 r=256, graph replays, 617 vs 663 us sampled and 413 vs 445 us all greedy (the best of 16
+# configs either way; tune-plugins-NVIDIA_H100_80GB_HBM3-cb3c737.json.gz).
+ONE_LAUNCH_B64 = dict(block_r=128)
 SLOTS_OFFSET = 16         # int64s between the barrier counter and the packed slots: another 128-byte line
 PIPELINE_MAX_TILE = 4096   # W2 elements per gemv tile up to which MARKOV_B1 pipelines (8 KB of bf16)
 GEMV_MAX_B = 4
@@ -59,6 +63,8 @@ def markov_config(B: int, V: int, R: int, device: torch.device, **overrides) -> 
     small = MARKOV_SMALL_B if B <= GEMV_MAX_B else {}
     b1 = MARKOV_B1 if B == 1 and not {"one_launch", "gemv"} & set(given) else {}
     large = dict(one_launch=True) if ONE_LAUNCH_B[0] <= B <= ONE_LAUNCH_B[1] else {}
+    if large and B > 32:
+        large.update(ONE_LAUNCH_B64)
     cfg = {**MARKOV_DEFAULTS, **small, **large, **b1, **given}
     one_launch = cfg["one_launch"]
     if cfg["reduce"] not in ("ticket", "prologue"):
