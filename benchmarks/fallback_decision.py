@@ -7,10 +7,11 @@ measured costlier), each over the fixed
 round; the measured steady-load ratios of the same JSON beside them. Prefill time is not in a
 round, so a steady load's ratios sit closer to 1 by its prefill share.
 
-The survival of the rows is the one ``verify_concurrency.py --synthetic`` replays: the calibrate
-JSON's curve as conditional acceptances, one logistic offset per row (``--spread``, from the
-result's options by default), so a row's positions are correlated and the batch survival
-``E[prod_k q_k]`` has a heavier tail than the curve itself.
+The survival of the rows is the one ``verify_concurrency.py --synthetic`` replays: one logistic
+offset per row (``--spread``, from the result's options by default), so a row's positions are
+correlated, and per-position logits (``replay_logits``) that keep the batch survival
+``E[prod_k q_k]`` the calibrate JSON's curve (before session 39 its conditional acceptances, which
+gave the batch a heavier tail than the curve).
 
     python benchmarks/fallback_decision.py benchmarks/results/verify-concurrency-h200-qwen3-8b-synthetic-steady-0ab0aab.json.gz \\
         --survival benchmarks/results/confidence-calibration-h200-462ac15.json
@@ -29,19 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dspark_trt.runtime.confidence import CostCurve, VerifyScheduler  # noqa: E402
-from verify_concurrency import conditional_acceptance, survival_curve  # noqa: E402
+from verify_concurrency import replay_logits, survival_curve, synthetic_rows  # noqa: E402
 
 
-def synthetic_rows(rng, rows: int, cond: np.ndarray, spread: float) -> np.ndarray:
-    """[rows, N] conditional acceptances ``sigmoid(logit p_k + spread * e_r)``, e_r logistic."""
-    u = rng.random((rows, 1))
-    return 1.0 / (1.0 + np.exp(-(np.log(cond / (1 - cond))[None] + spread * np.log(u / (1 - u)))))
-
-
-def packed_oracle(sched: VerifyScheduler, rows: int, cond, spread, rng, rounds=200) -> float:
+def packed_oracle(sched: VerifyScheduler, rows: int, logits, spread, rng, rounds=200) -> float:
     """Mean ``VerifyScheduler.packed_gain`` (Algorithm 1 per row on each row's exact conditional
     acceptances, the packed verify priced by the token curve) over ``rounds`` synthetic rounds."""
-    return float(np.mean([sched.packed_gain(synthetic_rows(rng, rows, cond, spread)) for _ in range(rounds)]))
+    return float(np.mean([sched.packed_gain(synthetic_rows(rng, rows, logits, spread)) for _ in range(rounds)]))
 
 
 def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) -> dict:
@@ -50,9 +45,9 @@ def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) ->
     curve = CostCurve(c["tokens"], c["latency_ms"], c.get("source", "result"), c["rows"], c["draft_ms"],
                       c["ar_ms"], c.get("verify_ms"), c.get("admission_ms"))
     sched = VerifyScheduler(n, max(curve.rows) * (n + 1), "cpu", cost=curve)
-    cond = np.asarray(conditional_acceptance(survival, n))
+    logits = replay_logits(survival, n, spread)
     rng = np.random.default_rng(seed)
-    true = np.cumprod(synthetic_rows(rng, 200_000, cond, spread), axis=1).mean(0)   # [N] batch survival
+    true = np.cumprod(synthetic_rows(rng, 200_000, logits, spread), axis=1).mean(0)   # [N] batch survival
     out = {"survival": true.round(4).tolist(), "spread": spread, "batch": {}}
     for B in curve.rows:
         opts = dict(sched.spec_options(B, true))
@@ -60,7 +55,7 @@ def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) ->
         ar = 1.0 / (curve.step_ms("ar", B) + sched.overhead_ms(B))
         row = {"fixed": fixed, "ar_over_fixed": ar / fixed, "best_window": best,
                "window_over_fixed": opts[best] / fixed,
-               "packed_oracle_over_fixed": packed_oracle(sched, B, cond, spread, rng),
+               "packed_oracle_over_fixed": packed_oracle(sched, B, logits, spread, rng),
                "prefers_ar": sched.prefers_ar(B, true)}
         measured = result.get("batch", {}).get(str(B), {})
         base = measured.get("fixed", {}).get("decode_tokens_per_s")

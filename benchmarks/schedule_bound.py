@@ -2,8 +2,8 @@
 
 Reads a ``verify_concurrency.py`` JSON: the cost curve its scheduler decided with (measured on that GPU)
 and the acceptance it ran. With ``--synthetic`` runs the acceptance is known exactly: each row's
-conditional acceptance ``q_k = sigmoid(logit(p_k) + spread * logit(u))`` for a uniform ``u`` per row
-and round (``SyntheticAcceptance``), drawn here by Monte Carlo; otherwise only the mean survival curve
+conditional acceptance ``q_k = sigmoid(b_k + spread * logit(u))`` for a uniform ``u`` per row and
+round (``SyntheticAcceptance``, ``replay_logits``), drawn here by Monte Carlo; otherwise only the mean survival curve
 (``starting_survival``) is known. Per batch B it prices, in committed tokens per row per ms:
 
 * AR (``ar_ms`` + the round's host time) and every verify window w (``VerifyScheduler.option_ms``: the
@@ -42,10 +42,8 @@ from dspark_trt.runtime.confidence import CostCurve, VerifyScheduler  # noqa: E4
 def prefix_survival(survival: list[float], n: int, spread: float, rows: int, seed: int = 0) -> np.ndarray:
     """[rows, n] each row's exact prefix survival ``prod_{j<=k} q_j`` under the synthetic acceptance
     (``SyntheticAcceptance``: one logistic offset per row and round)."""
-    cond = np.array(vc.conditional_acceptance(survival, n))
-    u = np.random.default_rng(seed).uniform(1e-12, 1 - 1e-12, size=(rows, 1))
-    z = np.log(cond / (1 - cond))[None] + spread * np.log(u / (1 - u))
-    return np.cumprod(1.0 / (1.0 + np.exp(-z)), axis=1)
+    q = vc.synthetic_rows(np.random.default_rng(seed), rows, vc.replay_logits(survival, n, spread), spread)
+    return np.cumprod(q, axis=1)
 
 
 def packed_oracle(sched: VerifyScheduler, rows: int, prefix: np.ndarray, rounds: int = 200,

@@ -19,9 +19,12 @@ per-request progress varies (speculative rounds) against AR; the steady load has
 ``SyntheticAcceptance``, which replays the trained default pair's measured prefix-survival curve
 (``before.per_position[k].label_mean`` of a ``dspark-trt calibrate`` JSON) as the confidence head's
 output and as the verifier's acceptance: per row and round a logistic offset ``e`` (keyed by seed
-and position), conditional acceptance ``q_k = sigmoid(logit(p_k) + spread * e)`` with ``p_k`` the
-curve's conditional acceptance, confidence logit ``logit(q_k)`` (calibrated by construction) and
-draft k accepted iff ``u_k < q_k`` for a keyed uniform ``u``. The target and draft networks still
+and position), conditional acceptance ``q_k = sigmoid(b_k + spread * e)`` with ``b_k`` chosen so
+that the rows' mean prefix survival is the curve's (``replay_logits``; ``logit(p_k)`` of the
+curve's conditional acceptance at spread 0), confidence logit ``logit(q_k)`` (calibrated by
+construction) and draft k accepted iff ``u_k < q_k`` for a keyed uniform ``u``. Until session 39
+``b_k`` was ``logit(p_k)`` at every spread, which replayed the trained pair's curve (tau 1.75) with
+a fatter tail (tau 2.42 at spread 1): results before then measured that easier load. The target and draft networks still
 run in full (their cost is what is measured); only the accepted count is replaced. The scheduler
 gets the calibration such a pair would ship with: temperatures 1 and the curve as its held-out
 survival (a fresh batch's starting estimate, ``SurvivalEstimate``).
@@ -73,14 +76,46 @@ def conditional_acceptance(survival: list[float], n: int) -> list[float]:
     return (cond + [cond[-1]] * max(0, n - len(cond)))[:n]
 
 
+def replay_logits(survival: list[float], n: int, spread: float, points: int = 4096) -> np.ndarray:
+    """[n] the per-position logits ``b_k`` of ``SyntheticAcceptance``: rows whose conditional
+    acceptance is ``q_{r,k} = sigmoid(b_k + spread * logit(u_r))`` (one uniform ``u_r`` per row and
+    round) survive draft k with mean ``prod_{j<=k} q_{r,j}`` equal to the curve's ``s_k`` (of
+    ``conditional_acceptance``: clipped, a short curve extended). ``b_k = logit(p_k)`` at spread 0;
+    with a spread the confident rows survive, so ``logit(p_k)`` would fatten the tail (the
+    trained pair's curve, tau 1.75, replayed at spread 1 as tau 2.42). Bisection per position over
+    ``points`` quantiles of u."""
+    cond = np.asarray(conditional_acceptance(survival, n), dtype=np.float64)
+    if spread == 0:
+        return np.log(cond / (1 - cond))
+    u = (np.arange(points) + 0.5) / points
+    offset = spread * np.log(u / (1 - u))                                     # [points]
+    alive, target, out = np.ones(points), 1.0, []
+    for p in cond:
+        target *= p                                                           # s_k
+        lo, hi = -60.0, 60.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if (alive / (1 + np.exp(-(mid + offset)))).mean() < target else (lo, mid)
+        out.append(0.5 * (lo + hi))
+        alive = alive / (1 + np.exp(-(out[-1] + offset)))
+    return np.array(out)
+
+
+def synthetic_rows(rng: np.random.Generator, rows: int, logits: np.ndarray, spread: float) -> np.ndarray:
+    """[rows, n] conditional acceptances ``q`` of ``rows`` rows of ``SyntheticAcceptance``, drawn
+    with ``rng`` (``replay_logits``' ``logits``)."""
+    u = rng.uniform(1e-12, 1 - 1e-12, size=(rows, 1))
+    return 1.0 / (1.0 + np.exp(-(logits[None] + spread * np.log(u / (1 - u)))))
+
+
 class SyntheticAcceptance:
     """``networks`` with the confidence logits and the verifier's accepted counts replayed from a
     survival curve (see the module docstring); everything else is the wrapped networks'."""
 
     def __init__(self, networks, survival: list[float], spread: float = 1.0):
         self.inner, self.spread = networks, spread
-        cond = conditional_acceptance(survival, networks.num_spec_tokens)
-        self.logit_p = torch.logit(torch.tensor(cond, dtype=torch.float32)).to(networks.device)
+        logits = replay_logits(survival, networks.num_spec_tokens, spread)
+        self.logit_p = torch.tensor(logits, dtype=torch.float32).to(networks.device)
         self.has_confidence = True
 
     def __getattr__(self, name):
