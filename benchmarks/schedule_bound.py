@@ -3,8 +3,8 @@
 Reads a ``verify_concurrency.py`` JSON: the cost curve its scheduler decided with (measured on that GPU)
 and the acceptance it ran. With ``--synthetic`` runs the acceptance is known exactly: each row's
 conditional acceptance ``q_k = sigmoid(b_k + spread * logit(u))`` for a uniform ``u`` per row and
-round (``SyntheticAcceptance``, ``replay_logits``), drawn here by Monte Carlo; otherwise only the mean survival curve
-(``starting_survival``) is known. Per batch B it prices, in committed tokens per row per ms:
+round (``SyntheticAcceptance``, ``replay_logits``), drawn here by Monte Carlo; otherwise only the mean
+survival curve (``starting_survival``) is known. Per batch B it prices, in committed tokens per row per ms:
 
 * AR (``ar_ms`` + the round's host time) and every verify window w (``VerifyScheduler.option_ms``: the
   scheduler's own round prices, draft + verify of B x (1 + w) + host, with its probe rounds) at the

@@ -24,8 +24,8 @@ that the rows' mean prefix survival is the curve's (``replay_logits``; ``logit(p
 curve's conditional acceptance at spread 0), confidence logit ``logit(q_k)`` (calibrated by
 construction) and draft k accepted iff ``u_k < q_k`` for a keyed uniform ``u``. Until session 39
 ``b_k`` was ``logit(p_k)`` at every spread, which replayed the trained pair's curve (tau 1.75) with
-a fatter tail (tau 2.42 at spread 1): results before then measured that easier load. The target and draft networks still
-run in full (their cost is what is measured); only the accepted count is replaced. The scheduler
+a fatter tail (tau 2.42 at spread 1): results before then measured that easier load. The target
+and draft networks still run in full (their cost is what is measured); only the accepted count is replaced. The scheduler
 gets the calibration such a pair would ship with: temperatures 1 and the curve as its held-out
 survival (a fresh batch's starting estimate, ``SurvivalEstimate``).
 

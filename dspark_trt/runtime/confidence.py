@@ -942,8 +942,8 @@ def censored_odds(risk: np.ndarray, surv: np.ndarray, acc: np.ndarray, ver: np.n
     Where each row's window is its own admitted prefix (packed rounds; a narrowed head) the
     censoring is informative: the rows verified furthest are the confident ones, and counting only
     them made the tail's conditional acceptance near 1 (replayed H100 run at batch 64: estimated
-    survival 0.14 at draft 7 against the replay's ~0.1). With
-    the head's odds the counts telescope to the mean survival the calibration predicts."""
+    survival 0.14 at draft 7 against the replay's ~0.1). With the head's odds the counts telescope
+    to the mean survival the calibration predicts."""
     w = c.shape[1]
     k = np.arange(w)[None]                                                       # [1, w]
     open_ = (acc == ver)[:, None] & (k >= ver[:, None])                         # [rows, w]
@@ -1035,9 +1035,10 @@ class SurvivalEstimate:
         the head ([rows, h] of a head narrowed to h drafts: they weigh its rows' unverified drafts,
         ``censored_odds``, but leave the prior and ``last_confidence`` as they were). ``now``: the
         next ``curve`` takes this round in whatever the refresh and a ``prepare`` say (a probe of an
-        AR streak, whose outcome the next decision is to read). ``defer`` (not with ``now``): keep the round until the estimate is next read or prepared
-        (``Scheduler``: the next round's host work, while that round runs on the device), one round
-        at most; every read returns what it would have after an immediate ``add``."""
+        AR streak, whose outcome the next decision is to read). ``defer`` (not with ``now``): keep
+        the round until the estimate is next read or prepared (``Scheduler``: the next round's host
+        work, while that round runs on the device), one round at most; every read returns what it
+        would have after an immediate ``add``."""
         c = None
         if confidence is not None and len(confidence):
             c = np.asarray(confidence, dtype=np.float64)[:, : self.n]               # [rows, N]
