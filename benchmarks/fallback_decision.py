@@ -29,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from dspark_trt import provenance  # noqa: E402
 from dspark_trt.runtime.confidence import CostCurve, VerifyScheduler  # noqa: E402
 from verify_concurrency import replay_logits, survival_curve, synthetic_rows  # noqa: E402
 
@@ -84,7 +85,8 @@ def main(argv=None) -> None:
               f"{d['window_over_fixed']:.2f}, packed oracle {d['packed_oracle_over_fixed']:.2f}"
               + (f" | measured {m}" if m else ""))
     if a.out:
-        b.update(result=a.result, survival_file=a.survival)
+        b.update(result=a.result, survival_file=a.survival, git_sha=provenance.git_sha(),
+                 command="python benchmarks/fallback_decision.py " + " ".join(sys.argv[1:] if argv is None else argv))
         Path(a.out).write_text(json.dumps(b, indent=1) + "\n")
         print(f"wrote {a.out}")
 
