@@ -423,7 +423,7 @@ def run(argv) -> dict:
             return steady_state(llm, prompts_all[:requests(B)], B, args.gen_len, speculative, mode, args.seed)
         return bench.end_to_end(llm, prompts_all[:B], args.gen_len, speculative, mode, request_seed(args.seed, 0))
 
-    kinds_survival = (args.round_kinds and "scheduled" in modes
+    kinds_survival = (args.round_kinds and {"scheduled", "packed", "auto"} & set(modes)
                       and ((args.synthetic and survival_curve(args.synthetic)) or [0.5 ** (k + 1) for k in range(n)]))
 
     def spec_run(B, mode):

@@ -94,6 +94,21 @@ def test_tiny_run_writes_json_and_plot(tmp_path):
     assert mod.main(["--plot", str(gz)]) == 0 and path.with_suffix(".png").stat().st_size > 0
 
 
+def test_round_kinds_run_without_the_scheduled_mode(tmp_path):
+    """--round-kinds times the kinds whenever a confidence mode is among --modes (packed alone
+    here): session 39's fixed,packed run printed none because they needed "scheduled"."""
+    mod = _module()
+    calib = tmp_path / "cal.json"
+    calib.write_text(json.dumps({"before": {"per_position": [{"label_mean": v} for v in (0.5, 0.2, 0.1)]}}))
+    assert mod.main(["--model", "qwen3-tiny-dspark", "--random-weights", "--device", "cpu",
+                     "--batch-sizes", "2", "--gen-len", "4", "--prompt-len", "8", "--iters", "1",
+                     "--synthetic", str(calib), "--modes", "fixed,packed", "--round-kinds", "--compile", "aot_eager",
+                     "--out-dir", str(tmp_path)]) == 0
+    report = json.loads(next(tmp_path.glob("verify-concurrency-*.json")).read_text())
+    kinds = report["batch"]["2"]["round_kinds"]
+    assert kinds["fixed_ms"] > 0 and kinds["packed_ms"] > 0
+
+
 def test_steady_load_keeps_the_concurrency_and_stays_lossless(monkeypatch):
     """--load steady: every round of the window runs B requests (each finished one replaced at
     once), all waves x B prompts are submitted, and the speculative requests' greedy outputs equal
