@@ -53,7 +53,7 @@ def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) ->
     for B in curve.rows:
         opts = dict(sched.spec_options(B, true))
         fixed, best = opts[n], max(opts, key=opts.get)
-        ar = 1.0 / (curve.step_ms("ar", B) + sched.overhead_ms(B))
+        ar = 1.0 / sched.priced_ms("ar", B)
         row = {"fixed": fixed, "ar_over_fixed": ar / fixed, "best_window": best,
                "window_over_fixed": opts[best] / fixed,
                "packed_oracle_over_fixed": packed_oracle(sched, B, logits, spread, rng),

@@ -132,13 +132,18 @@ def time_ms(fn, iters: int, cuda: bool) -> float:
 
 def host_overhead_ms(round_fn, step_fns, step_ms: list[float], iters: int, cuda: bool) -> float:
     """What ``round_fn`` (a round called from the host) costs beyond its device steps
-    ``step_fns``, at least 0: on the GPU its event time less the steps' (already measured
-    ``step_ms``); on the CPU the median over at least ``HOST_ITERS`` iterations of the round's wall
+    ``step_fns``, at least 0: on the GPU the median wall of ``iters`` rounds (each reads its
+    results back, so ends synchronised) less the steps' event times (already measured
+    ``step_ms``; an event mean over 10 rounds had read 0.27 ms at batch 1 where the steady load's
+    rounds spent 0.12 outside their steps, H100, session 40); on the CPU the median over at least ``HOST_ITERS`` iterations of the round's wall
     minus its steps' walls, all timed in the same iteration (the machine's drift cancels; a
     difference of separately timed means did not: 8.8 ms at 4 rows against 0.6 at 1 and 0 at 16 on
     the 2-core CPU, d1a7e3d)."""
     if cuda:
-        return max(0.0, time_ms(round_fn, iters, True) - sum(step_ms))
+        round_fn()
+        torch.cuda.synchronize()
+        walls = [_wall_ms(round_fn) for _ in range(max(iters, HOST_ITERS))]
+        return max(0.0, float(np.median(walls)) - sum(step_ms))
     for f in (round_fn, *step_fns):
         f()
     diffs = [_wall_ms(round_fn) - sum(_wall_ms(f) for f in step_fns) for _ in range(max(iters, HOST_ITERS))]
@@ -186,7 +191,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     ``draft_window_ms`` [rows][w - 1], w = 1 .. N - 1: the window rounds' draft step
     (``CostCurve.draft_window_ms``); ``host_ms`` per B: a fixed round called from the host
     (``steps.spec_round``: inputs staged, results read back) minus its draft and verify steps
-    (``host_overhead_ms``)
+    (``host_overhead_ms``), ``ar_host_ms`` likewise of the AR round (``steps.ar_round``)
     (with CUDA graphs the round replays its bucket's graphs: a B that is not a bucket size counts
     the padding rows' device time as host time); ``context_tokens`` / ``context_ms``: the draft's
     context write by rows written (``context_points``). On the CPU the draft, AR and verify
@@ -200,6 +205,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
               if getattr(nets, "has_confidence", False) and eager.scheduler is not None else None)
     drafts_all, z_all = eager.draft_step(x_all)
     points, rows, draft_ms, ar_ms, grid, admission, draft_window, host = {}, [], [], [], [], [], [], []
+    ar_host = []
     context = {}
     step_iters = iters if cuda else max(iters, CPU_STEP_ITERS)
     for B in sorted(sizes):
@@ -220,7 +226,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             draft_window.append([time_ms(steps.replayable(lambda w=w: eager.draft_step(x, w)), iters, cuda)
                                  for w in range(1, N)])
         # the fallback's AR step (what ``prefers_ar`` compares); it defers its context write
-        ar_ms.append(time_ms(steps.replayable(lambda: eager.ar_step(x, False, keep_taps=True)), step_iters, cuda))
+        ar = steps.replayable(lambda: eager.ar_step(x, False, keep_taps=True))
+        ar_ms.append(time_ms(ar, step_iters, cuda))
         grid.append([])
         for w in range(1, N + 1):
             d, z = drafts_all[:B, :w].contiguous(), z_all[:B, :w].contiguous()
@@ -230,6 +237,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
         host.append(host_overhead_ms(lambda: steps.spec_round(r.head(B), False), (draft, fn),
                                      [draft_ms[-1], grid[-1][-1]], iters, cuda))
+        ar_host.append(host_overhead_ms(lambda: steps.ar_round(r.head(B), False), (ar,), [ar_ms[-1]],
+                                        iters, cuda))
         for n, ms in context_points(nets, x, eager.ar_step(x, False, taps_out=True)[1], iters, cuda).items():
             context[n] = min(ms, context.get(n, float("inf")))
     tokens, lat = monotone(points)
@@ -242,6 +251,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms,
             "verify_ms": grid, "admission_ms": admission if xc_all is not None else None,
             "draft_window_ms": draft_window if xc_all is not None and N > 1 else None, "host_ms": host,
+            "ar_host_ms": ar_host,
             "context_tokens": ctx_tokens or None, "context_ms": ctx_ms or None}
 
 

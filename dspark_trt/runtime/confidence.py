@@ -148,7 +148,10 @@ class CostCurve:
     minus its draft and verify steps (``VerifyScheduler.overhead_ms``), and ``context_ms`` vs
     ``context_tokens``: the draft's context write (``draft_context``) of that many rows in one
     call, what the first speculative round after an AR streak pays for the streak's deferred
-    rows (``VerifyScheduler.probe_loss``)."""
+    rows (``VerifyScheduler.probe_loss``), and ``ar_host_ms`` per rows: the fallback's AR round
+    called from the host minus its AR step (it stages and reads back less than a speculative
+    round: H100, default pair, batch 1, steady load: 0.06 ms against 0.12; priced with the
+    speculative round's ``host_ms`` AR lost a 1.21x lead to a 5 % margin, session 40)."""
 
     tokens: list[int]
     latency_ms: list[float]
@@ -162,6 +165,7 @@ class CostCurve:
     host_ms: list[float] | None = None
     context_tokens: list[int] | None = None
     context_ms: list[float] | None = None
+    ar_host_ms: list[float] | None = None
 
     def __post_init__(self):
         ok = (len(self.tokens) == len(self.latency_ms) >= 1
@@ -187,7 +191,7 @@ class CostCurve:
                     and all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for r in g for v in r)):
                 raise ConfidenceFileError(f"cost curve ({self.source}): '{name}' must be one list of positive "
                                           f"latencies per entry of 'rows', each of the same length (widths {widths})")
-        for name in ("admission_ms", "host_ms"):
+        for name in ("admission_ms", "host_ms", "ar_host_ms"):
             a = getattr(self, name)
             if a is not None and not (self.rows is not None and len(a) == len(self.rows) and all(
                     isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in a)):
@@ -207,10 +211,10 @@ class CostCurve:
         return self.rows is not None
 
     def step_ms(self, kind: str, rows: float) -> float:
-        """The "draft", "ar", "admission" or "host" step's latency at ``rows`` rows (interpolated
-        like ``latency``)."""
+        """The "draft", "ar", "admission", "host" or "ar_host" step's latency at ``rows`` rows
+        (interpolated like ``latency``)."""
         return _interp(self.rows, {"draft": self.draft_ms, "ar": self.ar_ms, "admission": self.admission_ms,
-                                   "host": self.host_ms}[kind], rows)
+                                   "host": self.host_ms, "ar_host": self.ar_host_ms}[kind], rows)
 
     def context(self, tokens: float) -> float:
         """The draft's context write of ``tokens`` rows (0 for none, or without ``context_ms``)."""
@@ -223,7 +227,7 @@ class CostCurve:
         """The curve of ``commands.bench.cost_curve``'s measurements."""
         return cls(pts["tokens"], pts["latency_ms"], source, pts["rows"], pts["draft_ms"], pts["ar_ms"],
                    pts["verify_ms"], pts["admission_ms"], pts.get("draft_window_ms"), pts.get("host_ms"),
-                   pts.get("context_tokens"), pts.get("context_ms"))
+                   pts.get("context_tokens"), pts.get("context_ms"), pts.get("ar_host_ms"))
 
     @classmethod
     def default(cls) -> "CostCurve":
@@ -266,6 +270,8 @@ class CostCurve:
             steps["draft_window_ms"] = self.draft_window_ms
         if self.host_ms is not None:
             steps["host_ms"] = self.host_ms
+        if self.ar_host_ms is not None:
+            steps["ar_host_ms"] = self.ar_host_ms
         if self.context_ms is not None:
             steps.update(context_tokens=self.context_tokens, context_ms=self.context_ms)
         return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
@@ -291,7 +297,7 @@ class CostCurve:
                        source, opt("rows", int), opt("draft_ms", float),
                        opt("ar_ms", float), grid("verify_ms"), opt("admission_ms", float),
                        grid("draft_window_ms"), opt("host_ms", float), opt("context_tokens", int),
-                       opt("context_ms", float))
+                       opt("context_ms", float), opt("ar_host_ms", float))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfidenceFileError(f"{where or source}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
@@ -589,13 +595,14 @@ class VerifyScheduler:
             return self.admission_overhead_ms
         return self.admission_overhead_ms + self.cost.step_ms("admission", max(rows, 1))
 
-    def overhead_ms(self, rows: float) -> float:
-        """Host time of a round at ``rows`` rows outside its device steps, AR or speculative alike:
-        the cost curve's measured ``host_ms`` plus ``SCHEDULER_ROW_MS`` per row where it has one,
-        else ``round_overhead_ms``."""
+    def overhead_ms(self, rows: float, ar: bool = False) -> float:
+        """Host time of a round at ``rows`` rows outside its device steps: the cost curve's
+        measured ``host_ms`` (with ``ar``, the AR round's ``ar_host_ms`` where the curve has it)
+        plus ``SCHEDULER_ROW_MS`` per row where it has one, else ``round_overhead_ms``."""
         if self.cost.host_ms is None:
             return self.round_overhead_ms
-        return self.cost.step_ms("host", max(rows, 1)) + SCHEDULER_ROW_MS * rows
+        kind = "ar_host" if ar and self.cost.ar_host_ms is not None else "host"
+        return self.cost.step_ms(kind, max(rows, 1)) + SCHEDULER_ROW_MS * rows
 
     def estimates_windows(self, rows: int) -> bool:
         """Whether an all-scheduled batch of ``rows`` rows takes its trimmed window from the
@@ -715,7 +722,7 @@ class VerifyScheduler:
         return self.best_window(rows, survival) == self.num_spec_tokens
 
     def prefers_ar(self, rows: int, survival, margin: float = AR_MARGIN) -> bool:
-        """Whether an AR round (1 token per row in ``ar_ms(rows) + overhead_ms(rows)``) is expected
+        """Whether an AR round (1 token per row in ``ar_ms(rows) + overhead_ms(rows, ar=True)``) is expected
         to beat the best speculative option of ``spec_options(rows, survival)`` by more than
         ``margin`` (relative): the decision compares expected tokens per ms of the options, not a
         measured tau of past trimmed rounds. With ``round_costs`` each side's price is scaled by
@@ -779,7 +786,7 @@ class VerifyScheduler:
         whole block with the head and admits before its verify of ``width`` (at many rows
         ``option_ms`` prices a window as the window round it usually runs as)."""
         if kind == "ar":
-            return self.cost.step_ms("ar", rows) + self.overhead_ms(rows)
+            return self.cost.step_ms("ar", rows) + self.overhead_ms(rows, ar=True)
         w = self.num_spec_tokens if width is None else width
         if kind == "confidence":          # the whole block drafted with the head, admitted, w verified
             return (self.cost.step_ms("draft", rows) + self.admission_ms(rows) + self.overhead_ms(rows)

@@ -560,6 +560,7 @@ def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys, monkeypatch):
     assert [len(r) for r in curve.draft_window_ms] == [3, 3] and curve.draft_window(2, 2) == curve.draft_window_ms[1][1]
     # the host's share of a fixed round per rows
     assert len(curve.host_ms) == 2 and all(v >= 0 for v in curve.host_ms)
+    assert len(curve.ar_host_ms) == 2 and all(v >= 0 for v in curve.ar_host_ms)   # and of an AR round
     # the draft's context write at 1 and 8 positions (the prompt's) per row, rows 1 and 2
     assert curve.context_tokens == [1, 2, 8, 16]
     assert all(b >= a >= 0 for a, b in zip(curve.context_ms, curve.context_ms[1:]))

@@ -264,6 +264,29 @@ def test_measured_host_time_replaces_the_round_overhead_constant(tmp_path):
     assert priced.best_window(r, survival) == 1       # 1.7 / 2.71 > 1.05 x 2.9 / 5.18
 
 
+def test_ar_round_priced_with_its_own_host_time(tmp_path):
+    """``ar_host_ms`` (saved, loaded, checked on load) prices the fallback's AR round with its own
+    host time: the H100's default pair at batch 1 (session 40: AR step 0.21 ms, fixed round's steps
+    0.55, host 0.06 against 0.12 as the steady load ran them, tau 2.0) prefers AR by 1.2x, which
+    the speculative round's host time charged to both sides hid inside the 5 % margin."""
+    from dspark_trt.runtime.confidence import SCHEDULER_ROW_MS, ConfidenceFileError
+    steps = dict(rows=[1, 8], draft_ms=[0.14, 0.16], ar_ms=[0.21, 0.28], verify_ms=[[0.41] * 4, [0.42] * 4],
+                 host_ms=[0.12, 0.12])
+    shared = CostCurve([1, 64], [0.4, 0.5], "t", **steps)
+    own = CostCurve([1, 64], [0.4, 0.5], "t", **steps, ar_host_ms=[0.06, 0.06])
+    own.save(tmp_path)
+    assert CostCurve.find(tmp_path).ar_host_ms == [0.06, 0.06]
+    with pytest.raises(ConfidenceFileError, match="ar_host_ms"):
+        CostCurve([1, 64], [0.4, 0.5], "bad", **steps, ar_host_ms=[0.06])
+    a, b = (VerifyScheduler(4, 64, "cpu", cost=c) for c in (shared, own))
+    assert a.priced_ms("ar", 1) == pytest.approx(0.21 + 0.12 + SCHEDULER_ROW_MS)
+    assert b.priced_ms("ar", 1) == pytest.approx(0.21 + 0.06 + SCHEDULER_ROW_MS)
+    assert b.overhead_ms(1) == a.overhead_ms(1)                  # the speculative rounds' price is unchanged
+    survival = [0.55, 0.25, 0.12, 0.06]                         # 1.98 tokens per fixed round
+    assert not a.prefers_ar(1, survival)                        # 1 / 0.34 < 1.05 x 1.98 / 0.68
+    assert b.prefers_ar(1, survival)                            # 1 / 0.28 > 1.05 x 1.98 / 0.68
+
+
 def test_round_log_names_the_kind_each_round_ran():
     """``Scheduler.round_log`` (benchmarks' round wall time): a scheduled batch whose rounds admit
     every draft (the padded model) logs them as fixed rounds, the trimmed model's confidence
