@@ -162,6 +162,10 @@ def _launches_sparse_mla(monkeypatch):
                {"block_h": 32, "block_dv": 512, "block_n": 16, "num_splits": 1},
                {"prefetch": True, "num_splits": 1}, {"prefetch": True, "num_stages": 3}):
         out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **kw)
+    q8 = torch.zeros(8, 128, 512, dtype=torch.bfloat16)         # a block of 8 tokens: programs of G tokens
+    for kw in ({"group": 2, "num_warps": 8}, {"group": 8, "block_h": 8, "block_dv": 256, "num_warps": 8}):
+        out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q8, kv, idx[:1].expand(8, -1),
+                      sink, scale, dv, **kw)
     return out
 
 

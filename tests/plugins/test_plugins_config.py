@@ -202,6 +202,11 @@ def test_mla_splits_only_for_few_tokens():
     assert ksm.mla_config(8, 16, 64, 32, 24, DEV)["block_dv"] == 32        # never wider than dv
     with pytest.raises(ValueError, match="block_dv"):
         ksm.mla_config(8, 128, 512, 512, 256, DEV, block_dv=96)
+    # G tokens a program walk whole lists: no split, even where few tokens would split them
+    assert ksm.mla_config(8, 128, 512, 512, 256, DEV, group=2)["num_splits"] == 1
+    for bad in ({"group": 3}, {"group": 16}, {"group": 2, "num_splits": 4}):     # 16 does not divide 8 tokens
+        with pytest.raises(ValueError, match="group"):
+            ksm.mla_config(8, 128, 512, 512, 256, DEV, **bad)
 
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "strided"])

@@ -145,6 +145,28 @@ def test_sparse_mla_v4_shapes_bf16(Tq):
         assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
 
 
+@pytest.mark.parametrize("cfg", [{"group": 2, "block_dv": 256, "num_warps": 8},
+                                 {"group": 8, "block_h": 8, "block_dv": 256, "num_warps": 8},
+                                 {"block_h": 64, "block_dv": 256, "num_warps": 8}])
+def test_sparse_mla_v4_block_lists_bf16(cfg):
+    """The V4 verify block's lists (every query of a row's 8-token block sees one list,
+    ``noncausal_swa_indices``; window 128, width 256, pages of 64, one row inert): the 64-row-MMA
+    launches, G tokens a program included, equal the reference."""
+    from dspark_trt.plugins.kernels.sparse_mla import sparse_mla_attention_triton
+    from dspark_trt.plugins.noncausal_swa_indices import noncausal_swa_indices_ref
+    B, N, H, D, page = 4, 8, 128, 512, 64
+    start = torch.tensor([1000, 5, -1, 300], device=DEV)
+    table = torch.arange(B * 20, device=DEV).view(B, 20)
+    idx, _ = noncausal_swa_indices_ref(start, table, N, page, 128, 256)
+    idx = idx.view(B * N, 256)
+    q = torch.randn(B * N, H, D, device=DEV, dtype=torch.bfloat16)
+    kv = torch.randn(B * 20 * page, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    ref = sparse_mla_attention_ref(q, kv, idx, sink, D ** -0.5, D)
+    got = sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D, **cfg)
+    assert (got.float() - ref.float()).abs().max() < 2e-2
+
+
 def _rejection_args(B, N=7, V=151936, top_p=None):
     g = torch.Generator(device=DEV).manual_seed(1)
     L = torch.randn(B, N + 1, V, device=DEV, generator=g) * 3

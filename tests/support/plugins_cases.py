@@ -136,6 +136,17 @@ def sparse_mla_padded_inputs(device, dtype=torch.float32):
     return q, kv, idx, sink, scale, dv
 
 
+def sparse_mla_group_inputs(device, dtype=torch.float32, G=2, H=16):
+    """Index lists shared by groups of G consecutive tokens (the V4 draft block's): group 0 valid
+    in part with -1 holes, group 1 without a valid entry (output 0), group 2 valid throughout."""
+    q, kv, idx, sink, scale, dv = sparse_mla_inputs(device, dtype, T=3 * G, H=H)
+    first = idx[::G].clone()                                       # [3, W]
+    first[0, 5:9] = -1
+    first[1] = -1
+    first[2] = first[2].clamp(min=0)
+    return q, kv, first.repeat_interleave(G, 0).contiguous(), sink, scale, dv
+
+
 def moe_inputs(device, dtype=torch.float32, M=7, k=3, E=5, d=48, h=40, first_expert=2, limit=0.7):
     """Global ids over [0, first_expert + E + 2): slots of other ranks' experts (below first_expert
     and above the local block), -1 slots, one token repeating an expert, a token with no local slot."""
@@ -393,7 +404,11 @@ def _swa_and_mla_cases(device, dtype, out):
              "sparse_mla_attention_no_prefetch": (sparse_mla_padded_inputs(device, dtype),
                                                   {"block_n": 16, "num_splits": 1, "prefetch": False}),
              "sparse_mla_attention_no_prefetch_split": (sparse_mla_inputs(device, dtype),
-                                                        {"block_n": 16, "num_splits": 3, "prefetch": False})}
+                                                        {"block_n": 16, "num_splits": 3, "prefetch": False}),
+             # G tokens of equal lists per program: 2 x 16 heads, and 4 x 16 of 24 heads (a masked tile)
+             "sparse_mla_attention_group2": (sparse_mla_group_inputs(device, dtype), {"block_n": 16, "group": 2}),
+             "sparse_mla_attention_group4_masked_heads": (sparse_mla_group_inputs(device, dtype, G=4, H=24),
+                                                          {"block_h": 16, "block_n": 16, "group": 4})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
 
@@ -567,7 +582,7 @@ def tuner_configs(device, dtype=torch.float32, ops=TUNER_OPS) -> dict:
             check("block_attention", cfg, _err(kba.block_attention_triton(q, kc, vc, table, pos, block, scale,
                                                                           **cfg), ref) < 1e-5)
     if "sparse_mla" in ops:
-        args = sparse_mla_inputs(device, dtype)
+        args = sparse_mla_group_inputs(device, dtype, G=8)        # lists shared by 8 tokens: any group
         ref = sparse_mla_attention_ref(*args)
         for cfg in lists["sparse_mla"]:
             check("sparse_mla", cfg, _err(ksm.sparse_mla_attention_triton(*args, **cfg), ref) < 1e-5)

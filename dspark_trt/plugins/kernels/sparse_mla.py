@@ -15,7 +15,11 @@ Neighbouring tokens share most of their index lists (window + block), so the gat
 come from L2.
 
 * ``NUM_SPLITS == 1``: the program normalises and writes o (``sparse_mla_attention_kernel``, also
-  the TensorRT AOT entry).
+  the TensorRT AOT entry). ``group`` G > 1 (launch option, not the op's default): a program owns G
+  consecutive tokens whose index lists are equal (the V4 draft block: every query of a row's block
+  sees the same list, ``noncausal_swa_indices``), so its MMAs have G x BLOCK_H rows (Hopper's
+  wgmma needs 64) and the list is scanned and gathered once per G tokens. The caller vouches that
+  the lists are equal; the kernel reads the first token's.
 * ``NUM_SPLITS > 1`` (few query tokens): each split writes (m, l, acc) to an fp32 workspace sized
   from shapes and ``sparse_mla_reduce_kernel`` merges them with the sink (no host sync).
 """
@@ -30,23 +34,32 @@ from .common import launcher, num_sms, pow2
 
 
 @triton.jit
-def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, W, H,
-                    D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+def _query_rows(t, h0, H, BLOCK_H: tl.constexpr, GROUP: tl.constexpr):
+    """The program's query rows, GROUP tokens t .. t + GROUP - 1 x BLOCK_H heads h0 ..: (q row
+    [GROUP * BLOCK_H] = token * H + head, head, head < H)."""
+    r = tl.arange(0, GROUP * BLOCK_H)
+    head = h0 + r % BLOCK_H
+    return (t + r // BLOCK_H).to(tl.int64) * H + head, head, head < H
+
+
+@triton.jit
+def _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, lo, hi, W,
+                    D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_SCAN: tl.constexpr, PREFETCH: tl.constexpr):
-    """Online softmax of BLOCK_H heads of token t over index entries [lo, hi), values dims
-    [dv0, dv0 + BLOCK_DV). Returns (m [BLOCK_H] >= sink, l [BLOCK_H], acc [BLOCK_H, BLOCK_DV]
-    unnormalised, sink). The end of the walk comes from a scan of BLOCK_SCAN entries per load (one
-    load for the whole list when BLOCK_SCAN >= hi - lo). PREFETCH: the indices of tile i+1 are
-    loaded in iteration i, so the gather address is loop-carried and Triton's pipeliner can issue
-    the gather num_stages - 1 tiles ahead."""
+    """Online softmax of the query rows ``qrow`` (heads ``h``, masked by ``hmask``; M rows) over
+    token t's index entries [lo, hi), values dims [dv0, dv0 + BLOCK_DV). Every row shares token
+    t's list (rows of several tokens: the tokens' lists are equal, ``group``). Returns (m [M] >=
+    sink, l [M], acc [M, BLOCK_DV] unnormalised, sink). The end of the walk comes from a scan of
+    BLOCK_SCAN entries per load (one load for the whole list when BLOCK_SCAN >= hi - lo).
+    PREFETCH: the indices of tile i+1 are loaded in iteration i, so the gather address is
+    loop-carried and Triton's pipeliner can issue the gather num_stages - 1 tiles ahead."""
     scale = tl.cast(scale, tl.float32)        # AOTInductor passes Python floats as fp64 (Triton 3.6)
     d = tl.arange(0, D)
-    q_off = (t.to(tl.int64) * H + h) * D
-    qt = tl.load(q + q_off[:, None] + d[None, :], mask=hmask[:, None], other=0.0)      # [BLOCK_H, D]
+    qt = tl.load(q + qrow[:, None] * D + d[None, :], mask=hmask[:, None], other=0.0)    # [M, D]
     sink = tl.load(attn_sink + h, mask=hmask, other=0.0).to(tl.float32)
     m_i = sink                                                                         # running max
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    l_i = tl.zeros_like(sink)
+    acc = tl.zeros([qrow.shape[0], BLOCK_DV], tl.float32)
     ibase = indices + t.to(tl.int64) * W
     last = t * 0 + lo                   # end of the last valid entry: trailing -1 tiles are not walked
     for n0 in range(lo, hi, BLOCK_SCAN):
@@ -66,7 +79,7 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, 
         valid = idx >= 0
         row = tl.maximum(idx, 0).to(tl.int64) * D
         g = tl.load(kv + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)    # [BLOCK_N, D]
-        s = tl.dot(qt, tl.trans(g), input_precision="ieee") * scale                     # [BLOCK_H, BLOCK_N]
+        s = tl.dot(qt, tl.trans(g), input_precision="ieee") * scale                     # [M, BLOCK_N]
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
@@ -88,18 +101,18 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo, hi, 
 def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
                                 D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
                                 BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_SCAN: tl.constexpr = 32,
-                                PREFETCH: tl.constexpr = False):
-    """Grid (T, cdiv(H, BLOCK_H) * DV / BLOCK_DV): the whole index list, normalised output."""
-    t = tl.program_id(0)
-    h = (tl.program_id(1) // (DV // BLOCK_DV)) * BLOCK_H + tl.arange(0, BLOCK_H)
+                                PREFETCH: tl.constexpr = False, GROUP: tl.constexpr = 1):
+    """Grid (T / GROUP, cdiv(H, BLOCK_H) * DV / BLOCK_DV): the whole index list, normalised
+    output; GROUP consecutive tokens (equal lists) per program."""
+    t = tl.program_id(0) * GROUP
+    h0 = (tl.program_id(1) // (DV // BLOCK_DV)) * BLOCK_H
     dv0 = (tl.program_id(1) % (DV // BLOCK_DV)) * BLOCK_DV
-    hmask = h < H
-    m_i, l_i, acc, sink = _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, 0, W, W, H,
-                                          D, BLOCK_DV, BLOCK_H, BLOCK_N, BLOCK_SCAN, PREFETCH)
+    qrow, h, hmask = _query_rows(t, h0, H, BLOCK_H, GROUP)
+    m_i, l_i, acc, sink = _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, 0, W, W,
+                                          D, BLOCK_DV, BLOCK_N, BLOCK_SCAN, PREFETCH)
     o = acc / (l_i + tl.exp(sink - m_i))[:, None]
     dv = dv0 + tl.arange(0, BLOCK_DV)
-    tl.store(out + (t.to(tl.int64) * H + h)[:, None] * DV + dv[None, :], o.to(out.dtype.element_ty),
-             mask=hmask[:, None])
+    tl.store(out + qrow[:, None] * DV + dv[None, :], o.to(out.dtype.element_ty), mask=hmask[:, None])
 
 
 @triton.jit
@@ -111,15 +124,15 @@ def sparse_mla_split_kernel(q, kv, indices, attn_sink, part_ml, part_acc, scale,
     part_ml [T, H, S, 2] (m, l; every dv tile computes the same, the first stores them) and
     part_acc [T, H, S, DV]."""
     t = tl.program_id(0)
-    h = (tl.program_id(1) // (DV // BLOCK_DV)) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h0 = (tl.program_id(1) // (DV // BLOCK_DV)) * BLOCK_H
     dv0 = (tl.program_id(1) % (DV // BLOCK_DV)) * BLOCK_DV
     s = tl.program_id(2)
-    hmask = h < H
+    qrow, h, hmask = _query_rows(t, h0, H, BLOCK_H, 1)
     lo = s * CHUNK
-    m_i, l_i, acc, _ = _attend_entries(q, kv, indices, attn_sink, scale, t, h, hmask, dv0, lo,
-                                       tl.minimum(lo + CHUNK, W), W, H, D, BLOCK_DV, BLOCK_H, BLOCK_N,
+    m_i, l_i, acc, _ = _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, lo,
+                                       tl.minimum(lo + CHUNK, W), W, D, BLOCK_DV, BLOCK_N,
                                        BLOCK_SCAN, PREFETCH)
-    slot = (t.to(tl.int64) * H + h) * tl.num_programs(2) + s                        # [BLOCK_H]
+    slot = qrow * tl.num_programs(2) + s                                             # [BLOCK_H]
     if dv0 == 0:
         tl.store(part_ml + slot * 2, m_i, mask=hmask)
         tl.store(part_ml + slot * 2 + 1, l_i, mask=hmask)
@@ -154,18 +167,28 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
 # spill; 66 KB of shared memory, two programs per SM) 167 us; 64 heads x 256 dims 231 us with 4
 # warps and prefetch, 311 us with 8 warps without (the earlier default); batch 1 (split) 15 us.
 MLA_DEFAULTS = dict(block_h=32, block_dv=512, block_n=32, num_warps=None, num_stages=2, programs_per_sm=1,
-                    prefetch=True)
+                    prefetch=True, group=1)
 MAX_SCAN = 512             # index entries per load of the end-of-list scan
 
 
 def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overrides) -> dict:
-    """Launch config from shapes: block_h, block_dv, block_n, num_warps, num_stages, and the split
-    of the index list: chunk (entries per split) and num_splits (splits actually launched)."""
+    """Launch config from shapes: block_h, block_dv, block_n, num_warps, num_stages, group (tokens
+    per program sharing one list; whole lists only), and the split of the index list: chunk
+    (entries per split) and num_splits (splits actually launched)."""
     cfg = {**MLA_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
     cfg["block_h"] = min(cfg["block_h"], pow2(H, 16))
     cfg["block_dv"] = min(cfg["block_dv"], dv)
     if cfg["block_dv"] != pow2(cfg["block_dv"]):
         raise ValueError(f"sparse_mla_attention: block_dv must be a power of two, got {cfg['block_dv']}")
+    g = cfg["group"]
+    if g != pow2(g) or (isinstance(T, int) and T % g):
+        raise ValueError(f"sparse_mla_attention: group must be a power of two dividing the {T} query "
+                         f"tokens, got {g}")
+    if g > 1:
+        if cfg.get("num_splits") not in (None, 1):
+            raise ValueError(f"sparse_mla_attention: group {g} walks whole index lists; num_splits must "
+                             f"be 1, got {cfg['num_splits']}")
+        cfg["num_splits"] = 1
     if cfg.get("num_splits") is None:
         tokens = T if isinstance(T, int) else 64                  # symbolic (export): a fixed guess
         programs = tokens * triton.cdiv(H, cfg["block_h"]) * (dv // cfg["block_dv"])
@@ -183,8 +206,9 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
                                 block_dv: int | None = None, block_n: int | None = None,
                                 num_splits: int | None = None, num_warps: int | None = None,
                                 num_stages: int | None = None, programs_per_sm: int | None = None,
-                                prefetch: bool | None = None) -> Tensor:
-    """Same contract as ``sparse_mla_attention_ref``; unset launch parameters from ``mla_config``."""
+                                prefetch: bool | None = None, group: int | None = None) -> Tensor:
+    """Same contract as ``sparse_mla_attention_ref``; unset launch parameters from ``mla_config``.
+    ``group`` G > 1: tokens t with equal ``t // G`` must have equal index lists (not checked)."""
     T, H, D = q.shape
     if D != pow2(D) or dv != pow2(dv) or dv > D:
         raise ValueError(f"sparse_mla_attention kernel needs power-of-two D >= dv, got D={D}, dv={dv}")
@@ -194,7 +218,7 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
     W = indices.shape[1]
     cfg = mla_config(T, H, D, dv, W, q.device, block_h=block_h, block_dv=block_dv, block_n=block_n,
                      num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
-                     programs_per_sm=programs_per_sm, prefetch=prefetch)
+                     programs_per_sm=programs_per_sm, prefetch=prefetch, group=group)
     bh, bn, bdv = cfg["block_h"], cfg["block_n"], cfg["block_dv"]
     meta = dict(D=D, DV=dv, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"], BLOCK_SCAN=max(bn, min(pow2(cfg["chunk"]), MAX_SCAN)),
@@ -203,8 +227,9 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
     tensors = (q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous())
     chunk, S = cfg["chunk"], cfg["num_splits"]
     if S == 1:
-        launcher(sparse_mla_attention_kernel)[(T, tiles)](
-            *tensors, out, float(scale), W, H, **meta)
+        g = cfg["group"]
+        launcher(sparse_mla_attention_kernel)[(T // g, tiles)](
+            *tensors, out, float(scale), W, H, GROUP=g, **meta)
         return out
     part_ml = torch.empty((T, H, S, 2), dtype=torch.float32, device=q.device)
     part_acc = torch.empty((T, H, S, dv), dtype=torch.float32, device=q.device)
