@@ -135,10 +135,10 @@ def host_overhead_ms(round_fn, step_fns, step_ms: list[float], iters: int, cuda:
     ``step_fns``, at least 0: on the GPU the median wall of ``iters`` rounds (each reads its
     results back, so ends synchronised) less the steps' event times (already measured
     ``step_ms``; an event mean over 10 rounds had read 0.27 ms at batch 1 where the steady load's
-    rounds spent 0.12 outside their steps, H100, session 40); on the CPU the median over at least ``HOST_ITERS`` iterations of the round's wall
-    minus its steps' walls, all timed in the same iteration (the machine's drift cancels; a
-    difference of separately timed means did not: 8.8 ms at 4 rows against 0.6 at 1 and 0 at 16 on
-    the 2-core CPU, d1a7e3d)."""
+    rounds spent 0.12 outside their steps, H100, session 40); on the CPU the median over at least
+    ``HOST_ITERS`` iterations of the round's wall minus its steps' walls, all timed in the same
+    iteration (the machine's drift cancels; a difference of separately timed means did not: 8.8 ms
+    at 4 rows against 0.6 at 1 and 0 at 16 on the 2-core CPU, d1a7e3d)."""
     if cuda:
         round_fn()
         torch.cuda.synchronize()
