@@ -43,8 +43,7 @@ def packed_oracle(sched: VerifyScheduler, rows: int, logits, spread, rng, rounds
 def bounds(result: dict, survival: list[float], spread: float, seed: int = 0) -> dict:
     c = result["cost_curve"]
     n = result["model"]["num_spec_tokens"]
-    curve = CostCurve(c["tokens"], c["latency_ms"], c.get("source", "result"), c["rows"], c["draft_ms"],
-                      c["ar_ms"], c.get("verify_ms"), c.get("admission_ms"))
+    curve = CostCurve.from_json(c, c.get("source", "result"))    # every measured step, host times included
     sched = VerifyScheduler(n, max(curve.rows) * (n + 1), "cpu", cost=curve)
     logits = replay_logits(survival, n, spread)
     rng = np.random.default_rng(seed)

@@ -191,7 +191,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     ``draft_window_ms`` [rows][w - 1], w = 1 .. N - 1: the window rounds' draft step
     (``CostCurve.draft_window_ms``); ``host_ms`` per B: a fixed round called from the host
     (``steps.spec_round``: inputs staged, results read back) minus its draft and verify steps
-    (``host_overhead_ms``), ``ar_host_ms`` likewise of the AR round (``steps.ar_round``)
+    (``host_overhead_ms``), ``ar_host_ms`` likewise of the fallback's AR round
+    (``steps.ar_round_keep_taps``)
     (with CUDA graphs the round replays its bucket's graphs: a B that is not a bucket size counts
     the padding rows' device time as host time); ``context_tokens`` / ``context_ms``: the draft's
     context write by rows written (``context_points``). On the CPU the draft, AR and verify
@@ -237,8 +238,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
             points[B * (w + 1)] = min(ms, points.get(B * (w + 1), float("inf")))
         host.append(host_overhead_ms(lambda: steps.spec_round(r.head(B), False), (draft, fn),
                                      [draft_ms[-1], grid[-1][-1]], iters, cuda))
-        ar_host.append(host_overhead_ms(lambda: steps.ar_round(r.head(B), False), (ar,), [ar_ms[-1]],
-                                        iters, cuda))
+        fallback_round = lambda: steps.ar_round_keep_taps(r.head(B), False)   # noqa: E731 (taps kept)
+        ar_host.append(host_overhead_ms(fallback_round, (ar,), [ar_ms[-1]], iters, cuda))
         for n, ms in context_points(nets, x, eager.ar_step(x, False, taps_out=True)[1], iters, cuda).items():
             context[n] = min(ms, context.get(n, float("inf")))
     tokens, lat = monotone(points)

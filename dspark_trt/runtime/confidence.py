@@ -197,6 +197,9 @@ class CostCurve:
                     isinstance(v, (int, float)) and math.isfinite(v) and v >= 0 for v in a)):
                 raise ConfidenceFileError(f"cost curve ({self.source}): '{name}' must be one non-negative "
                                           f"latency per entry of 'rows'")
+        if self.ar_host_ms is not None and self.host_ms is None:
+            raise ConfidenceFileError(f"cost curve ({self.source}): 'ar_host_ms' needs 'host_ms' (the AR "
+                                      f"round's host time is priced beside the speculative round's)")
         ct, cm = self.context_tokens, self.context_ms
         if (ct is None) != (cm is None) or ct is not None and not (
                 len(ct) == len(cm) >= 1 and all(isinstance(n, int) and n >= 1 for n in ct)

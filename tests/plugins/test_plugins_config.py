@@ -207,6 +207,8 @@ def test_mla_splits_only_for_few_tokens():
     for bad in ({"group": 3}, {"group": 16}, {"group": 2, "num_splits": 4}):     # 16 does not divide 8 tokens
         with pytest.raises(ValueError, match="group"):
             ksm.mla_config(8, 128, 512, 512, 256, DEV, **bad)
+    with pytest.raises(ValueError, match="static token count"):                # T traced symbolically
+        ksm.mla_config(object(), 128, 512, 512, 256, DEV, group=2)
 
 
 @pytest.mark.parametrize("bad", ["shape", "dtype", "strided"])

@@ -278,6 +278,8 @@ def test_ar_round_priced_with_its_own_host_time(tmp_path):
     assert CostCurve.find(tmp_path).ar_host_ms == [0.06, 0.06]
     with pytest.raises(ConfidenceFileError, match="ar_host_ms"):
         CostCurve([1, 64], [0.4, 0.5], "bad", **steps, ar_host_ms=[0.06])
+    with pytest.raises(ConfidenceFileError, match="needs 'host_ms'"):          # it would be ignored
+        CostCurve([1, 64], [0.4, 0.5], "bad", **{**steps, "host_ms": None}, ar_host_ms=[0.06, 0.06])
     a, b = (VerifyScheduler(4, 64, "cpu", cost=c) for c in (shared, own))
     assert a.priced_ms("ar", 1) == pytest.approx(0.21 + 0.12 + SCHEDULER_ROW_MS)
     assert b.priced_ms("ar", 1) == pytest.approx(0.21 + 0.06 + SCHEDULER_ROW_MS)

@@ -185,6 +185,9 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
         raise ValueError(f"sparse_mla_attention: group must be a power of two dividing the {T} query "
                          f"tokens, got {g}")
     if g > 1:
+        if not isinstance(T, int):
+            raise ValueError(f"sparse_mla_attention: group {g} needs a static token count (export traces "
+                             f"it symbolically)")
         if cfg.get("num_splits") not in (None, 1):
             raise ValueError(f"sparse_mla_attention: group {g} walks whole index lists; num_splits must "
                              f"be 1, got {cfg['num_splits']}")
