@@ -387,3 +387,16 @@ def test_pdl_launches_wait_for_their_predecessor(monkeypatch, op):
         assert loads_early == (kernel.__name__ != "block_attention_reduce_kernel"), kernel
     if op == "token_step_attention":
         assert len(firsts) == 3                 # split, reduce and single-split kernels
+
+
+def test_mla_resources_reads_registers_and_mma_kind(monkeypatch, tmp_path):
+    """``benchmarks/mla_resources.py`` (the sm_90 screen of the sparse MLA configs): the default's
+    32-row tiles are ``mma.sync``, 64 rows (a group of 2 tokens x 32 heads) ``wgmma``; registers
+    are read from the cubin (at most 255 a thread) into the JSON."""
+    import json
+    from benchmarks import mla_resources
+    monkeypatch.setattr(mla_resources, "MLA_CONFIGS", [{}, {"group": 2, "block_dv": 256, "num_warps": 8}])
+    assert mla_resources.main(["--out", str(tmp_path)]) == 0
+    rows = json.loads(next(tmp_path.glob("mla-resources-sm90-*.json")).read_text())["configs"]
+    assert [(r["rows_per_mma"], r["mma"]) for r in rows] == [(32, "mma.sync"), (64, "wgmma")]
+    assert all(0 < r["registers"] <= 255 and r["stack"] >= 0 and r["shared_bytes"] > 0 for r in rows)
