@@ -110,10 +110,10 @@ MLA_CONFIGS = [
     {"block_h": 16, "num_splits": 1}, {"num_warps": 8}, {"block_h": 64, "block_dv": 256},
     {"prefetch": False}, {"programs_per_sm": 2},
     # 64-row MMAs compile to Hopper's wgmma (32-row ones, the default's, to mma.sync); sm_90 compiles
-    # on the CPU (cuobjdump -res-usage, session 40): 64 x 512 spills with 4 or 8 warps (255
-    # registers + 128-152 B of stack), 64 x 256 with 8 warps 206-208 registers and 64 x 128 with 4
-    # 213-221, no stack. 64 heads, or G tokens of one block per program (their lists are equal) x
-    # block_h heads
+    # on the CPU (benchmarks/mla_resources.py, mla-resources-sm90-5594253.json): 64 x 512 with 8 warps
+    # spills (255 registers + 128 B of stack), 64 x 256 with 8 warps takes 206-208 registers and 64 x
+    # 128 with 4 213-221, no stack. 64 heads, or G tokens of one block per program (their lists are
+    # equal) x block_h heads
     {"block_h": 64, "block_dv": 256, "num_warps": 8}, {"block_h": 64, "block_dv": 128},
     {"group": 2, "num_warps": 8}, {"group": 2, "block_dv": 256, "num_warps": 8}, {"group": 2, "block_dv": 128},
     {"group": 4, "block_h": 16, "block_dv": 256, "num_warps": 8},
