@@ -155,7 +155,8 @@ def parse_args(argv):
     b.add_argument("--modes", default=",".join(MODES),
                    help=f"of {MODES + tuple(EXTRA_MODES)}; 'packed': scheduled with the packed "
                         "variable-length verify (each row its own admitted prefix); 'auto': scheduled with "
-                        "LLM's default for such targets (packed from PACKED_MIN_ROWS rows, trimmed below)")
+                        "the 'auto' cost model (packed from PACKED_MIN_ROWS rows, trimmed below); "
+                        "'scheduled': LLM's default, the trimmed model")
     b.add_argument("--load", choices=("static", "steady"), default="static",
                    help="static: one batch of B requests; steady: B in flight, replaced as they finish")
     b.add_argument("--waves", type=int, default=4, help="steady load: requests submitted = waves x B")

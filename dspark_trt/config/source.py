@@ -24,6 +24,7 @@ DEFAULT_MAX_SEQ_LEN = 2048                     # tokens per sequence of the defa
                                                # model's context, as far as that pool holds one
 MARKOV_SAMPLERS = ("exact", "topk")            # the draft's block sampler (models.dspark_qwen3)
 QUANTIZATIONS = ("auto", "fp8", "fp8-w8a8", "none")   # target weight format (checkpoints.prepare)
+VERIFY_COST_MODELS = ("trimmed", "padded", "packed", "auto")   # scheduled rounds' verify (runtime.confidence)
 
 
 def resolve_num_spec_tokens(requested: int | None, draft_cfg) -> int:
@@ -76,6 +77,8 @@ class ModelSource:
                                              # "fp8-w8a8": "fp8" with activations quantised
                                              # per (token, 128 columns) in those GEMMs (W8A8);
                                              # "none": fp8 dequantised to --dtype at load
+    verify_cost_model: str = "trimmed"       # VERIFY_COST_MODELS: how scheduled rounds verify
+                                             # their admitted drafts (LLM's cost_model)
     tp_size: int = 1                         # tensor-parallel ranks (torchrun)
     expert_parallel: bool = False            # with tp_size > 1: MoE experts split by expert
     max_batch_size: int | None = None        # None: DEFAULT_MAX_BATCH_SIZE (an engine's own)
@@ -123,6 +126,12 @@ FLAGS = {
                               "fp8-w8a8 (fp8, and the activations into those projections quantised "
                               "per token and 128 columns to fp8 too: fp8 tensor-core GEMMs, the FP8 "
                               "checkpoints' activation_scheme 'dynamic'), none (dequantise to --dtype)"),
+    "verify_cost_model": dict(choices=list(VERIFY_COST_MODELS), default="trimmed",
+                              help="how rounds of verify_mode 'scheduled' verify what they admit: "
+                                   "trimmed (default: one window for the batch, narrowed to the "
+                                   "longest admitted prefix), packed (each row its own prefix, "
+                                   "packed; Qwen3-family targets), auto (packed from 48 rows, "
+                                   "trimmed below), padded (all N); see docs/confidence.md"),
     "tp_size": dict(type=int, default=1, help="tensor-parallel ranks; launch with `torchrun "
                                               "--nproc-per-node TP -m dspark_trt.cli`"),
     "expert_parallel": dict(action="store_true",

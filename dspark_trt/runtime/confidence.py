@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ..checkpoints.files import CALIBRATION_FILE
+from ..config.source import VERIFY_COST_MODELS
 from .packed_verify import token_buckets
 from .round_costs import RoundCosts
 
@@ -425,7 +426,7 @@ def _trimmed_lengths(a: Tensor, live: Tensor, sched: Tensor, other: Tensor, leng
     return torch.where(sched, K, length)
 
 
-COST_MODELS = ("trimmed", "padded", "packed", "auto")
+COST_MODELS = VERIFY_COST_MODELS
 PACKED_MIN_ROWS = 48          # "auto": rounds of this many rows or more run the packed model, fewer the trimmed
                               # one. H100, Qwen3-8B dimensions, steady load (session 37, faaf31b / 0d5294b):
                               # packed / fixed 1.16-1.18 at 64 rows against the trimmed model's 1.08-1.13,
@@ -491,8 +492,9 @@ class VerifyScheduler:
       packed variable-length verify (``packed_verify.py``) of ``verify_slots(sum (1 + l_r))``
       token slots, read back once like the trimmed window. Targets whose rows are not
       independent cannot pack (``LLM`` refuses the model there).
-    * "auto" (``LLM``'s default where the target packs): "packed" for rounds of at least
-      ``PACKED_MIN_ROWS`` rows, "trimmed" below (``model_for``). ``cost_model`` reads as the model
+    * "auto" (``LLM(cost_model="auto")``; ``LLM``'s default where the target packs until session 41,
+      when the trimmed model's window rounds beat its packed rounds at 64 rows): "packed" for rounds
+      of at least ``PACKED_MIN_ROWS`` rows, "trimmed" below (``model_for``). ``cost_model`` reads as the model
       of the current round (``use_rows`` sets it; "trimmed" until a round does), ``configured``
       as what was set."""
 

@@ -23,7 +23,7 @@ from ..parallel.topology import launch_hint
 from ..plugins.decode_linear import skinny_gemm_enabled, use_decode_linear_
 from ..models.fuse import use_skinny_gemm_fused_
 from .compiled import compile_backend, compile_regions_, mark_caches_static
-from .confidence import Calibration, CostCurve, VerifyScheduler
+from .confidence import COST_MODELS, Calibration, CostCurve, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .kv_manager import (KVBudgetError, check_kv_fits, context_that_fits, cuda_kv_budget,
                          kv_bytes_per_token, pages_from_budget, table_width_cost)
@@ -84,6 +84,12 @@ class LLM:
     checkpoint or engine directory (none: uncalibrated, the default curve). ``learn_round_costs``
     (opt-in): the AR fallback of scheduled batches scales the curve's prices by what its rounds
     cost as they run (``runtime/round_costs.py``; never under tensor parallelism).
+    ``cost_model``: how scheduled rounds verify their admitted drafts (``VerifyScheduler``): "trimmed"
+    (the default: one window for the batch, narrowed to what the rounds admit), "packed" (each row
+    its own prefix, packed; Qwen3-family targets), "auto" (packed from ``PACKED_MIN_ROWS`` rows,
+    trimmed below) or "padded". "auto" was the default where the target packs until session 41: on
+    an H100 at Qwen3-8B dimensions (8952a71, batch 64, 256 tokens) trimmed rounds ran 1.32-1.34x
+    fixed N against auto's packed 1.21-1.27x, and 1.07-1.08x AR against 0.98-1.04x.
 
     Eager modules (presets, checkpoints) get fused q/k/v and gate/up projections as engines do
     (``fuse=False`` in ``from_preset`` / ``from_checkpoints``: the separate HF linears).
@@ -100,8 +106,10 @@ class LLM:
                  markov_sampler: str | None = None, calibration: Calibration | None = None,
                  verify_cost: CostCurve | None = None, num_spec_tokens: int | None = None,
                  tp: TPInfo | None = None, compile: bool | str = False, kv_cache_dtype: str = "auto",
-                 learn_round_costs: bool = False):
+                 learn_round_costs: bool = False, cost_model: str = "trimmed"):
         self.pair, self.target, self.draft = pair, target, draft
+        if cost_model not in COST_MODELS:
+            raise ConfigError(f"cost_model must be one of {COST_MODELS}, got {cost_model!r}")
         self.kv_cache_dtype = set_kv_cache_dtype(kv_cache_dtype, target, draft, networks)
         self.compiled = compile_backend(compile)
         if self.compiled and networks is not None:
@@ -173,6 +181,11 @@ class LLM:
         # the AR fallback scales its prices by the rounds' observed walls (round_costs.py); not
         # under tensor parallelism: every rank must take the same decision
         self.learn_round_costs = learn_round_costs and self.tp_size == 1
+        if cost_model in ("packed", "auto") and not getattr(self.networks, "packs_rows", False):
+            raise ConfigError(f"cost_model {cost_model!r} packs each row's admitted prefix into one verify; "
+                              f"this target's rows cannot be packed (Qwen3-family targets can): use "
+                              f"'trimmed' or 'padded'")
+        self.cost_model = cost_model
         self._steps = None
 
     def _pages_from_budget(self, kv_cache_bytes, gpu_memory_utilization, page_size: int, n: int,
@@ -219,6 +232,7 @@ class LLM:
                   markov_sampler=src.markov_sampler)
         if src.kv_cache_dtype != "auto":
             kw["kv_cache_dtype"] = src.kv_cache_dtype
+        kw.setdefault("cost_model", src.verify_cost_model)
         fuse = kw.pop("fuse", True)                       # engines are fused at build time
         if src.engine:                                    # the engine's own dtype
             return cls.from_engine(src.engine, device=device, tp_size=src.tp_size,
@@ -343,9 +357,8 @@ class LLM:
         """The decode steps every scheduler shares: CUDA graphs (captured lazily) or eager."""
         if self._steps is None:
             n = self.networks.num_spec_tokens
-            packs = getattr(self.networks, "packs_rows", False)   # "auto": packed rounds from PACKED_MIN_ROWS rows
             sched = VerifyScheduler(n, self.max_batch_size * (n + 1), self.networks.device,
-                                    self.calibration, self.verify_cost, cost_model="auto" if packs else "trimmed",
+                                    self.calibration, self.verify_cost, cost_model=self.cost_model,
                                     learn_costs=self.learn_round_costs) if n else None
             eager = DecodeSteps(self.networks, sched)
             self._steps = eager if self.graphs_skipped else GraphedSteps(

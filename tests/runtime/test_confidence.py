@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 from dspark_trt.checkpoints.files import CheckpointError, write_checkpoint
 from dspark_trt.checkpoints.qwen3 import load_qwen3_pair, qwen3_draft_tensors, qwen3_target_tensors
 from dspark_trt.cli import main
+from dspark_trt.config import ConfigError
 from dspark_trt.models import build_models
 from dspark_trt.runtime import calibration as cal
 from dspark_trt.runtime.confidence import (ESTIMATED_WINDOW_MIN_ROWS, MODE_IDS, Calibration, CostCurve, VerifyScheduler,
@@ -1609,9 +1610,41 @@ def test_auto_cost_model_chooses_by_rows():
         s.cost_model = "fast"
 
 
-@pytest.mark.parametrize("preset, model", [("qwen3-tiny-dspark", "auto"), ("deepseek-v4-tiny-dspark", "trimmed")])
-def test_llm_defaults_to_auto_where_the_target_packs(preset, model):
-    assert _scheduler(LLM.from_preset(preset, device="cpu", max_seq_len=64)).configured == model
+@pytest.mark.parametrize("preset", ["qwen3-tiny-dspark", "deepseek-v4-tiny-dspark"])
+def test_llm_defaults_to_the_trimmed_cost_model(preset):
+    assert _scheduler(LLM.from_preset(preset, device="cpu", max_seq_len=64)).configured == "trimmed"
+
+
+def test_llm_cost_model_option_and_its_errors():
+    """``LLM(cost_model=...)`` reaches the scheduler; a packing model on a target whose rows cannot
+    pack (DeepSeek-V4) and an unknown name are refused, naming what is wrong."""
+    llm = LLM.from_preset("qwen3-tiny-dspark", device="cpu", max_seq_len=64, cost_model="auto")
+    assert _scheduler(llm).configured == "auto"
+    with pytest.raises(ConfigError, match="'packed'.*cannot be packed"):
+        LLM.from_preset("deepseek-v4-tiny-dspark", device="cpu", max_seq_len=64, cost_model="packed")
+    with pytest.raises(ConfigError, match="cost_model must be one of"):
+        LLM.from_preset("qwen3-tiny-dspark", device="cpu", max_seq_len=64, cost_model="fastest")
+
+
+def test_verify_cost_model_flag_reaches_the_scheduler():
+    """``--verify-cost-model`` (generate / bench / serve / calibrate): parsed, carried by
+    ``ModelSource`` and the Triton model's parameters, and given to ``LLM``; bad names refused."""
+    import argparse
+    from dspark_trt.commands.common import add_model_args
+    from dspark_trt.config.source import ModelSource
+    from dspark_trt.serving.source import ServedModel
+    p = argparse.ArgumentParser()
+    add_model_args(p)
+    args = p.parse_args(["--model", "qwen3-tiny-dspark", "--device", "cpu", "--max-seq-len", "64",
+                         "--verify-cost-model", "auto"])
+    src = ModelSource.from_args(args)
+    assert src.verify_cost_model == "auto"
+    assert _scheduler(LLM.from_source(src)).configured == "auto"
+    assert ModelSource.from_args(p.parse_args([])).verify_cost_model == "trimmed"
+    served = ServedModel(model="qwen3-tiny-dspark", random_weights=True, verify_cost_model="packed")
+    assert ServedModel.from_parameters(served.to_parameters()).verify_cost_model == "packed"
+    with pytest.raises(SystemExit):
+        p.parse_args(["--verify-cost-model", "fastest"])
 
 
 # H100 at Qwen3-8B dimensions (session 37, faaf31b): the draft step at 1 / 64 rows by drafts sampled
