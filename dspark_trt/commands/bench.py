@@ -192,7 +192,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     (``CostCurve.draft_window_ms``); ``host_ms`` per B: a fixed round called from the host
     (``steps.spec_round``: inputs staged, results read back) minus its draft and verify steps
     (``host_overhead_ms``), ``ar_host_ms`` likewise of the fallback's AR round
-    (``steps.ar_round_keep_taps``)
+    (``steps.ar_round_keep_taps``), both non-decreasing in rows (``least_from_above``)
     (with CUDA graphs the round replays its bucket's graphs: a B that is not a bucket size counts
     the padding rows' device time as host time); ``context_tokens`` / ``context_ms``: the draft's
     context write by rows written (``context_points``). On the CPU the draft, AR and verify
@@ -245,8 +245,12 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     tokens, lat = monotone(points)
     ctx_tokens, ctx_ms = monotone(context)
     # the scheduler compares these step costs with each other: each non-decreasing in rows, the
-    # verify grid also in width (``least_from_above``)
+    # verify grid also in width (``least_from_above``); the host times too, whose medians of a few
+    # dozen rounds moved by 0.1 ms between runs (H100, default pair, session 41: host_ms 0.100 then
+    # 0.187 at 8 rows, 0.078-0.099 at 32-64, ~0.08 ms apart from the AR round's), which turned a
+    # batch of 8 to AR rounds at 0.69x fixed N's tokens/s
     draft_ms, ar_ms = least_from_above(draft_ms), least_from_above(ar_ms)
+    host, ar_host = least_from_above(host), least_from_above(ar_host)
     grid = [least_from_above(r) for r in grid]
     grid = [list(c) for c in zip(*[least_from_above(list(col)) for col in zip(*grid)])] if grid else grid
     return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms,
