@@ -404,7 +404,8 @@ def run(argv) -> dict:
     calibration = (Calibration([1.0], {"survival": survival_curve(args.synthetic)}) if args.synthetic
                    else llm.calibration)          # replayed confidences are calibrated by construction
     llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device,
-                                                calibration, curve, learn_costs=args.learn_round_costs)
+                                                calibration, curve, cost_model=llm.cost_model,
+                                                learn_costs=args.learn_round_costs)
     llm.verify_cost = curve
     for spec in (True, False):               # the steady load's admissions replay prefill graphs
         llm.capture_graphs(spec, prefill_lengths=[args.prompt_len] if steady else None)

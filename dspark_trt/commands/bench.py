@@ -21,6 +21,7 @@ from .. import provenance
 import argparse
 import importlib.util
 import json
+import math
 import platform
 import sys
 import time
@@ -250,7 +251,7 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
     # 0.187 at 8 rows, 0.078-0.099 at 32-64, ~0.08 ms apart from the AR round's), which turned a
     # batch of 8 to AR rounds at 0.69x fixed N's tokens/s
     draft_ms, ar_ms = least_from_above(draft_ms), least_from_above(ar_ms)
-    host, ar_host = least_from_above(host), least_from_above(ar_host)
+    host, ar_host = least_measured_from_above(host), least_measured_from_above(ar_host)
     grid = [least_from_above(r) for r in grid]
     grid = [list(c) for c in zip(*[least_from_above(list(col)) for col in zip(*grid)])] if grid else grid
     return {"tokens": tokens, "latency_ms": lat, "rows": rows, "draft_ms": draft_ms, "ar_ms": ar_ms,
@@ -280,7 +281,17 @@ def least_from_above(values: list) -> list:
     return out
 
 
-CONTEXT_ROWS = 64    # positions per row of the widest context write timed (an AR streak's buffer)
+def least_measured_from_above(values: list) -> list:
+    """``least_from_above`` of host times, where a 0 (``host_overhead_ms`` clamps a round timed
+    below its steps' events) is no measurement: it takes the least later measured value, or the
+    last one before it, instead of zeroing every smaller row count."""
+    out = least_from_above([v if v > 0 else math.inf for v in values])
+    measured = [v for v in out if math.isfinite(v)]
+    return [v if math.isfinite(v) else (measured[-1] if measured else 0.0) for v in out]
+
+
+CONTEXT_ROWS = 64    # positions per row of the widest context write timed (a flush of the AR streaks'
+                     # pool gathers at most slots x 64 rows: DeferredContext.room_for)
 
 
 def context_points(nets, x, taps, iters: int, cuda: bool) -> dict:

@@ -19,7 +19,8 @@ A sequence's pending rows go when it leaves (finish, abort, preemption: its pref
 whole context). The AR rows are a pool of ``slots x capacity`` rows that the slots share, handed
 out as the rounds need them: a small batch's slots hold more than ``capacity`` rows each (one
 slot up to the whole pool), so its streak flushes less often; when the pool is full the batch's
-pending rows are flushed. With ``capacity`` rows per slot each, a batch of 1 of the default pair
+pending rows are flushed, and so they are when a flush would gather more than the pool's rows
+(it pads every slot to the longest). With ``capacity`` rows per slot each, a batch of 1 of the default pair
 flushed 9 times in 841 fallback AR rounds, each write ~3 ms of eager launches: 9 % of the AR
 rounds' time (H100, session 41, d0fe5d0).
 
@@ -107,8 +108,12 @@ class DeferredContext:
         return np.array(rows, dtype=np.int64)
 
     def room_for(self, slots: list[int]) -> bool:
-        """Whether the pool has a row for each of ``slots``."""
-        return len(self.free) >= len(slots)
+        """Whether the pool has a row for each of ``slots``, and their flush after it would still
+        gather at most the pool's size of rows (``flush`` pads every slot to the longest: ``[b,
+        L]``; without the bound one slot's long streak made the next wide batch's flush gather
+        b x that streak)."""
+        longest = max((self.pending(s) for s in slots), default=0)
+        return len(self.free) >= len(slots) and len(slots) * (longest + 1) <= self.slots * self.capacity
 
     def _release(self, slot: int) -> list[int]:
         """``slot``'s store rows, given back to the pool."""

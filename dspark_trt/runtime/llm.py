@@ -183,8 +183,9 @@ class LLM:
         self.learn_round_costs = learn_round_costs and self.tp_size == 1
         if cost_model in ("packed", "auto") and not getattr(self.networks, "packs_rows", False):
             raise ConfigError(f"cost_model {cost_model!r} packs each row's admitted prefix into one verify; "
-                              f"this target's rows cannot be packed (Qwen3-family targets can): use "
-                              f"'trimmed' or 'padded'")
+                              f"this target cannot (packing needs a Qwen3-family target's eager modules: "
+                              f"a preset or checkpoints, not an engine or DeepSeek-V4): use 'trimmed' or "
+                              f"'padded'")
         self.cost_model = cost_model
         self._steps = None
 

@@ -534,6 +534,15 @@ def test_step_costs_are_bounded_by_later_measurements():
     assert least_from_above([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0] and least_from_above([]) == []
 
 
+def test_host_times_made_monotone_without_their_clamped_zeros():
+    """A host time of 0 (a round timed below its steps' events, clamped) is no measurement: it
+    must not zero the smaller row counts' host times."""
+    from dspark_trt.commands.bench import least_measured_from_above as f
+    assert f([0.3, 0.1, 0.0]) == [0.1, 0.1, 0.1]
+    assert f([0.1, 0.0, 0.2]) == [0.1, 0.2, 0.2] and f([0.0, 0.0]) == [0.0, 0.0]
+    assert f([0.092, 0.187, 0.078, 0.135]) == [0.078, 0.078, 0.078, 0.135]
+
+
 def test_bench_cost_curve_writes_verify_cost(tmp_path, capsys, monkeypatch):
     from dspark_trt.commands import bench as bench_cmd
     tdir, ddir = _head_checkpoints(tmp_path)
@@ -1622,7 +1631,7 @@ def test_llm_cost_model_option_and_its_errors():
     pack (DeepSeek-V4) and an unknown name are refused, naming what is wrong."""
     llm = LLM.from_preset("qwen3-tiny-dspark", device="cpu", max_seq_len=64, cost_model="auto")
     assert _scheduler(llm).configured == "auto"
-    with pytest.raises(ConfigError, match="'packed'.*cannot be packed"):
+    with pytest.raises(ConfigError, match="'packed'.*this target cannot"):
         LLM.from_preset("deepseek-v4-tiny-dspark", device="cpu", max_seq_len=64, cost_model="packed")
     with pytest.raises(ConfigError, match="cost_model must be one of"):
         LLM.from_preset("qwen3-tiny-dspark", device="cpu", max_seq_len=64, cost_model="fastest")

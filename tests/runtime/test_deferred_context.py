@@ -69,3 +69,19 @@ def test_rows_of_several_slots_and_a_prompt_and_a_drop():
     np.testing.assert_array_equal(pos.numpy(), [[0, 1, 2, 3]])
     torch.testing.assert_close(taps[0, :, 0], torch.tensor([7.0, 8.0, 20.0, 21.0]))
     assert d.empty and len(d.free) == 6
+
+
+def test_a_flush_never_gathers_more_rows_than_the_pool():
+    """``flush`` pads every slot to the longest: after one slot's long streak a wider batch has no
+    room until it is flushed (``b x (longest + 1)`` must fit the pool), so the gather stays
+    within the pool's rows."""
+    steps = _Steps()
+    d = DeferredContext(steps, slots=4, capacity=2)           # a pool of 8 rows
+    for p in range(5):
+        d.add([0], [p])
+    assert d.room_for([0]) and not d.room_for([0, 1])         # 2 x 6 rows > 8
+    d.flush([0, 1], table=None)
+    assert steps.calls[-1][0].shape[:2] == (2, 5) and d.room_for([0, 1, 2, 3])
+    for p in range(2):
+        d.add([0, 1, 2, 3], [p] * 4)
+    assert not d.room_for([0, 1, 2, 3])                        # 4 x 3 > 8 (and no free row)
