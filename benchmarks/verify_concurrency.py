@@ -371,9 +371,12 @@ def repeated(runs: list[dict]) -> dict:
     return rec
 
 
-def paired_ratios(runs: list[dict], refs: list[dict]) -> list[float]:
-    """tokens/s of each repeat over the reference's in the same repeat."""
-    return [a["decode_tokens_per_s"] / b["decode_tokens_per_s"] for a, b in zip(runs, refs)]
+def paired_ratios(runs: list[dict], refs: list[dict], key: str = "decode_tokens_per_s") -> list[float]:
+    """tokens/s (``key``) of each repeat over the reference's in the same repeat; [] where a run
+    lacks it."""
+    if not all(key in r for r in (*runs, *refs)):
+        return []
+    return [a[key] / b[key] for a, b in zip(runs, refs)]
 
 
 def run(argv) -> dict:
@@ -453,6 +456,9 @@ def run(argv) -> dict:
         for mode in modes:
             row[mode]["ratio_vs_fixed_repeats"] = paired_ratios(runs[mode], runs["fixed"])
             row[mode]["ratio_vs_autoregressive_repeats"] = paired_ratios(runs[mode], runs["autoregressive"])
+            for ref, name in (("fixed", "fixed"), ("autoregressive", "autoregressive")):   # steady: the
+                row[mode][f"decode_only_ratio_vs_{name}_repeats"] = paired_ratios(     # decode rounds
+                    runs[mode], runs[ref], "decode_only_tokens_per_s")                  # alone (no prefills)
         for r in row.values():
             r.pop("output_ids_row0", None)
         fixed = row["fixed"]["decode_tokens_per_s"]
@@ -477,6 +483,10 @@ def run(argv) -> dict:
             print(f"[verify-concurrency] B={B:3d} paired ratios per repeat: " + " | ".join(
                 f"{m}/fixed " + " ".join(f"{v:.2f}" for v in row[m]["ratio_vs_fixed_repeats"])
                 + f", {m}/AR " + " ".join(f"{v:.2f}" for v in row[m]["ratio_vs_autoregressive_repeats"])
+                + (" (decode alone: /fixed " + " ".join(
+                    f"{v:.2f}" for v in row[m]["decode_only_ratio_vs_fixed_repeats"]) + ", /AR " + " ".join(
+                    f"{v:.2f}" for v in row[m]["decode_only_ratio_vs_autoregressive_repeats"]) + ")"
+                   if row[m]["decode_only_ratio_vs_fixed_repeats"] else "")
                 for m in modes if m != "fixed"), flush=True)
         if "round_kinds" in row:
             kinds = row["round_kinds"]

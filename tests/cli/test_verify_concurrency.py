@@ -232,6 +232,10 @@ def test_repeats_keep_the_median_run_and_pair_the_ratios():
     assert "decode_tokens_per_s_repeats" not in mod.repeated(runs[:1])
     ar = [{"decode_tokens_per_s": v} for v in (15.0, 10.0, 40.0)]
     assert mod.paired_ratios(runs, ar) == [2.0, 1.0, 0.5]
+    for r, v in zip(runs + ar, (6.0, 2.0, 4.0, 3.0, 4.0, 2.0)):             # steady loads: decode alone too
+        r["decode_only_tokens_per_s"] = v
+    assert mod.paired_ratios(runs, ar, "decode_only_tokens_per_s") == [2.0, 0.5, 2.0]
+    assert mod.paired_ratios(runs, ar + [{}], "missing") == []
 
 
 def test_prices_replay_a_runs_cost_curve(tmp_path):
