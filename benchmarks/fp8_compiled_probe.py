@@ -34,8 +34,9 @@ import importlib  # noqa: E402
 
 fl = importlib.import_module("dspark_trt.plugins.fp8_linear")   # the package's attribute of that name is the op
 from dspark_trt.plugins.kernels import skinny_gemm  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 
-PEAK = 4.8e12
+PEAK = hbm_bytes_per_s()     # the GPU's own peak HBM rate (devices.HBM_BYTES_PER_S; without a GPU the H200's 4.8e12)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 
 

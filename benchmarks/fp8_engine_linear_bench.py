@@ -42,8 +42,9 @@ from dspark_trt.builder.backends.aoti import inductor_configs, select_compiler  
 from dspark_trt.config import get_preset  # noqa: E402
 from dspark_trt.models.fp8_linear import Fp8Linear  # noqa: E402
 from dspark_trt.plugins.fp8_linear import fp8_linear_bucketed  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 
-PEAK = 4.8e12
+PEAK = hbm_bytes_per_s()     # the GPU's own peak HBM rate (devices.HBM_BYTES_PER_S; without a GPU the H200's 4.8e12)
 MS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 

@@ -43,8 +43,9 @@ from benchmarks.skinny_gemm_bench import graph_us  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.models.layers import RMSNorm  # noqa: E402
 from dspark_trt.plugins.kernels import decode_gemv as dg  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 
-PEAK = 4.8e12
+PEAK = hbm_bytes_per_s()     # the GPU's own peak HBM rate (devices.HBM_BYTES_PER_S; without a GPU the H200's 4.8e12)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
 SWEEP = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
          for bn, bk, nw, ns in itertools.product((8, 16, 32), (256, 512), (4, 8), (3,))]

@@ -40,8 +40,9 @@ from dspark_trt.plugins.noncausal_swa_indices import index_width, noncausal_swa_
 from dspark_trt.commands.bench import time_ms  # noqa: E402
 from dspark_trt.plugins.rejection_sample import rejection_sample_ref  # noqa: E402
 from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 
-PEAK = 4.8e12
+PEAK = hbm_bytes_per_s()     # the GPU's own peak HBM rate (devices.HBM_BYTES_PER_S; without a GPU the H200's 4.8e12)
 PEAK_FLOPS = 790e12          # H200 bf16 tensor limit this project compares against (datasheet: 989e12 dense)
 DEV = "cuda"
 BF16 = torch.bfloat16

@@ -37,8 +37,9 @@ import triton  # noqa: E402
 
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.plugins.kernels import skinny_gemm as sg  # noqa: E402
+from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 
-PEAK = 4.8e12
+PEAK = hbm_bytes_per_s()     # the GPU's own peak HBM rate (devices.HBM_BYTES_PER_S; without a GPU the H200's 4.8e12)
 SHAPES = {                       # name -> (N, K): weights [N, K] (Qwen3-8B; the draft's fc: 5 x hidden in)
     "kv": (1024, 4096),
     "o": (4096, 4096),
