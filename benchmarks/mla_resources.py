@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 
@@ -32,21 +33,6 @@ from dspark_trt import provenance  # noqa: E402
 from dspark_trt.plugins.kernels import sparse_mla as ksm  # noqa: E402
 from tests.plugins.test_plugins_compile import compile_launch, record  # noqa: E402
 from tests.support.plugins_cases import sparse_mla_inputs  # noqa: E402
-
-
-class _Patch:
-    """``monkeypatch.setattr`` for ``record`` outside pytest; ``undo`` restores."""
-
-    def __init__(self):
-        self.saved = []
-
-    def setattr(self, obj, name, value):
-        self.saved.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, value)
-
-    def undo(self):
-        for obj, name, value in reversed(self.saved):
-            setattr(obj, name, value)
 
 
 def resources(cubin: bytes) -> dict:
@@ -69,7 +55,7 @@ def main(argv=None) -> int:
     idx = idx[:1].expand(8, -1)                                   # one block: every token the same list
     rows = []
     for cfg in MLA_CONFIGS:
-        patch = _Patch()
+        patch = pytest.MonkeyPatch()               # what ``record`` patches, outside a test
         try:
             kernel, args, kwargs = record(patch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv,
                                           **cfg)[0]
