@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .context_rows import ContextRows
 from .deferred_context import SLOT_ROWS
 from .packed_verify import check_packable
 from .prefill_graphs import PrefillGraphs
@@ -288,8 +289,9 @@ class GraphedSteps:
         self._graphs: dict[tuple, CapturedGraph] = {}
         self._trimmed_verify: dict[tuple, dict] = {}   # (width, slots) -> graph, per round shape
         self._draft_z: dict[int, Tensor] = {}          # bucket -> the z store of its "draft_admit" graphs
-        self.prefills = PrefillGraphs(
-            self, lambda fn: CapturedGraph(fn, self.pool, self.backend, self.capture_stream))
+        capture = lambda fn: CapturedGraph(fn, self.pool, self.backend, self.capture_stream)  # noqa: E731
+        self.prefills = PrefillGraphs(self, capture)
+        self.context_rows = ContextRows(steps.nets, capture, max_batch_size, max_pages)   # deferred context
 
     @property
     def verify_widths(self):

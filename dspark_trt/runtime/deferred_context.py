@@ -7,8 +7,9 @@ position, not on when it is written. Writing it inside every AR round costs the 
 context weights once per round; nothing reads it until the next speculative round (a probe, or a
 batch that stops falling back). So the fallback's AR rounds keep their taps here, one row per
 (sequence slot, pending position), and the next speculative round first writes all of a batch's
-pending positions with one ``draft_context`` call over ``[b, L]`` rows: the same cache contents
-(up to the summation order of a wider matmul) for the weight read of one call.
+pending positions in one write of their rows, flat (``context_rows.py``: one CUDA graph per row
+bucket under ``GraphedSteps``): the same cache contents (up to the summation order of a wider
+matmul) for the weight read of one call.
 
 A sequence admitted while its batch falls back to AR decoding defers its prompt's draft context
 the same way (``add_prompt``: the prefill's taps of every prompt row, kept as they are): a request
@@ -19,10 +20,10 @@ A sequence's pending rows go when it leaves (finish, abort, preemption: its pref
 whole context). The AR rows are a pool of ``slots x capacity`` rows that the slots share, handed
 out as the rounds need them: a small batch's slots hold more than ``capacity`` rows each (one
 slot up to the whole pool), so its streak flushes less often; when the pool is full the batch's
-pending rows are flushed, and so they are when a flush would gather more than the pool's rows
-(it pads every slot to the longest). With ``capacity`` rows per slot each, a batch of 1 of the default pair
+pending rows are flushed. With ``capacity`` rows per slot each, a batch of 1 of the default pair
 flushed 9 times in 841 fallback AR rounds, each write ~3 ms of eager launches: 9 % of the AR
-rounds' time (H100, session 41, d0fe5d0).
+rounds' time (H100, session 41, d0fe5d0); with the pool 3 times, still ~2 ms each (session 42),
+which the graphs of ``ContextRows`` take down to a few launches.
 
 The AR rows live in the steps' ``tap_store`` (``DecodeSteps.keep_taps``): the AR round itself stores
 its taps at the rows ``add`` hands out (``RoundInputs.tap_row``), inside its CUDA graph, so the
@@ -35,6 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .context_rows import ContextRows
+
 SLOT_ROWS = 64          # AR rows per slot in the shared pool (slots x SLOT_ROWS rows)
 
 
@@ -44,12 +47,14 @@ class DeferredContext:
     it, in order; ``free``: the rows no slot holds), a deferred prompt's rows in ``prompts``
     (before them), the positions on the host."""
 
-    def __init__(self, steps, slots: int, capacity: int):
+    def __init__(self, steps, slots: int, capacity: int, writer: ContextRows | None = None):
         """``steps``: the ``DecodeSteps`` whose AR rounds store the taps (``keep_taps``) and whose
-        networks write the context (``flush``)."""
+        networks write the context (``flush``), through ``writer`` (default: eager writes; the
+        ``GraphedSteps``' replays its graphs)."""
         if capacity < 1:
             raise ValueError(f"DeferredContext: capacity must be >= 1, got {capacity}")
         self.nets, self.slots, self.capacity, self.steps = steps.nets, slots, capacity, steps
+        self.writer = writer or ContextRows(steps.nets)
         steps.reserve_taps(slots * capacity)
         self.positions: dict[int, list[int]] = {}            # slot -> pending AR positions, in order
         self.rows: dict[int, list[int]] = {}                 # slot -> their store rows, in the same order
@@ -99,21 +104,23 @@ class DeferredContext:
         """Rows at ``positions`` for ``slots`` (one each; the pool has room: ``room_for``) ->
         [B] int64 their ``store`` rows, where the AR round that computes them stores their taps
         (``RoundInputs.tap_row``)."""
-        if len(self.free) < len(slots):
+        n = len(slots)
+        if len(self.free) < n:
             raise RuntimeError("DeferredContext.add: the AR rows are all held; flush first")
-        rows = [self.free.pop() for _ in slots]
+        rows = self.free[-n:]                     # (every AR round of a streak: kept lean)
+        del self.free[-n:]
         for s, p, r in zip(slots, positions, rows):
-            self.positions.setdefault(s, []).append(p)
-            self.rows.setdefault(s, []).append(r)
+            held = self.rows.get(s)
+            if held is None:
+                self.positions[s], self.rows[s] = [p], [r]
+            else:
+                held.append(r)
+                self.positions[s].append(p)
         return np.array(rows, dtype=np.int64)
 
     def room_for(self, slots: list[int]) -> bool:
-        """Whether the pool has a row for each of ``slots``, and their flush after it would still
-        gather at most the pool's size of rows (``flush`` pads every slot to the longest: ``[b,
-        L]``; without the bound one slot's long streak made the next wide batch's flush gather
-        b x that streak)."""
-        longest = max((self.pending(s) for s in slots), default=0)
-        return len(self.free) >= len(slots) and len(slots) * (longest + 1) <= self.slots * self.capacity
+        """Whether the pool has a row for each of ``slots``."""
+        return len(self.free) >= len(slots)
 
     def _release(self, slot: int) -> list[int]:
         """``slot``'s store rows, given back to the pool."""
@@ -123,34 +130,32 @@ class DeferredContext:
 
     def flush(self, slots: list[int], table: Tensor) -> None:
         """Write the pending context of ``slots`` (rows of ``table [len(slots), pages]``) in one
-        ``draft_context`` call; slots with nothing pending are inert rows (position -1)."""
-        L = max((self.pending(s) for s in slots), default=0)
-        if L == 0:
+        ``ContextRows.write`` of their rows, flat: every AR row by one gather from the store, then
+        each deferred prompt's rows."""
+        R = self.pending_rows(slots)
+        if R == 0:
             return
-        pos = np.full((len(slots), L), -1, dtype=np.int64)
-        prompts = [self.prompts.pop(s, ([], None)) for s in slots]
-        rows = [self._release(s) for s in slots]                 # each slot's AR rows, in order
-        for i, s in enumerate(slots):
-            p = prompts[i][0] + self.positions.pop(s, [])
-            pos[i, :len(p)] = p
-        store = self.store if any(rows) else None
-        if not any(t is not None for _, t in prompts):            # AR rows only: one gather
-            idx = np.zeros((len(slots), L), dtype=np.int64)       # (inert rows read row 0)
-            for i, r in enumerate(rows):
-                idx[i, :len(r)] = r
-            taps = store[torch.from_numpy(idx).to(store.device)]  # [b, L, m*d]
-        else:
-            ref = next(t for _, t in prompts if t is not None)
-            taps = ref.new_zeros(len(slots), L, ref.shape[-1])
-            for i, ((pp, t), r) in enumerate(zip(prompts, rows)):
-                n = len(pp)
-                if t is not None:
-                    taps[i, :n] = t
-                if r:
-                    taps[i, n:n + len(r)] = store[torch.tensor(r, device=store.device)]
-        self.nets.draft_context(taps, torch.from_numpy(pos).to(taps.device), table)
+        ar = [(i, self.positions.pop(s, []), self._release(s)) for i, s in enumerate(slots)]
+        prompts = [(i, *self.prompts.pop(s)) for i, s in enumerate(slots) if s in self.prompts]
+        A = sum(len(r) for _, _, r in ar)
+        positions, table_rows = np.empty(R, dtype=np.int64), np.empty(R, dtype=np.int64)
+        source = np.empty(A, dtype=np.int64)                     # the AR rows' store rows
+        k = 0
+        for i, p, r in ar:
+            positions[k:k + len(p)], table_rows[k:k + len(p)], source[k:k + len(p)] = p, i, r
+            k += len(p)
+        store = self.store if A else None
+        rows = self.writer.rows(R, store if A else prompts[0][2])   # [R, m*d]
+        with torch.inference_mode():
+            if A:
+                torch.index_select(store, 0, torch.from_numpy(source).to(store.device), out=rows[:A])
+            for i, p, t in prompts:
+                positions[k:k + len(p)], table_rows[k:k + len(p)] = p, i
+                rows[k:k + len(p)].copy_(t)
+                k += len(p)
+        self.writer.write(rows, positions, table_rows, table)
         self.flushes += 1
-        self.flushed_rows += int((pos >= 0).sum())
+        self.flushed_rows += R
 
     def drop(self, slot: int) -> None:
         """Forget ``slot``'s pending rows (its sequence left)."""

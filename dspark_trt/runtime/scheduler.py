@@ -143,6 +143,7 @@ class Scheduler:
         measured = None if sched is None else sched.calibration.survival(networks.num_spec_tokens)
         self._survival = SurvivalEstimate(networks.num_spec_tokens, measured=measured)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
+        self._streak_inputs: tuple = (None, None)   # (batch constants, survival curve) of the streak's decision
         self._probe_floor = 0                  # the streak's probe interval from PROBE_BUDGET
         self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
         self._window_streak = 0                # window rounds since the last confidence probe
@@ -151,7 +152,7 @@ class Scheduler:
         # the fallback AR rounds' draft context, written by the next speculative round
         # (``defer_context=False``: by each AR round itself, the reference behaviour)
         self.defer_context = True
-        self.deferred = DeferredContext(self.steps.eager, max_batch_size, SLOT_ROWS)
+        self.deferred = DeferredContext(self.steps.eager, max_batch_size, SLOT_ROWS, self.steps.context_rows)
         self._free_slots = list(range(max_batch_size))      # token-count rows of running sequences
         self.constants = BatchConstantsCache()              # the batch's per-request round inputs and flags
         self._next_id = 0
@@ -549,15 +550,30 @@ class Scheduler:
         self._window_streak += 1
         return True
 
+    def _streak_goes_on(self, batch: BatchConstants) -> bool:
+        """Whether this round of an AR streak falls back again with nothing to decide: no probe is
+        due and the decision's inputs are the last AR round's (the batch, so its rows and modes,
+        and the survival curve, which no AR round changes). A streak's rounds are the fallback's
+        common case, and on a round of ~0.3 ms (the default pair at batch 1, H100 host) the
+        decision's calls cost as much as the rest of its host path above a plain AR round."""
+        return (self._ar_streak > 0 and self._ar_streak < max(self._probe_every, self._probe_floor)
+                and self._streak_inputs[0] is batch and self._streak_inputs[1] is self._survival.curve())
+
     def _spec_round(self, seqs: list[Sequence]) -> None:
-        if (sched := self._scheduler()) is not None:
-            sched.use_rows(len(seqs))                   # "auto": packed or trimmed by the round's rows
         batch = self.constants.get(seqs)
-        estimates = self._estimates_rounds(seqs, batch)  # the round's decisions, host-side, once
-        if self._falls_back_to_ar(seqs, estimates):
+        if self._streak_goes_on(batch):
             self._ar_streak += 1
             return self._ar_round(seqs, fallback=True, constants=batch)
-        self._ar_streak = 0
+        if (sched := self._scheduler()) is not None:
+            sched.use_rows(len(seqs))                   # "auto": packed or trimmed by the round's rows
+        estimates = self._estimates_rounds(seqs, batch)  # the round's decisions, host-side, once
+        stay = self._ar_streak > 0 or self._probing      # the decision reads the curve, AR_STAY_MARGIN
+        if self._falls_back_to_ar(seqs, estimates):
+            self._ar_streak += 1
+            if stay and getattr(sched, "round_costs", None) is None:   # (learned prices move every round)
+                self._streak_inputs = (batch, self._survival.curve())    # the next rounds' decision, if these stay
+            return self._ar_round(seqs, fallback=True, constants=batch)
+        self._ar_streak, self._streak_inputs = 0, (None, None)
         self._flushed = self._write_deferred(seqs)
         mods, k, rows = batch.mods, batch.logprobs_k, None
         r = self.round_inputs(seqs, batch)

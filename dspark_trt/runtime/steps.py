@@ -74,6 +74,7 @@ from torch import Tensor
 
 from .. import plugins
 from .confidence import MODE_IDS
+from .context_rows import ContextRows
 from .logprobs import LogprobRows, emitted_tokens, to_host, token_logprobs
 from .packed_verify import check_packable, packed_target
 from .sampling_modifiers import Modifiers, TokenCounts, apply_modifiers
@@ -206,6 +207,7 @@ class DecodeSteps:
         # [tap_rows + 1, m*d] (the last row takes inert rows), allocated by the first such step
         self.tap_rows = 0
         self.tap_store: Tensor | None = None
+        self.context_rows = ContextRows(networks)     # their late write (eager; GraphedSteps: graphs)
 
     def reserve_taps(self, rows: int) -> None:
         """``tap_store`` rows for at least ``rows`` taps (``DeferredContext``: slots x capacity); a

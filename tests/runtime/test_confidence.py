@@ -1258,6 +1258,8 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
     ar_rounds = sum(p == 0 for _, proposed, _ in runs[True][0] for p in proposed)
     assert late.flushes >= 2 and 0 < late.flushed_rows <= ar_rounds
     assert not late.positions and late.empty and runs[False][2].deferred.flushes == 0
+    writer = late.writer                 # graphs: every write replayed a row bucket's graph
+    assert (writer.graph_writes, writer.eager_writes) == ((late.flushes, 0) if graphs else (0, late.flushes))
 
 
 @pytest.mark.parametrize("graphs", [False, True])
@@ -1349,6 +1351,35 @@ def test_ar_fallback_probes_less_often_while_ar_wins(unbudgeted_probes, monkeypa
     assert out.output_ids == ar.output_ids
     assert [i for i, p in enumerate(out.stats.proposed) if p > 0][:4] == [0, 9, 26, 59]
     assert added[:4] == [False, True, True, True]
+
+
+def test_an_ar_streak_skips_its_decisions_only_where_they_cannot_change(unbudgeted_probes, monkeypatch):
+    """``Scheduler._streak_goes_on``: the streak's rounds that fall back without deciding again
+    (no probe due, the same batch and survival curve) leave every round kind, output and probe
+    where deciding every round puts them, through admissions and finishes that change the batch."""
+    from dspark_trt.runtime.scheduler import Scheduler
+    llm = _llm(block=4, seed=6, verify_cost=probed_curve(), cost_model="trimmed")
+    reqs = [([1, 2, 3], 60), ([4, 5], 25), ([6, 7, 8, 9], 40), ([3, 1], 10)]
+    skipped, goes_on = [], Scheduler._streak_goes_on
+
+    def run(fast: bool):
+        monkeypatch.setattr(Scheduler, "_streak_goes_on",
+                            (lambda self, b: skipped.append(goes_on(self, b)) or skipped[-1]) if fast
+                            else (lambda self, b: False))
+        gen = llm.scheduler()
+        gen.round_log = []
+        seqs = [gen.add_request(p, SamplingParams(max_new_tokens=n, verify_mode="scheduled")) for p, n in reqs[:2]]
+        steps = 0
+        while gen.has_work():
+            gen.step()
+            steps += 1
+            if steps in (12, 30):          # admissions inside the streak
+                seqs.append(gen.add_request(reqs[len(seqs)][0], SamplingParams(
+                    max_new_tokens=reqs[len(seqs)][1], verify_mode="scheduled")))
+        return [k for k, _, _ in gen.round_log], [(s.output_ids, s.stats.proposed) for s in seqs]
+    fast, full = run(True), run(False)
+    assert fast == full
+    assert sum(skipped) >= 20 and fast[0].count("ar") > sum(skipped) and "fixed" in fast[0][5:]
 
 
 @pytest.mark.parametrize("graphs", [False, True])

@@ -1,0 +1,167 @@
+"""Where an all-``scheduled`` batch held in AR fallback rounds loses to plain AR decoding (issue #25).
+
+Session 42 (H100, default pair, batch 1, steady load): the fallback's AR rounds took 0.291 ms against
+plain AR rounds' 0.275, and its 3 probes 2.64 ms each against fixed rounds' 0.64, together 7 % of
+the run. This runs ``verify_concurrency``'s steady load at one batch size, per mode ("ar":
+plain AR rounds, "scheduled": LLM's default) a warm-up run, then one under cProfile, and prints per round the host
+functions' time of each; then it times the graphed steps alone (``ar_round`` against
+``ar_round_keep_taps``, the fallback's AR step) and deferred-context flushes of 16 and
+``--flush-rows`` rows (wall and device time), through the ``ContextRows`` graphs and eagerly.
+Writes ``fallback-profile-<gpu>-<sha>.json``.
+
+    python benchmarks/fallback_profile.py --prices RESULT.json.gz [--batch 1] [--out-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import verify_concurrency as vc  # noqa: E402
+from dspark_trt import provenance  # noqa: E402
+from dspark_trt.commands import bench  # noqa: E402
+from dspark_trt.runtime.confidence import VerifyScheduler  # noqa: E402
+from dspark_trt.runtime.context_rows import ContextRows  # noqa: E402
+
+WATCH = ("step", "_ar_round", "_spec_round", "_falls_back_to_ar", "_estimates_rounds", "round_inputs",
+         "add", "room_for", "flush", "draft_context", "_write_deferred", "_observe_round", "commit",
+         "_replay_ar", "_replay_round", "fill", "upload", "download", "launch", "get", "prefers_ar",
+         "record", "_reserve_round")
+
+
+def profiled_run(llm, prompts, B: int, gen_len: int, speculative: bool) -> dict:
+    """One steady-load run under cProfile -> {rounds, round kinds, per-function ms per round}."""
+    prof = cProfile.Profile()
+    prof.enable()
+    out = vc.steady_state(llm, prompts, B, gen_len, speculative, "scheduled")
+    prof.disable()
+    rounds = sum(k["count"] for k in out["round_wall"].values())
+    funcs = {}
+    for (file, line, name), (cc, nc, tt, ct, _) in pstats.Stats(prof).stats.items():
+        if name in WATCH and ("dspark_trt" in file or "verify_concurrency" in file):
+            key = f"{Path(file).name}:{line}:{name}"
+            funcs[key] = {"calls": nc, "tottime_ms": 1e3 * tt, "cumtime_ms": 1e3 * ct,
+                          "cum_us_per_round": 1e6 * ct / max(rounds, 1)}
+    top = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:25]
+    return {"round_wall": out["round_wall"], "decode_only_tokens_per_s": out["decode_only_tokens_per_s"],
+            "deferred_context": out["deferred_context"], "rounds": rounds, "functions": funcs,
+            "top_tottime": [{"function": f"{Path(f).name}:{ln}:{n}", "calls": v[1], "tottime_ms": 1e3 * v[2]}
+                            for (f, ln, n), v in top]}
+
+
+def step_walls(llm, prompts, B: int, iters: int = 500) -> dict:
+    """Wall per call of the graphed AR step with and without the taps' store (``ar_round`` /
+    ``ar_round_keep_taps``), on a prefilled batch, interleaved in blocks of 50."""
+    gen = llm.scheduler(True)
+    seqs = [gen.add_request(p.tolist(), bench._greedy(8)) for p in prompts[:B]]
+    gen.step()
+    r = gen.round_inputs(seqs)
+    r.tap_row = np.arange(B, dtype=np.int64)
+    gen.deferred.steps.reserve_taps(gen.deferred.slots * gen.deferred.capacity)
+    steps, mods = llm.steps, gen.constants.get(seqs).mods
+    walls = {"ar": [], "ar_keep_taps": []}
+    calls = {"ar": lambda: steps.ar_round(r, mods), "ar_keep_taps": lambda: steps.ar_round_keep_taps(r, mods)}
+    for fn in calls.values():
+        for _ in range(20):
+            fn()
+    for _ in range(iters // 50):
+        for name, fn in calls.items():
+            t = time.perf_counter()
+            for _ in range(50):
+                fn()
+            walls[name].append(1e3 * (time.perf_counter() - t) / 50)
+    for s in seqs:
+        gen.abort(s.request_id)
+    gen.step()
+    return {k: {"median_ms": float(np.median(v)), "min_ms": float(np.min(v))} for k, v in walls.items()}
+
+
+def flush_cost(llm, prompts, rows: int, eager: bool, iters: int = 10) -> dict:
+    """Wall and device time of one ``DeferredContext.flush`` of ``rows`` AR rows of one slot
+    (``eager``: through eager calls, not the ``ContextRows`` graphs)."""
+    gen = llm.scheduler(True)
+    seq = gen.add_request(prompts[0].tolist(), bench._greedy(8))
+    gen.step()
+    d, table = gen.deferred, gen._table([seq])
+    if eager:
+        d.writer = ContextRows(llm.networks)
+    walls, device = [], []
+    for i in range(iters + 2):
+        for p in range(rows):                # the prompt's positions again (pages it holds)
+            d.add([seq.slot], [p % len(prompts[0])])
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t = time.perf_counter()
+        e0.record()
+        d.flush([seq.slot], table)
+        e1.record()
+        torch.cuda.synchronize()
+        if i >= 2:
+            walls.append(1e3 * (time.perf_counter() - t))
+            device.append(e0.elapsed_time(e1))
+    gen.abort(seq.request_id)
+    gen.step()
+    w = d.writer
+    return {"rows": rows, "eager": eager, "wall_ms": float(np.median(walls)), "events_ms": float(np.median(device)),
+            "graph_writes": w.graph_writes, "eager_writes": w.eager_writes}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prices", required=True)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--flush-rows", type=int, default=160)
+    ap.add_argument("--max-batch-size", type=int, default=64,
+                    help="the LLM's (verify_concurrency: the largest batch size; the deferred rows' pool is 64 per slot)")
+    ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    a = ap.parse_args(argv)
+    B = a.batch
+    args = vc.parse_args(["--prompts", "heldout", "--gen-len", str(a.gen_len), "--prompt-len", "128",
+                          "--batch-sizes", str(B), "--load", "steady", "--prices", a.prices])
+    args.max_batch_size, args.max_seq_len = a.max_batch_size, 128 + vc.steady_range(a.gen_len)[1]
+    llm = bench.load_llm(args, **bench.step_path_kwargs(args))
+    n = llm.networks.num_spec_tokens
+    llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device, llm.calibration,
+                                                vc.load_prices(a.prices), cost_model=llm.cost_model)
+    for spec in (True, False):
+        llm.capture_graphs(spec, prefill_lengths=[128])
+    prompts = bench.make_prompts(llm, "heldout", max(16, 3 * B), 128, 0)
+    report = {"git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+              "command": "python benchmarks/fallback_profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "batch": B, "gen_len": a.gen_len, "runs": {}}
+    for name, spec in (("ar", False), ("scheduled", True)):
+        vc.steady_state(llm, prompts, B, a.gen_len, spec, "scheduled")          # warm-up
+        report["runs"][name] = profiled_run(llm, prompts, B, a.gen_len, spec)
+        r = report["runs"][name]
+        print(f"[fallback-profile] {name}: {r['decode_only_tokens_per_s']:.0f} tok/s decode-only, "
+              f"round wall {json.dumps(r['round_wall'])}", flush=True)
+        for k, v in sorted(r["functions"].items(), key=lambda kv: -kv[1]["cumtime_ms"]):
+            print(f"   {k:55s} calls {v['calls']:6d}  cum {v['cum_us_per_round']:8.1f} us/round  "
+                  f"tot {v['tottime_ms']:8.2f} ms", flush=True)
+    if torch.cuda.is_available():
+        report["step_walls"] = step_walls(llm, prompts, B)
+        print(f"[fallback-profile] graphed AR step walls: {json.dumps(report['step_walls'])}", flush=True)
+        report["flush"] = [flush_cost(llm, prompts, rows, eager) for rows in (16, a.flush_rows) for eager in (False, True)]
+        print(f"[fallback-profile] flush: {json.dumps(report['flush'])}", flush=True)
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fallback-profile-{report['gpu'].replace(' ', '-')}-{provenance.git_sha()}.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"[fallback-profile] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
