@@ -87,6 +87,33 @@ def step_walls(llm, prompts, B: int, iters: int = 500) -> dict:
     return {k: {"median_ms": float(np.median(v)), "min_ms": float(np.min(v))} for k, v in walls.items()}
 
 
+def graph_kernels(llm, prompts, B: int, replays: int = 50, top: int = 12) -> dict:
+    """The kernels of the graphed AR step with and without the taps' store (torch.profiler over
+    ``replays`` replays of each): name -> (count per replay, device us per replay)."""
+    from torch.profiler import ProfilerActivity, profile
+    gen = llm.scheduler(True)
+    seqs = [gen.add_request(p.tolist(), bench._greedy(8)) for p in prompts[:B]]
+    gen.step()
+    r = gen.round_inputs(seqs)
+    r.tap_row = np.arange(B, dtype=np.int64)
+    steps, mods, out = llm.steps, gen.constants.get(seqs).mods, {}
+    for name, fn in (("ar", lambda: steps.ar_round(r, mods)),
+                     ("ar_keep_taps", lambda: steps.ar_round_keep_taps(r, mods))):
+        fn()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(replays):
+                fn()
+        rows = [(e.key, e.count / replays, e.device_time_total / replays) for e in prof.key_averages()
+                if e.device_time_total > 0]
+        rows.sort(key=lambda x: -x[2])
+        out[name] = {"device_us_per_replay": sum(x[2] for x in rows), "kernels_per_replay": sum(x[1] for x in rows),
+                     "top": [{"kernel": k[:120], "count": c, "us": u} for k, c, u in rows[:top]]}
+    for s in seqs:
+        gen.abort(s.request_id)
+    gen.step()
+    return out
+
+
 def flush_cost(llm, prompts, rows: int, eager: bool, iters: int = 10) -> dict:
     """Wall and device time of one ``DeferredContext.flush`` of ``rows`` AR rows of one slot
     (``eager``: through eager calls, not the ``ContextRows`` graphs)."""
@@ -153,6 +180,12 @@ def main(argv=None) -> int:
     if torch.cuda.is_available():
         report["step_walls"] = step_walls(llm, prompts, B)
         print(f"[fallback-profile] graphed AR step walls: {json.dumps(report['step_walls'])}", flush=True)
+        report["graph_kernels"] = graph_kernels(llm, prompts, B)
+        for name, g in report["graph_kernels"].items():
+            print(f"[fallback-profile] {name}: {g['kernels_per_replay']:.1f} kernels, "
+                  f"{g['device_us_per_replay']:.1f} us per replay", flush=True)
+            for k in g["top"]:
+                print(f"   {k['count']:5.1f} x {k['us']:7.2f} us  {k['kernel']}", flush=True)
         report["flush"] = [flush_cost(llm, prompts, rows, eager) for rows in (16, a.flush_rows) for eager in (False, True)]
         print(f"[fallback-profile] flush: {json.dumps(report['flush'])}", flush=True)
     out = Path(a.out_dir)
