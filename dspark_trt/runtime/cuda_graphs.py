@@ -218,7 +218,6 @@ class BucketBuffers:
         self.dev_i = torch.empty(ni, dtype=torch.int64, device=device)
         self.dev_f = torch.empty(nf, dtype=torch.float32, device=device)
         self._host_out: dict[int, Tensor] = {}            # width -> pinned [Bb, width] int64
-        self._copied = torch.cuda.Event() if self.cuda else None   # a read-back's copy done (``download``)
         self._hi, self._hf = self.host_i.numpy(), self.host_f.numpy()
         # field -> (host segment [Bb], device segment [Bb], inert value)
         self._segs = {f: (self._hi[k * si:k * si + Bb], self.dev_i[k * si:k * si + Bb], v)
@@ -250,23 +249,17 @@ class BucketBuffers:
         self.dev_i.copy_(self.host_i, non_blocking=True)
         self.dev_f.copy_(self.host_f, non_blocking=True)
 
-    def download(self, out: Tensor, B: int, host_work: Callable[[], None] | None = None,
-                 after: Callable[[], None] | None = None) -> np.ndarray:
+    def download(self, out: Tensor, B: int, host_work: Callable[[], None] | None = None) -> np.ndarray:
         """Copy ``out[:B]`` to the pinned output and synchronise (the round's one host sync);
-        ``host_work`` runs between the queued copy and the wait; ``after`` queues device work
-        behind the copy that the wait leaves out (it waits for the copy alone)."""
+        ``host_work`` runs between the queued copy and the wait."""
         w = out.shape[1]
         if w not in self._host_out:
             self._host_out[w] = torch.empty(self.Bb, w, dtype=torch.int64, pin_memory=self.cuda)
         host = self._host_out[w][:B]
         host.copy_(out[:B], non_blocking=self.cuda)
-        if after is not None and self.cuda:
-            self._copied.record()
-        if after is not None:
-            after()
         run_host_work(host_work)
         if self.cuda:
-            (self._copied if after is not None else torch.cuda.current_stream()).synchronize()
+            torch.cuda.current_stream().synchronize()
         return host.numpy().copy()              # the pinned buffer is rewritten next round
 
 
@@ -359,8 +352,8 @@ class GraphedSteps:
     def graph(self, kind: str, Bb: int, mods: Modifiers | bool = False, width: int | None = None,
               slots: int | None = None, head: int | None = None) -> CapturedGraph:
         """The graph ``kind`` in {"draft", "verify", "draft_admit", "verify_admit", "ar", "ar_taps"
-        (the AR step that also outputs its taps, for the fallback's deferred context:
-        ``ar_round_keep_taps``)} of bucket
+        (the AR step storing its taps in the steps' ``tap_store`` at the inputs' ``tap_row``, for
+        the fallback's deferred context)} of bucket
         ``Bb`` and modifiers ``mods`` (captured on first use); "verify_admit" verifies the first
         ``width`` (None: all N) drafts of the "draft_admit" graph with its admitted lengths,
         packed into ``slots`` token slots when given (``packed_verify.py``); "draft" / "verify"
@@ -376,7 +369,8 @@ class GraphedSteps:
         key = ((kind, Bb, mods) + ((width, slots) if kind == "verify_admit" else ())
                + ((width,) if window else ())
                + ((sched.cost_model, head) if kind in ("draft_admit", "verify_admit") else ())
-               + ((self.steps.counts,) if mods.penalties else ()))
+               + ((self.steps.counts,) if mods.penalties else ())
+               + ((self.steps.tap_rows,) if kind == "ar_taps" else ()))
         if key in self._graphs:
             return self._graphs[key]
         x = self.buffers(Bb).inputs
@@ -392,7 +386,7 @@ class GraphedSteps:
             drafts, z, _, limit = self.graph("draft_admit", Bb, head=head).outputs
             fn = lambda: self.steps.verify_admit_step(x, drafts, z, limit, mods, width, slots)  # noqa: E731
         elif kind in ("ar", "ar_taps"):
-            fn = lambda: self.steps.ar_step(x, mods, taps_out=kind == "ar_taps")  # noqa: E731
+            fn = lambda: self.steps.ar_step(x, mods, keep_taps=kind == "ar_taps")  # noqa: E731
         else:
             raise ValueError(f"unknown graph kind '{kind}'")
         log.debug("capturing %s graph for batch bucket %d (%s)", kind, Bb, mods)
@@ -563,18 +557,11 @@ class GraphedSteps:
         return self._replay_ar("ar", r, mods)
 
     def ar_round_keep_taps(self, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
-        """As ``DecodeSteps.ar_round_keep_taps``: the "ar_taps" graph outputs the taps too, and
-        their store (one launch; ``tap_row`` travels with the round's inputs) is queued behind the
-        read-back's copy, which the round waits for alone. Inside the graph the store cost the
-        round ~10 us of wall on an H100 (3 us of kernel; session 42: the fallback's AR rounds
-        0.280 against plain ones' 0.270 ms, default pair, batch 1)."""
-        buf = self.buffers(self.bucket(r.batch_size))
-        nxt, taps = self._replay_ar("ar_taps", r, mods, wait=False)
-        return buf.download(nxt, r.batch_size, after=lambda: self.steps.keep_taps(taps, buf.inputs.tap_row))
+        """As ``DecodeSteps.ar_round_keep_taps``: the store of the taps is inside the graph (no
+        launch and no index upload of its own: ``tap_row`` travels with the round's inputs)."""
+        return self._replay_ar("ar_taps", r, mods)
 
-    def _replay_ar(self, kind: str, r: RoundInputs, mods: Modifiers | bool, wait: bool = True):
-        """The graph ``kind`` on r's inputs -> the next tokens on the host (``wait``), else the
-        graph's outputs once launched."""
+    def _replay_ar(self, kind: str, r: RoundInputs, mods: Modifiers | bool) -> np.ndarray:
         B = r.batch_size
         Bb = self.bucket(B)
         ar = self.graph(kind, Bb, mods)
@@ -582,4 +569,4 @@ class GraphedSteps:
         buf.fill(r)
         buf.upload()
         ar.launch()
-        return buf.download(ar.outputs, B) if wait else ar.outputs
+        return buf.download(ar.outputs, B)

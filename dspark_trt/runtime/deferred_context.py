@@ -26,11 +26,9 @@ rounds' time (H100, session 41, d0fe5d0); with the pool 3 times, still ~2 ms eac
 which the graphs of ``ContextRows`` take down to a few launches.
 
 The AR rows live in the steps' ``tap_store`` (``DecodeSteps.keep_taps``): the AR round itself stores
-its taps at the rows ``add`` hands out (``RoundInputs.tap_row``, uploaded with the round's inputs),
-under CUDA graphs by one launch queued behind the round's read-back copy, which the round does not
-wait for (``GraphedSteps.ar_round_keep_taps``; an index upload and a scatter launch after the
-read-back had taken ~0.1 ms of the H100's fallback AR rounds over plain ones, default pair, batches
-4-16, and the store inside the graph ~10 us at batch 1).
+its taps at the rows ``add`` hands out (``RoundInputs.tap_row``), inside its CUDA graph, so the
+round's host path has no store of its own (an index upload and a scatter launch after the round's
+read-back took ~0.1 ms of the H100's fallback AR rounds over plain ones, default pair, batches 4-16).
 """
 from __future__ import annotations
 

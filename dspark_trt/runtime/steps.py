@@ -211,15 +211,15 @@ class DecodeSteps:
 
     def reserve_taps(self, rows: int) -> None:
         """``tap_store`` rows for at least ``rows`` taps (``DeferredContext``: slots x capacity); a
-        larger reservation replaces the store at the next step that keeps taps."""
+        larger reservation replaces the store at the next step that keeps taps (``GraphedSteps``
+        keys the graph of that step by ``tap_rows``: a new store, a new capture)."""
         if rows > self.tap_rows:
             self.tap_rows, self.tap_store = rows, None
 
-    @torch.inference_mode()
     def keep_taps(self, taps: Tensor, rows: Tensor | None) -> None:
         """``taps [B, m*d]`` into ``tap_store`` at ``rows [B]`` (-1, or ``rows`` None: the spare
-        last row, as -1 wraps): one scatter kernel, inside the eager step, or (``GraphedSteps``)
-        queued after the graphed step's read-back."""
+        last row): one scatter kernel inside the step, which a CUDA graph replays with the round's
+        rows (-1 indexes the spare row as it wraps)."""
         if self.tap_store is None or self.tap_store.shape[-1] != taps.shape[-1]:
             self.tap_store = taps.new_empty(self.tap_rows + 1, taps.shape[-1])
         if rows is None:

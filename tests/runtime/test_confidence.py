@@ -1143,8 +1143,8 @@ def test_ar_round_with_context_writes_the_drafts_context_like_a_verify_that_acce
 @pytest.mark.parametrize("graphs", [False, True])
 def test_ar_round_stores_its_taps_at_the_rows_it_is_given(graphs):
     """The fallback's AR round stores each row's taps (those ``ar_step(taps_out=True)`` returns) in
-    the steps' ``tap_store`` at its ``tap_row`` (the graph path: from the bucket's static inputs,
-    after the graph's read-back); inert rows (-1, and the bucket's padding) go to the spare last row, no other
+    the steps' ``tap_store`` at its ``tap_row``, inside the step (the graph path: the bucket's
+    static inputs); inert rows (-1, and the bucket's padding) go to the spare last row, no other
     row is touched; the next tokens equal a plain AR round's."""
     from dspark_trt.runtime.steps import DeviceInputs
     llm = _llm(block=4, seed=2, graphs=graphs)
@@ -1158,7 +1158,7 @@ def test_ar_round_stores_its_taps_at_the_rows_it_is_given(graphs):
     store = steps.eager.tap_store
     assert store is None or store.shape[0] == steps.eager.tap_rows + 1
     r.tap_row = np.array([5, -1, 2])
-    steps.ar_round_keep_taps(r, False)                 # allocates the store
+    steps.ar_round_keep_taps(r, False)                 # allocates the store (the graph: at capture)
     store = steps.eager.tap_store
     assert store.shape == (steps.eager.tap_rows + 1, taps.shape[-1]) and steps.eager.tap_rows >= 4 * 64
     with torch.inference_mode():                       # the steps write it in inference mode
@@ -1219,8 +1219,8 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
     """The fallback's AR rounds keep their taps and the next scheduled round writes them in one
     draft_context call: the same drafts, acceptance and output as writing them in every AR round
     (fp64), and the draft cache holds the same context; a finished sequence leaves nothing pending.
-    "cuda": captured graphs (the taps output by the "ar_taps" graph, stored after it), fp32: the
-    same output, the cache within fp32 rounding of a wider matmul."""
+    "cuda": captured graphs (the taps stored inside the "ar_taps" graph), fp32: the same output,
+    the cache within fp32 rounding of a wider matmul."""
     curve = probed_curve()
     if graphs == "cuda":
         llm = _cuda_llm(verify_cost=curve)
