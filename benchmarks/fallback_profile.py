@@ -114,6 +114,63 @@ def graph_kernels(llm, prompts, B: int, replays: int = 50, top: int = 12) -> dic
     return out
 
 
+def store_variants(llm, prompts, B: int, blocks: int = 10, per_block: int = 50) -> dict:
+    """Wall per replay (fill, upload, launch, read-back) and device time per replay of AR-step graphs
+    that store the taps differently, captured on one bucket's buffers: "ar" (no store), "index_put"
+    (the shipped "ar_taps" step), "index_copy" (inert rows mapped to the spare row, then
+    ``index_copy_``), "taps_out" (the taps an output, no store), interleaved in blocks."""
+    from dspark_trt.runtime.cuda_graphs import CapturedGraph
+    g = llm.steps
+    gen = llm.scheduler(True)
+    seqs = [gen.add_request(p.tolist(), bench._greedy(8)) for p in prompts[:B]]
+    gen.step()
+    r = gen.round_inputs(seqs)
+    r.tap_row = np.arange(B, dtype=np.int64)
+    mods = gen.constants.get(seqs).mods
+    g.ar_round_keep_taps(r, mods)                       # the store exists
+    eager, Bb = g.steps, g.bucket(B)
+    buf, store = g.buffers(Bb), g.steps.tap_store
+    x, spare = buf.inputs, store.shape[0] - 1
+
+    @torch.inference_mode()
+    def index_copy():
+        nxt, taps = eager.ar_step(x, mods, taps_out=True)
+        store.index_copy_(0, torch.where(x.tap_row >= 0, x.tap_row, spare), taps)
+        return nxt
+    fns = {"ar": lambda: eager.ar_step(x, mods), "index_put": lambda: eager.ar_step(x, mods, keep_taps=True),
+           "index_copy": index_copy, "taps_out": lambda: eager.ar_step(x, mods, taps_out=True)[0]}
+    graphs = {}
+    for name, fn in fns.items():
+        buf.fill(None)
+        buf.upload()
+        graphs[name] = CapturedGraph(fn, g.pool, g.backend, g.capture_stream)
+    walls, device = {k: [] for k in fns}, {k: [] for k in fns}
+    for _ in range(blocks):
+        for name, graph in graphs.items():
+            buf.fill(r)
+            buf.upload()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            for _ in range(per_block):
+                buf.fill(r)
+                buf.upload()
+                graph.launch()
+                buf.download(graph.outputs, B)
+            walls[name].append(1e3 * (time.perf_counter() - t) / per_block)
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            for _ in range(per_block):
+                graph.launch()
+            e1.record()
+            torch.cuda.synchronize()
+            device[name].append(e0.elapsed_time(e1) / per_block)
+    for s in seqs:
+        gen.abort(s.request_id)
+    gen.step()
+    return {k: {"wall_median_ms": float(np.median(walls[k])), "wall_min_ms": float(np.min(walls[k])),
+                "device_median_ms": float(np.median(device[k]))} for k in fns}
+
+
 def flush_cost(llm, prompts, rows: int, eager: bool, iters: int = 10) -> dict:
     """Wall and device time of one ``DeferredContext.flush`` of ``rows`` AR rows of one slot
     (``eager``: through eager calls, not the ``ContextRows`` graphs)."""
@@ -180,6 +237,10 @@ def main(argv=None) -> int:
     if torch.cuda.is_available():
         report["step_walls"] = step_walls(llm, prompts, B)
         print(f"[fallback-profile] graphed AR step walls: {json.dumps(report['step_walls'])}", flush=True)
+        report["store_variants"] = store_variants(llm, prompts, B)
+        for name, v in report["store_variants"].items():
+            print(f"[fallback-profile] store variant {name:10s} wall {v['wall_median_ms']:.4f} ms (min "
+                  f"{v['wall_min_ms']:.4f}), device {v['device_median_ms']:.4f} ms a replay", flush=True)
         report["graph_kernels"] = graph_kernels(llm, prompts, B)
         for name, g in report["graph_kernels"].items():
             print(f"[fallback-profile] {name}: {g['kernels_per_replay']:.1f} kernels, "
