@@ -10,10 +10,15 @@ Eagerly the write is about 65 launches for the default pair (fc, norm, RoPE, the
 and the cache write of every layer): ~2 ms of host time on the H100 lent in session 42, where a
 speculative round after an AR streak took 2.64 ms against a fixed round's 0.64. With
 ``capture`` (``GraphedSteps``) a write of up to ``ROW_BUCKETS[-1]`` rows replays one graph per row
-bucket ``M`` instead, captured on first use over static buffers: ``rows [M_max, m*d]`` (the taps,
-which the caller puts there: ``rows``), ``meta [2, M_max]`` (positions, table row) and ``table
-[slots, pages]``; pad rows sit at position -1 and write nothing. Longer writes run eagerly: their
-kernels, not the host, take the time.
+bucket ``M`` instead, over static buffers: ``rows [M_max, m*d]`` (the taps, which the caller puts
+there: ``rows``), ``meta [2, M_max]`` (positions, table row) and ``table [slots, pages]``; pad rows
+sit at position -1 and write nothing. ``GraphedSteps.capture`` captures every bucket where the
+scheduler may fall back (``capture_all``), else a bucket is captured on first use; each capture
+runs on inert rows only. Longer writes run eagerly: their kernels, not the host, take the time.
+
+Networks with a batch cap (``max_batch_size``: a compiled engine's exported batch dimension is
+bounded) take no flat rows past it and no graphs: their writes go as ``[b, L]``, each sequence's
+rows in its own row (``_write_padded``).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ import torch
 from torch import Tensor
 
 ROW_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+PADDED_COLUMNS = 512       # a capped network's write: [b, <= this] per call (``_write_padded``)
 
 
 def row_bucket(R: int) -> int | None:
@@ -33,11 +39,16 @@ def row_bucket(R: int) -> int | None:
 
 class ContextRows:
     """``write(rows, positions, table_rows, table)``: the draft context of R independent rows,
-    eager, or from graphs made by ``capture(fn)`` (a ``CapturedGraph``) where given."""
+    eager, or from graphs made by ``capture(fn)`` (a ``CapturedGraph``) where given. Networks
+    with a batch cap (``max_batch_size``: compiled engines, whose exported batch dimension is
+    bounded) take the rows as ``[b, L]`` per sequence instead, ``PADDED_COLUMNS`` at a time, and
+    no graphs."""
 
     def __init__(self, nets, capture: Callable[[Callable[[], Tensor]], object] | None = None,
                  slots: int = 0, pages: int = 0):
-        self.nets, self.capture, self.slots, self.pages = nets, capture, slots, pages
+        self.nets, self.slots, self.pages = nets, slots, pages
+        self.row_cap = getattr(nets, "max_batch_size", None)
+        self.capture = capture if self.row_cap is None else None
         self._rows: Tensor | None = None            # [ROW_BUCKETS[-1], m*d] the graphs' taps
         self._meta: Tensor | None = None            # [2, ROW_BUCKETS[-1]] int64: positions, table rows
         self._table: Tensor | None = None           # [slots, pages] int64
@@ -58,6 +69,15 @@ class ContextRows:
             self._table = torch.full((max(self.slots, 1), self.pages), -1, dtype=torch.int64, device=like.device)
         return self._rows[:R]
 
+    def capture_all(self, like: Tensor) -> None:
+        """Capture every bucket's graph now (``GraphedSteps.capture``, where the scheduler may fall
+        back: otherwise a flush's first use of a bucket captures it inside a round)."""
+        if self.capture is not None:
+            self.rows(1, like)
+            for M in ROW_BUCKETS:
+                if M not in self._graphs:
+                    self._capture(M)
+
     def write(self, rows: Tensor, positions: np.ndarray, table_rows: np.ndarray, table: Tensor) -> None:
         """The context of ``rows [R, m*d]`` (from ``rows(R, ...)``) at ``positions [R]`` of the
         sequences whose page tables are ``table[table_rows] [R, pages]``."""
@@ -65,10 +85,12 @@ class ContextRows:
         graphed = (self._rows is not None and rows.data_ptr() == self._rows.data_ptr()
                    and table.shape[0] <= self._table.shape[0] and table.shape[1] == self.pages)
         if not graphed:
+            self.eager_writes += 1
+            if self.row_cap is not None and R > self.row_cap:
+                return self._write_padded(rows, positions, table_rows, table)
             dev = rows.device
             pos = torch.from_numpy(positions).to(dev)
             self.nets.draft_context(rows[:, None], pos[:, None], table[torch.from_numpy(table_rows).to(dev)])
-            self.eager_writes += 1
             return
         M = row_bucket(R)
         graph = self._graphs.get(M) or self._capture(M)
@@ -81,10 +103,30 @@ class ContextRows:
         graph.launch()
         self.graph_writes += 1
 
+    def _write_padded(self, rows: Tensor, positions: np.ndarray, table_rows: np.ndarray, table: Tensor) -> None:
+        """The rows as ``[b, L]``, each sequence's in its table row (pad: position -1), written
+        ``PADDED_COLUMNS`` columns per call."""
+        b, R = table.shape[0], rows.shape[0]
+        counts = np.bincount(table_rows, minlength=b)
+        order = np.argsort(table_rows, kind="stable")
+        col = np.empty(R, dtype=np.int64)
+        col[order] = np.arange(R) - np.repeat(np.cumsum(counts) - counts, counts)      # within its sequence
+        L = int(counts.max())
+        pos = np.full((b, L), -1, dtype=np.int64)
+        src = np.full((b, L), R, dtype=np.int64)                 # row R: a zero row for the pads
+        pos[table_rows, col], src[table_rows, col] = positions, np.arange(R)
+        dev = rows.device
+        padded = torch.cat([rows, rows.new_zeros(1, rows.shape[1])])
+        pos_t, src_t = torch.from_numpy(pos).to(dev), torch.from_numpy(src).to(dev)
+        for c in range(0, L, PADDED_COLUMNS):
+            cols = slice(c, c + PADDED_COLUMNS)
+            self.nets.draft_context(padded[src_t[:, cols]], pos_t[:, cols], table)
+
     def _capture(self, M: int):
         """The graph of bucket M, captured with every row inert (its warm-up and first replay
         write nothing to the cache)."""
-        self._meta[0].fill_(-1)
+        with torch.inference_mode():
+            self._meta[0].fill_(-1)
         rows, meta, table = self._rows[:M], self._meta[:, :M], self._table
 
         def fn() -> Tensor:

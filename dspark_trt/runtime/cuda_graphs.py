@@ -431,6 +431,9 @@ class GraphedSteps:
                     self.graph(kind, Bb)
             for w in (self._window_widths(Bb) if speculative else []):
                 self.graph("verify", Bb, width=w)                  # captures its "draft" too
+        if falls_back and self.steps.tap_store is not None:   # the late draft-context writes (the
+            # "ar_taps" warm-up made the store)
+            self.context_rows.capture_all(self.steps.tap_store)
         if prefill_lengths:
             sizes = sorted(buckets or self.buckets, reverse=True)
             self.prefills.capture(sizes, prefill_lengths, context=speculative)

@@ -105,6 +105,8 @@ class DeferredContext:
         [B] int64 their ``store`` rows, where the AR round that computes them stores their taps
         (``RoundInputs.tap_row``)."""
         n = len(slots)
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
         if len(self.free) < n:
             raise RuntimeError("DeferredContext.add: the AR rows are all held; flush first")
         rows = self.free[-n:]                     # (every AR round of a streak: kept lean)

@@ -19,6 +19,7 @@ from dspark_trt.runtime import calibration as cal
 from dspark_trt.runtime.confidence import (ESTIMATED_WINDOW_MIN_ROWS, MODE_IDS, Calibration, CostCurve, VerifyScheduler,
                                            admitted_lengths)
 from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
+from dspark_trt.runtime.context_rows import ROW_BUCKETS
 from dspark_trt.runtime.steps import DecodeSteps
 from dspark_trt.runtime.scheduler import Scheduler
 from dspark_trt.runtime.llm import LLM
@@ -1263,6 +1264,36 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
 
 
 @pytest.mark.parametrize("graphs", [False, True])
+def test_fallback_context_respects_a_networks_batch_cap(graphs, unbudgeted_probes):
+    """Networks with a batch cap (a compiled engine's ``max_batch_size``) never get more
+    draft-context rows than the cap from the fallback's late writes (each sequence's rows in its own
+    row, no graphs), and decode as the same networks without the cap do."""
+    outs, reqs = {}, [[1, 2, 3], [4, 5]]
+    for cap in (None, 2):
+        llm = _llm(block=4, seed=6, verify_cost=probed_curve(), cost_model="trimmed", graphs=graphs)
+        if cap:
+            nets, write = llm.networks, llm.networks.draft_context
+            rows = []
+
+            def capped(taps, pos, table):
+                rows.append(taps.shape[0])
+                assert taps.shape[0] <= cap, f"{taps.shape[0]} rows past the cap of {cap}"
+                return write(taps, pos, table)
+            nets.max_batch_size, nets.draft_context = cap, capped
+            llm._steps = None                     # the steps (and their ContextRows) see the cap
+            _scheduler(llm).cost_model = "trimmed"
+        gen = llm.scheduler()
+        seqs = [gen.add_request(p, SamplingParams(max_new_tokens=40, verify_mode="scheduled")) for p in reqs]
+        while gen.has_work():
+            gen.step()
+        outs[cap] = [(s.output_ids, s.stats.proposed) for s in seqs]
+        if cap:
+            w = gen.deferred.writer
+            assert gen.deferred.flushes >= 2 and w.graph_writes == 0 and w.eager_writes == gen.deferred.flushes
+    assert outs[None] == outs[2]
+
+
+@pytest.mark.parametrize("graphs", [False, True])
 def test_prompts_admitted_in_an_ar_streak_defer_their_draft_context(graphs, unbudgeted_probes):
     """Requests admitted while the batch falls back to AR keep their prompts' taps instead of
     writing the draft context at the prefill: the same outputs, acceptance and draft cache (fp64)
@@ -2084,8 +2115,9 @@ def test_the_scheduler_keeps_an_ar_streak_in_the_band_between_the_two_estimates(
 
 def test_capture_takes_the_prefills_of_deferred_prompts_where_the_scheduler_falls_back():
     """``capture_graphs(prefill_lengths=)`` with an AR fallback also captures the prefill graphs that
-    keep the prompts' taps (an admission inside an AR streak), so none is captured inside the timed
-    rounds; without step costs (no fallback) only the plain ones."""
+    keep the prompts' taps (an admission inside an AR streak), and the late draft-context writes'
+    row buckets, so none is captured inside the timed rounds; without step costs (no fallback) only
+    the plain ones."""
     for verify_cost, deferred in ((probed_curve(), True), (CURVES["linear"], False)):
         llm = _llm(block=4, seed=6, verify_cost=verify_cost, cost_model="trimmed", graphs=True)
         assert _scheduler(llm).falls_back is deferred
@@ -2093,6 +2125,7 @@ def test_capture_takes_the_prefills_of_deferred_prompts_where_the_scheduler_fall
         keys = set(llm.steps.prefills._graphs)
         assert {(b, t) for b, t, ctx, taps in keys if ctx and not taps} == {(4, 16), (2, 16), (1, 16)}
         assert {(b, t) for b, t, ctx, taps in keys if taps} == ({(4, 16), (2, 16), (1, 16)} if deferred else set())
+        assert set(llm.steps.context_rows._graphs) == (set(ROW_BUCKETS) if deferred else set())   # late writes
 
 
 def test_trimmed_rounds_look_their_verify_graphs_up_once():

@@ -88,3 +88,78 @@ def test_a_flush_writes_only_the_pending_rows():
     np.testing.assert_array_equal(table[:, 0].numpy(), [12, 10, 10, 10, 10, 10, 10, 11])
     torch.testing.assert_close(taps[:, 0, 0], pos[:, 0].float())
     assert d.empty and len(d.free) == 8 and d.flushed_rows == 8
+
+
+def test_an_empty_add_takes_no_row():
+    d = DeferredContext(_Steps(), slots=2, capacity=2)
+    assert d.add([], []).shape == (0,) and len(d.free) == 4 and d.empty
+
+
+class _RecordingNets:
+    """``draft_context`` recorded: (taps [.., m*d] first channel, positions, table) per call."""
+
+    def __init__(self, max_batch_size=None):
+        self.calls = []
+        if max_batch_size is not None:
+            self.max_batch_size = max_batch_size
+
+    def draft_context(self, taps, pos, table):
+        if getattr(self, "max_batch_size", None) is not None:
+            assert taps.shape[0] <= self.max_batch_size, "rows past the network's batch cap"
+        self.calls.append((taps[..., 0].clone(), pos.clone(), table.clone()))
+
+
+def _flat(R, slots):
+    """R rows over ``slots`` sequences, interleaved: taps (value = position), positions, table rows."""
+    table_rows = np.arange(R) % slots
+    positions = 100 * table_rows + np.arange(R) // slots
+    return torch.tensor(positions, dtype=torch.float32)[:, None].expand(-1, 3).contiguous(), positions, table_rows
+
+
+def test_graph_captures_write_nothing_and_replays_write_the_rows():
+    """Under graphs (the CPU's eager-replay backend) every capture runs on inert rows (all
+    positions -1: no cache write), a later bucket's too, after a write left real rows in the
+    buffers; each replay writes exactly its rows, pad rows inert, each with its table row."""
+    from dspark_trt.runtime.context_rows import ContextRows
+    from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, CapturedGraph
+    nets = _RecordingNets()
+    w = ContextRows(nets, lambda fn: CapturedGraph(fn, None, EAGER_REPLAY), slots=4, pages=1)
+    table = torch.tensor([[7], [8], [9]])
+    for R, bucket in ((10, 16), (20, 32), (12, 16)):
+        taps, positions, table_rows = _flat(R, 3)
+        rows = w.rows(R, taps)
+        rows.copy_(taps)
+        w.write(rows, positions, table_rows, table)
+        *_, (t, pos, tbl) = nets.calls
+        assert pos.shape == (bucket, 1)
+        np.testing.assert_array_equal(pos[:R, 0].numpy(), positions)
+        assert (pos[R:] == -1).all()
+        np.testing.assert_array_equal(tbl[:R, 0].numpy(), table[table_rows, 0].numpy())
+        torch.testing.assert_close(t[:R, 0], taps[:, 0])
+    captures = [pos for _, pos, _ in nets.calls[:1] + nets.calls[2:3]]       # buckets 16 and 32
+    assert len(nets.calls) == 5 and all((p == -1).all() for p in captures)
+    assert (w.graph_writes, w.eager_writes) == (3, 0)
+
+
+def test_a_capped_network_takes_padded_rows_in_column_chunks(monkeypatch):
+    """Networks with a batch cap (engines) get no graphs and no flat rows past the cap: each
+    sequence's rows in its own row of ``[b, L]`` (pads at -1), ``PADDED_COLUMNS`` at a time."""
+    from dspark_trt.runtime import context_rows
+    monkeypatch.setattr(context_rows, "PADDED_COLUMNS", 3)
+    nets = _RecordingNets(max_batch_size=3)
+    w = context_rows.ContextRows(nets, lambda fn: pytest.fail("no graphs for a capped network"), slots=3, pages=1)
+    taps, positions, table_rows = _flat(8, 3)                 # sequences of 3, 3 and 2 rows
+    table = torch.tensor([[7], [8], [9]])
+    w.write(w.rows(8, taps).copy_(taps), positions, table_rows, table)
+    assert [p.shape for _, p, _ in nets.calls] == [(3, 3)]
+    w.write(w.rows(2, taps[:2]).copy_(taps[:2]), positions[:2], table_rows[:2], table)   # within the cap: flat
+    assert nets.calls[-1][1].shape == (2, 1)
+    taps, positions, table_rows = _flat(11, 2)                # 6 and 5 rows: two chunks of columns
+    w.write(w.rows(11, taps).copy_(taps), positions, table_rows, table[:2])
+    chunks = nets.calls[-2:]
+    assert [p.shape for _, p, _ in chunks] == [(2, 3), (2, 3)]
+    pos = torch.cat([p for _, p, _ in chunks], 1)             # [2, 6]: each sequence's rows in order
+    np.testing.assert_array_equal(pos.numpy(), [[0, 1, 2, 3, 4, 5], [100, 101, 102, 103, 104, -1]])
+    vals = torch.cat([t for t, _, _ in chunks], 1)
+    torch.testing.assert_close(vals[pos >= 0], pos[pos >= 0].float())
+    assert all((tbl == table[:2]).all() for _, _, tbl in chunks)
