@@ -163,3 +163,45 @@ def test_a_capped_network_takes_padded_rows_in_column_chunks(monkeypatch):
     vals = torch.cat([t for t, _, _ in chunks], 1)
     torch.testing.assert_close(vals[pos >= 0], pos[pos >= 0].float())
     assert all((tbl == table[:2]).all() for _, _, tbl in chunks)
+
+
+@pytest.mark.parametrize("preset", ["qwen3-tiny-dspark", "deepseek-v4-tiny-dspark"])
+def test_flat_rows_write_the_draft_context_of_the_padded_layout(preset):
+    """Both draft families write each context row from its taps, position and table row alone:
+    the rows of two sequences written flat ([R, 1], each with its sequence's table row, the
+    ``ContextRows`` layout) leave the draft cache as ``[b, L]`` writes do (float64)."""
+    from dspark_trt.runtime import LLM
+    from dspark_trt.runtime.context_rows import ContextRows
+    llm = LLM.from_preset(preset, dtype=torch.float64, device="cpu", max_batch_size=2, max_seq_len=64,
+                          page_size=16)
+    nets, L = llm.networks, 20
+    table = torch.tensor([[0, 1], [2, 3]])
+    pos = torch.arange(L).repeat(2, 1)                                     # [2, L]
+    tokens = torch.randint(3, 200, (2, L), generator=torch.Generator().manual_seed(0))
+    _, taps = nets.target(tokens, pos, table)                              # [2, L, m*d]
+
+    def cache_after(write) -> list[torch.Tensor]:
+        leaves = [t for t in _leaves(nets.draft_cache)]
+        for t in leaves:
+            t.zero_()
+        write()
+        return [t.clone() for t in leaves]
+    padded = cache_after(lambda: nets.draft_context(taps, pos, table))
+    w = ContextRows(nets)
+    flat = cache_after(lambda: w.write(taps.reshape(2 * L, -1), pos.reshape(-1).numpy(),
+                                       np.repeat([0, 1], L), table))
+    assert any(t.abs().sum() > 0 for t in padded)
+    for a, b in zip(padded, flat):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def _leaves(cache):
+    """The tensors of a draft cache (dicts and lists of tensors)."""
+    if isinstance(cache, torch.Tensor):
+        yield cache
+    elif isinstance(cache, dict):
+        for v in cache.values():
+            yield from _leaves(v)
+    elif isinstance(cache, (list, tuple)):
+        for v in cache:
+            yield from _leaves(v)
