@@ -4,9 +4,13 @@ Session 42 (H100, default pair, batch 1, steady load): the fallback's AR rounds 
 plain AR rounds' 0.275, and its 3 probes 2.64 ms each against fixed rounds' 0.64, together 7 % of
 the run. This runs ``verify_concurrency``'s steady load at one batch size, per mode ("ar":
 plain AR rounds, "scheduled": LLM's default) a warm-up run, then one under cProfile, and prints per round the host
-functions' time of each; then it times the graphed steps alone (``ar_round`` against
-``ar_round_keep_taps``, the fallback's AR step) and deferred-context flushes of 16 and
-``--flush-rows`` rows (wall and device time), through the ``ContextRows`` graphs and eagerly.
+functions' time of each. Then, on a GPU:
+  ``step_walls``      the graphed steps alone (``ar_round`` against ``ar_round_keep_taps``, the
+                      fallback's AR step); ``--recapture``: again after both graphs are captured anew;
+  ``store_variants``  AR-step graphs that store the taps differently, captured here on one bucket;
+  ``graph_kernels``   the kernels of both graphed steps (torch.profiler);
+  ``flush``           deferred-context flushes of 16 and ``--flush-rows`` rows (wall and device
+                      time), through the ``ContextRows`` graphs and eagerly.
 Writes ``fallback-profile-<gpu>-<sha>.json``.
 
     python benchmarks/fallback_profile.py --prices RESULT.json.gz [--batch 1] [--out-dir DIR]
