@@ -23,6 +23,7 @@ import json
 import pstats
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -64,43 +65,55 @@ def profiled_run(llm, prompts, B: int, gen_len: int, speculative: bool) -> dict:
                             for (f, ln, n), v in top]}
 
 
+@contextmanager
+def prefilled(llm, prompts, B: int):
+    """(the next round's inputs of B prefilled requests, a store row per row; the batch's
+    modifiers); the requests are aborted after."""
+    gen = llm.scheduler(True)
+    seqs = [gen.add_request(p.tolist(), bench._greedy(8)) for p in prompts[:B]]
+    gen.step()
+    r = gen.round_inputs(seqs)
+    r.tap_row = np.arange(B, dtype=np.int64)
+    try:
+        yield r, gen.constants.get(seqs).mods
+    finally:
+        for s in seqs:
+            gen.abort(s.request_id)
+        gen.step()
+
+
+def interleaved_walls(calls: dict, iters: int, block: int = 50) -> dict:
+    """Wall per call of each of ``calls`` (name -> fn), interleaved in blocks of ``block`` calls."""
+    walls = {k: [] for k in calls}
+    for fn in calls.values():
+        for _ in range(20):
+            fn()
+    for _ in range(iters // block):
+        for name, fn in calls.items():
+            t = time.perf_counter()
+            for _ in range(block):
+                fn()
+            walls[name].append(1e3 * (time.perf_counter() - t) / block)
+    return {k: {"median_ms": float(np.median(v)), "min_ms": float(np.min(v))} for k, v in walls.items()}
+
+
 def step_walls(llm, prompts, B: int, iters: int = 500, recapture: bool = False) -> dict:
     """Wall per call of the graphed AR step with and without the taps' store (``ar_round`` /
     ``ar_round_keep_taps``), on a prefilled batch, interleaved in blocks of 50; ``recapture``:
     again after both graphs of the batch's bucket are dropped and captured anew, "ar_taps" first
     (``after_recapture``): whether the shipped graphs' capture (at start-up, among the others)
     is what makes "ar_taps" replay slower than a graph of the same step captured later."""
-    gen = llm.scheduler(True)
-    seqs = [gen.add_request(p.tolist(), bench._greedy(8)) for p in prompts[:B]]
-    gen.step()
-    r = gen.round_inputs(seqs)
-    r.tap_row = np.arange(B, dtype=np.int64)
-    steps, mods = llm.steps, gen.constants.get(seqs).mods
-    calls = {"ar": lambda: steps.ar_round(r, mods), "ar_keep_taps": lambda: steps.ar_round_keep_taps(r, mods)}
-
-    def timed() -> dict:
-        walls = {k: [] for k in calls}
-        for fn in calls.values():
-            for _ in range(20):
-                fn()
-        for _ in range(iters // 50):
-            for name, fn in calls.items():
-                t = time.perf_counter()
-                for _ in range(50):
-                    fn()
-                walls[name].append(1e3 * (time.perf_counter() - t) / 50)
-        return {k: {"median_ms": float(np.median(v)), "min_ms": float(np.min(v))} for k, v in walls.items()}
-    out = timed()
-    if recapture:
-        Bb = steps.bucket(B)
-        for key in [k for k in steps._graphs if k[0] in ("ar", "ar_taps") and k[1] == Bb]:
-            del steps._graphs[key]
-        steps.graph("ar_taps", Bb, mods)
-        steps.graph("ar", Bb, mods)
-        out["after_recapture"] = timed()
-    for s in seqs:
-        gen.abort(s.request_id)
-    gen.step()
+    steps = llm.steps
+    with prefilled(llm, prompts, B) as (r, mods):
+        calls = {"ar": lambda: steps.ar_round(r, mods), "ar_keep_taps": lambda: steps.ar_round_keep_taps(r, mods)}
+        out = interleaved_walls(calls, iters)
+        if recapture:
+            Bb = steps.bucket(B)
+            for key in [k for k in steps._graphs if k[0] in ("ar", "ar_taps") and k[1] == Bb]:
+                del steps._graphs[key]
+            steps.graph("ar_taps", Bb, mods)
+            steps.graph("ar", Bb, mods)
+            out["after_recapture"] = interleaved_walls(calls, iters)
     return out
 
 
@@ -108,26 +121,20 @@ def graph_kernels(llm, prompts, B: int, replays: int = 50, top: int = 12) -> dic
     """The kernels of the graphed AR step with and without the taps' store (torch.profiler over
     ``replays`` replays of each): name -> (count per replay, device us per replay)."""
     from torch.profiler import ProfilerActivity, profile
-    gen = llm.scheduler(True)
-    seqs = [gen.add_request(p.tolist(), bench._greedy(8)) for p in prompts[:B]]
-    gen.step()
-    r = gen.round_inputs(seqs)
-    r.tap_row = np.arange(B, dtype=np.int64)
-    steps, mods, out = llm.steps, gen.constants.get(seqs).mods, {}
-    for name, fn in (("ar", lambda: steps.ar_round(r, mods)),
-                     ("ar_keep_taps", lambda: steps.ar_round_keep_taps(r, mods))):
-        fn()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(replays):
-                fn()
-        rows = [(e.key, e.count / replays, e.device_time_total / replays) for e in prof.key_averages()
-                if e.device_time_total > 0]
-        rows.sort(key=lambda x: -x[2])
-        out[name] = {"device_us_per_replay": sum(x[2] for x in rows), "kernels_per_replay": sum(x[1] for x in rows),
-                     "top": [{"kernel": k[:120], "count": c, "us": u} for k, c, u in rows[:top]]}
-    for s in seqs:
-        gen.abort(s.request_id)
-    gen.step()
+    steps, out = llm.steps, {}
+    with prefilled(llm, prompts, B) as (r, mods):
+        for name, fn in (("ar", lambda: steps.ar_round(r, mods)),
+                         ("ar_keep_taps", lambda: steps.ar_round_keep_taps(r, mods))):
+            fn()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(replays):
+                    fn()
+            rows = [(e.key, e.count / replays, e.device_time_total / replays) for e in prof.key_averages()
+                    if e.device_time_total > 0]
+            rows.sort(key=lambda x: -x[2])
+            out[name] = {"device_us_per_replay": sum(x[2] for x in rows),
+                         "kernels_per_replay": sum(x[1] for x in rows),
+                         "top": [{"kernel": k[:120], "count": c, "us": u} for k, c, u in rows[:top]]}
     return out
 
 
@@ -136,17 +143,39 @@ def store_variants(llm, prompts, B: int, blocks: int = 10, per_block: int = 50) 
     that store the taps differently, captured on one bucket's buffers: "ar" (no store), "index_put"
     (the shipped "ar_taps" step), "index_copy" (inert rows mapped to the spare row, then
     ``index_copy_``), "taps_out" (the taps an output, no store), interleaved in blocks."""
-    from dspark_trt.runtime.cuda_graphs import CapturedGraph
     g = llm.steps
-    gen = llm.scheduler(True)
-    seqs = [gen.add_request(p.tolist(), bench._greedy(8)) for p in prompts[:B]]
-    gen.step()
-    r = gen.round_inputs(seqs)
-    r.tap_row = np.arange(B, dtype=np.int64)
-    mods = gen.constants.get(seqs).mods
-    g.ar_round_keep_taps(r, mods)                       # the store exists
-    eager, Bb = g.steps, g.bucket(B)
-    buf, store = g.buffers(Bb), g.steps.tap_store
+    with prefilled(llm, prompts, B) as (r, mods):
+        g.ar_round_keep_taps(r, mods)                       # the store exists
+        graphs = variant_graphs(g, B, mods)
+        walls, device = {k: [] for k in graphs}, {k: [] for k in graphs}
+        buf = g.buffers(g.bucket(B))
+        for _ in range(blocks):
+            for name, graph in graphs.items():
+                buf.fill(r)
+                buf.upload()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(per_block):
+                    buf.fill(r)
+                    buf.upload()
+                    graph.launch()
+                    buf.download(graph.outputs, B)
+                walls[name].append(1e3 * (time.perf_counter() - t) / per_block)
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                for _ in range(per_block):
+                    graph.launch()
+                e1.record()
+                torch.cuda.synchronize()
+                device[name].append(e0.elapsed_time(e1) / per_block)
+    return {k: {"wall_median_ms": float(np.median(walls[k])), "wall_min_ms": float(np.min(walls[k])),
+                "device_median_ms": float(np.median(device[k]))} for k in graphs}
+
+
+def variant_graphs(g, B: int, mods) -> dict:
+    """``store_variants``' graphs of the AR step, captured on the buffers of B's bucket."""
+    from dspark_trt.runtime.cuda_graphs import CapturedGraph
+    eager, buf, store = g.steps, g.buffers(g.bucket(B)), g.steps.tap_store
     x, spare = buf.inputs, store.shape[0] - 1
 
     @torch.inference_mode()
@@ -161,31 +190,7 @@ def store_variants(llm, prompts, B: int, blocks: int = 10, per_block: int = 50) 
         buf.fill(None)
         buf.upload()
         graphs[name] = CapturedGraph(fn, g.pool, g.backend, g.capture_stream)
-    walls, device = {k: [] for k in fns}, {k: [] for k in fns}
-    for _ in range(blocks):
-        for name, graph in graphs.items():
-            buf.fill(r)
-            buf.upload()
-            torch.cuda.synchronize()
-            t = time.perf_counter()
-            for _ in range(per_block):
-                buf.fill(r)
-                buf.upload()
-                graph.launch()
-                buf.download(graph.outputs, B)
-            walls[name].append(1e3 * (time.perf_counter() - t) / per_block)
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            for _ in range(per_block):
-                graph.launch()
-            e1.record()
-            torch.cuda.synchronize()
-            device[name].append(e0.elapsed_time(e1) / per_block)
-    for s in seqs:
-        gen.abort(s.request_id)
-    gen.step()
-    return {k: {"wall_median_ms": float(np.median(walls[k])), "wall_min_ms": float(np.min(walls[k])),
-                "device_median_ms": float(np.median(device[k]))} for k in fns}
+    return graphs
 
 
 def flush_cost(llm, prompts, rows: int, eager: bool, iters: int = 10) -> dict:
