@@ -61,8 +61,8 @@ def per_round_ms(llm, B: int, mode: str, rounds: int) -> float:
         zeros = np.zeros(gen.nets.num_spec_tokens)                                       # AR wins
         gen._survival.curve = gen._survival.optimistic = lambda: zeros
         gen._probe_every = gen._probe_floor = 10**9      # without probes
-        gen.deferred.free = list(range(B * (rounds + 21)))   # and without flushes (the stubs store no taps):
-        gen.deferred.slots, gen.deferred.capacity = 1, 10**9     # a row for each AR round, no gather bound
+        gen.deferred.free = list(range(B * (rounds + 21)))   # and without flushes (the stubs store no
+                                                             # taps): a row for each AR round
     elif mode == "scheduled":                            # speculative from the first round
         ones = np.ones(gen.nets.num_spec_tokens)                                         # drafting wins
         gen._survival.curve = gen._survival.optimistic = lambda: ones

@@ -48,12 +48,12 @@ class DeferredContext:
     (before them), the positions on the host."""
 
     def __init__(self, steps, slots: int, capacity: int, writer: ContextRows | None = None):
-        """``steps``: the ``DecodeSteps`` whose AR rounds store the taps (``keep_taps``) and whose
-        networks write the context (``flush``), through ``writer`` (default: eager writes; the
+        """``steps``: the ``DecodeSteps`` whose AR rounds store the taps (``keep_taps``); ``writer``
+        writes the context (``flush``; default: eager writes through the steps' networks; the
         ``GraphedSteps``' replays its graphs)."""
         if capacity < 1:
             raise ValueError(f"DeferredContext: capacity must be >= 1, got {capacity}")
-        self.nets, self.slots, self.capacity, self.steps = steps.nets, slots, capacity, steps
+        self.slots, self.capacity, self.steps = slots, capacity, steps
         self.writer = writer or ContextRows(steps.nets)
         steps.reserve_taps(slots * capacity)
         self.positions: dict[int, list[int]] = {}            # slot -> pending AR positions, in order
