@@ -8,7 +8,7 @@ functions' time of each. Then, on a GPU:
   ``step_walls``      the graphed steps alone (``ar_round`` against ``ar_round_keep_taps``, the
                       fallback's AR step); ``--recapture``: again after both graphs are captured anew;
   ``store_variants``  AR-step graphs that store the taps differently, captured here on one bucket;
-  ``graph_kernels``   the kernels of both graphed steps (torch.profiler);
+  ``graph_kernels``   the kernels of both graphed steps and of a fixed round (torch.profiler);
   ``flush``           deferred-context flushes of 16 and ``--flush-rows`` rows (wall and device
                       time), through the ``ContextRows`` graphs and eagerly.
 Writes ``fallback-profile-<gpu>-<sha>.json``.
@@ -117,14 +117,16 @@ def step_walls(llm, prompts, B: int, iters: int = 500, recapture: bool = False) 
     return out
 
 
-def graph_kernels(llm, prompts, B: int, replays: int = 50, top: int = 12) -> dict:
-    """The kernels of the graphed AR step with and without the taps' store (torch.profiler over
-    ``replays`` replays of each): name -> (count per replay, device us per replay)."""
+def graph_kernels(llm, prompts, B: int, replays: int = 50, top: int = 30) -> dict:
+    """The kernels of the graphed AR step with and without the taps' store, and of a fixed round
+    (draft + verify graphs; torch.profiler over ``replays`` replays of each): name -> (count per
+    replay, device us per replay)."""
     from torch.profiler import ProfilerActivity, profile
     steps, out = llm.steps, {}
     with prefilled(llm, prompts, B) as (r, mods):
         for name, fn in (("ar", lambda: steps.ar_round(r, mods)),
-                         ("ar_keep_taps", lambda: steps.ar_round_keep_taps(r, mods))):
+                         ("ar_keep_taps", lambda: steps.ar_round_keep_taps(r, mods)),
+                         ("fixed", lambda: steps.spec_round(r, mods))):
             fn()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(replays):

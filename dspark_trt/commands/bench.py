@@ -241,7 +241,8 @@ def cost_curve(llm, r, sizes: list[int], iters: int) -> dict:
                                      [draft_ms[-1], grid[-1][-1]], iters, cuda))
         fallback_round = lambda: steps.ar_round_keep_taps(r.head(B), False)   # noqa: E731 (taps kept)
         ar_host.append(host_overhead_ms(fallback_round, (ar,), [ar_ms[-1]], iters, cuda))
-        for n, ms in context_points(nets, x, eager.ar_step(x, False, taps_out=True)[1], iters, cuda).items():
+        for n, ms in context_points(steps.context_rows, x, eager.ar_step(x, False, taps_out=True)[1], iters,
+                                    cuda).items():
             context[n] = min(ms, context.get(n, float("inf")))
     tokens, lat = monotone(points)
     ctx_tokens, ctx_ms = monotone(context)
@@ -294,19 +295,21 @@ CONTEXT_ROWS = 64    # positions per row of the widest context write timed (the 
                      # holds slots x 64 rows: deferred_context.SLOT_ROWS)
 
 
-def context_points(nets, x, taps, iters: int, cuda: bool) -> dict:
-    """{tokens: ms} of the draft's context write (``draft_context``, eager) of the batch's rows
-    ``x`` at 1 and at up to ``CONTEXT_ROWS`` positions each (their prompt positions, overwritten
-    with the anchor's taps ``taps [B, m*d]``; the benchmark's requests are aborted after). A
-    deferred flush under CUDA graphs replays ``ContextRows``' graphs instead, ~5x cheaper for the
-    default pair on an H100 (session 42): this prices the fallback's probes high."""
+def context_points(writer, x, taps, iters: int, cuda: bool) -> dict:
+    """{tokens: ms} of the draft's context write as a deferred flush makes it (``writer``: the
+    steps' ``ContextRows``, whose writes replay a CUDA graph per row bucket under
+    ``GraphedSteps``, else run eagerly), flat rows of the batch's rows ``x`` at 1 and at up to
+    ``CONTEXT_ROWS`` positions each (their prompt positions, overwritten with the anchor's taps
+    ``taps [B, m*d]``; the benchmark's requests are aborted after)."""
     B = taps.shape[0]
     widest = int(min(CONTEXT_ROWS, int(x.start.min())))
     out = {}
     for L in sorted({1, max(widest, 1)}):
-        pos = torch.arange(L, device=taps.device).expand(B, L).contiguous()   # engines take dense inputs
-        t = taps[:, None].expand(B, L, taps.shape[-1]).contiguous()
-        out[B * L] = time_ms(lambda: nets.draft_context(t, pos, x.table), iters, cuda)
+        rows = writer.rows(B * L, taps)
+        with torch.inference_mode():
+            rows.copy_(taps.repeat_interleave(L, 0))                # row b * L + l: sequence b, position l
+        positions, table_rows = np.tile(np.arange(L), B), np.repeat(np.arange(B), L)
+        out[B * L] = time_ms(lambda: writer.write(rows, positions, table_rows, x.table), iters, cuda)
     return out
 
 

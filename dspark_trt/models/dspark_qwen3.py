@@ -165,12 +165,16 @@ class DSparkQwen3Draft(nn.Module):
 
     def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
-        ctx = self.hidden_norm(self.fc(taps))
+        ctx = self.fc(taps)
+        if len(self.layers) and self.layers[0].row_kernels:     # (``qwen3.use_row_kernels_``) one launch
+            from ..plugins.kernels.norm_act import add_rmsnorm
+            ctx = add_rmsnorm(ctx, None, self.hidden_norm.weight, self.hidden_norm.eps)[0]
+        else:
+            ctx = self.hidden_norm(ctx)
         lc = self.config.backbone
         cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, ctx.dtype)
         for i, layer in enumerate(self.layers):
-            k, v = layer.self_attn.kv(ctx, cos, sin)
-            plugins.kv_cache_write(cache["k"][i], cache["v"][i], k, v, block_table, positions)
+            layer.self_attn.context_cache(ctx, cos, sin, cache["k"][i], cache["v"][i], block_table, positions)
 
     def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
               num_spec_tokens: int | None = None) -> Tensor:

@@ -41,7 +41,11 @@ class FusedLinear(nn.Module):
 
     def parts_from(self, x: Tensor, i: int) -> tuple[Tensor, ...]:
         """The outputs of parts i, i+1, ... only (one GEMM over their rows, a view of the weight)."""
-        return F.linear(x, self.weight[sum(self.sizes[:i]):]).split(self.sizes[i:], -1)
+        return self.rows_from(x, i).split(self.sizes[i:], -1)
+
+    def rows_from(self, x: Tensor, i: int) -> Tensor:
+        """``parts_from``'s outputs side by side, one tensor [..., sum(sizes[i:])]."""
+        return F.linear(x, self.weight[sum(self.sizes[:i]):])
 
 
 class FusedFp8Linear(FusedLinear):

@@ -18,12 +18,28 @@ class RMSNorm(nn.Module):
         return (xf * self.weight.to(xf.dtype)).to(x.dtype)
 
 
+_ROPE_FREQS: dict = {}       # (head_dim, theta, device) -> [head_dim] float64 (``rope_freqs``)
+
+
+def rope_freqs(head_dim: int, theta: float, device) -> Tensor:
+    """[head_dim] float64: the neox inverse frequencies, the half repeated. Kept per device after
+    the first call outside graph capture and tracing (five launches a step at decode sizes, where
+    each costs about as much as a kernel of work)."""
+    key = (head_dim, float(theta), torch.device(device))
+    tracing = torch.compiler.is_compiling()         # (export, dynamo: computed in the graph, as before)
+    if not tracing and (freqs := _ROPE_FREQS.get(key)) is not None:
+        return freqs
+    with torch.inference_mode(False):
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim))
+        freqs = torch.cat([inv, inv])
+    if not (tracing or (key[2].type == "cuda" and torch.cuda.is_current_stream_capturing())):
+        _ROPE_FREQS[key] = freqs
+    return freqs
+
+
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """positions [B, T] (negative = inert, treated as 0) -> cos, sin [B, T, 1, head_dim]."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
-                                             dtype=torch.float64) / head_dim))
-    ang = positions.clamp(min=0).to(torch.float64)[..., None] * inv_freq      # [B, T, D/2]
-    ang = torch.cat([ang, ang], -1)[:, :, None, :]
+    ang = positions.clamp(min=0)[..., None, None] * rope_freqs(head_dim, theta, positions.device)  # float64
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 

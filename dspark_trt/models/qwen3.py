@@ -62,6 +62,22 @@ class Qwen3Attention(nn.Module):
         self.write_cache(k_cache, v_cache, k, v, block_table, positions)
         return q
 
+    def context_cache(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                      block_table: Tensor, positions: Tensor) -> None:
+        """x [B, T, d] (the draft's normed context rows) -> their K/V written into the paged caches
+        at ``positions`` [B, T] (negative: nothing), no query. With the row kernels one GEMM of
+        the k/v rows and one ``qk_rope_cache`` launch (no query heads), instead of the k norm's
+        nine elementwise kernels, RoPE's six and the write."""
+        if self.row_kernels:
+            from ..plugins.kernels.qk_rope_cache import qk_rope_cache
+            B, T, _ = x.shape
+            qk_rope_cache(self.qkv_proj.rows_from(x, 1).view(B * T, -1), self.k_norm.weight, self.k_norm.weight,
+                          cos.reshape(B * T, self.d), sin.reshape(B * T, self.d), k_cache, v_cache,
+                          block_table, positions, 0, self.k_norm.eps)
+            return
+        k, v = self.kv(x, cos, sin)
+        self.write_cache(k_cache, v_cache, k, v, block_table, positions)
+
     def output(self, o: Tensor) -> Tensor:
         """Attention output [B, T, H, D] -> o_proj [B, T, d]."""
         B, T = o.shape[:2]

@@ -147,8 +147,8 @@ class CostCurve:
     64 rows the sampler alone takes 182 us for 2 drafts against 642 for 7, profile-window-b64-dda0476),
     and ``host_ms`` per rows: a fixed round called from the host (inputs staged, results read back)
     minus its draft and verify steps (``VerifyScheduler.overhead_ms``), and ``context_ms`` vs
-    ``context_tokens``: the draft's context write (``draft_context``) of that many rows in one
-    call, what the first speculative round after an AR streak pays for the streak's deferred
+    ``context_tokens``: the draft's context write of that many rows as a flush makes it
+    (``ContextRows.write``: a CUDA graph per row bucket under ``GraphedSteps``), what the first speculative round after an AR streak pays for the streak's deferred
     rows (``VerifyScheduler.probe_loss``), and ``ar_host_ms`` per rows: the fallback's AR round
     called from the host minus its AR step (it stages and reads back less than a speculative
     round: H100, default pair, batch 1, steady load: 0.06 ms against 0.12; priced with the

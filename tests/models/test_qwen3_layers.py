@@ -33,3 +33,34 @@ def test_run_layers_equals_layer_by_layer_forward():
     for name in ("k", "v"):
         assert all(torch.equal(a[:pad], b[:pad]) for a, b in zip(caches[0][name], caches[1][name]))
     assert any(c[:pad].abs().sum() > 0 for c in caches[1]["k"])            # the layers did write
+
+
+def test_rope_cos_sin_keeps_its_frequencies_and_not_while_tracing():
+    """``rope_cos_sin`` bit-equal to its formula (float64 angles, the half repeated, negative
+    positions as 0) at two head dims and thetas, with its frequencies kept after the first eager
+    call and not kept while torch.export traces it (an engine computes them in its graph)."""
+    from dspark_trt.models import layers
+
+    def formula(pos, D, theta, dtype):
+        inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+        ang = pos.clamp(min=0).to(torch.float64)[..., None] * inv
+        ang = torch.cat([ang, ang], -1)[:, :, None, :]
+        return ang.cos().to(dtype), ang.sin().to(dtype)
+
+    class Rope(torch.nn.Module):
+        def forward(self, pos):
+            return rope_cos_sin(pos, 64, 5000.0, torch.bfloat16)
+
+    layers._ROPE_FREQS.clear()
+    pos = torch.randint(-1, 40000, (3, 11))
+    ep = torch.export.export(Rope(), (pos,), strict=False)
+    assert not layers._ROPE_FREQS
+    assert not any(s.kind.name == "CONSTANT_TENSOR" for s in ep.graph_signature.input_specs)
+    assert all(torch.equal(a, b) for a, b in zip(ep.module()(pos), formula(pos, 64, 5000.0, torch.bfloat16)))
+    for D, theta in ((64, 10000.0), (128, 1e6)):
+        for dtype in (torch.bfloat16, torch.float32):
+            want = formula(pos, D, theta, dtype)
+            for _ in range(2):                                   # computed, then kept
+                got = rope_cos_sin(pos, D, theta, dtype)
+                assert all(torch.equal(a, b) for a, b in zip(got, want)) and got[0].shape == (3, 11, 1, D)
+    assert set(layers._ROPE_FREQS) == {(64, 10000.0, torch.device("cpu")), (128, 1e6, torch.device("cpu"))}

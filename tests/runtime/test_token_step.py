@@ -13,7 +13,7 @@ pytest.importorskip("triton", reason="Triton is not installed")
 from tests.support import prebuilt  # noqa: E402
 from tests.support.skinny_gemm_cases import ulp_err  # noqa: E402
 from tests.support.token_step_cases import (CASES, DEEP_CASES, DEFAULT_DIMS_CASES, DRAFT_CASES,  # noqa: E402
-                                            DRAFT_ROW_CASE, ROW_CASES, write_results)
+                                            DRAFT_CONTEXT_ROW_CASE, DRAFT_ROW_CASE, ROW_CASES, write_results)
 
 STEPS = prebuilt.job("token-step-cases", write_results, args=("steps",), fixture="results", timeout=900,
                      env={"TRITON_INTERPRET": "1"})
@@ -118,6 +118,19 @@ def test_row_kernels_equal_the_draft_modules_block_pass(results):
     assert n >= 2 and r["layers_switched"] == n and r["shape"] == r["ref_shape"] and r["rows_written"] == 4
     assert r["kernel_calls"] == {"add_rmsnorm": 2 * n, "qk_rope_cache": n, "silu_mul": n}, r
     assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
+    assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
+
+
+def test_row_kernels_write_the_draft_context_as_the_modules(results):
+    """The DSpark draft's context write with ``use_row_kernels_`` (rows of 9 and 0 positions):
+    one ``add_rmsnorm`` (the hidden norm) and one ``qk_rope_cache`` per layer (k norm, RoPE, K / V
+    write, no query heads) instead of ~17 launches a layer; the K / V of every layer within
+    ULP_TOL bf16 ulps of the modules' write (a missing norm, RoPE or V is off by orders of
+    magnitude), nothing else in the cache touched (the inert row writes none)."""
+    r = results[DRAFT_CONTEXT_ROW_CASE]
+    n = r["layers"]
+    assert n >= 2 and r["kernel_calls"] == {"add_rmsnorm": 1, "qk_rope_cache": n}, r
+    assert r["rows_written"] == 9
     assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
 
 
@@ -394,6 +407,36 @@ def test_row_kernels_in_the_qwen3_8b_draft_block_on_gpu():
     ref, got = ref.float(), got.float()
     assert float((got - ref).abs().max() / ref.abs().max()) <= LOGIT_TOL
     assert float((got.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.99
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_row_kernels_write_the_qwen3_8b_draft_context_on_gpu():
+    """The same draft's context write of 16 rows of 40 positions (one row inert, one ending at
+    a page's middle) with ``use_row_kernels_``: the written K / V of both layers within ULP_TOL
+    ulps of the plain module's write, every other cache row untouched."""
+    import copy
+    from dspark_trt.models.qwen3 import use_row_kernels_
+    draft, cache = _qwen3_8b_draft(16 * 4)
+    rows = copy.deepcopy(draft)
+    assert use_row_kernels_(rows) == 2
+    table = torch.arange(16 * 4, device="cuda").view(16, 4)
+    pos = torch.arange(40, device="cuda").repeat(16, 1)
+    pos[3] = -1                                                  # inert
+    pos[5, 27:] = -1                                             # ends inside a page
+    taps = torch.randn(16, 40, draft.fc.in_features, device="cuda").to(torch.bfloat16)
+    ref_cache = {k: [t.clone() for t in v] for k, v in cache.items()}
+    before = {k: [t.clone() for t in v] for k, v in cache.items()}
+    with torch.inference_mode():
+        draft.context(taps, pos, table, ref_cache)
+        rows.context(taps, pos, table, cache)
+    written = torch.zeros(16, 64, dtype=torch.bool, device="cuda")
+    written[:, :40] = pos >= 0
+    for a, b, c in zip(cache["k"] + cache["v"], ref_cache["k"] + ref_cache["v"], before["k"] + before["v"]):
+        a, b, c = (t[:16 * 4].view(16, 64, 8, 128) for t in (a, b, c))
+        assert ulp_err(a[written], b[written].float()) <= ULP_TOL
+        assert not torch.equal(a[written], c[written])                       # it wrote
+        assert torch.equal(a[~written], c[~written])
 
 
 @pytest.mark.gpu

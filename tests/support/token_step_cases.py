@@ -211,6 +211,7 @@ def step_cases() -> dict:
 ROW_CASES = [("rows_verify_block_of_8", 3, (0, 1), (6,), 8, False),
              ("rows_two_rows_one_padded", 2, (0,), (3, 9), 7, True)]
 DRAFT_ROW_CASE = "rows_draft_block_two_rows_one_inert"      # N = 4, context rows of 9 and 0
+DRAFT_CONTEXT_ROW_CASE = "rows_draft_context_two_rows_one_inert"   # context rows of 9 and 0
 
 
 def row_kernel_cases() -> dict:
@@ -255,7 +256,28 @@ def row_kernel_cases() -> dict:
     r, _ = _draft_block_case(draft, (9, 0), 4, 30,
                              lambda anchor, start, cache, table: rows.block(anchor, start, table, cache, 4))
     out[DRAFT_ROW_CASE] = {**r, "layers": len(rows.layers), "layers_switched": switched, "kernel_calls": dict(calls)}
+    calls.clear()
+    out[DRAFT_CONTEXT_ROW_CASE] = {**_draft_context_case(draft, rows, (9, 0), 31), "kernel_calls": dict(calls)}
     return out
+
+
+def _draft_context_case(draft, rows, ctx, seed: int) -> dict:
+    """The draft's context of rows of ``ctx`` tokens (0: an inert row, positions -1) written by
+    ``rows`` (its layers switched to the row kernels) and by ``draft`` on another cache: the
+    written K / V in bf16 ulps, whether anything else changed."""
+    B, gen = len(ctx), torch.Generator().manual_seed(seed)
+    table = torch.tensor(TABLES[:B])
+    L = max(ctx)
+    pos = torch.stack([torch.where(torch.arange(L) < n, torch.arange(L), -1) for n in ctx])
+    taps = (2 * torch.randn(B, L, draft.fc.in_features, generator=gen)).to(torch.bfloat16)
+    cache, ref_cache = (draft.make_cache(PAGES, PAGE, torch.bfloat16, "cpu") for _ in range(2))
+    before = {k: [c.clone() for c in v] for k, v in cache.items()}
+    with torch.inference_mode():
+        draft.context(taps, pos, table, ref_cache)
+        rows.context(taps, pos, table, cache)
+    written = [table[b, p // PAGE].item() * PAGE + p % PAGE for b, p in zip(*torch.nonzero(pos >= 0, as_tuple=True))
+               for p in [pos[b, p].item()]]
+    return {"rows_written": len(written), "layers": len(rows.layers), **_cache_errors(cache, ref_cache, before, written)}
 
 
 def norm_act_cases() -> dict:
