@@ -384,7 +384,8 @@ class Scheduler:
     def _starts_with_ar(self, seqs: list[Sequence]) -> bool:
         """Whether a fresh batch (no speculative round yet) of ``seqs`` starts with AR rounds: its
         kind comes from the estimate (``_estimates_rounds``), which is the calibration's measured
-        survival alone, and that says AR pays (``_falls_back_to_ar``)."""
+        survival alone, and that says AR pays even at its upper bound as the prior's rows
+        (``SurvivalEstimate.optimistic``: the calibration's temperature need not be the batch's)."""
         return (not len(self._survival) and self._estimates_rounds(seqs)
                 and self._scheduler().prefers_ar(len(seqs), self._survival.optimistic()))
 

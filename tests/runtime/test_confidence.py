@@ -1485,13 +1485,13 @@ def test_probes_wait_while_their_context_write_exceeds_the_budget():
     for name, ctx in (("unpriced", {}), ("priced", dict(context_tokens=[1, 512], context_ms=[0.5, 256.0]))):
         curve = CostCurve([1, 64], [1.0, 1.0], "flat, cheap drafts", **steps, **ctx)
         llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed", max_seq_len=n + 8,
-                   calibration=Calibration([1.0], {"survival": [0.01, 0.0, 0.0, 0.0]}))
+                   calibration=Calibration([1.0], {"survival": [0.0, 0.0, 0.0, 0.0]}))   # AR even at its bound
         out = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=n, verify_mode="scheduled"))[0]
         ar = llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=n), speculative=False)[0]
         assert out.output_ids == ar.output_ids
         probes[name] = [i for i, p in enumerate(out.stats.proposed) if p > 0]
         sched = _scheduler(llm)
-    loss = sched.probe_loss(1, [0.01, 0.0, 0.0, 0.0], confidence_round=True)
+    loss = sched.probe_loss(1, [0.0, 0.0, 0.0, 0.0], confidence_round=True)
     first = max(AR_PROBE_EVERY_T, math.ceil(loss / scheduler.PROBE_BUDGET))
     assert first < scheduler.AR_PROBE_LIMIT and probes["unpriced"][0] == first, (loss, probes)
     assert probes["priced"][0] == scheduler.AR_PROBE_LIMIT, probes
@@ -2008,7 +2008,8 @@ def test_optimistic_survival_bounds_the_estimate_by_its_rows():
     """``SurvivalEstimate.optimistic``: the curve scaled to its expected accepted drafts' one-sided
     95 % upper bound over the rows behind it: 1 + 0.66 z / sqrt(36) (the variance of a geometric
     count: ~1.5 at acceptance 0.5, 4 drafts) over 32 batch-1 rounds, within 6 % over batch-64 rounds; nothing
-    verified: the curve as it is."""
+    verified: the prior bounded as its PRIOR_WEIGHT rows (a calibration's curve, measured at another
+    temperature, is no more certain than its weight in the estimate)."""
     from dspark_trt.runtime.confidence import SurvivalEstimate
     rng = np.random.default_rng(0)
     for rows, lo, hi in ((1, 1.12, 1.6), (64, 1.005, 1.06)):
@@ -2023,7 +2024,11 @@ def test_optimistic_survival_bounds_the_estimate_by_its_rows():
         var = ((2 * np.arange(4) + 1) * point).sum() - mu * mu
         assert ratio[0] == pytest.approx(1 + 1.645 * np.sqrt(var / (rows * 32 + 4)) / mu)
     fresh = SurvivalEstimate(4, measured=np.array([0.5, 0.25, 0.125, 0.0625]))
-    np.testing.assert_array_equal(fresh.optimistic(), fresh.curve())     # nothing verified: the prior
+    point = fresh.curve()
+    mu, var = point.sum(), ((2 * np.arange(4) + 1) * point).sum() - point.sum() ** 2
+    np.testing.assert_allclose(fresh.optimistic(),                        # nothing verified: 4 rows' worth
+                               np.minimum(point * (1 + 1.645 * np.sqrt(var / 4) / mu), 1.0))
+    assert fresh.optimistic()[0] == 1.0 and fresh.optimistic()[1] > 0.5
 
 
 def test_ar_fallback_needs_evidence_at_batch_1():
