@@ -986,6 +986,13 @@ class SurvivalEstimate:
     down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros."""
 
     PRIOR, PRIOR_WEIGHT = 0.5, 4.0
+    # Rounds leaving the window join a history (each earlier round's weight times HISTORY_DECAY per
+    # round that leaves after it: ~100 rounds' memory) that the prior leans on as counts: the
+    # calibration's curve and the head's confidences are calibrated at one temperature, and greedy
+    # requests of the default pair accept more (hazards 0.55, 0.49, 0.67, ... against the curve's
+    # 0.45, 0.40, 0.40, ...: 1.23 accepted drafts a round against 0.74), which kept a batch-1 window's
+    # estimate at ~0.99 and the batch in AR rounds (session 43).
+    HISTORY_DECAY = 0.99
     # The AR fallback's evidence (``optimistic``): the expected accepted drafts at their one-sided
     # 95 % upper bound. A streak, once started, runs until a probe (hundreds of rounds where probes
     # are dear), so it starts only where AR wins even against that bound.
@@ -1007,6 +1014,7 @@ class SurvivalEstimate:
         self.confidence: deque = deque(maxlen=window)    # (sum_r prod_{j<=k} c_{r,j} [N], rows)
         # running sums of both windows (the rounds' decisions read the curve every round)
         self._risk, self._surv = np.zeros(self.n), np.zeros(self.n)
+        self._hist_risk, self._hist_surv = np.zeros(self.n), np.zeros(self.n)   # rounds past the window
         self._conf, self._conf_rows = np.zeros(self.n), 0
         self._curve: np.ndarray | None = None
         self._upper: np.ndarray | None = None            # ``optimistic``, of the same counts as the curve
@@ -1074,6 +1082,8 @@ class SurvivalEstimate:
         if not filling:
             old = self.rounds[0]
             self._risk, self._surv = self._risk - old[0], self._surv - old[1]
+            self._hist_risk = self.HISTORY_DECAY * self._hist_risk + old[0]
+            self._hist_surv = self.HISTORY_DECAY * self._hist_surv + old[1]
         risk, surv = ((acc >= k) & (ver > k)).astype(np.float64), (acc > k).astype(np.float64)
         if c is not None:
             censored_odds(risk, surv, acc[:, 0], ver[:, 0], c)
@@ -1111,9 +1121,18 @@ class SurvivalEstimate:
         self._held = True
 
     def prior(self) -> np.ndarray:
-        """[N] the prior conditional acceptance ``S_k / S_{k-1}`` of the head's mean calibrated
-        prefix products ``S``, else of the ``measured`` curve, else ``PRIOR``; where ``S_{k-1}``
-        vanishes (or the measured curve ends), the previous position's."""
+        """[N] the prior conditional acceptance: ``(hist_survived_k + PRIOR_WEIGHT p_k) /
+        (hist_at_risk_k + PRIOR_WEIGHT)`` of the rounds past the window (``HISTORY_DECAY``; none
+        until the window is full) around ``p_k``, the ratio ``S_k / S_{k-1}`` of the head's mean
+        calibrated prefix products ``S``, else of the ``measured`` curve, else ``PRIOR``; where
+        ``S_{k-1}`` vanishes (or the measured curve ends), the previous position's."""
+        p = self._external_prior()
+        if not self._hist_risk.any():
+            return p
+        den = self._hist_risk + self.PRIOR_WEIGHT
+        return np.divide(self._hist_surv + self.PRIOR_WEIGHT * p, den, out=p.copy(), where=den > 0)
+
+    def _external_prior(self) -> np.ndarray:
         self.flush()
         if self.confidence:
             s = self._conf / self._conf_rows                                        # [N] S_k

@@ -1,0 +1,110 @@
+"""Why an all-``scheduled`` batch stays in AR rounds (issue #25): one steady-load run at one batch
+size with the scheduler's AR-fallback decisions traced round by round.
+
+Session 43 (H100, default pair, batch 1): fixed rounds ran at 1.14x AR and accepted 1.29 drafts a
+round, the scheduler's speculative rounds 1.41, yet 674 of its 768 rounds were AR rounds, while the
+same prices replayed on the CPU (bf16) gave no AR round at all. Per decision this records the
+streak length, the probe interval, the survival estimate's expected accepted drafts (point and
+optimistic, ``SurvivalEstimate``), its verified rows and the prior, and the verdict; per
+speculative round the drafts accepted. Writes ``fallback-trace-<gpu>-<sha>.json``.
+
+    python benchmarks/fallback_trace.py --prices RESULT.json [--batch 1] [--out-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import verify_concurrency as vc  # noqa: E402
+
+from dspark_trt import provenance  # noqa: E402
+from dspark_trt.commands import bench  # noqa: E402
+from dspark_trt.runtime.confidence import VerifyScheduler  # noqa: E402
+
+
+def traced(gen, log: list) -> None:
+    """Wrap ``gen._falls_back_to_ar`` to append each decision's inputs and verdict to ``log``."""
+    decide = gen._falls_back_to_ar
+
+    def wrapper(seqs, estimates):
+        est = gen._survival
+        before = {"streak": gen._ar_streak, "probe_every": gen._probe_every, "probe_floor": gen._probe_floor,
+                  "rows_seen": float(est._risk[0]), "window": len(est)}
+        ar = decide(seqs, estimates)
+        log.append({**before, "estimates": bool(estimates), "ar": bool(ar),
+                    "point": float(est.curve().sum()), "optimistic": float(est.optimistic().sum()),
+                    "prior": [round(float(p), 3) for p in est.prior()],
+                    "accepted_last": [int(s.stats.accepted[-1]) if s.stats.accepted else None for s in seqs]})
+        return ar
+    gen._falls_back_to_ar = wrapper
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prices", required=True)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    a = ap.parse_args(argv)
+    B = a.batch
+    args = vc.parse_args(["--prompts", "heldout", "--gen-len", str(a.gen_len), "--prompt-len", "128",
+                          "--batch-sizes", str(B), "--load", "steady", "--prices", a.prices]
+                         + (["--dtype", a.dtype] if a.dtype else []))
+    args.max_batch_size, args.max_seq_len = 64, 128 + vc.steady_range(a.gen_len)[1]
+    llm = bench.load_llm(args, **bench.step_path_kwargs(args))
+    n = llm.networks.num_spec_tokens
+    curve = vc.load_prices(a.prices)
+    llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device, llm.calibration,
+                                                curve, cost_model=llm.cost_model)
+    llm.verify_cost = curve
+    for spec in (True, False):
+        llm.capture_graphs(spec, prefill_lengths=[128])
+    prompts = bench.make_prompts(llm, "heldout", max(16, 3 * B), 128, 0)
+    log: list = []
+    original = llm.scheduler
+
+    def scheduler(speculative=True):
+        gen = original(speculative)
+        log.clear()
+        traced(gen, log)
+        return gen
+    llm.scheduler = scheduler
+    stats = vc.steady_state(llm, prompts, B, a.gen_len, True, "scheduled")
+    ar = sum(d["ar"] for d in log)
+    accepted = [d["accepted_last"] for d in log]
+    gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
+    report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag,
+              "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "decode_only_tokens_per_s": stats["decode_only_tokens_per_s"], "tau": stats["tau"],
+              "decisions": len(log), "ar_decisions": ar, "trace": log}
+    print(f"[fallback-trace] {a.tag} {gpu}: {len(log)} decisions, {ar} AR; tau {stats['tau']:.3f}; "
+          f"{stats['decode_only_tokens_per_s']:.0f} tok/s decode-only", flush=True)
+    starts = [i for i, d in enumerate(log) if d["ar"] and d["streak"] == 0]
+    print(f"[fallback-trace] streak starts at decisions {starts[:20]}", flush=True)
+    for i in starts[:4]:
+        for d in log[max(0, i - 2): i + 1]:
+            print(f"   {json.dumps({k: d[k] for k in ('streak', 'rows_seen', 'window', 'point', 'optimistic', 'prior', 'ar')})}")
+    probes = [d for d in log if d["streak"] > 0 and not d["ar"]]
+    print(f"[fallback-trace] {len(probes)} probe verdicts that ended a streak; point estimate at AR decisions: "
+          f"median {np.median([d['point'] for d in log if d['ar']] or [0]):.3f}", flush=True)
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fallback-trace-{a.tag + '-' if a.tag else ''}{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
+    path.write_text(json.dumps(report))
+    print(f"[fallback-trace] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
