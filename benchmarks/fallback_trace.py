@@ -82,7 +82,6 @@ def main(argv=None) -> int:
     llm.scheduler = scheduler
     stats = vc.steady_state(llm, prompts, B, a.gen_len, True, "scheduled")
     ar = sum(d["ar"] for d in log)
-    accepted = [d["accepted_last"] for d in log]
     gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag,
               "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:] if argv is None else argv),
