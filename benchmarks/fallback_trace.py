@@ -38,7 +38,8 @@ def traced(gen, log: list) -> None:
     def wrapper(seqs, estimates):
         est = gen._survival
         before = {"streak": gen._ar_streak, "probe_every": gen._probe_every, "probe_floor": gen._probe_floor,
-                  "rows_seen": float(est._risk[0]), "window": len(est)}
+                  "rows_seen": float(est._risk[0]), "window": len(est), "confidence_rounds": len(est.confidence),
+                  "history_rows": float(est._hist_risk[0])}
         ar = decide(seqs, estimates)
         log.append({**before, "estimates": bool(estimates), "ar": bool(ar),
                     "point": float(est.curve().sum()), "optimistic": float(est.optimistic().sum()),
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     args = vc.parse_args(["--prompts", "heldout", "--gen-len", str(a.gen_len), "--prompt-len", "128",
                           "--batch-sizes", str(B), "--load", "steady", "--prices", a.prices]
                          + (["--dtype", a.dtype] if a.dtype else []))
-    args.max_batch_size, args.max_seq_len = 64, 128 + vc.steady_range(a.gen_len)[1]
+    args.max_batch_size, args.max_seq_len = B, 128 + vc.steady_range(a.gen_len)[1]   # (few graphs to capture)
     llm = bench.load_llm(args, **bench.step_path_kwargs(args))
     n = llm.networks.num_spec_tokens
     curve = vc.load_prices(a.prices)
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
     print(f"[fallback-trace] streak starts at decisions {starts[:20]}", flush=True)
     for i in starts[:4]:
         for d in log[max(0, i - 2): i + 1]:
-            print(f"   {json.dumps({k: d[k] for k in ('streak', 'rows_seen', 'window', 'point', 'optimistic', 'prior', 'ar')})}")
+            print(f"   {json.dumps({k: d[k] for k in ('streak', 'rows_seen', 'history_rows', 'confidence_rounds', 'point', 'optimistic', 'prior', 'accepted_last', 'ar')})}")
     probes = [d for d in log if d["streak"] > 0 and not d["ar"]]
     print(f"[fallback-trace] {len(probes)} probe verdicts that ended a streak; point estimate at AR decisions: "
           f"median {np.median([d['point'] for d in log if d['ar']] or [0]):.3f}", flush=True)
