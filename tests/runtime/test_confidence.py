@@ -1263,6 +1263,50 @@ def test_fallback_context_written_late_equals_written_each_round(graphs, unbudge
     assert (writer.graph_writes, writer.eager_writes) == ((late.flushes, 0) if graphs else (0, late.flushes))
 
 
+@pytest.mark.gpu
+def test_fallback_context_written_late_on_the_default_pair_on_gpu(unbudgeted_probes):
+    """The trained default pair in bf16 on the GPU (decode chain, row kernels, CUDA graphs, as
+    ``dspark-trt generate`` runs it): an AR streak whose draft context ``ContextRows``' graphs write
+    late, a request admitted inside it (its prompt deferred too), leaves the draft cache of every
+    committed position as AR rounds that write it each round do (bf16 GEMMs of other shapes: within
+    3 % of the values' scale; a wrong row is off by its whole scale). Session 43: on an H100 the
+    scheduler's speculative rounds after AR streaks accepted ~0.5 drafts where fixed rounds accepted
+    1.29, which no CPU replay of the same prices showed."""
+    from dspark_trt.config.source import default_pair_dirs
+    if not torch.cuda.is_available() or default_pair_dirs() is None:
+        pytest.skip("needs a CUDA GPU and the shipped default pair")
+    llm = LLM.from_checkpoints(*default_pair_dirs(), device="cuda", dtype=torch.bfloat16, max_batch_size=4,
+                               max_seq_len=256, cuda_graphs=True, verify_cost=probed_curve())
+    _scheduler(llm).cost_model = "trimmed"
+    llm.capture_graphs(True, prefill_lengths=[16])
+    rng = np.random.default_rng(0)
+    first = (rng.integers(10, 8000, 16).tolist(), SamplingParams(max_new_tokens=80, verify_mode="scheduled"))
+    later = (rng.integers(10, 8000, 16).tolist(), SamplingParams(max_new_tokens=60, verify_mode="scheduled"))
+    runs = {}
+    for defer in (True, False):
+        gen = llm.scheduler()
+        gen.defer_context = defer
+        seqs = [gen.add_request(*first)]
+        while seqs[0].stats.proposed.count(0) < 3 and gen.has_work():          # inside an AR streak
+            gen.step()
+        seqs.append(gen.add_request(*later))
+        while seqs[1].stats.proposed.count(0) < 3 and gen.has_work():
+            gen.step()
+        assert seqs[1].stats.proposed.count(0) >= 3, seqs[1].stats.proposed
+        assert gen.deferred.empty != defer
+        gen._write_deferred(gen.running)
+        ps = llm.networks.page_size
+        runs[defer] = [torch.stack([c[s.table_row[p // ps], p % ps] for p in range(s.position)]).float()
+                       for s in gen.running for kind in ("k", "v") for c in llm.networks.draft_cache[kind]]
+        for s in list(gen.running):
+            gen.abort(s.request_id)
+        gen.step()
+    for late, each in zip(runs[True], runs[False]):
+        assert late.shape == each.shape
+        err = float((late - each).abs().max() / each.abs().max())
+        assert err <= 0.03, err
+
+
 @pytest.mark.parametrize("graphs", [False, True])
 def test_fallback_context_respects_a_networks_batch_cap(graphs, unbudgeted_probes):
     """Networks with a batch cap (a compiled engine's ``max_batch_size``) never get more
