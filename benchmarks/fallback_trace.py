@@ -56,6 +56,8 @@ def main(argv=None) -> int:
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--tag", default="")
+    ap.add_argument("--no-defer", action="store_true",
+                    help="AR fallback rounds write the draft context each round (no late writes)")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     B = a.batch
@@ -77,6 +79,7 @@ def main(argv=None) -> int:
 
     def scheduler(speculative=True):
         gen = original(speculative)
+        gen.defer_context = not a.no_defer
         log.clear()
         traced(gen, log)
         return gen
