@@ -6,7 +6,9 @@ round, the scheduler's speculative rounds 1.41, yet 674 of its 768 rounds were A
 same prices replayed on the CPU (bf16) gave no AR round at all. Per decision this records the
 streak length, the probe interval, the survival estimate's expected accepted drafts (point and
 optimistic, ``SurvivalEstimate``), its verified rows and the prior, and the verdict; per
-speculative round the drafts accepted. Writes ``fallback-trace-<gpu>-<sha>.json``.
+speculative round the drafts accepted. A streak's rounds mostly skip the decision
+(``Scheduler._streak_goes_on``): "decisions" are not rounds; ``rows_seen`` lags a deferred ``add``
+by one round. Writes ``fallback-trace-<gpu>-<sha>.json``.
 
     python benchmarks/fallback_trace.py --prices RESULT.json [--batch 1] [--out-dir DIR]
 """
@@ -77,30 +79,42 @@ def main(argv=None) -> int:
     log: list = []
     original = llm.scheduler
 
+    gen_seqs: list = []
+
     def scheduler(speculative=True):
         gen = original(speculative)
+        add = gen.add_request
+
+        def add_request(*a, **kw):
+            seq = add(*a, **kw)
+            gen_seqs.append(seq)
+            return seq
+        gen.add_request = add_request
         gen.defer_context = not a.no_defer
         log.clear()
         traced(gen, log)
         return gen
     llm.scheduler = scheduler
     stats = vc.steady_state(llm, prompts, B, a.gen_len, True, "scheduled")
-    ar = sum(d["ar"] for d in log)
+    ar = sum(d["ar"] for d in log)                   # decisions (a streak's rounds skip most)
+    ar_rounds = sum(s.stats.proposed.count(0) for s in gen_seqs)
     gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag,
               "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "decode_only_tokens_per_s": stats["decode_only_tokens_per_s"], "tau": stats["tau"],
-              "decisions": len(log), "ar_decisions": ar, "trace": log}
-    print(f"[fallback-trace] {a.tag} {gpu}: {len(log)} decisions, {ar} AR; tau {stats['tau']:.3f}; "
-          f"{stats['decode_only_tokens_per_s']:.0f} tok/s decode-only", flush=True)
+              "decisions": len(log), "ar_decisions": ar, "ar_rounds_all_requests": ar_rounds, "trace": log}
+    print(f"[fallback-trace] {a.tag} {gpu}: {len(log)} decisions, {ar} AR (AR rounds of every request, "
+          f"warm-up included: {ar_rounds}); tau {stats['tau'] or 0:.3f}; "
+          f"{stats['decode_only_tokens_per_s']:.0f} tok/s decode-only (the trace's host work included)", flush=True)
     starts = [i for i, d in enumerate(log) if d["ar"] and d["streak"] == 0]
     print(f"[fallback-trace] streak starts at decisions {starts[:20]}", flush=True)
     for i in starts[:4]:
         for d in log[max(0, i - 2): i + 1]:
             print(f"   {json.dumps({k: d[k] for k in ('streak', 'rows_seen', 'history_rows', 'confidence_rounds', 'point', 'optimistic', 'prior', 'accepted_last', 'ar')})}")
     probes = [d for d in log if d["streak"] > 0 and not d["ar"]]
-    print(f"[fallback-trace] {len(probes)} probe verdicts that ended a streak; point estimate at AR decisions: "
-          f"median {np.median([d['point'] for d in log if d['ar']] or [0]):.3f}", flush=True)
+    median = np.median([d["point"] for d in log if d["ar"]] or [0])
+    print(f"[fallback-trace] {len(probes)} probe verdicts that ended a streak; point estimate at AR "
+          f"decisions: median {median:.3f}", flush=True)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fallback-trace-{a.tag + '-' if a.tag else ''}{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"

@@ -76,6 +76,9 @@ class FusedFp8Linear(FusedLinear):
     def rows(self, x: Tensor) -> Tensor:
         return fp8_linear_bucketed(x, self.weight, self.weight_scale_inv, act_quant=self.act_quant)
 
+    def rows_from(self, x: Tensor, i: int) -> Tensor:
+        return torch.cat(self.parts_from(x, i), -1)
+
     def parts_from(self, x: Tensor, i: int) -> tuple[Tensor, ...]:
         r = sum(self.sizes[:i])
         return fp8_linear_bucketed(x, self.weight[r:], self.weight_scale_inv[r // FP8_BLOCK:],

@@ -38,7 +38,8 @@ def rope_freqs(head_dim: int, theta: float, device) -> Tensor:
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """positions [B, T] (negative = inert, treated as 0) -> cos, sin [B, T, 1, head_dim]."""
+    """positions [B, T] (negative = inert, treated as 0) -> cos, sin [B, T, 1, head_dim] (any
+    rank: [..., 1, head_dim])."""
     ang = positions.clamp(min=0)[..., None, None] * rope_freqs(head_dim, theta, positions.device)  # float64
     return ang.cos().to(dtype), ang.sin().to(dtype)
 

@@ -17,7 +17,7 @@ from .layers import RMSNorm, SwiGLU, apply_rope_neox, make_paged_kv_cache, rope_
 
 
 class Qwen3Attention(nn.Module):
-    row_kernels = False     # queries_and_cache through qk_rope_cache (``use_row_kernels_``)
+    row_kernels = False     # queries_and_cache / context_cache through qk_rope_cache (``use_row_kernels_``)
 
     def __init__(self, cfg: Qwen3Config):
         super().__init__()

@@ -983,7 +983,8 @@ class SurvivalEstimate:
     any confidence round ``S`` is ``measured`` where given (the calibration's held-out survival,
     ``Calibration.survival``), else the constant ``PRIOR``. Counts of the last
     ``window`` rounds; AR rounds (nothing verified) add nothing, so the estimate is not pulled
-    down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros."""
+    down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros. Rounds
+    that leave the window keep counting, decayed, in the prior (``HISTORY_DECAY``)."""
 
     PRIOR, PRIOR_WEIGHT = 0.5, 4.0
     # Rounds leaving the window join a history (each earlier round's weight times HISTORY_DECAY per
@@ -1177,11 +1178,12 @@ class SurvivalEstimate:
         curve = self.curve()
         if self._upper is None:
             mu, k = float(curve.sum()), np.arange(self.n)
-            if mu <= 0.0:
+            rows = self._risk[0] + self.PRIOR_WEIGHT
+            if mu <= 0.0 or rows <= 0:
                 self._upper = curve
             else:
                 var = max(float(((2 * k + 1) * curve).sum()) - mu * mu, 0.0)
-                se = np.sqrt(var / (self._risk[0] + self.PRIOR_WEIGHT))
+                se = np.sqrt(var / rows)
                 self._upper = np.minimum(curve * (1.0 + self.UPPER_Z * se / mu), 1.0)
         return self._upper
 

@@ -6,8 +6,9 @@ position and its sequence's page table (``ctx = hidden_norm(fc(taps))`` and ever
 K/V at that position: no attention), so the rows go flat, ``[R]``, each with the index of its
 sequence's table row, instead of ``[b, L]`` padded to the longest slot.
 
-Eagerly the write is about 65 launches for the default pair (fc, norm, RoPE, then K/V, norm, RoPE
-and the cache write of every layer): ~2 ms of host time on the H100 lent in session 42, where a
+Eagerly through the modules the write was about 65 launches for the default pair (fc, norm, RoPE,
+then K/V, norm, RoPE and the cache write of every layer; with the row kernels, since session 43,
+about 8: ``Qwen3Attention.context_cache``): ~2 ms of host time on the H100 lent in session 42, where a
 speculative round after an AR streak took 2.64 ms against a fixed round's 0.64. With
 ``capture`` (``GraphedSteps``) a write of up to ``ROW_BUCKETS[-1]`` rows replays one graph per row
 bucket ``M`` instead, over static buffers: ``rows [M_max, m*d]`` (the taps, which the caller puts

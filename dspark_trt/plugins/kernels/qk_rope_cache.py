@@ -94,7 +94,9 @@ def qk_rope_cache(qkv: Tensor, q_norm: Tensor, k_norm: Tensor, cos: Tensor, sin:
     output) -> normed, roped queries ``out`` [M, H, D]; the normed, roped K and the V of each token
     go into the paged caches [pages, page_size, Hkv, D] at ``positions`` [M] (int64; negative:
     nothing written) through its row of ``block_table`` [B, P]. ``cos`` / ``sin`` [M, D]:
-    ``rope_cos_sin`` at those positions (bf16). One token: qkv [(H + 2 Hkv) D], block_table [P]."""
+    ``rope_cos_sin`` at those positions (bf16). One token: qkv [(H + 2 Hkv) D], block_table [P].
+    ``heads`` 0: the K / V write alone (the draft's context: ``Qwen3Attention.context_cache``,
+    which passes the k norm as ``q_norm`` too), an empty ``out``."""
     Hkv, D = int(k_cache.shape[2]), int(k_cache.shape[3])
     H = int(heads)
     bad = [n for n, t in (("qkv", qkv), ("q_norm", q_norm), ("k_norm", k_norm), ("cos", cos), ("sin", sin))
