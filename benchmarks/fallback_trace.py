@@ -51,6 +51,39 @@ def traced(gen, log: list) -> None:
     gen._falls_back_to_ar = wrapper
 
 
+def forced(gen, pattern: tuple[int, int], log: list) -> None:
+    """Replace the AR-fallback decision of ``gen`` by ``pattern`` (AR rounds, then speculative
+    ones, repeated); each speculative round's place after the AR run and its rows' accepted
+    drafts go to ``log`` (read at the next decision)."""
+    ar_n, spec_n = pattern
+    state = {"i": 0, "pending": None}
+
+    def decide(seqs, estimates):
+        if not estimates:                                        # not an all-scheduled batch (fixed N)
+            return False
+        if state["pending"] is not None:                         # the last speculative round's outcome
+            place, rows = state["pending"]
+            log.append({"place": place, "accepted": [int(s.stats.accepted[-1]) for s in rows if s.stats.accepted]})
+            state["pending"] = None
+        k = state["i"] % (ar_n + spec_n)
+        state["i"] += 1
+        if k < ar_n:
+            return True
+        state["pending"] = (k - ar_n, list(seqs))
+        return False
+    gen._falls_back_to_ar = decide
+    gen._streak_goes_on = lambda batch: False                    # every round decides
+
+
+def place_summary(log: list, spec_n: int) -> dict:
+    """Mean drafts accepted by the speculative rounds at each place after an AR run."""
+    out = {}
+    for place in range(spec_n):
+        acc = [x for d in log if d["place"] == place for x in d["accepted"]]
+        out[place] = {"rounds": len(acc), "mean_accepted": float(np.mean(acc)) if acc else None}
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prices", required=True)
@@ -60,6 +93,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-defer", action="store_true",
                     help="AR fallback rounds write the draft context each round (no late writes)")
+    ap.add_argument("--pattern", default=None, metavar="AR,SPEC",
+                    help="force the rounds instead of deciding: AR rounds, then SPEC speculative ones, "
+                         "repeated (e.g. 8,8); reports the drafts accepted by the speculative rounds "
+                         "by their place after an AR run, against a run of fixed rounds")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     B = a.batch
@@ -80,21 +117,27 @@ def main(argv=None) -> int:
     original = llm.scheduler
 
     gen_seqs: list = []
+    pattern = tuple(int(v) for v in a.pattern.split(",")) if a.pattern else None
 
     def scheduler(speculative=True):
         gen = original(speculative)
         add = gen.add_request
 
-        def add_request(*a, **kw):
-            seq = add(*a, **kw)
+        def add_request(*args, **kw):
+            seq = add(*args, **kw)
             gen_seqs.append(seq)
             return seq
         gen.add_request = add_request
         gen.defer_context = not a.no_defer
         log.clear()
-        traced(gen, log)
+        if pattern:
+            forced(gen, pattern, log)
+        else:
+            traced(gen, log)
         return gen
     llm.scheduler = scheduler
+    if pattern:
+        return forced_report(llm, prompts, B, a, pattern, log, gen_seqs)
     stats = vc.steady_state(llm, prompts, B, a.gen_len, True, "scheduled")
     ar = sum(d["ar"] for d in log)                   # decisions (a streak's rounds skip most)
     ar_rounds = sum(s.stats.proposed.count(0) for s in gen_seqs)
@@ -118,6 +161,31 @@ def main(argv=None) -> int:
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fallback-trace-{a.tag + '-' if a.tag else ''}{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
+    path.write_text(json.dumps(report))
+    print(f"[fallback-trace] wrote {path}")
+    return 0
+
+
+def forced_report(llm, prompts, B: int, a, pattern: tuple[int, int], log: list, gen_seqs: list) -> int:
+    """``--pattern``: the forced run, then a run of fixed rounds on the same prompts (every
+    request's accepted drafts per round, against the forced run's speculative rounds)."""
+    vc.steady_state(llm, prompts, B, a.gen_len, True, "scheduled")
+    forced_places = place_summary(log, pattern[1])
+    gen_seqs.clear()
+    vc.steady_state(llm, prompts, B, a.gen_len, True, "fixed")
+    fixed = [x for s in gen_seqs for x, p in zip(s.stats.accepted, s.stats.proposed) if p > 0]
+    gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
+    report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag, "pattern": list(pattern),
+              "no_defer": a.no_defer, "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:]),
+              "after_ar_runs": forced_places,
+              "fixed_rounds": {"rounds": len(fixed), "mean_accepted": float(np.mean(fixed)) if fixed else None}}
+    means = {k: v["mean_accepted"] for k, v in forced_places.items()}
+    print(f"[fallback-trace] {a.tag} {gpu} pattern {pattern}: drafts accepted by place after {pattern[0]} AR "
+          f"rounds {json.dumps(means)}; fixed rounds {report['fixed_rounds']['mean_accepted']} over {len(fixed)}",
+          flush=True)
+    out = Path(a.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"fallback-pattern-{a.tag + '-' if a.tag else ''}{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
     path.write_text(json.dumps(report))
     print(f"[fallback-trace] wrote {path}")
     return 0
