@@ -46,7 +46,9 @@ def traced(gen, log: list) -> None:
         log.append({**before, "estimates": bool(estimates), "ar": bool(ar),
                     "point": float(est.curve().sum()), "optimistic": float(est.optimistic().sum()),
                     "prior": [round(float(p), 3) for p in est.prior()],
-                    "accepted_last": [int(s.stats.accepted[-1]) if s.stats.accepted else None for s in seqs]})
+                    "accepted_last": [int(s.stats.accepted[-1]) if s.stats.accepted else None for s in seqs],
+                    "verified_last": [int(s.stats.proposed[-1]) if s.stats.proposed else None for s in seqs],
+                    "last_kind": gen._round_kind})
         return ar
     gen._falls_back_to_ar = wrapper
 
@@ -96,7 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pattern", default=None, metavar="AR,SPEC",
                     help="force the rounds instead of deciding: AR rounds, then SPEC speculative ones, "
                          "repeated (e.g. 8,8); reports the drafts accepted by the speculative rounds "
-                         "by their place after an AR run, against a run of fixed rounds")
+                         "by their place after an AR run, against a run of fixed rounds (and its "
+                         "accepted drafts per request, in admission order)")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     B = a.batch
@@ -174,15 +177,18 @@ def forced_report(llm, prompts, B: int, a, pattern: tuple[int, int], log: list, 
     gen_seqs.clear()
     vc.steady_state(llm, prompts, B, a.gen_len, True, "fixed")
     fixed = [x for s in gen_seqs for x, p in zip(s.stats.accepted, s.stats.proposed) if p > 0]
+    per_request = [round(float(np.mean([x for x, p in zip(s.stats.accepted, s.stats.proposed) if p > 0] or [0])), 3)
+                   for s in gen_seqs]                    # fixed rounds' mean accepted drafts, by admission
     gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag, "pattern": list(pattern),
               "no_defer": a.no_defer, "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:]),
               "after_ar_runs": forced_places,
-              "fixed_rounds": {"rounds": len(fixed), "mean_accepted": float(np.mean(fixed)) if fixed else None}}
+              "fixed_rounds": {"rounds": len(fixed), "mean_accepted": float(np.mean(fixed)) if fixed else None,
+                               "per_request": per_request}}
     means = {k: v["mean_accepted"] for k, v in forced_places.items()}
     print(f"[fallback-trace] {a.tag} {gpu} pattern {pattern}: drafts accepted by place after {pattern[0]} AR "
-          f"rounds {json.dumps(means)}; fixed rounds {report['fixed_rounds']['mean_accepted']} over {len(fixed)}",
-          flush=True)
+          f"rounds {json.dumps(means)}; fixed rounds {report['fixed_rounds']['mean_accepted']} over {len(fixed)}, "
+          f"per request {per_request}", flush=True)
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"fallback-pattern-{a.tag + '-' if a.tag else ''}{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
