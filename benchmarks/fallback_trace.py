@@ -95,6 +95,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="")
     ap.add_argument("--no-defer", action="store_true",
                     help="AR fallback rounds write the draft context each round (no late writes)")
+    ap.add_argument("--eager-replay", action="store_true",
+                    help="on the CPU: the rounds through GraphedSteps with its eager-replay backend (the "
+                         "CUDA-graph path's static buffers and graph-to-graph outputs, no capture)")
     ap.add_argument("--pattern", default=None, metavar="AR,SPEC",
                     help="force the rounds instead of deciding: AR rounds, then SPEC speculative ones, "
                          "repeated (e.g. 8,8); reports the drafts accepted by the speculative rounds "
@@ -108,6 +111,9 @@ def main(argv=None) -> int:
                          + (["--dtype", a.dtype] if a.dtype else []))
     args.max_batch_size, args.max_seq_len = B, 128 + vc.steady_range(a.gen_len)[1]   # (few graphs to capture)
     llm = bench.load_llm(args, **bench.step_path_kwargs(args))
+    if a.eager_replay:
+        from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY
+        llm.graphs_skipped, llm.graph_backend, llm._steps = None, EAGER_REPLAY, None
     n = llm.networks.num_spec_tokens
     curve = vc.load_prices(a.prices)
     llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device, llm.calibration,
