@@ -24,7 +24,7 @@ from ..config import DSparkConfig
 from ..plugins.dispatch import use_triton
 from ..config.source import MARKOV_SAMPLERS, resolve_num_spec_tokens
 from .layers import RMSNorm, make_paged_kv_cache, rope_cos_sin
-from .qwen3 import Qwen3DecoderLayer, local_kv_heads, run_layers
+from .qwen3 import Qwen3DecoderLayer, add_norm, local_kv_heads, run_layers
 
 
 class MarkovHead(nn.Module):
@@ -165,12 +165,8 @@ class DSparkQwen3Draft(nn.Module):
 
     def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
-        ctx = self.fc(taps)
-        if len(self.layers) and self.layers[0].row_kernels:     # (``qwen3.use_row_kernels_``) one launch
-            from ..plugins.kernels.norm_act import add_rmsnorm
-            ctx = add_rmsnorm(ctx, None, self.hidden_norm.weight, self.hidden_norm.eps)[0]
-        else:
-            ctx = self.hidden_norm(ctx)
+        row_kernels = len(self.layers) > 0 and self.layers[0].row_kernels     # (``qwen3.use_row_kernels_``)
+        ctx = add_norm(self.hidden_norm, self.fc(taps), None, row_kernels)[0]
         lc = self.config.backbone
         cos, sin = rope_cos_sin(positions, lc.head_dim, lc.rope_theta, ctx.dtype)
         for i, layer in enumerate(self.layers):

@@ -77,12 +77,9 @@ class FusedFp8Linear(FusedLinear):
         return fp8_linear_bucketed(x, self.weight, self.weight_scale_inv, act_quant=self.act_quant)
 
     def rows_from(self, x: Tensor, i: int) -> Tensor:
-        return torch.cat(self.parts_from(x, i), -1)
-
-    def parts_from(self, x: Tensor, i: int) -> tuple[Tensor, ...]:
         r = sum(self.sizes[:i])
         return fp8_linear_bucketed(x, self.weight[r:], self.weight_scale_inv[r // FP8_BLOCK:],
-                                   act_quant=self.act_quant).split(self.sizes[i:], -1)
+                                   act_quant=self.act_quant)
 
 
 def _plain(*linears) -> bool:

@@ -143,13 +143,17 @@ class Qwen3DecoderLayer(nn.Module):
         return x, self.mlp(h)
 
     def _add_norm(self, norm: RMSNorm, x: Tensor, r: Tensor | None) -> tuple[Tensor, Tensor]:
-        """(norm(x + r), x + r); r None: (norm(x), x)."""
-        if self.row_kernels:
-            from ..plugins.kernels.norm_act import add_rmsnorm
-            return add_rmsnorm(x, r, norm.weight, norm.eps)
-        if r is not None:
-            x = x + r
-        return norm(x), x
+        return add_norm(norm, x, r, self.row_kernels)
+
+
+def add_norm(norm: RMSNorm, x: Tensor, r: Tensor | None, row_kernels: bool) -> tuple[Tensor, Tensor]:
+    """(norm(x + r), x + r); r None: (norm(x), x). ``row_kernels``: in one launch (``add_rmsnorm``)."""
+    if row_kernels:
+        from ..plugins.kernels.norm_act import add_rmsnorm
+        return add_rmsnorm(x, r, norm.weight, norm.eps)
+    if r is not None:
+        x = x + r
+    return norm(x), x
 
 
 def run_layers(layers, x: Tensor, cos: Tensor, sin: Tensor, cache: dict, block_table: Tensor,
