@@ -167,12 +167,22 @@ def main(argv=None) -> int:
     median = np.median([d["point"] for d in log if d["ar"]] or [0])
     print(f"[fallback-trace] {len(probes)} probe verdicts that ended a streak; point estimate at AR "
           f"decisions: median {median:.3f}", flush=True)
+    write_report(a, "fallback-trace", report)
+    return 0
+
+
+def write_report(a, name: str, report: dict) -> None:
+    """``report`` as ``<out-dir>/<name>-[<tag>-]<gpu>-<sha>.json``."""
     out = Path(a.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fallback-trace-{a.tag + '-' if a.tag else ''}{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
+    path = out / f"{name}-{a.tag + '-' if a.tag else ''}{report['gpu'].replace(' ', '-')}-{provenance.git_sha()}.json"
     path.write_text(json.dumps(report))
     print(f"[fallback-trace] wrote {path}")
-    return 0
+
+
+def fixed_accepted(seq) -> list[int]:
+    """The drafts accepted by ``seq``'s speculative rounds (AR rounds verify none)."""
+    return [x for x, p in zip(seq.stats.accepted, seq.stats.proposed) if p > 0]
 
 
 def forced_report(llm, prompts, B: int, a, pattern: tuple[int, int], log: list, gen_seqs: list) -> int:
@@ -182,9 +192,8 @@ def forced_report(llm, prompts, B: int, a, pattern: tuple[int, int], log: list, 
     forced_places = place_summary(log, pattern[1])
     gen_seqs.clear()
     vc.steady_state(llm, prompts, B, a.gen_len, True, "fixed")
-    fixed = [x for s in gen_seqs for x, p in zip(s.stats.accepted, s.stats.proposed) if p > 0]
-    per_request = [round(float(np.mean([x for x, p in zip(s.stats.accepted, s.stats.proposed) if p > 0] or [0])), 3)
-                   for s in gen_seqs]                    # fixed rounds' mean accepted drafts, by admission
+    fixed = [x for s in gen_seqs for x in fixed_accepted(s)]
+    per_request = [round(float(np.mean(fixed_accepted(s) or [0])), 3) for s in gen_seqs]   # by admission
     gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag, "pattern": list(pattern),
               "no_defer": a.no_defer, "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:]),
@@ -195,11 +204,7 @@ def forced_report(llm, prompts, B: int, a, pattern: tuple[int, int], log: list, 
     print(f"[fallback-trace] {a.tag} {gpu} pattern {pattern}: drafts accepted by place after {pattern[0]} AR "
           f"rounds {json.dumps(means)}; fixed rounds {report['fixed_rounds']['mean_accepted']} over {len(fixed)}, "
           f"per request {per_request}", flush=True)
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fallback-pattern-{a.tag + '-' if a.tag else ''}{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
-    path.write_text(json.dumps(report))
-    print(f"[fallback-trace] wrote {path}")
+    write_report(a, "fallback-pattern", report)
     return 0
 
 
