@@ -36,8 +36,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.commands import bench  # noqa: E402
-from dspark_trt.runtime.confidence import VerifyScheduler  # noqa: E402
 from dspark_trt.runtime.context_rows import ContextRows  # noqa: E402
+from priced_pair import priced_pair, prompts as pair_prompts  # noqa: E402
 
 WATCH = ("step", "_ar_round", "_spec_round", "_falls_back_to_ar", "_estimates_rounds", "round_inputs",
          "add", "room_for", "flush", "draft_context", "_write_deferred", "_observe_round", "commit",
@@ -238,16 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     B = a.batch
-    args = vc.parse_args(["--prompts", "heldout", "--gen-len", str(a.gen_len), "--prompt-len", "128",
-                          "--batch-sizes", str(B), "--load", "steady", "--prices", a.prices])
-    args.max_batch_size, args.max_seq_len = a.max_batch_size, 128 + vc.steady_range(a.gen_len)[1]
-    llm = bench.load_llm(args, **bench.step_path_kwargs(args))
-    n = llm.networks.num_spec_tokens
-    llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device, llm.calibration,
-                                                vc.load_prices(a.prices), cost_model=llm.cost_model)
-    for spec in (True, False):
-        llm.capture_graphs(spec, prefill_lengths=[128])
-    prompts = bench.make_prompts(llm, "heldout", max(16, 3 * B), 128, 0)
+    llm = priced_pair(vc.load_prices(a.prices), B, a.gen_len, max_batch_size=a.max_batch_size)
+    prompts = pair_prompts(llm, max(16, 3 * B))
     report = {"git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
               "command": "python benchmarks/fallback_profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "batch": B, "gen_len": a.gen_len, "runs": {}}
@@ -275,9 +267,7 @@ def main(argv=None) -> int:
                 print(f"   {k['count']:5.1f} x {k['us']:7.2f} us  {k['kernel']}", flush=True)
         report["flush"] = [flush_cost(llm, prompts, rows, eager) for rows in (16, a.flush_rows) for eager in (False, True)]
         print(f"[fallback-profile] flush: {json.dumps(report['flush'])}", flush=True)
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"fallback-profile-{report['gpu'].replace(' ', '-')}-{provenance.git_sha()}.json"
+    path = provenance.result_path(a.out_dir, "fallback-profile", report["gpu"])
     path.write_text(json.dumps(report, indent=1))
     print(f"[fallback-profile] wrote {path}")
     return 0

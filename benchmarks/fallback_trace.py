@@ -29,8 +29,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import verify_concurrency as vc  # noqa: E402
 
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.commands import bench  # noqa: E402
-from dspark_trt.runtime.confidence import VerifyScheduler  # noqa: E402
+from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY  # noqa: E402
+from priced_pair import priced_pair, prompts as pair_prompts  # noqa: E402
 
 
 def traced(gen, log: list) -> None:
@@ -106,22 +106,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     B = a.batch
-    args = vc.parse_args(["--prompts", "heldout", "--gen-len", str(a.gen_len), "--prompt-len", "128",
-                          "--batch-sizes", str(B), "--load", "steady", "--prices", a.prices]
-                         + (["--dtype", a.dtype] if a.dtype else []))
-    args.max_batch_size, args.max_seq_len = B, 128 + vc.steady_range(a.gen_len)[1]   # (few graphs to capture)
-    llm = bench.load_llm(args, **bench.step_path_kwargs(args))
-    if a.eager_replay:
-        from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY
-        llm.graphs_skipped, llm.graph_backend, llm._steps = None, EAGER_REPLAY, None
-    n = llm.networks.num_spec_tokens
-    curve = vc.load_prices(a.prices)
-    llm.steps.eager.scheduler = VerifyScheduler(n, llm.max_batch_size * (n + 1), llm.device, llm.calibration,
-                                                curve, cost_model=llm.cost_model)
-    llm.verify_cost = curve
-    for spec in (True, False):
-        llm.capture_graphs(spec, prefill_lengths=[128])
-    prompts = bench.make_prompts(llm, "heldout", max(16, 3 * B), 128, 0)
+    llm = priced_pair(vc.load_prices(a.prices), B, a.gen_len, dtype=a.dtype,
+                      graph_backend=EAGER_REPLAY if a.eager_replay else None)
+    prompts = pair_prompts(llm, max(16, 3 * B))
     log: list = []
     original = llm.scheduler
 
@@ -173,9 +160,7 @@ def main(argv=None) -> int:
 
 def write_report(a, name: str, report: dict) -> None:
     """``report`` as ``<out-dir>/<name>-[<tag>-]<gpu>-<sha>.json``."""
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}-{a.tag + '-' if a.tag else ''}{report['gpu'].replace(' ', '-')}-{provenance.git_sha()}.json"
+    path = provenance.result_path(a.out_dir, name, report["gpu"], a.tag)
     path.write_text(json.dumps(report))
     print(f"[fallback-trace] wrote {path}")
 

@@ -104,10 +104,8 @@ def main(argv=None) -> int:
     timed_host_work(calls)
     vc.steady_state = measured
     vc.run(argv)
-    out = Path(vc.parse_args(argv).out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    path = out / f"scheduler-overheads-{gpu.replace(' ', '-')}-{provenance.git_sha()}.json"
+    gpu = provenance.gpu_name()
+    path = provenance.result_path(vc.parse_args(argv).out_dir, "scheduler-overheads", gpu)
     path.write_text(json.dumps({"git_sha": provenance.git_sha(), "gpu": gpu,
                                 "command": "python benchmarks/scheduler_overheads.py " + " ".join(argv)
                                 + (" --force-speculative" if forced else ""),

@@ -37,3 +37,11 @@ def versions() -> dict:
 def gpu_name() -> str:
     import torch
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+
+
+def result_path(out_dir: str | Path, name: str, gpu: str, tag: str = "") -> Path:
+    """``<out_dir>/<name>-[<tag>-]<gpu>-<sha>.json`` (the directory made): where a benchmark's
+    JSON goes, named by what ran it and where."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return out / f"{name}-{tag + '-' if tag else ''}{gpu.replace(' ', '-')}-{git_sha()}.json"
