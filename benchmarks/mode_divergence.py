@@ -1,0 +1,156 @@
+"""Where an all-``scheduled`` request's rounds part from the fixed mode's (issue #25, batch 1).
+
+Session 43 (H100, default pair, batch 1): the scheduled run accepted fewer drafts than the CPU's
+from its first request on, before any AR round, while the fixed modes of both machines ran the same
+rounds. This loads the pair as ``fallback_trace.py`` does (``bench``'s options, CUDA graphs), runs
+the same requests one after another on one scheduler per variant, greedy, and reports for each
+variant and request the first round whose verified or accepted drafts differ from the fixed mode's
+(only the rounds before the request's first AR round count; the outputs must be equal, lossless):
+
+  fixed            the reference
+  scheduled        LLM's default mode (the survival estimate's host work beside each round)
+  no-host-work     scheduled, the next round's decisions taken after the read-back instead
+  eager            scheduled through the eager steps (no CUDA graphs)
+  fixed-host-work  fixed, with the scheduled mode's host work beside each round (its verdicts unused)
+
+``--prices FILE`` replays a run's cost curve (as the trace did); without it a flat verify under
+which every window but N loses and AR never wins, so every scheduled round is a fixed round.
+Writes ``mode-divergence-<gpu>-<sha>.json``.
+
+    python benchmarks/mode_divergence.py [--prices RESULT.json.gz] [--requests 4] [--out-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import verify_concurrency as vc  # noqa: E402
+from dspark_trt import provenance  # noqa: E402
+from dspark_trt.runtime import SamplingParams  # noqa: E402
+from dspark_trt.runtime.confidence import CostCurve  # noqa: E402
+from priced_pair import priced_pair, prompts as pair_prompts  # noqa: E402
+
+VARIANTS = ("fixed", "scheduled", "no-host-work", "eager", "fixed-host-work")
+FLAT = CostCurve([1, 64], [0.5, 0.5], "flat verify: drafting always pays, at window N", rows=[1, 64],
+                 draft_ms=[0.1, 0.1], ar_ms=[1.0, 1.0])
+
+
+def patched(gen, variant: str):
+    """``gen`` set up as ``variant`` -> its requests' verify mode."""
+    if variant == "no-host-work":
+        decide = gen._next_decisions
+
+        def after_read_back(seqs, estimates):         # the same work, once the round is back
+            work = decide(seqs, estimates)
+            if work is not None:
+                gen._pending_work = work
+            return None
+        gen._next_decisions = after_read_back
+        step = gen.step
+
+        def step_then_work():
+            done = step()
+            work, gen._pending_work = getattr(gen, "_pending_work", None), None
+            if work is not None:
+                work()
+            return done
+        gen.step = step_then_work
+    elif variant == "eager":
+        gen.steps = gen.steps.eager
+    elif variant == "fixed-host-work":
+        spec_round = gen.steps.spec_round
+
+        def with_work(r, mods, width=None, host_work=None):
+            def work():
+                gen._survival.prepare()
+                sched = gen._scheduler()
+                sched.prefers_ar(r.batch_size, gen._survival.optimistic())
+                sched.best_window(r.batch_size, gen._survival.curve())
+                if host_work is not None:
+                    host_work()
+            return spec_round(r, mods, width=width, host_work=work)
+        gen.steps = _Override(gen.steps, spec_round=with_work)
+    return "fixed" if variant.startswith("fixed") else "scheduled"
+
+
+class _Override:
+    """``inner`` with some attributes replaced."""
+
+    def __init__(self, inner, **attrs):
+        self._inner, self._attrs = inner, attrs
+
+    def __getattr__(self, name):
+        return self._attrs[name] if name in self._attrs else getattr(self._inner, name)
+
+
+def run_variant(llm, prompts, variant: str, gen_len: int) -> list[dict]:
+    """Each request's output, verified and accepted drafts per round, and round kinds."""
+    gen = llm.scheduler(True)
+    mode = patched(gen, variant)
+    out = []
+    for p in prompts:
+        seq = gen.add_request(p.tolist(), SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=mode))
+        kinds = []
+        while gen.has_work():
+            gen.step()
+            kinds.append(gen._round_kind)
+        out.append({"output": seq.output_ids, "proposed": seq.stats.proposed, "accepted": seq.stats.accepted,
+                    "kinds": [k for k in kinds if k]})
+    return out
+
+
+def divergence(ref: dict, run: dict) -> dict:
+    """The first round (before the run's first AR round) whose drafts differ from ``ref``'s."""
+    first_ar = run["proposed"].index(0) if 0 in run["proposed"] else len(run["proposed"])
+    pairs = list(zip(zip(ref["proposed"], ref["accepted"]), zip(run["proposed"], run["accepted"])))[:first_ar]
+    at = next((k for k, (a, b) in enumerate(pairs) if a != b), None)
+    return {"same_output": ref["output"] == run["output"], "rounds_compared": len(pairs), "first_diff": at,
+            "ref_accepted": ref["accepted"][at:at + 6] if at is not None else None,
+            "run_accepted": run["accepted"][at:at + 6] if at is not None else None,
+            "accepted_sum_compared": [sum(a for (_, a), _ in pairs), sum(b for _, (_, b) in pairs)]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prices", default=None, help="a run's cost curve (verify_concurrency JSON); default: FLAT")
+    ap.add_argument("--requests", type=int, default=4)
+    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--tag", default="")
+    ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    a = ap.parse_args(argv)
+    variants = a.variants.split(",")
+    if unknown := set(variants) - set(VARIANTS):
+        raise SystemExit(f"error: unknown variants {sorted(unknown)} (choose from {VARIANTS})")
+    llm = priced_pair(vc.load_prices(a.prices) if a.prices else FLAT, 1, a.gen_len)
+    prompts = pair_prompts(llm, a.requests)
+    runs = {v: run_variant(llm, prompts, v, a.gen_len) for v in ["fixed"] + [v for v in variants if v != "fixed"]}
+    gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
+    report = {"git_sha": provenance.git_sha(), "gpu": gpu, "prices": a.prices or FLAT.source, "tag": a.tag,
+              "command": "python benchmarks/mode_divergence.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "variants": {}}
+    for v, run in runs.items():
+        diffs = [divergence(ref, r) for ref, r in zip(runs["fixed"], run)]
+        kinds = sorted({k for r in run for k in r["kinds"]})
+        report["variants"][v] = {"requests": diffs, "round_kinds": kinds,
+                                 "accepted_per_request": [r["accepted"] for r in run]}
+        print(f"[mode-divergence] {gpu} {v}: kinds {kinds}; first differing round per request "
+              f"{[d['first_diff'] for d in diffs]}; accepted (fixed, this) "
+              f"{[d['accepted_sum_compared'] for d in diffs]}; same output {all(d['same_output'] for d in diffs)}",
+              flush=True)
+    path = provenance.result_path(a.out_dir, "mode-divergence", gpu, a.tag)
+    path.write_text(json.dumps(report))
+    print(f"[mode-divergence] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
