@@ -92,12 +92,13 @@ class _Override:
 
 
 def run_variant(llm, prompts, variant: str, gen_len: int) -> list[dict]:
-    """Each request's output, verified and accepted drafts per round, and round kinds."""
+    """Each request's output, verified and accepted drafts per round, and round kinds; request i
+    asks for as many tokens as in ``verify_concurrency``'s steady load (``steady_lengths``)."""
     gen = llm.scheduler(True)
     mode = patched(gen, variant)
     out = []
-    for p in prompts:
-        seq = gen.add_request(p.tolist(), SamplingParams(max_new_tokens=gen_len, ignore_eos=True, verify_mode=mode))
+    for p, n in zip(prompts, vc.steady_lengths(len(prompts), gen_len)):
+        seq = gen.add_request(p.tolist(), SamplingParams(max_new_tokens=n, ignore_eos=True, verify_mode=mode))
         kinds = []
         while gen.has_work():
             gen.step()
@@ -122,7 +123,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prices", default=None, help="a run's cost curve (verify_concurrency JSON); default: FLAT")
     ap.add_argument("--requests", type=int, default=4)
-    ap.add_argument("--gen-len", type=int, default=64)
+    ap.add_argument("--gen-len", type=int, default=64, help="requests ask for gen_len / 2 .. 3 gen_len / 2 tokens")
+    ap.add_argument("--dtype", default=None, help="e.g. bf16 on the CPU (the GPU's default)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--tag", default="")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
@@ -130,7 +132,7 @@ def main(argv=None) -> int:
     variants = a.variants.split(",")
     if unknown := set(variants) - set(VARIANTS):
         raise SystemExit(f"error: unknown variants {sorted(unknown)} (choose from {VARIANTS})")
-    llm = priced_pair(vc.load_prices(a.prices) if a.prices else FLAT, 1, a.gen_len)
+    llm = priced_pair(vc.load_prices(a.prices) if a.prices else FLAT, 1, a.gen_len, dtype=a.dtype)
     prompts = pair_prompts(llm, a.requests)
     runs = {v: run_variant(llm, prompts, v, a.gen_len) for v in ["fixed"] + [v for v in variants if v != "fixed"]}
     gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
