@@ -146,8 +146,8 @@ def main(argv=None) -> int:
                                  "accepted_per_request": [r["accepted"] for r in run]}
         print(f"[mode-divergence] {gpu} {v}: kinds {kinds}; first differing round per request "
               f"{[d['first_diff'] for d in diffs]}; accepted (fixed, this) "
-              f"{[d['accepted_sum_compared'] for d in diffs]}; same output {all(d['same_output'] for d in diffs)}",
-              flush=True)
+              f"{[d['accepted_sum_compared'] for d in diffs]}; same output {all(d['same_output'] for d in diffs)}; "
+              f"first rounds' accepted {[r['accepted'][:8] for r in run]}", flush=True)
     path = provenance.result_path(a.out_dir, "mode-divergence", gpu, a.tag)
     path.write_text(json.dumps(report))
     print(f"[mode-divergence] wrote {path}")
