@@ -35,12 +35,9 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.runtime import SamplingParams  # noqa: E402
-from dspark_trt.runtime.confidence import CostCurve  # noqa: E402
-from priced_pair import priced_pair, prompts as pair_prompts  # noqa: E402
+from priced_pair import DRAFTING_PAYS as FLAT, priced_pair, prompts as pair_prompts  # noqa: E402
 
 VARIANTS = ("fixed", "scheduled", "no-host-work", "eager", "fixed-host-work")
-FLAT = CostCurve([1, 64], [0.5, 0.5], "flat verify: drafting always pays, at window N", rows=[1, 64],
-                 draft_ms=[0.1, 0.1], ar_ms=[1.0, 1.0])
 
 
 def patched(gen, variant: str):

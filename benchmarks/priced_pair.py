@@ -12,9 +12,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt.commands import bench  # noqa: E402
-from dspark_trt.runtime.confidence import VerifyScheduler  # noqa: E402
+from dspark_trt.runtime.confidence import CostCurve, VerifyScheduler  # noqa: E402
 
 PROMPT_LEN = 128
+# a flat verify: every window but N loses, AR never wins (a round of 0.6 ms beats AR at tau 0)
+DRAFTING_PAYS = CostCurve([1, 64], [0.5, 0.5], "flat verify: drafting always pays, at window N", rows=[1, 64],
+                          draft_ms=[0.1, 0.1], ar_ms=[1.0, 1.0])
 
 
 def priced_pair(curve, batch: int, gen_len: int, max_batch_size: int | None = None, dtype: str | None = None,

@@ -1,0 +1,130 @@
+"""The default pair's first rounds on the CPU through the GPU's Triton kernels (Triton's
+interpreter), against the same rounds through the torch references (issue #25's batch-1 lead).
+
+Session 43's GPU traces parted from the CPU's rounds at the second round of requests 0 and 2.
+This runs those requests greedily, one after another, twice in one process: with the torch
+references (what the CPU runs) and with every ``dspark`` op on its Triton kernel (the attention,
+the KV write, the Markov and rejection samplers, the token sampler, the finiteness check; the
+CPU's ``use_triton`` answers True) and, with ``--row-kernels`` (bf16), the layers' row kernels
+(``add_rmsnorm``, ``silu_mul``, ``qk_rope_cache``, the draft context's write among them), and
+prints each run's drafts accepted per round. Not under test: the decode chain, CUDA graphs.
+
+The interpreter computes ``tl.dot`` of bf16 operands wrongly (the attention kernel's output is
+off by ~1e9 in bf16 and within 3e-7 in fp32 on the same inputs), so in bf16 ``--torch-attention``
+keeps the attention on its reference. Session 44 (fp32, every op; bf16 with the row kernels and the
+torch attention): requests 0 and 2 ran the references' rounds. Slow: minutes per request.
+
+    python benchmarks/interpreted_pair.py [--dtype fp32] [--requests 0,2] [--rounds 4]
+    python benchmarks/interpreted_pair.py --dtype bf16 --row-kernels --torch-attention
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"            # before triton is imported
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import pkgutil  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from dspark_trt import plugins, provenance  # noqa: E402
+from dspark_trt.commands.bench import make_prompts  # noqa: E402
+from dspark_trt.config.source import default_pair_dirs  # noqa: E402
+from dspark_trt.models.qwen3 import Qwen3DecoderLayer, use_row_kernels_  # noqa: E402
+from dspark_trt.plugins import dispatch  # noqa: E402
+from dspark_trt.runtime import SamplingParams  # noqa: E402
+from dspark_trt.runtime.llm import LLM  # noqa: E402
+from priced_pair import DRAFTING_PAYS  # noqa: E402
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PROMPT_LEN = 128
+
+
+def triton_switches(skip: tuple[str, ...] = ()) -> list:
+    """The modules whose ``use_triton`` is dispatch's (every ``dspark_trt.plugins`` module
+    imported first; TensorRT's need tensorrt), but those named in ``skip``."""
+    for m in pkgutil.walk_packages(plugins.__path__, "dspark_trt.plugins."):
+        if not m.name.endswith("tensorrt") and "tensorrt_" not in m.name:
+            importlib.import_module(m.name)
+    original = dispatch.use_triton
+    return [mod for name, mod in list(sys.modules.items())
+            if name.startswith(("dspark_trt.plugins", "dspark_trt.models"))
+            and getattr(mod, "use_triton", None) is original and not any(s in name for s in skip)]
+
+
+def set_kernels(llm: LLM, modules: list, on: bool, row_kernels: bool) -> None:
+    """Every op of ``modules`` (and with ``row_kernels`` the bf16 layers) on its Triton kernel, or
+    back on the references."""
+    for mod in modules:
+        mod.use_triton = (lambda x: dispatch.HAVE_TRITON) if on else dispatch.use_triton
+    nets = llm.networks
+    for m in (nets.target_module, nets.draft_module):
+        if on and row_kernels:
+            use_row_kernels_(m)
+        else:
+            for layer in m.modules():
+                if isinstance(layer, Qwen3DecoderLayer):
+                    layer.row_kernels = layer.self_attn.row_kernels = layer.mlp.row_kernels = False
+
+
+def first_rounds(llm: LLM, prompts, requests: list[int], rounds: int) -> dict:
+    """Request -> drafts accepted in its first ``rounds`` rounds and its first tokens."""
+    out = {}
+    for i in requests:
+        gen = llm.scheduler()
+        seq = gen.add_request(prompts[i].tolist(), SamplingParams(max_new_tokens=64, ignore_eos=True))
+        while gen.has_work() and len(seq.stats.accepted) < rounds:
+            gen.step()
+        out[i] = {"accepted": seq.stats.accepted, "tokens": seq.output_ids[:16]}
+        print(f"[interpreted-pair]   request {i}: accepted {seq.stats.accepted}", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--requests", default="0,2", help="indices into the steady load's held-out prompts")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--row-kernels", action="store_true", help="the layers' row kernels too (bf16)")
+    ap.add_argument("--torch-attention", action="store_true", help="the attention on its reference")
+    ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
+    a = ap.parse_args(argv)
+    if a.row_kernels and a.dtype != "bf16":
+        raise SystemExit("error: --row-kernels needs --dtype bf16 (the row kernels round as the bf16 modules)")
+    if default_pair_dirs() is None:
+        raise SystemExit("error: the shipped default pair is missing")
+    llm = LLM.from_checkpoints(*default_pair_dirs(), device="cpu", dtype=DTYPES[a.dtype], max_batch_size=1,
+                               max_seq_len=PROMPT_LEN + 96, verify_cost=DRAFTING_PAYS)
+    prompts = make_prompts(llm, "heldout", max(int(i) for i in a.requests.split(",")) + 1, PROMPT_LEN, 0)
+    requests = [int(i) for i in a.requests.split(",")]
+    modules = triton_switches(("block_attention",) if a.torch_attention else ())
+    runs = {}
+    for name, on in (("references", False), ("triton", True)):
+        print(f"[interpreted-pair] {name} ({a.dtype})", flush=True)
+        set_kernels(llm, modules, on, a.row_kernels)
+        runs[name] = first_rounds(llm, prompts, requests, a.rounds)
+    set_kernels(llm, modules, False, False)
+    same = all(runs["references"][i] == runs["triton"][i] for i in requests)
+    print(f"[interpreted-pair] the Triton kernels' rounds equal the references': {same}", flush=True)
+    report = {"git_sha": provenance.git_sha(), "dtype": a.dtype, "row_kernels": a.row_kernels,
+              "torch_attention": a.torch_attention, "triton_modules": [m.__name__ for m in modules],
+              "command": "python benchmarks/interpreted_pair.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "runs": {k: {str(i): v for i, v in r.items()} for k, r in runs.items()}, "equal": same}
+    tag = a.dtype + ("-rowk" if a.row_kernels else "") + ("-torch-attn" if a.torch_attention else "")
+    path = provenance.result_path(a.out_dir, "interpreted-pair", "cpu", tag)
+    path.write_text(json.dumps(report, indent=1))
+    print(f"[interpreted-pair] wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
