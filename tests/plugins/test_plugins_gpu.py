@@ -128,6 +128,26 @@ def test_block_attention_qwen_shapes_bf16(B, T, ctx, spare):
         assert torch.equal(out, got)
 
 
+@pytest.mark.parametrize("T,start,block", [(128, 0, False), (8, 128, False), (7, 128, True), (7, 129, True),
+                                           (7, 132, True), (8, 190, False)])
+def test_block_attention_default_pair_shapes_bf16(T, start, block):
+    """The shipped default pair's attention (8 heads on 4 KV heads of 64, pages of 64: a query
+    tile of 8 tokens x 2 heads, which the Qwen3-8B shapes above never launch): the prompt's
+    prefill, the verify window and the draft block (non-causal) at the first positions past a
+    128-token prompt, where session 43's GPU traces parted from the CPU's rounds."""
+    B, H, Hkv, D, page = 2, 8, 4, 64, 64
+    pages = -(-(start + T) // page) + 1
+    table = torch.randperm(B * pages, device=DEV).view(B, pages)
+    kc = torch.randn(B * pages + 1, page, Hkv, D, device=DEV, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(B, T, H, D, device=DEV, dtype=torch.bfloat16)
+    pos = (start + torch.arange(T, device=DEV)).expand(B, T).contiguous()
+    lim = torch.full_like(pos, start + T - 1) if block else pos
+    ref = block_attention_ref(q.float(), kc.float(), vc.float(), table, pos, lim, D ** -0.5)
+    got = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
+    assert (got.float() - ref).abs().max() < 2e-2                   # bf16 output, bf16 P in P @ V
+
+
 @pytest.mark.parametrize("Tq", [8, 16, 256])            # 8: the index list is split across programs
 def test_sparse_mla_v4_shapes_bf16(Tq):
     H, D, S, W = 128, 512, 2000, 256
