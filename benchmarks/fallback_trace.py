@@ -20,7 +20,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -137,7 +136,7 @@ def main(argv=None) -> int:
     stats = vc.steady_state(llm, prompts, B, a.gen_len, True, "scheduled")
     ar = sum(d["ar"] for d in log)                   # decisions (a streak's rounds skip most)
     ar_rounds = sum(s.stats.proposed.count(0) for s in gen_seqs)
-    gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
+    gpu = provenance.gpu_name() if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag,
               "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "decode_only_tokens_per_s": stats["decode_only_tokens_per_s"], "tau": stats["tau"],
@@ -179,7 +178,7 @@ def forced_report(llm, prompts, B: int, a, pattern: tuple[int, int], log: list, 
     vc.steady_state(llm, prompts, B, a.gen_len, True, "fixed")
     fixed = [x for s in gen_seqs for x in fixed_accepted(s)]
     per_request = [round(float(np.mean(fixed_accepted(s) or [0])), 3) for s in gen_seqs]   # by admission
-    gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
+    gpu = provenance.gpu_name() if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag, "pattern": list(pattern),
               "no_defer": a.no_defer, "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:]),
               "after_ar_runs": forced_places,

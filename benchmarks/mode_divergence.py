@@ -9,13 +9,13 @@ variant and request the first round whose verified or accepted drafts differ fro
 
   fixed            the reference
   scheduled        LLM's default mode (the survival estimate's host work beside each round)
-  no-host-work     scheduled, the next round's decisions taken after the read-back instead
+  no-host-work     scheduled, each round's host work (the next round's decisions) after its read-back
   eager            scheduled through the eager steps (no CUDA graphs)
   fixed-host-work  fixed, with the scheduled mode's host work beside each round (its verdicts unused)
 
 ``--prices FILE`` replays a run's cost curve (as the trace did); without it a flat verify under
 which every window but N loses and AR never wins, so every scheduled round is a fixed round.
-Writes ``mode-divergence-<gpu>-<sha>.json``.
+Writes ``mode-divergence-[<tag>-]<gpu>-<sha>.json``.
 
     python benchmarks/mode_divergence.py [--prices RESULT.json.gz] [--requests 4] [--out-dir DIR]
 """
@@ -25,8 +25,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -42,39 +40,23 @@ VARIANTS = ("fixed", "scheduled", "no-host-work", "eager", "fixed-host-work")
 
 def patched(gen, variant: str):
     """``gen`` set up as ``variant`` -> its requests' verify mode."""
-    if variant == "no-host-work":
-        decide = gen._next_decisions
+    if variant == "no-host-work":            # each round's host work once its read-back is done
+        steps = gen.steps
 
-        def after_read_back(seqs, estimates):         # the same work, once the round is back
-            work = decide(seqs, estimates)
-            if work is not None:
-                gen._pending_work = work
-            return None
-        gen._next_decisions = after_read_back
-        step = gen.step
-
-        def step_then_work():
-            done = step()
-            work, gen._pending_work = getattr(gen, "_pending_work", None), None
-            if work is not None:
-                work()
-            return done
-        gen.step = step_then_work
+        def after(fn):
+            def round_then_work(*args, host_work=None, **kw):
+                out = fn(*args, **kw)
+                if host_work is not None:    # before the round's outcome is added: what it saw beside the device
+                    host_work()
+                return out
+            return round_then_work
+        gen.steps = _Override(steps, spec_round=after(steps.spec_round),
+                              spec_round_admitted=after(steps.spec_round_admitted))
     elif variant == "eager":
         gen.steps = gen.steps.eager
-    elif variant == "fixed-host-work":
-        spec_round = gen.steps.spec_round
-
-        def with_work(r, mods, width=None, host_work=None):
-            def work():
-                gen._survival.prepare()
-                sched = gen._scheduler()
-                sched.prefers_ar(r.batch_size, gen._survival.optimistic())
-                sched.best_window(r.batch_size, gen._survival.curve())
-                if host_work is not None:
-                    host_work()
-            return spec_round(r, mods, width=width, host_work=work)
-        gen.steps = _Override(gen.steps, spec_round=with_work)
+    elif variant == "fixed-host-work":       # the scheduled mode's host work (its verdicts unused)
+        decide = gen._next_decisions
+        gen._next_decisions = lambda seqs, estimates: decide(seqs, True)
     return "fixed" if variant.startswith("fixed") else "scheduled"
 
 
@@ -132,7 +114,7 @@ def main(argv=None) -> int:
     llm = priced_pair(vc.load_prices(a.prices) if a.prices else FLAT, 1, a.gen_len, dtype=a.dtype)
     prompts = pair_prompts(llm, a.requests)
     runs = {v: run_variant(llm, prompts, v, a.gen_len) for v in ["fixed"] + [v for v in variants if v != "fixed"]}
-    gpu = torch.cuda.get_device_name(0) if llm.device.type == "cuda" else "cpu"
+    gpu = provenance.gpu_name() if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "prices": a.prices or FLAT.source, "tag": a.tag,
               "command": "python benchmarks/mode_divergence.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "variants": {}}

@@ -128,15 +128,18 @@ def test_block_attention_qwen_shapes_bf16(B, T, ctx, spare):
         assert torch.equal(out, got)
 
 
+@pytest.mark.parametrize("B", [1, 2])
 @pytest.mark.parametrize("T,start,block", [(128, 0, False), (8, 128, False), (7, 128, True), (7, 129, True),
                                            (7, 132, True), (8, 190, False)])
-def test_block_attention_default_pair_shapes_bf16(T, start, block):
+def test_block_attention_default_pair_shapes_bf16(B, T, start, block):
     """The shipped default pair's attention (8 heads on 4 KV heads of 64, pages of 64: a query
     tile of 8 tokens x 2 heads, which the Qwen3-8B shapes above never launch): the prompt's
     prefill, the verify window and the draft block (non-causal) at the first positions past a
-    128-token prompt, where session 43's GPU traces parted from the CPU's rounds."""
-    B, H, Hkv, D, page = 2, 8, 4, 64, 64
-    pages = -(-(start + T) // page) + 1
+    128-token prompt, where session 43's GPU traces parted from the CPU's rounds, and a verify at
+    190; two spare pages (empty KV splits); the op, the chain's launch with PDL, and a replay
+    under a CUDA graph."""
+    H, Hkv, D, page = 8, 4, 64, 64
+    pages = -(-(start + T) // page) + 2
     table = torch.randperm(B * pages, device=DEV).view(B, pages)
     kc = torch.randn(B * pages + 1, page, Hkv, D, device=DEV, dtype=torch.bfloat16)
     vc = torch.randn_like(kc)
@@ -146,6 +149,14 @@ def test_block_attention_default_pair_shapes_bf16(T, start, block):
     ref = block_attention_ref(q.float(), kc.float(), vc.float(), table, pos, lim, D ** -0.5)
     got = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
     assert (got.float() - ref).abs().max() < 2e-2                   # bf16 output, bf16 P in P @ V
+    pdl = block_attention_triton(q, kc, vc, table, pos, lim, D ** -0.5, pdl=True)
+    assert (pdl.float() - ref).abs().max() < 2e-2
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = torch.ops.dspark.block_attention(q, kc, vc, table, pos, lim, D ** -0.5)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, got)
 
 
 @pytest.mark.parametrize("Tq", [8, 16, 256])            # 8: the index list is split across programs
