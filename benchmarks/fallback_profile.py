@@ -240,7 +240,7 @@ def main(argv=None) -> int:
     B = a.batch
     llm = priced_pair(vc.load_prices(a.prices), B, a.gen_len, max_batch_size=a.max_batch_size)
     prompts = pair_prompts(llm, max(16, 3 * B))
-    report = {"git_sha": provenance.git_sha(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    report = {"git_sha": provenance.git_sha(), "gpu": provenance.gpu_name(),
               "command": "python benchmarks/fallback_profile.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "batch": B, "gen_len": a.gen_len, "runs": {}}
     for name, spec in (("ar", False), ("scheduled", True)):

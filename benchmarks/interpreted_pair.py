@@ -39,17 +39,15 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from dspark_trt import plugins, provenance  # noqa: E402
-from dspark_trt.commands.bench import make_prompts  # noqa: E402
 from dspark_trt.config.source import default_pair_dirs  # noqa: E402
 from dspark_trt.models.qwen3 import Qwen3DecoderLayer, use_row_kernels_  # noqa: E402
 from dspark_trt.plugins import dispatch  # noqa: E402
 from dspark_trt.runtime import SamplingParams  # noqa: E402
 from dspark_trt.runtime.llm import LLM  # noqa: E402
-from priced_pair import DRAFTING_PAYS  # noqa: E402
+from priced_pair import DRAFTING_PAYS, PROMPT_LEN, prompts as pair_prompts  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 USE_TRITON = dispatch.use_triton                # the CPU's answer: False (the references)
-PROMPT_LEN = 128
 
 
 def triton_switches(skip: tuple[str, ...] = ()) -> list:
@@ -106,8 +104,8 @@ def main(argv=None) -> int:
         raise SystemExit("error: the shipped default pair is missing")
     llm = LLM.from_checkpoints(*default_pair_dirs(), device="cpu", dtype=DTYPES[a.dtype], max_batch_size=1,
                                max_seq_len=PROMPT_LEN + 96, verify_cost=DRAFTING_PAYS)
-    prompts = make_prompts(llm, "heldout", max(int(i) for i in a.requests.split(",")) + 1, PROMPT_LEN, 0)
     requests = [int(i) for i in a.requests.split(",")]
+    prompts = pair_prompts(llm, max(requests) + 1)
     modules = triton_switches(("block_attention",) if a.torch_attention else ())
     runs = {}
     for name, on in (("references", False), ("triton", True)):
