@@ -43,15 +43,24 @@ class Qwen3Attention(nn.Module):
         k, v = self.qkv_proj.parts_from(x, 1)
         return self._rope_kv(k, v, cos, sin)
 
+    def _rope_cache_rows(self, rows: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                         block_table: Tensor, positions: Tensor, q_heads: int) -> Tensor:
+        """Projection rows [B, T, (q_heads + 2*Hkv)*D] through one ``qk_rope_cache`` launch: q/k norms,
+        RoPE, K/V into the paged caches at ``positions`` [B, T]; returns the roped queries
+        [B*T, q_heads, D] (none with ``q_heads`` = 0: the k norm stands in for the q norm)."""
+        from ..plugins.kernels.qk_rope_cache import qk_rope_cache
+        n = rows.shape[0] * rows.shape[1]
+        q_norm = self.q_norm if q_heads else self.k_norm
+        return qk_rope_cache(rows.view(n, -1), q_norm.weight, self.k_norm.weight, cos.reshape(n, self.d),
+                             sin.reshape(n, self.d), k_cache, v_cache, block_table, positions, q_heads, q_norm.eps)
+
     def queries_and_cache(self, x: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
                           block_table: Tensor, positions: Tensor) -> Tensor:
         """x [B, T, d] (normed) -> roped, q-normed queries [B, T, H, D]; writes the rows' K/V."""
         B, T, _ = x.shape
         if self.row_kernels:            # norms, RoPE and the cache write in one launch
-            from ..plugins.kernels.qk_rope_cache import qk_rope_cache
-            q = qk_rope_cache(self.qkv_proj.rows(x).view(B * T, -1), self.q_norm.weight, self.k_norm.weight,
-                              cos.reshape(B * T, self.d), sin.reshape(B * T, self.d), k_cache, v_cache,
-                              block_table, positions, self.h, self.q_norm.eps)
+            q = self._rope_cache_rows(self.qkv_proj.rows(x), cos, sin, k_cache, v_cache, block_table, positions,
+                                      self.h)
             return q.view(B, T, self.h, self.d)
         if self.qkv_proj is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -69,11 +78,7 @@ class Qwen3Attention(nn.Module):
         the k/v rows and one ``qk_rope_cache`` launch (no query heads), instead of the k norm's
         nine elementwise kernels, RoPE's six and the write."""
         if self.row_kernels:
-            from ..plugins.kernels.qk_rope_cache import qk_rope_cache
-            B, T, _ = x.shape
-            qk_rope_cache(self.qkv_proj.rows_from(x, 1).view(B * T, -1), self.k_norm.weight, self.k_norm.weight,
-                          cos.reshape(B * T, self.d), sin.reshape(B * T, self.d), k_cache, v_cache,
-                          block_table, positions, 0, self.k_norm.eps)
+            self._rope_cache_rows(self.qkv_proj.rows_from(x, 1), cos, sin, k_cache, v_cache, block_table, positions, 0)
             return
         k, v = self.kv(x, cos, sin)
         self.write_cache(k_cache, v_cache, k, v, block_table, positions)
