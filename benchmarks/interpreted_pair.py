@@ -26,67 +26,20 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"            # before triton is imported
 
 import argparse  # noqa: E402
-import importlib  # noqa: E402
 import json  # noqa: E402
-import pkgutil  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from dspark_trt import plugins, provenance  # noqa: E402
+from dspark_trt import provenance  # noqa: E402
 from dspark_trt.config.source import default_pair_dirs  # noqa: E402
-from dspark_trt.models.qwen3 import Qwen3DecoderLayer, use_row_kernels_  # noqa: E402
-from dspark_trt.plugins import dispatch  # noqa: E402
-from dspark_trt.runtime import SamplingParams  # noqa: E402
 from dspark_trt.runtime.llm import LLM  # noqa: E402
+from kernel_switches import DTYPES, first_rounds, set_kernels, triton_switches  # noqa: E402
 from priced_pair import DRAFTING_PAYS, PROMPT_LEN, prompts as pair_prompts  # noqa: E402
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-USE_TRITON = dispatch.use_triton                # the CPU's answer: False (the references)
-
-
-def triton_switches(skip: tuple[str, ...] = ()) -> list:
-    """The modules that import dispatch's ``use_triton`` (every ``dspark_trt.plugins`` module
-    imported first; TensorRT's need tensorrt), but dispatch itself and those named in ``skip``."""
-    for m in pkgutil.walk_packages(plugins.__path__, "dspark_trt.plugins."):
-        if not m.name.endswith("tensorrt") and "tensorrt_" not in m.name:
-            importlib.import_module(m.name)
-    return [mod for name, mod in list(sys.modules.items())
-            if name.startswith(("dspark_trt.plugins", "dspark_trt.models")) and name != dispatch.__name__
-            and getattr(mod, "use_triton", None) is USE_TRITON and not any(s in name for s in skip)]
-
-
-def set_kernels(llm: LLM, modules: list, on: bool, row_kernels: bool) -> None:
-    """Every op of ``modules`` (and with ``row_kernels`` the bf16 layers) on its Triton kernel, or
-    back on the references."""
-    for mod in modules:
-        mod.use_triton = (lambda x: dispatch.HAVE_TRITON) if on else USE_TRITON
-    nets = llm.networks
-    for m in (nets.target_module, nets.draft_module):
-        if on and row_kernels:
-            use_row_kernels_(m)
-        else:
-            for layer in m.modules():
-                if isinstance(layer, Qwen3DecoderLayer):
-                    layer.row_kernels = layer.self_attn.row_kernels = layer.mlp.row_kernels = False
-
-
-def first_rounds(llm: LLM, prompts, requests: list[int], rounds: int) -> dict:
-    """Request -> drafts accepted in its first ``rounds`` rounds and its first tokens."""
-    out = {}
-    for i in requests:
-        gen = llm.scheduler()
-        seq = gen.add_request(prompts[i].tolist(), SamplingParams(max_new_tokens=64, ignore_eos=True))
-        while gen.has_work() and len(seq.stats.accepted) < rounds:
-            gen.step()
-        out[i] = {"accepted": seq.stats.accepted, "tokens": seq.output_ids[:16]}
-        print(f"[interpreted-pair]   request {i}: accepted {seq.stats.accepted}", flush=True)
-    return out
 
 
 def main(argv=None) -> int:
@@ -112,7 +65,7 @@ def main(argv=None) -> int:
         print(f"[interpreted-pair] {name} ({a.dtype})", flush=True)
         set_kernels(llm, modules, on, a.row_kernels)
         runs[name] = first_rounds(llm, prompts, requests, a.rounds)
-    set_kernels(llm, modules, False, False)
+    set_kernels(llm, modules, None, False)
     same = all(runs["references"][i] == runs["triton"][i] for i in requests)
     print(f"[interpreted-pair] the Triton kernels' rounds equal the references': {same}", flush=True)
     report = {"git_sha": provenance.git_sha(), "dtype": a.dtype, "row_kernels": a.row_kernels,
