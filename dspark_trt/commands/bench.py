@@ -375,15 +375,15 @@ def uses_random_weights(llm, args) -> bool:
 
 def make_prompts(llm, kind: str, n: int, length: int, seed: int) -> np.ndarray:
     """[n, length] prompt ids: uniform random ids, or windows of the stdlib modules the shipped
-    default pair never saw (``DEFAULT_PAIR_HELDOUT``)."""
+    default pair never saw (``DEFAULT_PAIR_HELDOUT``), as its training run's Python had them
+    (``train.heldout_texts``: the same prompts on every machine, whatever its Python)."""
     if kind == "random":
         return np.random.default_rng(seed).integers(0, llm.pair.target.vocab_size, (n, length))
     if llm.tokenizer is None:
         raise SystemExit("error: --prompts heldout needs a model with a tokenizer")
     from ..train.batches import encode_files, eval_prompts
-    from ..train.corpus import DEFAULT_PAIR_HELDOUT, read_stdlib
-    _, held, _ = read_stdlib(heldout=DEFAULT_PAIR_HELDOUT)
-    ids = encode_files(llm.tokenizer, [f.text for f in held])
+    from ..train.heldout_texts import load_heldout_texts
+    ids = encode_files(llm.tokenizer, load_heldout_texts())
     return np.array(eval_prompts(ids, n, length, length, seed=seed), dtype=np.int64)
 
 
