@@ -134,16 +134,33 @@ def main(argv=None) -> int:
     if pattern:
         return forced_report(llm, prompts, B, a, pattern, log, gen_seqs)
     stats = vc.steady_state(llm, prompts, B, a.gen_len, True, "scheduled")
+    walls = round_walls(a.prices, B) if B == 1 else None
+    priced = {}
+    if walls is not None:            # what the decisions are worth at the GPU's walls, against fixed N and AR
+        priced["scheduled"] = priced_rate(gen_seqs, walls)
+        scheduled_seqs, scheduled_log = list(gen_seqs), list(log)
+        gen_seqs.clear()
+        vc.steady_state(llm, prompts, B, a.gen_len, True, "fixed")      # (a fresh scheduler clears the log)
+        priced["fixed"] = priced_rate(gen_seqs, walls)
+        priced["autoregressive"] = {"tokens_per_ms": 1.0 / walls["ar"]}
+        gen_seqs[:], log[:] = scheduled_seqs, scheduled_log
     ar = sum(d["ar"] for d in log)                   # decisions (a streak's rounds skip most)
     ar_rounds = sum(s.stats.proposed.count(0) for s in gen_seqs)
     gpu = provenance.gpu_name() if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag,
               "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "decode_only_tokens_per_s": stats["decode_only_tokens_per_s"], "tau": stats["tau"],
-              "decisions": len(log), "ar_decisions": ar, "ar_rounds_all_requests": ar_rounds, "trace": log}
+              "decisions": len(log), "ar_decisions": ar, "ar_rounds_all_requests": ar_rounds,
+              "round_walls": walls, "priced": priced, "trace": log}
     print(f"[fallback-trace] {a.tag} {gpu}: {len(log)} decisions, {ar} AR (AR rounds of every request, "
           f"warm-up included: {ar_rounds}); tau {stats['tau'] or 0:.3f}; "
           f"{stats['decode_only_tokens_per_s']:.0f} tok/s decode-only (the trace's host work included)", flush=True)
+    if priced:
+        rate = {k: v["tokens_per_ms"] for k, v in priced.items()}
+        print(f"[fallback-trace] priced at the prices run's round walls {walls}: tokens/ms {rate}; scheduled / "
+              f"fixed N {rate['scheduled'] / rate['fixed']:.3f}, / AR {rate['scheduled'] / rate['autoregressive']:.3f} "
+              f"(AR rounds {priced['scheduled']['ar_rounds']}, speculative {priced['scheduled']['spec_rounds']})",
+              flush=True)
     starts = [i for i, d in enumerate(log) if d["ar"] and d["streak"] == 0]
     print(f"[fallback-trace] streak starts at decisions {starts[:20]}", flush=True)
     for i in starts[:4]:
@@ -162,6 +179,27 @@ def write_report(a, name: str, report: dict) -> None:
     path = provenance.result_path(a.out_dir, name, report["gpu"], a.tag)
     path.write_text(json.dumps(report))
     print(f"[fallback-trace] wrote {path}")
+
+
+def round_walls(prices_path: str, batch: int) -> dict | None:
+    """The prices run's measured mean walls (ms) of its AR rounds (scheduled mode) and its fixed
+    rounds (fixed mode) at ``batch``, or None where it has no such rounds."""
+    try:
+        run = vc.read_json(prices_path)["batch"][str(batch)]
+        return {"ar": run["scheduled"]["round_wall"]["ar"]["mean_ms"],
+                "fixed": run["fixed"]["round_wall"]["fixed"]["mean_ms"]}
+    except (KeyError, TypeError):
+        return None
+
+
+def priced_rate(seqs, walls: dict) -> dict:
+    """Batch 1: the tokens per ms that these requests' rounds (one request a round) would have run
+    at on the prices run's GPU (``round_walls``; prefills aside, this machine's walls aside)."""
+    ar = sum(s.stats.proposed.count(0) for s in seqs)
+    spec = sum(len(s.stats.proposed) for s in seqs) - ar
+    tokens = sum(sum(s.stats.committed) for s in seqs)
+    ms = ar * walls["ar"] + spec * walls["fixed"]
+    return {"ar_rounds": ar, "spec_rounds": spec, "tokens": tokens, "tokens_per_ms": tokens / ms if ms else None}
 
 
 def fixed_accepted(seq) -> list[int]:

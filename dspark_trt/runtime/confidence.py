@@ -983,8 +983,9 @@ class SurvivalEstimate:
     any confidence round ``S`` is ``measured`` where given (the calibration's held-out survival,
     ``Calibration.survival``), else the constant ``PRIOR``. Counts of the last
     ``window`` rounds; AR rounds (nothing verified) add nothing, so the estimate is not pulled
-    down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros. Rounds
-    that leave the window keep counting, decayed, in the prior (``HISTORY_DECAY``)."""
+    down by them, and a few unlucky rounds at batch 1 do not read as a curve of zeros, but they
+    age the window (``age``). Rounds that leave the window keep counting, decayed, in the prior
+    (``HISTORY_DECAY``)."""
 
     PRIOR, PRIOR_WEIGHT = 0.5, 4.0
     # Rounds leaving the window join a history (each earlier round's weight times HISTORY_DECAY per
@@ -1032,7 +1033,8 @@ class SurvivalEstimate:
     @property
     def informed(self) -> bool:
         """Whether the curve rests on anything measured: verified rounds or the ``measured`` prior."""
-        return bool(self.rounds) or self._pending is not None or self.measured is not None
+        return bool(self.rounds) or self._pending is not None or self.measured is not None \
+            or bool(self._hist_risk.any())
 
     @property
     def last_confidence(self) -> np.ndarray | None:
@@ -1081,10 +1083,7 @@ class SurvivalEstimate:
         k = np.arange(self.n)[None]
         filling = len(self.rounds) < self.rounds.maxlen
         if not filling:
-            old = self.rounds[0]
-            self._risk, self._surv = self._risk - old[0], self._surv - old[1]
-            self._hist_risk = self.HISTORY_DECAY * self._hist_risk + old[0]
-            self._hist_surv = self.HISTORY_DECAY * self._hist_surv + old[1]
+            self._retire_oldest()
         risk, surv = ((acc >= k) & (ver > k)).astype(np.float64), (acc > k).astype(np.float64)
         if c is not None:
             censored_odds(risk, surv, acc[:, 0], ver[:, 0], c)
@@ -1104,6 +1103,30 @@ class SurvivalEstimate:
         if self._due and (now or not self._held):
             self._drop()
         self._held = False
+
+    def _retire_oldest(self) -> None:
+        """The window's oldest round leaves it for the history (``HISTORY_DECAY``)."""
+        old = self.rounds.popleft()
+        self._risk, self._surv = self._risk - old[0], self._surv - old[1]
+        self._hist_risk = self.HISTORY_DECAY * self._hist_risk + old[0]
+        self._hist_surv = self.HISTORY_DECAY * self._hist_surv + old[1]
+
+    def age(self, rounds: int) -> None:
+        """``rounds`` rounds ran that verified nothing (an AR streak's): as many of the window's
+        oldest rounds leave it for the history, so the window spans the batch's last ``window``
+        rounds of any kind, not its last speculative ones. Without this a streak's window held
+        the rows from before it for hundreds of rounds, one probe row replacing one of them every
+        64 AR rounds: on the default pair at batch 1 (H100 prices replayed on the CPU, session 45)
+        a hard request's zeros kept the estimate at ~0.55 accepted drafts through the next
+        requests, whose probes accepted 5, 7, 3 and 7. The estimate is dropped when anything
+        left (the next ``curve`` reads the history's prior and the rounds after the streak)."""
+        n = min(int(rounds), len(self.rounds))
+        if n <= 0:
+            return
+        self.flush()
+        for _ in range(min(n, len(self.rounds))):
+            self._retire_oldest()
+        self._drop()
 
     def _drop(self) -> None:
         self._curve, self._upper, self._due = None, None, False

@@ -143,6 +143,7 @@ class Scheduler:
         measured = None if sched is None else sched.calibration.survival(networks.num_spec_tokens)
         self._survival = SurvivalEstimate(networks.num_spec_tokens, measured=measured)
         self._ar_streak, self._probe_every, self._probing = 0, AR_PROBE_EVERY, False
+        self._aged = 0                         # AR rounds of the streak its survival estimate has aged by
         self._streak_inputs: tuple = (None, None)   # (batch constants, survival curve) of the streak's decision
         self._probe_floor = 0                  # the streak's probe interval from PROBE_BUDGET
         self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
@@ -440,10 +441,16 @@ class Scheduler:
         PROBE_BUDGET`` of them, at most ``AR_PROBE_LIMIT``. No probe at all while drafting cannot
         pay at the batch's row count even if every draft were accepted (``drafting_cannot_pay``: no
         probe's outcome could end the streak there). Deterministic: a function of the batch's
-        history. ``estimates``: the round's ``_estimates_rounds``."""
+        history. Each decision inside a streak first ages the survival estimate's window by the
+        streak's AR rounds since the last (``SurvivalEstimate.age``): a long streak's decisions
+        read the history's prior and its probes, not the rounds from before it. ``estimates``: the
+        round's ``_estimates_rounds``."""
         sched = self._scheduler()
         if not estimates:
             return False
+        if self._ar_streak > self._aged:   # the streak's AR rounds so far age the window (``age``)
+            self._survival.age(self._ar_streak - self._aged)
+            self._aged = self._ar_streak
         if self._ar_streak >= max(self._probe_every, self._probe_floor) \
                 and not sched.drafting_cannot_pay(len(seqs)):                # a probe is due ...
             loss = self._probe_loss(sched, seqs)
@@ -574,7 +581,7 @@ class Scheduler:
             if stay and getattr(sched, "round_costs", None) is None:   # (learned prices move every round)
                 self._streak_inputs = (batch, self._survival.curve())    # the next rounds' decision, if these stay
             return self._ar_round(seqs, fallback=True, constants=batch)
-        self._ar_streak, self._streak_inputs = 0, (None, None)
+        self._ar_streak, self._aged, self._streak_inputs = 0, 0, (None, None)
         self._flushed = self._write_deferred(seqs)
         mods, k, rows = batch.mods, batch.logprobs_k, None
         r = self.round_inputs(seqs, batch)

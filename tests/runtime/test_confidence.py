@@ -2278,3 +2278,69 @@ def test_trimmed_rounds_look_their_verify_graphs_up_once():
     sched.cost_model = "trimmed"                               # the admission baked in differs
     trimmed = steps._trimmed_verify_graphs("verify_admit", Bb, False)
     assert not any(slots for _, slots in trimmed) and set(trimmed.values()).isdisjoint(packed.values())
+
+
+def test_survival_estimate_ages_its_window_by_rounds_that_verify_nothing():
+    """``SurvivalEstimate.age``: an AR streak's rounds move as many of the window's oldest rounds
+    into the history; the window's running sums stay its rounds' sums, a fully aged window reads
+    the history's prior alone, and the estimate stays informed without a measured curve."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    rng, est = np.random.default_rng(0), SurvivalEstimate(7, window=32, refresh=1)
+    for _ in range(100):                                           # easy rows, then a hard request's
+        est.add(np.minimum(rng.geometric(0.35, 1) - 1, 7), np.full(1, 7))
+    for _ in range(32):
+        est.add(np.zeros(1, int), np.full(1, 7))
+    hard, version = float(est.curve().sum()), est.version
+    assert hard < 0.5
+    est.age(0)
+    assert len(est) == 32 and est.version == version
+    est.age(12)
+    assert len(est) == 20 and est.version == version + 1
+    np.testing.assert_allclose(est._risk, sum(r[0] for r in est.rounds))
+    est.age(1000)
+    assert len(est) == 0 and est.informed
+    np.testing.assert_allclose(est.curve(), np.cumprod(est.prior()))
+    assert float(est.curve().sum()) > hard + 0.5                   # the easy history outweighs the 32 zeros
+
+
+def test_an_ar_streak_ages_out_a_hard_requests_rows(monkeypatch):
+    """Batch 1, drafting wins on the mean request (per-draft acceptance 0.65: ~1.8 drafts a round
+    against the ~1.1 at which AR ties) and loses on one hard request (0.1) in a stream of 64-token
+    requests. The scheduler's AR fallback (``_falls_back_to_ar``, its streak and probes as
+    ``Scheduler._spec_round`` keeps them) falls back on the hard request, and without aging its
+    window kept the hard rows through the next 12 requests at some seeds (the window's 32 rows
+    replaced one per probe, every 64 AR rounds: 513 and 743 of their ~300-750 rounds in AR at
+    seeds 3 and 1); with the streak aging the window (``SurvivalEstimate.age``) at most a few."""
+    from types import SimpleNamespace
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    curve = CostCurve([2, 512], [0.40, 0.40], "flat verify", rows=[1, 64], draft_ms=[0.14, 0.14],
+                      ar_ms=[0.31, 0.31])
+    llm = _llm(block=7, seed=6, verify_cost=curve, cost_model="trimmed")
+    llm.steps.scheduler = VerifyScheduler(7, 4 * 8, "cpu", cost=curve, round_overhead_ms=0.11, cost_model="trimmed")
+
+    def after_the_hard_request(seed: int, aging: bool) -> tuple[int, int]:
+        gen, rng, seqs = llm.scheduler(), np.random.default_rng(seed), [SimpleNamespace(slot=0)]
+        gen._survival = SurvivalEstimate(7, window=32, refresh=1)
+        if not aging:
+            monkeypatch.setattr(gen._survival, "age", lambda rounds: None)
+        kinds = []                                                     # of the requests after the hard one
+        for i, h in enumerate([0.65] * 8 + [0.1] + [0.65] * 12):
+            left = 64
+            while left > 0:
+                if gen._falls_back_to_ar(seqs, True):
+                    gen._ar_streak += 1
+                    left -= 1
+                    kinds += ["ar"] * (i > 8)
+                    continue
+                probing, gen._ar_streak, gen._aged = gen._probing, 0, 0
+                a = int(min(rng.geometric(1 - h) - 1, 7))
+                gen._survival.add([a], [7], now=probing)
+                left -= a + 1
+                kinds += ["spec"] * (i > 8)
+        return kinds.count("ar"), len(kinds)
+
+    for seed in range(4):
+        ar, rounds = after_the_hard_request(seed, aging=True)
+        assert ar <= 0.03 * rounds, (seed, ar, rounds)
+    without = [after_the_hard_request(seed, aging=False) for seed in (1, 3)]
+    assert all(ar > 0.5 * rounds for ar, rounds in without), without
