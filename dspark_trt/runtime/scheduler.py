@@ -249,6 +249,9 @@ class Scheduler:
         for s in done:
             self.running.remove(s)
             self._release(s)
+        if done and decoding and self.speculative and self._tracks_survival():
+            rows = {id(s) for s in decoding}                      # (identity: a Sequence is a dataclass)
+            self._survival.forget(sum(id(s) in rows for s in done) / len(decoding))   # their rows age out
         return done
 
     def _observe_round(self, rows: int, wall_ms: float) -> None:

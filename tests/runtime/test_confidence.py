@@ -2344,3 +2344,43 @@ def test_an_ar_streak_ages_out_a_hard_requests_rows(monkeypatch):
         assert ar <= 0.03 * rounds, (seed, ar, rounds)
     without = [after_the_hard_request(seed, aging=False) for seed in (1, 3)]
     assert all(ar > 0.5 * rounds for ar, rounds in without), without
+
+
+def test_survival_estimate_forgets_the_share_of_rows_that_left():
+    """``SurvivalEstimate.forget``: the share of the batch's rows that finished retires as large a
+    share of the window's rounds, oldest first, fractions carried; a whole batch leaving (batch 1)
+    empties the window, whose next curve is the history's prior."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    rng, est = np.random.default_rng(1), SurvivalEstimate(7, window=32, refresh=1)
+    for _ in range(64):
+        est.add(np.minimum(rng.geometric(0.4, 2) - 1, 7), np.full(2, 7))
+    hist = est._hist_risk[0]
+    est.forget(0.25)
+    assert len(est) == 24 and est._hist_risk[0] > hist
+    est.forget(1 / 64)                                           # 0.375 of a round: carried
+    assert len(est) == 24
+    est.forget(1 / 32)                                           # 0.375 + 0.75
+    assert len(est) == 23
+    np.testing.assert_allclose(est._risk, sum(r[0] for r in est.rounds))
+    est.forget(1.0)
+    assert len(est) == 0 and est.informed
+    np.testing.assert_allclose(est.curve(), np.cumprod(est.prior()))
+
+
+def test_finished_requests_age_the_survival_window_by_their_share_of_the_batch(monkeypatch):
+    """The scheduler tells the estimate which share of a round's rows finished: a batch of two
+    whose shorter request ends first (1/2), then the other alone (1/1), in scheduled and fixed
+    modes alike (a fixed round feeds the estimate too); plain AR decoding tells it nothing."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    shares, forget = [], SurvivalEstimate.forget
+    monkeypatch.setattr(SurvivalEstimate, "forget", lambda self, share: shares.append(share) or forget(self, share))
+    llm = _llm(block=4, seed=6, verify_cost=probed_curve(), cost_model="trimmed")
+    for mode, speculative, expected in (("scheduled", True, [0.5, 1.0]), ("fixed", True, [0.5, 1.0]),
+                                        ("scheduled", False, [])):
+        shares.clear()
+        gen = llm.scheduler(speculative)
+        for prompt, n in (([1, 2, 3], 6), ([4, 5], 40)):
+            gen.add_request(prompt, SamplingParams(max_new_tokens=n, verify_mode=mode))
+        while gen.has_work():
+            gen.step()
+        assert shares == expected, mode
