@@ -36,10 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.config.source import default_pair_dirs  # noqa: E402
-from dspark_trt.runtime.llm import LLM  # noqa: E402
-from kernel_switches import DTYPES, first_rounds, set_kernels, triton_switches  # noqa: E402
-from priced_pair import DRAFTING_PAYS, PROMPT_LEN, prompts as pair_prompts  # noqa: E402
+from kernel_switches import DTYPES, first_rounds, load_pair, set_kernels, triton_switches  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -53,12 +50,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.row_kernels and a.dtype != "bf16":
         raise SystemExit("error: --row-kernels needs --dtype bf16 (the row kernels round as the bf16 modules)")
-    if default_pair_dirs() is None:
-        raise SystemExit("error: the shipped default pair is missing")
-    llm = LLM.from_checkpoints(*default_pair_dirs(), device="cpu", dtype=DTYPES[a.dtype], max_batch_size=1,
-                               max_seq_len=PROMPT_LEN + 96, verify_cost=DRAFTING_PAYS)
     requests = [int(i) for i in a.requests.split(",")]
-    prompts = pair_prompts(llm, max(requests) + 1)
+    llm, prompts = load_pair("cpu", a.dtype, max(requests) + 1)
     modules = triton_switches(("block_attention",) if a.torch_attention else ())
     runs = {}
     for name, on in (("references", False), ("triton", True)):

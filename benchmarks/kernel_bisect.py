@@ -30,10 +30,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.config.source import default_pair_dirs  # noqa: E402
-from dspark_trt.runtime.llm import LLM  # noqa: E402
-from kernel_switches import DTYPES, first_rounds, set_kernels, triton_switches  # noqa: E402
-from priced_pair import DRAFTING_PAYS, PROMPT_LEN, prompts as pair_prompts  # noqa: E402
+from kernel_switches import DTYPES, first_rounds, load_pair, set_kernels, triton_switches  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -45,12 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated run names (default: every run)")
     ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args(argv)
-    if default_pair_dirs() is None:
-        raise SystemExit("error: the shipped default pair is missing")
-    llm = LLM.from_checkpoints(*default_pair_dirs(), device=a.device, dtype=DTYPES[a.dtype], max_batch_size=1,
-                               max_seq_len=PROMPT_LEN + 96, verify_cost=DRAFTING_PAYS, cuda_graphs=False)
     requests = [int(i) for i in a.requests.split(",")]
-    prompts = pair_prompts(llm, max(requests) + 1)
+    llm, prompts = load_pair(a.device, a.dtype, max(requests) + 1, cuda_graphs=False)
     modules = triton_switches()
     runs = {}
     plan = [("references", []), ("kernels", modules)] + [(m.__name__.rsplit(".", 1)[-1], [m]) for m in modules]

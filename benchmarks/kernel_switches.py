@@ -11,6 +11,7 @@ import sys
 import torch
 
 from dspark_trt import plugins
+from dspark_trt.config.source import default_pair_dirs
 from dspark_trt.models.qwen3 import Qwen3DecoderLayer, use_row_kernels_
 from dspark_trt.plugins import dispatch
 from dspark_trt.runtime import SamplingParams
@@ -18,6 +19,17 @@ from dspark_trt.runtime.llm import LLM
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 USE_TRITON = dispatch.use_triton                # the device's own answer (the CPU's: the references)
+
+
+def load_pair(device: str, dtype: str, n_prompts: int, **kw) -> tuple[LLM, object]:
+    """-> (the shipped default pair at batch 1, its first ``n_prompts`` held-out prompts), every
+    window but N losing and AR never winning (``DRAFTING_PAYS``): fixed rounds only."""
+    from priced_pair import DRAFTING_PAYS, PROMPT_LEN, prompts
+    if default_pair_dirs() is None:
+        raise SystemExit("error: the shipped default pair is missing")
+    llm = LLM.from_checkpoints(*default_pair_dirs(), device=device, dtype=DTYPES[dtype], max_batch_size=1,
+                               max_seq_len=PROMPT_LEN + 96, verify_cost=DRAFTING_PAYS, **kw)
+    return llm, prompts(llm, n_prompts)
 
 
 def triton_switches(skip: tuple[str, ...] = ()) -> list:
