@@ -1137,8 +1137,9 @@ class SurvivalEstimate:
         prior (the workload's recent requests, ~100 rounds) and its own rows: the window of the
         request before it had held the next one in AR rounds that its own acceptance did not call
         for (CPU replay of the H100's prices in bf16, session 45: requests accepting 1.4-2.1
-        drafts a round in fixed rounds ran 70-96 % AR rounds after two that accepted ~0.7)."""
-        self.flush()
+        drafts a round in fixed rounds ran 70-96 % AR rounds after two that accepted ~0.7). A
+        deferred ``add`` stays deferred (it is the newest round, applied in the next round's host
+        work as before), and is not retired with the window's rounds."""
         self._forget_carry += max(0.0, min(1.0, float(share))) * len(self.rounds)
         n = min(int(self._forget_carry), len(self.rounds))
         self._forget_carry -= int(self._forget_carry)
