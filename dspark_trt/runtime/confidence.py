@@ -1121,13 +1121,7 @@ class SurvivalEstimate:
         a hard request's zeros kept the estimate at ~0.55 accepted drafts through the next
         requests, whose probes accepted 5, 7, 3 and 7. The estimate is dropped when anything
         left (the next ``curve`` reads the history's prior and the rounds after the streak)."""
-        n = min(int(rounds), len(self.rounds))
-        if n <= 0:
-            return
-        self.flush()
-        for _ in range(min(n, len(self.rounds))):
-            self._retire_oldest()
-        self._drop()
+        self._retire(int(rounds))
 
     def forget(self, share: float) -> None:
         """A ``share`` of the batch's rows left it (finished requests): as large a share of the
@@ -1137,15 +1131,19 @@ class SurvivalEstimate:
         prior (the workload's recent requests, ~100 rounds) and its own rows: the window of the
         request before it had held the next one in AR rounds that its own acceptance did not call
         for (CPU replay of the H100's prices in bf16, session 45: requests accepting 1.4-2.1
-        drafts a round in fixed rounds ran 70-96 % AR rounds after two that accepted ~0.7). A
-        deferred ``add`` stays deferred (it is the newest round, applied in the next round's host
-        work as before), and is not retired with the window's rounds."""
+        drafts a round in fixed rounds ran 70-96 % AR rounds after two that accepted ~0.7)."""
         self._forget_carry += max(0.0, min(1.0, float(share))) * len(self.rounds)
-        n = min(int(self._forget_carry), len(self.rounds))
-        self._forget_carry -= int(self._forget_carry)
-        if n:
-            for _ in range(n):
-                self._retire_oldest()
+        n = int(self._forget_carry)
+        self._forget_carry -= n
+        self._retire(n)
+
+    def _retire(self, n: int) -> None:
+        """The window's ``n`` oldest rounds (at most all) leave it for the history; a deferred
+        ``add``, the newest round, stays deferred."""
+        n = min(n, len(self.rounds))
+        for _ in range(n):
+            self._retire_oldest()
+        if n > 0:
             self._drop()
 
     def _drop(self) -> None:
