@@ -36,17 +36,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from dspark_trt import provenance  # noqa: E402
-from kernel_switches import DTYPES, first_rounds, load_pair, set_kernels, triton_switches  # noqa: E402
+from kernel_switches import add_pair_arguments, first_rounds, load_pair, set_kernels, triton_switches  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
-    ap.add_argument("--requests", default="0,2", help="indices into the steady load's held-out prompts")
-    ap.add_argument("--rounds", type=int, default=4)
+    add_pair_arguments(ap, str(REPO / "benchmarks" / "results"))
     ap.add_argument("--row-kernels", action="store_true", help="the layers' row kernels too (bf16)")
     ap.add_argument("--torch-attention", action="store_true", help="the attention on its reference")
-    ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     if a.row_kernels and a.dtype != "bf16":
         raise SystemExit("error: --row-kernels needs --dtype bf16 (the row kernels round as the bf16 modules)")

@@ -30,17 +30,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from dspark_trt import provenance  # noqa: E402
-from kernel_switches import DTYPES, first_rounds, load_pair, set_kernels, triton_switches  # noqa: E402
+from kernel_switches import add_pair_arguments, first_rounds, load_pair, set_kernels, triton_switches  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    add_pair_arguments(ap, str(REPO / "benchmarks" / "results"))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--requests", default="0,2", help="indices into the steady load's held-out prompts")
-    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--only", default="", help="comma-separated run names (default: every run)")
-    ap.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     requests = [int(i) for i in a.requests.split(",")]
     llm, prompts = load_pair(a.device, a.dtype, max(requests) + 1, cuda_graphs=False)

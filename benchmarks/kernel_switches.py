@@ -21,6 +21,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 USE_TRITON = dispatch.use_triton                # the device's own answer (the CPU's: the references)
 
 
+def add_pair_arguments(ap, out_dir: str) -> None:
+    """The options of the scripts that run the pair's first rounds: --dtype, --requests, --rounds,
+    --out-dir."""
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--requests", default="0,2", help="indices into the steady load's held-out prompts")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--out-dir", default=out_dir)
+
+
 def load_pair(device: str, dtype: str, n_prompts: int, **kw) -> tuple[LLM, object]:
     """-> (the shipped default pair at batch 1, its first ``n_prompts`` held-out prompts), every
     window but N losing and AR never winning (``DRAFTING_PAYS``): fixed rounds only."""
