@@ -57,6 +57,7 @@ PROBE_BUDGET = 0.01          # and at least so many that the probes' expected lo
                              # (2-core CPU, default pair, 16 / 64 rows: probes priced at 0.3-0.6 AR
                              # rounds; 2 in 65 rounds cost 1.5-1.7 %, fa5669e + 0.02)
 AR_PROBE_LIMIT = 256         # but never more AR rounds than this between probes
+STREAK_TURNOVER = 0.5        # an AR streak ends once finished requests were this share of its batch
 PACKED_PROBE_EVERY = 8           # packed model: a packed round at least every this many fixed rounds
 NONFINITE_LOGITS = ("the target produced non-finite logits (NaN or Inf) for this request; "
                     "generation stopped (check the weights and the dtype)")
@@ -146,6 +147,7 @@ class Scheduler:
         self._aged = 0                         # AR rounds of the streak its survival estimate has aged by
         self._streak_inputs: tuple = (None, None)   # (batch constants, survival curve) of the streak's decision
         self._probe_floor = 0                  # the streak's probe interval from PROBE_BUDGET
+        self._turnover = 0.0                   # the share of the batch that finished during the streak
         self._fixed_streak = 0                 # packed model: fixed rounds since the last packed one
         self._window_streak = 0                # window rounds since the last confidence probe
         self._head_streak = 0                  # packed rounds of a narrowed head since one drafted all N
@@ -251,8 +253,30 @@ class Scheduler:
             self._release(s)
         if done and decoding and self.speculative and self._tracks_survival():
             rows = {id(s) for s in decoding}                      # (identity: a Sequence is a dataclass)
-            self._survival.forget(sum(id(s) in rows for s in done) / len(decoding))   # their rows age out
+            self._finished_share(sum(id(s) in rows for s in done) / len(decoding))
         return done
+
+    def _finished_share(self, share: float) -> None:
+        """Requests that were ``share`` of the round's rows finished: their rows age out of the
+        survival window (``SurvivalEstimate.forget``), and an AR streak during which ``STREAK_TURNOVER``
+        of the batch finished ends (aging the window by its AR rounds first), so the next round
+        decides afresh, from the start rule's upper bound and with the first probe interval: the
+        streak's evidence was of requests that left. Without it a batch-1 streak went on into the
+        next requests, deciding by the stay rule from the history of the hard request before them
+        and probing at the interval that request had doubled (CPU replay of the H100's e51681e prices,
+        bf16: a request accepting 2.08 drafts a fixed round ran 71 AR rounds and 2 probes, 21.0
+        against 13.3 ms)."""
+        if self._ar_streak > 0:
+            self._turnover += share
+            if self._turnover >= STREAK_TURNOVER:
+                if self._ar_streak > self._aged:
+                    self._survival.age(self._ar_streak - self._aged)
+                self._end_streak()
+                self._probe_every, self._probing, self._probe_floor = AR_PROBE_EVERY, False, 0
+        self._survival.forget(share)
+
+    def _end_streak(self) -> None:
+        self._ar_streak, self._aged, self._streak_inputs, self._turnover = 0, 0, (None, None), 0.0
 
     def _observe_round(self, rows: int, wall_ms: float) -> None:
         """Give the AR fallback's round costs (``VerifyScheduler.round_costs``) this round's wall:
@@ -584,7 +608,7 @@ class Scheduler:
             if stay and getattr(sched, "round_costs", None) is None:   # (learned prices move every round)
                 self._streak_inputs = (batch, self._survival.curve())    # the next rounds' decision, if these stay
             return self._ar_round(seqs, fallback=True, constants=batch)
-        self._ar_streak, self._aged, self._streak_inputs = 0, 0, (None, None)
+        self._end_streak()
         self._flushed = self._write_deferred(seqs)
         mods, k, rows = batch.mods, batch.logprobs_k, None
         r = self.round_inputs(seqs, batch)

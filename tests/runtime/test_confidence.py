@@ -2384,3 +2384,74 @@ def test_finished_requests_age_the_survival_window_by_their_share_of_the_batch(m
         while gen.has_work():
             gen.step()
         assert shares == expected, mode
+
+
+def test_an_ar_streak_ends_when_its_batch_has_turned_over():
+    """``Scheduler._finished_share``: finished requests age the window (``forget``) and, once they
+    were ``STREAK_TURNOVER`` of the batch during an AR streak, end the streak: its AR rounds age
+    the window first, the next decision reads the start rule and the probe interval starts over.
+    Shares below the turnover accumulate; with no streak nothing but ``forget`` happens."""
+    from dspark_trt.runtime.scheduler import AR_PROBE_EVERY, STREAK_TURNOVER
+    llm = _llm(block=4, seed=6, verify_cost=probed_curve(), cost_model="trimmed")
+    gen, aged = llm.scheduler(), []
+    gen._survival.age = aged.append
+    gen._ar_streak, gen._aged, gen._probe_every, gen._probe_floor = 40, 8, 64, 100
+    gen._finished_share(STREAK_TURNOVER / 2)
+    assert (gen._ar_streak, gen._probe_every, aged) == (40, 64, [])           # half of the turnover: goes on
+    gen._finished_share(STREAK_TURNOVER / 2)
+    assert (gen._ar_streak, gen._aged, gen._probe_every, gen._probe_floor) == (0, 0, AR_PROBE_EVERY, 0)
+    assert aged == [32] and gen._turnover == 0.0 and gen._streak_inputs == (None, None)
+    gen._finished_share(1.0)                                                   # no streak: forget alone
+    assert aged == [32] and gen._ar_streak == 0
+
+
+def test_a_batch_1_streak_does_not_outlive_the_hard_request(monkeypatch):
+    """Batch 1, a stream of 64-token requests: two that draft well (per-draft acceptance 0.65),
+    three near where AR ties (0.4), a hard one (0.1), two good ones; the AR fallback's decisions as
+    ``Scheduler._spec_round`` takes them (a streak's rounds skip the decision until a probe is due
+    or the batch changes, ``_streak_goes_on``) and the request boundaries as ``Scheduler.step``
+    reports them (``_finished_share(1.0)``). The hard request's streak ends with it: the request
+    after it starts afresh and runs no more than a few AR rounds. Without the turnover (patched
+    out: ``forget`` alone) the streak went on into it under the stay rule, from a history of the
+    near-tie requests and the hard one, at the probe interval the hard request had doubled
+    (replayed H100 prices, session 46: a request of 2.08 drafts a round ran 71 AR rounds)."""
+    from types import SimpleNamespace
+    from dspark_trt.runtime import scheduler as scheduler_module
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    curve = CostCurve([2, 512], [0.40, 0.40], "flat verify", rows=[1, 64], draft_ms=[0.14, 0.14],
+                      ar_ms=[0.31, 0.31])
+    llm = _llm(block=7, seed=6, verify_cost=curve, cost_model="trimmed")
+    llm.steps.scheduler = VerifyScheduler(7, 4 * 8, "cpu", cost=curve, round_overhead_ms=0.11, cost_model="trimmed")
+    stream = [0.65, 0.65, 0.4, 0.4, 0.4, 0.1, 0.65, 0.65]
+
+    def ar_rounds(seed: int) -> list[int]:
+        """Each request's AR rounds."""
+        gen, rng, seqs = llm.scheduler(), np.random.default_rng(seed), [SimpleNamespace(slot=0)]
+        gen._survival = SurvivalEstimate(7, window=32, refresh=1)
+        counts = []
+        for i, h in enumerate(stream):
+            left, ar = 64, 0
+            while left > 0:
+                goes_on = 0 < gen._ar_streak < max(gen._probe_every, gen._probe_floor) and gen._streak_inputs == i
+                stay = gen._ar_streak > 0 or gen._probing
+                if goes_on or gen._falls_back_to_ar(seqs, True):
+                    gen._ar_streak += 1
+                    if stay or goes_on:                     # (Scheduler: the batch and the curve)
+                        gen._streak_inputs = i
+                    left, ar = left - 1, ar + 1
+                    continue
+                probing = gen._probing
+                gen._end_streak()
+                a = int(min(rng.geometric(1 - h) - 1, 7))
+                gen._survival.add([a], [7], now=probing)
+                left -= a + 1
+            gen._finished_share(1.0)
+            counts.append(ar)
+        return counts
+
+    with_turnover = [ar_rounds(seed) for seed in range(6)]
+    assert all(runs[6] <= 8 for runs in with_turnover), with_turnover
+    assert sum(runs[5] > 0 for runs in with_turnover) >= 4, with_turnover     # the hard request does fall back
+    monkeypatch.setattr(scheduler_module, "STREAK_TURNOVER", float("inf"))
+    without = [ar_rounds(seed) for seed in range(6)]
+    assert sum(runs[6] > 12 for runs in without) >= 2, without
