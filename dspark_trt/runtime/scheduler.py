@@ -269,11 +269,16 @@ class Scheduler:
         if self._ar_streak > 0:
             self._turnover += share
             if self._turnover >= STREAK_TURNOVER:
-                if self._ar_streak > self._aged:
-                    self._survival.age(self._ar_streak - self._aged)
-                self._end_streak()
+                self._turnover = 0.0
                 self._probe_every, self._probing, self._probe_floor = AR_PROBE_EVERY, False, 0
+                self._streak_turned_over()
         self._survival.forget(share)
+
+    def _streak_turned_over(self) -> None:
+        """End the AR streak whose batch turned over, aging the window by its AR rounds."""
+        if self._ar_streak > self._aged:
+            self._survival.age(self._ar_streak - self._aged)
+        self._end_streak()
 
     def _end_streak(self) -> None:
         self._ar_streak, self._aged, self._streak_inputs, self._turnover = 0, 0, (None, None), 0.0
