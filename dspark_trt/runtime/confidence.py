@@ -1041,6 +1041,16 @@ class SurvivalEstimate:
             or bool(self._hist_risk.any())
 
     @property
+    def dropped(self) -> bool:
+        """Whether the curve was dropped (the next ``curve`` estimates it)."""
+        return self._curve is None
+
+    @property
+    def fresh(self) -> bool:
+        """Whether no round was added yet (none in the window, deferred or in the history)."""
+        return not self.rounds and self._pending is None and not self._hist_risk.any()
+
+    @property
     def last_confidence(self) -> np.ndarray | None:
         """[rows, N] the calibrated confidences of the latest round with the head (deferred or not;
         the same array object until another such round)."""

@@ -391,6 +391,7 @@ class Scheduler:
             counts.add(x.slot, first[:, None], ((first >= 0) & fresh)[:, None])
         k = c.logprobs_k
         rows = None if k is None else to_host(*token_logprobs(raw[:, None], first[:, None], k))
+        self._decide_during_prefill(len(self.running) + len(seqs))     # the prefill runs on the device
         for i, (s, t) in enumerate(zip(seqs, first.tolist())):
             self.running.append(s)
             if resumed[i]:                          # anchor and position as before the preemption
@@ -415,11 +416,15 @@ class Scheduler:
                 and (self._ar_streak > 0 or self._starts_with_ar(self.running + seqs)))
 
     def _starts_with_ar(self, seqs: list[Sequence]) -> bool:
-        """Whether a fresh batch (no speculative round yet) of ``seqs`` starts with AR rounds: its
-        kind comes from the estimate (``_estimates_rounds``), which is the calibration's measured
-        survival alone, and that says AR pays even at its upper bound as the prior's rows
-        (``SurvivalEstimate.optimistic``: the calibration's temperature need not be the batch's)."""
-        return (not len(self._survival) and self._estimates_rounds(seqs)
+        """Whether a fresh batch (no speculative round yet: ``SurvivalEstimate.fresh``) of ``seqs``
+        starts with AR rounds: its kind comes from the estimate (``_estimates_rounds``), which is
+        the calibration's measured survival alone, and that says AR pays even at its upper bound as
+        the prior's rows (``SurvivalEstimate.optimistic``: the calibration's temperature need not be
+        the batch's). Not after finished requests emptied the window (``forget``): the first
+        decision reads the start rule with the window's few rows, which drafts; estimating here,
+        before the prefill is launched, cost every batch-1 admission 0.1-0.3 ms of host time
+        (CPU), which ``_decide_during_prefill`` spends while the prefill runs."""
+        return (self._survival.fresh and self._estimates_rounds(seqs)
                 and self._scheduler().prefers_ar(len(seqs), self._survival.optimistic()))
 
     def _ar_round(self, seqs: list[Sequence], fallback: bool = False,
@@ -680,13 +685,32 @@ class Scheduler:
             return self._survival.flush
 
         def work() -> None:
-            self._survival.prepare()
-            sched.prefers_ar(len(seqs), self._survival.optimistic())
-            sched.prefers_ar(len(seqs), self._survival.curve(), AR_STAY_MARGIN)   # and the curve's windows
+            self._prepare_decisions(sched, len(seqs))
             if sched.cost_model == "packed":
                 self._refresh_packed_gain(sched)     # what the next round's _packed_or_fixed reads
                 sched.head_width(len(seqs), self._survival.curve())   # and its _head_width (cached)
         return work
+
+    def _prepare_decisions(self, sched, rows: int) -> None:
+        """The survival estimate (``prepare``) and the decision tables of both its curves."""
+        self._survival.prepare()
+        self._decision_tables(sched, rows)
+
+    def _decision_tables(self, sched, rows: int) -> None:
+        """The AR fallback's decisions of both curves of the survival estimate (``prefers_ar``:
+        ``row_choices`` at every row count, the best windows with them), cached for the next round."""
+        sched.prefers_ar(rows, self._survival.optimistic())
+        sched.prefers_ar(rows, self._survival.curve(), AR_STAY_MARGIN)
+
+    def _decide_during_prefill(self, rows: int) -> None:
+        """Host work while an admission's prefill runs: the survival curve and the decision
+        tables the next round reads, where finished requests dropped them (``forget`` of a
+        batch-sized share: at batch 1 every request), so they are not estimated on that round's
+        path (CPU, default pair at batch 1 with the H100's prices: 0.1-0.3 ms once a request). The
+        same estimate as the round's decision would make (no ``prepare``: a deferred outcome
+        stays where it was)."""
+        if self.speculative and self._tracks_survival() and self._survival.informed:
+            self._decision_tables(self._scheduler(), rows)       # (cached where nothing dropped)
 
     def _write_deferred(self, seqs: list[Sequence]) -> bool:
         """The draft context that fallback AR rounds left pending for ``seqs``, in one call;

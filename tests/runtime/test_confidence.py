@@ -2477,3 +2477,43 @@ def test_a_batch_1_streak_does_not_outlive_the_hard_request(monkeypatch):
     monkeypatch.setattr(scheduler_module, "STREAK_TURNOVER", float("inf"))
     without = [ar_rounds(seed) for seed in range(6)]
     assert sum(runs[6] > 12 for runs in without) >= 2, without
+
+
+@pytest.mark.parametrize("hooked", [True, False])
+def test_an_admission_prefill_estimates_the_curve_a_finished_request_dropped(monkeypatch, hooked):
+    """Batch 1: a finished request drops the survival curve (``forget`` of the whole batch), and
+    the next request's prefill estimates it and its decision tables while the prefill runs on the
+    device (``Scheduler._decide_during_prefill``), so that request's first decision estimates
+    nothing on its round's path; with the hook patched out it does. Nothing estimates it before
+    the prefill (``_starts_with_ar`` asks only a fresh estimate)."""
+    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.scheduler import Scheduler
+    pays = CostCurve([1, 64], [0.5, 0.5], "test: drafting pays", rows=[1, 64], draft_ms=[0.1, 0.1],
+                     ar_ms=[1.0, 1.0])
+    llm = _llm(block=4, seed=6, batch=1, verify_cost=pays, cost_model="trimmed")
+    stage, estimates = ["other"], []
+
+    def staged(name: str, fn):
+        def call(*args):
+            stage[0] = name
+            try:
+                return fn(*args)
+            finally:
+                stage[0] = "other"
+        return call
+    estimate = SurvivalEstimate._estimate
+    monkeypatch.setattr(SurvivalEstimate, "_estimate", lambda self: estimates.append(stage[0]) or estimate(self))
+    monkeypatch.setattr(Scheduler, "_falls_back_to_ar", staged("decision", Scheduler._falls_back_to_ar))
+    monkeypatch.setattr(Scheduler, "_decide_during_prefill",
+                        staged("prefill", Scheduler._decide_during_prefill) if hooked else lambda self, rows: None)
+    gen = llm.scheduler()
+    gen.add_request([1, 2, 3], SamplingParams(max_new_tokens=12, verify_mode="scheduled"))
+    while gen.has_work():
+        gen.step()
+    assert gen._survival.dropped and gen._survival.informed        # the finished request dropped it
+    gen.add_request([4, 5], SamplingParams(max_new_tokens=12, verify_mode="scheduled"))
+    estimates.clear()
+    gen.step()                                                       # the admission's prefill
+    gen.step()                                                       # the request's first round
+    assert gen._round_kind == "fixed"
+    assert estimates == (["prefill"] if hooked else ["decision"]), estimates
