@@ -2504,6 +2504,7 @@ def test_an_admission_prefill_estimates_the_curve_a_finished_request_dropped(mon
     estimate = SurvivalEstimate._estimate
     monkeypatch.setattr(SurvivalEstimate, "_estimate", lambda self: estimates.append(stage[0]) or estimate(self))
     monkeypatch.setattr(Scheduler, "_falls_back_to_ar", staged("decision", Scheduler._falls_back_to_ar))
+    monkeypatch.setattr(Scheduler, "_ready_window", staged("decision", Scheduler._ready_window))
     monkeypatch.setattr(Scheduler, "_decide_during_prefill",
                         staged("prefill", Scheduler._decide_during_prefill) if hooked else lambda self, rows: None)
     gen = llm.scheduler()
@@ -2517,3 +2518,46 @@ def test_an_admission_prefill_estimates_the_curve_a_finished_request_dropped(mon
     gen.step()                                                       # the request's first round
     assert gen._round_kind == "fixed"
     assert estimates == (["prefill"] if hooked else ["decision"]), estimates
+
+
+@pytest.mark.parametrize("batch, curve", [(1, "pays"), (1, "probed"), (12, "pays")])
+def test_a_ready_decision_is_the_decision_the_round_would_make(monkeypatch, batch, curve):
+    """``Scheduler._ready_window``: where the last host work's decision still holds (the same
+    survival curve, rows, cost curve and model, no AR streak or probe), the round reads it in place
+    of ``_falls_back_to_ar`` and ``_estimated_window``. A steady stream of scheduled requests runs
+    the same rounds, drafts and windows with it as with every decision taken on the round's path
+    (``_ready_window`` patched to UNDECIDED), at batch 1 where drafting pays, where AR streaks and
+    probes take turns, and at 12 rows (windows from the estimate); where drafting pays at batch 1
+    most rounds read it."""
+    from dspark_trt.runtime import scheduler as scheduler_module
+    from dspark_trt.runtime.scheduler import Scheduler
+    costs = {"pays": CostCurve([1, 64], [0.5, 0.5], "test: drafting pays", rows=[1, 64], draft_ms=[0.1, 0.1],
+                               ar_ms=[1.0, 1.0]),
+             "probed": probed_curve()}
+    ready, hits = Scheduler._ready_window, []
+
+    def counted(self, seqs, estimates, sched):
+        w = ready(self, seqs, estimates, sched)
+        hits.append(w != scheduler_module.UNDECIDED)
+        return w
+
+    def run(fast: bool) -> list:
+        monkeypatch.setattr(Scheduler, "_ready_window", counted if fast else
+                            lambda self, seqs, estimates, sched: scheduler_module.UNDECIDED)
+        llm = _llm(block=4, seed=6, batch=batch, verify_cost=costs[curve], cost_model="trimmed")
+        gen = llm.scheduler()
+        for i in range(3 * batch + 2):
+            gen.add_request([1 + i % 7, 2, 3], SamplingParams(max_new_tokens=10 + 7 * (i % 3), verify_mode="scheduled"))
+        kinds, done = [], []
+        while gen.has_work():
+            done += gen.step()
+            kinds.append((gen._round_kind, gen._round_width))
+        done.sort(key=lambda s: s.request_id)
+        return kinds, [(s.output_ids, s.stats.proposed, s.stats.accepted) for s in done]
+
+    slow = run(fast=False)
+    hits.clear()
+    fast = run(fast=True)
+    assert fast == slow
+    if curve == "pays":                          # (12 rows: the rows change as requests finish)
+        assert sum(hits) >= (0.5 * len(hits) if batch == 1 else 1), (sum(hits), len(hits))
