@@ -702,21 +702,19 @@ class Scheduler:
     def _decision_tables(self, sched, rows: int) -> None:
         """The AR fallback's decisions of both curves of the survival estimate (``prefers_ar``:
         ``row_choices`` at every row count, the best windows with them), cached for the next round."""
-        sched.prefers_ar(rows, self._survival.optimistic())
+        starts_ar = sched.prefers_ar(rows, self._survival.optimistic())
         sched.prefers_ar(rows, self._survival.curve(), AR_STAY_MARGIN)
-        self._drafts_next = self._drafting_decision(sched, rows)
+        self._drafts_next = None if starts_ar else self._drafting_decision(sched, rows)
 
     def _drafting_decision(self, sched, rows: int) -> tuple | None:
-        """The next round's decisions where it has ``rows`` rows, no AR streak runs and nothing they
-        read changes before it (the survival curve, the cost curve, the trimmed cost model): it
-        drafts (``_falls_back_to_ar`` False, which then has no side effect) with the window of
-        ``_estimated_window`` -> (curve, rows, cost, window); None where it would fall back or
-        prices are learned (they move every round)."""
+        """The next round's decisions where it has ``rows`` rows, no AR streak runs, nothing they
+        read changes before it (the survival curve, the cost curve, the trimmed cost model) and the
+        start rule drafts (the caller's ``prefers_ar``; ``_falls_back_to_ar`` is then False and has
+        no side effect): the window of ``_estimated_window`` -> (curve, rows, cost, window); None
+        where prices are learned (they move every round)."""
         if sched.round_costs is not None or sched.cost_model != "trimmed":
             return None
         curve = self._survival.curve()
-        if sched.prefers_ar(rows, self._survival.optimistic()):
-            return None
         w = sched.best_window(rows, curve)
         return curve, rows, sched.cost, (w if w == sched.num_spec_tokens or sched.estimates_windows(rows) else None)
 
