@@ -8,7 +8,8 @@ streak length, the probe interval, the survival estimate's expected accepted dra
 optimistic, ``SurvivalEstimate``), its verified rows and the prior, and the verdict; per
 speculative round the drafts accepted. A streak's rounds mostly skip the decision
 (``Scheduler._streak_goes_on``): "decisions" are not rounds; ``rows_seen`` lags a deferred ``add``
-by one round. Writes ``fallback-trace-<gpu>-<sha>.json``.
+by one round. At batch 1 (with the prices run's round walls) also request by request
+(``per_request``). Writes ``fallback-trace-<gpu>-<sha>.json``.
 
     python benchmarks/fallback_trace.py --prices RESULT.json [--batch 1] [--out-dir DIR]
 """
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
         return forced_report(llm, prompts, B, a, pattern, log, gen_seqs)
     stats = vc.steady_state(llm, prompts, B, a.gen_len, True, "scheduled")
     walls = round_walls(a.prices, B) if B == 1 else None
-    priced = {}
+    priced, requests = {}, []
     if walls is not None:            # what the decisions are worth at the GPU's walls, against fixed N and AR
         priced["scheduled"] = priced_rate(gen_seqs, walls)
         scheduled_seqs, scheduled_log = list(gen_seqs), list(log)
@@ -143,6 +144,7 @@ def main(argv=None) -> int:
         vc.steady_state(llm, prompts, B, a.gen_len, True, "fixed")      # (a fresh scheduler clears the log)
         priced["fixed"] = priced_rate(gen_seqs, walls)
         priced["autoregressive"] = {"tokens_per_ms": 1.0 / walls["ar"]}
+        requests = per_request(scheduled_seqs, list(gen_seqs), walls)
         gen_seqs[:], log[:] = scheduled_seqs, scheduled_log
     ar = sum(d["ar"] for d in log)                   # decisions (a streak's rounds skip most)
     ar_rounds = sum(s.stats.proposed.count(0) for s in gen_seqs)
@@ -151,7 +153,7 @@ def main(argv=None) -> int:
               "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "decode_only_tokens_per_s": stats["decode_only_tokens_per_s"], "tau": stats["tau"],
               "decisions": len(log), "ar_decisions": ar, "ar_rounds_all_requests": ar_rounds,
-              "round_walls": walls, "priced": priced, "trace": log}
+              "round_walls": walls, "priced": priced, "per_request": requests, "trace": log}
     print(f"[fallback-trace] {a.tag} {gpu}: {len(log)} decisions, {ar} AR (AR rounds of every request, "
           f"warm-up included: {ar_rounds}); tau {stats['tau'] or 0:.3f}; "
           f"{stats['decode_only_tokens_per_s']:.0f} tok/s decode-only (the trace's host work included)", flush=True)
@@ -161,6 +163,10 @@ def main(argv=None) -> int:
               f"fixed N {rate['scheduled'] / rate['fixed']:.3f}, / AR {rate['scheduled'] / rate['autoregressive']:.3f} "
               f"(AR rounds {priced['scheduled']['ar_rounds']}, speculative {priced['scheduled']['spec_rounds']})",
               flush=True)
+    for r in requests:
+        print(f"   request {r['request']:2d}: fixed {r['fixed_accepted']:.2f} drafts a round, {r['fixed_ms']:.1f} ms | "
+              f"scheduled {r['ar_rounds']} AR + {r['spec_rounds']} speculative, {r['scheduled_ms']:.1f} ms | "
+              f"oracle {r['oracle_ms']:.1f} ms  {r['pattern']}", flush=True)
     starts = [i for i, d in enumerate(log) if d["ar"] and d["streak"] == 0]
     print(f"[fallback-trace] streak starts at decisions {starts[:20]}", flush=True)
     for i in starts[:4]:
@@ -202,6 +208,26 @@ def priced_rate(seqs, walls: dict) -> dict:
     return {"ar_rounds": ar, "spec_rounds": spec, "tokens": tokens, "tokens_per_ms": tokens / ms if ms else None}
 
 
+def per_request(scheduled, fixed, walls: dict) -> list[dict]:
+    """Batch 1, request by request (admission order, the same prompts in both runs): the fixed
+    run's drafts accepted a round and its ms at the prices run's walls, the scheduled run's AR and
+    speculative rounds and ms, the better of the two whole-request choices (``oracle_ms``: fixed N,
+    or AR for every token), and the scheduled rounds as a string (``A`` an AR round, else the
+    drafts accepted, 9 for 9 or more): where a decision lost, e.g. a streak that outlived the hard
+    request that started it (session 46)."""
+    rows = []
+    for i, (s, f) in enumerate(zip(scheduled, fixed)):
+        ar = s.stats.proposed.count(0)
+        fixed_ms = len(f.stats.proposed) * walls["fixed"]
+        rows.append({"request": i, "fixed_accepted": float(np.mean(fixed_accepted(f) or [0])), "fixed_ms": fixed_ms,
+                     "ar_rounds": ar, "spec_rounds": len(s.stats.proposed) - ar,
+                     "scheduled_ms": ar * walls["ar"] + (len(s.stats.proposed) - ar) * walls["fixed"],
+                     "oracle_ms": min(fixed_ms, sum(f.stats.committed) * walls["ar"]),
+                     "pattern": "".join("A" if p == 0 else str(min(a, 9))
+                                        for a, p in zip(s.stats.accepted, s.stats.proposed))})
+    return rows
+
+
 def fixed_accepted(seq) -> list[int]:
     """The drafts accepted by ``seq``'s speculative rounds (AR rounds verify none)."""
     return [x for x, p in zip(seq.stats.accepted, seq.stats.proposed) if p > 0]
@@ -215,17 +241,17 @@ def forced_report(llm, prompts, B: int, a, pattern: tuple[int, int], log: list, 
     gen_seqs.clear()
     vc.steady_state(llm, prompts, B, a.gen_len, True, "fixed")
     fixed = [x for s in gen_seqs for x in fixed_accepted(s)]
-    per_request = [round(float(np.mean(fixed_accepted(s) or [0])), 3) for s in gen_seqs]   # by admission
+    by_request = [round(float(np.mean(fixed_accepted(s) or [0])), 3) for s in gen_seqs]   # by admission
     gpu = provenance.gpu_name() if llm.device.type == "cuda" else "cpu"
     report = {"git_sha": provenance.git_sha(), "gpu": gpu, "batch": B, "tag": a.tag, "pattern": list(pattern),
               "no_defer": a.no_defer, "command": "python benchmarks/fallback_trace.py " + " ".join(sys.argv[1:]),
               "after_ar_runs": forced_places,
               "fixed_rounds": {"rounds": len(fixed), "mean_accepted": float(np.mean(fixed)) if fixed else None,
-                               "per_request": per_request}}
+                               "per_request": by_request}}
     means = {k: v["mean_accepted"] for k, v in forced_places.items()}
     print(f"[fallback-trace] {a.tag} {gpu} pattern {pattern}: drafts accepted by place after {pattern[0]} AR "
           f"rounds {json.dumps(means)}; fixed rounds {report['fixed_rounds']['mean_accepted']} over {len(fixed)}, "
-          f"per request {per_request}", flush=True)
+          f"per request {by_request}", flush=True)
     write_report(a, "fallback-pattern", report)
     return 0
 
