@@ -205,7 +205,7 @@ def priced_rate(seqs, walls: dict) -> dict:
     spec = sum(len(s.stats.proposed) for s in seqs) - ar
     tokens = sum(sum(s.stats.committed) for s in seqs)
     ms = ar * walls["ar"] + spec * walls["fixed"]
-    return {"ar_rounds": ar, "spec_rounds": spec, "tokens": tokens, "tokens_per_ms": tokens / ms if ms else None}
+    return {"ar_rounds": ar, "spec_rounds": spec, "tokens": tokens, "ms": ms, "tokens_per_ms": tokens / ms if ms else None}
 
 
 def per_request(scheduled, fixed, walls: dict) -> list[dict]:
@@ -217,11 +217,9 @@ def per_request(scheduled, fixed, walls: dict) -> list[dict]:
     request that started it (session 46)."""
     rows = []
     for i, (s, f) in enumerate(zip(scheduled, fixed)):
-        ar = s.stats.proposed.count(0)
-        fixed_ms = len(f.stats.proposed) * walls["fixed"]
+        sched, fixed_ms = priced_rate([s], walls), priced_rate([f], walls)["ms"]
         rows.append({"request": i, "fixed_accepted": float(np.mean(fixed_accepted(f) or [0])), "fixed_ms": fixed_ms,
-                     "ar_rounds": ar, "spec_rounds": len(s.stats.proposed) - ar,
-                     "scheduled_ms": ar * walls["ar"] + (len(s.stats.proposed) - ar) * walls["fixed"],
+                     "ar_rounds": sched["ar_rounds"], "spec_rounds": sched["spec_rounds"], "scheduled_ms": sched["ms"],
                      "oracle_ms": min(fixed_ms, sum(f.stats.committed) * walls["ar"]),
                      "pattern": "".join("A" if p == 0 else str(min(a, 9))
                                         for a, p in zip(s.stats.accepted, s.stats.proposed))})

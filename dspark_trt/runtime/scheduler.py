@@ -278,9 +278,14 @@ class Scheduler:
 
     def _streak_turned_over(self) -> None:
         """End the AR streak whose batch turned over, aging the window by its AR rounds."""
+        self._age_by_streak()
+        self._end_streak()
+
+    def _age_by_streak(self) -> None:
+        """Age the survival window by the streak's AR rounds it has not aged by yet (``age``)."""
         if self._ar_streak > self._aged:
             self._survival.age(self._ar_streak - self._aged)
-        self._end_streak()
+            self._aged = self._ar_streak
 
     def _end_streak(self) -> None:
         self._ar_streak, self._aged, self._streak_inputs, self._turnover = 0, 0, (None, None), 0.0
@@ -487,9 +492,7 @@ class Scheduler:
         sched = self._scheduler()
         if not estimates:
             return False
-        if self._ar_streak > self._aged:   # the streak's AR rounds so far age the window (``age``)
-            self._survival.age(self._ar_streak - self._aged)
-            self._aged = self._ar_streak
+        self._age_by_streak()              # the streak's AR rounds so far age the window
         if self._ar_streak >= max(self._probe_every, self._probe_floor) \
                 and not sched.drafting_cannot_pay(len(seqs)):                # a probe is due ...
             loss = self._probe_loss(sched, seqs)
