@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.runtime.confidence import CostCurve, VerifyScheduler  # noqa: E402
+from dspark_trt.runtime.cost_curve import CostCurve  # noqa: E402
+from dspark_trt.runtime.verify_scheduler import VerifyScheduler  # noqa: E402
 from verify_concurrency import replay_logits, survival_curve, synthetic_rows  # noqa: E402
 
 

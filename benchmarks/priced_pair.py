@@ -12,7 +12,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt.commands import bench  # noqa: E402
-from dspark_trt.runtime.confidence import CostCurve, VerifyScheduler  # noqa: E402
+from dspark_trt.runtime.cost_curve import CostCurve  # noqa: E402
+from dspark_trt.runtime.verify_scheduler import VerifyScheduler  # noqa: E402
 
 PROMPT_LEN = 128
 # a flat verify: every window but N loses, AR never wins (a round of 0.6 ms beats AR at tau 0)

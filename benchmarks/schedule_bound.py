@@ -36,7 +36,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import verify_concurrency as vc  # noqa: E402
-from dspark_trt.runtime.confidence import CostCurve, VerifyScheduler  # noqa: E402
+from dspark_trt.runtime.cost_curve import CostCurve  # noqa: E402
+from dspark_trt.runtime.verify_scheduler import VerifyScheduler  # noqa: E402
 
 
 def prefix_survival(survival: list[float], n: int, spread: float, rows: int, seed: int = 0) -> np.ndarray:

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.runtime import LLM, SamplingParams  # noqa: E402
-from dspark_trt.runtime.confidence import VerifyScheduler  # noqa: E402
+from dspark_trt.runtime.verify_scheduler import VerifyScheduler  # noqa: E402
 
 MODES = {"ar": (False, "fixed"), "fallback": (True, "scheduled"), "fixed": (True, "fixed"),
          "scheduled": (True, "scheduled")}

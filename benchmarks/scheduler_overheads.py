@@ -32,15 +32,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 import verify_concurrency as vc  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.runtime import confidence as confidence_mod, cuda_graphs, deferred_context, \
-    scheduler as sched_mod, steps as steps_mod  # noqa: E402
+from dspark_trt.runtime import cuda_graphs, deferred_context, scheduler as sched_mod, steps as steps_mod, \
+    survival as survival_mod, verify_scheduler as verify_scheduler_mod  # noqa: E402
 
 TIMED = {sched_mod.Scheduler: ("_falls_back_to_ar", "_ar_round", "_reserve_round", "_write_deferred", "_spec_round",
                                 "_observe_round", "_estimates_rounds", "_estimated_window", "round_inputs"),
          steps_mod.DecodeSteps: ("ar_round", "ar_round_keep_taps", "spec_round"),
          cuda_graphs.GraphedSteps: ("spec_round", "spec_round_admitted", "ar_round", "ar_round_keep_taps"),
          deferred_context.DeferredContext: ("add", "flush"),
-         confidence_mod.SurvivalEstimate: ("add", "prepare")}
+         survival_mod.SurvivalEstimate: ("add", "prepare")}
 PREFIX = {deferred_context.DeferredContext: "deferred."}      # names the timed classes share
 
 
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
     forced = "--force-speculative" in argv
     if forced:          # the scheduled mode's rounds stay speculative: its decisions' host cost on a
         argv = [a for a in argv if a != "--force-speculative"]        # machine whose curve says AR
-        confidence_mod.VerifyScheduler.prefers_ar = lambda self, rows, survival, margin=0.0: False
+        verify_scheduler_mod.VerifyScheduler.prefers_ar = lambda self, rows, survival, margin=0.0: False
     calls: dict[str, list[float]] = {}
     rows = []
     steady = vc.steady_state

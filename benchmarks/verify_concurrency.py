@@ -191,7 +191,8 @@ def read_json(path: str | Path):
 def load_prices(path: str):
     """``CostCurve`` of ``--prices``: a verify_concurrency JSON's ``cost_curve`` (.json / .json.gz)
     or a ``verify_cost.json``."""
-    from dspark_trt.runtime.confidence import ConfidenceFileError, CostCurve
+    from dspark_trt.runtime.confidence import ConfidenceFileError
+    from dspark_trt.runtime.cost_curve import CostCurve
     try:
         d = read_json(path)
     except (OSError, ValueError) as e:
@@ -207,7 +208,7 @@ def load_prices(path: str):
 
 def measure_cost_curve(llm, args, sizes):
     """``bench.cost_curve`` on a prefilled batch -> ``CostCurve``."""
-    from dspark_trt.runtime.confidence import CostCurve
+    from dspark_trt.runtime.cost_curve import CostCurve
     prompts = bench.make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
     gen = llm.scheduler()
     seqs = [gen.add_request(q.tolist(), bench._greedy(args.gen_len)) for q in prompts]
@@ -402,7 +403,8 @@ def run(argv) -> dict:
         llm.networks = SyntheticAcceptance(llm.networks, survival_curve(args.synthetic), args.spread)
         llm._steps = None                       # the steps are built over the wrapped networks
     curve = load_prices(args.prices) if args.prices else measure_cost_curve(llm, args, sizes)
-    from dspark_trt.runtime.confidence import Calibration, VerifyScheduler
+    from dspark_trt.runtime.confidence import Calibration
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     n = llm.networks.num_spec_tokens
     calibration = (Calibration([1.0], {"survival": survival_curve(args.synthetic)}) if args.synthetic
                    else llm.calibration)          # replayed confidences are calibrated by construction

@@ -314,7 +314,7 @@ def context_points(writer, x, taps, iters: int, cuda: bool) -> dict:
 
 
 def run_cost_curve(llm, args, sizes: list[int]) -> int:
-    from ..runtime.confidence import CostCurve
+    from ..runtime.cost_curve import CostCurve
     prompts = make_prompts(llm, args.prompts, max(sizes), args.prompt_len, args.seed)
     gen = llm.scheduler()
     seqs = [gen.add_request(p.tolist(), _greedy(args.gen_len)) for p in prompts]

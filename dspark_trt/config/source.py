@@ -24,7 +24,7 @@ DEFAULT_MAX_SEQ_LEN = 2048                     # tokens per sequence of the defa
                                                # model's context, as far as that pool holds one
 MARKOV_SAMPLERS = ("exact", "topk")            # the draft's block sampler (models.dspark_qwen3)
 QUANTIZATIONS = ("auto", "fp8", "fp8-w8a8", "none")   # target weight format (checkpoints.prepare)
-VERIFY_COST_MODELS = ("trimmed", "padded", "packed", "auto")   # scheduled rounds' verify (runtime.confidence)
+VERIFY_COST_MODELS = ("trimmed", "padded", "packed", "auto")   # scheduled rounds' verify (runtime.verify_scheduler)
 
 
 def resolve_num_spec_tokens(requested: int | None, draft_cfg) -> int:

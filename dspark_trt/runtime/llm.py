@@ -23,7 +23,9 @@ from ..parallel.topology import launch_hint
 from ..plugins.decode_linear import skinny_gemm_enabled, use_decode_linear_
 from ..models.fuse import use_skinny_gemm_fused_
 from .compiled import compile_backend, compile_regions_, mark_caches_static
-from .confidence import COST_MODELS, Calibration, CostCurve, VerifyScheduler
+from .confidence import Calibration
+from .cost_curve import CostCurve
+from .verify_scheduler import COST_MODELS, VerifyScheduler
 from .cuda_graphs import GraphedSteps, graphs_unavailable_reason
 from .kv_manager import (KVBudgetError, check_kv_fits, context_that_fits, cuda_kv_budget,
                          kv_bytes_per_token, pages_from_budget, table_width_cost)

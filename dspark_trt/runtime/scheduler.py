@@ -43,7 +43,8 @@ import torch
 from .. import plugins
 from .batch_constants import BatchConstants, BatchConstantsCache
 from .kv_manager import PagedKVManager
-from .confidence import AR_STAY_MARGIN, CONFIDENCE_PROBE_EVERY, HEAD_PROBE_EVERY, TRIM_MARGIN, SurvivalEstimate
+from .survival import SurvivalEstimate
+from .verify_scheduler import AR_STAY_MARGIN, CONFIDENCE_PROBE_EVERY, HEAD_PROBE_EVERY, TRIM_MARGIN
 from .deferred_context import SLOT_ROWS, DeferredContext
 from .logprobs import LogprobRows, TokenLogprob, token_logprobs, to_host
 from .sampling_params import RequestError, RequestOutput, SamplingParams, SpecStats

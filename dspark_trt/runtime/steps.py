@@ -194,7 +194,7 @@ class DecodeSteps:
     """The fused steps over ``networks`` (EagerNetworks or an engine with the same interface)."""
 
     def __init__(self, networks, scheduler=None):
-        """``scheduler``: a ``confidence.VerifyScheduler`` (needed for the confidence modes)."""
+        """``scheduler``: a ``verify_scheduler.VerifyScheduler`` (needed for the confidence modes)."""
         self.nets = networks
         self.device = networks.device
         self.num_spec_tokens = networks.num_spec_tokens

@@ -15,7 +15,7 @@ from dspark_trt.config import get_preset
 from dspark_trt.config.source import ModelSource
 from dspark_trt.engine.manifest import EngineError, check_engine
 from dspark_trt.runtime import LLM, SamplingParams
-from dspark_trt.runtime.confidence import CostCurve
+from dspark_trt.runtime.cost_curve import CostCurve
 from dspark_trt.runtime.engine import EngineNetworks
 from dspark_trt.runtime.networks import EagerNetworks
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from dspark_trt.runtime.confidence import SCHEDULER_ROW_MS, VerifyScheduler
+from dspark_trt.runtime.verify_scheduler import SCHEDULER_ROW_MS, VerifyScheduler
 from tests.support.benchmark_scripts import load_benchmark
 
 N = 4

@@ -241,7 +241,7 @@ def test_repeats_keep_the_median_run_and_pair_the_ratios():
 def test_prices_replay_a_runs_cost_curve(tmp_path):
     """``--prices``: the cost curve of a results JSON (gzipped too) or a verify_cost.json, as that run
     measured it; a file without one, or a broken one, is refused naming the file."""
-    from dspark_trt.runtime.confidence import CostCurve
+    from dspark_trt.runtime.cost_curve import CostCurve
     mod = _module()
     pts = dict(tokens=[2, 16], latency_ms=[0.4, 1.0], rows=[1, 4], draft_ms=[0.1, 0.2], ar_ms=[0.3, 0.5])
     (tmp_path / "run.json.gz").write_bytes(gzip.compress(json.dumps({"cost_curve": pts, "batch": {}}).encode()))

@@ -16,8 +16,9 @@ from dspark_trt.cli import main
 from dspark_trt.config import ConfigError
 from dspark_trt.models import build_models
 from dspark_trt.runtime import calibration as cal
-from dspark_trt.runtime.confidence import (ESTIMATED_WINDOW_MIN_ROWS, MODE_IDS, Calibration, CostCurve, VerifyScheduler,
-                                           admitted_lengths)
+from dspark_trt.runtime.confidence import MODE_IDS, Calibration, admitted_lengths
+from dspark_trt.runtime.cost_curve import CostCurve
+from dspark_trt.runtime.verify_scheduler import ESTIMATED_WINDOW_MIN_ROWS, VerifyScheduler
 from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
 from dspark_trt.runtime.context_rows import ROW_BUCKETS
 from dspark_trt.runtime.steps import DecodeSteps
@@ -584,7 +585,8 @@ def test_measured_admission_cost_prices_trimmed_windows(tmp_path):
     trimmed admission's round cost: a window that pays against the 0.25 ms constant stops paying
     when a confidence round measurably costs 3 ms more at 4 rows, so the full (fixed) window wins
     and such a batch runs fixed rounds (no head, no admission), where at 1 row it still may not."""
-    from dspark_trt.runtime.confidence import ConfidenceFileError, VerifyScheduler
+    from dspark_trt.runtime.confidence import ConfidenceFileError
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     steps = dict(rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[50.0, 50.0],
                  verify_ms=[[1.0, 1.0, 1.0, 1.0], [1.0, 2.0, 3.0, 4.0]])
     measured = CostCurve([1, 64], [1.0, 40.0], "t", **steps, admission_ms=[0.0, 3.0])
@@ -734,7 +736,7 @@ def test_trimmed_admission_equals_algorithm1_over_widths():
 def test_trimmed_window_falls_back_to_fixed_rounds_where_the_curve_is_flat():
     """Below ``admission_overhead_ms`` of saving (a flat curve) a scheduled round is a fixed round;
     a threshold row always needs the admission."""
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     flat = VerifyScheduler(7, 512, "cpu", cost=CostCurve([2, 512], [0.9, 1.05], "flat"))
     steep = VerifyScheduler(7, 512, "cpu", cost=CURVES["linear"])
     sched, thr = np.full(4, MODE_IDS["scheduled"]), np.array([2, 1, 0, 0])
@@ -788,7 +790,7 @@ def unbudgeted_probes(monkeypatch):
 
 
 def test_prefers_ar_compares_the_expected_round_throughputs():
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
     s = VerifyScheduler(4, 256, "cpu", cost=cheap, round_overhead_ms=0.0)
     # fixed round: 1.5 ms; 1 + 0.6 + 0.3 + 0.1 + 0 = 2 tokens > 1.05 x 1.5 tokens of AR
@@ -822,7 +824,7 @@ def test_prefers_ar_weighs_the_rounds_as_they_ran():
     """The curve says drafting pays (2 tokens in 1.5 ms against 1 in 1 ms); rounds that ran at 1.3x
     their price for "fixed" and 0.75x for "ar" say AR does: the fallback follows the observed walls,
     and not without ``learn_costs``."""
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
     learn, fixed = (VerifyScheduler(4, 256, "cpu", cost=cheap, round_overhead_ms=0.0, learn_costs=flag)
                     for flag in (True, False))
@@ -845,7 +847,7 @@ def test_best_window_weighs_the_rounds_as_they_ran():
     """A steep curve makes a narrow window (a confidence round below 8 rows) the best option; once
     such rounds ran at 3x their price, the fixed round is: the window is chosen on the same scaled
     prices the AR fallback compares."""
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     steep = CostCurve([1, 64], [1.0, 40.0], "steep", rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[10.0, 10.0])
     s = VerifyScheduler(4, 64, "cpu", cost=steep, learn_costs=True)
     survival = [0.5, 0.1, 0.01, 0.001]
@@ -901,7 +903,8 @@ def test_flat_h200_curve_admits_near_full_windows_and_never_falls_back_at_batch_
     + verify) admits a near-full window, and the expected tokens per ms of that window beat AR, so
     no AR fallback -- neither from the true curve nor from the estimate of a few unlucky rounds
     (first draft rejected twice: the prior keeps it from reading as zero survival)."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate, VerifyScheduler
+    from dspark_trt.runtime.survival import SurvivalEstimate
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     s = VerifyScheduler(7, 64 * 8, "cpu", cost=H200_CURVE)
     sched = torch.full((1,), MODE_IDS["scheduled"])
     got = int(s.admit(_survival_logits(1), torch.ones(1, dtype=torch.bool), sched, torch.zeros(1))[0])
@@ -925,7 +928,7 @@ def test_flat_h200_curve_admits_near_full_windows_and_never_falls_back_at_batch_
 def test_ar_fallback_where_ar_is_cheaper_than_every_window():
     """A steep verify curve at batch 64 (every verified draft costs like an AR step): the best
     window's expected tokens per ms lose to AR, so the scheduler falls back; the admission trims."""
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     steep = CostCurve([64, 128, 512], [11.0, 22.0, 88.0], "steep", rows=[1, 64],
                       draft_ms=[1.5, 4.0], ar_ms=[7.4, 11.2])
     s = VerifyScheduler(7, 64 * 8, "cpu", cost=steep)
@@ -938,7 +941,7 @@ def test_ar_fallback_where_ar_is_cheaper_than_every_window():
 
 
 def test_survival_estimate_is_kaplan_meier_over_the_verified_windows():
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     est = SurvivalEstimate(3, window=2, refresh=1)
     est.PRIOR_WEIGHT = 0.0
     est.add([1, 3, 0], [1, 3, 2])      # row 0: window 1 all accepted (censored after 0)
@@ -954,7 +957,7 @@ def test_survival_estimate_refreshes_a_full_window_every_few_rounds():
     """Until the window is full the curve follows every round; then it is estimated again every
     ``refresh`` rounds (``version`` moves with it: each move a new curve array, what the decision
     tables key on) and holds in between, whatever those rounds add."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     est = SurvivalEstimate(2, window=2, refresh=3)
     est.PRIOR_WEIGHT = 0.0
     est.add([2], [2])
@@ -1012,7 +1015,7 @@ def test_survival_estimate_prepared_during_a_round_lags_it_by_one():
     """``prepare`` (host work while a round runs on the device) estimates from the rounds before
     that round; its ``add`` keeps the estimate (and ``version``), the next ``prepare`` takes it in;
     an ``add`` with no ``prepare`` before it drops the estimate as before."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     est = SurvivalEstimate(2, window=4, refresh=1)
     est.PRIOR_WEIGHT = 0.0
     est.add([2], [2])
@@ -1045,7 +1048,7 @@ def test_a_deferred_add_reads_as_an_immediate_one():
     probes with ``now``), ``prepare``, curve / version / length / last-confidence reads give the
     same values, bit for bit, as with every add applied at once; the deferred add runs at
     ``prepare``, at a read that needs it, or at the next add, never twice."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     rng = np.random.default_rng(3)
     for run in range(40):
         window, refresh = int(rng.integers(2, 6)), int(rng.integers(1, 5))
@@ -1090,7 +1093,7 @@ def test_survival_estimate_starts_from_the_measured_curve():
     """A measured (held-out) survival curve is the estimate before any round (``informed``); verified
     rounds then weigh against it as the prior; a confidence round's head products replace it as the
     prior; a curve shorter than N carries its last conditional acceptance."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     blind, est = SurvivalEstimate(3), SurvivalEstimate(3, measured=np.array([0.4, 0.2]))
     assert not blind.informed and est.informed and not len(est)
     np.testing.assert_allclose(est.curve(), [0.4, 0.2, 0.1])
@@ -1427,7 +1430,7 @@ def test_prompts_admitted_in_an_ar_streak_defer_their_draft_context(graphs, unbu
 def test_prefers_full_window_where_trimming_does_not_pay():
     """Flat verify cost: the fixed round (w = N) is the best option; a steep one with a low survival
     curve: a narrower window."""
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     steps = dict(rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[10.0, 10.0])
     flat = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 1.0], "flat", **steps))
     steep = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 40.0], "steep", **steps))
@@ -1464,7 +1467,7 @@ def test_ar_fallback_probes_less_often_while_ar_wins(unbudgeted_probes, monkeypa
     """Scheduled probes at rounds 0 (no history), 9, 26, 59: 8, 16 then 32 AR rounds between; each
     probe's outcome enters the survival estimate at once (``add(now=True)``), whatever its refresh
     interval and the estimate prepared during the probe, so the decision after it reads it."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     curve = probed_curve()
     llm = _llm(block=4, seed=6, verify_cost=curve, cost_model="trimmed")
     added, add = [], SurvivalEstimate.add
@@ -1542,7 +1545,7 @@ def test_a_fresh_batch_starts_from_the_calibrations_survival(graphs, unbudgeted_
 def test_probe_loss_counts_the_ar_rounds_a_speculative_round_gives_up():
     """The fixed round costs 1.5 ms and commits 1.35 tokens per row, AR 1 token in 1 ms: the round
     buys 1.5 AR tokens, so a probe loses 0.15 AR rounds; none where drafting wins."""
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     cheap = CostCurve([2, 64], [1.0, 1.0], "flat", rows=[1, 64], draft_ms=[0.5, 0.5], ar_ms=[1.0, 1.0])
     s = VerifyScheduler(4, 256, "cpu", cost=cheap, round_overhead_ms=0.0)
     assert s.probe_loss(4, [0.3, 0.05, 0.0, 0.0]) == pytest.approx(0.15)
@@ -1553,7 +1556,7 @@ def test_probe_loss_prices_the_round_a_probe_runs_and_its_context_write():
     """At many rows the best option is a window round (priced with 1/8 of a confidence round); a
     probe before any confidence round runs the confidence round over that window: dearer. The
     deferred rows' context write adds ``context(pending) / ar price`` AR rounds."""
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     rows = ESTIMATED_WINDOW_MIN_ROWS
     curve = CostCurve([1, 1024], [1.0, 64.0], "steep", rows=[1, rows], draft_ms=[2.0, 2.0], ar_ms=[1.0, 1.0],
                       context_tokens=[1, 1000], context_ms=[0.01, 10.0])
@@ -1747,8 +1750,8 @@ def test_auto_cost_model_packs_large_rounds_and_trims_small_ones(monkeypatch, gr
     """"auto" (the default where the target packs): rounds of PACKED_MIN_ROWS rows or more run the
     packed model, smaller ones the trimmed model (here the threshold lowered to 5 rows of 8); as
     requests finish the batch moves from one to the other; greedy output equals the target's."""
-    from dspark_trt.runtime import confidence
-    monkeypatch.setattr(confidence, "PACKED_MIN_ROWS", 5)
+    from dspark_trt.runtime import verify_scheduler
+    monkeypatch.setattr(verify_scheduler, "PACKED_MIN_ROWS", 5)
     llm = _llm(block=4, seed=6, batch=8, verify_cost=CURVES["linear"], cost_model="auto", graphs=graphs)
     sched = _scheduler(llm)
     seen = []
@@ -1765,7 +1768,7 @@ def test_auto_cost_model_packs_large_rounds_and_trims_small_ones(monkeypatch, gr
 
 
 def test_auto_cost_model_chooses_by_rows():
-    from dspark_trt.runtime.confidence import PACKED_MIN_ROWS, VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import PACKED_MIN_ROWS, VerifyScheduler
     s = VerifyScheduler(7, 64 * 8, "cpu", cost_model="auto")
     assert s.cost_model == "trimmed" and s.configured == "auto"          # until a round sets it
     assert s.model_for(PACKED_MIN_ROWS - 1) == "trimmed" and s.model_for(PACKED_MIN_ROWS) == "packed"
@@ -1827,7 +1830,7 @@ def test_head_width_drafts_only_the_positions_that_pay():
     """A packed round drafts the head width of the most tokens per ms: at 64 rows with the replayed
     survival (0.015 tokens a row past the 4th draft) 4 of 7 (0.62 ms of the draft saved); with a
     survival that stays high, or without the draft's latencies, all 7; never below N / 2."""
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     s = VerifyScheduler(7, 64 * 8, "cpu", cost=H100_DRAFTS, cost_model="packed")
     assert s.head_widths == [4, 5, 6, 7]
     assert s.head_width(64, np.array(REPLAYED)) == 4
@@ -1848,7 +1851,7 @@ def test_packed_rounds_of_a_narrowed_head(monkeypatch, graphs):
     (nothing estimated yet), then 7 narrowed rounds to one of all 4 (HEAD_PROBE_EVERY); no row
     verifies past 2 drafts in a narrowed round; greedy output equals the target's, eager and
     graph-replay."""
-    from dspark_trt.runtime.confidence import HEAD_PROBE_EVERY
+    from dspark_trt.runtime.verify_scheduler import HEAD_PROBE_EVERY
     curve = CostCurve([1, 64], [1.0, 40.0], "test: steep, AR dear", rows=[1, 8], draft_ms=[0.1, 0.1],
                       ar_ms=[30.0, 30.0])
     llm = _llm(block=4, seed=6, batch=8, verify_cost=curve, cost_model="packed", graphs=graphs)
@@ -1884,7 +1887,7 @@ def test_packed_cost_model_refuses_a_target_that_cannot_pack():
 
 
 def test_verify_shape_packs_only_where_it_runs_fewer_tokens():
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     s = VerifyScheduler(7, 64 * 8, "cpu", cost_model="trimmed")
     assert s.verify_shape([0, 0, 0, 7], 4) == (7, None)
     s.cost_model = "packed"
@@ -1898,7 +1901,7 @@ def test_survival_running_sums_equal_the_windows_sums():
     """``SurvivalEstimate`` keeps running sums of its last ``window`` rounds: after more rounds
     than the window (evictions) its curve equals the estimate recomputed from the kept rounds,
     with the prior leaning on the evicted rounds' decayed counts (``HISTORY_DECAY``)."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     rng = np.random.default_rng(3)
     est = SurvivalEstimate(5, window=4, refresh=1)
     kept, rounds = [], []                            # the window's confidence arrays; every round's counts
@@ -1936,7 +1939,7 @@ def test_survival_estimate_leans_on_its_history_not_a_mismatched_calibration():
     estimate, between rounds 200 and 400 (median per seed, mean of six seeds), is within 6 % of the
     truth with the rounds past the window as the prior's counts; with the calibration's curve alone
     as the prior it reads below 0.92 of it (the bias that kept batch 1 in AR rounds, session 43)."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     truth = sum(0.6 ** k for k in range(1, 8))
     means = {}
     for history in (True, False):
@@ -1974,7 +1977,8 @@ def test_survival_estimate_of_censored_windows_follows_the_heads_prefix_products
     rows), not the product of mean conditionals (too low a tail: it kept windows trimmed that
     should be full, scheduled 0.92x fixed at batch 16 on the H200, e9d2e5a). With it the window
     decision equals the one on the true survival curve."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate, VerifyScheduler
+    from dspark_trt.runtime.survival import SurvivalEstimate
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     rng = np.random.default_rng(0)
     q, acc = _correlated_rounds(rng, 200_000)
     true = np.array([(acc > k).mean() for k in range(7)])              # uncensored survival
@@ -2001,8 +2005,8 @@ def test_survival_estimate_of_packed_rows_weighs_their_unverified_drafts(monkeyp
     at 0.3, 1.2-1.7x at 0.15).
     A narrowed head's confidences ([rows, h]) weigh its rows but leave the prior and
     ``last_confidence`` alone."""
-    from dspark_trt.runtime import confidence
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime import survival
+    from dspark_trt.runtime.survival import SurvivalEstimate
     rng = np.random.default_rng(1)
     q, acc = _correlated_rounds(rng, 400_000)
     true = np.array([(acc > k).mean() for k in range(7)])
@@ -2015,7 +2019,7 @@ def test_survival_estimate_of_packed_rows_weighs_their_unverified_drafts(monkeyp
             est.add(np.minimum(acc, admitted), admitted, q)
         return est.curve()
     np.testing.assert_allclose(estimate(), true, rtol=0.15)
-    monkeypatch.setattr(confidence, "censored_odds", lambda *a: None)
+    monkeypatch.setattr(survival, "censored_odds", lambda *a: None)
     assert (estimate() / true > 1.4).any()
     monkeypatch.undo()
 
@@ -2030,7 +2034,7 @@ def test_survival_estimate_of_packed_rows_weighs_their_unverified_drafts(monkeyp
 
 
 def test_best_window_takes_the_wider_of_equal_options():
-    from dspark_trt.runtime.confidence import VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     flat = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 1.0], "flat", rows=[1, 4],
                                                         draft_ms=[0.1, 0.1], ar_ms=[9.0, 9.0]),
                            admission_overhead_ms=0.0)
@@ -2045,7 +2049,7 @@ def test_trimmed_window_must_beat_the_fixed_round_by_the_margin(full_ms, trims):
     """Only draft 0 can survive: the 1-draft window (2.65 ms a round with the admission) against
     the full one (1.4 ms + ``full_ms``): about 3 % better at 1.33 ms, under ``TRIM_MARGIN``, so
     the fixed round (N); about 15 % better at 1.6 ms: the trimmed window."""
-    from dspark_trt.runtime.confidence import TRIM_MARGIN, VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import TRIM_MARGIN, VerifyScheduler
     assert TRIM_MARGIN == 0.05
     grid = [[1.0] * 4, [1.0, 1.0, 1.0, full_ms]]
     s = VerifyScheduler(4, 64, "cpu", cost=CostCurve([1, 64], [1.0, 2.0], "t", rows=[1, 4], draft_ms=[0.1, 0.1],
@@ -2061,7 +2065,8 @@ def test_cost_grid_by_rows_and_width(tmp_path):
     """``verify_ms`` [rows][w-1]: saved and loaded, interpolated over the rows, checked; with it the
     trimmed admission and the options price a window by rows and width: a grid where the full
     window costs what a narrow one does admits N where the steep token curve trims."""
-    from dspark_trt.runtime.confidence import ConfidenceFileError, VerifyScheduler
+    from dspark_trt.runtime.confidence import ConfidenceFileError
+    from dspark_trt.runtime.verify_scheduler import VerifyScheduler
     steps = dict(rows=[1, 4], draft_ms=[0.1, 0.1], ar_ms=[50.0, 50.0])
     grid = [[1.0, 1.0, 1.0, 1.0], [2.0, 2.0, 2.0, 2.0]]
     c = CostCurve([1, 64], [1.0, 40.0], "t", **steps, verify_ms=grid)
@@ -2087,7 +2092,7 @@ def test_packed_gain_prices_per_row_prefixes():
     correlated per row (the replayed curve) gain from packing (Algorithm 1 gives the confident
     rows long prefixes, the others none) -- more than a common window could (``spec_options``:
     best window over the fixed round); on a flat curve packing only adds the admission's cost."""
-    from dspark_trt.runtime.confidence import TRIM_MARGIN, VerifyScheduler
+    from dspark_trt.runtime.verify_scheduler import TRIM_MARGIN, VerifyScheduler
     rng = np.random.default_rng(5)
     s = VerifyScheduler(7, 64 * 8, "cpu", cost=H200_CURVE)
     rounds = [_correlated_rounds(rng, 64)[0] for _ in range(20)]
@@ -2141,7 +2146,7 @@ def test_optimistic_survival_bounds_the_estimate_by_its_rows():
     count: ~1.5 at acceptance 0.5, 4 drafts) over 32 batch-1 rounds, within 6 % over batch-64 rounds; nothing
     verified: the prior bounded as its PRIOR_WEIGHT rows (a calibration's curve, measured at another
     temperature, is no more certain than its weight in the estimate)."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     rng = np.random.default_rng(0)
     for rows, lo, hi in ((1, 1.12, 1.6), (64, 1.005, 1.06)):
         est = SurvivalEstimate(4, measured=np.array([0.5, 0.25, 0.125, 0.0625]))
@@ -2171,7 +2176,7 @@ def test_ar_fallback_needs_evidence_at_batch_1():
     as many at most (seeds 0-5: 43-121 rounds against 0-12). Where AR wins by 1.4x (acceptance
     0.1) the optimistic curve still says AR at a third of the rounds or more at batch 1 (seeds 0-5:
     44-84 %; the first such round starts the streak), at every round at batch 64."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     curve = CostCurve([2, 512], [0.40, 0.40], "flat verify", rows=[1, 64], draft_ms=[0.14, 0.14],
                       ar_ms=[0.31, 0.31])
     sched = VerifyScheduler(7, 512, "cpu", cost=curve, round_overhead_ms=0.11)
@@ -2206,7 +2211,8 @@ def test_an_ar_streak_ends_on_the_point_estimate_not_its_upper_bound():
     rows says "draft" at about half the rounds of a stream (seeds 0-3: 1,100-1,232 of 1,968), so a
     streak that ended on it ended at nearly every probe; the rule that keeps a streak (AR within
     ``AR_STAY_MARGIN`` of the best window under the point estimate) says so at a few percent (0-78)."""
-    from dspark_trt.runtime.confidence import AR_STAY_MARGIN, SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
+    from dspark_trt.runtime.verify_scheduler import AR_STAY_MARGIN
     curve = _ar_wins_at_batch_1()
     sched = VerifyScheduler(7, 512, "cpu", cost=curve, round_overhead_ms=0.11)
     assert sched.prefers_ar(1, 0.45 ** np.arange(1, 8))               # the mean request: AR wins
@@ -2227,7 +2233,8 @@ def test_the_scheduler_keeps_an_ar_streak_in_the_band_between_the_two_estimates(
     ``AR_STAY_MARGIN``: a batch outside a streak does not start one (a speculative round), a batch
     in a streak, or deciding after its probe, goes on with AR."""
     from types import SimpleNamespace
-    from dspark_trt.runtime.confidence import AR_STAY_MARGIN, SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
+    from dspark_trt.runtime.verify_scheduler import AR_STAY_MARGIN
     curve = _ar_wins_at_batch_1()
     llm = _llm(block=7, seed=6, verify_cost=curve, cost_model="trimmed")
     gen = llm.scheduler()
@@ -2284,7 +2291,7 @@ def test_survival_estimate_ages_its_window_by_rounds_that_verify_nothing():
     """``SurvivalEstimate.age``: an AR streak's rounds move as many of the window's oldest rounds
     into the history; the window's running sums stay its rounds' sums, a fully aged window reads
     the history's prior alone, and the estimate stays informed without a measured curve."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     rng, est = np.random.default_rng(0), SurvivalEstimate(7, window=32, refresh=1)
     for _ in range(100):                                           # easy rows, then a hard request's
         est.add(np.minimum(rng.geometric(0.35, 1) - 1, 7), np.full(1, 7))
@@ -2312,7 +2319,7 @@ def test_an_ar_streak_ages_out_a_hard_requests_rows(monkeypatch):
     replaced one per probe, every 64 AR rounds: 513 and 743 of their ~300-750 rounds in AR at
     seeds 3 and 1); with the streak aging the window (``SurvivalEstimate.age``) at most a few."""
     from types import SimpleNamespace
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     curve = CostCurve([2, 512], [0.40, 0.40], "flat verify", rows=[1, 64], draft_ms=[0.14, 0.14],
                       ar_ms=[0.31, 0.31])
     llm = _llm(block=7, seed=6, verify_cost=curve, cost_model="trimmed")
@@ -2350,7 +2357,7 @@ def test_survival_estimate_forgets_the_share_of_rows_that_left():
     """``SurvivalEstimate.forget``: the share of the batch's rows that finished retires as large a
     share of the window's rounds, oldest first, fractions carried; a whole batch leaving (batch 1)
     empties the window, whose next curve is the history's prior."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     rng, est = np.random.default_rng(1), SurvivalEstimate(7, window=32, refresh=1)
     for _ in range(64):
         est.add(np.minimum(rng.geometric(0.4, 2) - 1, 7), np.full(2, 7))
@@ -2373,7 +2380,7 @@ def test_forgetting_a_small_share_waits_for_the_next_prepare():
     every round or two: estimating on the decision path each time cost 0.06-0.14 ms a round on an
     H100); the next ``prepare`` estimates without them. A share of at least ``FORGET_NOW`` (batch
     1 or 2) drops the curve at once."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     rng, est = np.random.default_rng(2), SurvivalEstimate(7, window=32, refresh=1)
     for _ in range(40):
         est.add(np.minimum(rng.geometric(0.4, 8) - 1, 7), np.full(8, 7))
@@ -2393,7 +2400,7 @@ def test_finished_requests_age_the_survival_window_by_their_share_of_the_batch(m
     """The scheduler tells the estimate which share of a round's rows finished: a batch of two
     whose shorter request ends first (1/2), then the other alone (1/1), in scheduled and fixed
     modes alike (a fixed round feeds the estimate too); plain AR decoding tells it nothing."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     shares, forget = [], SurvivalEstimate.forget
     monkeypatch.setattr(SurvivalEstimate, "forget", lambda self, share: shares.append(share) or forget(self, share))
     llm = _llm(block=4, seed=6, verify_cost=probed_curve(), cost_model="trimmed")
@@ -2439,7 +2446,7 @@ def test_a_batch_1_streak_does_not_outlive_the_hard_request(monkeypatch):
     (replayed H100 prices, session 46: a request of 2.08 drafts a round ran 71 AR rounds)."""
     from types import SimpleNamespace
     from dspark_trt.runtime import scheduler as scheduler_module
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     curve = CostCurve([2, 512], [0.40, 0.40], "flat verify", rows=[1, 64], draft_ms=[0.14, 0.14],
                       ar_ms=[0.31, 0.31])
     llm = _llm(block=7, seed=6, verify_cost=curve, cost_model="trimmed")
@@ -2486,7 +2493,7 @@ def test_an_admission_prefill_estimates_the_curve_a_finished_request_dropped(mon
     device (``Scheduler._decide_during_prefill``), so that request's first decision estimates
     nothing on its round's path; with the hook patched out it does. Nothing estimates it before
     the prefill (``_starts_with_ar`` asks only a fresh estimate)."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     from dspark_trt.runtime.scheduler import Scheduler
     pays = CostCurve([1, 64], [0.5, 0.5], "test: drafting pays", rows=[1, 64], draft_ms=[0.1, 0.1],
                      ar_ms=[1.0, 1.0])

@@ -97,7 +97,7 @@ def llm_conf():
     """The same pair with a confidence head whose confidences spread over (0, 1), and a cost curve
     (latency = 3000 + verified tokens) under which a batch of M rows admits about half the drafts
     with the "packed" cost model (the default "padded" one admits all: the verify runs N drafts)."""
-    from dspark_trt.runtime.confidence import CostCurve
+    from dspark_trt.runtime.cost_curve import CostCurve
     pair = tiny_pair(vocab=V, hidden=16, layers=2, heads=2, kv_heads=1, block=3, rank=4, taps=(0,))
     pair.draft.enable_confidence_head = True
     target, draft = build_models(pair, torch.float64, "cpu", seed=5)
@@ -123,7 +123,7 @@ def test_confidence_modes_sample_the_target_distribution(llm_conf, mode, cost_mo
     AR fallback's round (0 drafts verified, the draft's context written). With "window" (trimmed,
     step costs under which AR never pays) the rounds after the first are window rounds: the
     fixed round of the estimate's w < N drafts, no head and no admission."""
-    from dspark_trt.runtime.confidence import CostCurve
+    from dspark_trt.runtime.cost_curve import CostCurve
     law = exact_law(llm_conf)
     sched = llm_conf.steps.scheduler
     cost = sched.cost

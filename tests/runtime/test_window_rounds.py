@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dspark_trt.models import build_models
-from dspark_trt.runtime.confidence import (CONFIDENCE_PROBE_EVERY, ESTIMATED_WINDOW_MIN_ROWS, CostCurve,
-                                           VerifyScheduler)
+from dspark_trt.runtime.cost_curve import CostCurve
+from dspark_trt.runtime.verify_scheduler import CONFIDENCE_PROBE_EVERY, ESTIMATED_WINDOW_MIN_ROWS, VerifyScheduler
 from dspark_trt.runtime.cuda_graphs import EAGER_REPLAY, GraphedSteps
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
@@ -113,7 +113,7 @@ def test_fixed_rounds_take_in_the_survival_outcome_as_host_work(graphs):
     rounds decide nothing, so their host work is the estimate's bookkeeping: each round's outcome
     (deferred by ``add``) is applied during the next round's device work, none between rounds;
     greedy output equals the target's."""
-    from dspark_trt.runtime.confidence import SurvivalEstimate
+    from dspark_trt.runtime.survival import SurvivalEstimate
     rows = 2
     llm = _llm(block=4, seed=6, batch=rows, verify_cost=STEEP, cost_model="trimmed", graphs=graphs)
     prompts = [[1 + i, 2, 3 + i] for i in range(rows)]
@@ -244,7 +244,8 @@ def test_measured_host_time_replaces_the_round_overhead_constant(tmp_path):
     measured host time plus ``SCHEDULER_ROW_MS`` per row instead of ``ROUND_OVERHEAD_MS``; a round
     overhead over-stated by the constant hides a window that pays (the H200's 32-row case at
     3599eb9: the constant 1.3 ms against ~0.5 measured), the measured one finds it."""
-    from dspark_trt.runtime.confidence import ROUND_OVERHEAD_MS, SCHEDULER_ROW_MS, ConfidenceFileError
+    from dspark_trt.runtime.confidence import ConfidenceFileError
+    from dspark_trt.runtime.verify_scheduler import ROUND_OVERHEAD_MS, SCHEDULER_ROW_MS
     r = ESTIMATED_WINDOW_MIN_ROWS
     steps = dict(rows=[1, r], draft_ms=[1.0, 1.0], ar_ms=[50.0, 50.0],
                  verify_ms=[[1.0] * 4, [2.0, 3.9, 3.95, 4.0]], draft_window_ms=[[0.5] * 3, [0.5] * 3])
@@ -269,7 +270,8 @@ def test_ar_round_priced_with_its_own_host_time(tmp_path):
     host time: the H100's default pair at batch 1 (session 40: AR step 0.21 ms, fixed round's steps
     0.55, host 0.06 against 0.12 as the steady load ran them, tau 2.0) prefers AR by 1.2x, which
     the speculative round's host time charged to both sides hid inside the 5 % margin."""
-    from dspark_trt.runtime.confidence import SCHEDULER_ROW_MS, ConfidenceFileError
+    from dspark_trt.runtime.confidence import ConfidenceFileError
+    from dspark_trt.runtime.verify_scheduler import SCHEDULER_ROW_MS
     steps = dict(rows=[1, 8], draft_ms=[0.14, 0.16], ar_ms=[0.21, 0.28], verify_ms=[[0.41] * 4, [0.42] * 4],
                  host_ms=[0.12, 0.12])
     shared = CostCurve([1, 64], [0.4, 0.5], "t", **steps)
