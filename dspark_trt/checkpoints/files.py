@@ -19,6 +19,8 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 # beside a draft with a confidence head (``dspark-trt calibrate``), copied into its engines
 CALIBRATION_FILE = "confidence_calibration.json"
+# the scheduler's measured cost curve (``dspark-trt bench --cost-curve``), beside a draft or in an engine
+COST_FILE = "verify_cost.json"
 
 
 class CheckpointError(ValueError):

@@ -5,6 +5,13 @@ temporary sibling directory and renames it into place as the last step (and neve
 directory that is not an engine). ``check_engine`` refuses, with a message saying how to
 rebuild, an engine of another format version, with a missing or corrupted file, or built for
 another GPU, backend version or torch version.
+
+Two files are the engine's settings rather than its build, and commands replace them in place
+after it: the confidence calibration (``dspark-trt calibrate --engine``) and the scheduler's cost
+curve (``dspark-trt bench --cost-curve --engine``). They are ``SIDECAR_FILES``: written whole or not
+at all (``atomic_write``), checked by their own loaders (``ConfidenceFileError`` names the file and
+field), and neither listed in the manifest nor checksummed against it, so replacing one does not
+make the engine "corrupted".
 """
 from __future__ import annotations
 
@@ -14,8 +21,11 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoints.files import CALIBRATION_FILE, COST_FILE
+
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+SIDECAR_FILES = frozenset({CALIBRATION_FILE, COST_FILE})   # replaced in place after a build (see above)
 
 
 class EngineError(ValueError):
@@ -50,8 +60,10 @@ def toolchain_versions() -> dict:
 
 
 def write_manifest(engine_dir: Path, manifest: dict) -> dict:
-    """Add format version and per-file SHA-256 of everything in ``engine_dir``; write it."""
-    files = sorted(p for p in engine_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+    """Add format version and per-file SHA-256 of everything in ``engine_dir`` but its
+    ``SIDECAR_FILES``; write it."""
+    files = sorted(p for p in engine_dir.rglob("*")
+                   if p.is_file() and p.name != MANIFEST and str(p.relative_to(engine_dir)) not in SIDECAR_FILES)
     manifest = {"format_version": FORMAT_VERSION, **manifest,
                 "files": {str(p.relative_to(engine_dir)): {"sha256": sha256(p), "bytes": p.stat().st_size}
                           for p in files}}
@@ -90,8 +102,8 @@ def check_engine(engine_dir: str | Path, device: torch.device, verify_checksums:
         raise EngineError(f"{engine_dir}: engine format version {m.get('format_version')!r}, this "
                           f"dspark_trt reads version {FORMAT_VERSION}; {hint}")
     for name, info in m.get("files", {}).items():
-        if rank is not None and rank_of_file(name) not in (None, rank):
-            continue
+        if name in SIDECAR_FILES or rank is not None and rank_of_file(name) not in (None, rank):
+            continue                  # (engines before SIDECAR_FILES listed the calibration)
         path = engine_dir / name
         if not path.is_file():
             raise EngineError(f"{engine_dir}: file '{name}' listed in the manifest is missing; {hint}")

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..atomic_write import write_json_atomic
 from ..checkpoints.files import CALIBRATION_FILE
 
 VERIFY_MODES = ("fixed", "threshold", "scheduled")
@@ -84,9 +85,7 @@ class Calibration:
         return {"temperatures": list(map(float, self.temperatures)), **self.metrics}
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / CALIBRATION_FILE
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        return path
+        return write_json_atomic(Path(directory) / CALIBRATION_FILE, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":

@@ -9,7 +9,6 @@ File (JSON, next to a draft checkpoint or in an engine directory):
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +16,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..atomic_write import write_json_atomic
+from ..checkpoints.files import COST_FILE
 from .confidence import ConfidenceFileError, _read_json
-
-COST_FILE = "verify_cost.json"
 
 
 def _interp(xs: list, ys: list, n: float) -> float:
@@ -184,9 +183,7 @@ class CostCurve:
         return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
     def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / COST_FILE
-        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
-        return path
+        return write_json_atomic(Path(directory) / COST_FILE, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "CostCurve":
