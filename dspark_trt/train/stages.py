@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from ..atomic_write import write_json_atomic
 from . import checkpoints, plots
 from .batches import WindowSampler, encode_files, fixed_windows, token_stream
 from .best import BestCheckpoint
@@ -103,12 +104,10 @@ class RunDir:
         self.save()
 
     def save(self) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=1))
-        tmp.replace(self.state_path)
+        write_json_atomic(self.state_path, self.state, indent=1)
 
     def write_json(self, name: str, obj) -> None:
-        (self.path / name).write_text(json.dumps(obj, indent=1))
+        write_json_atomic(self.path / name, obj, indent=1)
 
     def read_json(self, name: str):
         p = self.path / name
