@@ -29,6 +29,9 @@ run_extra() {   # each non-comment line of $EXTRA, one after the other
   grep -v '^\s*#' "${EXTRA:?}" | grep . | while read -r cmd; do
     step "$cmd"
     bash -c "$cmd" 2>&1 | tail -60 | tee -a "$R/session.log"
+    # a step cut by its timeout can leave pytest-xdist workers on the GPU, beside the next step's
+    # timings (session 47: a batch-1 repeat at 0.78): none outlives its step
+    pkill -9 -f -- "-m pytest" 2>/dev/null || true
     pack
   done
 }
