@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from dspark_trt import atomic_write
-from dspark_trt.engine.manifest import EngineError, check_engine, device_info, toolchain_versions, write_manifest
+from dspark_trt.checkpoints.files import CALIBRATION_FILE, COST_FILE
+from dspark_trt.engine.manifest import SIDECAR_FILES, EngineError, check_engine, device_info, toolchain_versions, \
+    write_manifest
 from dspark_trt.runtime.confidence import Calibration
 from dspark_trt.runtime.cost_curve import CostCurve
 
@@ -29,6 +31,10 @@ def fake_engine(d, list_calibration: bool = False):
         m["files"][p.name] = {"sha256": "0" * 64, "bytes": p.stat().st_size}
         (d / "manifest.json").write_text(json.dumps(m))
     return m
+
+
+def test_sidecar_names_are_the_files_the_commands_write():
+    assert SIDECAR_FILES == {CALIBRATION_FILE, COST_FILE}
 
 
 @pytest.mark.parametrize("list_calibration", [False, True])

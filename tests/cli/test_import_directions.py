@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dspark_trt"
-BASE = {"config", "devices", "progress", "provenance", "interrupts"}
+BASE = {"config", "devices", "progress", "provenance", "interrupts", "atomic_write"}
 
 # unit -> the units it may import (lower layers; arrows run one way)
 ALLOWED = {
@@ -17,6 +17,7 @@ ALLOWED = {
     "progress": set(),
     "provenance": set(),
     "interrupts": set(),
+    "atomic_write": set(),
     "plugins": set(),                                          # ops know nothing of models
     "models": {"config", "plugins"},
     "parallel": {"config", "plugins", "models"},
