@@ -16,11 +16,11 @@ import argparse
 import gzip
 import hashlib
 import json
-import os
 import platform
 import sys
 from pathlib import Path
 
+from ..atomic_write import write_bytes_atomic
 from ..config.source import DEFAULT_ASSETS
 from .corpus import DEFAULT_PAIR_HELDOUT, read_stdlib
 
@@ -38,11 +38,7 @@ def write_heldout_texts(path: str | Path = HELDOUT_TEXTS) -> dict:
     record = {"python_version": platform.python_version(), "heldout": list(DEFAULT_PAIR_HELDOUT),
               "license": "CPython sources, PSF license", "heldout_sha256": man.heldout_sha256,
               "files": [{"module": f.module, "sha256": f.sha256, "text": f.text} for f in held]}
-    path = Path(path)
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=9) as fh:
-        json.dump(record, fh)
-    os.replace(tmp, path)
+    write_bytes_atomic(path, gzip.compress(json.dumps(record).encode("utf-8"), compresslevel=9))
     return record
 
 
