@@ -18,11 +18,12 @@ Per request (``SamplingParams.verify_mode``):
                  latencies: ``1 / (latency(B) + draft_ms + admission overhead)``, the whole round).
 
 The admitted lengths are computed on the device from the confidence logits of the draft step (no
-host synchronisation; inside the draft CUDA graph on the graph path). The verify always runs all N
-drafts (the fixed-N shape); verification of an admitted prefix of ``l`` drafts stays exact: the
-verifier's acceptance is clamped to ``l`` and, when all ``l`` pass, the next token is sampled from the
-target row ``l`` (a bonus token), see ``steps.DecodeSteps.verify_step``. Since that verify costs the
-same whatever is admitted, the scheduler's default cost model is "padded" (``VerifyScheduler``).
+host synchronisation; inside the draft CUDA graph on the graph path). Verification of an admitted
+prefix of ``l`` drafts stays exact: the verifier's acceptance is clamped to ``l`` and, when all ``l``
+pass, the next token is sampled from the target row ``l`` (a bonus token), see
+``steps.DecodeSteps.verify_step``. How many drafts the verify itself runs is the cost model's
+(``verify_scheduler``; ``ModelSource.verify_cost_model``, "trimmed" by default): all N ("padded"),
+the round's widest admitted window ("trimmed"), or each row's own prefix ("packed").
 
 File (JSON, next to a draft checkpoint or in an engine directory):
 ``confidence_calibration.json``  {"temperatures": [T_0 .. T_{N-1}], "survival": [held-out
