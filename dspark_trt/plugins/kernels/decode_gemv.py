@@ -116,10 +116,10 @@ def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: 
     sqs = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k in range(PRE_K, K, BLOCK_K):
         wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
-        xin, sq = _inputs(x, res, res_out, g, k + rk, K, rstd, pid, PROLOGUE, HAS_RES, STORE_MAIN)
-        part += wt.to(tl.float32) * xin[None, :]
+        xk, sqk = _inputs(x, res, res_out, g, k + rk, K, rstd, pid, PROLOGUE, HAS_RES, STORE_MAIN)
+        part += wt.to(tl.float32) * xk[None, :]
         if DEFER:
-            sqs += sq
+            sqs += sqk
     acc += tl.sum(part, 1)
     if PROLOGUE == RMSNORM and DEFER:
         acc *= tl.rsqrt(((ss0 + tl.sum(sqs, 0)) / K + eps).to(tl.float32))
