@@ -261,7 +261,7 @@ def _launches_fp8(monkeypatch):
 
 def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
-    the default one, RMSNorm's deferred scale (DEFER, PRE_K of two tiles), the rows kernel at 8 and 5 tokens (tensor cores), at 5 on the CUDA cores and
+    the default one, the rows kernel at 8 and 5 tokens (tensor cores), at 5 on the CUDA cores and
     split K (the ticket reduction) in both bodies, one token on it in both, each also with PDL
     (``_with_pdl``)."""
     N, K = 4096, 4096
@@ -271,9 +271,7 @@ def _launches_decode_gemv(monkeypatch):
     for kw in (dict(prologue="none"), dict(prologue="none", residual=r, residual_out=torch.empty_like(r)),
                dict(prologue="rmsnorm", norm_weight=g), dict(prologue="rmsnorm", norm_weight=g, residual=r,
                                                              residual_out=torch.empty_like(r), pre_k=1024),
-               dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT),
-               dict(prologue="rmsnorm", norm_weight=g, residual=r, residual_out=torch.empty_like(r), pre_k=1024,
-                    config=dict(kdg.DEFAULT, DEFER=True))):
+               dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT)):
         out += record(monkeypatch, kdg, kdg.decode_gemv, x, w, **kw)
     out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(2 * K).bfloat16(), w, "swiglu")
     rows = (kdg, kdr)                                # a verify block / a few rows: decode_rows' kernel

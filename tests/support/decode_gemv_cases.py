@@ -47,14 +47,6 @@ CASES = [
      dict(BLOCK_N=16, BLOCK_K=32, DOT=True, ROWS=True), 64, None),
     ("one_row_rows_split2_swiglu", "swiglu", 29, 256, False, False,
      dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=2, ROWS=True), None, 1),
-    # one token on this kernel with the deferred norm scale (DEFER): with and without a residual, PRE_K
-    # of two K tiles; DEFER on other prologues changes nothing
-    ("one_token_defer_rmsnorm_residual", "rmsnorm", 37, 256, True, True, dict(BLOCK_N=8, BLOCK_K=32, DEFER=True),
-     64, None),
-    ("one_token_defer_rmsnorm", "rmsnorm", 20, 128, False, False, dict(BLOCK_N=4, BLOCK_K=64, DEFER=True),
-     None, None),
-    ("one_token_defer_none_residual", "none", 24, 128, True, True, dict(BLOCK_N=8, BLOCK_K=32, DEFER=True),
-     None, None),
 ]
 EPS = 1e-6
 

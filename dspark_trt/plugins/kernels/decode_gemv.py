@@ -29,10 +29,6 @@ tiles and a deferred norm scale (within about a bf16 ulp of these roundings, not
 One token runs it too where its tile says ``ROWS`` (a ``config``, or a sweep's winner at M = 1,
 ``decode_rows.tile_for``: the GPU's shipped table, else ``decode_rows.CONFIGS``; split K for the
 narrow projections), with the same deferred scale; other one-token winners are this kernel's tile.
-A tile with ``DEFER`` (RMSNorm only) gives this kernel the deferred scale too: no mean-square pass
-over h before the weights stream (each program's K / BLOCK_K serial L2 reads), the sums of ``h^2``
-taken beside the products of ``bf16(h * g)`` and the scale applied to the finished sums, with the
-rows kernel's numerics and no split-K ticket.
 """
 from __future__ import annotations
 
@@ -61,15 +57,13 @@ MAX_ROWS = 16            # tokens per call (more: a GEMM, ``skinny_gemm`` / ``F.
 @triton.jit
 def _inputs(x, res, res_out, g, offs, K, rstd, pid, PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr,
             STORE_RES: tl.constexpr):
-    """(the prologue's bf16 values at columns ``offs``, as fp32 (``rstd``: RMSNORM's scale; 1.0 with
-    a deferred scale), h^2 there (RMSNORM; else 0))."""
+    """The prologue's bf16 values at columns ``offs``, as fp32 (``rstd``: RMSNORM's scale)."""
     if PROLOGUE == SWIGLU:                               # x = [gate | up]
-        v = swiglu_bf16(x, K, offs)
-        return v, v * 0.0
+        return swiglu_bf16(x, K, offs)
     h = residual_sum(x, res, res_out, offs, K, pid, HAS_RES, STORE_RES)
     if PROLOGUE == RMSNORM:
-        return round_bf16(h * rstd * tl.load(g + offs).to(tl.float32)), h * h
-    return h, h * 0.0
+        return round_bf16(h * rstd * tl.load(g + offs).to(tl.float32))
+    return h
 
 
 @triton.jit
@@ -93,36 +87,27 @@ def _first_tile(w, N, stride_wn, BLOCK_N: tl.constexpr, PRE_K: tl.constexpr, PDL
 def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
                        HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
-                       PDL: tl.constexpr, DEFER: tl.constexpr):
+                       PDL: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N),). x [K] ([2K] for SWIGLU), res / res_out [K] (HAS_RES), g [K]
     (RMSNORM), w [N, K] (row stride ``stride_wn``), y [N]. STORE_FIRST / STORE_MAIN: program 0
-    writes h to res_out in the mean-square pass / in the product's pass. DEFER (RMSNORM): no
-    mean-square pass; the products use ``bf16(h * g)`` and the sums are scaled at the end."""
+    writes h to res_out in the mean-square pass / in the product's pass."""
     pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL)
     rk = tl.arange(0, BLOCK_K)
     rstd = 1.0
-    if PROLOGUE == RMSNORM and not DEFER:                # the mean square of h over all K
+    if PROLOGUE == RMSNORM:                              # the mean square of h over all K
         ss = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k in range(0, K, BLOCK_K):
-            h, _ = _inputs(x, res, res_out, g, k + rk, K, 1.0, pid, NONE, HAS_RES, STORE_FIRST)
+            h = _inputs(x, res, res_out, g, k + rk, K, 1.0, pid, NONE, HAS_RES, STORE_FIRST)
             ss += h * h
         rstd = tl.rsqrt((tl.sum(ss, 0) / K + eps).to(tl.float32))    # eps may arrive as fp64 (AOTI)
-    xin, sq = _inputs(x, res, res_out, g, rp, K, rstd, pid, PROLOGUE, HAS_RES, STORE_MAIN)
-    acc = tl.sum(w0.to(tl.float32) * xin[None, :], 1)
-    ss0 = 0.0
-    if DEFER:
-        ss0 = tl.sum(sq, 0)
+    acc = tl.sum(w0.to(tl.float32) * _inputs(x, res, res_out, g, rp, K, rstd, pid, PROLOGUE, HAS_RES,
+                                               STORE_MAIN)[None, :], 1)
     part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    sqs = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k in range(PRE_K, K, BLOCK_K):
         wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
-        xk, sqk = _inputs(x, res, res_out, g, k + rk, K, rstd, pid, PROLOGUE, HAS_RES, STORE_MAIN)
-        part += wt.to(tl.float32) * xk[None, :]
-        if DEFER:
-            sqs += sqk
+        part += wt.to(tl.float32) * _inputs(x, res, res_out, g, k + rk, K, rstd, pid, PROLOGUE, HAS_RES,
+                                            STORE_MAIN)[None, :]
     acc += tl.sum(part, 1)
-    if PROLOGUE == RMSNORM and DEFER:
-        acc *= tl.rsqrt(((ss0 + tl.sum(sqs, 0)) / K + eps).to(tl.float32))
     tl.store(y + offs_n, acc.to(y.dtype.element_ty), mask=offs_n < N)
 
 
@@ -182,12 +167,11 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
     cfg = dict(config) if config else config_for(N, K)
     bk, bn = int(cfg["BLOCK_K"]), int(cfg["BLOCK_N"])
     pre = _check_tile(K, bk, pre_k)
-    defer = prologue == "rmsnorm" and bool(cfg.get("DEFER"))
     launcher(decode_gemv_kernel)[(triton.cdiv(N, bn),)](
         x, res, r_out, g, w, y, N, K, K, float(eps), BLOCK_N=bn, BLOCK_K=bk, PRE_K=pre,
         PROLOGUE=PROLOGUES[prologue], HAS_RES=residual is not None,
-        STORE_FIRST=residual_out is not None and prologue == "rmsnorm" and not defer,
-        STORE_MAIN=residual_out is not None and (prologue == "none" or defer), PDL=pdl, DEFER=defer,
+        STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
+        STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl,
         num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
     return y
 
