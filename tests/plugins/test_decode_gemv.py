@@ -115,6 +115,8 @@ def test_rows_tables_merge_and_route_one_token(tmp_path, monkeypatch):
 
 
 H100 = "NVIDIA H100 80GB HBM3"
+H200 = "NVIDIA H200"
+OTHER_GPU = "NVIDIA A100-SXM4-80GB"                       # no table ships for it
 # the one-token winners of benchmarks/results/decode-rows-NVIDIA-H100-80GB-HBM3-7915627.json.gz, picked again by
 # the sweep of every bucket at 9985f8c (buckets 1-8 shipped in session 35; 16 too since session 37, once one-token
 # steps ran without PDL: batch-16 AR 6.620 against 6.794-6.798 ms through LLM, batch 2 no slower, 0d5294b)
@@ -164,6 +166,42 @@ def test_shipped_h100_table_holds_the_measured_one_token_tiles(tmp_path):
         assert decode_rows.ship_table(result, tmp_path).read_text() == path.read_text()
 
 
+# the winners of benchmarks/results/decode-rows-NVIDIA-H200-61d9ae4.json.gz for one and eight tokens (session 48:
+# through LLM at batch 1 the AR step 4.303 against 4.616 ms with the built-in tiles, the verify 5.006 against 5.183)
+H200_TILES = {
+    (1, 6144, 4096): dict(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, DOT=False, num_warps=4, num_stages=3, ROWS=True),
+    (1, 4096, 4096): dict(BLOCK_N=4, BLOCK_K=1024, num_warps=4, num_stages=3),
+    (1, 24576, 4096): dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=3),
+    (1, 4096, 12288): dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, DOT=False, num_warps=4, num_stages=3, ROWS=True),
+    (1, 151936, 4096): dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=3),
+    (8, 6144, 4096): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
+    (8, 4096, 4096): dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=4, DOT=True, num_warps=4, num_stages=4),
+    (8, 24576, 4096): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=2, DOT=True, num_warps=8, num_stages=3),
+    (8, 4096, 12288): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=4),
+    (8, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
+}
+
+
+def test_shipped_h200_table_holds_the_measured_tiles(gpu_tables, tmp_path):
+    """The H200's table ships the Qwen3-8B winners of its sweep for one and eight tokens only (the AR
+    step, a verify block, the draft block at batch 1), with where they came from; on an H200 the other
+    token counts keep the built-in tiles, which were measured on an H200."""
+    import json
+    from pathlib import Path
+    from dspark_trt.plugins.kernels import decode_rows
+    path = decode_rows.table_path(H200)
+    assert decode_rows.read_table(path) == H200_TILES
+    doc = json.loads(path.read_text())
+    assert (doc["gpu"], doc["git_sha"], doc["buckets"]) == (H200, "61d9ae4", [1, 8])
+    result = Path(decode_rows.__file__).parents[3] / "benchmarks" / "results" / doc["source"]
+    if result.exists():                                  # the table is that result's buckets 1 and 8
+        assert decode_rows.ship_table(result, tmp_path, buckets={1, 8}).read_text() == path.read_text()
+    gpu_tables(H200)
+    assert decode_rows.tile_for(7, 4096, 12288, "cuda") == H200_TILES[(8, 4096, 12288)]        # a draft block
+    assert decode_rows.tile_for(4, 24576, 4096, "cuda") == decode_rows.CONFIGS[(4, 24576, 4096)]
+    assert decode_rows.tile_for(16, 6144, 4096, "cuda") == decode_rows.CONFIGS[(16, 6144, 4096)]
+
+
 def test_tile_for_reads_the_gpus_own_table(gpu_tables, monkeypatch):
     """A CUDA device named as the H100 gets its table's tiles for its shapes (one and 16 tokens: not
     the built-in 16-token tile); another GPU's name, the built-in ones only; the table is read once;
@@ -178,10 +216,10 @@ def test_tile_for_reads_the_gpus_own_table(gpu_tables, monkeypatch):
     decode_rows.tile_for(1, 24576, 4096, "cuda")["BLOCK_N"] = 1                   # a copy
     assert decode_rows.tile_for(1, 24576, 4096, "cuda") == H100_ONE_TOKEN[(1, 24576, 4096)]
     assert list(decode_rows._gpu_tables) == [H100]
-    gpu_tables("NVIDIA H200")
+    gpu_tables(OTHER_GPU)
     assert decode_rows.tile_for(1, 24576, 4096, "cuda") is None
     assert decode_rows.tile_for(8, 24576, 4096, "cuda") == decode_rows.CONFIGS[(8, 24576, 4096)]
-    assert decode_rows._gpu_tables["NVIDIA H200"] == {}
+    assert decode_rows._gpu_tables[OTHER_GPU] == {}
     gpu_tables(H100)                                     # decode_gemv, one token: qkv's ROWS tile, o's
     seen = []
 

@@ -48,7 +48,10 @@ NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # d
 # nothing at import) the table of that GPU's name is read and its shapes win over these. The H100's
 # one-token tiles took the Qwen3-8B AR step on an H100 from 6.105 to 5.766 ms (7915627); its 2..8-token
 # ones (9985f8c) its batch-1 verify from 6.906 to 6.823 ms, while its 16-token winners took the batch-16 AR
-# step from 7.108 to 7.641 ms inside the chain, so bucket 16 keeps these (5f1aa1d). CPU and the
+# step from 7.108 to 7.641 ms inside the chain, so bucket 16 keeps these (5f1aa1d). The H200's own table
+# (session 48, a sweep of one and eight tokens with more one-token tiles, launches and splits, 61d9ae4)
+# took the AR step through ``LLM`` at batch 1 from 4.616 to 4.303 ms and the verify from 5.183 to 5.006
+# against these and ``decode_gemv.CONFIGS`` in the same call; its other buckets keep these. CPU and the
 # interpreter: these only. ``DSPARK_DECODE_ROWS_TABLE`` (or ``load_table``) replaces this table by
 # sweep JSONs and turns the per-GPU tables off: an explicit table wins.
 CONFIGS: dict[tuple[int, int, int], dict] = {
