@@ -54,7 +54,8 @@ class ConfidenceFileError(ValueError):
     """A calibration or cost-curve file is malformed (the message names the file and field)."""
 
 
-def _read_json(path: Path) -> dict:
+def read_json_file(path: Path) -> dict:
+    """The JSON of a calibration or cost-curve file; ``ConfidenceFileError`` naming it if unreadable."""
     try:
         return json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -90,7 +91,7 @@ class Calibration:
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
-        d = _read_json(Path(path))
+        d = read_json_file(Path(path))
         t = d.get("temperatures")
         if not isinstance(t, list) or not t or not all(
                 isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in t):

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..atomic_write import write_json_atomic
 from ..checkpoints.files import COST_FILE
-from .confidence import ConfidenceFileError, _read_json
+from .confidence import ConfidenceFileError, read_json_file
 
 
 def _interp(xs: list, ys: list, n: float) -> float:
@@ -187,7 +187,7 @@ class CostCurve:
 
     @classmethod
     def load(cls, path: str | Path) -> "CostCurve":
-        d = _read_json(Path(path))
+        d = read_json_file(Path(path))
         return cls.from_json(d, str(d.get("source", path)) if isinstance(d, dict) else str(path), where=path)
 
     @classmethod
