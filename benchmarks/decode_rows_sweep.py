@@ -53,12 +53,15 @@ ONE_TOKEN_TILES = ((4, 512), (8, 256), (8, 512), (8, 1024), (16, 256), (16, 512)
 def candidates(M: int, N: int, K: int, sms: int = 132) -> list[dict]:
     """Tiles worth timing, first the one taken without a sweep: the rows kernel's ``default_config``
     and ``rows_tiles``; at M = 1 ``decode_gemv_kernel``'s tile today (``config_for``), its variants,
-    then the rows kernel's tiles marked ``ROWS`` (split K, the deferred norm scale)."""
+    then the rows kernel's tiles marked ``ROWS`` (split K, the deferred norm scale), and every CUDA-core
+    tile of both also with ``PREFETCH`` (the next weight tile loaded before the current one is reduced:
+    Triton pipelines only loads that feed ``tl.dot``)."""
     if M == 1:
         from dspark_trt.plugins.kernels.decode_gemv import config_for
         one = [config_for(N, K)] + [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3)
                                     for bn, bk in ONE_TOKEN_TILES if K % bk == 0 for nw in (4, 8)]
-        return _unique(one + [dict(c, ROWS=True) for c in rows_tiles(1, N, K, sms)])
+        one += [dict(c, ROWS=True) for c in rows_tiles(1, N, K, sms)]
+        return _unique(one + [dict(c, PREFETCH=True) for c in one if not c.get("DOT")])
     from dspark_trt.plugins.kernels.decode_rows import default_config
     return _unique([default_config(M, N, K, sms)] + rows_tiles(M, N, K, sms))
 

@@ -31,7 +31,8 @@ def test_matches_the_modules_prologue_times_w(results, case):
     one token and for M tokens (each row its own norm; split K included), and the residual sum
     written by the first programs is torch's bf16 sum bit for bit. RMSNorm on the rows kernel (two
     or more tokens, or one with a ROWS tile: a deferred scale): as close to the fp32 prologue's
-    product as the modules' result, plus one ulp."""
+    product as the modules' result, plus one ulp. A ``PREFETCH`` tile gives the bits of the same tile
+    without it."""
     name, prologue, N, K, has_res, has_out, cfg, _, M = case
     r = results[name]
     assert r["shape"] == ([N] if M is None else [M, N]) and r["dtype"] == "torch.bfloat16"
@@ -41,6 +42,8 @@ def test_matches_the_modules_prologue_times_w(results, case):
         assert r["ulp"] <= ULP_TOL, r
     if has_out:
         assert r["residual_equal"], r
+    if (cfg or {}).get("PREFETCH"):
+        assert r["prefetch_equal"], r
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -336,7 +339,7 @@ def test_qwen3_8b_shapes_on_gpu(prologue, pdl):
     """Every Qwen3-8B projection shape with the GPU's one-token tile (its shipped table's, else the
     built-in one), with and without PDL: within one bf16 ulp (plus a little fp32 sum-order noise) of
     the modules' prologue times w (RMSNorm on a ``ROWS`` tile: the deferred scale, as
-    ``test_qwen3_8b_rows_on_gpu``); PDL changes no bit."""
+    ``test_qwen3_8b_rows_on_gpu``); PDL and ``PREFETCH`` change no bit."""
     from dspark_trt.plugins.kernels import decode_rows
     from dspark_trt.plugins.kernels.decode_gemv import CONFIGS, decode_gemv
     if pdl and torch.cuda.get_device_capability()[0] < 9:
@@ -361,6 +364,10 @@ def test_qwen3_8b_shapes_on_gpu(prologue, pdl):
             assert torch.equal(r_out, h)
         if pdl:
             assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g))
+        else:
+            from dspark_trt.plugins.kernels.decode_gemv import config_for
+            tile = dict(decode_rows.tile_for(1, N, K, x.device) or config_for(N, K), PREFETCH=True)
+            assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g, config=tile)), (N, K)
 
 
 @pytest.mark.gpu

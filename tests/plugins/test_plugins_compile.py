@@ -262,8 +262,8 @@ def _launches_fp8(monkeypatch):
 def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
     the default one, the rows kernel at 8 and 5 tokens (tensor cores), at 5 on the CUDA cores and
-    split K (the ticket reduction) in both bodies, one token on it in both, each also with PDL
-    (``_with_pdl``)."""
+    split K (the ticket reduction) in both bodies, one token on it in both, ``PREFETCH`` in both
+    kernels' CUDA-core bodies, each also with PDL (``_with_pdl``)."""
     N, K = 4096, 4096
     w = torch.randn(N, K).bfloat16()
     x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
@@ -271,7 +271,8 @@ def _launches_decode_gemv(monkeypatch):
     for kw in (dict(prologue="none"), dict(prologue="none", residual=r, residual_out=torch.empty_like(r)),
                dict(prologue="rmsnorm", norm_weight=g), dict(prologue="rmsnorm", norm_weight=g, residual=r,
                                                              residual_out=torch.empty_like(r), pre_k=1024),
-               dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT)):
+               dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT),
+               dict(prologue="rmsnorm", norm_weight=g, config=dict(BLOCK_N=8, BLOCK_K=1024, PREFETCH=True))):
         out += record(monkeypatch, kdg, kdg.decode_gemv, x, w, **kw)
     out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(2 * K).bfloat16(), w, "swiglu")
     rows = (kdg, kdr)                                # a verify block / a few rows: decode_rows' kernel
@@ -289,6 +290,9 @@ def _launches_decode_gemv(monkeypatch):
         out += record(monkeypatch, rows, kdg.decode_gemv, x, w, "rmsnorm", norm_weight=g, residual=r,
                       residual_out=torch.empty_like(r),
                       config=dict(BLOCK_N=64 if dot else 16, BLOCK_K=128, SPLIT_K=4, DOT=dot, ROWS=True))
+    out += record(monkeypatch, rows, kdg.decode_gemv, x, w, "rmsnorm", norm_weight=g, residual=r,
+                  residual_out=torch.empty_like(r),
+                  config=dict(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, DOT=False, ROWS=True, PREFETCH=True))
     return _with_pdl(out)
 
 

@@ -47,6 +47,16 @@ CASES = [
      dict(BLOCK_N=16, BLOCK_K=32, DOT=True, ROWS=True), 64, None),
     ("one_row_rows_split2_swiglu", "swiglu", 29, 256, False, False,
      dict(BLOCK_N=8, BLOCK_K=64, SPLIT_K=2, ROWS=True), None, 1),
+    # PREFETCH (the next weight tile loaded before the current one is reduced): both kernels' CUDA-core
+    # bodies, a first tile of two K tiles, a K of one tile (nothing to prefetch), split K
+    ("prefetch_rmsnorm_residual", "rmsnorm", 48, 192, True, True, dict(BLOCK_N=16, BLOCK_K=64, PREFETCH=True),
+     None, None),
+    ("prefetch_pre2_swiglu", "swiglu", 29, 256, False, False, dict(BLOCK_N=8, BLOCK_K=64, PREFETCH=True), 128, None),
+    ("prefetch_one_tile_none", "none", 37, 64, False, False, dict(BLOCK_N=8, BLOCK_K=64, PREFETCH=True), None, None),
+    ("one_token_rows_prefetch_split2_rmsnorm_residual", "rmsnorm", 37, 256, True, True,
+     dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=2, DOT=False, ROWS=True, PREFETCH=True), None, None),
+    ("rows3_prefetch_cuda_cores_swiglu", "swiglu", 29, 128, False, False,
+     dict(BLOCK_N=8, BLOCK_K=32, DOT=False, PREFETCH=True), None, 3),
 ]
 EPS = 1e-6
 
@@ -88,6 +98,10 @@ def main():
             rec["module_ulp_exact"] = ulp_err(F.linear(xin, w), exact)
         if has_out:
             rec["residual_equal"] = bool(torch.equal(r_out, h))
+        if (cfg or {}).get("PREFETCH"):     # the same sums in the same order as without it
+            plain = {k: v for k, v in cfg.items() if k != "PREFETCH"}
+            rec["prefetch_equal"] = bool(torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g, eps=EPS,
+                                                                    config=plain, pre_k=pre)))
         out[name] = rec
     print("RESULT " + json.dumps(out))
 

@@ -87,12 +87,16 @@ def _first_tile(w, N, stride_wn, BLOCK_N: tl.constexpr, PRE_K: tl.constexpr, PDL
 def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
                        HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
-                       PDL: tl.constexpr):
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr):
     """Grid (cdiv(N, BLOCK_N),). x [K] ([2K] for SWIGLU), res / res_out [K] (HAS_RES), g [K]
     (RMSNORM), w [N, K] (row stride ``stride_wn``), y [N]. STORE_FIRST / STORE_MAIN: program 0
-    writes h to res_out in the mean-square pass / in the product's pass."""
+    writes h to res_out in the mean-square pass / in the product's pass. PREFETCH: the loop's next
+    weight tile is loaded before the current one is reduced (the same sums in the same order)."""
     pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL)
     rk = tl.arange(0, BLOCK_K)
+    last = K - BLOCK_K                                   # prefetches past the end reload the last tile
+    if PREFETCH:
+        wt = tl.load(w + rn[:, None] * stride_wn + (tl.minimum(PRE_K, last) + rk)[None, :])
     rstd = 1.0
     if PROLOGUE == RMSNORM:                              # the mean square of h over all K
         ss = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -104,9 +108,13 @@ def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: 
                                                STORE_MAIN)[None, :], 1)
     part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k in range(PRE_K, K, BLOCK_K):
-        wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
-        part += wt.to(tl.float32) * _inputs(x, res, res_out, g, k + rk, K, rstd, pid, PROLOGUE, HAS_RES,
-                                            STORE_MAIN)[None, :]
+        if PREFETCH:
+            cur = wt
+            wt = tl.load(w + rn[:, None] * stride_wn + (tl.minimum(k + BLOCK_K, last) + rk)[None, :])
+        else:
+            cur = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
+        part += cur.to(tl.float32) * _inputs(x, res, res_out, g, k + rk, K, rstd, pid, PROLOGUE, HAS_RES,
+                                             STORE_MAIN)[None, :]
     acc += tl.sum(part, 1)
     tl.store(y + offs_n, acc.to(y.dtype.element_ty), mask=offs_n < N)
 
@@ -171,7 +179,7 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
         x, res, r_out, g, w, y, N, K, K, float(eps), BLOCK_N=bn, BLOCK_K=bk, PRE_K=pre,
         PROLOGUE=PROLOGUES[prologue], HAS_RES=residual is not None,
         STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
-        STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl,
+        STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl, PREFETCH=bool(cfg.get("PREFETCH")),
         num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
     return y
 
