@@ -2,11 +2,12 @@
 ``kernels/decode_rows.py`` reads on the first lookup for a CUDA device of that name):
 
     python benchmarks/ship_decode_rows_table.py benchmarks/results/decode-rows-<gpu>-<sha>.json[.gz]
-        [--out-dir dspark_trt/plugins/kernels/tables] [--buckets 1,2,4,8]
+        [--out-dir dspark_trt/plugins/kernels/tables] [--buckets 1,2,4,8 [--keep]]
 
 Writes ``decode-rows-<gpu>.json`` (the shapes' keys and winners, the sweep's git sha, GPU, file name
 and command), replacing that GPU's table: one sweep per GPU (``decode_rows_sweep.py --rows
-1,2,4,8,16`` covers every bucket; ``DSPARK_DECODE_ROWS_TABLE`` merges several for a trial run).
+1,2,4,8,16`` covers every bucket; ``DSPARK_DECODE_ROWS_TABLE`` merges several for a trial run), or
+with ``--keep`` only the ``--buckets`` given (the table's other rows stay, its head as ``kept_from``).
 """
 from __future__ import annotations
 
@@ -26,9 +27,13 @@ def main() -> int:
     ap.add_argument("--out-dir", default=str(decode_rows.TABLES))
     ap.add_argument("--buckets", default=None,
                     help="ship only these token buckets (e.g. 1,2,4,8: the others keep the built-in tiles)")
+    ap.add_argument("--keep", action="store_true",
+                    help="with --buckets: keep the GPU's table's rows of the other buckets")
     args = ap.parse_args()
+    if args.keep and args.buckets is None:
+        ap.error("--keep needs --buckets (the buckets this result replaces)")
     buckets = None if args.buckets is None else [int(b) for b in args.buckets.split(",")]
-    path = decode_rows.ship_table(args.result, args.out_dir, buckets)
+    path = decode_rows.ship_table(args.result, args.out_dir, buckets, keep=args.keep)
     print(f"[ship] {len(decode_rows.read_table(path))} tiles of {args.result} -> {path}")
     return 0
 

@@ -48,7 +48,9 @@ NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # d
 # nothing at import) the table of that GPU's name is read and its shapes win over these. The H100's
 # one-token tiles took the Qwen3-8B AR step on an H100 from 6.105 to 5.766 ms (7915627); its 2..8-token
 # ones (9985f8c) its batch-1 verify from 6.906 to 6.823 ms, while its 16-token winners took the batch-16 AR
-# step from 7.108 to 7.641 ms inside the chain, so bucket 16 keeps these (5f1aa1d). The H200's own table
+# step from 7.108 to 7.641 ms inside the chain, so bucket 16 keeps these (5f1aa1d). Session 49 replaced the
+# H100's one- and eight-token rows by sweeps of the wider space (``ship_table(..., keep=True)``): the AR step
+# through ``LLM`` 5.742 -> 5.671 ms, the verify 6.681 -> 6.543, the draft 1.479 -> 1.439. The H200's own table
 # (session 48, a sweep of one and eight tokens with more one-token tiles, launches and splits, 61d9ae4)
 # took the AR step through ``LLM`` at batch 1 from 4.616 to 4.303 ms and the verify from 5.183 to 5.006
 # against these and ``decode_gemv.CONFIGS`` in the same call; its other buckets keep these. CPU and the
@@ -290,12 +292,14 @@ def load_table(*paths: str) -> int:
     return len(table)
 
 
-def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, buckets=None) -> Path:
+def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, buckets=None,
+               keep: bool = False) -> Path:
     """Write a ``decode_rows_sweep.py`` result (``.json`` or ``.json.gz``) as the shipped table of
     its GPU (``table_path``): its shapes' keys and winners (of the token ``buckets`` only, where
-    given: the others keep ``CONFIGS``' tiles), and where they came from (git sha, GPU, the
+    given: the others keep ``CONFIGS``' tiles, or with ``keep`` the rows of the GPU's table in
+    ``out_dir``, whose head is kept as ``kept_from``), and where they came from (git sha, GPU, the
     result's file name, the sweep's command, the buckets). ValueError naming the file that is not
-    a result."""
+    a result, or the table kept that is another GPU's."""
     import gzip
     result = Path(result)
     try:
@@ -310,10 +314,19 @@ def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, b
     head = {"gpu": gpu, "git_sha": doc.get("git_sha"), "source": result.name, "command": doc.get("command")}
     if buckets is not None:
         head["buckets"] = sorted(int(b) for b in buckets)
+    path = Path(out_dir) / table_path(gpu).name
+    if keep and buckets is not None and path.exists():
+        old = json.loads(path.read_text())
+        if old.get("gpu") != gpu:
+            raise ValueError(f"decode-rows table {str(path)!r}: its gpu is not {gpu!r}, the result's")
+        kept = [r for r in old["rows"] if int(r["bucket"]) not in head["buckets"]]
+        head["kept_buckets"] = sorted({int(r["bucket"]) for r in kept})
+        head["kept_from"] = {k: v for k, v in old.items() if k != "rows"}
+        order = {name: i for i, name in enumerate(dict.fromkeys(r.get("shape") for r in kept + rows))}
+        rows = sorted(kept + rows, key=lambda r: (order[r.get("shape")], int(r["bucket"])))
     lines = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in head.items()]
     lines += [' "rows": ['] + [f"  {json.dumps(r)}," for r in rows]
     lines[-1] = lines[-1].rstrip(",")
-    path = Path(out_dir) / table_path(gpu).name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{\n" + "\n".join(lines) + "\n ]\n}\n")
     return path
