@@ -18,7 +18,7 @@ ALLOWED = {
     "provenance": set(),
     "interrupts": set(),
     "atomic_write": set(),
-    "plugins": set(),                                          # ops know nothing of models
+    "plugins": {"atomic_write"},                               # ops know nothing of models
     "models": {"config", "plugins"},
     "parallel": {"config", "plugins", "models"},
     "checkpoints": {"config", "progress", "models", "parallel"},

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from ...atomic_write import write_text_atomic
 from .common import INTERPRET, gdc_launch_dependents, gdc_wait, launcher, num_sms, residual_sum, round_bf16, \
     swiglu_bf16, ticket_counters, tracing
 from .skinny_gemm import default_config as default_skinny_config, m_bucket
@@ -328,8 +329,7 @@ def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, b
     lines += [' "rows": ['] + [f"  {json.dumps(r)}," for r in rows]
     lines[-1] = lines[-1].rstrip(",")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("{\n" + "\n".join(lines) + "\n ]\n}\n")
-    return path
+    return write_text_atomic(path, "{\n" + "\n".join(lines) + "\n ]\n}\n")      # the old table or the new
 
 
 def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res_out: Tensor, g: Tensor, eps: float,
