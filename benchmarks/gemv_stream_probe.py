@@ -12,7 +12,7 @@ median microseconds of CUDA-graph replays over weight copies rotated past L2:
 - ``cublas``: ``F.linear``;
 - ``stream``: the kernel below, one program per ``BLOCK_N`` rows (the shipped layout) with the next
   weight tile loaded into registers before the current one is reduced (``PREFETCH``);
-- ``persist``: ``PROGRAMS_PER_SM`` x SMs programs, each walking its row chunks (chunk c = pid +
+- ``persist``: 2 or 4 programs per SM (``MODES``), each walking its row chunks (chunk c = pid +
   j * programs) as one flat loop over (chunk, K tile), prefetching across chunk ends, so no
   program waits at a chunk's start and the grid ends within one chunk of even.
 Writes ``gemv-stream-probe-<gpu>-<sha>.json``.
