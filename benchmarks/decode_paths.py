@@ -1,6 +1,7 @@
 """The Python API's decode step, path by path, in one process (issue #21): ``LLM`` eager modules
 with separate q/k/v and gate/up linears (the path before this change), with the engines' fused
 projections, fused + ``compile=True`` (inductor, regional), the decode kernel chain (``eager_chain``:
+``eager_chain_vocab``: with the draft over ``--draft-vocab-size`` tokens, ``models/draft_vocab.py``;
 steps of <= 16 tokens through ``runtime/token_step.py``, larger ones through the eager modules;
 ``compiled_chain``: the larger ones through the compiled modules, e.g. batch 16's verify of 128
 rows, which took the eager modules 13.2 ms against the compiled 8.1 on an H100 at 7915627), and the
@@ -29,6 +30,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,6 +51,7 @@ PATHS = {  # name -> LLM.from_preset options
     "compiled": {"compile": True},
     "compiled_skinny": {"compile": True},
     "eager_chain": {},                                 # fused modules + the decode kernel chain (#21)
+    "eager_chain_vocab": {},                           # the same, the draft over --draft-vocab-size tokens
     "eager_chain_torch_ops": {},                       # the same with the wider steps' torch elementwise ops
     "compiled_chain": {"compile": True},               # the chain's steps of <= 16 tokens, compiled modules' larger
     "eager_fused_fp8": {"quantization": "fp8"},        # q..down in fp8 e4m3, 128x128 block scales (#23)
@@ -64,12 +67,23 @@ FP8_SUFFIXES = ("_fp8", "_w8a8")   # a path "<p>_fp8" / "<p>_w8a8" is compared w
 NO_ROWS = {"DSPARK_ROW_KERNELS": "0"}
 PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1", "DSPARK_DECODE_CHAIN": "0"},
             "eager_chain": {"DSPARK_DECODE_CHAIN": "1"},   # steps of <= 16 tokens: runtime/token_step.py
+            "eager_chain_vocab": {"DSPARK_DECODE_CHAIN": "1"},
             "eager_chain_torch_ops": {"DSPARK_DECODE_CHAIN": "1", **NO_ROWS},
             "compiled_chain": {"DSPARK_DECODE_CHAIN": "1"},   # (batch 16: verify 128 rows, draft 112)
             "compiled": {"DSPARK_DECODE_CHAIN": "0"},
             **{p: {"DSPARK_DECODE_CHAIN": "0", **NO_ROWS} for p in ("eager_unfused", "eager_fused", "eager_fused_fp8")}}
 HF = "hf_compiled"            # the compiled HF peer's place in --paths (on the current path's weights)
 STEP_KEYS = ("ar_step_ms", "verify_step_ms", "draft_step_ms", "ar_roofline_ms", "ar_roofline_efficiency")
+
+
+def first_ids_vocab(preset: str, size: int) -> str:
+    """A draft-vocabulary file of the ids 0..size-1 for ``preset`` (``models/draft_vocab.py``)."""
+    from dspark_trt.config import get_preset
+    from dspark_trt.commands.draft_vocab import write_draft_vocab
+    V = get_preset(preset).target.vocab_size
+    path = Path(tempfile.gettempdir()) / f"draft-vocab-first-{size}.json"
+    write_draft_vocab(path, torch.arange(size), V, {"ids": f"0..{size - 1} (timing only)"})
+    return str(path)
 
 
 def prefill_logits(llm: LLM, ids) -> torch.Tensor:
@@ -193,6 +207,9 @@ def main() -> int:
     ap.add_argument("--hf-compile-estimate-s", type=float, default=45.0,
                     help="expected time of the first HF batch size (compile included); later ones: "
                          "the previous one's")
+    ap.add_argument("--draft-vocab-size", type=int, default=32768,
+                    help="path eager_chain_vocab: the draft's vocabulary, ids 0..size-1 (random weights: "
+                         "which ids does not change the step's time)")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     a = ap.parse_args()
     a.hbm_tbps = a.hbm_tbps or hbm_bytes_per_s() / 1e12
@@ -250,6 +267,9 @@ def main() -> int:
             gc.collect()
             torch.cuda.empty_cache() if cuda else None
         opts = dict(PATHS[name])
+        if name.endswith("_vocab"):
+            opts["draft_vocab"] = first_ids_vocab(a.model, a.draft_vocab_size)
+            report["shapes"]["draft_vocab_size"] = a.draft_vocab_size
         if opts.get("compile"):
             opts["compile"] = a.compile_backend
         saved_env = {k: os.environ.get(k) for k in PATH_ENV.get(name, {})}

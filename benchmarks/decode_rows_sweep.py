@@ -38,7 +38,9 @@ from dspark_trt import provenance  # noqa: E402
 
 HBM = 4.8e12
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate_up": (24576, 4096, "rmsnorm"),
-          "down": (4096, 12288, "swiglu"), "lm_head": (151936, 4096, "rmsnorm")}
+          "down": (4096, 12288, "swiglu"), "lm_head": (151936, 4096, "rmsnorm"),
+          "draft_head_32k": (32768, 4096, "rmsnorm")}   # a draft vocabulary's head (models/draft_vocab.py)
+DEFAULT_SHAPES = ("qkv", "o", "gate_up", "down", "lm_head")
 # Tensor-core tiles of BLOCK_K 256 (but 64 x 256) and 512 and CUDA-core tiles at 8 tokens lost to these by
 # 1.2-5x on the H200 at Qwen3-8B shapes (decode-rows-NVIDIA-H200-61d9ae4.json.gz) and are not swept.
 DOT_TILES = ((64, 64), (64, 128), (128, 64), (128, 128), (32, 128), (64, 256))
@@ -180,7 +182,7 @@ def _bucket(M: int) -> int:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", default="2,4,8,16")
-    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--shapes", default=",".join(DEFAULT_SHAPES), help=f"of {', '.join(SHAPES)}")
     ap.add_argument("--jobs", type=int, default=14, help="compiling processes (0: compile while timing)")
     ap.add_argument("--rotate-mb", type=float, default=400.0)
     ap.add_argument("--iters", type=int, default=20)

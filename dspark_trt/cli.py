@@ -13,7 +13,7 @@ import logging
 import sys
 
 # sub-command name -> module in dspark_trt.commands (each has add_parser(subparsers) and run(args))
-COMMANDS = ["build", "generate", "bench", "info", "triton_repo", "serve", "train", "calibrate"]
+COMMANDS = ["build", "generate", "bench", "info", "triton_repo", "serve", "train", "calibrate", "draft_vocab"]
 USAGE_ERROR = 2
 
 

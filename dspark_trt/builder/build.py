@@ -96,6 +96,9 @@ class BuildOptions(ModelSource):
             raise ConfigError("no weights: pass --checkpoint and --draft-checkpoint, or --random-weights")
         if o.checkpoint and o.overrides:
             raise ConfigError("--override edits a preset's config; it cannot be combined with --checkpoint")
+        if o.draft_vocab:                                         # a bad file: before anything loads
+            from ..models.draft_vocab import read_draft_vocab
+            read_draft_vocab(o.draft_vocab, None)
         if not o.checkpoint:                                      # unknown preset, too long: say so now
             pair = get_preset(o.model)
             if not o.overrides:                                   # (else checked once loaded)
@@ -107,7 +110,8 @@ class BuildOptions(ModelSource):
     def command_line(self) -> str:
         args = ["dspark-trt", "build", "--model", self.model]
         for name in ("checkpoint", "draft_checkpoint", "dtype", "backend", "max_batch_size", "max_seq_len",
-                     "num_spec_tokens", "page_size", "output", "device", "markov_sampler", "quantization"):
+                     "num_spec_tokens", "page_size", "output", "device", "markov_sampler", "draft_vocab",
+                     "quantization"):
             v = getattr(self, name)
             if v is not None:
                 args += [f"--{name.replace('_', '-')}", str(v)]

@@ -2,7 +2,8 @@
 
 One path for ``LLM.from_preset`` / ``LLM.from_checkpoints`` and the builder: load (checkpoints,
 on the host under tensor parallelism) or build with random weights -> shard for this rank ->
-move -> (builder: fuse projections) -> stack V4 experts. The modules come back holding weights
+move -> (builder: fuse projections) -> stack V4 experts -> the draft's vocabulary
+(``src.draft_vocab``: its head over a frequency-ranked subset, ``models/draft_vocab.py``). The modules come back holding weights
 and shapes only: N (``src.num_spec_tokens``), the Markov sampler mode and the TP world are run
 settings the caller passes on (``LLM(num_spec_tokens=, markov_sampler=, tp=)``, the builder's
 export wrappers).
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelPair, get_preset
+from ..config import ConfigError, ModelPair, get_preset
 from ..config.source import ModelSource
 from ..models import build_models
 from ..models.fuse import fuse_projections_
@@ -44,4 +45,17 @@ def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pai
     if fuse:
         fuse_projections_(target), fuse_projections_(draft)      # one GEMM for q/k/v and for gate/up
     stack_experts_(target), stack_experts_(draft)                # V4 MoE: grouped GEMMs of the chosen experts
+    if src.draft_vocab:
+        apply_draft_vocab_(draft, src.draft_vocab, tp)
     return pair, target, draft
+
+
+def apply_draft_vocab_(draft, path: str, tp=None) -> None:
+    """The draft's head and Markov tables over the tokens of the draft-vocabulary file ``path``."""
+    from ..models.draft_vocab import read_draft_vocab, restrict_draft_vocab_
+    if draft is None:
+        raise ConfigError(f"--draft-vocab {path}: there is no draft")
+    if tp and tp.world > 1:
+        raise ConfigError(f"--draft-vocab {path}: not with tensor parallelism (the draft's head is "
+                          "vocabulary-parallel there)")
+    restrict_draft_vocab_(draft, read_draft_vocab(path, draft.config.backbone.vocab_size))

@@ -165,10 +165,11 @@ def step_latencies(llm, r, iters: int) -> dict:
     fns["target_forward_1_ms"] = graph(lambda: nets.target(tokens[:, :1], pos[:, :1], x.table))
     fns[f"target_forward_{N + 1}_ms"] = graph(lambda: nets.target(tokens, pos, x.table))
     if llm.draft is not None:
-        w1, w2 = llm.draft.markov_weights()
-        U = torch.randn(*z.shape, dtype=nets.dtype, device=z.device)
+        vocab = llm.draft.draft_vocab                    # a draft vocabulary: its sampler's tables
+        anchor, w1, w2 = vocab.markov_inputs(x.anchor) if vocab else (x.anchor, *llm.draft.markov_weights())
+        U = torch.randn(*z.shape[:2], w2.shape[0], dtype=nets.dtype, device=z.device)
         fns["markov_sample_ms"] = graph(lambda: plugins.markov_sample(
-            U, x.anchor, w1, w2, x.temperature, x.seed, x.start))
+            U, anchor, w1, w2, x.temperature, x.seed, x.start))
     cuda = nets.device.type == "cuda"          # CUDA events for eager GPU steps too (TP: no graphs)
     out = {k: time_ms(fn, iters, cuda) for k, fn in fns.items()}
     out["verify_over_ar"] = out["verify_step_ms"] / out["ar_step_ms"]

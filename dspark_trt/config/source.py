@@ -68,6 +68,9 @@ class ModelSource:
     device: str | None = None                # cpu, cuda, cuda:N; None: cuda when available
     num_spec_tokens: int | None = None       # N drafts per round; None: the draft's block size
     markov_sampler: str | None = None        # MARKOV_SAMPLERS; None: exact (an engine's compiled in)
+    draft_vocab: str | None = None           # a draft-vocabulary file (`dspark-trt draft-vocab`):
+                                             # the draft's head over those tokens only
+                                             # (models/draft_vocab.py; an engine's compiled in)
     kv_cache_dtype: str = "auto"             # KV_CACHE_DTYPES: "auto" (the model's dtype) or
                                              # "fp8_ds_mla" (DeepSeek-V4 latent rows in fp8)
     quantization: str | None = None          # QUANTIZATIONS; None / "auto": the checkpoint's or
@@ -115,6 +118,11 @@ FLAGS = {
     "markov_sampler": dict(choices=list(MARKOV_SAMPLERS),
                            help="draft block sampler: exact (default) or topk (fast, lossless); "
                                 "engines have theirs compiled in"),
+    "draft_vocab": dict(metavar="FILE",
+                        help="a draft-vocabulary file (`dspark-trt draft-vocab`): the draft proposes "
+                             "only its tokens and reads only their rows of the head (lossless; "
+                             "acceptance drops where the target picks other tokens); engines have "
+                             "theirs compiled in"),
     "kv_cache_dtype": dict(choices=["auto", "fp8_ds_mla"], default="auto",
                            help="auto (default): KV cache in --dtype; fp8_ds_mla: DeepSeek-V4 MLA "
                                 "latent rows in fp8 (584 B a row at V4's dims, vLLM's layout; eager "

@@ -125,6 +125,20 @@ def sample_block(mode: str, U: Tensor, anchor: Tensor, w1: Tensor, w2: Tensor, t
     return drafts, z_out.copy_(z)
 
 
+def sample_drafts(draft: nn.Module, mode: str, U: Tensor, anchor: Tensor, temperature: Tensor, seed: Tensor,
+                  start: Tensor, z_out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """A draft's Markov sampler over its base logits U [B, w, V] -> drafts [B, w], z [B, w, V]; a
+    draft with a draft vocabulary (``draft_vocab.DraftVocab``) samples over its U [B, w, Vs] and
+    gives token ids and z over the full vocabulary (-inf outside the set)."""
+    vocab = draft.draft_vocab
+    if vocab is None:
+        w1, w2 = draft.markov_weights()
+        return sample_block(mode, U, anchor, w1, w2, temperature, seed, start, z_out)
+    local, w1, w2 = vocab.markov_inputs(anchor)
+    drafts, z = sample_block(mode, U, local, w1, w2, temperature, seed, start)
+    return vocab.to_full(drafts, z, anchor, z_out)
+
+
 class DSparkQwen3Draft(nn.Module):
     """Holds weights and shapes only: N (``num_spec_tokens``, default ``config.block_size``) and
     the Markov sampler mode (default "exact") are arguments of ``block`` / ``forward``."""
@@ -142,6 +156,7 @@ class DSparkQwen3Draft(nn.Module):
         self.norm = RMSNorm(d, lc.rms_norm_eps)
         self.markov_head = MarkovHead(lc.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
         self.confidence_head = None
+        self.draft_vocab = None                     # draft_vocab.restrict_draft_vocab_
         if cfg.enable_confidence_head and cfg.markov_rank:
             self.add_confidence_head()
 
@@ -202,11 +217,10 @@ class DSparkQwen3Draft(nn.Module):
 
     def sample(self, U: Tensor, anchor: Tensor, temperature: Tensor, seed: Tensor, start: Tensor,
                sampler: str = "exact", h: Tensor | None = None, z_out: Tensor | None = None):
-        """The Markov sampler over base logits U [B, w, V] -> drafts [B, w], z [B, w, V]; with the
-        block's post-norm hidden states ``h`` [B, w, d] also their confidence logits [B, w].
-        ``z_out``: the buffer z is written to (``sample_block``)."""
-        w1, w2 = self.markov_weights()
-        drafts, z = sample_block(sampler, U, anchor, w1, w2, temperature, seed, start, z_out)
+        """The Markov sampler over base logits U [B, w, V] (a draft vocabulary's [B, w, Vs]) ->
+        drafts [B, w], z [B, w, V]; with the block's post-norm hidden states ``h`` [B, w, d] also
+        their confidence logits [B, w]. ``z_out``: the buffer z is written to (``sample_block``)."""
+        drafts, z = sample_drafts(self, sampler, U, anchor, temperature, seed, start, z_out)
         if h is None:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

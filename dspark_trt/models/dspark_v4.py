@@ -26,7 +26,7 @@ from ..config import DSparkV4Config
 from ..config.source import resolve_num_spec_tokens
 from ..plugins.noncausal_swa_indices import index_width
 from .deepseek_v4 import V4Block
-from .dspark_qwen3 import (ConfidenceHead, MarkovHead, confidence_logits, markov_weights, sample_block,
+from .dspark_qwen3 import (ConfidenceHead, MarkovHead, confidence_logits, markov_weights, sample_drafts,
                            window_rows)
 from .layers import RMSNorm
 from .v4_hc import HyperHead
@@ -50,6 +50,7 @@ class DSparkV4Draft(nn.Module):
         self.norm = RMSNorm(d, b.rms_norm_eps)
         self.markov_head = MarkovHead(b.vocab_size, cfg.markov_rank) if cfg.markov_rank else None
         self.confidence_head = None           # attached by the loader when the checkpoint has one
+        self.draft_vocab = None               # draft_vocab.restrict_draft_vocab_
 
     def add_confidence_head(self) -> ConfidenceHead:
         """Attach a head ``proj`` [1, d + r] without bias (DeepSeek-V4). Needs a Markov head."""
@@ -119,8 +120,7 @@ class DSparkV4Draft(nn.Module):
         ``z_out``: a buffer for z (``sample_block``)."""
         h = window_rows(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens), width)
         U = self.head(self.norm(h))
-        w1, w2 = self.markov_weights()
-        drafts, z = sample_block(sampler, U, anchor, w1, w2, temperature, seed, start, z_out)
+        drafts, z = sample_drafts(self, sampler, U, anchor, temperature, seed, start, z_out)
         if not with_confidence:
             return drafts, z
         return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)

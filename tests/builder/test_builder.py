@@ -102,9 +102,13 @@ def test_auto_backend_says_why():
             pick_backend("tensorrt")
 
 
-def _tiny_specs():
+def _tiny_specs(draft_ids: torch.Tensor | None = None):
+    """The tiny preset's three networks; ``draft_ids``: the draft over those tokens (``--draft-vocab``)."""
     pair = get_preset(TINY)
     target, draft = build_models(pair, torch.float32, "cpu", seed=0)
+    if draft_ids is not None:
+        from dspark_trt.models.draft_vocab import restrict_draft_vocab_
+        restrict_draft_vocab_(draft, draft_ids)
     return network_specs(target, draft, BuildShapes(4, 64, draft.config.block_size, 8), torch.float32, "cpu")
 
 
@@ -123,28 +127,42 @@ def test_tensorrt_profiles_cover_the_build_ranges():
 def test_onnx_networks_match_eager_with_dspark_nodes():
     """Each network exported to ONNX with dspark-domain nodes, run by onnx.reference with the dspark
     evaluators, equals the eager module (fp32: |diff| <= 1e-5; tokens exact)."""
+    for spec in _tiny_specs():
+        _onnx_matches_eager(spec)
+
+
+def test_onnx_draft_block_with_a_draft_vocabulary_matches_eager():
+    """The draft over 64 of 512 tokens: its head, tables and the scatter of z to the full vocabulary
+    export to ONNX (the TensorRT backend's route) and give the eager drafts and logits."""
+    spec = next(s for s in _tiny_specs(torch.arange(0, 512, 8)) if s.name == "draft_block")
+    _onnx_matches_eager(spec)
+
+
+def _onnx_matches_eager(spec) -> None:
+    """``spec`` exported to ONNX, run by onnx.reference with the dspark evaluators, equals eager."""
     from onnx.reference import ReferenceEvaluator
     from dspark_trt.builder.onnx_network import evaluator_ops, export_onnx
-    for spec in _tiny_specs():
-        model, outputs = export_onnx(spec)
-        nodes = {n.op_type for n in model.graph.node if n.domain == "dspark"}
-        assert "kv_cache_write" in nodes
-        feeds = dict(zip(spec.input_names, spec.args[:-1]))
-        feeds.update({f"cache.{i}": c for i, c in enumerate(spec.args[-1])})
-        got = ReferenceEvaluator(model, new_ops=evaluator_ops()).run(
-            None, {k: v.numpy() for k, v in feeds.items()})
-        caches = [c.clone() for c in spec.args[-1]]
-        want = spec.module(*spec.args[:-1], caches)
-        want = list(want if isinstance(want, tuple) else ())
-        want += [caches[int(n.split(".")[1])] for n in outputs if n.startswith("present.")]
-        assert len(got) == len(want) == len(outputs)
-        for name, g, w in zip(outputs, got, want):
-            if w.dtype == torch.int64:
-                assert np.array_equal(g, w.numpy()), name
-            else:
-                assert np.abs(g - w.numpy()).max() <= 1e-5, name
-        if spec.name == "draft_block":
-            assert "markov_sample" in nodes
+    model, outputs = export_onnx(spec)
+    nodes = {n.op_type for n in model.graph.node if n.domain == "dspark"}
+    assert "kv_cache_write" in nodes
+    feeds = dict(zip(spec.input_names, spec.args[:-1]))
+    feeds.update({f"cache.{i}": c for i, c in enumerate(spec.args[-1])})
+    got = ReferenceEvaluator(model, new_ops=evaluator_ops()).run(
+        None, {k: v.numpy() for k, v in feeds.items()})
+    caches = [c.clone() for c in spec.args[-1]]
+    want = spec.module(*spec.args[:-1], caches)
+    want = list(want if isinstance(want, tuple) else ())
+    want += [caches[int(n.split(".")[1])] for n in outputs if n.startswith("present.")]
+    assert len(got) == len(want) == len(outputs)
+    for name, g, w in zip(outputs, got, want):
+        if w.dtype == torch.int64:
+            assert np.array_equal(g, w.numpy()), name
+        else:                                       # -inf (outside a draft vocabulary) where eager has it
+            w = w.numpy()
+            assert np.array_equal(np.isneginf(g), np.isneginf(w)), name
+            assert np.abs(np.where(np.isneginf(w), 0, g - w)).max() <= 1e-5, name
+    if spec.name == "draft_block":
+        assert "markov_sample" in nodes
 
 
 @pytest.mark.tensorrt

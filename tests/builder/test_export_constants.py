@@ -76,3 +76,21 @@ def test_v4_fp8_target_exports_its_routed_experts_in_mxfp4():
     calls = [n for n in ep.graph.nodes if n.op == "call_function" and "moe_experts" in str(n.target)]
     assert len(calls) == layers and all("moe_experts_mxfp4" in str(n.target) for n in calls)
     _runs_like_eager(spec, ep)
+
+
+def test_draft_block_with_a_draft_vocabulary_exports_and_runs_like_eager(tmp_path):
+    """``build --draft-vocab``: the draft_block network holds the set's head and tables as buffers
+    (no lifted constants) and the exported program gives the eager drafts and logits."""
+    from dspark_trt.commands.draft_vocab import write_draft_vocab
+    path = tmp_path / "v.json"
+    write_draft_vocab(path, torch.arange(0, 512, 8), 512, {})
+    o = BuildOptions(model="qwen3-tiny-dspark", random_weights=True, dtype="fp32", device="cpu",
+                     draft_vocab=str(path), output="unused").resolved()
+    _, target, draft = load_models(o, torch.float32, torch.device("cpu"))
+    assert draft.lm_head.weight.shape[0] == 64 and target.lm_head.weight.shape[0] == 512
+    shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.config.block_size, o.page_size)
+    spec = next(s for s in network_specs(target, draft, shapes, torch.float32, torch.device("cpu"))
+                if s.name == "draft_block")
+    ep, _ = export_network(spec, set(reference_impls()))
+    assert not ep.constants and "draft.draft_vocab.token_ids" in ep.state_dict
+    _runs_like_eager(spec, ep)

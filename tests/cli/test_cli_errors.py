@@ -120,6 +120,8 @@ def test_engine_compiled_in_settings_cannot_be_changed_silently(tmp_path, capsys
     assert_error_line(rc, err, "markov_sampler='exact'", "--markov-sampler topk")
     rc, _, err = run_cli(capsys, *base, "--num-spec-tokens", "2")
     assert_error_line(rc, err, "built with num_spec_tokens=4", "--num-spec-tokens 2")
+    rc, _, err = run_cli(capsys, *base, "--draft-vocab", "v.json")
+    assert_error_line(rc, err, "--draft-vocab v.json", "compiled in")
     with pytest.raises(ValueError, match="built with num_spec_tokens=4"):
         LLM.from_engine(eng, device="cpu", num_spec_tokens=2)
     with pytest.raises(ValueError, match="markov_sampler='exact'"):

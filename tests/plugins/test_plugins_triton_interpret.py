@@ -75,7 +75,9 @@ def test_block_attention_ticket_reuses_counters(results, mask):
                                       "one_gemv", "one_gemv_pipeline", "gemv_ticket_pipeline",
                                       "gemv_b1_pipeline", "one_unpacked",
                                       "one_gemv_b1_sampled", "all_greedy_one", "all_greedy_per_step", "z_out",
-                                      "per_step_groups", "prologue_groups", "rows", "aot", "topk", "topk_wide"])
+                                      "per_step_groups", "prologue_groups", "rows", "aot", "topk", "topk_wide",
+                                      "draft_vocab_one", "draft_vocab_per_step", "draft_vocab_gemv",
+                                      "draft_vocab_topk"])
 def test_markov_sample_kernel(results, schedule):
     r = results[f"markov_sample_{schedule}"]
     assert r["tokens_equal"] and r["err"] < 1e-5

@@ -4,9 +4,12 @@ The exact joint law of the first three generated tokens is enumerated from the t
 12 + 144 forward passes). Speculative decoding then generates those tokens for M independent seeds
 (one batch), and a chi-square goodness-of-fit test on the second and third tokens and on their
 joint must not reject at significance level alpha = 0.001 (expected cells < 5 are pooled). The same
-test must reject a deliberately broken verifier that accepts every draft — so it has power.
+test must reject a deliberately broken verifier that accepts every draft — so it has power. A draft
+over half the vocabulary (``--draft-vocab``) must pass it too.
 """
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ import torch
 
 from dspark_trt import plugins
 from dspark_trt.models import build_models
+from dspark_trt.models.draft_vocab import restrict_draft_vocab_
 from dspark_trt.runtime.scheduler import Scheduler
 from dspark_trt.runtime.llm import LLM
 from dspark_trt.runtime.sampling_params import SamplingParams
@@ -74,6 +78,34 @@ def test_speculative_sampling_matches_target_distribution(llm, draft):
         tokens = sample_tokens(llm)
     pvals = marginal_pvalues(tokens, law)
     assert min(pvals.values()) > ALPHA, pvals
+
+
+def _half_vocab_llm(llm) -> LLM:
+    draft = copy.deepcopy(llm.draft)
+    draft.lm_head = llm.draft.lm_head
+    restrict_draft_vocab_(draft, torch.tensor([0, 2, 3, 5, 7, 11]))
+    return LLM(llm.pair, llm.target, draft, max_batch_size=M, max_seq_len=16, page_size=16)
+
+
+def test_a_draft_vocabulary_keeps_the_target_distribution(llm):
+    """The draft proposes only half the tokens (q = 0 elsewhere, ``models/draft_vocab.py``): the
+    verifier's residual must give the others their whole mass."""
+    pvals = marginal_pvalues(sample_tokens(_half_vocab_llm(llm)), exact_law(llm))
+    assert min(pvals.values()) > ALPHA, pvals
+
+
+def test_a_draft_vocabulary_that_misstates_q_is_detected(llm, monkeypatch):
+    """Logits 0 instead of -inf outside the set (q > 0 where nothing was sampled): rejected."""
+    from dspark_trt.models.draft_vocab import DraftVocab
+    to_full = DraftVocab.to_full
+
+    def zero_outside(self, drafts, z, anchor, z_out=None):
+        tokens, full = to_full(self, drafts, z, anchor, z_out)
+        return tokens, full.nan_to_num(neginf=0.0)
+
+    monkeypatch.setattr(DraftVocab, "to_full", zero_outside)
+    pvals = marginal_pvalues(sample_tokens(_half_vocab_llm(llm)), exact_law(llm))
+    assert min(pvals.values()) < ALPHA, pvals
 
 
 def test_broken_verifier_is_detected(llm, monkeypatch):

@@ -156,6 +156,14 @@ def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
     assert r["ar_1"] == r["ar_0"] == r["spec_1"] == r["spec_0"] == r["threshold_1"] == r["threshold_0"]
 
 
+def test_llm_decode_chain_with_a_draft_vocabulary(llm_runs):
+    """The draft over half the vocabulary: its block passes run through the draft chain, whose
+    head GEMV reads the set's rows only, and greedy speculative output is the modules' AR."""
+    r = llm_runs
+    assert r["draft_chain_calls_vocab"] > 0 and r["draft_chain_head_rows_vocab"] == 48
+    assert r["spec_vocab"] == r["ar_0"]
+
+
 def test_llm_decode_chain_beside_compiled_modules(llm_runs):
     """``compile`` with ``DSPARK_DECODE_CHAIN=1``: the chain takes the steps that fit it (AR steps of
     2 rows here, its limit cut to 4), the compiled modules the larger ones (verify blocks of 2 x 4,

@@ -320,6 +320,20 @@ def _markov_cases(device, dtype, out):
     tt, tz = kmt.markov_sample_topk_triton(*args, 128, 3)
     out["markov_sample_topk_wide"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
 
+    # a draft vocabulary (models/draft_vocab.py): U over 50 of 200 tokens, W1 as [50 + 200, r] (the set's
+    # rows, then every token's) and the anchor's row past the set: kernels index W1 by more rows than U's
+    U, anchor, w1, w2, *rest = markov_inputs(device, dtype, B=4, N=3, V=200)
+    sub = (U[..., :50].contiguous(), torch.where(anchor >= 0, anchor + 50, anchor), torch.cat([w1[:50], w1]),
+           w2[:50].contiguous(), *rest)
+    rt, rz = markov_sample_ref(*sub)
+    for name, kw in (("one", dict(one_launch=True)), ("per_step", dict(one_launch=False)),
+                     ("gemv", dict(one_launch=True, gemv=True, snake=True, block_v=32))):
+        tt, tz = kmk.markov_sample_triton(*sub, **{**tiles, **kw})
+        out[f"markov_sample_draft_vocab_{name}"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+    rt, rz = markov_sample_topk_ref(*sub, 16, 2)
+    tt, tz = kmt.markov_sample_topk_triton(*sub, 16, 2)
+    out["markov_sample_draft_vocab_topk"] = {"tokens_equal": bool(torch.equal(tt, rt)), "err": _err(tz, rz)}
+
     out["markov_packed_argmax"] = packed_argmax_case(device)
 
 

@@ -83,7 +83,28 @@ def llm_runs() -> dict:
         out[f"chain_calls_{chain}"], out[f"draft_chain_calls_{chain}"] = calls["target"], calls["draft"]
         out[f"draft_confidence_chain_calls_{chain}"] = calls["draft_confidence"]
         out[f"module_calls_{chain}"] = calls["modules"]
+    out.update(draft_vocab_run(pair, target, draft, prompts, sp))
     return out
+
+
+def draft_vocab_run(pair, target, draft, prompts, sp) -> dict:
+    """The draft over half the vocabulary (``models/draft_vocab.py``) with the chain: its block
+    passes through the draft chain (the chain's head is the set's), the speculative tokens."""
+    import copy
+    from dspark_trt.models.draft_vocab import restrict_draft_vocab_
+    from dspark_trt.runtime.llm import LLM
+    from dspark_trt.runtime.networks import DECODE_CHAIN_ENV
+    os.environ[DECODE_CHAIN_ENV] = "1"
+    sub = copy.deepcopy(draft)
+    sub.lm_head = draft.lm_head
+    restrict_draft_vocab_(sub, torch.arange(0, pair.target.vocab_size, 2))
+    llm = LLM(pair, target, sub, max_batch_size=2, max_seq_len=48, page_size=8)
+    chain = llm.networks.draft_chain
+    calls, block = [0], chain.draft_logits
+    chain.draft_logits = lambda *a, **kw: (calls.__setitem__(0, calls[0] + 1), block(*a, **kw))[1]
+    out = [o.output_ids for o in llm.generate(prompts, sp)]
+    return {"spec_vocab": out, "draft_chain_calls_vocab": calls[0],
+            "draft_chain_head_rows_vocab": int(chain.lm_head.shape[0])}
 
 
 # (name, rows' context lengths (0: an inert row, anchor -1), N)
