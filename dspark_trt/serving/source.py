@@ -38,7 +38,7 @@ class ServedModel(ModelSource):
             checkpoint, draft = pair
             print(f"[dspark-trt] no model source given: the built-in default pair ({DEFAULT_ASSETS})")
         src = super().from_args(args, engine=path(args.engine), checkpoint=path(checkpoint),
-                                draft_checkpoint=path(draft),
+                                draft_checkpoint=path(draft), draft_vocab=path(getattr(args, "draft_vocab", None)),
                                 max_batch_size=args.max_batch_size or DEFAULT_MAX_BATCH_SIZE,
                                 max_seq_len=args.max_seq_len or DEFAULT_MAX_SEQ_LEN,
                                 tp_size=getattr(args, "tp_size", 1) or 1,

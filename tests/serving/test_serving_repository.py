@@ -129,3 +129,14 @@ def test_config_parses_as_triton_model_config(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["dspark", "python", "True", "3", "9", "6", "qwen3-tiny-dspark"]
+
+
+def test_draft_vocab_is_written_as_an_absolute_path(tmp_path, monkeypatch):
+    """The repository is loaded from Triton's working directory: a relative --draft-vocab is resolved."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "v.json").write_text("{}")
+    assert main(["triton-repo", "--model", "qwen3-tiny-dspark", "--random-weights", "--draft-vocab", "v.json",
+                 "--output", str(tmp_path / "repo")]) == 0
+    params = parameters((tmp_path / "repo" / "dspark" / "config.pbtxt").read_text())
+    assert params["draft_vocab"] == str((tmp_path / "v.json").resolve())
+    assert ServedModel.from_parameters(params).draft_vocab == params["draft_vocab"]
