@@ -445,9 +445,11 @@ def roofline(llm, B: int, context: int, tbps: float) -> dict:
            "ar_roofline_ms": (w + kv) / (tbps * 1e12) * 1e3}
     if llm.pair.draft is not None and llm.networks.num_spec_tokens:
         dc = llm.pair.draft.layer_config()
-        dw = qwen3_weight_bytes(dc, dc.num_hidden_layers, el)   # + the shared (target's) head
+        vocab = getattr(llm.draft, "draft_vocab", None)          # a draft vocabulary: its rows only
+        vs = dc.vocab_size if vocab is None else vocab.token_ids.numel()
+        dw = qwen3_weight_bytes(dc, dc.num_hidden_layers, el, with_head=False) + el * vs * dc.hidden_size  # + head
         dw += el * (len(llm.pair.draft.target_layer_ids) * dc.hidden_size * dc.hidden_size
-                    + dc.hidden_size + 2 * dc.vocab_size * llm.pair.draft.markov_rank)  # fc, hidden_norm, W1/W2
+                    + dc.hidden_size + 2 * vs * llm.pair.draft.markov_rank)  # fc, hidden_norm, W1/W2
         if tp > 1:
             dw = rank_step_bytes(llm.draft)
         dkv = B * context * 2 * dc.num_hidden_layers * dc.num_key_value_heads // tp * dc.head_dim * el

@@ -157,17 +157,18 @@ def test_greedy_speculative_generation_with_a_draft_vocabulary_equals_the_target
     assert sum(s.stats.tau for s in spec) / len(spec) > 1.0     # and the draft still gets some accepted
 
 
-def test_preset_with_draft_vocab_file_generates_like_without_it(tmp_path):
-    """``LLM.from_preset(draft_vocab=)``: the path through ``prepare_models``, greedy tokens equal."""
+@pytest.mark.parametrize("name,head", [("qwen3-tiny-dspark", "lm_head"), ("deepseek-v4-tiny-dspark", "head")])
+def test_preset_with_draft_vocab_file_generates_like_without_it(tmp_path, name, head):
+    """``LLM.from_preset(draft_vocab=)``: the path through ``prepare_models``, greedy tokens equal
+    (Qwen3 and DeepSeek-V4 drafts)."""
     from dspark_trt.config import get_preset
-    name = "qwen3-tiny-dspark"
     Vt = get_preset(name).target.vocab_size
     path = tmp_path / "v.json"
     write_draft_vocab(path, torch.arange(0, Vt, 4), Vt, {})
     kw = dict(seed=0, dtype=torch.float32, device="cpu", max_batch_size=2, max_seq_len=64)
     sub = LLM.from_preset(name, draft_vocab=str(path), **kw)
     full = LLM.from_preset(name, **kw)
-    assert sub.draft.lm_head.weight.shape[0] == Vt // 4 and sub.target.lm_head.weight.shape[0] == Vt
+    assert getattr(sub.draft, head).weight.shape[0] == Vt // 4 and getattr(sub.target, head).weight.shape[0] == Vt
     sp = SamplingParams(max_new_tokens=16, ignore_eos=True)
     prompts = [[5, 17, 42, 99, 3], [7, 7, 300, 12]]
     assert [o.output_ids for o in sub.generate(prompts, sp)] == [o.output_ids for o in full.generate(prompts, sp)]

@@ -34,6 +34,19 @@ def test_roofline_counts_the_weights_a_step_reads(llm):
     assert r["ar_roofline_ms"] == pytest.approx((r["target_weight_bytes"] + r["target_kv_read_bytes"]) / 1e9)
 
 
+def test_roofline_of_a_draft_vocabulary_counts_its_rows_only(llm, tmp_path):
+    """The draft's head and W1 / W2 over 128 of 512 tokens: 384 rows fewer of each; the target's unchanged."""
+    from dspark_trt.commands.draft_vocab import write_draft_vocab
+    path = tmp_path / "v.json"
+    write_draft_vocab(path, torch.arange(0, 512, 4), 512, {})
+    sub = LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu", max_batch_size=2,
+                          max_seq_len=32, page_size=8, draft_vocab=str(path))
+    full, part = roofline(llm, B=1, context=10, tbps=1.0), roofline(sub, B=1, context=10, tbps=1.0)
+    d, r = llm.pair.draft.layer_config().hidden_size, llm.pair.draft.markov_rank
+    assert full["draft_weight_bytes"] - part["draft_weight_bytes"] == 4 * 384 * (d + 2 * r)
+    assert part["target_weight_bytes"] == full["target_weight_bytes"]
+
+
 def test_roofline_of_an_fp8_target_counts_fp8_bytes():
     fp8 = LLM.from_preset("qwen3-tiny-dspark", dtype=torch.float32, device="cpu", max_batch_size=2,
                           max_seq_len=32, page_size=8, quantization="fp8")
