@@ -104,9 +104,10 @@ class DraftVocab(nn.Module):
         written into ``z_out`` when given."""
         tokens = torch.where(drafts >= 0, self.token_ids[drafts.clamp(min=0)], -1)
         B, w, _ = z.shape
-        full = z.new_full((B, w, self.vocab_size), float("-inf")) if z_out is None else z_out.fill_(float("-inf"))
-        full.index_copy_(2, self.token_ids, z.to(full.dtype))
-        full.masked_fill_((anchor < 0)[:, None, None], 0.0)
+        fill = torch.where(anchor < 0, 0.0, float("-inf")).to(torch.float32)            # [B]
+        full = z.new_empty(B, w, self.vocab_size, dtype=torch.float32) if z_out is None else z_out
+        full.copy_(fill[:, None, None].expand(B, w, self.vocab_size))   # one pass; the set's columns next
+        full.index_copy_(2, self.token_ids, z.to(full.dtype))           # (inert rows: the sampler's 0)
         return tokens, full
 
 
