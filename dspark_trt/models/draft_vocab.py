@@ -117,9 +117,9 @@ def restrict_draft_vocab_(draft: nn.Module, token_ids: Tensor) -> None:
     name = "lm_head" if hasattr(draft, "lm_head") else "head"
     head = getattr(draft, name)
     if type(head) is not nn.Linear or head.weight.dtype not in WIDE_DTYPES:
-        raise ConfigError(f"a draft vocabulary needs the draft's head as one plain {tuple(head.weight.shape)} "
-                          f"matrix; it is a {type(head).__name__} of {head.weight.dtype} (tensor parallel "
-                          "or quantised heads are not supported)")
+        what = f"{type(head).__name__}" + (f" of {head.weight.dtype}" if type(head) is nn.Linear else "")
+        raise ConfigError(f"a draft vocabulary needs the draft's head as one plain Linear; it is a {what} "
+                          "(tensor-parallel or quantised heads are not supported)")
     V, d = head.weight.shape
     if getattr(draft, "draft_vocab", None) is not None:
         raise ConfigError("the draft already has a draft vocabulary")

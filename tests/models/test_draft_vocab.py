@@ -135,6 +135,17 @@ def test_restricting_twice_or_past_the_head_is_refused():
         restrict_draft_vocab_(copy.deepcopy(draft), torch.tensor([2, 64]))
 
 
+def test_a_head_that_is_not_one_plain_matrix_is_refused_by_name():
+    _, _, draft = _pair_models()
+    d = copy.deepcopy(draft)
+    d.lm_head = torch.nn.Sequential(d.lm_head)                  # e.g. a vocabulary-parallel head
+    with pytest.raises(ConfigError, match="it is a Sequential"):
+        restrict_draft_vocab_(d, torch.arange(4))
+    d.lm_head = copy.deepcopy(draft.lm_head).to(torch.float8_e4m3fn)
+    with pytest.raises(ConfigError, match="Linear of torch.float8_e4m3fn"):
+        restrict_draft_vocab_(d, torch.arange(4))
+
+
 def test_markov_tables_index_the_set_then_every_token():
     w1, w2 = torch.randn(V, 4), torch.randn(V, 4)
     vocab = DraftVocab(torch.tensor([2, 9]), w1, w2)
