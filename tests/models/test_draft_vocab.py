@@ -227,3 +227,29 @@ def test_draft_vocab_command_refuses_bad_texts(tmp_path, capsys):
     assert main(["draft-vocab", "--texts", str(texts), "--size", "4", "--out", str(tmp_path / "v.json")]) == 2
     err = capsys.readouterr().err
     assert f"{texts}:2" in err and "no string field" in err and not (tmp_path / "v.json").exists()
+
+
+def test_confidence_rounds_write_the_full_z_into_the_callers_buffer():
+    """``draft_block_confidence(..., z_out=)`` (the CUDA graphs' shared z buffer of confidence
+    rounds) with a draft vocabulary: z [B, w, V] written into the buffer, equal to the call without
+    it, and the confidence logits from the drafts' token ids; scheduled rounds stay lossless."""
+    pair, target, draft = _pair_models(seed=4)
+    draft.add_confidence_head()
+    sub = _restricted(draft, torch.arange(0, V, 3))
+    llm = LLM(pair, target, sub, max_batch_size=2, max_seq_len=64, page_size=8)
+    nets = llm.networks
+    table = torch.arange(2 * 4).view(2, 4)
+    _, taps = nets.target(torch.tensor([[5, 9, 2, 7], [1, 3, 3, 8]]), torch.arange(4).repeat(2, 1), table)
+    nets.draft_context(taps, torch.arange(4).repeat(2, 1), table)
+    args = (torch.tensor([4, 6]), torch.tensor([4, 4]), table, torch.tensor([0.0, 0.9]), torch.tensor([3, 4]))
+    want = nets.draft_block_confidence(*args, width=3)
+    buf = torch.full((2, 3, V), float("nan"), dtype=torch.float32)
+    got = nets.draft_block_confidence(*args, width=3, z_out=buf)
+    assert got[1].data_ptr() == buf.data_ptr()
+    assert all(torch.equal(a, b) for a, b in zip(want, got))
+    assert torch.isin(got[0], torch.arange(0, V, 3)).all() and torch.isfinite(got[2]).all()
+    sp = SamplingParams(max_new_tokens=16, ignore_eos=True, verify_mode="scheduled")
+    prompts = [[5, 9, 2, 7], [1, 3, 3, 8, 11]]
+    assert [o.output_ids for o in llm.generate(prompts, sp)] == \
+        [o.output_ids for o in llm.generate(prompts, SamplingParams(max_new_tokens=16, ignore_eos=True),
+                                            speculative=False)]
