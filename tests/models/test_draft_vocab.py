@@ -253,3 +253,18 @@ def test_confidence_rounds_write_the_full_z_into_the_callers_buffer():
     assert [o.output_ids for o in llm.generate(prompts, sp)] == \
         [o.output_ids for o in llm.generate(prompts, SamplingParams(max_new_tokens=16, ignore_eos=True),
                                             speculative=False)]
+
+
+def test_tensor_parallel_runs_refuse_a_draft_vocabulary(tmp_path):
+    """Under TP the draft's head is the target's vocabulary-parallel one: refused, naming why."""
+    from types import SimpleNamespace
+    from dspark_trt.checkpoints.prepare import apply_draft_vocab_
+    _, _, draft = _pair_models()
+    path = tmp_path / "v.json"
+    write_draft_vocab(path, torch.arange(8), V, {})
+    with pytest.raises(ConfigError, match="tensor parallelism"):
+        apply_draft_vocab_(draft, str(path), SimpleNamespace(world=2))
+    with pytest.raises(ConfigError, match="no draft"):
+        apply_draft_vocab_(None, str(path))
+    apply_draft_vocab_(draft, str(path), SimpleNamespace(world=1))
+    assert draft.lm_head.weight.shape[0] == 8
