@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..config import ConfigError
+
 TEXT_KEYS = ("text", "prompt")
 BATCH = 256
 
@@ -29,7 +31,6 @@ def add_parser(sub) -> None:
 
 def read_texts(path: Path) -> list[str]:
     """One file's texts; ``ConfigError`` naming the file and line that is not one."""
-    from ..config import ConfigError
     try:
         raw = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
@@ -54,7 +55,6 @@ def read_texts(path: Path) -> list[str]:
 def count_tokens(tokenizer, texts: list[str], vocab_size: int):
     """Token counts [V] int64 of ``texts``; ``ConfigError`` if the tokenizer gives ids past V."""
     import torch
-    from ..config import ConfigError
     from ..progress import bar
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for i in bar(range(0, len(texts), BATCH), desc="tokenizing", unit="batch"):
@@ -68,18 +68,36 @@ def count_tokens(tokenizer, texts: list[str], vocab_size: int):
 
 
 def write_draft_vocab(path, token_ids, vocab_size: int, source: dict) -> None:
-    """The draft-vocabulary file of ``token_ids`` [Vs], written whole (``atomic_write``)."""
+    """The draft-vocabulary file of ``token_ids`` [Vs], written whole (``atomic_write``). An existing
+    file is replaced only if it is a draft-vocabulary file: anything else there is the user's, and
+    ``ConfigError`` says so before anything is written."""
     from ..atomic_write import write_text_atomic
     from ..models.draft_vocab import draft_vocab_json
+    check_out(Path(path))
     write_text_atomic(Path(path), draft_vocab_json(token_ids, vocab_size, source))
 
 
+def check_out(path: Path) -> None:
+    """``--out`` may be new or a draft-vocabulary file (replaced), nothing else."""
+    from ..models.draft_vocab import FORMAT
+    if path.is_dir():
+        raise ConfigError(f"--out {path}: is a directory; give the file to write")
+    if path.exists():
+        try:
+            ours = json.loads(path.read_text()).get("format") == FORMAT
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            ours = False
+        if not ours:
+            raise ConfigError(f"--out {path}: exists and is not a draft-vocabulary file; nothing was "
+                              "written (choose another path)")
+
+
 def run(args) -> int:
-    from ..config import ConfigError
     from ..config.checks import read_json
     from ..config.source import default_pair_dirs
     from ..models.draft_vocab import rank_tokens
     from ..runtime.llm import load_tokenizer
+    check_out(Path(args.out))                            # before the corpus is read
     ckpt = Path(args.checkpoint) if args.checkpoint else (default_pair_dirs() or (None,))[0]
     if ckpt is None:
         raise ConfigError("no --checkpoint and no built-in default pair")

@@ -220,6 +220,24 @@ def test_draft_vocab_command_ranks_the_corpus_tokens_and_generate_reads_the_file
     assert err.startswith("error: ") and str(bad) in err and err.count("\n") == 1
 
 
+def test_draft_vocab_command_never_replaces_a_file_that_is_not_a_draft_vocabulary(tmp_path, capsys):
+    """--out over a user's other file: one error line, the file untouched; over an older draft
+    vocabulary: replaced."""
+    from dspark_trt.cli import main
+    texts = tmp_path / "c.txt"
+    texts.write_text("def f(x):\n    return x\n")
+    other = tmp_path / "config.json"
+    other.write_text('{"vocab_size": 8192}')
+    args = ["draft-vocab", "--texts", str(texts), "--size", "4", "--out"]
+    assert main(args + [str(other)]) == 2
+    assert "not a draft-vocabulary file" in capsys.readouterr().err
+    assert other.read_text() == '{"vocab_size": 8192}'
+    assert main(args + [str(tmp_path)]) == 2 and "is a directory" in capsys.readouterr().err
+    vocab = tmp_path / "v.json"
+    assert main(args + [str(vocab)]) == 0 and read_draft_vocab(vocab, 8192).numel() == 4
+    assert main(args[:-2] + ["8", "--out", str(vocab)]) == 0 and read_draft_vocab(vocab, 8192).numel() == 8
+
+
 def test_draft_vocab_command_refuses_bad_texts(tmp_path, capsys):
     from dspark_trt.cli import main
     texts = tmp_path / "c.jsonl"
