@@ -97,8 +97,8 @@ class BuildOptions(ModelSource):
         if o.checkpoint and o.overrides:
             raise ConfigError("--override edits a preset's config; it cannot be combined with --checkpoint")
         if o.draft_vocab:                                         # a bad file: before anything loads
-            from ..models.draft_vocab import read_draft_vocab
-            read_draft_vocab(o.draft_vocab, None)
+            from ..checkpoints.prepare import check_draft_vocab
+            check_draft_vocab(o.draft_vocab, o.tp_size)
         if not o.checkpoint:                                      # unknown preset, too long: say so now
             pair = get_preset(o.model)
             if not o.overrides:                                   # (else checked once loaded)

@@ -1,7 +1,7 @@
 """``dspark-trt draft-vocab``: the draft's frequency-ranked sub-vocabulary from a text corpus.
 
 Tokenizes ``--texts`` with the target's tokenizer, keeps the ``--size`` most frequent token ids
-(with the end-of-sequence ids) and writes the file ``--draft-vocab`` reads
+(with the end-of-sequence ids of config.json and generation_config.json) and writes the file ``--draft-vocab`` reads
 (``models/draft_vocab.py``). Prints the share of the corpus's tokens the set covers: the draft
 can propose only those, so its acceptance falls roughly where the target picks others.
 
@@ -92,6 +92,11 @@ def check_out(path: Path) -> None:
                               "written (choose another path)")
 
 
+def as_list(ids) -> list[int]:
+    """A config's ``eos_token_id`` (an int, a list or None) as a list."""
+    return [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+
+
 def run(args) -> int:
     from ..config.checks import read_json
     from ..config.source import default_pair_dirs
@@ -108,8 +113,8 @@ def run(args) -> int:
     V = cfg.get("vocab_size")
     if not isinstance(V, int) or V <= 0:
         raise ConfigError(f"{ckpt / 'config.json'}: no positive vocab_size")
-    eos = cfg.get("eos_token_id") or []
-    eos = [eos] if isinstance(eos, int) else list(eos)
+    gen = ckpt / "generation_config.json"                # the runtime's stop ids come from both
+    eos = [e for d in (cfg, read_json(gen) if gen.exists() else {}) for e in as_list(d.get("eos_token_id"))]
     texts = [t for f in args.texts for t in read_texts(Path(f))]
     counts = count_tokens(tokenizer, texts, V)
     ids = rank_tokens(counts, args.size, tuple(eos))

@@ -64,9 +64,10 @@ def read_draft_vocab(path: str | Path, vocab_size: int | None) -> Tensor:
         raise ConfigError(f"{where}: not a draft-vocabulary file (no \"format\": \"{FORMAT}\")")
     if doc.get("version") != VERSION:
         raise ConfigError(f"{where}: version {doc.get('version')!r}, this build reads version {VERSION}")
-    if vocab_size is None and type(doc.get("vocab_size")) is int and doc["vocab_size"] > 0:
-        vocab_size = doc["vocab_size"]
-    if doc.get("vocab_size") != vocab_size:
+    if type(doc.get("vocab_size")) is not int or doc["vocab_size"] <= 0:
+        raise ConfigError(f"{where}: \"vocab_size\" must be a positive integer, got {doc.get('vocab_size')!r}")
+    vocab_size = doc["vocab_size"] if vocab_size is None else vocab_size
+    if doc["vocab_size"] != vocab_size:
         raise ConfigError(f"{where}: made for a vocabulary of {doc.get('vocab_size')} tokens, the "
                           f"model has {vocab_size}")
     ids = doc.get("token_ids")
@@ -123,8 +124,11 @@ def restrict_draft_vocab_(draft: nn.Module, token_ids: Tensor) -> None:
     V, d = head.weight.shape
     if getattr(draft, "draft_vocab", None) is not None:
         raise ConfigError("the draft already has a draft vocabulary")
-    if token_ids.numel() and int(token_ids.max()) >= V:
-        raise ConfigError(f"draft vocabulary: token ids up to {int(token_ids.max())}, the head has {V} rows")
+    if token_ids.numel() == 0 or int(token_ids.min()) < 0 or int(token_ids.max()) >= V:
+        raise ConfigError(f"draft vocabulary: {token_ids.numel()} token ids, each must be in 0..{V - 1} "
+                          f"(the head's rows)")
+    if token_ids.unique().numel() != token_ids.numel():        # a repeated id: q twice what z says
+        raise ConfigError("draft vocabulary: token ids repeat")
     ids = token_ids.to(head.weight.device)
     w1, w2 = draft.markov_weights()                      # the Markov head's [V, r] (rank 0: [V, 0])
     sub = nn.Linear(d, ids.numel(), bias=False, device=head.weight.device, dtype=head.weight.dtype)

@@ -80,8 +80,8 @@ class DSparkV4Draft(nn.Module):
 
     def block(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,
               num_spec_tokens: int | None = None) -> Tensor:
-        """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1);
-        N = ``num_spec_tokens`` (None: the trained ``config.block_size``)."""
+        """anchor [B] at position start [B] (= P) -> base logits U [B, N, V] (row k predicts P+k+1;
+        a draft vocabulary's [B, N, Vs]); N = ``num_spec_tokens`` (None: the trained ``config.block_size``)."""
         return self.head(self.norm(self.block_hidden(anchor, start, block_table, cache, num_spec_tokens)))
 
     def block_hidden(self, anchor: Tensor, start: Tensor, block_table: Tensor, cache: dict,

@@ -232,8 +232,8 @@ class LLM:
         device = str(resolve_device(src.device))
         resolve_dtype(src.dtype, device)                  # a bad name fails before anything loads
         if src.draft_vocab and not src.engine:            # so does a bad draft-vocabulary file
-            from ..models.draft_vocab import read_draft_vocab
-            read_draft_vocab(src.draft_vocab, None)
+            from ..checkpoints.prepare import check_draft_vocab
+            check_draft_vocab(src.draft_vocab, src.tp_size)
         kw.update(max_batch_size=src.max_batch_size, max_seq_len=src.max_seq_len,
                   markov_sampler=src.markov_sampler)
         if src.kv_cache_dtype != "auto":

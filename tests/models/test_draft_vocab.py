@@ -47,6 +47,8 @@ def test_draft_vocab_file_round_trips(tmp_path):
     ("not json", "not a readable JSON"),
     ({"format": "other"}, "not a draft-vocabulary file"),
     ({"format": "dspark-draft-vocab", "version": 9}, "version 9"),
+    ({"format": "dspark-draft-vocab", "version": 1, "token_ids": [1]}, "vocab_size.*positive integer"),
+    ({"format": "dspark-draft-vocab", "version": 1, "vocab_size": "64", "token_ids": [1]}, "positive integer"),
     ({"format": "dspark-draft-vocab", "version": 1, "vocab_size": 32, "token_ids": [1]}, "vocabulary of 32"),
     ({"format": "dspark-draft-vocab", "version": 1, "vocab_size": V, "token_ids": []}, "non-empty list"),
     ({"format": "dspark-draft-vocab", "version": 1, "vocab_size": V, "token_ids": [1, "2"]}, "non-empty list"),
@@ -56,9 +58,12 @@ def test_draft_vocab_file_round_trips(tmp_path):
 def test_bad_draft_vocab_files_are_refused_naming_what_is_wrong(tmp_path, doc, msg):
     path = tmp_path / "v.json"
     path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
-    with pytest.raises(ConfigError, match=msg) as e:
-        read_draft_vocab(path, V)
-    assert str(path) in str(e.value)
+    for vocab_size in (V, None):                      # None: the check before the model loads
+        if vocab_size is None and "vocabulary of 32" in msg:
+            continue                                  # (a file's own vocabulary: checked once loaded)
+        with pytest.raises(ConfigError, match=msg) as e:
+            read_draft_vocab(path, vocab_size)
+        assert str(path) in str(e.value)
     with pytest.raises(ConfigError, match="no such file"):
         read_draft_vocab(tmp_path / "missing.json", V)
 
@@ -131,8 +136,11 @@ def test_restricting_twice_or_past_the_head_is_refused():
     sub = _restricted(draft, torch.arange(4))
     with pytest.raises(ConfigError, match="already"):
         restrict_draft_vocab_(sub, torch.arange(4))
-    with pytest.raises(ConfigError, match="64 rows"):
-        restrict_draft_vocab_(copy.deepcopy(draft), torch.tensor([2, 64]))
+    for bad in ([2, 64], [-1, 2], []):
+        with pytest.raises(ConfigError, match=r"each must be in 0\.\.63"):
+            restrict_draft_vocab_(copy.deepcopy(draft), torch.tensor(bad, dtype=torch.long))
+    with pytest.raises(ConfigError, match="repeat"):                 # q would be twice what z says
+        restrict_draft_vocab_(copy.deepcopy(draft), torch.tensor([3, 5, 3]))
 
 
 def test_a_head_that_is_not_one_plain_matrix_is_refused_by_name():
@@ -284,5 +292,13 @@ def test_tensor_parallel_runs_refuse_a_draft_vocabulary(tmp_path):
         apply_draft_vocab_(draft, str(path), SimpleNamespace(world=2))
     with pytest.raises(ConfigError, match="no draft"):
         apply_draft_vocab_(None, str(path))
+    from dspark_trt.cli import main                                # the CLI: before anything loads
+    import contextlib
+    import io
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = main(["generate", "--model", "qwen3-tiny-dspark", "--device", "cpu", "--tp-size", "2",
+                   "--draft-vocab", str(path), "--prompt-ids", "1"])
+    assert rc == 2 and "--tp-size 2" in err.getvalue() and err.getvalue().count("\n") == 1
     apply_draft_vocab_(draft, str(path), SimpleNamespace(world=1))
     assert draft.lm_head.weight.shape[0] == 8
