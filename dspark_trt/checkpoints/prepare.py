@@ -50,20 +50,20 @@ def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pai
     return pair, target, draft
 
 
-def check_draft_vocab(path: str, tp_size: int = 1) -> None:
-    """What can be checked of ``--draft-vocab`` before any weights load: the file (its own
-    vocabulary) and no tensor parallelism (the draft's head is vocabulary-parallel there)."""
+def check_draft_vocab(path: str, tp_size: int = 1, vocab_size: int | None = None):
+    """``--draft-vocab``'s token ids [Vs] after its checks: no tensor parallelism (the draft's head
+    is vocabulary-parallel there) and the file (``vocab_size`` None: its own vocabulary, what can be
+    checked before any weights load)."""
     from ..models.draft_vocab import read_draft_vocab
     if tp_size > 1:
         raise ConfigError(f"--draft-vocab {path}: not with tensor parallelism (--tp-size {tp_size}: the "
                           "draft's head is vocabulary-parallel there)")
-    read_draft_vocab(path, None)
+    return read_draft_vocab(path, vocab_size)
 
 
 def apply_draft_vocab_(draft, path: str, tp=None) -> None:
     """The draft's head and Markov tables over the tokens of the draft-vocabulary file ``path``."""
-    from ..models.draft_vocab import read_draft_vocab, restrict_draft_vocab_
+    from ..models.draft_vocab import restrict_draft_vocab_
     if draft is None:
         raise ConfigError(f"--draft-vocab {path}: there is no draft")
-    check_draft_vocab(path, tp.world if tp else 1)
-    restrict_draft_vocab_(draft, read_draft_vocab(path, draft.config.backbone.vocab_size))
+    restrict_draft_vocab_(draft, check_draft_vocab(path, tp.world if tp else 1, draft.config.backbone.vocab_size))

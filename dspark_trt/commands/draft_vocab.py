@@ -113,7 +113,7 @@ def run(args) -> int:
     V = cfg.get("vocab_size")
     if not isinstance(V, int) or V <= 0:
         raise ConfigError(f"{ckpt / 'config.json'}: no positive vocab_size")
-    gen = ckpt / "generation_config.json"                # the runtime's stop ids come from both
+    gen = ckpt / "generation_config.json"   # either file's: Qwen3 runs stop on this one's, V4 on config.json's
     eos = [e for d in (cfg, read_json(gen) if gen.exists() else {}) for e in as_list(d.get("eos_token_id"))]
     texts = [t for f in args.texts for t in read_texts(Path(f))]
     counts = count_tokens(tokenizer, texts, V)
