@@ -10,15 +10,12 @@ with its 95 % interval over prompts (a ``draft_vocab_acceptance.py`` JSON). Read
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-def load(path: str) -> dict:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)
+from benchmarks.plot_fp8_engine_linear import load, save_png  # noqa: E402
 
 
 def draft_steps(docs: list[dict]) -> dict[int, dict[int, dict]]:
@@ -83,15 +80,7 @@ def main() -> None:
         ax.set_title(f"{acc['model']} (V = {acc['vocab_size']}), {acc['device']} ({acc['git_sha']})", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    out = Path(args.out)
-    fig.savefig(out, dpi=90)
-    try:                                            # 256-colour palette: a few tens of KB
-        from PIL import Image
-        Image.open(out).convert("RGB").quantize(256).save(out, optimize=True)
-    except ImportError:
-        pass
-    print(f"wrote {out}")
+    save_png(fig, args.out)
 
 
 if __name__ == "__main__":

@@ -59,10 +59,15 @@ def main() -> None:
     ax.set_title(f"{d['layers']} Qwen3-8B layers' projections, AOTI with dynamic tokens, {d['gpu']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
+    save_png(fig, args.out)
+
+
+def save_png(fig, path: str) -> None:
+    """``fig`` as a PNG at ``path``, in a 256-colour palette where PIL is installed (a few tens of KB)."""
     fig.tight_layout()
-    out = Path(args.out)
+    out = Path(path)
     fig.savefig(out, dpi=90)
-    try:                                            # 256-colour palette: a few tens of KB
+    try:
         from PIL import Image
         Image.open(out).convert("RGB").quantize(256).save(out, optimize=True)
     except ImportError:
