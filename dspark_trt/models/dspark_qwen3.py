@@ -40,13 +40,17 @@ class MarkovHead(nn.Module):
         return self.markov_w2(self.markov_w1(prev))
 
 
-def markov_weights(head: MarkovHead | None, vocab_size: int, like: Tensor) -> tuple[Tensor, Tensor]:
-    """(W1 [V, r], W2 [V, r]) for the sampler; no head (rank 0, DFlash) gives [V, 0] matrices
-    with the dtype and device of ``like``."""
-    if head is None:
-        w = like.new_zeros(vocab_size, 0)
+def markov_weights(draft: nn.Module, like: Tensor) -> tuple[Tensor, Tensor]:
+    """A draft's (W1 [V, r], W2 [V, r]) for the sampler; no head (rank 0, DFlash) gives [V, 0]
+    matrices with the dtype and device of ``like``. A draft with a draft vocabulary has given its
+    tables to ``draft.draft_vocab`` (``markov_inputs``)."""
+    if draft.draft_vocab is not None:
+        raise RuntimeError("this draft samples over a draft vocabulary: its Markov tables are "
+                           "draft.draft_vocab.markov_inputs(anchor)")
+    if draft.markov_head is None:
+        w = like.new_zeros(draft.config.backbone.vocab_size, 0)
         return w, w
-    return head.markov_w1.weight, head.markov_w2.weight
+    return draft.markov_head.markov_w1.weight, draft.markov_head.markov_w2.weight
 
 
 class ConfidenceHead(nn.Module):
@@ -70,12 +74,14 @@ def window_rows(h: Tensor, width: int | None) -> Tensor:
     return h if width is None else h[:, :width].contiguous()                      # [B, w, d]
 
 
-def confidence_logits(head: ConfidenceHead, markov: MarkovHead, h: Tensor, anchor: Tensor,
-                      drafts: Tensor) -> Tensor:
-    """Confidence logits [B, N] of a sampled block: row k uses h_k and W1[x_{k-1}] (x_{-1} = anchor);
-    inert rows (anchor < 0) get -inf (c = 0)."""
+def confidence_logits(draft: nn.Module, h: Tensor, anchor: Tensor, drafts: Tensor) -> Tensor:
+    """A draft's confidence logits [B, N] of a sampled block: row k uses h_k and W1[x_{k-1}]
+    (x_{-1} = anchor; W1 of the Markov head or of the draft vocabulary); inert rows (anchor < 0)
+    get -inf (c = 0)."""
     prev = torch.cat([anchor[:, None], drafts[:, :-1]], 1).clamp(min=0)
-    c = head(h, markov.markov_w1(prev))
+    vocab = draft.draft_vocab
+    w1_prev = draft.markov_head.markov_w1(prev) if vocab is None else vocab.w1_rows(prev)
+    c = draft.confidence_head(h, w1_prev)
     return torch.where((anchor >= 0)[:, None], c, float("-inf"))
 
 
@@ -176,7 +182,7 @@ class DSparkQwen3Draft(nn.Module):
                                    local_kv_heads(self.layers, c), c.head_dim, dtype, device)
 
     def markov_weights(self) -> tuple[Tensor, Tensor]:
-        return markov_weights(self.markov_head, self.config.backbone.vocab_size, self.lm_head.weight)
+        return markov_weights(self, self.lm_head.weight)
 
     def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
@@ -223,7 +229,7 @@ class DSparkQwen3Draft(nn.Module):
         drafts, z = sample_drafts(self, sampler, U, anchor, temperature, seed, start, z_out)
         if h is None:
             return drafts, z
-        return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)
+        return drafts, z, confidence_logits(self, h, anchor, drafts)
 
     def forward(self, anchor: Tensor, start: Tensor, block_table: Tensor, temperature: Tensor,
                 seed: Tensor, cache: dict, with_confidence: bool = False,

@@ -68,7 +68,7 @@ class DSparkV4Draft(nn.Module):
         return sum(s.attn.bytes_per_token(dtype) for s in self.layers)
 
     def markov_weights(self) -> tuple[Tensor, Tensor]:
-        return markov_weights(self.markov_head, self.config.backbone.vocab_size, self.head.weight)
+        return markov_weights(self, self.head.weight)
 
     def context(self, taps: Tensor, positions: Tensor, block_table: Tensor, cache: dict) -> None:
         """taps [B, T, m*d] of committed target rows at positions [B, T] (-1 = skip)."""
@@ -123,4 +123,4 @@ class DSparkV4Draft(nn.Module):
         drafts, z = sample_drafts(self, sampler, U, anchor, temperature, seed, start, z_out)
         if not with_confidence:
             return drafts, z
-        return drafts, z, confidence_logits(self.confidence_head, self.markov_head, h, anchor, drafts)
+        return drafts, z, confidence_logits(self, h, anchor, drafts)

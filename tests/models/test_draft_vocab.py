@@ -14,6 +14,7 @@ import torch
 from dspark_trt.config import ConfigError
 from dspark_trt.models import build_models
 from dspark_trt.commands.draft_vocab import write_draft_vocab
+from dspark_trt.models.dspark_qwen3 import confidence_logits
 from dspark_trt.models.draft_vocab import DraftVocab, rank_tokens, read_draft_vocab, restrict_draft_vocab_
 from dspark_trt.plugins.markov_sample import markov_sample_ref
 from dspark_trt.runtime import LLM, SamplingParams
@@ -160,6 +161,27 @@ def test_markov_tables_index_the_set_then_every_token():
     local, t1, t2 = vocab.markov_inputs(torch.tensor([9, -1]))
     assert local.tolist() == [11, -1] and torch.equal(t1[11], w1[9]) and torch.equal(t1[1], w1[9])
     assert torch.equal(t2, w2[[2, 9]])
+
+
+def test_the_set_replaces_the_markov_head_holding_w1_once_and_the_sets_w2_rows_with_equal_confidence():
+    """The restricted draft holds W1 [Vs + V, r] and W2 [Vs, r] only (not the Markov head's W1 and
+    W2 beside them); its confidence logits equal the full draft's for the same drafts."""
+    _, _, draft = _pair_models(seed=4)
+    draft.add_confidence_head()
+    ids = torch.arange(0, V, 3)
+    sub = _restricted(draft, ids)
+    r, Vs = draft.config.markov_rank, ids.numel()
+    names = {n for n, _ in sub.named_parameters()} | {n for n, _ in sub.named_buffers()}
+    assert sub.markov_head is None and not any(n.startswith("markov_head.") for n in names)
+    markov = [t for n, t in sub.state_dict().items() if n.startswith("draft_vocab.w")]
+    assert sorted(t.numel() for t in markov) == [Vs * r, (Vs + V) * r]
+    with pytest.raises(RuntimeError, match="draft vocabulary"):
+        sub.markov_weights()
+    B, N, d = 2, draft.config.block_size, draft.config.backbone.hidden_size
+    h = torch.randn(B, N, d, dtype=torch.float64)
+    anchor, drafts = torch.tensor([5, -1]), ids[torch.randint(0, Vs, (B, N))]
+    want = confidence_logits(draft, h, anchor, drafts)
+    assert torch.equal(confidence_logits(sub, h, anchor, drafts), want) and want[1].eq(float("-inf")).all()
 
 
 def test_greedy_speculative_generation_with_a_draft_vocabulary_equals_the_targets(tmp_path):
