@@ -31,7 +31,7 @@ from ..config import ConfigError, ModelPair, get_preset
 from ..config.dtypes import ENGINE_DTYPES, torch_dtype
 from ..config.source import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MARKOV_SAMPLERS, ModelSource,
                              resolve_num_spec_tokens)
-from ..checkpoints.files import CALIBRATION_FILE
+from ..checkpoints.files import CALIBRATION_FILE, calibration_file
 from ..checkpoints.prepare import prepare_models
 from ..devices import resolve_device
 from ..progress import bar
@@ -292,7 +292,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
         "shapes": {**dataclasses.asdict(shapes), "max_pages_per_seq": shapes.max_pages_per_seq},
         "build_options": dataclasses.asdict(o), "build_command": o.command_line(),
         "versions": ed.toolchain_versions(), "device": ed.device_info(device),
-        "tp_size": o.tp_size,
+        "tp_size": o.tp_size, "draft_vocab": _draft_vocab_entry(draft),
     }
     part = {"caches": layouts, "networks": {}}          # what differs per rank
     written = False
@@ -498,10 +498,16 @@ def _copy_tokenizer(ckpt: str | None, dst: Path) -> list[str]:
     return found
 
 
+def _draft_vocab_entry(draft) -> dict | None:
+    """A draft vocabulary compiled into the engine: its size (the bench's roofline) and key."""
+    vocab = getattr(draft, "draft_vocab", None)
+    return None if vocab is None else {"size": int(vocab.token_ids.numel()), "key": vocab.key}
+
+
 def _copy_calibration(draft_ckpt: str | None, draft, dst: Path) -> str | None:
     """The draft's STS calibration (``dspark-trt calibrate`` writes it beside the draft) goes into
     the engine, where ``LLM.from_engine`` finds it; only with the head it calibrates."""
-    src = Path(draft_ckpt) / CALIBRATION_FILE if draft_ckpt else None
+    src = Path(draft_ckpt) / calibration_file(draft) if draft_ckpt else None      # (a draft vocabulary's own)
     if src is None or not src.is_file() or getattr(draft, "confidence_head", None) is None:
         return None
     shutil.copy2(src, dst / CALIBRATION_FILE)

@@ -19,6 +19,17 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 # beside a draft with a confidence head (``dspark-trt calibrate``), copied into its engines
 CALIBRATION_FILE = "confidence_calibration.json"
+
+
+def calibration_file(draft=None) -> str:
+    """The calibration's name beside ``draft``'s checkpoint: a draft over a draft vocabulary
+    (``models/draft_vocab.py``) accepts differently, so its calibration has a name of its own,
+    ``confidence_calibration.vocab-<size>-<ids hash>.json``, never found by runs without it (or with
+    another set); engines keep theirs as CALIBRATION_FILE (their set is compiled in)."""
+    vocab = getattr(draft, "draft_vocab", None)
+    return CALIBRATION_FILE if vocab is None else f"confidence_calibration.vocab-{vocab.key}.json"
+
+
 # the scheduler's measured cost curve (``dspark-trt bench --cost-curve``), beside a draft or in an engine
 COST_FILE = "verify_cost.json"
 

@@ -446,7 +446,8 @@ def roofline(llm, B: int, context: int, tbps: float) -> dict:
     if llm.pair.draft is not None and llm.networks.num_spec_tokens:
         dc = llm.pair.draft.layer_config()
         vocab = getattr(llm.draft, "draft_vocab", None)          # a draft vocabulary: its rows only
-        vs = dc.vocab_size if vocab is None else vocab.token_ids.numel()
+        vs = (vocab.token_ids.numel() if vocab is not None
+              else getattr(llm.networks, "draft_vocab_size", None) or dc.vocab_size)     # (an engine's)
         dw = qwen3_weight_bytes(dc, dc.num_hidden_layers, el, with_head=False) + el * vs * dc.hidden_size  # + head
         dw += el * (len(llm.pair.draft.target_layer_ids) * dc.hidden_size * dc.hidden_size
                     + dc.hidden_size + 2 * vs * llm.pair.draft.markov_rank)  # fc, hidden_norm, W1/W2

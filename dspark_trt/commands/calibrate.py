@@ -6,7 +6,9 @@ round's confidence logits with the drafts it verified and accepted, splits the p
 (``runtime/calibration.py``) and reports ECE and ROC-AUC of the prefix-survival product before and
 after on the second, with the held-out prefix survival per position (``"survival"``: where a fresh
 scheduler's AR fallback starts, ``SurvivalEstimate``). Writes ``confidence_calibration.json`` next
-to the draft checkpoint (or to ``--out``), where ``LLM.from_checkpoints`` finds it.
+to the draft checkpoint (or to ``--out``), where ``LLM.from_checkpoints`` finds it; with
+``--draft-vocab`` the set's own ``confidence_calibration.vocab-<size>-<hash>.json``, so neither
+run finds the other's (``checkpoints.files.calibration_file``).
 
 Prompts: ``--eval-set`` (a training run's ``distill/eval.pt``: its prompts), ``--prompts`` (a text
 file, one prompt per line, or JSONL with "prompt" text or "prompt_ids"), else random token ids
@@ -115,6 +117,7 @@ def heldout_survival(metrics: dict) -> list[float]:
 
 
 def run(args) -> int:
+    from ..checkpoints.files import calibration_file
     from ..runtime.confidence import Calibration
     llm = load_llm(args)
     prompts = load_prompts(args, llm)
@@ -125,8 +128,8 @@ def run(args) -> int:
     path = None
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
-        path = Calibration(res["temperatures"], {k: v for k, v in res.items()
-                                                  if k != "temperatures"}).save(out)
+        path = Calibration(res["temperatures"], {k: v for k, v in res.items() if k != "temperatures"}
+                           ).save(out, calibration_file(llm.draft))      # a draft vocabulary's own name
     if args.json:
         print(json.dumps({**res, "path": str(path) if path else None}))
         return 0

@@ -86,8 +86,8 @@ class Calibration:
     def to_json(self) -> dict:
         return {"temperatures": list(map(float, self.temperatures)), **self.metrics}
 
-    def save(self, directory: str | Path) -> Path:
-        return write_json_atomic(Path(directory) / CALIBRATION_FILE, self.to_json())
+    def save(self, directory: str | Path, name: str = CALIBRATION_FILE) -> Path:
+        return write_json_atomic(Path(directory) / name, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "Calibration":
@@ -105,10 +105,11 @@ class Calibration:
         return cls([float(v) for v in t], {k: v for k, v in d.items() if k != "temperatures"})
 
     @classmethod
-    def find(cls, *directories) -> "Calibration | None":
+    def find(cls, *directories, name: str = CALIBRATION_FILE) -> "Calibration | None":
+        """The first of ``directories`` holding ``name`` (``checkpoints.files.calibration_file``)."""
         for d in directories:
-            if d is not None and (Path(d) / CALIBRATION_FILE).exists():
-                return cls.load(Path(d) / CALIBRATION_FILE)
+            if d is not None and (Path(d) / name).exists():
+                return cls.load(Path(d) / name)
         return None
 
 

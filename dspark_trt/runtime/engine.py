@@ -41,6 +41,7 @@ class EngineNetworks:
         self.num_pages = num_pages or self.max_batch_size * pages_per_seq
         self.dtype = DTYPES[m["dtype"]]
         self.markov_sampler = m["build_options"].get("markov_sampler", "exact")
+        self.draft_vocab_size = (m.get("draft_vocab") or {}).get("size")   # None: the full vocabulary
         self.pair = ModelPair(m["pair"]["name"], config_from_json(m["pair"]["target"]),
                               config_from_json(m["pair"]["draft"]))
         self.vocab_size = self.pair.target.vocab_size

@@ -129,6 +129,26 @@ def test_build_copies_the_drafts_calibration_only_with_its_head(tmp_path):
     assert (dst / "confidence_calibration.json").read_text() == '{"temperatures": [1.5, 2.0]}'
 
 
+def test_build_over_a_draft_vocabulary_copies_the_sets_calibration_under_the_engines_name(tmp_path):
+    """The engine keeps the set's calibration as its own ``confidence_calibration.json`` (its set
+    is compiled in), never the full vocabulary's, and records the set's size and key."""
+    from types import SimpleNamespace
+    from dspark_trt.builder.build import _draft_vocab_entry
+    from dspark_trt.models.draft_vocab import DraftVocab
+    src, dst = tmp_path / "draft", tmp_path / "engine"
+    src.mkdir(), dst.mkdir()
+    vocab = DraftVocab(torch.tensor([1, 4, 6]), torch.zeros(8, 2), torch.zeros(8, 2))
+    draft = SimpleNamespace(confidence_head=object(), draft_vocab=vocab)
+    (src / "confidence_calibration.json").write_text('{"temperatures": [1.5]}')
+    assert _copy_calibration(str(src), draft, dst) is None and not list(dst.iterdir())
+    (src / f"confidence_calibration.vocab-{vocab.key}.json").write_text('{"temperatures": [0.7]}')
+    assert _copy_calibration(str(src), draft, dst) == "confidence_calibration.json"
+    assert (dst / "confidence_calibration.json").read_text() == '{"temperatures": [0.7]}'
+    assert _draft_vocab_entry(draft) == {"size": 3, "key": vocab.key} and vocab.key.startswith("3-")
+    assert _draft_vocab_entry(SimpleNamespace()) is None
+    assert DraftVocab(torch.tensor([1, 4, 7]), torch.zeros(8, 2), torch.zeros(8, 2)).key != vocab.key
+
+
 def test_manifest_records_build_and_stores_shared_weights_once(engine):
     m = json.loads((engine / "manifest.json").read_text())
     assert m["backend"] == "aoti" and m["device"] == {"type": "cpu"}

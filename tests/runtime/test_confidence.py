@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -524,6 +525,35 @@ def test_calibrate_command_writes_the_calibration_the_llm_loads(tmp_path, capsys
                  "--num-prompts", "8", "--max-new-tokens", "24", "--max-seq-len", "64",
                  "--out", str(tmp_path / "again")]) == 0
     assert f"(tau {1 + sum(labels):.2f}:" in capsys.readouterr().out
+
+
+def test_a_draft_vocabularys_calibration_has_its_own_file_and_neither_run_finds_the_others(tmp_path, capsys, caplog):
+    """``calibrate --draft-vocab`` writes the set's own file beside the draft, the full-vocabulary
+    file stays as it was, and each ``from_checkpoints`` run (with and without the set) loads its own;
+    a run with a set that has no calibration of its own loads none and says why."""
+    from dspark_trt.commands.draft_vocab import write_draft_vocab
+    tdir, ddir = _head_checkpoints(tmp_path)
+    full = {"temperatures": [1.5, 2.0]}
+    (ddir / "confidence_calibration.json").write_text(json.dumps(full))
+    vpath = tmp_path / "v.json"
+    V = 64                                                      # _head_checkpoints' vocabulary
+    write_draft_vocab(vpath, torch.arange(0, V, 2), V, {})
+    rc = main(["calibrate", "--checkpoint", str(tdir), "--draft-checkpoint", str(ddir), "--device", "cpu",
+               "--num-prompts", "4", "--max-new-tokens", "16", "--max-seq-len", "64", "--json",
+               "--draft-vocab", str(vpath)])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    written = Path(res["path"])
+    assert written.parent == ddir and written.name.startswith("confidence_calibration.vocab-32-")
+    assert json.loads((ddir / "confidence_calibration.json").read_text()) == full
+    with_set = LLM.from_checkpoints(tdir, ddir, device="cpu", draft_vocab=str(vpath))
+    assert with_set.calibration.temperatures == res["temperatures"]
+    assert LLM.from_checkpoints(tdir, ddir, device="cpu").calibration.temperatures == [1.5, 2.0]
+    other = tmp_path / "w.json"
+    write_draft_vocab(other, torch.arange(1, V, 2), V, {})                 # another set of 32
+    with caplog.at_level("WARNING"):
+        assert LLM.from_checkpoints(tdir, ddir, device="cpu", draft_vocab=str(other)).calibration is None
+    assert "calibrated without this draft vocabulary" in caplog.text
 
 
 def test_step_costs_are_bounded_by_later_measurements():

@@ -45,6 +45,12 @@ def test_roofline_of_a_draft_vocabulary_counts_its_rows_only(llm, tmp_path):
     d, r = llm.pair.draft.layer_config().hidden_size, llm.pair.draft.markov_rank
     assert full["draft_weight_bytes"] - part["draft_weight_bytes"] == 4 * 384 * (d + 2 * r)
     assert part["target_weight_bytes"] == full["target_weight_bytes"]
+    # an engine built with the set (no modules; the manifest's size): the same count
+    from types import SimpleNamespace
+    nets = SimpleNamespace(dtype=sub.networks.dtype, num_spec_tokens=sub.networks.num_spec_tokens,
+                           draft_vocab_size=128)
+    engine = SimpleNamespace(networks=nets, pair=sub.pair, tp_size=1, target=None, draft=None)
+    assert roofline(engine, B=1, context=10, tbps=1.0) == part
 
 
 def test_roofline_of_an_fp8_target_counts_fp8_bytes():
