@@ -319,7 +319,7 @@ def build_engine(options: BuildOptions, report: Callable[[str], None] = print) -
                 with prog.stage("write"):
                     manifest.update({"ranks": parts} if tp else part)
                     manifest["tokenizer"] = _copy_tokenizer(o.checkpoint, tmp)
-                    manifest["calibration"] = _copy_calibration(o.draft_checkpoint, draft, tmp)
+                    manifest["calibration"] = _copy_calibration(o.draft_checkpoint, draft, tmp, report)
                     manifest["build_stats"] = {"stage_seconds": prog.stages,
                                                "seconds": round(time.perf_counter() - prog.t0, 2),
                                                "peak_memory": peak_memory()}
@@ -504,11 +504,16 @@ def _draft_vocab_entry(draft) -> dict | None:
     return None if vocab is None else {"size": int(vocab.token_ids.numel()), "key": vocab.key}
 
 
-def _copy_calibration(draft_ckpt: str | None, draft, dst: Path) -> str | None:
+def _copy_calibration(draft_ckpt: str | None, draft, dst: Path, report: Callable[[str], None] = print) -> str | None:
     """The draft's STS calibration (``dspark-trt calibrate`` writes it beside the draft) goes into
     the engine, where ``LLM.from_engine`` finds it; only with the head it calibrates."""
     src = Path(draft_ckpt) / calibration_file(draft) if draft_ckpt else None      # (a draft vocabulary's own)
-    if src is None or not src.is_file() or getattr(draft, "confidence_head", None) is None:
+    if src is None or getattr(draft, "confidence_head", None) is None:
+        return None
+    if not src.is_file():
+        if src.name != CALIBRATION_FILE and (src.parent / CALIBRATION_FILE).is_file():
+            report(f"[build] {src.parent / CALIBRATION_FILE} was made without this draft vocabulary: not "
+                   f"copied (its own is {src.name}: `dspark-trt calibrate --draft-vocab`)")
         return None
     shutil.copy2(src, dst / CALIBRATION_FILE)
     return CALIBRATION_FILE

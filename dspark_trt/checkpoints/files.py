@@ -20,18 +20,26 @@ SINGLE = "model.safetensors"
 # beside a draft with a confidence head (``dspark-trt calibrate``), copied into its engines
 CALIBRATION_FILE = "confidence_calibration.json"
 
-
-def calibration_file(draft=None) -> str:
-    """The calibration's name beside ``draft``'s checkpoint: a draft over a draft vocabulary
-    (``models/draft_vocab.py``) accepts differently, so its calibration has a name of its own,
-    ``confidence_calibration.vocab-<size>-<ids hash>.json``, never found by runs without it (or with
-    another set); engines keep theirs as CALIBRATION_FILE (their set is compiled in)."""
-    vocab = getattr(draft, "draft_vocab", None)
-    return CALIBRATION_FILE if vocab is None else f"confidence_calibration.vocab-{vocab.key}.json"
-
-
 # the scheduler's measured cost curve (``dspark-trt bench --cost-curve``), beside a draft or in an engine
 COST_FILE = "verify_cost.json"
+
+
+def draft_sidecar(name: str, draft=None) -> str:
+    """The name of a sidecar file (CALIBRATION_FILE, COST_FILE) beside ``draft``'s checkpoint: a
+    draft over a draft vocabulary (``models/draft_vocab.py``) accepts differently and has a cheaper
+    draft step, so its calibration and cost curve have names of their own,
+    ``<stem>.vocab-<size>-<ids hash>.json``, never found by runs without the set (or with another);
+    engines keep the plain names (their set is compiled in)."""
+    vocab = getattr(draft, "draft_vocab", None)
+    return name if vocab is None else name.replace(".json", f".vocab-{vocab.key}.json")
+
+
+def calibration_file(draft=None) -> str:
+    return draft_sidecar(CALIBRATION_FILE, draft)
+
+
+def cost_file(draft=None) -> str:
+    return draft_sidecar(COST_FILE, draft)
 
 
 class CheckpointError(ValueError):

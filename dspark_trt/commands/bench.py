@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from .common import add_model_args, add_source_args, load_llm
+from ..checkpoints.files import cost_file
 from ..devices import hbm_bytes_per_s
 from ..progress import bar
 
@@ -88,8 +89,8 @@ def add_parser(sub) -> None:
                         "tokens, for --batch-sizes x widths 1..N+1) of the confidence scheduler and "
                         "write verify_cost.json (to --cost-curve-out)")
     p.add_argument("--cost-curve-out", default=None,
-                   help="directory for verify_cost.json (default: the draft checkpoint or engine "
-                        "directory)")
+                   help="directory for verify_cost.json (with --draft-vocab: verify_cost.vocab-<size>-<hash>.json; "
+                        "default: the draft checkpoint or engine directory)")
     p.set_defaults(func=run)
 
 
@@ -331,7 +332,7 @@ def run_cost_curve(llm, args, sizes: list[int]) -> int:
         print(f"[bench] verify {t:5d} tokens: {ms:.3f} ms")
     if out and llm.tp_rank == 0:
         Path(out).mkdir(parents=True, exist_ok=True)
-        print(f"[bench] wrote {curve.save(out)}")
+        print(f"[bench] wrote {curve.save(out, cost_file(llm.draft))}")       # a draft vocabulary's own name
     else:
         print("[bench] cost curve not written (no --cost-curve-out and no checkpoint / engine directory)")
     return 0

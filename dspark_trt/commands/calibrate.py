@@ -33,8 +33,8 @@ def add_parser(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0,
                    help="sampling temperature of the calibration runs (the serving one)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="directory for confidence_calibration.json (default: the draft "
-                   "checkpoint directory)")
+    p.add_argument("--out", help="directory for confidence_calibration.json (with --draft-vocab: "
+                   "confidence_calibration.vocab-<size>-<hash>.json; default: the draft checkpoint directory)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=run)
 

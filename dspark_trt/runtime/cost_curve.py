@@ -182,8 +182,8 @@ class CostCurve:
             steps.update(context_tokens=self.context_tokens, context_ms=self.context_ms)
         return {"tokens": self.tokens, "latency_ms": self.latency_ms, **steps, "source": self.source}
 
-    def save(self, directory: str | Path) -> Path:
-        return write_json_atomic(Path(directory) / COST_FILE, self.to_json())
+    def save(self, directory: str | Path, name: str = COST_FILE) -> Path:
+        return write_json_atomic(Path(directory) / name, self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> "CostCurve":
@@ -206,8 +206,10 @@ class CostCurve:
             raise ConfidenceFileError(f"{where or source}: needs 'tokens' and 'latency_ms' lists ({e})") from None
 
     @classmethod
-    def find(cls, *directories) -> "CostCurve":
+    def find(cls, *directories, name: str = COST_FILE) -> "CostCurve":
+        """The curve in the first of ``directories`` holding ``name`` (``checkpoints.files.cost_file``),
+        else the default."""
         for d in directories:
-            if d is not None and (Path(d) / COST_FILE).exists():
-                return cls.load(Path(d) / COST_FILE)
+            if d is not None and (Path(d) / name).exists():
+                return cls.load(Path(d) / name)
         return cls.default()

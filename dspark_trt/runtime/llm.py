@@ -15,7 +15,7 @@ from ..config.dtypes import stored_dtype
 from ..config.source import (DEFAULT_ASSETS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, FALLBACK_PRESET,
                              ModelSource, default_pair_dirs, resolve_num_spec_tokens)
 from ..devices import default_device, resolve_device, resolve_dtype  # noqa: F401  (default_device: re-exported)
-from ..checkpoints.files import CALIBRATION_FILE, calibration_file
+from ..checkpoints.files import CALIBRATION_FILE, COST_FILE, draft_sidecar
 from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..models.qwen3 import use_row_kernels_
@@ -311,8 +311,8 @@ class LLM:
                           expert_parallel=expert_parallel, quantization=quantization, draft_vocab=draft_vocab)
         pair, target, draft = prepare_models(src, dtype, device, tp, fuse=fuse)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
-        kw.setdefault("calibration", _draft_calibration(draft_dir, draft))
-        kw.setdefault("verify_cost", CostCurve.find(draft_dir))
+        kw.setdefault("calibration", _draft_sidecar(Calibration.find, CALIBRATION_FILE, draft_dir, draft))
+        kw.setdefault("verify_cost", _draft_sidecar(CostCurve.find, COST_FILE, draft_dir, draft))
         return cls(pair, target, draft, tokenizer=tok, device=device, dtype=dtype,
                    num_spec_tokens=num_spec_tokens, tp=tp, **kw)
 
@@ -477,15 +477,15 @@ def checkpoint_dtype(ckpt_dir: str | Path) -> torch.dtype | None:
     return stored_dtype(read_json(path)) if path.exists() else None
 
 
-def _draft_calibration(draft_dir, draft) -> Calibration | None:
-    """The calibration beside the draft for this draft (its draft vocabulary's own,
-    ``calibration_file``); one made without the set is not used, and the log says so."""
-    name = calibration_file(draft)
-    found = Calibration.find(draft_dir, name=name)
-    if found is None and name != CALIBRATION_FILE and (Path(draft_dir) / CALIBRATION_FILE).exists():
-        log.warning("%s was calibrated without this draft vocabulary: not used (run `dspark-trt "
-                    "calibrate --draft-vocab ...` for %s)", Path(draft_dir) / CALIBRATION_FILE, name)
-    return found
+def _draft_sidecar(find, plain: str, draft_dir, draft):
+    """``find`` (``Calibration.find``, ``CostCurve.find``) of this draft's own sidecar file beside it
+    (a draft vocabulary's, ``draft_sidecar``); one made without the set is not used, and the log
+    says so."""
+    name = draft_sidecar(plain, draft)
+    if name != plain and not (Path(draft_dir) / name).exists() and (Path(draft_dir) / plain).exists():
+        log.warning("%s was made without this draft vocabulary: not used (its own is %s: `dspark-trt "
+                    "calibrate` / `bench --cost-curve` with --draft-vocab write it)", Path(draft_dir) / plain, name)
+    return find(draft_dir, name=name)
 
 
 def _auto_dtype(dtype, device: torch.device, stored: torch.dtype | None) -> torch.dtype:

@@ -140,13 +140,16 @@ def test_build_over_a_draft_vocabulary_copies_the_sets_calibration_under_the_eng
     vocab = DraftVocab(torch.tensor([1, 4, 6]), torch.zeros(8, 2), torch.zeros(8, 2))
     draft = SimpleNamespace(confidence_head=object(), draft_vocab=vocab)
     (src / "confidence_calibration.json").write_text('{"temperatures": [1.5]}')
-    assert _copy_calibration(str(src), draft, dst) is None and not list(dst.iterdir())
+    said = []
+    assert _copy_calibration(str(src), draft, dst, said.append) is None and not list(dst.iterdir())
+    assert "made without this draft vocabulary" in said[0] and f"vocab-{vocab.key}" in said[0]
     (src / f"confidence_calibration.vocab-{vocab.key}.json").write_text('{"temperatures": [0.7]}')
     assert _copy_calibration(str(src), draft, dst) == "confidence_calibration.json"
     assert (dst / "confidence_calibration.json").read_text() == '{"temperatures": [0.7]}'
     assert _draft_vocab_entry(draft) == {"size": 3, "key": vocab.key} and vocab.key.startswith("3-")
     assert _draft_vocab_entry(SimpleNamespace()) is None
     assert DraftVocab(torch.tensor([1, 4, 7]), torch.zeros(8, 2), torch.zeros(8, 2)).key != vocab.key
+    assert DraftVocab(torch.tensor([6, 1, 4]), torch.zeros(8, 2), torch.zeros(8, 2)).key == vocab.key  # a set
 
 
 def test_manifest_records_build_and_stores_shared_weights_once(engine):

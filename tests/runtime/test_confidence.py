@@ -553,7 +553,14 @@ def test_a_draft_vocabularys_calibration_has_its_own_file_and_neither_run_finds_
     write_draft_vocab(other, torch.arange(1, V, 2), V, {})                 # another set of 32
     with caplog.at_level("WARNING"):
         assert LLM.from_checkpoints(tdir, ddir, device="cpu", draft_vocab=str(other)).calibration is None
-    assert "calibrated without this draft vocabulary" in caplog.text
+    assert "made without this draft vocabulary" in caplog.text
+    # the cost curve likewise (its draft step is the set's): each run finds its own
+    CostCurve([1, 2], [1.0, 2.0], "full").save(ddir)
+    CostCurve([1, 2], [1.0, 1.5], "set").save(ddir, written.name.replace("confidence_calibration", "verify_cost"))
+    assert LLM.from_checkpoints(tdir, ddir, device="cpu", draft_vocab=str(vpath)).verify_cost.latency_ms == [1.0, 1.5]
+    assert LLM.from_checkpoints(tdir, ddir, device="cpu").verify_cost.latency_ms == [1.0, 2.0]
+    assert LLM.from_checkpoints(tdir, ddir, device="cpu", draft_vocab=str(other)).verify_cost.to_json() == \
+        CostCurve.default().to_json()
 
 
 def test_step_costs_are_bounded_by_later_measurements():
