@@ -31,7 +31,7 @@ from ..config import ConfigError, ModelPair, get_preset
 from ..config.dtypes import ENGINE_DTYPES, torch_dtype
 from ..config.source import (DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, MARKOV_SAMPLERS, ModelSource,
                              resolve_num_spec_tokens)
-from ..checkpoints.files import CALIBRATION_FILE, calibration_file
+from ..checkpoints.files import CALIBRATION_FILE, calibration_file, sidecar_mismatch
 from ..checkpoints.prepare import prepare_models
 from ..devices import resolve_device
 from ..progress import bar
@@ -511,9 +511,8 @@ def _copy_calibration(draft_ckpt: str | None, draft, dst: Path, report: Callable
     if src is None or getattr(draft, "confidence_head", None) is None:
         return None
     if not src.is_file():
-        if src.name != CALIBRATION_FILE and (src.parent / CALIBRATION_FILE).is_file():
-            report(f"[build] {src.parent / CALIBRATION_FILE} was made without this draft vocabulary: not "
-                   f"copied (its own is {src.name}: `dspark-trt calibrate --draft-vocab`)")
+        if why := sidecar_mismatch(draft_ckpt, CALIBRATION_FILE, draft):
+            report(f"[build] {why}")
         return None
     shutil.copy2(src, dst / CALIBRATION_FILE)
     return CALIBRATION_FILE

@@ -19,7 +19,6 @@ INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
 # beside a draft with a confidence head (``dspark-trt calibrate``), copied into its engines
 CALIBRATION_FILE = "confidence_calibration.json"
-
 # the scheduler's measured cost curve (``dspark-trt bench --cost-curve``), beside a draft or in an engine
 COST_FILE = "verify_cost.json"
 
@@ -32,6 +31,16 @@ def draft_sidecar(name: str, draft=None) -> str:
     engines keep the plain names (their set is compiled in)."""
     vocab = getattr(draft, "draft_vocab", None)
     return name if vocab is None else name.replace(".json", f".vocab-{vocab.key}.json")
+
+
+def sidecar_mismatch(directory, name: str, draft=None) -> str | None:
+    """Why a draft over a draft vocabulary gets no ``name`` sidecar from ``directory``: the message
+    when its own file is missing but one made without the set is there, else None."""
+    own, d = draft_sidecar(name, draft), Path(directory)
+    if own == name or (d / own).is_file() or not (d / name).is_file():
+        return None
+    return (f"{d / name} was made without this draft vocabulary: not used (its own is {own}: "
+            "`dspark-trt calibrate` / `bench --cost-curve` with --draft-vocab write it)")
 
 
 def calibration_file(draft=None) -> str:

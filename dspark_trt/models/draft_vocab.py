@@ -96,7 +96,7 @@ class DraftVocab(nn.Module):
 
     @property
     def key(self) -> str:
-        """``<size>-<12 hex digits of the ids' sha256>``: names this set's calibration file."""
+        """``<size>-<12 hex digits of the ids' sha256>``: names this set's calibration and cost-curve files."""
         ids = ",".join(str(int(t)) for t in self.token_ids.sort().values.tolist())    # the set, not its order
         return f"{self.token_ids.numel()}-{hashlib.sha256(ids.encode()).hexdigest()[:12]}"
 

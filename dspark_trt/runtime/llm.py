@@ -15,7 +15,7 @@ from ..config.dtypes import stored_dtype
 from ..config.source import (DEFAULT_ASSETS, DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_SEQ_LEN, FALLBACK_PRESET,
                              ModelSource, default_pair_dirs, resolve_num_spec_tokens)
 from ..devices import default_device, resolve_device, resolve_dtype  # noqa: F401  (default_device: re-exported)
-from ..checkpoints.files import CALIBRATION_FILE, COST_FILE, draft_sidecar
+from ..checkpoints.files import CALIBRATION_FILE, COST_FILE, draft_sidecar, sidecar_mismatch
 from ..checkpoints.prepare import prepare_models
 from ..models.dspark_qwen3 import markov_sampler_op
 from ..models.qwen3 import use_row_kernels_
@@ -481,11 +481,9 @@ def _draft_sidecar(find, plain: str, draft_dir, draft):
     """``find`` (``Calibration.find``, ``CostCurve.find``) of this draft's own sidecar file beside it
     (a draft vocabulary's, ``draft_sidecar``); one made without the set is not used, and the log
     says so."""
-    name = draft_sidecar(plain, draft)
-    if name != plain and not (Path(draft_dir) / name).exists() and (Path(draft_dir) / plain).exists():
-        log.warning("%s was made without this draft vocabulary: not used (its own is %s: `dspark-trt "
-                    "calibrate` / `bench --cost-curve` with --draft-vocab write it)", Path(draft_dir) / plain, name)
-    return find(draft_dir, name=name)
+    if why := sidecar_mismatch(draft_dir, plain, draft):
+        log.warning(why)
+    return find(draft_dir, name=draft_sidecar(plain, draft))
 
 
 def _auto_dtype(dtype, device: torch.device, stored: torch.dtype | None) -> torch.dtype:
