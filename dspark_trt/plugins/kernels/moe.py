@@ -283,12 +283,13 @@ def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13
         small = moe_decode.use_decode(x, expert_ids, dense=w13[1] is None)
         schedule = "decode" if small and not given - prefs else "grouped"
         given -= prefs
-    foreign = given & ({"block_m", "num_stages", "dot_scaled"} if schedule == "decode" else {"decode"})
+    foreign = given & ({"block_m", "dot_scaled"} if schedule == "decode" else {"decode"})
     if foreign:
         raise ValueError(f"moe_experts: {sorted(foreign)} do not apply to the {schedule} schedule")
     if schedule == "decode":
+        keys = ("block_n", "block_k", "num_warps", "num_stages", "decode")
         return moe_decode.decode_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H,
-                                         **{k: launch.get(k) for k in ("block_n", "block_k", "num_warps", "decode")})
+                                         **{k: launch.get(k) for k in keys})
     return grouped_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H=H,
                            **{k: v for k, v in launch.items() if k != "decode"})
 

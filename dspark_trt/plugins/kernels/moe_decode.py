@@ -109,7 +109,8 @@ DECODE_MAX_PAIRS = {"dense": 128, "mxfp4": 192}
 SUM_BLOCK = 1024                            # columns per program of the slot sum
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
-                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
+                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4),
+                   "mma": dict(block_n=64, block_k=256, num_warps=4, num_stages=3)}   # moe_decode_mma.py
 
 
 @triton.jit
@@ -341,12 +342,25 @@ def auto_decode(device: torch.device) -> str:
 
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
-                   block_k: int | None = None, num_warps: int | None = None, decode: str | None = None) -> Tensor:
+                   block_k: int | None = None, num_warps: int | None = None, decode: str | None = None,
+                   num_stages: int | None = None) -> Tensor:
     """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
-    H the intermediate size. Same contract as ``moe.grouped_experts``."""
+    H the intermediate size; ``decode``: the MXFP4 route (``DECODES``, or ``mma``: ``moe_decode_mma.py``, bf16 /
+    fp16 x; ``num_stages`` applies to it alone). Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
-    cfg = {**DECODE_DEFAULTS["dense" if dense else "mxfp4"],
-           **{k: v for k, v in dict(block_n=block_n, block_k=block_k, num_warps=num_warps).items() if v is not None}}
+    decode = decode or MXFP4_DECODE
+    if decode == "auto":
+        decode = auto_decode(x.device)
+    if decode not in DECODES and decode != "mma":
+        raise ValueError(f"moe decode: decode must be one of {sorted([*DECODES, 'mma'])} or auto, got {decode!r}")
+    mma = decode == "mma" and not dense
+    if mma and x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"moe decode: decode='mma' needs bf16 / fp16 x, got {x.dtype}")
+    if num_stages is not None and not mma:
+        raise ValueError("moe decode: num_stages applies to decode='mma' with MXFP4 experts alone")
+    given = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    cfg = {**DECODE_DEFAULTS["dense" if dense else "mma" if mma else "mxfp4"],
+           **{k: v for k, v in given.items() if v is not None}}
     if not dense and cfg["block_k"] % 32:
         raise ValueError(f"moe decode: MXFP4 needs block_k a multiple of 32, got {cfg['block_k']}")
     M, D = x.shape
@@ -360,22 +374,26 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     slot_out = torch.empty((M * k, D), dtype=x.dtype, device=x.device)
     out = torch.empty((M, D), dtype=x.dtype, device=x.device)
     bn, bk, warps = cfg["block_n"], cfg["block_k"], cfg["num_warps"]
-    decode = decode or MXFP4_DECODE
-    if decode == "auto":
-        decode = auto_decode(x.device)
-    if decode not in DECODES:
-        raise ValueError(f"moe decode: decode must be one of {sorted(DECODES)} or auto, got {decode!r}")
     if not dense and decode != "bytes":                  # 8 codes per int32 (rows are 16-byte multiples)
         w13_v, w2_v = w13_v.view(torch.int32), w2_v.view(torch.int32)
-    part_w = part_width(dense, bk)
-    decode = DECODES[decode]
-    launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
-        x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
-        E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, PART_W=part_w,
-        num_warps=warps)
-    launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
-        act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
-        BLOCK_K=bk, PART_W=part_w, num_warps=warps)
+    if mma:
+        from . import moe_decode_mma as kmma            # it imports this module's decode helpers
+        launch = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=cfg["num_stages"])
+        launcher(kmma.moe_decode_gate_up_mma_kernel)[(M * k, triton.cdiv(H, bn))](
+            x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
+            E, D, H, k, HAS_LIMIT=swiglu_limit > 0, **launch)
+        launcher(kmma.moe_decode_down_mma_kernel)[(M * k, triton.cdiv(D, bn))](
+            act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, **launch)
+    else:
+        part_w = part_width(dense, bk)
+        code = DECODES["words" if decode == "mma" else decode]          # dense experts: unused
+        launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
+            x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
+            E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=code, BLOCK_N=bn, BLOCK_K=bk,
+            PART_W=part_w, num_warps=warps)
+        launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
+            act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=code, BLOCK_N=bn,
+            BLOCK_K=bk, PART_W=part_w, num_warps=warps)
     launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, k, BLOCK=SUM_BLOCK,
                                                                          num_warps=4)
     return out
