@@ -19,7 +19,7 @@ weights go to an fp16 MMA instead:
   are exact in the MMA's fp32 accumulation; the sums leave times ``2^6 / xs``.
 
 Triton pipelines the word loads (they feed ``tl.dot``) with ``num_stages``; sm_90 SASS of the
-gate/up loop at 64 x 256 tiles: 3.0 instructions per weight (``benchmarks/moe_decode_sass.py``).
+gate/up loop at 64 x 256 tiles: 3.25 instructions per weight (``benchmarks/moe_decode_sass.py``).
 The rounding points are ``moe_decode``'s (gate and up rounded to x's dtype, each slot's rows,
 the slot sum), so only the summation order differs. fp32 x keeps the CUDA-core routes (its 24-bit
 values do not fit fp16).
@@ -107,7 +107,7 @@ def x_groups(xrow, k0, ncols, xs, BLOCK_K: tl.constexpr, NG: tl.constexpr):
     col = k0 + ((k & -8) | (k & 4) | ((k & 1) << 1) | ((k >> 1) & 1))
     xv = (tl.load(xrow + col, mask=col < ncols, other=0.0).to(tl.float32) * xs).to(tl.float16)
     g = tl.arange(0, NG)
-    return tl.where((k // 32)[:, None] == g[None, :], xv[:, None], 0.0)
+    return tl.trans(tl.where(g[:, None] == (k // 32)[None, :], xv[None, :], 0.0))
 
 
 @triton.jit
