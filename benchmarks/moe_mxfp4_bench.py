@@ -11,8 +11,7 @@ bf16) + x, routing and output; bandwidth as % of 4.8 TB/s. The bf16 weights are 
 dequantised (exact), so both formats compute the same products: parity is the max abs difference
 to the bf16 grouped output, against its scale. Schedules: the GEMV decode schedule
 (``kernels/moe_decode.py``, the op's choice up to ``DECODE_MAX_PAIRS`` pairs; its tile sweep at
---sweep-ms; its split-K launches at --split-sweep-ms (``mxfp4_gemv_e4m3_s1`` and ``bf16_gemv_s1``:
-K unsplit); its tensor-core route ``decode="mma"``, ``kernels/moe_decode_mma.py``, with its tiles at
+--sweep-ms; its tensor-core route ``decode="mma"``, ``kernels/moe_decode_mma.py``, with its tiles at
 --mma-sweep-ms) and the grouped kernels (``tl.dot_scaled``, the op's choice above; the in-register
 decode at --grouped-decode-ms), for bf16 the grouped and the GEMV schedule; failures are recorded.
 
@@ -20,7 +19,7 @@ Writes ``moe-mxfp4-<gpu>-<sha>.json`` into --out ($OUT, else benchmarks/results/
 name, versions, shapes, the command. About 2-3 minutes on an H200 (V4-Pro's bf16 experts: 51 GB).
 
     python benchmarks/moe_mxfp4_bench.py [--models flash,pro] [--ms 1,2,4,8,16,32,64] [--sweep-ms 1,16]
-        [--split-sweep-ms 1,16] [--mma-sweep-ms 1,16] [--out DIR]
+        [--mma-sweep-ms 1,16] [--out DIR]
 """
 from __future__ import annotations
 
@@ -55,14 +54,10 @@ MODELS = {"flash": "deepseek-v4-flash-dspark", "pro": "deepseek-v4-pro-dspark"}
 VARIANTS = {"mxfp4_gemv": dict(schedule="decode"),
             "mxfp4_gemv_bytes": dict(schedule="decode", decode="bytes"),
             "mxfp4_gemv_e4m3": dict(schedule="decode", decode="e4m3"),
-            "mxfp4_gemv_e4m3_s1": dict(schedule="decode", decode="e4m3", split_k=1),
             "mxfp4_gemv_mma": dict(schedule="decode", decode="mma"),
             "mxfp4_grouped_dot_scaled": dict(schedule="grouped", dot_scaled=True),
             "mxfp4_grouped_decode": dict(schedule="grouped")}
 GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (8, 16, 32) for k in (256, 512, 1024) for w in (4, 8)]
-# split-K of the CUDA-core GEMVs (moe_decode.split_for picks it by default) over e4m3 tiles
-SPLIT_SWEEP = [dict(decode="e4m3", split_k=sk, block_n=n, block_k=k) for sk in (1, 2, 4, 8)
-               for n, k in ((16, 512), (16, 256), (8, 512), (32, 256))]
 # tiles of the tensor-core route (kernels/moe_decode_mma.py): block_n, block_k, num_warps, num_stages
 MMA_SWEEP = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in (
     (64, 256, 4, 2), (64, 256, 4, 4), (64, 128, 4, 3), (64, 512, 4, 3), (32, 256, 4, 3), (128, 256, 8, 3),
@@ -110,7 +105,6 @@ def main():
     ap.add_argument("--models", default="flash,pro")
     ap.add_argument("--ms", default="1,2,4,8,16,32,64")
     ap.add_argument("--sweep-ms", default="1,16", help="token counts at which GEMV_SWEEP's tiles also run")
-    ap.add_argument("--split-sweep-ms", default="1,16", help="token counts at which SPLIT_SWEEP's launches also run")
     ap.add_argument("--mma-sweep-ms", default="1,16", help="token counts at which MMA_SWEEP's tiles also run")
     ap.add_argument("--grouped-decode-ms", default="1,16", help="token counts for mxfp4_grouped_decode (slow)")
     ap.add_argument("--limit", type=float, default=10.0, help="swiglu_limit")
@@ -145,9 +139,8 @@ def main():
                    "mxfp4_bytes": used * per_mx + act, "bf16_bytes": used * per_bf16 + act}
             want = kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, schedule="grouped")
             scale = float(want.float().abs().max())
-            for name in ("bf16", "bf16_gemv", "bf16_gemv_s1"):       # s1: K unsplit
-                kw = dict(schedule="grouped") if name == "bf16" else dict(schedule="decode", split_k=1 if "s1" in name
-                                                                            else None)
+            for name in ("bf16", "bf16_gemv"):
+                kw = dict(schedule="grouped" if name == "bf16" else "decode")
                 row[name] = measure(lambda kw=kw: kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, **kw))
                 row[name]["pct"] = row["bf16_bytes"] / (row[name]["cold_us"] * 1e-6) / PEAK * 100
             row["bf16_gemv"]["max_diff_vs_bf16"] = err(
@@ -157,9 +150,6 @@ def main():
             if M in parse(args.sweep_ms):
                 variants.update({"mxfp4_gemv_n{block_n}_k{block_k}_w{num_warps}".format(**kw): dict(schedule="decode", **kw)
                                  for kw in GEMV_SWEEP})
-            if M in parse(args.split_sweep_ms):
-                variants.update({"mxfp4_gemv_e4m3_n{block_n}_k{block_k}_s{split_k}".format(**kw):
-                                 dict(schedule="decode", **kw) for kw in SPLIT_SWEEP})
             if M in parse(args.mma_sweep_ms):
                 variants.update({"mxfp4_gemv_mma_n{block_n}_k{block_k}_w{num_warps}_s{num_stages}".format(**kw):
                                  dict(schedule="decode", decode="mma", **kw) for kw in MMA_SWEEP})
@@ -184,12 +174,10 @@ def main():
             gemv = row["mxfp4_gemv"]
             print(f"[{time.time() - t0:6.1f}s] {model:5s} d={d} h={h} E={E} k={k} M={M:3d} experts read {used:3d}: "
                   f"bf16 {row['bf16']['cold_us']:8.1f} us ({row['bf16']['pct']:5.1f}%) bf16 gemv "
-                  f"{row['bf16_gemv']['cold_us']:8.1f} us ({row['bf16_gemv']['pct']:5.1f}%) unsplit "
-                  f"{row['bf16_gemv_s1']['cold_us']:8.1f} us  mxfp4 gemv "
+                  f"{row['bf16_gemv']['cold_us']:8.1f} us ({row['bf16_gemv']['pct']:5.1f}%)  mxfp4 gemv "
                   + (f"{gemv['cold_us']:8.1f} us ({gemv['pct']:5.1f}%) e4m3 "
                      f"{row['mxfp4_gemv_e4m3'].get('cold_us', float('nan')):8.1f} us "
-                     f"({row['mxfp4_gemv_e4m3'].get('pct', float('nan')):5.1f}%) unsplit "
-                     f"{row['mxfp4_gemv_e4m3_s1'].get('cold_us', float('nan')):8.1f} us mma "
+                     f"({row['mxfp4_gemv_e4m3'].get('pct', float('nan')):5.1f}%) mma "
                      f"{row['mxfp4_gemv_mma'].get('cold_us', float('nan')):8.1f} us "
                      f"({row['mxfp4_gemv_mma'].get('pct', float('nan')):5.1f}%) dot_scaled "
                      f"{row['mxfp4_grouped_dot_scaled'].get('cold_us', float('nan')):8.1f} us"

@@ -151,34 +151,6 @@ def test_mxfp4_tensor_core_decode_flash_shapes(flash_mxfp4, M, first_expert, til
     assert torch.equal(captured, got)
 
 
-@pytest.mark.parametrize("fmt, M, split_k", [("mxfp4", 1, 4), ("mxfp4", 3, 8), ("bf16", 1, 2)])
-def test_split_k_decode_flash_shapes(flash_weights, flash_mxfp4, fmt, M, split_k):
-    """The CUDA-core GEMVs with K split over programs (the tile's last one adds the partials in
-    split order): the bf16 bound, bit-equal to the unsplit launch up to the order of the fp32 sums
-    (1 bf16 ulp of the scale), and the same bits on every replay of a CUDA graph (the ticket
-    counters are left at zero)."""
-    from dspark_trt.plugins.kernels import moe as kmoe
-    x, ids, w = _routing(M, seed=5)
-    if fmt == "mxfp4":
-        w13, w2 = flash_mxfp4[:2], flash_mxfp4[2:]
-        run = lambda sk: kmoe.moe_experts_mxfp4_triton(x, ids, w, *w13, *w2, 0, 10.0, schedule="decode",  # noqa: E731
-                                                       split_k=sk)
-    else:
-        w13, w2 = flash_weights
-        run = lambda sk: kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, 10.0, schedule="decode", split_k=sk)  # noqa: E731
-    got, unsplit = run(split_k), run(1)
-    _check_bf16(got, x, ids, w, w13, w2, 0, moe_experts_mxfp4_ref if fmt == "mxfp4" else moe_experts_ref)
-    assert (got.float() - unsplit.float()).abs().max() <= 2 ** -7 * unsplit.float().abs().max()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = run(split_k)
-    replays = []
-    for _ in range(3):
-        graph.replay()
-        replays.append(captured.clone())
-    assert all(torch.equal(r, got) for r in replays)
-
-
 @pytest.mark.parametrize("decode", ["words", "bytes", "e4m3", "mma"])
 def test_gemv_decodes_every_code_exactly_on_gpu(decode):
     """Every E2M1 code at every word position, x from 2^-60 to 2^60, on the GPU's fp32 units

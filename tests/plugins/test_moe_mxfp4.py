@@ -87,8 +87,7 @@ def kernel_results() -> dict:
 
 @pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",
                                   "moe_mxfp4_aot", "moe_mxfp4_decode", "moe_mxfp4_decode_tiles",
-                                  "moe_mxfp4_decode_bytes", "moe_mxfp4_decode_e4m3", "moe_mxfp4_decode_split",
-                                  "moe_mxfp4_decode_split_e4m3"])
+                                  "moe_mxfp4_decode_bytes", "moe_mxfp4_decode_e4m3"])
 def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
     r = kernel_results[case]
     assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
@@ -157,10 +156,6 @@ def test_schedule_arguments_are_checked():
         moe_experts_mxfp4_triton(*args, schedule="decode", decode="mma")
     with pytest.raises(ValueError, match="num_stages applies to decode='mma' with MXFP4 experts alone"):
         moe_experts_mxfp4_triton(*args, schedule="decode", decode="e4m3", num_stages=2)
-    with pytest.raises(ValueError, match=r"split_k \(0\) must be >= 1, and applies to the CUDA-core routes alone"):
-        moe_experts_mxfp4_triton(*args, schedule="decode", split_k=0)
-    with pytest.raises(ValueError, match=r"\['split_k'\] do not apply to the grouped schedule"):
-        moe_experts_mxfp4_triton(*args, schedule="grouped", split_k=2)
     with pytest.raises(ValueError, match="schedule must be auto, grouped or decode, got 'gemv'"):
         moe_experts_mxfp4_triton(*args, schedule="gemv")
     with pytest.raises(ValueError, match="MXFP4 needs block_k a multiple of 32, got 48"):

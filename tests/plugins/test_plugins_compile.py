@@ -176,10 +176,10 @@ _DECODE = {"schedule": "decode"}
 
 def _launches_moe(monkeypatch):
     """Both schedules of the bf16 / fp32 experts: grouped (default and large tiles) and decode
-    (default and wide tiles, split K)."""
+    (default and wide tiles)."""
     out = []
     for dtype, configs in ((torch.bfloat16, (_GROUPED, _MOE_BIG, _DECODE, {**_DECODE, "block_n": 64, "block_k": 128,
-                                                                         "num_warps": 8}, {**_DECODE, "split_k": 2})),
+                                                                         "num_warps": 8})),
                            (torch.float32, (_GROUPED, _DECODE))):
         args = moe_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)
         for kw in configs:
@@ -190,14 +190,13 @@ def _launches_moe(monkeypatch):
 def _launches_moe_mxfp4(monkeypatch):
     """The MXFP4 weight format of both schedules: grouped with bf16 x (default tiles, the large
     tile, ``tl.dot_scaled``) and fp32 x; decode with each E2M1 route (int32 words, bytes, the fp8
-    conversion's inline PTX, the tensor-core route at its default and its sweep's largest tile),
-    split K (the ticket reduction) and a long block_k."""
+    conversion's inline PTX, the tensor-core route at its default and its sweep's largest tile)
+    and a long block_k."""
     out = []
     mma = {**_DECODE, "decode": "mma"}
     configs = {torch.bfloat16: (_GROUPED, _MOE_BIG, {**_GROUPED, "dot_scaled": True}, _DECODE,
                                 {**_DECODE, "decode": "bytes"}, {**_DECODE, "decode": "e4m3"},
-                                {**_DECODE, "block_n": 8, "block_k": 1024}, {**_DECODE, "split_k": 2},
-                                {**_DECODE, "decode": "e4m3", "split_k": 4}, mma,
+                                {**_DECODE, "block_n": 8, "block_k": 1024}, mma,
                                 {**mma, "block_n": 128, "block_k": 512, "num_warps": 8, "num_stages": 2}),
                torch.float32: (_GROUPED, _DECODE, {**_DECODE, "decode": "e4m3"})}
     for dtype, kws in configs.items():

@@ -54,7 +54,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import DENSE, INTERPRET, MXFP4, launcher, num_sms, ticket_counters, tracing
+from .common import DENSE, INTERPRET, MXFP4, launcher
 
 BYTES = tl.constexpr(0)                     # packed bytes, each weight times 2^126
 WORDS = tl.constexpr(1)                     # int32 words of 8 codes, 2^126 applied per group
@@ -107,10 +107,6 @@ cvt.f32.f16 $7, f7;
 # for tl.dot_scaled grouped at 32 tokens; grouped wins at 64). Prefill is far above.
 DECODE_MAX_PAIRS = {"dense": 128, "mxfp4": 192}
 SUM_BLOCK = 1024                            # columns per program of the slot sum
-# Split-K of the CUDA-core GEMVs (``split_for``): at one V4-Flash token the gate/up launch has 768
-# programs of 8 K iterations each, and a program waits for each weight tile before the next.
-SPLIT_PROGRAMS_PER_SM = 16
-SPLIT_MIN_ITERS = 2
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
                    "mxfp4": dict(block_n=16, block_k=512, num_warps=4),
@@ -262,35 +258,12 @@ def _row_offsets(rows, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr):
 
 
 @triton.jit
-def _last_split(counter):
-    """Split-K's ticket (``decode_rows``'): after every thread stored its partials, True in the
-    tile's last program over axis 2, which resets the tile's counter for the next launch."""
-    tl.debug_barrier()
-    last = tl.atomic_add(counter, 1, sem="acq_rel") == tl.num_programs(2) - 1
-    if last:
-        tl.atomic_xchg(counter, 0)
-    return last
-
-
-@triton.jit
-def _split_total(ws, stride, n, nmask):
-    """The splits' partial sums ws[s * stride + n], s = 0, 1, ..., added in split order (deterministic)."""
-    y = tl.zeros([n.shape[0]], tl.float32)
-    for s in range(tl.num_programs(2)):
-        y += tl.load(ws + s * stride + n, mask=nmask, other=0.0, cache_modifier=".cg")
-    return y
-
-
-@triton.jit
 def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, act, first_expert, limit,
-                              E, D, H, K, ws, counter, K_SPLIT, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr,
+                              E, D, H, K, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr,
                               DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                               PART_W: tl.constexpr):
-    """Grid (M*K, cdiv(H, BLOCK_N), SPLIT). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4:
-    [E, 2H, D/2] + [E, 2H, D/32]) -> act [M*K, H] for live pairs. SPLIT > 1: program z sums columns
-    [z K_SPLIT, (z+1) K_SPLIT) (a multiple of BLOCK_K) into ws [SPLIT, M*K, 2, H] fp32; the tile's
-    last program (``_last_split``, counter [M*K * cdiv(H, BLOCK_N)] int32 at zero) adds them up and
-    writes act."""
+    """Grid (M*K, cdiv(H, BLOCK_N)). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4: [E, 2H, D/2] + [E, 2H, D/32])
+    -> act [M*K, H] for live pairs."""
     pair = tl.program_id(0).to(tl.int64)
     gid = tl.load(expert_ids + pair).to(tl.int64)
     e = gid - first_expert
@@ -302,66 +275,40 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
         up_off, up_soff = _row_offsets(e * 2 * H + H + n, D, FORMAT, DECODE)
         acc_g = tl.zeros([BLOCK_N, PART_W], tl.float32)
         acc_u = tl.zeros([BLOCK_N, PART_W], tl.float32)
-        k_lo = tl.program_id(2) * K_SPLIT
-        for k0 in range(k_lo, tl.minimum(k_lo + K_SPLIT, D), BLOCK_K):
+        for k0 in range(0, D, BLOCK_K):
             acc_g += gemv_chunk(w13, w13_scale, gate_off, gate_soff, nmask, x + tok * D, k0, D, FORMAT, DECODE,
                                 BLOCK_N, BLOCK_K)
             acc_u += gemv_chunk(w13, w13_scale, up_off, up_soff, nmask, x + tok * D, k0, D, FORMAT, DECODE,
                                 BLOCK_N, BLOCK_K)
-        gate = row_sums(acc_g, FORMAT, DECODE)
-        up = row_sums(acc_u, FORMAT, DECODE)
-        last = True
-        if tl.num_programs(2) > 1:                           # ws [SPLIT, M*K, 2, H]
-            base = ws + pair * 2 * H
-            stride = tl.num_programs(0) * 2 * H
-            tl.store(base + tl.program_id(2) * stride + n, gate, mask=nmask)
-            tl.store(base + tl.program_id(2) * stride + H + n, up, mask=nmask)
-            last = _last_split(counter + pair * tl.num_programs(1) + tl.program_id(1))
-            if last:
-                gate = _split_total(base, stride, n, nmask)
-                up = _split_total(base + H, stride, n, nmask)
-        if last:
-            gate = gate.to(x.dtype.element_ty).to(tl.float32)    # the eager matmul's rounding
-            up = up.to(x.dtype.element_ty).to(tl.float32)
-            if HAS_LIMIT:
-                lim = tl.cast(limit, tl.float32)      # AOTInductor passes Python floats as fp64 (Triton 3.6)
-                gate = tl.minimum(gate, lim)
-                up = tl.minimum(tl.maximum(up, -lim), lim)
-            wt = tl.load(routing_weights + pair).to(tl.float32)
-            h = gate / (1.0 + tl.exp(-gate)) * up * wt
-            tl.store(act + pair * H + n, h.to(act.dtype.element_ty), mask=nmask)
+        gate = row_sums(acc_g, FORMAT, DECODE).to(x.dtype.element_ty).to(tl.float32)   # the eager matmul's rounding
+        up = row_sums(acc_u, FORMAT, DECODE).to(x.dtype.element_ty).to(tl.float32)
+        if HAS_LIMIT:
+            lim = tl.cast(limit, tl.float32)      # AOTInductor passes Python floats as fp64 (Triton 3.6)
+            gate = tl.minimum(gate, lim)
+            up = tl.minimum(tl.maximum(up, -lim), lim)
+        wt = tl.load(routing_weights + pair).to(tl.float32)
+        h = gate / (1.0 + tl.exp(-gate)) * up * wt
+        tl.store(act + pair * H + n, h.to(act.dtype.element_ty), mask=nmask)
 
 
 @triton.jit
-def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert, E, D, H, K, ws, counter, K_SPLIT,
-                           FORMAT: tl.constexpr, DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                           PART_W: tl.constexpr):
-    """Grid (M*K, cdiv(D, BLOCK_N), SPLIT), one program per pair, row block and split of H (a
-    program per token looping over its slots left most of the H200 idle at one token). act [M*K, H];
-    w2 [E, D, H] (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's
-    dtype, 0 for pairs that are not live. SPLIT > 1 as the gate/up kernel (ws [SPLIT, M*K, D])."""
+def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
+                           DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
+    """Grid (M*K, cdiv(D, BLOCK_N)), one program per pair and row block (a program per token
+    looping over its slots left most of the H200 idle at one token). act [M*K, H]; w2 [E, D, H]
+    (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's dtype, 0 for
+    pairs that are not live."""
     pair = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < D
     gid = tl.load(expert_ids + pair).to(tl.int64)
     e = gid - first_expert
     acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
-    live = (gid >= 0) & (e >= 0) & (e < E)
-    if live:
+    if (gid >= 0) & (e >= 0) & (e < E):
         off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
-        k_lo = tl.program_id(2) * K_SPLIT
-        for k0 in range(k_lo, tl.minimum(k_lo + K_SPLIT, H), BLOCK_K):
+        for k0 in range(0, H, BLOCK_K):
             acc += gemv_chunk(w2, w2_scale, off, soff, nmask, act + pair * H, k0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-    y = row_sums(acc, FORMAT, DECODE)
-    last = tl.program_id(2) == 0                             # a pair that is not live: its zeros, once
-    if live & (tl.num_programs(2) > 1):                      # ws [SPLIT, M*K, D]
-        stride = tl.num_programs(0) * D
-        tl.store(ws + tl.program_id(2) * stride + pair * D + n, y, mask=nmask)
-        last = _last_split(counter + pair * tl.num_programs(1) + tl.program_id(1))
-        if last:
-            y = _split_total(ws + pair * D, stride, n, nmask)
-    if last:
-        tl.store(slot_out + pair * D + n, y.to(slot_out.dtype.element_ty), mask=nmask)
+    tl.store(slot_out + pair * D + n, row_sums(acc, FORMAT, DECODE).to(slot_out.dtype.element_ty), mask=nmask)
 
 
 @triton.jit
@@ -393,24 +340,13 @@ def auto_decode(device: torch.device) -> str:
     return "words"
 
 
-def split_for(programs: int, ncols: int, block_k: int, device: torch.device) -> int:
-    """Splits of K per program for a GEMV launch of ``programs`` programs over ``ncols`` columns:
-    enough for ``SPLIT_PROGRAMS_PER_SM`` programs per SM, at least ``SPLIT_MIN_ITERS`` K iterations
-    each; 1 under tracing (the ticket's cached counters must not hold fake tensors)."""
-    if tracing():
-        return 1
-    want = SPLIT_PROGRAMS_PER_SM * num_sms(device) // max(programs, 1)
-    return max(1, min(want, triton.cdiv(ncols, block_k) // SPLIT_MIN_ITERS))
-
-
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
                    block_k: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   num_stages: int | None = None, split_k: int | None = None) -> Tensor:
+                   num_stages: int | None = None) -> Tensor:
     """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
     H the intermediate size; ``decode``: the MXFP4 route (``DECODES``, or ``mma``: ``moe_decode_mma.py``, bf16 /
-    fp16 x; ``num_stages`` applies to it alone); ``split_k``: the CUDA-core kernels' splits of K (each
-    kernel takes at most one per K iteration; default ``split_for``). Same contract as ``moe.grouped_experts``."""
+    fp16 x; ``num_stages`` applies to it alone). Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
     decode = decode or MXFP4_DECODE
     if decode == "auto":
@@ -422,8 +358,6 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
         raise ValueError(f"moe decode: decode='mma' needs bf16 / fp16 x, got {x.dtype}")
     if num_stages is not None and not mma:
         raise ValueError("moe decode: num_stages applies to decode='mma' with MXFP4 experts alone")
-    if split_k is not None and (mma or split_k < 1):
-        raise ValueError(f"moe decode: split_k ({split_k}) must be >= 1, and applies to the CUDA-core routes alone")
     given = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
     cfg = {**DECODE_DEFAULTS["dense" if dense else "mma" if mma else "mxfp4"],
            **{k: v for k, v in given.items() if v is not None}}
@@ -453,21 +387,13 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     else:
         part_w = part_width(dense, bk)
         code = DECODES["words" if decode == "mma" else decode]          # dense experts: unused
-        rb_gu, rb_down = triton.cdiv(H, bn), triton.cdiv(D, bn)
-        splits = [min(split_k, triton.cdiv(n, bk)) if split_k else split_for(M * k * rb, n, bk, x.device)
-                  for rb, n in ((rb_gu, D), (rb_down, H))]
-        k_split = [triton.cdiv(triton.cdiv(n, sp), bk) * bk for sp, n in zip(splits, (D, H))]
-        splits = [triton.cdiv(n, ks) for n, ks in zip((D, H), k_split)]            # none empty
-        counter = ticket_counters(x.device, M * k * max(rb_gu, rb_down))
-        ws_gu = torch.empty((splits[0], M * k, 2, H) if splits[0] > 1 else (1,), dtype=torch.float32, device=x.device)
-        ws_down = torch.empty((splits[1], M * k, D) if splits[1] > 1 else (1,), dtype=torch.float32, device=x.device)
-        launcher(moe_decode_gate_up_kernel)[(M * k, rb_gu, splits[0])](
+        launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
             x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
-            E, D, H, k, ws_gu, counter, k_split[0], HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=code,
-            BLOCK_N=bn, BLOCK_K=bk, PART_W=part_w, num_warps=warps)
-        launcher(moe_decode_down_kernel)[(M * k, rb_down, splits[1])](
-            act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, ws_down, counter, k_split[1], FORMAT=fmt,
-            DECODE=code, BLOCK_N=bn, BLOCK_K=bk, PART_W=part_w, num_warps=warps)
+            E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=code, BLOCK_N=bn, BLOCK_K=bk,
+            PART_W=part_w, num_warps=warps)
+        launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
+            act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=code, BLOCK_N=bn,
+            BLOCK_K=bk, PART_W=part_w, num_warps=warps)
     launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, k, BLOCK=SUM_BLOCK,
                                                                          num_warps=4)
     return out
