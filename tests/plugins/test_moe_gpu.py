@@ -118,7 +118,7 @@ def test_both_schedules_flash_shapes(flash_weights, flash_mxfp4, schedule, fmt):
             _check_bf16(got, x, ids, w, (w13p, w13s), (w2p, w2s), first_expert, moe_experts_mxfp4_ref)
 
 
-@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3"])
+@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3", "e4m3_strided"])
 def test_mxfp4_decode_schedule_exact_in_fp32(flash_mxfp4, decode):
     """fp32 x: the GEMV schedule's E2M1 decode (both routes keep the e = 0 codes as fp32
     subnormals, which a flush to zero would lose: 1 in 8 codes) equals the fp32 reference up to
@@ -151,7 +151,31 @@ def test_mxfp4_tensor_core_decode_flash_shapes(flash_mxfp4, M, first_expert, til
     assert torch.equal(captured, got)
 
 
-@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3", "mma"])
+@pytest.mark.parametrize("fmt, decode", [("mxfp4", "e4m3"), ("mxfp4", "e4m3_strided"), ("bf16", None)])
+def test_decode_schedule_with_pdl_flash_shapes(flash_weights, flash_mxfp4, fmt, decode):
+    """``pdl=True`` (the down and slot-sum kernels launched early, waiting on their inputs): the
+    same bits as without, eager and on every replay of a CUDA graph; x of 1 and 16 tokens."""
+    from dspark_trt.plugins.kernels import moe as kmoe
+    for M in (1, 16):
+        x, ids, w = _routing(M, seed=7)
+        if fmt == "mxfp4":
+            run = lambda pdl: kmoe.moe_experts_mxfp4_triton(x, ids, w, *flash_mxfp4, 0, 10.0,  # noqa: E731
+                                                            schedule="decode", decode=decode, pdl=pdl)
+        else:
+            run = lambda pdl: kmoe.moe_experts_triton(x, ids, w, *flash_weights, 0, 10.0,  # noqa: E731
+                                                      schedule="decode", pdl=pdl)
+        want = run(False)
+        assert torch.equal(run(True), want)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = run(True)
+        for _ in range(3):
+            captured.zero_()
+            graph.replay()
+            assert torch.equal(captured, want)
+
+
+@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3", "e4m3_strided", "mma"])
 def test_gemv_decodes_every_code_exactly_on_gpu(decode):
     """Every E2M1 code at every word position, x from 2^-60 to 2^60, on the GPU's fp32 units
     (subnormal operands of the words route's multiplies kept) and its tensor cores (``mma``, the

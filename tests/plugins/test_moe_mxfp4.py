@@ -87,13 +87,14 @@ def kernel_results() -> dict:
 
 @pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",
                                   "moe_mxfp4_aot", "moe_mxfp4_decode", "moe_mxfp4_decode_tiles",
-                                  "moe_mxfp4_decode_bytes", "moe_mxfp4_decode_e4m3"])
+                                  "moe_mxfp4_decode_bytes", "moe_mxfp4_decode_e4m3",
+                                  "moe_mxfp4_decode_e4m3_strided"])
 def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
     r = kernel_results[case]
     assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
 
 
-@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3", "mma"])
+@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3", "e4m3_strided", "mma"])
 def test_gemv_decodes_every_code_exactly_in_the_interpreter(kernel_results, decode):
     """All 16 E2M1 codes at each of the 8 positions of a word, x from 2^-60 to 2^60: exact
     (``tests/support/mxfp4_codes.py``)."""
@@ -150,7 +151,7 @@ def test_schedule_arguments_are_checked():
         moe_experts_mxfp4_triton(*args, schedule="decode", block_m=16)
     with pytest.raises(ValueError, match=r"\['decode'\] do not apply to the grouped schedule"):
         moe_experts_mxfp4_triton(*args, schedule="grouped", decode="bytes")
-    with pytest.raises(ValueError, match="decode must be one of \\['bytes', 'e4m3', 'mma', 'words'\\] or auto, got 'fp16'"):
+    with pytest.raises(ValueError, match="decode must be one of \\['bytes', 'e4m3', 'e4m3_strided', 'mma', 'words'\\] or auto, got 'fp16'"):
         moe_experts_mxfp4_triton(*args, schedule="decode", decode="fp16")
     with pytest.raises(ValueError, match="decode='mma' needs bf16 / fp16 x, got torch.float32"):
         moe_experts_mxfp4_triton(*args, schedule="decode", decode="mma")

@@ -196,7 +196,7 @@ def _launches_moe_mxfp4(monkeypatch):
     mma = {**_DECODE, "decode": "mma"}
     configs = {torch.bfloat16: (_GROUPED, _MOE_BIG, {**_GROUPED, "dot_scaled": True}, _DECODE,
                                 {**_DECODE, "decode": "bytes"}, {**_DECODE, "decode": "e4m3"},
-                                {**_DECODE, "block_n": 8, "block_k": 1024}, mma,
+                                {**_DECODE, "decode": "e4m3_strided"}, {**_DECODE, "block_n": 8, "block_k": 1024}, mma,
                                 {**mma, "block_n": 128, "block_k": 512, "num_warps": 8, "num_stages": 2}),
                torch.float32: (_GROUPED, _DECODE, {**_DECODE, "decode": "e4m3"})}
     for dtype, kws in configs.items():

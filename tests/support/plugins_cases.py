@@ -525,11 +525,11 @@ def moe_mxfp4_cases(device) -> dict:
         words = kmoe.moe_experts_mxfp4_triton(*args, schedule="decode", decode="words")
         out[f"moe_mxfp4_decode_mma{name}"] = {"err": _err(got, ref_), "err16": _err(moe_experts_mxfp4_ref(*args), ref_),
                                               "vs_words": _err(got, words), "scale": float(ref_.abs().max())}
-    for decode in ("bytes", "e4m3"):
+    for decode in ("bytes", "e4m3", "e4m3_strided"):
         out[f"moe_mxfp4_decode_{decode}"] = {"err": _err(kmoe.moe_experts_mxfp4_triton(*base, decode=decode), ref),
                                              "scale": float(ref.abs().max())}
     from tests.support.mxfp4_codes import every_code_case
-    for decode in ("words", "bytes", "e4m3", "mma"):
+    for decode in ("words", "bytes", "e4m3", "e4m3_strided", "mma"):
         out[f"mxfp4_codes_{decode}"] = every_code_case(device, decode)
     return out
 

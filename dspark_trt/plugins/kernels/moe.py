@@ -245,10 +245,12 @@ def moe_experts_triton(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w
                        first_expert: int, swiglu_limit: float, block_m: int | None = None,
                        block_n: int | None = None, block_k: int | None = None,
                        num_warps: int | None = None, num_stages: int | None = None,
-                       schedule: str = "auto") -> Tensor:
+                       schedule: str = "auto", pdl: bool = False) -> Tensor:
     """Same contract as ``moe_experts_ref``; unset launch parameters from ``MOE_DEFAULTS`` (grouped)
-    or ``moe_decode.DECODE_DEFAULTS``; ``schedule`` as ``schedule_experts``."""
-    launch = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    or ``moe_decode.DECODE_DEFAULTS``; ``schedule`` as ``schedule_experts``; ``pdl``: the decode
+    schedule's (``moe_decode.decode_experts``)."""
+    launch = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
+                  pdl=pdl)
     return schedule_experts(x, expert_ids, routing_weights, (w13, None), (w2, None), first_expert, swiglu_limit,
                             w2.shape[2], schedule, launch)
 
@@ -278,20 +280,20 @@ def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13
     if schedule not in ("auto", "grouped", "decode"):
         raise ValueError(f"moe_experts: schedule must be auto, grouped or decode, got {schedule!r}")
     given = {k for k, v in launch.items() if v is not None and v is not False}
-    prefs = {"dot_scaled", "decode"}                 # each schedule's inner product: kept for when it runs
+    prefs = {"dot_scaled", "decode", "pdl"}          # each schedule's own choices: kept for when it runs
     if schedule == "auto":
         small = moe_decode.use_decode(x, expert_ids, dense=w13[1] is None)
         schedule = "decode" if small and not given - prefs else "grouped"
         given -= prefs
-    foreign = given & ({"block_m", "dot_scaled"} if schedule == "decode" else {"decode"})
+    foreign = given & ({"block_m", "dot_scaled"} if schedule == "decode" else {"decode", "pdl"})
     if foreign:
         raise ValueError(f"moe_experts: {sorted(foreign)} do not apply to the {schedule} schedule")
     if schedule == "decode":
-        keys = ("block_n", "block_k", "num_warps", "num_stages", "decode")
+        keys = ("block_n", "block_k", "num_warps", "num_stages", "decode", "pdl")
         return moe_decode.decode_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H,
                                          **{k: launch.get(k) for k in keys})
     return grouped_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H=H,
-                           **{k: v for k, v in launch.items() if k != "decode"})
+                           **{k: v for k, v in launch.items() if k not in ("decode", "pdl")})
 
 
 def grouped_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,

@@ -54,12 +54,14 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import DENSE, INTERPRET, MXFP4, launcher
+from .common import DENSE, INTERPRET, MXFP4, gdc_launch_dependents, gdc_wait, launcher, pdl_launch
 
 BYTES = tl.constexpr(0)                     # packed bytes, each weight times 2^126
 WORDS = tl.constexpr(1)                     # int32 words of 8 codes, 2^126 applied per group
 E4M3 = tl.constexpr(2)                      # int32 words of 8 codes through the fp8 conversion, weights * 2^-6
-DECODES = {"bytes": int(BYTES.value), "words": int(WORDS.value), "e4m3": int(E4M3.value)}
+E4M3_STRIDED = tl.constexpr(3)              # e4m3, x loaded per code position (``strided8``): no layout change
+DECODES = {"bytes": int(BYTES.value), "words": int(WORDS.value), "e4m3": int(E4M3.value),
+           "e4m3_strided": int(E4M3_STRIDED.value)}
 _INTERPRET = tl.constexpr(INTERPRET)
 MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "auto")
 TWO_126 = tl.constexpr(8.507059173023462e37)      # a code's fp32 bit pattern is its value * 2^-126
@@ -175,6 +177,15 @@ def split8(xv, W8: tl.constexpr):
 
 
 @triton.jit
+def strided8(xrow, k0, ncols, W8: tl.constexpr):
+    """x[k0 + 8i + t], t = 0..7, each [W8] fp32 (0 past ncols): eight strided loads, no layout change."""
+    i8 = k0 + 8 * tl.arange(0, W8)
+    return (_x_at(xrow, i8, ncols, 1.0), _x_at(xrow, i8 + 1, ncols, 1.0), _x_at(xrow, i8 + 2, ncols, 1.0),
+            _x_at(xrow, i8 + 3, ncols, 1.0), _x_at(xrow, i8 + 4, ncols, 1.0), _x_at(xrow, i8 + 5, ncols, 1.0),
+            _x_at(xrow, i8 + 6, ncols, 1.0), _x_at(xrow, i8 + 7, ncols, 1.0))
+
+
+@triton.jit
 def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMAT: tl.constexpr,
                DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``W[rows, k0 : k0 + BLOCK_K]`` times ``xrow[k0 : k0 + BLOCK_K]`` as an fp32 partial
@@ -191,10 +202,13 @@ def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMA
         return tile.to(tl.float32) * _x_at(xrow, cols, ncols, 1.0)[None, :]                # [BN, BK]
     else:
         G: tl.constexpr = BLOCK_K // 32
-        if DECODE == E4M3:                               # fp8 conversion, then one FFMA per weight
+        if (DECODE == E4M3) | (DECODE == E4M3_STRIDED):  # fp8 conversion, then one FFMA per weight
             W8: tl.constexpr = BLOCK_K // 8
             wd = _words(w, row_ptr_off, rmask, k0, ncols, W8)                              # [BN, BK/8] int32
-            x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, 1.0), W8)
+            if DECODE == E4M3_STRIDED:
+                x0, x1, x2, x3, x4, x5, x6, x7 = strided8(xrow, k0, ncols, W8)
+            else:
+                x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, 1.0), W8)
             c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_e4m3(wd)
             part = c0 * x0[None, :]
             part += c1 * x1[None, :]
@@ -235,7 +249,7 @@ def row_sums(acc, FORMAT: tl.constexpr, DECODE: tl.constexpr):
     if FORMAT != DENSE:
         if DECODE == WORDS:
             y = y * SUM_SCALE
-        elif DECODE == E4M3:
+        elif (DECODE == E4M3) | (DECODE == E4M3_STRIDED):
             y = y * E4M3_SUM_SCALE
     return y
 
@@ -261,9 +275,11 @@ def _row_offsets(rows, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr):
 def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, act, first_expert, limit,
                               E, D, H, K, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr,
                               DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              PART_W: tl.constexpr):
+                              PART_W: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (M*K, cdiv(H, BLOCK_N)). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4: [E, 2H, D/2] + [E, 2H, D/32])
-    -> act [M*K, H] for live pairs."""
+    -> act [M*K, H] for live pairs. PDL: lets the down kernel launch at once."""
+    if PDL:
+        gdc_launch_dependents()
     pair = tl.program_id(0).to(tl.int64)
     gid = tl.load(expert_ids + pair).to(tl.int64)
     e = gid - first_expert
@@ -293,17 +309,23 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
 
 @triton.jit
 def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
-                           DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
+                           DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """Grid (M*K, cdiv(D, BLOCK_N)), one program per pair and row block (a program per token
     looping over its slots left most of the H200 idle at one token). act [M*K, H]; w2 [E, D, H]
     (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's dtype, 0 for
-    pairs that are not live."""
+    pairs that are not live. PDL (launched with ``launch_pdl``): launched while the gate/up kernel
+    runs, it lets the slot sum launch and waits for act before its first read or write."""
+    if PDL:
+        gdc_launch_dependents()
     pair = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = n < D
     gid = tl.load(expert_ids + pair).to(tl.int64)
     e = gid - first_expert
     acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
+    if PDL:
+        gdc_wait()
     if (gid >= 0) & (e >= 0) & (e < E):
         off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
         for k0 in range(0, H, BLOCK_K):
@@ -312,9 +334,11 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert
 
 
 @triton.jit
-def moe_decode_slot_sum_kernel(slot_out, out, D, K, BLOCK: tl.constexpr):
+def moe_decode_slot_sum_kernel(slot_out, out, D, K, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (M, cdiv(D, BLOCK)). slot_out [M*K, D] -> out [M, D]: the token's slots summed in fp32
     in slot order (the grouped kernels' rounding: each slot rounded to out's dtype first)."""
+    if PDL:
+        gdc_wait()
     m = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     nmask = n < D
@@ -343,10 +367,11 @@ def auto_decode(device: torch.device) -> str:
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
                    block_k: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   num_stages: int | None = None) -> Tensor:
+                   num_stages: int | None = None, pdl: bool = False) -> Tensor:
     """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
     H the intermediate size; ``decode``: the MXFP4 route (``DECODES``, or ``mma``: ``moe_decode_mma.py``, bf16 /
-    fp16 x; ``num_stages`` applies to it alone). Same contract as ``moe.grouped_experts``."""
+    fp16 x; ``num_stages`` applies to it alone); ``pdl``: the CUDA-core routes' down and slot-sum kernels
+    with programmatic dependent launch (sm_90+, ``common.pdl_launch``). Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
     decode = decode or MXFP4_DECODE
     if decode == "auto":
@@ -358,6 +383,10 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
         raise ValueError(f"moe decode: decode='mma' needs bf16 / fp16 x, got {x.dtype}")
     if num_stages is not None and not mma:
         raise ValueError("moe decode: num_stages applies to decode='mma' with MXFP4 experts alone")
+    if pdl and mma:
+        raise ValueError("moe decode: pdl applies to the CUDA-core routes alone")
+    pdl = bool(pdl)
+    pdl_kw = pdl_launch(pdl, "moe decode", x)
     given = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
     cfg = {**DECODE_DEFAULTS["dense" if dense else "mma" if mma else "mxfp4"],
            **{k: v for k, v in given.items() if v is not None}}
@@ -390,10 +419,10 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
         launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
             x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
             E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=code, BLOCK_N=bn, BLOCK_K=bk,
-            PART_W=part_w, num_warps=warps)
+            PART_W=part_w, PDL=pdl, num_warps=warps)
         launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
             act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=code, BLOCK_N=bn,
-            BLOCK_K=bk, PART_W=part_w, num_warps=warps)
+            BLOCK_K=bk, PART_W=part_w, PDL=pdl, num_warps=warps, **pdl_kw)
     launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, k, BLOCK=SUM_BLOCK,
-                                                                         num_warps=4)
+                                                                         PDL=pdl, num_warps=4, **pdl_kw)
     return out
