@@ -1,6 +1,6 @@
 """Instructions per weight in the MoE decode GEMVs' K loop, from sm_90 SASS compiled on a CPU.
 
-    python benchmarks/moe_decode_sass.py [--decode words,bytes,e4m3,mma] [--tile 64,256,4,3]
+    python benchmarks/moe_decode_sass.py [--decode words,bytes,e4m3] [--tile 16,512,4]
 
 Records ``decode_experts``' launches for V4-Flash expert shapes (d=4096, h=2048, MXFP4), compiles
 each for ``GPUTarget("cuda", 90, 32)`` with the ptxas Triton ships, disassembles it with its
@@ -44,13 +44,12 @@ def loop_ops(sass: str) -> list[str]:
     return best
 
 
-def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None,
-                      num_stages=None) -> tuple[float, collections.Counter]:
+def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None) -> tuple[float, collections.Counter]:
     """(instructions per weight one thread decodes per iteration, opcode counts) of the MXFP4
-    gate/up kernel's K loop with the E2M1 route ``decode`` (``mma``: ``moe_decode_mma.py``), V4-Flash
-    expert shapes, sm_90; the route's default tile unless given."""
+    gate/up kernel's K loop with the E2M1 route ``decode``, V4-Flash expert shapes, sm_90; the
+    default tile unless given."""
     x, ids, w, w13, s13, w2, s2, fe, lim = moe_mxfp4_inputs("cpu", torch.bfloat16, M=4, k=6, E=8, d=4096, h=2048)
-    launch = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+    launch = dict(block_n=block_n, block_k=block_k, num_warps=num_warps)
     rec, launcher = [], kmd.launcher
     kmd.launcher = _Recorder(rec)
     try:
@@ -58,9 +57,7 @@ def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None,
                            **{k: v for k, v in launch.items() if v is not None})
     finally:
         kmd.launcher = launcher
-    from dspark_trt.plugins.kernels import moe_decode_mma as kmma
-    gate_up = (kmd.moe_decode_gate_up_kernel, kmma.moe_decode_gate_up_mma_kernel)
-    kernel, a, kw = next(r for r in rec if r[0] in gate_up)
+    kernel, a, kw = next(r for r in rec if r[0] is kmd.moe_decode_gate_up_kernel)
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compile_launch(kernel, a, kw).asm["cubin"])
         f.flush()
@@ -71,10 +68,10 @@ def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None,
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--decode", default="words,bytes,e4m3,mma")
-    ap.add_argument("--tile", default="", help="block_n,block_k,num_warps[,num_stages] for every route")
+    ap.add_argument("--decode", default="words,bytes,e4m3")
+    ap.add_argument("--tile", default="", help="block_n,block_k,num_warps for every route")
     args = ap.parse_args()
-    tile = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), map(int, filter(None, args.tile.split(",")))))
+    tile = dict(zip(("block_n", "block_k", "num_warps"), map(int, filter(None, args.tile.split(",")))))
     for decode in args.decode.split(","):
         per_weight, count = loop_instructions(decode, **tile)
         print(f"{decode}: {sum(count.values())} instructions per iteration, {per_weight:.2f} per weight, "

@@ -11,15 +11,15 @@ bf16) + x, routing and output; bandwidth as % of 4.8 TB/s. The bf16 weights are 
 dequantised (exact), so both formats compute the same products: parity is the max abs difference
 to the bf16 grouped output, against its scale. Schedules: the GEMV decode schedule
 (``kernels/moe_decode.py``, the op's choice up to ``DECODE_MAX_PAIRS`` pairs; its tile sweep at
---sweep-ms; the fp8-conversion routes' tiles at --e4m3-sweep-ms; its tensor-core route ``decode="mma"``, ``kernels/moe_decode_mma.py``, with its tiles at
---mma-sweep-ms) and the grouped kernels (``tl.dot_scaled``, the op's choice above; the in-register
+--sweep-ms; the fp8-conversion route's tiles at --e4m3-sweep-ms; ``mxfp4_gemv_e4m3_nopdl``: without
+programmatic dependent launch) and the grouped kernels (``tl.dot_scaled``, the op's choice above; the in-register
 decode at --grouped-decode-ms), for bf16 the grouped and the GEMV schedule; failures are recorded.
 
 Writes ``moe-mxfp4-<gpu>-<sha>.json`` into --out ($OUT, else benchmarks/results/): git sha, GPU
 name, versions, shapes, the command. About 2-3 minutes on an H200 (V4-Pro's bf16 experts: 51 GB).
 
     python benchmarks/moe_mxfp4_bench.py [--models flash,pro] [--ms 1,2,4,8,16,32,64] [--sweep-ms 1,16]
-        [--e4m3-sweep-ms 1,16] [--mma-sweep-ms 1,16] [--out DIR]
+        [--e4m3-sweep-ms 1,16] [--out DIR]
 """
 from __future__ import annotations
 
@@ -54,20 +54,13 @@ MODELS = {"flash": "deepseek-v4-flash-dspark", "pro": "deepseek-v4-pro-dspark"}
 VARIANTS = {"mxfp4_gemv": dict(schedule="decode"),
             "mxfp4_gemv_bytes": dict(schedule="decode", decode="bytes"),
             "mxfp4_gemv_e4m3": dict(schedule="decode", decode="e4m3"),
-            "mxfp4_gemv_e4m3_strided": dict(schedule="decode", decode="e4m3_strided"),
-            "mxfp4_gemv_e4m3_pdl": dict(schedule="decode", decode="e4m3", pdl=True),
-            "mxfp4_gemv_e4m3_strided_pdl": dict(schedule="decode", decode="e4m3_strided", pdl=True),
-            "mxfp4_gemv_mma": dict(schedule="decode", decode="mma"),
+            "mxfp4_gemv_e4m3_nopdl": dict(schedule="decode", decode="e4m3", pdl=False),
             "mxfp4_grouped_dot_scaled": dict(schedule="grouped", dot_scaled=True),
             "mxfp4_grouped_decode": dict(schedule="grouped")}
 GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (8, 16, 32) for k in (256, 512, 1024) for w in (4, 8)]
-# the fp8-conversion routes' tiles (x split through a layout change, or loaded per code position)
-E4M3_SWEEP = [dict(decode=d, block_n=n, block_k=k, num_warps=w) for d in ("e4m3", "e4m3_strided")
-              for n, k, w in ((16, 512, 4), (16, 256, 4), (32, 256, 4), (16, 1024, 4), (8, 1024, 4), (32, 512, 8))]
-# tiles of the tensor-core route (kernels/moe_decode_mma.py): block_n, block_k, num_warps, num_stages
-MMA_SWEEP = [dict(block_n=n, block_k=k, num_warps=w, num_stages=s) for n, k, w, s in (
-    (64, 256, 4, 2), (64, 256, 4, 4), (64, 128, 4, 3), (64, 512, 4, 3), (32, 256, 4, 3), (128, 256, 8, 3),
-    (128, 512, 8, 2), (64, 256, 8, 3))]
+# the fp8-conversion route's tiles
+E4M3_SWEEP = [dict(decode="e4m3", block_n=n, block_k=k, num_warps=w)
+              for n, k, w in ((16, 256, 4), (32, 256, 4), (16, 1024, 4), (8, 1024, 4), (32, 512, 8))]
 
 
 def shape(model: str) -> dict:
@@ -112,7 +105,6 @@ def main():
     ap.add_argument("--ms", default="1,2,4,8,16,32,64")
     ap.add_argument("--sweep-ms", default="1,16", help="token counts at which GEMV_SWEEP's tiles also run")
     ap.add_argument("--e4m3-sweep-ms", default="1,16", help="token counts at which E4M3_SWEEP's tiles also run")
-    ap.add_argument("--mma-sweep-ms", default="1,16", help="token counts at which MMA_SWEEP's tiles also run")
     ap.add_argument("--grouped-decode-ms", default="1,16", help="token counts for mxfp4_grouped_decode (slow)")
     ap.add_argument("--limit", type=float, default=10.0, help="swiglu_limit")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "results"))
@@ -160,9 +152,6 @@ def main():
             if M in parse(args.e4m3_sweep_ms):
                 variants.update({"mxfp4_gemv_{decode}_n{block_n}_k{block_k}_w{num_warps}".format(**kw):
                                  dict(schedule="decode", **kw) for kw in E4M3_SWEEP})
-            if M in parse(args.mma_sweep_ms):
-                variants.update({"mxfp4_gemv_mma_n{block_n}_k{block_k}_w{num_warps}_s{num_stages}".format(**kw):
-                                 dict(schedule="decode", decode="mma", **kw) for kw in MMA_SWEEP})
             for name, kw in variants.items():
                 rec = {"config": kw}
                 try:
@@ -187,11 +176,8 @@ def main():
                   f"{row['bf16_gemv']['cold_us']:8.1f} us ({row['bf16_gemv']['pct']:5.1f}%)  mxfp4 gemv "
                   + (f"{gemv['cold_us']:8.1f} us ({gemv['pct']:5.1f}%) e4m3 "
                      f"{row['mxfp4_gemv_e4m3'].get('cold_us', float('nan')):8.1f} us "
-                     f"({row['mxfp4_gemv_e4m3'].get('pct', float('nan')):5.1f}%) strided "
-                     f"{row['mxfp4_gemv_e4m3_strided'].get('cold_us', float('nan')):8.1f} us pdl "
-                     f"{row['mxfp4_gemv_e4m3_pdl'].get('cold_us', float('nan')):8.1f} us mma "
-                     f"{row['mxfp4_gemv_mma'].get('cold_us', float('nan')):8.1f} us "
-                     f"({row['mxfp4_gemv_mma'].get('pct', float('nan')):5.1f}%) dot_scaled "
+                     f"({row['mxfp4_gemv_e4m3'].get('pct', float('nan')):5.1f}%) no pdl "
+                     f"{row['mxfp4_gemv_e4m3_nopdl'].get('cold_us', float('nan')):8.1f} us dot_scaled "
                      f"{row['mxfp4_grouped_dot_scaled'].get('cold_us', float('nan')):8.1f} us"
                      if "cold_us" in gemv else gemv.get("error", "?"))
                   + (f"  best {best['cold_us']:9.1f} us ({best['pct']:5.1f}%) x{best['speedup_vs_bf16']:.2f} "

@@ -4,8 +4,7 @@ Rows of 128 columns whose code at column c of row r is (r + c) % 16 (all 16 code
 word positions), E8M0 scales 2^-1 .. 2^1 per 32-column group, and x = +-2^a for one a per run: every
 product is a multiple of 2^(a-2) and each row's sum needs a dozen bits, so the GEMV equals the
 dequantised reference exactly in any summation order. a spans the range the ``words`` route
-promises to be exact on (|x| < 2^65, nonzero |w x| >= 2^-63; ``e4m3``: |x| < 2^120, >= 2^-140); ``mma``
-(``moe_decode_mma.mma_rows``) takes x in bf16, which holds every +-2^a.
+promises to be exact on (|x| < 2^65, nonzero |w x| >= 2^-63; ``e4m3``: |x| < 2^120, >= 2^-140).
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import triton.language as tl
 
 from dspark_trt.plugins.kernels.common import MXFP4
 from dspark_trt.plugins.kernels.moe_decode import DECODES, _row_offsets, gemv_chunk, part_width, row_sums
-from dspark_trt.plugins.kernels.moe_decode_mma import mma_rows
 
 ROWS, COLS = 16, 128
 EXPONENTS = (-60, -20, 0, 20, 60)
@@ -30,12 +28,6 @@ def _gemv_rows_kernel(w, w_scale, x, out, ncols, DECODE: tl.constexpr, BLOCK_N: 
     for k0 in range(0, ncols, BLOCK_K):
         acc += gemv_chunk(w, w_scale, off, soff, n < BLOCK_N, x, k0, ncols, MXFP4, DECODE, BLOCK_N, BLOCK_K)
     tl.store(out + n, row_sums(acc, MXFP4, DECODE))
-
-
-@triton.jit
-def _mma_rows_kernel(w, w_scale, x, out, ncols, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    n = tl.arange(0, BLOCK_N)
-    tl.store(out + n, mma_rows(w, w_scale, n, n < BLOCK_N, x, ncols, BLOCK_N, BLOCK_K))
 
 
 def every_code_weights(device):
@@ -57,10 +49,7 @@ def every_code_case(device, decode: str) -> dict:
         x = signs * 2.0 ** a
         want = (ref_w @ x).float()
         got = torch.empty(ROWS, dtype=torch.float32, device=device)
-        if decode == "mma":                       # bf16 x (+-2^a is exact), two chunks of 64 columns
-            _mma_rows_kernel[(1,)](w, scale, x.bfloat16(), got, COLS, BLOCK_N=ROWS, BLOCK_K=64)
-        else:
-            _gemv_rows_kernel[(1,)](w, scale, x.float(), got, COLS, DECODE=DECODES[decode], BLOCK_N=ROWS, BLOCK_K=64,
-                                     PART_W=part_width(False, 64))
+        _gemv_rows_kernel[(1,)](w, scale, x.float(), got, COLS, DECODE=DECODES[decode], BLOCK_N=ROWS, BLOCK_K=64,
+                                 PART_W=part_width(False, 64))
         runs.append((a, float((got.double() - want.double()).abs().max()), bool(torch.equal(got, want))))
     return {"exact": all(r[2] for r in runs), "runs": runs}

@@ -245,7 +245,7 @@ def moe_experts_triton(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w
                        first_expert: int, swiglu_limit: float, block_m: int | None = None,
                        block_n: int | None = None, block_k: int | None = None,
                        num_warps: int | None = None, num_stages: int | None = None,
-                       schedule: str = "auto", pdl: bool = False) -> Tensor:
+                       schedule: str = "auto", pdl: bool | None = None) -> Tensor:
     """Same contract as ``moe_experts_ref``; unset launch parameters from ``MOE_DEFAULTS`` (grouped)
     or ``moe_decode.DECODE_DEFAULTS``; ``schedule`` as ``schedule_experts``; ``pdl``: the decode
     schedule's (``moe_decode.decode_experts``)."""
@@ -285,11 +285,11 @@ def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13
         small = moe_decode.use_decode(x, expert_ids, dense=w13[1] is None)
         schedule = "decode" if small and not given - prefs else "grouped"
         given -= prefs
-    foreign = given & ({"block_m", "dot_scaled"} if schedule == "decode" else {"decode", "pdl"})
+    foreign = given & ({"block_m", "num_stages", "dot_scaled"} if schedule == "decode" else {"decode", "pdl"})
     if foreign:
         raise ValueError(f"moe_experts: {sorted(foreign)} do not apply to the {schedule} schedule")
     if schedule == "decode":
-        keys = ("block_n", "block_k", "num_warps", "num_stages", "decode", "pdl")
+        keys = ("block_n", "block_k", "num_warps", "decode", "pdl")
         return moe_decode.decode_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H,
                                          **{k: launch.get(k) for k in keys})
     return grouped_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H=H,

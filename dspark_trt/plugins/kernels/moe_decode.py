@@ -15,6 +15,9 @@ the sort by expert:
 * ``moe_decode_slot_sum_kernel``: a token's slots summed in fp32 in slot order and rounded once,
   the slot sum of ``grouped_experts``.
 
+On sm_90+ GPUs the down and slot-sum kernels launch with programmatic dependent launch (``auto_pdl``,
+``pdl=``): each starts while its predecessor runs and waits for its inputs before reading them.
+
 The rounding points are the grouped kernels', so only the summation order differs. A pair whose
 expert another token also chose reads that expert again (from L2 when they run together): past a
 few tokens per expert the grouped kernels win (``DECODE_MAX_PAIRS``).
@@ -44,6 +47,14 @@ picks (unset: ``auto``, ``e4m3`` on sm_89+ GPUs, else ``words``):
   operations 1, the rest x's layout and the loop).
   Exact while each nonzero ``|w x|`` >= 2^-140 and ``|x| < 2^120``; the group sums leave times 2^6.
   The interpreter runs the same arithmetic with the ``words`` decode scaled by 2^120 (exact).
+
+Tried and dropped (session 52, an H100, V4-Flash experts at one token, e4m3 62.8 us; commits
+7a6e359, 4084de3, fe9b445; ``moe-mxfp4-NVIDIA-H100-80GB-HBM3-{aa1178a,4084de3,fe9b445}.json.gz``):
+fp16 tensor-core GEMVs (weights through the same conversion into wgmma tiles, x as a block-diagonal
+operand for the per-group scales; 3.25 SASS instructions per weight, loads pipelined) at 99.7-157.8 us
+over 8 tiles, 1.6-2.2x slower at 1-32 tokens; K split over up to 8 programs with a ticket reduction,
+62.8 -> 61.0-89.4 us; x loaded per code position instead of split through a layout change (12 -> 4
+barriers per iteration, more instructions), 65.8 us.
 """
 from __future__ import annotations
 
@@ -54,14 +65,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import DENSE, INTERPRET, MXFP4, gdc_launch_dependents, gdc_wait, launcher, pdl_launch
+from .common import DENSE, INTERPRET, MXFP4, gdc_launch_dependents, gdc_wait, launcher, pdl_launch, tracing
 
 BYTES = tl.constexpr(0)                     # packed bytes, each weight times 2^126
 WORDS = tl.constexpr(1)                     # int32 words of 8 codes, 2^126 applied per group
 E4M3 = tl.constexpr(2)                      # int32 words of 8 codes through the fp8 conversion, weights * 2^-6
-E4M3_STRIDED = tl.constexpr(3)              # e4m3, x loaded per code position (``strided8``): no layout change
-DECODES = {"bytes": int(BYTES.value), "words": int(WORDS.value), "e4m3": int(E4M3.value),
-           "e4m3_strided": int(E4M3_STRIDED.value)}
+DECODES = {"bytes": int(BYTES.value), "words": int(WORDS.value), "e4m3": int(E4M3.value)}
 _INTERPRET = tl.constexpr(INTERPRET)
 MXFP4_DECODE = os.environ.get("DSPARK_MXFP4_DECODE", "auto")
 TWO_126 = tl.constexpr(8.507059173023462e37)      # a code's fp32 bit pattern is its value * 2^-126
@@ -111,8 +120,7 @@ DECODE_MAX_PAIRS = {"dense": 128, "mxfp4": 192}
 SUM_BLOCK = 1024                            # columns per program of the slot sum
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
-                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4),
-                   "mma": dict(block_n=64, block_k=256, num_warps=4, num_stages=3)}   # moe_decode_mma.py
+                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
 
 
 @triton.jit
@@ -177,15 +185,6 @@ def split8(xv, W8: tl.constexpr):
 
 
 @triton.jit
-def strided8(xrow, k0, ncols, W8: tl.constexpr):
-    """x[k0 + 8i + t], t = 0..7, each [W8] fp32 (0 past ncols): eight strided loads, no layout change."""
-    i8 = k0 + 8 * tl.arange(0, W8)
-    return (_x_at(xrow, i8, ncols, 1.0), _x_at(xrow, i8 + 1, ncols, 1.0), _x_at(xrow, i8 + 2, ncols, 1.0),
-            _x_at(xrow, i8 + 3, ncols, 1.0), _x_at(xrow, i8 + 4, ncols, 1.0), _x_at(xrow, i8 + 5, ncols, 1.0),
-            _x_at(xrow, i8 + 6, ncols, 1.0), _x_at(xrow, i8 + 7, ncols, 1.0))
-
-
-@triton.jit
 def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMAT: tl.constexpr,
                DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """``W[rows, k0 : k0 + BLOCK_K]`` times ``xrow[k0 : k0 + BLOCK_K]`` as an fp32 partial
@@ -202,13 +201,10 @@ def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMA
         return tile.to(tl.float32) * _x_at(xrow, cols, ncols, 1.0)[None, :]                # [BN, BK]
     else:
         G: tl.constexpr = BLOCK_K // 32
-        if (DECODE == E4M3) | (DECODE == E4M3_STRIDED):  # fp8 conversion, then one FFMA per weight
+        if DECODE == E4M3:                               # fp8 conversion, then one FFMA per weight
             W8: tl.constexpr = BLOCK_K // 8
             wd = _words(w, row_ptr_off, rmask, k0, ncols, W8)                              # [BN, BK/8] int32
-            if DECODE == E4M3_STRIDED:
-                x0, x1, x2, x3, x4, x5, x6, x7 = strided8(xrow, k0, ncols, W8)
-            else:
-                x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, 1.0), W8)
+            x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, 1.0), W8)
             c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_e4m3(wd)
             part = c0 * x0[None, :]
             part += c1 * x1[None, :]
@@ -249,7 +245,7 @@ def row_sums(acc, FORMAT: tl.constexpr, DECODE: tl.constexpr):
     if FORMAT != DENSE:
         if DECODE == WORDS:
             y = y * SUM_SCALE
-        elif (DECODE == E4M3) | (DECODE == E4M3_STRIDED):
+        elif DECODE == E4M3:
             y = y * E4M3_SUM_SCALE
     return y
 
@@ -356,6 +352,14 @@ def use_decode(x: Tensor, expert_ids: Tensor, dense: bool) -> bool:
         torch.float32, torch.bfloat16, torch.float16)
 
 
+def auto_pdl(x: Tensor) -> bool:
+    """Programmatic dependent launch for eager calls on sm_90+ GPUs (an H100, V4-Flash experts: one
+    token 62.8 -> 60.9 us, V4-Pro 121.0 -> 118.8, moe-mxfp4-NVIDIA-H100-80GB-HBM3-fe9b445.json.gz);
+    off under tracing (export / AOTInductor keep plain launches), the interpreter and older GPUs."""
+    return (x.is_cuda and not INTERPRET and gdc_wait is not None and not tracing()
+            and torch.cuda.get_device_capability(x.device) >= (9, 0))
+
+
 def auto_decode(device: torch.device) -> str:
     """``DSPARK_MXFP4_DECODE=auto``'s route on ``device``: ``e4m3`` on sm_89+ GPUs (the fp8
     conversion instruction), ``words`` elsewhere (older GPUs, the interpreter)."""
@@ -367,29 +371,13 @@ def auto_decode(device: torch.device) -> str:
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
                    block_k: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   num_stages: int | None = None, pdl: bool = False) -> Tensor:
+                   pdl: bool | None = None) -> Tensor:
     """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
-    H the intermediate size; ``decode``: the MXFP4 route (``DECODES``, or ``mma``: ``moe_decode_mma.py``, bf16 /
-    fp16 x; ``num_stages`` applies to it alone); ``pdl``: the CUDA-core routes' down and slot-sum kernels
-    with programmatic dependent launch (sm_90+, ``common.pdl_launch``). Same contract as ``moe.grouped_experts``."""
+    H the intermediate size; ``pdl``: the down and slot-sum kernels with programmatic dependent launch
+    (None: ``auto_pdl``). Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
-    decode = decode or MXFP4_DECODE
-    if decode == "auto":
-        decode = auto_decode(x.device)
-    if decode not in DECODES and decode != "mma":
-        raise ValueError(f"moe decode: decode must be one of {sorted([*DECODES, 'mma'])} or auto, got {decode!r}")
-    mma = decode == "mma" and not dense
-    if mma and x.dtype not in (torch.bfloat16, torch.float16):
-        raise ValueError(f"moe decode: decode='mma' needs bf16 / fp16 x, got {x.dtype}")
-    if num_stages is not None and not mma:
-        raise ValueError("moe decode: num_stages applies to decode='mma' with MXFP4 experts alone")
-    if pdl and mma:
-        raise ValueError("moe decode: pdl applies to the CUDA-core routes alone")
-    pdl = bool(pdl)
-    pdl_kw = pdl_launch(pdl, "moe decode", x)
-    given = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
-    cfg = {**DECODE_DEFAULTS["dense" if dense else "mma" if mma else "mxfp4"],
-           **{k: v for k, v in given.items() if v is not None}}
+    cfg = {**DECODE_DEFAULTS["dense" if dense else "mxfp4"],
+           **{k: v for k, v in dict(block_n=block_n, block_k=block_k, num_warps=num_warps).items() if v is not None}}
     if not dense and cfg["block_k"] % 32:
         raise ValueError(f"moe decode: MXFP4 needs block_k a multiple of 32, got {cfg['block_k']}")
     M, D = x.shape
@@ -403,26 +391,24 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     slot_out = torch.empty((M * k, D), dtype=x.dtype, device=x.device)
     out = torch.empty((M, D), dtype=x.dtype, device=x.device)
     bn, bk, warps = cfg["block_n"], cfg["block_k"], cfg["num_warps"]
+    decode = decode or MXFP4_DECODE
+    if decode == "auto":
+        decode = auto_decode(x.device)
+    if decode not in DECODES:
+        raise ValueError(f"moe decode: decode must be one of {sorted(DECODES)} or auto, got {decode!r}")
     if not dense and decode != "bytes":                  # 8 codes per int32 (rows are 16-byte multiples)
         w13_v, w2_v = w13_v.view(torch.int32), w2_v.view(torch.int32)
-    if mma:
-        from . import moe_decode_mma as kmma            # it imports this module's decode helpers
-        launch = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=cfg["num_stages"])
-        launcher(kmma.moe_decode_gate_up_mma_kernel)[(M * k, triton.cdiv(H, bn))](
-            x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
-            E, D, H, k, HAS_LIMIT=swiglu_limit > 0, **launch)
-        launcher(kmma.moe_decode_down_mma_kernel)[(M * k, triton.cdiv(D, bn))](
-            act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, **launch)
-    else:
-        part_w = part_width(dense, bk)
-        code = DECODES["words" if decode == "mma" else decode]          # dense experts: unused
-        launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
-            x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
-            E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=code, BLOCK_N=bn, BLOCK_K=bk,
-            PART_W=part_w, PDL=pdl, num_warps=warps)
-        launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
-            act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=code, BLOCK_N=bn,
-            BLOCK_K=bk, PART_W=part_w, PDL=pdl, num_warps=warps, **pdl_kw)
+    part_w = part_width(dense, bk)
+    decode = DECODES[decode]
+    pdl = auto_pdl(x) if pdl is None else bool(pdl)
+    pdl_kw = pdl_launch(pdl, "moe decode", x)
+    launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
+        x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
+        E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, PART_W=part_w,
+        PDL=pdl, num_warps=warps)
+    launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
+        act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
+        BLOCK_K=bk, PART_W=part_w, PDL=pdl, num_warps=warps, **pdl_kw)
     launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, k, BLOCK=SUM_BLOCK,
                                                                          PDL=pdl, num_warps=4, **pdl_kw)
     return out
