@@ -142,6 +142,10 @@ def test_schedule_arguments_are_checked():
         moe_experts_mxfp4_triton(*args, schedule="grouped", pdl=True)
     with pytest.raises(ValueError, match="moe decode: pdl=True needs a CUDA GPU"):
         moe_experts_mxfp4_triton(*args, schedule="decode", pdl=True)
+    with pytest.raises(ValueError, match="maxnreg must be within 24..255 registers, got 8"):
+        moe_experts_mxfp4_triton(*args, schedule="decode", maxnreg=8)
+    with pytest.raises(ValueError, match=r"\['maxnreg'\] do not apply to the grouped schedule"):
+        moe_experts_mxfp4_triton(*args, schedule="grouped", maxnreg=72)
     with pytest.raises(ValueError, match="schedule must be auto, grouped or decode, got 'gemv'"):
         moe_experts_mxfp4_triton(*args, schedule="gemv")
     with pytest.raises(ValueError, match="MXFP4 needs block_k a multiple of 32, got 48"):

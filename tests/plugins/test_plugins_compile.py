@@ -27,7 +27,7 @@ from tests.support.plugins_cases import (block_attention_inputs, markov_inputs, 
 TARGET = GPUTarget("cuda", 90, 32)
 _PTR = {torch.float8_e4m3fn: "*fp8e4nv", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
         torch.int32: "*i32", torch.uint8: "*u8", torch.int8: "*i8"}
-_OPTIONS = ("num_warps", "num_stages")
+_OPTIONS = ("num_warps", "num_stages", "maxnreg")
 SM90_MAX_SHARED = 232448                  # bytes of shared memory one H100 / H200 block may use
 
 
@@ -190,11 +190,11 @@ def _launches_moe(monkeypatch):
 def _launches_moe_mxfp4(monkeypatch):
     """The MXFP4 weight format of both schedules: grouped with bf16 x (default tiles, the large
     tile, ``tl.dot_scaled``) and fp32 x; decode with each E2M1 route (int32 words, bytes, the fp8
-    conversion's inline PTX) and a long block_k."""
+    conversion's inline PTX, with a register cap) and a long block_k."""
     out = []
     configs = {torch.bfloat16: (_GROUPED, _MOE_BIG, {**_GROUPED, "dot_scaled": True}, _DECODE,
                                 {**_DECODE, "decode": "bytes"}, {**_DECODE, "decode": "e4m3"},
-                                {**_DECODE, "block_n": 8, "block_k": 1024}),
+                                {**_DECODE, "block_n": 8, "block_k": 1024}, {**_DECODE, "decode": "e4m3", "maxnreg": 72}),
                torch.float32: (_GROUPED, _DECODE, {**_DECODE, "decode": "e4m3"})}
     for dtype, kws in configs.items():
         args = moe_mxfp4_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)

@@ -374,10 +374,12 @@ def auto_decode(device: torch.device) -> str:
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
                    block_k: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   pdl: bool | None = None) -> Tensor:
+                   pdl: bool | None = None, maxnreg: int | None = None) -> Tensor:
     """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
     H the intermediate size; ``pdl``: the down and slot-sum kernels with programmatic dependent launch
-    (None: ``auto_pdl``). Same contract as ``moe.grouped_experts``."""
+    (None: ``auto_pdl``); ``maxnreg``: a register cap for the two GEMVs (Triton's launch option; more
+    programs per SM, perhaps spills; untimed, for ``moe_mxfp4_bench.py``'s ``_r`` variants).
+    Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
     cfg = {**DECODE_DEFAULTS["dense" if dense else "mxfp4"],
            **{k: v for k, v in dict(block_n=block_n, block_k=block_k, num_warps=num_warps).items() if v is not None}}
@@ -405,13 +407,16 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     decode = DECODES[decode]
     pdl = auto_pdl(x) if pdl is None else bool(pdl)
     pdl_kw = pdl_launch(pdl, "moe decode", x)
+    if maxnreg is not None and not 24 <= maxnreg <= 255:
+        raise ValueError(f"moe decode: maxnreg must be within 24..255 registers, got {maxnreg}")
+    cap = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
     launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
         x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
         E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, PART_W=part_w,
-        PDL=pdl, num_warps=warps)
+        PDL=pdl, num_warps=warps, **cap)
     launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
         act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
-        BLOCK_K=bk, PART_W=part_w, PDL=pdl, num_warps=warps, **pdl_kw)
+        BLOCK_K=bk, PART_W=part_w, PDL=pdl, num_warps=warps, **cap, **pdl_kw)
     launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, K=k, BLOCK=SUM_BLOCK,
                                                                          PDL=pdl, num_warps=2, **pdl_kw)
     return out
