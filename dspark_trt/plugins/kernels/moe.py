@@ -271,6 +271,10 @@ def moe_experts_mxfp4_triton(x: Tensor, expert_ids: Tensor, routing_weights: Ten
                             {**launch, "dot_scaled": dot_scaled})
 
 
+# launch keys that only the decode schedule takes (``moe_decode.decode_experts``), beside the tile it shares
+DECODE_ONLY = {"decode", "pdl", "maxnreg"}
+
+
 def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                      first_expert: int, swiglu_limit: float, H: int, schedule: str, launch: dict) -> Tensor:
     """``schedule``: "grouped" (``grouped_experts``), "decode" (``moe_decode.decode_experts``: GEMVs
@@ -280,21 +284,20 @@ def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13
     if schedule not in ("auto", "grouped", "decode"):
         raise ValueError(f"moe_experts: schedule must be auto, grouped or decode, got {schedule!r}")
     given = {k for k, v in launch.items() if v is not None and v is not False}
-    prefs = {"dot_scaled", "decode", "pdl", "maxnreg"}   # each schedule's own choices: kept for when it runs
+    prefs = {"dot_scaled"} | DECODE_ONLY             # each schedule's own choices: kept for when it runs
     if schedule == "auto":
         small = moe_decode.use_decode(x, expert_ids, dense=w13[1] is None)
         schedule = "decode" if small and not given - prefs else "grouped"
         given -= prefs
-    foreign = given & ({"block_m", "num_stages", "dot_scaled"} if schedule == "decode"
-                       else {"decode", "pdl", "maxnreg"})
+    foreign = given & ({"block_m", "num_stages", "dot_scaled"} if schedule == "decode" else DECODE_ONLY)
     if foreign:
         raise ValueError(f"moe_experts: {sorted(foreign)} do not apply to the {schedule} schedule")
     if schedule == "decode":
-        keys = ("block_n", "block_k", "num_warps", "decode", "pdl", "maxnreg")
+        keys = ("block_n", "block_k", "num_warps", *sorted(DECODE_ONLY))
         return moe_decode.decode_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H,
                                          **{k: launch.get(k) for k in keys})
     return grouped_experts(x, expert_ids, routing_weights, w13, w2, first_expert, swiglu_limit, H=H,
-                           **{k: v for k, v in launch.items() if k not in ("decode", "pdl", "maxnreg")})
+                           **{k: v for k, v in launch.items() if k not in DECODE_ONLY})
 
 
 def grouped_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
