@@ -27,6 +27,7 @@ from tests.plugins.test_plugins_compile import _Recorder, compile_launch  # noqa
 from tests.support.plugins_cases import moe_mxfp4_inputs  # noqa: E402
 
 NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+CUOBJDUMP = os.path.join(os.path.dirname(NVDISASM), "cuobjdump")
 _ADDR = re.compile(r"/\*[0-9a-f]{4}\*/")
 
 
@@ -44,12 +45,22 @@ def loop_ops(sass: str) -> list[str]:
     return best
 
 
-def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None) -> tuple[float, collections.Counter]:
-    """(instructions per weight one thread decodes per iteration, opcode counts) of the MXFP4
-    gate/up kernel's K loop with the E2M1 route ``decode``, V4-Flash expert shapes, sm_90; the
-    default tile unless given."""
+def registers(cubin: bytes) -> int:
+    """Registers per thread of the one kernel in ``cubin`` (cuobjdump's resource usage)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return int(re.search(r"REG:(\d+)", out).group(1))
+
+
+def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None,
+                      prefetch=None) -> tuple[float, collections.Counter, int]:
+    """(instructions per weight one thread decodes per iteration, opcode counts, registers per
+    thread) of the MXFP4 gate/up kernel's K loop with the E2M1 route ``decode``, V4-Flash expert
+    shapes, sm_90; the default tile unless given."""
     x, ids, w, w13, s13, w2, s2, fe, lim = moe_mxfp4_inputs("cpu", torch.bfloat16, M=4, k=6, E=8, d=4096, h=2048)
-    launch = dict(block_n=block_n, block_k=block_k, num_warps=num_warps)
+    launch = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch)
     rec, launcher = [], kmd.launcher
     kmd.launcher = _Recorder(rec)
     try:
@@ -58,24 +69,26 @@ def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None) -
     finally:
         kmd.launcher = launcher
     kernel, a, kw = next(r for r in rec if r[0] is kmd.moe_decode_gate_up_kernel)
+    cubin = compile_launch(kernel, a, kw).asm["cubin"]
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compile_launch(kernel, a, kw).asm["cubin"])
+        f.write(cubin)
         f.flush()
         ops = loop_ops(subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout)
-    weights = 2 * kw["BLOCK_N"] * kw["BLOCK_K"] // (32 * kw["num_warps"])     # gate + up, per thread
-    return len(ops) / weights, collections.Counter(ops)
+    weights = kw["BLOCK_N"] * kw["BLOCK_K"] // (32 * kw["num_warps"])     # gate and up rows together, per thread
+    return len(ops) / weights, collections.Counter(ops), registers(cubin)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--decode", default="words,bytes,e4m3")
     ap.add_argument("--tile", default="", help="block_n,block_k,num_warps for every route")
+    ap.add_argument("--prefetch", action="store_true", help="the K loop with its next tile loaded ahead")
     args = ap.parse_args()
     tile = dict(zip(("block_n", "block_k", "num_warps"), map(int, filter(None, args.tile.split(",")))))
     for decode in args.decode.split(","):
-        per_weight, count = loop_instructions(decode, **tile)
+        per_weight, count, regs = loop_instructions(decode, prefetch=args.prefetch or None, **tile)
         print(f"{decode}: {sum(count.values())} instructions per iteration, {per_weight:.2f} per weight, "
-              f"barriers {count['BAR.SYNC.DEFER_BLOCKING']}; top {count.most_common(6)}")
+              f"barriers {count['BAR.SYNC.DEFER_BLOCKING']}, {regs} registers; top {count.most_common(6)}")
 
 
 if __name__ == "__main__":

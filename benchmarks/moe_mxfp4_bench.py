@@ -58,12 +58,20 @@ VARIANTS = {"mxfp4_gemv": dict(schedule="decode"),
             "mxfp4_grouped_dot_scaled": dict(schedule="grouped", dot_scaled=True),
             "mxfp4_grouped_decode": dict(schedule="grouped")}
 GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (8, 16, 32) for k in (256, 512, 1024) for w in (4, 8)]
-# the fp8-conversion route's tiles, and its default tile under register caps (session 52's Nsight Compute: the
-# gate/up GEMV at 96 registers, 5 programs per SM, issuing on 55 % of scheduler cycles)
-E4M3_SWEEP = [dict(decode="e4m3", block_n=n, block_k=k, num_warps=w)
-              for n, k, w in ((16, 256, 4), (32, 256, 4), (16, 1024, 4), (8, 1024, 4), (32, 512, 8))]
-E4M3_SWEEP += [dict(decode="e4m3", maxnreg=r) for r in (80, 72, 64)]
-SHORT = {"block_n": "n", "block_k": "k", "num_warps": "w", "maxnreg": "r"}       # variant names: e4m3_n16_k256_w4
+# the fp8-conversion route's tiles (block_n weight rows per program: gate/up programs hold block_n / 2 gate and
+# as many up rows), each with its next weight tile loaded ahead (prefetch) and under a register cap (an H100 at
+# e14a918: maxnreg 80 took one V4-Flash token from 59.8 to 49.0 us, 6 programs per SM instead of 5)
+E4M3_SWEEP = [dict(decode="e4m3", block_n=n, block_k=k, num_warps=w, **extra)
+              for n, k, w in ((16, 512, 4), (32, 256, 4), (32, 512, 8), (64, 256, 8), (16, 1024, 4), (32, 1024, 8))
+              for extra in ({}, {"prefetch": True}, {"maxnreg": 80}, {"prefetch": True, "maxnreg": 80})]
+# bf16 GEMV tiles beside the default (16 rows: before the gate/up rows were interleaved its programs held 32)
+DENSE_SWEEP = [dict(block_n=32), dict(prefetch=True), dict(block_n=32, prefetch=True)]
+SHORT = {"block_n": "n", "block_k": "k", "num_warps": "w", "maxnreg": "r", "prefetch": "p"}   # names: e4m3_n16_k256_w4
+
+
+def variant_name(prefix: str, kw: dict) -> str:
+    """e.g. ``mxfp4_gemv_e4m3_n16_k512_w4_p1``: the launch options in SHORT's letters."""
+    return prefix + "_".join(v if k == "decode" else f"{SHORT[k]}{int(v)}" for k, v in kw.items())
 
 
 def shape(model: str) -> dict:
@@ -147,14 +155,17 @@ def main():
                 row[name]["pct"] = row["bf16_bytes"] / (row[name]["cold_us"] * 1e-6) / PEAK * 100
             row["bf16_gemv"]["max_diff_vs_bf16"] = err(
                 kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, schedule="decode"), want)
+            for kw in DENSE_SWEEP if M in parse(args.e4m3_sweep_ms) else ():
+                rec = row[variant_name("bf16_gemv_", kw)] = measure(
+                    lambda kw=kw: kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, schedule="decode", **kw))
+                rec["pct"] = row["bf16_bytes"] / (rec["cold_us"] * 1e-6) / PEAK * 100
             variants = {n: kw for n, kw in VARIANTS.items()
                         if n != "mxfp4_grouped_decode" or M in parse(args.grouped_decode_ms)}
             if M in parse(args.sweep_ms):
                 variants.update({"mxfp4_gemv_n{block_n}_k{block_k}_w{num_warps}".format(**kw): dict(schedule="decode", **kw)
                                  for kw in GEMV_SWEEP})
             if M in parse(args.e4m3_sweep_ms):
-                variants.update({"mxfp4_gemv_" + "_".join(v if k == "decode" else f"{SHORT[k]}{v}" for k, v in kw.items()):
-                                 dict(schedule="decode", **kw) for kw in E4M3_SWEEP})
+                variants.update({variant_name("mxfp4_gemv_", kw): dict(schedule="decode", **kw) for kw in E4M3_SWEEP})
             for name, kw in variants.items():
                 rec = {"config": kw}
                 try:

@@ -93,12 +93,19 @@ def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
     assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
 
 
-@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3"])
+@pytest.mark.parametrize("decode", ["words", "bytes", "e4m3", "e4m3_prefetch"])
 def test_gemv_decodes_every_code_exactly_in_the_interpreter(kernel_results, decode):
     """All 16 E2M1 codes at each of the 8 positions of a word, x from 2^-60 to 2^60: exact
     (``tests/support/mxfp4_codes.py``)."""
     r = kernel_results[f"mxfp4_codes_{decode}"]
     assert r["exact"], r["runs"]
+
+
+def test_decode_prefetch_gives_the_same_bits_in_the_interpreter(kernel_results):
+    """The GEMVs with each next weight tile loaded ahead (several K iterations: block_k 64): the
+    same sums in the same order, so the same bits, and the reference's values."""
+    r = kernel_results["moe_mxfp4_decode_prefetch"]
+    assert r["equal"] and r["err"] <= 1e-6 * r["scale"], r
 
 
 def test_dot_scaled_variant_in_the_interpreter(kernel_results):

@@ -1,4 +1,4 @@
-"""Every E2M1 code at every position of a packed int32 word through ``moe_decode.gemv_chunk``.
+"""Every E2M1 code at every position of a packed int32 word through ``moe_decode.gemv_rows``.
 
 Rows of 128 columns whose code at column c of row r is (r + c) % 16 (all 16 codes at each of the 8
 word positions), E8M0 scales 2^-1 .. 2^1 per 32-column group, and x = +-2^a for one a per run: every
@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from dspark_trt.plugins.kernels.common import MXFP4
-from dspark_trt.plugins.kernels.moe_decode import DECODES, _row_offsets, gemv_chunk, part_width, row_sums
+from dspark_trt.plugins.kernels.moe_decode import DECODES, _row_offsets, gemv_rows, part_width
 
 ROWS, COLS = 16, 128
 EXPONENTS = (-60, -20, 0, 20, 60)
@@ -21,13 +21,11 @@ EXPONENTS = (-60, -20, 0, 20, 60)
 
 @triton.jit
 def _gemv_rows_kernel(w, w_scale, x, out, ncols, DECODE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
+                      BLOCK_K: tl.constexpr, PART_W: tl.constexpr, PREFETCH: tl.constexpr):
     n = tl.arange(0, BLOCK_N)
     off, soff = _row_offsets(n, ncols, MXFP4, DECODE)
-    acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
-    for k0 in range(0, ncols, BLOCK_K):
-        acc += gemv_chunk(w, w_scale, off, soff, n < BLOCK_N, x, k0, ncols, MXFP4, DECODE, BLOCK_N, BLOCK_K)
-    tl.store(out + n, row_sums(acc, MXFP4, DECODE))
+    tl.store(out + n, gemv_rows(w, w_scale, off, soff, n < BLOCK_N, x, ncols, MXFP4, DECODE, BLOCK_N, BLOCK_K, PART_W,
+                                PREFETCH))
 
 
 def every_code_weights(device):
@@ -39,8 +37,9 @@ def every_code_weights(device):
     return packed.to(device), scale.to(device), dequantize_mxfp4(packed, scale, torch.float64).to(device)
 
 
-def every_code_case(device, decode: str) -> dict:
-    """-> {"exact": every run equal to the reference, "runs": [(a, max abs error)]}."""
+def every_code_case(device, decode: str, prefetch: bool = False) -> dict:
+    """-> {"exact": every run equal to the reference, "runs": [(a, max abs error)]}; ``prefetch``:
+    the K loop with its next tile loaded ahead."""
     packed, scale, ref_w = every_code_weights(device)
     signs = torch.where(torch.arange(COLS) % 3 == 0, -1.0, 1.0).double().to(device)
     w = packed if decode == "bytes" else packed.view(torch.int32)
@@ -50,6 +49,6 @@ def every_code_case(device, decode: str) -> dict:
         want = (ref_w @ x).float()
         got = torch.empty(ROWS, dtype=torch.float32, device=device)
         _gemv_rows_kernel[(1,)](w, scale, x.float(), got, COLS, DECODE=DECODES[decode], BLOCK_N=ROWS, BLOCK_K=64,
-                                 PART_W=part_width(False, 64))
+                                 PART_W=part_width(False, 64), PREFETCH=prefetch)
         runs.append((a, float((got.double() - want.double()).abs().max()), bool(torch.equal(got, want))))
     return {"exact": all(r[2] for r in runs), "runs": runs}

@@ -119,8 +119,8 @@ cvt.f32.f16 $7, f7;
 DECODE_MAX_PAIRS = {"dense": 128, "mxfp4": 192}
 SUM_BLOCK = 256                             # columns per program of the slot sum (16 programs per V4-Flash token)
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
-DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
-                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
+DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4, prefetch=False),
+                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4, prefetch=False)}
 
 
 @triton.jit
@@ -158,14 +158,6 @@ def e2m1_word_e4m3(wd):
 
 
 @triton.jit
-def _words(w, row_ptr_off, rmask, k0, ncols, W8: tl.constexpr):
-    """The rows' int32 words of 8 codes at columns ``k0 .. k0 + 8 * W8`` ([BN, W8], 0 past ncols)."""
-    word = k0 // 8 + tl.arange(0, W8)
-    return tl.load(w + row_ptr_off[:, None] + word[None, :], mask=rmask[:, None] & (word < ncols // 8)[None, :],
-                   other=0)
-
-
-@triton.jit
 def _x_at(xrow, cols, ncols, SCALE: tl.constexpr):
     """xrow[cols] as fp32 times SCALE, 0 past ncols."""
     return tl.load(xrow + cols, mask=cols < ncols, other=0.0).to(tl.float32) * SCALE
@@ -185,27 +177,47 @@ def split8(xv, W8: tl.constexpr):
 
 
 @triton.jit
-def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMAT: tl.constexpr,
-               DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``W[rows, k0 : k0 + BLOCK_K]`` times ``xrow[k0 : k0 + BLOCK_K]`` as an fp32 partial
-    [BLOCK_N, PART_W] (``part_width``) that the caller accumulates over the K loop and sums once at
-    its end (``row_sums``). Dense: one column per weight, no reduction per iteration (on the H200
-    67-89 % of HBM from one token on; a sum per iteration had 41 % at one token). MXFP4: one column
-    per 32-column scale group (per-weight partials with the scale read per packed unit were slower
-    there: 293 vs 214 us at 4 V4-Flash tokens). row_ptr_off [BLOCK_N] int64: row * (ncols, or its
-    packed bytes or int32 words: ``_row_offsets``); scale_off: row * ncols / 32."""
+def load_tile(w, w_scale, row_ptr_off, scale_off, rmask, k0, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """The rows' weights at columns ``k0 .. k0 + BLOCK_K`` (0 past ncols) as stored: dense values
+    [BN, BK], MXFP4 int32 words of 8 codes [BN, BK/8] or packed bytes [BN, BK/2] as int32, with the
+    MXFP4 E8M0 exponents [BN, BK/32] int32 (dense: 0). row_ptr_off / scale_off: ``_row_offsets``."""
+    if FORMAT == DENSE:
+        cols = k0 + tl.arange(0, BLOCK_K)
+        return tl.load(w + row_ptr_off[:, None] + cols[None, :], mask=rmask[:, None] & (cols < ncols)[None, :],
+                       other=0.0), 0
+    else:
+        if DECODE == BYTES:
+            byte = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            tile = tl.load(w + row_ptr_off[:, None] + byte[None, :], mask=rmask[:, None] & (byte < ncols // 2)[None, :],
+                           other=0).to(tl.uint8, bitcast=True).to(tl.int32)
+        else:                        # a row is whole 32-column groups (4 words): the bound lets loads be 16 bytes
+            word = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+            tile = tl.load(w + row_ptr_off[:, None] + word[None, :],
+                           mask=rmask[:, None] & (word < tl.multiple_of(ncols // 8, 4))[None, :], other=0)
+        g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        e = tl.load(w_scale + scale_off[:, None] + g[None, :], mask=rmask[:, None] & (g < ncols // 32)[None, :],
+                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)
+        return tile, e
+
+
+@triton.jit
+def tile_product(tile, e, xrow, k0, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr):
+    """``load_tile``'s tile times ``xrow[k0 : k0 + BLOCK_K]`` as an fp32 partial [BLOCK_N, PART_W]
+    (``part_width``) that ``gemv_rows`` accumulates over the K loop and sums once at its end
+    (``row_sums``). Dense: one column per weight, no reduction per iteration (on the H200 67-89 % of
+    HBM from one token on; a sum per iteration had 41 % at one token). MXFP4: one column per
+    32-column scale group (per-weight partials with the scale read per packed unit were slower
+    there: 293 vs 214 us at 4 V4-Flash tokens)."""
     cols = k0 + tl.arange(0, BLOCK_K)
     if FORMAT == DENSE:
-        tile = tl.load(w + row_ptr_off[:, None] + cols[None, :], mask=rmask[:, None] & (cols < ncols)[None, :],
-                       other=0.0)
         return tile.to(tl.float32) * _x_at(xrow, cols, ncols, 1.0)[None, :]                # [BN, BK]
     else:
         G: tl.constexpr = BLOCK_K // 32
         if DECODE == E4M3:                               # fp8 conversion, then one FFMA per weight
-            W8: tl.constexpr = BLOCK_K // 8
-            wd = _words(w, row_ptr_off, rmask, k0, ncols, W8)                              # [BN, BK/8] int32
-            x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, 1.0), W8)
-            c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_e4m3(wd)
+            x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, 1.0), BLOCK_K // 8)
+            c0, c1, c2, c3, c4, c5, c6, c7 = e2m1_word_e4m3(tile)
             part = c0 * x0[None, :]
             part += c1 * x1[None, :]
             part += c2 * x2[None, :]
@@ -216,26 +228,37 @@ def gemv_chunk(w, w_scale, row_ptr_off, scale_off, rmask, xrow, k0, ncols, FORMA
             part += c7 * x7[None, :]
             part = tl.sum(tl.reshape(part, [BLOCK_N, G, 4]), 2)                                # per 32 columns
         elif DECODE == WORDS:
-            W8: tl.constexpr = BLOCK_K // 8
-            wd = _words(w, row_ptr_off, rmask, k0, ncols, W8)                              # [BN, BK/8] int32
-            x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, X_SCALE), W8)
-            part = e2m1_word_code(wd, 0) * x0[None, :] + e2m1_word_code(wd, 1) * x1[None, :]
-            part += e2m1_word_code(wd, 2) * x2[None, :] + e2m1_word_code(wd, 3) * x3[None, :]
-            part += e2m1_word_code(wd, 4) * x4[None, :] + e2m1_word_code(wd, 5) * x5[None, :]
-            part += e2m1_word_code(wd, 6) * x6[None, :] + e2m1_word_code(wd, 7) * x7[None, :]
+            x0, x1, x2, x3, x4, x5, x6, x7 = split8(_x_at(xrow, cols, ncols, X_SCALE), BLOCK_K // 8)
+            part = e2m1_word_code(tile, 0) * x0[None, :] + e2m1_word_code(tile, 1) * x1[None, :]
+            part += e2m1_word_code(tile, 2) * x2[None, :] + e2m1_word_code(tile, 3) * x3[None, :]
+            part += e2m1_word_code(tile, 4) * x4[None, :] + e2m1_word_code(tile, 5) * x5[None, :]
+            part += e2m1_word_code(tile, 6) * x6[None, :] + e2m1_word_code(tile, 7) * x7[None, :]
             part = tl.sum(tl.reshape(part, [BLOCK_N, G, 4]), 2)                                # per 32 columns
         else:
-            HALF: tl.constexpr = BLOCK_K // 2
-            byte = k0 // 2 + tl.arange(0, HALF)
-            b = tl.load(w + row_ptr_off[:, None] + byte[None, :],
-                        mask=rmask[:, None] & (byte < ncols // 2)[None, :], other=0).to(tl.uint8, bitcast=True).to(tl.int32)
-            x_even, x_odd = tl.split(tl.reshape(_x_at(xrow, cols, ncols, 1.0), [HALF, 2]))   # columns 2j, 2j+1
-            w_lo, w_hi = e2m1_pair(b)
+            x_even, x_odd = tl.split(tl.reshape(_x_at(xrow, cols, ncols, 1.0), [BLOCK_K // 2, 2]))   # columns 2j, 2j+1
+            w_lo, w_hi = e2m1_pair(tile)
             part = tl.sum(tl.reshape(w_lo * x_even[None, :] + w_hi * x_odd[None, :], [BLOCK_N, G, 16]), 2)
-        g = k0 // 32 + tl.arange(0, G)
-        e = tl.load(w_scale + scale_off[:, None] + g[None, :], mask=rmask[:, None] & (g < ncols // 32)[None, :],
-                    other=0).to(tl.uint8, bitcast=True).to(tl.int32)                       # [BN, G] E8M0
         return part * (e << 23).to(tl.float32, bitcast=True)                                # * 2^(e-127)
+
+
+@triton.jit
+def gemv_rows(w, w_scale, row_ptr_off, scale_off, rmask, xrow, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr, PREFETCH: tl.constexpr):
+    """The rows [BLOCK_N] of W times xrow [ncols], fp32. PREFETCH: the next tile's loads are
+    issued before the current tile is multiplied (the same sums in the same order; past the end
+    they are masked off)."""
+    acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
+    if PREFETCH:
+        nxt, nxt_e = load_tile(w, w_scale, row_ptr_off, scale_off, rmask, 0, ncols, FORMAT, DECODE, BLOCK_K)
+    for k0 in range(0, ncols, BLOCK_K):
+        if PREFETCH:
+            tile, e = nxt, nxt_e
+            nxt, nxt_e = load_tile(w, w_scale, row_ptr_off, scale_off, rmask, k0 + BLOCK_K, ncols, FORMAT, DECODE,
+                                   BLOCK_K)
+        else:
+            tile, e = load_tile(w, w_scale, row_ptr_off, scale_off, rmask, k0, ncols, FORMAT, DECODE, BLOCK_K)
+        acc += tile_product(tile, e, xrow, k0, ncols, FORMAT, DECODE, BLOCK_N, BLOCK_K)
+    return row_sums(acc, FORMAT, DECODE)
 
 
 @triton.jit
@@ -251,7 +274,7 @@ def row_sums(acc, FORMAT: tl.constexpr, DECODE: tl.constexpr):
 
 
 def part_width(dense: bool, block_k: int) -> int:
-    """Columns of ``gemv_chunk``'s partial: one per weight (dense) or per 32-column group (MXFP4)."""
+    """Columns of ``tile_product``'s partial: one per weight (dense) or per 32-column group (MXFP4)."""
     return block_k if dense else block_k // 32
 
 
@@ -261,8 +284,8 @@ def _row_offsets(rows, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr):
     r64 = rows.to(tl.int64)
     if FORMAT == DENSE:
         return r64 * ncols, r64
-    elif DECODE != BYTES:                                   # int32 words
-        return r64 * (ncols // 8), r64 * (ncols // 32)
+    elif DECODE != BYTES:                   # int32 words; a row is whole 32-column groups (4 words): 16-byte loads
+        return tl.multiple_of(r64 * (ncols // 8), 4), r64 * (ncols // 32)
     else:
         return r64 * (ncols // 2), r64 * (ncols // 32)
 
@@ -271,9 +294,9 @@ def _row_offsets(rows, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr):
 def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, act, first_expert, limit,
                               E, D, H, K, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr,
                               DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              PART_W: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (M*K, cdiv(H, BLOCK_N)). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4: [E, 2H, D/2] + [E, 2H, D/32])
-    -> act [M*K, H] for live pairs. PDL: lets the down kernel launch at once."""
+                              PART_W: tl.constexpr, PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+    """Grid (M*K, cdiv(H, BLOCK_N / 2)). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4:
+    [E, 2H, D/2] + [E, 2H, D/32]) -> act [M*K, H] for live pairs. PDL: lets the down kernel launch at once."""
     if PDL:
         gdc_launch_dependents()
     pair = tl.program_id(0).to(tl.int64)
@@ -281,19 +304,18 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
     e = gid - first_expert
     if (gid >= 0) & (e >= 0) & (e < E):
         tok = pair // K
-        n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        # gate and up rows interleaved in one tile of BLOCK_N rows: row 2i + u is gate (u = 0) / up (u = 1) row
+        # n_i, so x's chunk is loaded and laid out once per iteration for both
+        HALF: tl.constexpr = BLOCK_N // 2
+        r = tl.arange(0, BLOCK_N)
+        n2 = tl.program_id(1) * HALF + r // 2
+        off, soff = _row_offsets(e * 2 * H + (r % 2) * H + n2, D, FORMAT, DECODE)
+        y = gemv_rows(w13, w13_scale, off, soff, n2 < H, x + tok * D, D, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W,
+                      PREFETCH)
+        y = y.to(x.dtype.element_ty).to(tl.float32)                                      # the eager matmul's rounding
+        gate, up = tl.split(tl.reshape(y, [HALF, 2]))
+        n = tl.program_id(1) * HALF + tl.arange(0, HALF)
         nmask = n < H
-        gate_off, gate_soff = _row_offsets(e * 2 * H + n, D, FORMAT, DECODE)
-        up_off, up_soff = _row_offsets(e * 2 * H + H + n, D, FORMAT, DECODE)
-        acc_g = tl.zeros([BLOCK_N, PART_W], tl.float32)
-        acc_u = tl.zeros([BLOCK_N, PART_W], tl.float32)
-        for k0 in range(0, D, BLOCK_K):
-            acc_g += gemv_chunk(w13, w13_scale, gate_off, gate_soff, nmask, x + tok * D, k0, D, FORMAT, DECODE,
-                                BLOCK_N, BLOCK_K)
-            acc_u += gemv_chunk(w13, w13_scale, up_off, up_soff, nmask, x + tok * D, k0, D, FORMAT, DECODE,
-                                BLOCK_N, BLOCK_K)
-        gate = row_sums(acc_g, FORMAT, DECODE).to(x.dtype.element_ty).to(tl.float32)   # the eager matmul's rounding
-        up = row_sums(acc_u, FORMAT, DECODE).to(x.dtype.element_ty).to(tl.float32)
         if HAS_LIMIT:
             lim = tl.cast(limit, tl.float32)      # AOTInductor passes Python floats as fp64 (Triton 3.6)
             gate = tl.minimum(gate, lim)
@@ -306,7 +328,7 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
 @triton.jit
 def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
                            DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           PDL: tl.constexpr = False, PREFETCH: tl.constexpr = False):
     """Grid (M*K, cdiv(D, BLOCK_N)), one program per pair and row block (a program per token
     looping over its slots left most of the H200 idle at one token). act [M*K, H]; w2 [E, D, H]
     (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's dtype, 0 for
@@ -319,14 +341,14 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert
     nmask = n < D
     gid = tl.load(expert_ids + pair).to(tl.int64)
     e = gid - first_expert
-    acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
+    y = tl.zeros([BLOCK_N], tl.float32)
     if PDL:
         gdc_wait()
     if (gid >= 0) & (e >= 0) & (e < E):
         off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
-        for k0 in range(0, H, BLOCK_K):
-            acc += gemv_chunk(w2, w2_scale, off, soff, nmask, act + pair * H, k0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-    tl.store(slot_out + pair * D + n, row_sums(acc, FORMAT, DECODE).to(slot_out.dtype.element_ty), mask=nmask)
+        y = gemv_rows(w2, w2_scale, off, soff, nmask, act + pair * H, H, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W,
+                      PREFETCH)
+    tl.store(slot_out + pair * D + n, y.to(slot_out.dtype.element_ty), mask=nmask)
 
 
 @triton.jit
@@ -374,17 +396,22 @@ def auto_decode(device: torch.device) -> str:
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
                    block_k: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   pdl: bool | None = None, maxnreg: int | None = None) -> Tensor:
+                   pdl: bool | None = None, maxnreg: int | None = None, prefetch: bool | None = None) -> Tensor:
     """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
     H the intermediate size; ``pdl``: the down and slot-sum kernels with programmatic dependent launch
     (None: ``auto_pdl``); ``maxnreg``: a register cap for the two GEMVs (Triton's launch option; more
-    programs per SM, perhaps spills; untimed, for ``moe_mxfp4_bench.py``'s ``_r`` variants).
+    programs per SM, perhaps spills; ``moe_mxfp4_bench.py``'s ``_r`` variants); ``prefetch``: each GEMV
+    loads its next weight tile before multiplying the current one (``gemv_rows``).
     Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
     cfg = {**DECODE_DEFAULTS["dense" if dense else "mxfp4"],
-           **{k: v for k, v in dict(block_n=block_n, block_k=block_k, num_warps=num_warps).items() if v is not None}}
+           **{k: v for k, v in dict(block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch).items()
+              if v is not None}}
     if not dense and cfg["block_k"] % 32:
         raise ValueError(f"moe decode: MXFP4 needs block_k a multiple of 32, got {cfg['block_k']}")
+    if cfg["block_n"] < 2:
+        raise ValueError(f"moe decode: block_n (weight rows per program, gate and up rows interleaved) must be "
+                         f">= 2, got {cfg['block_n']}")
     M, D = x.shape
     k = expert_ids.shape[1]
     E = w13[0].shape[0]
@@ -410,13 +437,13 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     if maxnreg is not None and not 24 <= maxnreg <= 255:
         raise ValueError(f"moe decode: maxnreg must be within 24..255 registers, got {maxnreg}")
     cap = {} if maxnreg is None else {"maxnreg": int(maxnreg)}
-    launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn))](
+    launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn // 2))](
         x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
         E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, PART_W=part_w,
-        PDL=pdl, num_warps=warps, **cap)
+        PDL=pdl, PREFETCH=bool(cfg["prefetch"]), num_warps=warps, **cap)
     launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
         act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
-        BLOCK_K=bk, PART_W=part_w, PDL=pdl, num_warps=warps, **cap, **pdl_kw)
+        BLOCK_K=bk, PART_W=part_w, PDL=pdl, PREFETCH=bool(cfg["prefetch"]), num_warps=warps, **cap, **pdl_kw)
     launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, K=k, BLOCK=SUM_BLOCK,
                                                                          PDL=pdl, num_warps=2, **pdl_kw)
     return out
