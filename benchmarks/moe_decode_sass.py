@@ -54,13 +54,12 @@ def registers(cubin: bytes) -> int:
     return int(re.search(r"REG:(\d+)", out).group(1))
 
 
-def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None,
-                      prefetch=None) -> tuple[float, collections.Counter, int]:
+def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None) -> tuple[float, collections.Counter, int]:
     """(instructions per weight one thread decodes per iteration, opcode counts, registers per
     thread) of the MXFP4 gate/up kernel's K loop with the E2M1 route ``decode``, V4-Flash expert
     shapes, sm_90; the default tile unless given."""
     x, ids, w, w13, s13, w2, s2, fe, lim = moe_mxfp4_inputs("cpu", torch.bfloat16, M=4, k=6, E=8, d=4096, h=2048)
-    launch = dict(block_n=block_n, block_k=block_k, num_warps=num_warps, prefetch=prefetch)
+    launch = dict(block_n=block_n, block_k=block_k, num_warps=num_warps)
     rec, launcher = [], kmd.launcher
     kmd.launcher = _Recorder(rec)
     try:
@@ -82,11 +81,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--decode", default="words,bytes,e4m3")
     ap.add_argument("--tile", default="", help="block_n,block_k,num_warps for every route")
-    ap.add_argument("--prefetch", action="store_true", help="the K loop with its next tile loaded ahead")
     args = ap.parse_args()
     tile = dict(zip(("block_n", "block_k", "num_warps"), map(int, filter(None, args.tile.split(",")))))
     for decode in args.decode.split(","):
-        per_weight, count, regs = loop_instructions(decode, prefetch=args.prefetch or None, **tile)
+        per_weight, count, regs = loop_instructions(decode, **tile)
         print(f"{decode}: {sum(count.values())} instructions per iteration, {per_weight:.2f} per weight, "
               f"barriers {count['BAR.SYNC.DEFER_BLOCKING']}, {regs} registers; top {count.most_common(6)}")
 

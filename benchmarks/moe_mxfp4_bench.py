@@ -41,7 +41,8 @@ from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 from dspark_trt.config import get_preset  # noqa: E402
 from dspark_trt.plugins.kernels import moe as kmoe  # noqa: E402
-from dspark_trt.plugins.kernels.moe_decode import DECODE_DEFAULTS, DECODE_MAX_PAIRS  # noqa: E402
+from dspark_trt.plugins.kernels.moe_decode import (DECODE_DEFAULTS, DECODE_MAX_PAIRS, DECODE_WIDE,  # noqa: E402
+                                                   DECODE_WIDE_PAIRS)
 from dspark_trt.plugins.moe_experts_mxfp4 import MXFP4_GROUP, dequantize_mxfp4  # noqa: E402
 
 PEAK = 4.8e12
@@ -59,18 +60,18 @@ VARIANTS = {"mxfp4_gemv": dict(schedule="decode"),
             "mxfp4_grouped_decode": dict(schedule="grouped")}
 GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (8, 16, 32) for k in (256, 512, 1024) for w in (4, 8)]
 # the fp8-conversion route's tiles (block_n weight rows per program: gate/up programs hold block_n / 2 gate and
-# as many up rows), each with its next weight tile loaded ahead (prefetch) and under a register cap (an H100 at
-# e14a918: maxnreg 80 took one V4-Flash token from 59.8 to 49.0 us, 6 programs per SM instead of 5)
-E4M3_SWEEP = [dict(decode="e4m3", block_n=n, block_k=k, num_warps=w, **extra)
-              for n, k, w in ((16, 512, 4), (32, 256, 4), (32, 512, 8), (64, 256, 8), (16, 1024, 4), (32, 1024, 8))
-              for extra in ({}, {"prefetch": True}, {"maxnreg": 80}, {"prefetch": True, "maxnreg": 80})]
-# bf16 GEMV tiles beside the default (16 rows: before the gate/up rows were interleaved its programs held 32)
-DENSE_SWEEP = [dict(block_n=32), dict(prefetch=True), dict(block_n=32, prefetch=True)]
-SHORT = {"block_n": "n", "block_k": "k", "num_warps": "w", "maxnreg": "r", "prefetch": "p"}   # names: e4m3_n16_k256_w4
+# as many up rows; the op takes the first below DECODE_WIDE_PAIRS pairs, the second from there). An H100 at
+# 577fe7e also timed each with its next weight tile loaded ahead (slower at every tile and size: one V4-Flash
+# token 45.9 -> 51.5 us) and under maxnreg 80 (46.8), and 16 / 32 x 1024 tiles (47.9-55.8 us).
+E4M3_SWEEP = [dict(decode="e4m3", block_n=n, block_k=k, num_warps=w) for n, k, w in ((16, 512, 4), (32, 256, 4),
+                                                                                     (64, 256, 8))]
+# the bf16 GEMVs' tile beside the default (16 rows: before the gate/up rows were interleaved its programs held 32)
+DENSE_SWEEP = [dict(block_n=32)]
+SHORT = {"block_n": "n", "block_k": "k", "num_warps": "w", "maxnreg": "r"}       # variant names: e4m3_n16_k256_w4
 
 
 def variant_name(prefix: str, kw: dict) -> str:
-    """e.g. ``mxfp4_gemv_e4m3_n16_k512_w4_p1``: the launch options in SHORT's letters."""
+    """e.g. ``mxfp4_gemv_e4m3_n16_k512_w4``: the launch options in SHORT's letters."""
     return prefix + "_".join(v if k == "decode" else f"{SHORT[k]}{int(v)}" for k, v in kw.items())
 
 
@@ -132,6 +133,7 @@ def main():
         doc = {"git_sha": sha, "gpu": gpu, "versions": provenance.versions(), "command": " ".join(sys.argv),
                "peak_bytes_per_s": PEAK, "shapes": shapes, "swiglu_limit": args.limit,
                "defaults": kmoe.MOE_DEFAULTS, "decode_defaults": DECODE_DEFAULTS,
+               "decode_wide": DECODE_WIDE, "decode_wide_pairs": DECODE_WIDE_PAIRS,
                "decode_max_pairs": DECODE_MAX_PAIRS, "seconds": time.time() - t0, "rows": rows}
         path.write_text(json.dumps(doc, indent=1))
 

@@ -179,7 +179,7 @@ def _launches_moe(monkeypatch):
     (default and wide tiles)."""
     out = []
     for dtype, configs in ((torch.bfloat16, (_GROUPED, _MOE_BIG, _DECODE, {**_DECODE, "block_n": 64, "block_k": 128,
-                                                                         "num_warps": 8}, {**_DECODE, "prefetch": True})),
+                                                                         "num_warps": 8})),
                            (torch.float32, (_GROUPED, _DECODE))):
         args = moe_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)
         for kw in configs:
@@ -190,12 +190,11 @@ def _launches_moe(monkeypatch):
 def _launches_moe_mxfp4(monkeypatch):
     """The MXFP4 weight format of both schedules: grouped with bf16 x (default tiles, the large
     tile, ``tl.dot_scaled``) and fp32 x; decode with each E2M1 route (int32 words, bytes, the fp8
-    conversion's inline PTX, with a register cap, with the next tile loaded ahead) and a long block_k."""
+    conversion's inline PTX, with a register cap) and a long block_k."""
     out = []
     configs = {torch.bfloat16: (_GROUPED, _MOE_BIG, {**_GROUPED, "dot_scaled": True}, _DECODE,
                                 {**_DECODE, "decode": "bytes"}, {**_DECODE, "decode": "e4m3"},
-                                {**_DECODE, "block_n": 8, "block_k": 1024}, {**_DECODE, "decode": "e4m3", "maxnreg": 72},
-                                {**_DECODE, "decode": "e4m3", "prefetch": True}),
+                                {**_DECODE, "block_n": 8, "block_k": 1024}, {**_DECODE, "decode": "e4m3", "maxnreg": 72}),
                torch.float32: (_GROUPED, _DECODE, {**_DECODE, "decode": "e4m3"})}
     for dtype, kws in configs.items():
         args = moe_mxfp4_inputs("cpu", dtype, M=9, k=6, E=8, d=512, h=256)

@@ -21,11 +21,10 @@ EXPONENTS = (-60, -20, 0, 20, 60)
 
 @triton.jit
 def _gemv_rows_kernel(w, w_scale, x, out, ncols, DECODE: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, PART_W: tl.constexpr, PREFETCH: tl.constexpr):
+                      BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
     n = tl.arange(0, BLOCK_N)
     off, soff = _row_offsets(n, ncols, MXFP4, DECODE)
-    tl.store(out + n, gemv_rows(w, w_scale, off, soff, n < BLOCK_N, x, ncols, MXFP4, DECODE, BLOCK_N, BLOCK_K, PART_W,
-                                PREFETCH))
+    tl.store(out + n, gemv_rows(w, w_scale, off, soff, n < BLOCK_N, x, ncols, MXFP4, DECODE, BLOCK_N, BLOCK_K, PART_W))
 
 
 def every_code_weights(device):
@@ -37,9 +36,8 @@ def every_code_weights(device):
     return packed.to(device), scale.to(device), dequantize_mxfp4(packed, scale, torch.float64).to(device)
 
 
-def every_code_case(device, decode: str, prefetch: bool = False) -> dict:
-    """-> {"exact": every run equal to the reference, "runs": [(a, max abs error)]}; ``prefetch``:
-    the K loop with its next tile loaded ahead."""
+def every_code_case(device, decode: str) -> dict:
+    """-> {"exact": every run equal to the reference, "runs": [(a, max abs error)]}."""
     packed, scale, ref_w = every_code_weights(device)
     signs = torch.where(torch.arange(COLS) % 3 == 0, -1.0, 1.0).double().to(device)
     w = packed if decode == "bytes" else packed.view(torch.int32)
@@ -49,6 +47,6 @@ def every_code_case(device, decode: str, prefetch: bool = False) -> dict:
         want = (ref_w @ x).float()
         got = torch.empty(ROWS, dtype=torch.float32, device=device)
         _gemv_rows_kernel[(1,)](w, scale, x.float(), got, COLS, DECODE=DECODES[decode], BLOCK_N=ROWS, BLOCK_K=64,
-                                 PART_W=part_width(False, 64), PREFETCH=prefetch)
+                                 PART_W=part_width(False, 64))
         runs.append((a, float((got.double() - want.double()).abs().max()), bool(torch.equal(got, want))))
     return {"exact": all(r[2] for r in runs), "runs": runs}
