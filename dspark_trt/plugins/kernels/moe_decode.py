@@ -121,11 +121,12 @@ SUM_BLOCK = 256                             # columns per program of the slot su
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
                    "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
-# MXFP4 from this many (token, slot) pairs on: 32 rows x 256 columns per program (an H100 at 577fe7e, V4-Flash /
-# V4-Pro experts at 16 tokens: 467 / 1216 us against the default's 507 / 1274; at one token 46.0 / 109.5 against
-# 46.0 / 99.5 us, moe-mxfp4-NVIDIA-H100-80GB-HBM3-577fe7e.json.gz)
+# MXFP4 from this many (token, slot) pairs on: 32 rows x 256 columns per program. An H100 at f043b77, V4-Flash /
+# V4-Pro experts, against the default tile: one token 45.9 / 109.2 us against 45.8 / 99.3; 2 tokens 80.0 / 174.9
+# against 79.2 / 178.2; 4 tokens 137.9 / 332.8 against 142.0 / 344.5; 16 tokens 466.3 / 1206.5 against
+# 507.2 / 1276.3 (moe-mxfp4-NVIDIA-H100-80GB-HBM3-f043b77.json.gz).
 DECODE_WIDE = dict(block_n=32, block_k=256, num_warps=4)
-DECODE_WIDE_PAIRS = 48
+DECODE_WIDE_PAIRS = 12
 
 
 def decode_tile(dense: bool, pairs: int) -> dict:
@@ -217,7 +218,7 @@ def load_tile(w, w_scale, row_ptr_off, scale_off, rmask, k0, ncols, FORMAT: tl.c
 def tile_product(tile, e, xrow, k0, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     """``load_tile``'s tile times ``xrow[k0 : k0 + BLOCK_K]`` as an fp32 partial [BLOCK_N, PART_W]
-    (``part_width``) that ``gemv_rows`` accumulates over the K loop and sums once at its end
+    (``part_width``) that ``gemv_acc`` accumulates over the K loop and sums once at its end
     (``row_sums``). Dense: one column per weight, no reduction per iteration (on the H200 67-89 % of
     HBM from one token on; a sum per iteration had 41 % at one token). MXFP4: one column per
     32-column scale group (per-weight partials with the scale read per packed unit were slower
@@ -254,16 +255,16 @@ def tile_product(tile, e, xrow, k0, ncols, FORMAT: tl.constexpr, DECODE: tl.cons
 
 
 @triton.jit
-def gemv_rows(w, w_scale, row_ptr_off, scale_off, rmask, xrow, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
-    """The rows [BLOCK_N] of W times xrow [ncols], fp32. (Loading each next tile before multiplying
+def gemv_acc(acc, w, w_scale, row_ptr_off, scale_off, rmask, xrow, k_start, ncols, FORMAT: tl.constexpr,
+             DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``acc`` [BLOCK_N, PART_W] plus the rows of W times xrow over columns ``k_start ..`` ncols
+    (``row_sums`` turns it into the rows' fp32 sums). (Loading each next tile before multiplying
     the current one, registers double-buffered, was slower at every tile and size on an H100: V4-Flash
     one token 45.9 -> 51.5 us, moe-mxfp4-NVIDIA-H100-80GB-HBM3-577fe7e.json.gz.)"""
-    acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
-    for k0 in range(0, ncols, BLOCK_K):
+    for k0 in range(k_start, ncols, BLOCK_K):
         tile, e = load_tile(w, w_scale, row_ptr_off, scale_off, rmask, k0, ncols, FORMAT, DECODE, BLOCK_K)
         acc += tile_product(tile, e, xrow, k0, ncols, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-    return row_sums(acc, FORMAT, DECODE)
+    return acc
 
 
 @triton.jit
@@ -315,8 +316,9 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
         r = tl.arange(0, BLOCK_N)
         n2 = tl.program_id(1) * HALF + r // 2
         off, soff = _row_offsets(e * 2 * H + (r % 2) * H + n2, D, FORMAT, DECODE)
-        y = gemv_rows(w13, w13_scale, off, soff, n2 < H, x + tok * D, D, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W)
-        y = y.to(x.dtype.element_ty).to(tl.float32)                                      # the eager matmul's rounding
+        acc = gemv_acc(tl.zeros([BLOCK_N, PART_W], tl.float32), w13, w13_scale, off, soff, n2 < H, x + tok * D, 0, D,
+                       FORMAT, DECODE, BLOCK_N, BLOCK_K)
+        y = row_sums(acc, FORMAT, DECODE).to(x.dtype.element_ty).to(tl.float32)          # the eager matmul's rounding
         gate, up = tl.split(tl.reshape(y, [HALF, 2]))
         n = tl.program_id(1) * HALF + tl.arange(0, HALF)
         nmask = n < H
@@ -337,7 +339,8 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert
     looping over its slots left most of the H200 idle at one token). act [M*K, H]; w2 [E, D, H]
     (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's dtype, 0 for
     pairs that are not live. PDL (launched with ``launch_pdl``): launched while the gate/up kernel
-    runs, it lets the slot sum launch and waits for act before its first read or write."""
+    runs, it lets the slot sum launch, loads its first weight tile (weights only: they do not depend
+    on the gate/up kernel) and waits for act before its first read of it and its write."""
     if PDL:
         gdc_launch_dependents()
     pair = tl.program_id(0).to(tl.int64)
@@ -345,12 +348,17 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert
     nmask = n < D
     gid = tl.load(expert_ids + pair).to(tl.int64)
     e = gid - first_expert
+    live = (gid >= 0) & (e >= 0) & (e < E)
+    off, soff = _row_offsets(tl.where(live, e, 0) * D + n, H, FORMAT, DECODE)
+    first, first_e = load_tile(w2, w2_scale, off, soff, tl.where(live, n, D) < D, 0, H, FORMAT, DECODE, BLOCK_K)
     y = tl.zeros([BLOCK_N], tl.float32)
     if PDL:
         gdc_wait()
-    if (gid >= 0) & (e >= 0) & (e < E):
-        off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
-        y = gemv_rows(w2, w2_scale, off, soff, nmask, act + pair * H, H, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W)
+    if live:
+        acc = tile_product(first, first_e, act + pair * H, 0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
+        acc = gemv_acc(acc, w2, w2_scale, off, soff, nmask, act + pair * H, BLOCK_K, H, FORMAT, DECODE, BLOCK_N,
+                       BLOCK_K)
+        y = row_sums(acc, FORMAT, DECODE)
     tl.store(slot_out + pair * D + n, y.to(slot_out.dtype.element_ty), mask=nmask)
 
 
