@@ -1,4 +1,4 @@
-"""Every E2M1 code at every position of a packed int32 word through ``moe_decode.gemv_acc``.
+"""Every E2M1 code at every position of a packed int32 word through ``moe_decode.gemv_rows``.
 
 Rows of 128 columns whose code at column c of row r is (r + c) % 16 (all 16 codes at each of the 8
 word positions), E8M0 scales 2^-1 .. 2^1 per 32-column group, and x = +-2^a for one a per run: every
@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from dspark_trt.plugins.kernels.common import MXFP4
-from dspark_trt.plugins.kernels.moe_decode import DECODES, _row_offsets, gemv_acc, part_width, row_sums
+from dspark_trt.plugins.kernels.moe_decode import DECODES, _row_offsets, gemv_rows, part_width
 
 ROWS, COLS = 16, 128
 EXPONENTS = (-60, -20, 0, 20, 60)
@@ -24,9 +24,7 @@ def _gemv_rows_kernel(w, w_scale, x, out, ncols, DECODE: tl.constexpr, BLOCK_N: 
                       BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
     n = tl.arange(0, BLOCK_N)
     off, soff = _row_offsets(n, ncols, MXFP4, DECODE)
-    acc = gemv_acc(tl.zeros([BLOCK_N, PART_W], tl.float32), w, w_scale, off, soff, n < BLOCK_N, x, 0, ncols, MXFP4,
-                   DECODE, BLOCK_N, BLOCK_K)
-    tl.store(out + n, row_sums(acc, MXFP4, DECODE))
+    tl.store(out + n, gemv_rows(w, w_scale, off, soff, n < BLOCK_N, x, ncols, MXFP4, DECODE, BLOCK_N, BLOCK_K, PART_W))
 
 
 def every_code_weights(device):

@@ -6,9 +6,11 @@ weights into the MMA operand layout: on the H200 they read the experts at 7-20 %
 (token, slot) pair is a GEMV over its expert's rows on the CUDA cores, fp32 accumulation, without
 the sort by expert:
 
-* ``moe_decode_gate_up_kernel``, grid (M*k, cdiv(h, BLOCK_N)): gate and up rows of the pair's
+* ``moe_decode_gate_up_kernel``, grid (M*k, cdiv(h, BLOCK_N / 2)): gate and up rows of the pair's
   expert against x[token], rounded to x's dtype like the eager matmul, then
-  ``silu(min(gate, L)) * clamp(up, -L, L) * routing weight`` -> ``act [M*k, h]`` (x's dtype).
+  ``silu(min(gate, L)) * clamp(up, -L, L) * routing weight`` -> ``act [M*k, h]`` (x's dtype). A
+  program's BLOCK_N weight rows interleave gate and up rows (2i: gate row i, 2i + 1: up row i), so
+  each chunk of x is loaded and laid out for the products once for both.
 * ``moe_decode_down_kernel``, grid (M*k, cdiv(d, BLOCK_N)): ``act[pair] @ w2[e]^T`` rounded to
   x's dtype per pair -> ``slot_out [M*k, d]`` (a program per token looping over its slots ran
   256 programs at one V4-Flash token);
@@ -17,6 +19,14 @@ the sort by expert:
 
 On sm_90+ GPUs the down and slot-sum kernels launch with programmatic dependent launch (``auto_pdl``,
 ``pdl=``): each starts while its predecessor runs and waits for its inputs before reading them.
+The tile (BLOCK_N weight rows x BLOCK_K columns) comes from ``decode_tile`` by pair count.
+
+Interleaving gate and up rows, with 16-byte word loads (a row is whole 4-word groups), took the
+e4m3 route on an H100 (e14a918 -> 577fe7e, the same default tile size) at one V4-Flash token from
+59.8 to 46.0 us (40 -> 52 % of HBM), V4-Pro from 117.5 to 99.5 us (53 -> 63 %), at 16 V4-Flash
+tokens from 556 to 507 us, 467 with ``DECODE_WIDE`` (70 %); the gate/up kernel dropped from 96 to
+80 registers, 6 programs per SM instead of 5 (Nsight Compute,
+``ncu-moe-decode-NVIDIA-H100-80GB-HBM3-577fe7e.txt``). The two changes were timed together.
 
 The rounding points are the grouped kernels', so only the summation order differs. A pair whose
 expert another token also chose reads that expert again (from L2 when they run together): past a
@@ -41,10 +51,9 @@ picks (unset: ``auto``, ``e4m3`` on sm_89+ GPUs, else ``words``):
   32-bit operations per 8 codes (a code ``s e1 e0 m`` as the e4m3 byte ``s 000 e1 e0 m 00``: its
   value times 2^-6, the e = 0 codes as e4m3 subnormals), ``cvt.rn.f16x2.e4m3x2`` turns two bytes
   into two fp16 per instruction and one conversion per weight widens them to fp32; the products
-  then chain as FFMAs. sm_90 SASS of the gate/up loop at V4-Flash shapes: 4.39 instructions per
-  weight against ``words``' 6.30
-  (``benchmarks/moe_decode_sass.py``; fp16 -> fp32 widening 1, FFMA 1, the conversion 0.5, bit
-  operations 1, the rest x's layout and the loop).
+  then chain as FFMAs. sm_90 SASS of the gate/up loop at V4-Flash shapes (the 32 x 256 tile): 4.44
+  instructions per weight against ``words``' 6.34 (``benchmarks/moe_decode_sass.py``; fp16 -> fp32
+  widening 1, FFMA 1, the conversion 0.5, bit operations 1, the rest x's layout and the loop).
   Exact while each nonzero ``|w x|`` >= 2^-140 and ``|x| < 2^120``; the group sums leave times 2^6.
   The interpreter runs the same arithmetic with the ``words`` decode scaled by 2^120 (exact).
 
@@ -54,7 +63,11 @@ fp16 tensor-core GEMVs (weights through the same conversion into wgmma tiles, x 
 operand for the per-group scales; 3.25 SASS instructions per weight, loads pipelined) at 99.7-157.8 us
 over 8 tiles, 1.6-2.2x slower at 1-32 tokens; K split over up to 8 programs with a ticket reduction,
 62.8 -> 61.0-89.4 us; x loaded per code position instead of split through a layout change (12 -> 4
-barriers per iteration, more instructions), 65.8 us.
+barriers per iteration, more instructions), 65.8 us. Session 53 (after the interleaving, 45.9 us;
+``moe-mxfp4-NVIDIA-H100-80GB-HBM3-{577fe7e,5b2faa4}.json.gz``): the next weight tile loaded before
+the current one is multiplied, 51.5 us (slower at every tile and size); a cap of 80 registers, 46.8
+(before the interleaving it had taken 59.8 to 49.0: e14a918); 1024-column tiles, 47.9-55.8; the
+down GEMV's first weight tile loaded before its PDL wait, 45.9.
 """
 from __future__ import annotations
 
@@ -121,12 +134,12 @@ SUM_BLOCK = 256                             # columns per program of the slot su
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
 DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
                    "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
-# MXFP4 from this many (token, slot) pairs on: 32 rows x 256 columns per program. An H100 at f043b77, V4-Flash /
-# V4-Pro experts, against the default tile: one token 45.9 / 109.2 us against 45.8 / 99.3; 2 tokens 80.0 / 174.9
-# against 79.2 / 178.2; 4 tokens 137.9 / 332.8 against 142.0 / 344.5; 16 tokens 466.3 / 1206.5 against
-# 507.2 / 1276.3 (moe-mxfp4-NVIDIA-H100-80GB-HBM3-f043b77.json.gz).
+# MXFP4 from this many (token, slot) pairs on: 32 rows x 256 columns per program. An H100, V4-Flash / V4-Pro
+# experts, against the default tile (two runs, f043b77 / 5b2faa4): one token 45.9 / 109.2 against 45.8 / 99.3 us;
+# 2 tokens 80.0 / 178.6 against 78.0 / 178.4; 4 tokens 137.9 / 332.8 against 142.0 / 344.5; 16 tokens
+# 466.3 / 1206.5 against 507.2 / 1276.3 (moe-mxfp4-NVIDIA-H100-80GB-HBM3-{f043b77,5b2faa4}.json.gz).
 DECODE_WIDE = dict(block_n=32, block_k=256, num_warps=4)
-DECODE_WIDE_PAIRS = 12
+DECODE_WIDE_PAIRS = 24
 
 
 def decode_tile(dense: bool, pairs: int) -> dict:
@@ -218,7 +231,7 @@ def load_tile(w, w_scale, row_ptr_off, scale_off, rmask, k0, ncols, FORMAT: tl.c
 def tile_product(tile, e, xrow, k0, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr):
     """``load_tile``'s tile times ``xrow[k0 : k0 + BLOCK_K]`` as an fp32 partial [BLOCK_N, PART_W]
-    (``part_width``) that ``gemv_acc`` accumulates over the K loop and sums once at its end
+    (``part_width``) that ``gemv_rows`` accumulates over the K loop and sums once at its end
     (``row_sums``). Dense: one column per weight, no reduction per iteration (on the H200 67-89 % of
     HBM from one token on; a sum per iteration had 41 % at one token). MXFP4: one column per
     32-column scale group (per-weight partials with the scale read per packed unit were slower
@@ -255,16 +268,18 @@ def tile_product(tile, e, xrow, k0, ncols, FORMAT: tl.constexpr, DECODE: tl.cons
 
 
 @triton.jit
-def gemv_acc(acc, w, w_scale, row_ptr_off, scale_off, rmask, xrow, k_start, ncols, FORMAT: tl.constexpr,
-             DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``acc`` [BLOCK_N, PART_W] plus the rows of W times xrow over columns ``k_start ..`` ncols
-    (``row_sums`` turns it into the rows' fp32 sums). (Loading each next tile before multiplying
+def gemv_rows(w, w_scale, row_ptr_off, scale_off, rmask, xrow, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
+    """The rows [BLOCK_N] of W times xrow [ncols], fp32. (Loading each next tile before multiplying
     the current one, registers double-buffered, was slower at every tile and size on an H100: V4-Flash
-    one token 45.9 -> 51.5 us, moe-mxfp4-NVIDIA-H100-80GB-HBM3-577fe7e.json.gz.)"""
-    for k0 in range(k_start, ncols, BLOCK_K):
+    one token 45.9 -> 51.5 us, moe-mxfp4-NVIDIA-H100-80GB-HBM3-577fe7e.json.gz. So was nothing gained by
+    the down GEMV loading its first tile before waiting on the gate/up kernel under PDL, 5b2faa4: 45.9
+    against 46.0 us.)"""
+    acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
+    for k0 in range(0, ncols, BLOCK_K):
         tile, e = load_tile(w, w_scale, row_ptr_off, scale_off, rmask, k0, ncols, FORMAT, DECODE, BLOCK_K)
         acc += tile_product(tile, e, xrow, k0, ncols, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-    return acc
+    return row_sums(acc, FORMAT, DECODE)
 
 
 @triton.jit
@@ -316,9 +331,8 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
         r = tl.arange(0, BLOCK_N)
         n2 = tl.program_id(1) * HALF + r // 2
         off, soff = _row_offsets(e * 2 * H + (r % 2) * H + n2, D, FORMAT, DECODE)
-        acc = gemv_acc(tl.zeros([BLOCK_N, PART_W], tl.float32), w13, w13_scale, off, soff, n2 < H, x + tok * D, 0, D,
-                       FORMAT, DECODE, BLOCK_N, BLOCK_K)
-        y = row_sums(acc, FORMAT, DECODE).to(x.dtype.element_ty).to(tl.float32)          # the eager matmul's rounding
+        y = gemv_rows(w13, w13_scale, off, soff, n2 < H, x + tok * D, D, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W)
+        y = y.to(x.dtype.element_ty).to(tl.float32)                                      # the eager matmul's rounding
         gate, up = tl.split(tl.reshape(y, [HALF, 2]))
         n = tl.program_id(1) * HALF + tl.arange(0, HALF)
         nmask = n < H
@@ -339,8 +353,7 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert
     looping over its slots left most of the H200 idle at one token). act [M*K, H]; w2 [E, D, H]
     (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's dtype, 0 for
     pairs that are not live. PDL (launched with ``launch_pdl``): launched while the gate/up kernel
-    runs, it lets the slot sum launch, loads its first weight tile (weights only: they do not depend
-    on the gate/up kernel) and waits for act before its first read of it and its write."""
+    runs, it lets the slot sum launch and waits for act before its first read or write."""
     if PDL:
         gdc_launch_dependents()
     pair = tl.program_id(0).to(tl.int64)
@@ -348,17 +361,12 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert
     nmask = n < D
     gid = tl.load(expert_ids + pair).to(tl.int64)
     e = gid - first_expert
-    live = (gid >= 0) & (e >= 0) & (e < E)
-    off, soff = _row_offsets(tl.where(live, e, 0) * D + n, H, FORMAT, DECODE)
-    first, first_e = load_tile(w2, w2_scale, off, soff, tl.where(live, n, D) < D, 0, H, FORMAT, DECODE, BLOCK_K)
     y = tl.zeros([BLOCK_N], tl.float32)
     if PDL:
         gdc_wait()
-    if live:
-        acc = tile_product(first, first_e, act + pair * H, 0, H, FORMAT, DECODE, BLOCK_N, BLOCK_K)
-        acc = gemv_acc(acc, w2, w2_scale, off, soff, nmask, act + pair * H, BLOCK_K, H, FORMAT, DECODE, BLOCK_N,
-                       BLOCK_K)
-        y = row_sums(acc, FORMAT, DECODE)
+    if (gid >= 0) & (e >= 0) & (e < E):
+        off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
+        y = gemv_rows(w2, w2_scale, off, soff, nmask, act + pair * H, H, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W)
     tl.store(slot_out + pair * D + n, y.to(slot_out.dtype.element_ty), mask=nmask)
 
 
@@ -411,8 +419,8 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
     H the intermediate size; ``pdl``: the down and slot-sum kernels with programmatic dependent launch
     (None: ``auto_pdl``); ``maxnreg``: a register cap for the two GEMVs (Triton's launch option; more
-    programs per SM, perhaps spills; ``moe_mxfp4_bench.py``'s ``_r`` variants); unset tile parameters
-    from ``decode_tile``.
+    programs per SM, perhaps spills; 80 was timed, the module's docstring); unset tile parameters from
+    ``decode_tile``.
     Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
     cfg = {**decode_tile(dense, expert_ids.numel()),
