@@ -28,13 +28,20 @@ def test_curves_first_file_wins_and_failures_are_skipped():
         "pro": {"bf16 GEMV": [(1, 80.0)]}}
 
 
+def test_before_adds_the_earlier_default_as_its_own_series():
+    now = _doc("b", [("flash", 1, {"mxfp4_gemv_e4m3": {"pct": 52.0}, "mxfp4_gemv": {"pct": 52.0}})])
+    before = _doc("a", [("flash", 4, {"mxfp4_gemv": {"pct": 50.0}}), ("flash", 1, {"mxfp4_gemv": {"pct": 40.0}})])
+    assert pm.curves([now], before) == {"flash": {"MXFP4 GEMV, e4m3 (default)": [(1, 52.0)],
+                                                  "MXFP4 GEMV at a": [(1, 40.0), (4, 50.0)]}}
+
+
 def test_main_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "m.json"
     path.write_text(json.dumps(_doc("a", [("flash", 1, {"mxfp4_gemv_e4m3": {"pct": 40.0}}),
                                           ("flash", 4, {"mxfp4_gemv_e4m3": {"pct": 55.0}})])))
     out = tmp_path / "x.png"
-    argv, sys.argv = sys.argv, ["plot", str(path), "--out", str(out)]
+    argv, sys.argv = sys.argv, ["plot", str(path), "--before", str(path), "--out", str(out)]
     try:
         pm.main()
     finally:
