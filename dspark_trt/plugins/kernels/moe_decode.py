@@ -143,8 +143,9 @@ DECODE_WIDE_PAIRS = 24
 
 
 def decode_tile(dense: bool, pairs: int) -> dict:
-    """The default launch tile of ``decode_experts`` for ``pairs`` (token, slot) pairs."""
-    if not dense and pairs >= DECODE_WIDE_PAIRS:
+    """The default launch tile of ``decode_experts`` for ``pairs`` (token, slot) pairs (a symbolic
+    count, under tracing, keeps the default tile rather than guard on it)."""
+    if not dense and isinstance(pairs, int) and pairs >= DECODE_WIDE_PAIRS:
         return dict(DECODE_WIDE)
     return dict(DECODE_DEFAULTS["dense" if dense else "mxfp4"])
 
