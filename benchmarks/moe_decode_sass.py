@@ -57,8 +57,8 @@ def registers(cubin: bytes) -> int:
 def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None) -> tuple[float, collections.Counter, int]:
     """(instructions per weight one thread decodes per iteration, opcode counts, registers per
     thread) of the MXFP4 gate/up kernel's K loop with the E2M1 route ``decode``, V4-Flash expert
-    shapes, sm_90; the default tile unless given."""
-    x, ids, w, w13, s13, w2, s2, fe, lim = moe_mxfp4_inputs("cpu", torch.bfloat16, M=4, k=6, E=8, d=4096, h=2048)
+    shapes (3 tokens: 18 pairs, below ``DECODE_WIDE_PAIRS``), sm_90; the one-token default tile unless given."""
+    x, ids, w, w13, s13, w2, s2, fe, lim = moe_mxfp4_inputs("cpu", torch.bfloat16, M=3, k=6, E=8, d=4096, h=2048)
     launch = dict(block_n=block_n, block_k=block_k, num_warps=num_warps)
     rec, launcher = [], kmd.launcher
     kmd.launcher = _Recorder(rec)

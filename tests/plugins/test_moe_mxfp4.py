@@ -87,7 +87,7 @@ def kernel_results() -> dict:
 
 @pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",
                                   "moe_mxfp4_aot", "moe_mxfp4_decode", "moe_mxfp4_decode_tiles",
-                                  "moe_mxfp4_decode_bytes", "moe_mxfp4_decode_e4m3"])
+                                  "moe_mxfp4_decode_bytes", "moe_mxfp4_decode_e4m3", "moe_mxfp4_decode_wide"])
 def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
     r = kernel_results[case]
     assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
@@ -166,6 +166,7 @@ def test_decode_tile_by_pair_count(monkeypatch):
     assert kmd.decode_tile(False, kmd.DECODE_WIDE_PAIRS - 1) == kmd.DECODE_DEFAULTS["mxfp4"]
     assert kmd.decode_tile(False, kmd.DECODE_WIDE_PAIRS) == kmd.DECODE_WIDE != kmd.DECODE_DEFAULTS["mxfp4"]
     assert kmd.decode_tile(True, 4 * kmd.DECODE_WIDE_PAIRS) == kmd.DECODE_DEFAULTS["dense"]
+    assert 9 * 3 >= kmd.DECODE_WIDE_PAIRS          # the interpreter's moe_mxfp4_decode_wide case takes the wide tile
     launches = []
     monkeypatch.setattr(kmd, "launcher", _Recorder(launches))
     few, many = (kmd.DECODE_WIDE_PAIRS - 1) // 3, -(-kmd.DECODE_WIDE_PAIRS // 3)       # tokens of 3 slots

@@ -493,6 +493,9 @@ def moe_mxfp4_cases(device) -> dict:
              "moe_mxfp4_decode_tiles": (moe_mxfp4_inputs(device, M=5, k=2, E=3, d=96, h=64, first_expert=0,
                                                          limit=0.0), {"schedule": "decode", "block_n": 8,
                                                                       "block_k": 64, "num_warps": 2}),
+             # 27 pairs: the default decode tile is DECODE_WIDE (32 x 256, d below one chunk: masked)
+             "moe_mxfp4_decode_wide": (moe_mxfp4_inputs(device, M=9, k=3, E=5, d=96, h=64, first_expert=0),
+                                       {"schedule": "decode"}),
              "moe_mxfp4_tiles": (base, {"block_n": 16, "block_k": 32}),
              "moe_mxfp4_blocks": (moe_mxfp4_inputs(device, M=40, k=2, E=3, d=96, h=64, first_expert=0, limit=0.0),
                                   {"block_n": 32, "block_k": 64}),

@@ -51,9 +51,10 @@ picks (unset: ``auto``, ``e4m3`` on sm_89+ GPUs, else ``words``):
   32-bit operations per 8 codes (a code ``s e1 e0 m`` as the e4m3 byte ``s 000 e1 e0 m 00``: its
   value times 2^-6, the e = 0 codes as e4m3 subnormals), ``cvt.rn.f16x2.e4m3x2`` turns two bytes
   into two fp16 per instruction and one conversion per weight widens them to fp32; the products
-  then chain as FFMAs. sm_90 SASS of the gate/up loop at V4-Flash shapes (the 32 x 256 tile): 4.44
-  instructions per weight against ``words``' 6.34 (``benchmarks/moe_decode_sass.py``; fp16 -> fp32
-  widening 1, FFMA 1, the conversion 0.5, bit operations 1, the rest x's layout and the loop).
+  then chain as FFMAs. sm_90 SASS of the gate/up loop at V4-Flash shapes: 4.58 instructions per
+  weight against ``words``' 6.52 with the one-token tile (16 x 512), 4.44 with ``DECODE_WIDE``
+  (``benchmarks/moe_decode_sass.py``; fp16 -> fp32 widening 1, FFMA 1, the conversion 0.5, bit
+  operations 1, the rest x's layout and the loop).
   Exact while each nonzero ``|w x|`` >= 2^-140 and ``|x| < 2^120``; the group sums leave times 2^6.
   The interpreter runs the same arithmetic with the ``words`` decode scaled by 2^120 (exact).
 
