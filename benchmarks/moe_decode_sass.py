@@ -45,13 +45,17 @@ def loop_ops(sass: str) -> list[str]:
     return best
 
 
-def registers(cubin: bytes) -> int:
-    """Registers per thread of the one kernel in ``cubin`` (cuobjdump's resource usage)."""
+def on_cubin(cubin: bytes, *tool: str) -> str:
+    """The output of ``tool`` (e.g. nvdisasm -c) run on ``cubin`` written to a temporary file."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"REG:(\d+)", out).group(1))
+        return subprocess.run([*tool, f.name], capture_output=True, text=True, check=True).stdout
+
+
+def registers(cubin: bytes) -> int:
+    """Registers per thread of the one kernel in ``cubin`` (cuobjdump's resource usage)."""
+    return int(re.search(r"REG:(\d+)", on_cubin(cubin, CUOBJDUMP, "-res-usage")).group(1))
 
 
 def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None) -> tuple[float, collections.Counter, int]:
@@ -69,10 +73,7 @@ def loop_instructions(decode: str, block_n=None, block_k=None, num_warps=None) -
         kmd.launcher = launcher
     kernel, a, kw = next(r for r in rec if r[0] is kmd.moe_decode_gate_up_kernel)
     cubin = compile_launch(kernel, a, kw).asm["cubin"]
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        ops = loop_ops(subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout)
+    ops = loop_ops(on_cubin(cubin, NVDISASM, "-c"))
     weights = kw["BLOCK_N"] * kw["BLOCK_K"] // (32 * kw["num_warps"])     # gate and up rows together, per thread
     return len(ops) / weights, collections.Counter(ops), registers(cubin)
 

@@ -151,16 +151,14 @@ def main():
                    "mxfp4_bytes": used * per_mx + act, "bf16_bytes": used * per_bf16 + act}
             want = kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, schedule="grouped")
             scale = float(want.float().abs().max())
-            for name in ("bf16", "bf16_gemv"):
-                kw = dict(schedule="grouped" if name == "bf16" else "decode")
+            dense = {"bf16": dict(schedule="grouped"), "bf16_gemv": dict(schedule="decode")}
+            if M in parse(args.e4m3_sweep_ms):
+                dense.update({variant_name("bf16_gemv_", kw): dict(schedule="decode", **kw) for kw in DENSE_SWEEP})
+            for name, kw in dense.items():
                 row[name] = measure(lambda kw=kw: kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, **kw))
                 row[name]["pct"] = row["bf16_bytes"] / (row[name]["cold_us"] * 1e-6) / PEAK * 100
             row["bf16_gemv"]["max_diff_vs_bf16"] = err(
                 kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, schedule="decode"), want)
-            for kw in DENSE_SWEEP if M in parse(args.e4m3_sweep_ms) else ():
-                rec = row[variant_name("bf16_gemv_", kw)] = measure(
-                    lambda kw=kw: kmoe.moe_experts_triton(x, ids, w, w13, w2, 0, args.limit, schedule="decode", **kw))
-                rec["pct"] = row["bf16_bytes"] / (rec["cold_us"] * 1e-6) / PEAK * 100
             variants = {n: kw for n, kw in VARIANTS.items()
                         if n != "mxfp4_grouped_decode" or M in parse(args.grouped_decode_ms)}
             if M in parse(args.sweep_ms):
