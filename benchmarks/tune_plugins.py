@@ -118,6 +118,13 @@ MLA_CONFIGS = [
     {"group": 2, "num_warps": 8}, {"group": 2, "block_dv": 256, "num_warps": 8}, {"group": 2, "block_dv": 128},
     {"group": 4, "block_h": 16, "block_dv": 256, "num_warps": 8},
     {"group": 8, "block_h": 8, "block_dv": 256, "num_warps": 8},
+    # scores and values in two launches (kernels/sparse_mla_two_pass.py): 64-row wgmma tiles in both
+    {"two_pass": True}, {"two_pass": {"block_n": 32}},
+    {"two_pass": {"values": {"block_h": 128, "block_dv": 256}}},
+    {"two_pass": {"values": {"block_h": 64, "block_dv": 256, "num_warps": 4}}},
+    {"two_pass": {"block_n": 32, "scores": {"block_h": 128, "num_warps": 8}}},
+    {"two_pass": {"block_n": 32, "values": {"block_h": 128, "block_dv": 256}}},
+    {"two_pass": {"block_n": 32, "scores": {"num_stages": 3}, "values": {"num_stages": 3}}},
 ]
 
 
@@ -227,7 +234,9 @@ def attn_summary(shapes: dict):
         print(f"  {c:100s} " + " ".join(cells), flush=True)
 
 
-def tune_sparse_mla(results):
+def tune_sparse_mla(results, only=None):
+    """``only``: besides the default, the configs whose JSON contains this text (None: all)."""
+    configs = [c for c in MLA_CONFIGS if not c or only is None or only in json.dumps(c)]
     for B in (64, 1):
         args, nbytes = mla_case(B)
         ref = sparse_mla_attention_ref(*args)
@@ -236,7 +245,7 @@ def tune_sparse_mla(results):
             e = err(out, ref)
             return dict(ok=e < ATOL_BF16, max_err=e)
         sweep(results, "sparse_mla_attention", f"B={B} N=8 H=128 D=512 W={args[2].shape[1]}", nbytes,
-              MLA_CONFIGS, lambda cfg: ksm.sparse_mla_attention_triton(*args, **cfg), check)
+              configs, lambda cfg: ksm.sparse_mla_attention_triton(*args, **cfg), check)
         del ref
 
 
@@ -246,6 +255,8 @@ def main():
     ap.add_argument("--ops", default="reject,markov,attn,mla", help="comma list: reject,markov,attn,mla")
     ap.add_argument("--markov-cases", default=None,
                     help='comma list of the markov cases to run, "B" or "Bg" (every row greedy): 1,64,64g,32g')
+    ap.add_argument("--mla-only", default=None,
+                    help="sparse MLA: the default and the configs whose JSON contains this text, e.g. two_pass")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/tune_plugins.py needs a CUDA GPU")
@@ -261,8 +272,9 @@ def main():
     path.parent.mkdir(parents=True, exist_ok=True)
     only = set(a.markov_cases.split(",")) if a.markov_cases else None
     markov = lambda results: tune_markov(results, only)  # noqa: E731
+    mla = lambda results: tune_sparse_mla(results, a.mla_only)  # noqa: E731
     for name, fn in (("reject", tune_rejection), ("markov", markov), ("attn", tune_block_attention),
-                     ("mla", tune_sparse_mla)):
+                     ("mla", mla)):
         if name in ops:
             fn(results)
             torch.cuda.empty_cache()

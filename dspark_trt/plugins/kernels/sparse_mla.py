@@ -43,6 +43,18 @@ def _query_rows(t, h0, H, BLOCK_H: tl.constexpr, GROUP: tl.constexpr):
 
 
 @triton.jit
+def list_end(ibase, lo, hi, BLOCK_SCAN: tl.constexpr):
+    """One past the last valid (>= 0) entry of the index list ``ibase[lo:hi]`` (lo if none), read
+    BLOCK_SCAN entries per load: trailing -1 tiles are not walked."""
+    last = tl.full([], 0, tl.int32) + lo
+    for n0 in range(lo, hi, BLOCK_SCAN):
+        j = n0 + tl.arange(0, BLOCK_SCAN)
+        idx = tl.load(ibase + j, mask=j < hi, other=-1)
+        last = tl.maximum(last, tl.max(tl.where(idx >= 0, j + 1, lo), 0))
+    return last
+
+
+@triton.jit
 def _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, lo, hi, W,
                     D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_SCAN: tl.constexpr, PREFETCH: tl.constexpr):
@@ -61,11 +73,7 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, lo
     l_i = tl.zeros_like(sink)
     acc = tl.zeros([qrow.shape[0], BLOCK_DV], tl.float32)
     ibase = indices + t.to(tl.int64) * W
-    last = t * 0 + lo                   # end of the last valid entry: trailing -1 tiles are not walked
-    for n0 in range(lo, hi, BLOCK_SCAN):
-        j = n0 + tl.arange(0, BLOCK_SCAN)
-        idx = tl.load(ibase + j, mask=j < hi, other=-1)
-        last = tl.maximum(last, tl.max(tl.where(idx >= 0, j + 1, lo), 0))
+    last = list_end(ibase, lo, hi, BLOCK_SCAN)
     if PREFETCH:                        # the first tile's indices; later ones one iteration ahead
         j = lo + tl.arange(0, BLOCK_N)
         idx = tl.load(ibase + j, mask=j < hi, other=-1)
@@ -209,9 +217,12 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
                                 block_dv: int | None = None, block_n: int | None = None,
                                 num_splits: int | None = None, num_warps: int | None = None,
                                 num_stages: int | None = None, programs_per_sm: int | None = None,
-                                prefetch: bool | None = None, group: int | None = None) -> Tensor:
+                                prefetch: bool | None = None, group: int | None = None,
+                                two_pass: bool | dict | None = None) -> Tensor:
     """Same contract as ``sparse_mla_attention_ref``; unset launch parameters from ``mla_config``.
-    ``group`` G > 1: tokens t with equal ``t // G`` must have equal index lists (not checked)."""
+    ``group`` G > 1: tokens t with equal ``t // G`` must have equal index lists (not checked).
+    ``two_pass``: the scores and values passes of ``sparse_mla_two_pass`` instead (True, or a dict
+    of its tiles; the other launch parameters then do not apply)."""
     T, H, D = q.shape
     if D != pow2(D) or dv != pow2(dv) or dv > D:
         raise ValueError(f"sparse_mla_attention kernel needs power-of-two D >= dv, got D={D}, dv={dv}")
@@ -219,6 +230,10 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
     if T == 0 or H == 0:
         return out
     W = indices.shape[1]
+    if two_pass:
+        from .sparse_mla_two_pass import sparse_mla_two_pass
+        return sparse_mla_two_pass(q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous(),
+                                   scale, dv, out, two_pass if isinstance(two_pass, dict) else None)
     cfg = mla_config(T, H, D, dv, W, q.device, block_h=block_h, block_dv=block_dv, block_n=block_n,
                      num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
                      programs_per_sm=programs_per_sm, prefetch=prefetch, group=group)
