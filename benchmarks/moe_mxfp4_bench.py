@@ -63,11 +63,12 @@ GEMV_SWEEP = [dict(block_n=n, block_k=k, num_warps=w) for n in (8, 16, 32) for k
 # as many up rows; the op takes the first below DECODE_WIDE_PAIRS pairs, the second from there). An H100 at
 # 577fe7e also timed each with its next weight tile loaded ahead (slower at every tile and size: one V4-Flash
 # token 45.9 -> 51.5 us) and under maxnreg 80 (46.8), and 16 / 32 x 1024 tiles (47.9-55.8 us).
-E4M3_SWEEP = [dict(decode="e4m3", block_n=n, block_k=k, num_warps=w) for n, k, w in ((16, 512, 4), (32, 256, 4),
-                                                                                     (64, 256, 8))]
+E4M3_SWEEP = [dict(decode="e4m3", block_n=n, block_k=k, num_warps=w, k_stages=s) for n, k, w, s in (
+    (16, 512, 4, 1), (32, 256, 4, 1), (64, 256, 8, 1), (16, 512, 4, 2), (16, 512, 4, 3), (16, 256, 4, 3),
+    (16, 256, 4, 4), (32, 256, 4, 3))]
 # the bf16 GEMVs' tile beside the default (16 rows: before the gate/up rows were interleaved its programs held 32)
-DENSE_SWEEP = [dict(block_n=32)]
-SHORT = {"block_n": "n", "block_k": "k", "num_warps": "w", "maxnreg": "r"}       # variant names: e4m3_n16_k256_w4
+DENSE_SWEEP = [dict(block_n=32), dict(k_stages=3), dict(k_stages=4)]
+SHORT = {"block_n": "n", "block_k": "k", "num_warps": "w", "maxnreg": "r", "k_stages": "s"}       # variant names: e4m3_n16_k256_w4
 
 
 def variant_name(prefix: str, kw: dict) -> str:

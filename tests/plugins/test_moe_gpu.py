@@ -165,7 +165,8 @@ def test_mxfp4_decode_tiles_flash_shapes(flash_mxfp4, M):
     from dspark_trt.plugins.kernels import moe as kmoe
     from dspark_trt.plugins.kernels.moe_decode import DECODE_DEFAULTS, DECODE_WIDE
     x, ids, w = _routing(M, seed=11)
-    for tile in (DECODE_DEFAULTS["mxfp4"], DECODE_WIDE):
+    for tile in (DECODE_DEFAULTS["mxfp4"], DECODE_WIDE, {**DECODE_DEFAULTS["mxfp4"], "k_stages": 3},
+                 {**DECODE_WIDE, "k_stages": 3}):
         got = kmoe.moe_experts_mxfp4_triton(x, ids, w, *flash_mxfp4, 0, 10.0, schedule="decode", **tile)
         _check_bf16(got, x, ids, w, flash_mxfp4[:2], flash_mxfp4[2:], 0, moe_experts_mxfp4_ref)
 

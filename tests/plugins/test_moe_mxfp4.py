@@ -87,7 +87,8 @@ def kernel_results() -> dict:
 
 @pytest.mark.parametrize("case", ["moe_mxfp4", "moe_mxfp4_tiles", "moe_mxfp4_blocks", "moe_mxfp4_int8",
                                   "moe_mxfp4_aot", "moe_mxfp4_decode", "moe_mxfp4_decode_tiles",
-                                  "moe_mxfp4_decode_bytes", "moe_mxfp4_decode_e4m3", "moe_mxfp4_decode_wide"])
+                                  "moe_mxfp4_decode_bytes", "moe_mxfp4_decode_e4m3", "moe_mxfp4_decode_wide",
+                                  "moe_mxfp4_decode_stages"])
 def test_kernel_matches_reference_in_the_interpreter(kernel_results, case):
     r = kernel_results[case]
     assert r["scale"] > 1.0 and r["err"] <= 1e-6 * r["scale"], r
@@ -153,6 +154,10 @@ def test_schedule_arguments_are_checked():
     with pytest.raises(ValueError, match=r"block_n \(weight rows per program, gate and up rows interleaved\) must be "
                                          ">= 2, got 1"):
         moe_experts_mxfp4_triton(*args, schedule="decode", block_n=1)
+    with pytest.raises(ValueError, match="k_stages must be within 1..8, got 0"):
+        moe_experts_mxfp4_triton(*args, schedule="decode", k_stages=0)
+    with pytest.raises(ValueError, match=r"\['k_stages'\] do not apply to the grouped schedule"):
+        moe_experts_mxfp4_triton(*args, schedule="grouped", k_stages=3)
 
 
 def test_decode_tile_by_pair_count(monkeypatch):

@@ -134,7 +134,8 @@ def test_sparse_mla_attention_kernel(results, case):
 
 
 @pytest.mark.parametrize("case", ["moe_experts", "moe_experts_blocks", "moe_experts_int32_ids", "moe_experts_aot",
-                                  "moe_experts_decode", "moe_experts_decode_tiles"])
+                                  "moe_experts_decode", "moe_experts_decode_tiles",
+                                  "moe_experts_decode_stages"])
 def test_moe_experts_kernel(results, case):
     assert results[case]["err"] < 1e-5
 

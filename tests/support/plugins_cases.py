@@ -441,6 +441,9 @@ def _moe_cases(device, dtype, out):
              "moe_experts_decode_tiles": (moe_inputs(device, dtype, M=5, k=2, E=3, d=40, h=24, first_expert=0,
                                                      limit=0.0), {"schedule": "decode", "block_n": 16,
                                                                   "block_k": 32, "num_warps": 2}),
+             # the K loop pipelined three tiles deep (k_stages), a partial last chunk
+             "moe_experts_decode_stages": (moe_inputs(device, dtype, M=5, k=2, E=3, d=40, h=24, first_expert=0),
+                                           {"schedule": "decode", "block_k": 16, "k_stages": 3}),
              # several blocks per expert (k=2 over 40 tokens), tiles not dividing d / h, no clamp
              "moe_experts_blocks": (moe_inputs(device, dtype, M=40, k=2, E=3, d=40, h=24, first_expert=0, limit=0.0),
                                     {"block_n": 16, "block_k": 16}),
@@ -499,6 +502,8 @@ def moe_mxfp4_cases(device) -> dict:
              "moe_mxfp4_decode_tiles": (moe_mxfp4_inputs(device, M=5, k=2, E=3, d=96, h=64, first_expert=0,
                                                          limit=0.0), {"schedule": "decode", "block_n": 8,
                                                                       "block_k": 64, "num_warps": 2}),
+             "moe_mxfp4_decode_stages": (moe_mxfp4_inputs(device, M=5, k=2, E=3, d=96, h=64, first_expert=0),
+                                         {"schedule": "decode", "block_n": 8, "block_k": 32, "k_stages": 3}),
              # 27 pairs: the default decode tile is DECODE_WIDE (32 x 256, d below one chunk: masked)
              "moe_mxfp4_decode_wide": (moe_mxfp4_inputs(device, M=9, k=3, E=5, d=96, h=64, first_expert=0),
                                        {"schedule": "decode"}),

@@ -245,12 +245,12 @@ def moe_experts_triton(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w
                        first_expert: int, swiglu_limit: float, block_m: int | None = None,
                        block_n: int | None = None, block_k: int | None = None,
                        num_warps: int | None = None, num_stages: int | None = None,
-                       schedule: str = "auto", pdl: bool | None = None) -> Tensor:
+                       schedule: str = "auto", pdl: bool | None = None, k_stages: int | None = None) -> Tensor:
     """Same contract as ``moe_experts_ref``; unset launch parameters from ``MOE_DEFAULTS`` (grouped)
-    or ``moe_decode.decode_tile``; ``schedule`` as ``schedule_experts``; ``pdl``: the decode
+    or ``moe_decode.decode_tile``; ``schedule`` as ``schedule_experts``; ``pdl``, ``k_stages``: the decode
     schedule's (``moe_decode.decode_experts``)."""
     launch = dict(block_m=block_m, block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages,
-                  pdl=pdl)
+                  pdl=pdl, k_stages=k_stages)
     return schedule_experts(x, expert_ids, routing_weights, (w13, None), (w2, None), first_expert, swiglu_limit,
                             w2.shape[2], schedule, launch)
 
@@ -272,7 +272,7 @@ def moe_experts_mxfp4_triton(x: Tensor, expert_ids: Tensor, routing_weights: Ten
 
 
 # launch keys that only the decode schedule takes (``moe_decode.decode_experts``), beside the tile it shares
-DECODE_ONLY = {"decode", "pdl", "maxnreg"}
+DECODE_ONLY = {"decode", "pdl", "maxnreg", "k_stages"}
 
 
 def schedule_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,

@@ -133,13 +133,13 @@ cvt.f32.f16 $7, f7;
 DECODE_MAX_PAIRS = {"dense": 128, "mxfp4": 192}
 SUM_BLOCK = 256                             # columns per program of the slot sum (16 programs per V4-Flash token)
 # Launch parameters per format: BLOCK_N output rows, BLOCK_K input columns per iteration.
-DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4),
-                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4)}
+DECODE_DEFAULTS = {"dense": dict(block_n=16, block_k=256, num_warps=4, k_stages=1),
+                   "mxfp4": dict(block_n=16, block_k=512, num_warps=4, k_stages=1)}
 # MXFP4 from this many (token, slot) pairs on: 32 rows x 256 columns per program. An H100, V4-Flash / V4-Pro
 # experts, against the default tile (two runs, f043b77 / 5b2faa4): one token 45.9 / 109.2 against 45.8 / 99.3 us;
 # 2 tokens 80.0 / 178.6 against 78.0 / 178.4; 4 tokens 137.9 / 332.8 against 142.0 / 344.5; 16 tokens
 # 466.3 / 1206.5 against 507.2 / 1276.3 (moe-mxfp4-NVIDIA-H100-80GB-HBM3-{f043b77,5b2faa4}.json.gz).
-DECODE_WIDE = dict(block_n=32, block_k=256, num_warps=4)
+DECODE_WIDE = dict(block_n=32, block_k=256, num_warps=4, k_stages=1)
 DECODE_WIDE_PAIRS = 24
 
 
@@ -271,14 +271,18 @@ def tile_product(tile, e, xrow, k0, ncols, FORMAT: tl.constexpr, DECODE: tl.cons
 
 @triton.jit
 def gemv_rows(w, w_scale, row_ptr_off, scale_off, rmask, xrow, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr):
-    """The rows [BLOCK_N] of W times xrow [ncols], fp32. (Loading each next tile before multiplying
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr, K_STAGES: tl.constexpr = 1):
+    """The rows [BLOCK_N] of W times xrow [ncols], fp32. K_STAGES > 1: Triton's pipeliner copies the
+    weight tiles of the next K_STAGES - 1 iterations into shared memory (``cp.async``) while this one
+    is multiplied, so more bytes are in flight per SM without holding registers (a plain ``range``
+    leaves each tile's load to wait in its iteration; the pipeliner only takes loads that feed no
+    ``tl.dot`` when the loop asks for stages). (Loading each next tile before multiplying
     the current one, registers double-buffered, was slower at every tile and size on an H100: V4-Flash
     one token 45.9 -> 51.5 us, moe-mxfp4-NVIDIA-H100-80GB-HBM3-577fe7e.json.gz. So was nothing gained by
     the down GEMV loading its first tile before waiting on the gate/up kernel under PDL, 5b2faa4: 45.9
     against 46.0 us.)"""
     acc = tl.zeros([BLOCK_N, PART_W], tl.float32)
-    for k0 in range(0, ncols, BLOCK_K):
+    for k0 in tl.range(0, ncols, BLOCK_K, num_stages=K_STAGES):
         tile, e = load_tile(w, w_scale, row_ptr_off, scale_off, rmask, k0, ncols, FORMAT, DECODE, BLOCK_K)
         acc += tile_product(tile, e, xrow, k0, ncols, FORMAT, DECODE, BLOCK_N, BLOCK_K)
     return row_sums(acc, FORMAT, DECODE)
@@ -317,7 +321,7 @@ def _row_offsets(rows, ncols, FORMAT: tl.constexpr, DECODE: tl.constexpr):
 def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, act, first_expert, limit,
                               E, D, H, K, HAS_LIMIT: tl.constexpr, FORMAT: tl.constexpr,
                               DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                              PART_W: tl.constexpr, PDL: tl.constexpr = False):
+                              PART_W: tl.constexpr, PDL: tl.constexpr = False, K_STAGES: tl.constexpr = 1):
     """Grid (M*K, cdiv(H, BLOCK_N / 2)). x [M, D]; expert_ids / routing_weights [M*K]; w13 [E, 2H, D] (MXFP4:
     [E, 2H, D/2] + [E, 2H, D/32]) -> act [M*K, H] for live pairs. PDL: lets the down kernel launch at once."""
     if PDL:
@@ -333,7 +337,8 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
         r = tl.arange(0, BLOCK_N)
         n2 = tl.program_id(1) * HALF + r // 2
         off, soff = _row_offsets(e * 2 * H + (r % 2) * H + n2, D, FORMAT, DECODE)
-        y = gemv_rows(w13, w13_scale, off, soff, n2 < H, x + tok * D, D, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W)
+        y = gemv_rows(w13, w13_scale, off, soff, n2 < H, x + tok * D, D, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W,
+                      K_STAGES)
         y = y.to(x.dtype.element_ty).to(tl.float32)                                      # the eager matmul's rounding
         gate, up = tl.split(tl.reshape(y, [HALF, 2]))
         n = tl.program_id(1) * HALF + tl.arange(0, HALF)
@@ -350,7 +355,7 @@ def moe_decode_gate_up_kernel(x, expert_ids, routing_weights, w13, w13_scale, ac
 @triton.jit
 def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert, E, D, H, K, FORMAT: tl.constexpr,
                            DECODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PART_W: tl.constexpr,
-                           PDL: tl.constexpr = False):
+                           PDL: tl.constexpr = False, K_STAGES: tl.constexpr = 1):
     """Grid (M*K, cdiv(D, BLOCK_N)), one program per pair and row block (a program per token
     looping over its slots left most of the H200 idle at one token). act [M*K, H]; w2 [E, D, H]
     (MXFP4: [E, D, H/2] + [E, D, H/32]) -> slot_out [M*K, D]: each pair's rows in out's dtype, 0 for
@@ -368,7 +373,8 @@ def moe_decode_down_kernel(act, expert_ids, w2, w2_scale, slot_out, first_expert
         gdc_wait()
     if (gid >= 0) & (e >= 0) & (e < E):
         off, soff = _row_offsets(e * D + n, H, FORMAT, DECODE)
-        y = gemv_rows(w2, w2_scale, off, soff, nmask, act + pair * H, H, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W)
+        y = gemv_rows(w2, w2_scale, off, soff, nmask, act + pair * H, H, FORMAT, DECODE, BLOCK_N, BLOCK_K, PART_W,
+                      K_STAGES)
     tl.store(slot_out + pair * D + n, y.to(slot_out.dtype.element_ty), mask=nmask)
 
 
@@ -417,18 +423,21 @@ def auto_decode(device: torch.device) -> str:
 def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: tuple, w2: tuple,
                    first_expert: int, swiglu_limit: float, H: int, block_n: int | None = None,
                    block_k: int | None = None, num_warps: int | None = None, decode: str | None = None,
-                   pdl: bool | None = None, maxnreg: int | None = None) -> Tensor:
+                   pdl: bool | None = None, maxnreg: int | None = None, k_stages: int | None = None) -> Tensor:
     """The two GEMV launches and the slot sum; ``w13`` / ``w2``: (values, None) dense or (packed, E8M0 scales) MXFP4;
     H the intermediate size; ``pdl``: the down and slot-sum kernels with programmatic dependent launch
     (None: ``auto_pdl``); ``maxnreg``: a register cap for the two GEMVs (Triton's launch option; more
-    programs per SM, perhaps spills; 80 was timed, the module's docstring); unset tile parameters from
-    ``decode_tile``.
+    programs per SM, perhaps spills; 80 was timed, the module's docstring); ``k_stages``: weight tiles in
+    flight per GEMV program (``gemv_rows``' K_STAGES); unset tile parameters from ``decode_tile``.
     Same contract as ``moe.grouped_experts``."""
     dense = w13[1] is None
     cfg = {**decode_tile(dense, expert_ids.numel()),
-           **{k: v for k, v in dict(block_n=block_n, block_k=block_k, num_warps=num_warps).items() if v is not None}}
+           **{k: v for k, v in dict(block_n=block_n, block_k=block_k, num_warps=num_warps,
+                                    k_stages=k_stages).items() if v is not None}}
     if not dense and cfg["block_k"] % 32:
         raise ValueError(f"moe decode: MXFP4 needs block_k a multiple of 32, got {cfg['block_k']}")
+    if not 1 <= cfg["k_stages"] <= 8:
+        raise ValueError(f"moe decode: k_stages must be within 1..8, got {cfg['k_stages']}")
     if cfg["block_n"] < 2:
         raise ValueError(f"moe decode: block_n (weight rows per program, gate and up rows interleaved) must be "
                          f">= 2, got {cfg['block_n']}")
@@ -460,10 +469,10 @@ def decode_experts(x: Tensor, expert_ids: Tensor, routing_weights: Tensor, w13: 
     launcher(moe_decode_gate_up_kernel)[(M * k, triton.cdiv(H, bn // 2))](
         x, ids, routing_weights.contiguous(), w13_v, w13_s, act, int(first_expert), float(swiglu_limit),
         E, D, H, k, HAS_LIMIT=swiglu_limit > 0, FORMAT=fmt, DECODE=decode, BLOCK_N=bn, BLOCK_K=bk, PART_W=part_w,
-        PDL=pdl, num_warps=warps, **cap)
+        PDL=pdl, K_STAGES=cfg["k_stages"], num_warps=warps, **cap)
     launcher(moe_decode_down_kernel)[(M * k, triton.cdiv(D, bn))](
         act, ids, w2_v, w2_s, slot_out, int(first_expert), E, D, H, k, FORMAT=fmt, DECODE=decode, BLOCK_N=bn,
-        BLOCK_K=bk, PART_W=part_w, PDL=pdl, num_warps=warps, **cap, **pdl_kw)
+        BLOCK_K=bk, PART_W=part_w, PDL=pdl, K_STAGES=cfg["k_stages"], num_warps=warps, **cap, **pdl_kw)
     launcher(moe_decode_slot_sum_kernel)[(M, triton.cdiv(D, SUM_BLOCK))](slot_out, out, D, K=k, BLOCK=SUM_BLOCK,
                                                                          PDL=pdl, num_warps=2, **pdl_kw)
     return out
