@@ -48,22 +48,33 @@ CUDA_CORE_TILES = ((16, 256), (32, 128), (32, 256), (16, 512), (8, 1024))
 LAUNCHES = ((4, 3), (4, 4), (8, 4), (4, 2), (8, 3))           # (num_warps, num_stages) of tensor-core tiles
 
 
+FOCUS_TILES = ((8, 512), (8, 1024), (16, 256), (16, 512), (32, 256))
 ONE_TOKEN_TILES = ((4, 512), (8, 256), (8, 512), (8, 1024), (16, 256), (16, 512), (4, 1024), (16, 1024),
                    (32, 256), (32, 512))
 
 
-def candidates(M: int, N: int, K: int, sms: int = 132) -> list[dict]:
+def candidates(M: int, N: int, K: int, sms: int = 132, stages=(), focus: bool = False) -> list[dict]:
     """Tiles worth timing, first the one taken without a sweep: the rows kernel's ``default_config``
     and ``rows_tiles``; at M = 1 ``decode_gemv_kernel``'s tile today (``config_for``), its variants,
     then the rows kernel's tiles marked ``ROWS`` (split K, the deferred norm scale), and every CUDA-core
-    tile of both also with ``PREFETCH`` (the next weight tile loaded before the current one is reduced:
-    Triton pipelines only loads that feed ``tl.dot``)."""
+    tile of both also with ``PREFETCH`` (the next weight tile loaded before the current one is reduced
+    in registers) and with each ``K_STAGES`` of ``stages`` (the weight loop pipelined through shared
+    memory by Triton, which it does for loads that feed no ``tl.dot`` only where the loop asks).
+    ``focus`` (M = 1): the tile the GPU runs today (its shipped table, ``decode_rows.tile_for``, else
+    ``config_for``) and ``FOCUS_TILES``, each as is and with ``stages``."""
     if M == 1:
         from dspark_trt.plugins.kernels.decode_gemv import config_for
-        one = [config_for(N, K)] + [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3)
-                                    for bn, bk in ONE_TOKEN_TILES if K % bk == 0 for nw in (4, 8)]
-        one += [dict(c, ROWS=True) for c in rows_tiles(1, N, K, sms)]
-        return _unique(one + [dict(c, PREFETCH=True) for c in one if not c.get("DOT")])
+        if focus:
+            from dspark_trt.plugins.kernels.decode_rows import tile_for
+            one = [tile_for(1, N, K, torch.device("cuda")) or config_for(N, K)]
+            one += [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=4, num_stages=3) for bn, bk in FOCUS_TILES if K % bk == 0]
+        else:
+            one = [config_for(N, K)] + [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=3)
+                                        for bn, bk in ONE_TOKEN_TILES if K % bk == 0 for nw in (4, 8)]
+            one += [dict(c, ROWS=True) for c in rows_tiles(1, N, K, sms)]
+            one += [dict(c, PREFETCH=True) for c in one if not c.get("DOT")]
+        staged = [dict(c, K_STAGES=st, PREFETCH=False) for c in one if not c.get("DOT") for st in stages]
+        return _unique(one + staged)
     from dspark_trt.plugins.kernels.decode_rows import default_config
     return _unique([default_config(M, N, K, sms)] + rows_tiles(M, N, K, sms))
 
@@ -143,7 +154,7 @@ def module_prologue(prologue: str, x, res, norm):
     return lambda: x if res is None else x + res
 
 
-def sweep_case(name: str, M: int, rotate_mb: float, iters: int) -> dict:
+def sweep_case(name: str, M: int, rotate_mb: float, iters: int, stages=(), focus: bool = False) -> dict:
     N, K, prologue = SHAPES[name]
     copies = max(2, int(rotate_mb * 2**20 / (2 * N * K)) + 1)
     x, res, norm, r_out, ws = inputs(M, N, K, prologue, copies)
@@ -157,7 +168,7 @@ def sweep_case(name: str, M: int, rotate_mb: float, iters: int) -> dict:
                cublas_us=graph_us([lambda w=w: F.linear(xin, w) for w in ws], iters),
                modules_us=graph_us([lambda w=w: F.linear(prologue_fn(), w) for w in ws], iters))
     timed = []
-    for cfg in candidates(M, N, K):
+    for cfg in candidates(M, N, K, stages=stages, focus=focus):
         try:
             err = (run_tile(x, ws[0], prologue, res, norm, r_out, cfg).float() - ref).abs().max().item()
             if not err <= 0.02 * scale:
@@ -187,13 +198,16 @@ def main():
     ap.add_argument("--rotate-mb", type=float, default=400.0)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--stages", default="", help="K_STAGES values every CUDA-core tile is also timed with, e.g. 2,3,4")
+    ap.add_argument("--focus", action="store_true", help="M = 1: the tile the GPU runs today and FOCUS_TILES only")
     args = ap.parse_args()
+    pick = dict(stages=[int(v) for v in args.stages.split(",") if v], focus=args.focus)
     global HBM
     HBM = hbm_bytes_per_s()                    # the GPU's own (4.8 TB/s: the H200's)
     t0 = time.time()
     rows_list = [int(m) for m in args.rows.split(",")]
     shapes = args.shapes.split(",")
-    cases = [(s, M, c) for s in shapes for M in rows_list for c in candidates(M, *SHAPES[s][:2])]
+    cases = [(s, M, c) for s in shapes for M in rows_list for c in candidates(M, *SHAPES[s][:2], **pick)]
     print(f"[rows] {len(cases)} tiles to compile with {args.jobs} processes", flush=True)
     if args.jobs:
         chunks = [cases[i::args.jobs] for i in range(args.jobs)]
@@ -209,7 +223,7 @@ def main():
     for s in shapes:
         for M in rows_list:
             try:
-                r = sweep_case(s, M, args.rotate_mb, args.iters)
+                r = sweep_case(s, M, args.rotate_mb, args.iters, **pick)
                 rows.append(r)
                 print(f"[rows] {s:8s} M={M:2d} best {r['best_us']:.1f} us ({r['best_pct']:.0f} %) default "
                       f"{r['default_us'] or float('nan'):.1f} cublas {r['cublas_us']:.1f} ({r['cublas_pct']:.0f} %) "

@@ -31,8 +31,8 @@ def test_matches_the_modules_prologue_times_w(results, case):
     one token and for M tokens (each row its own norm; split K included), and the residual sum
     written by the first programs is torch's bf16 sum bit for bit. RMSNorm on the rows kernel (two
     or more tokens, or one with a ROWS tile: a deferred scale): as close to the fp32 prologue's
-    product as the modules' result, plus one ulp. A ``PREFETCH`` tile gives the bits of the same tile
-    without it."""
+    product as the modules' result, plus one ulp. A ``PREFETCH`` or ``K_STAGES`` tile gives the bits of
+    the same tile without it."""
     name, prologue, N, K, has_res, has_out, cfg, _, M = case
     r = results[name]
     assert r["shape"] == ([N] if M is None else [M, N]) and r["dtype"] == "torch.bfloat16"
@@ -42,7 +42,7 @@ def test_matches_the_modules_prologue_times_w(results, case):
         assert r["ulp"] <= ULP_TOL, r
     if has_out:
         assert r["residual_equal"], r
-    if (cfg or {}).get("PREFETCH"):
+    if (cfg or {}).get("PREFETCH") or (cfg or {}).get("K_STAGES"):
         assert r["prefetch_equal"], r
 
 
@@ -416,8 +416,10 @@ def test_qwen3_8b_shapes_on_gpu(prologue, pdl):
             assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g))
         else:
             from dspark_trt.plugins.kernels.decode_gemv import config_for
-            tile = dict(decode_rows.tile_for(1, N, K, x.device) or config_for(N, K), PREFETCH=True)
-            assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g, config=tile)), (N, K)
+            tile = decode_rows.tile_for(1, N, K, x.device) or config_for(N, K)
+            for extra in (dict(PREFETCH=True), dict(K_STAGES=3, PREFETCH=False)):
+                assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g,
+                                                  config={**tile, **extra})), (N, K, extra)
 
 
 @pytest.mark.gpu

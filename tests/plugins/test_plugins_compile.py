@@ -265,7 +265,7 @@ def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
     the default one, the rows kernel at 8 and 5 tokens (tensor cores), at 5 on the CUDA cores and
     split K (the ticket reduction) in both bodies, one token on it in both, ``PREFETCH`` in both
-    kernels' CUDA-core bodies, each also with PDL (``_with_pdl``)."""
+    kernels' CUDA-core bodies, ``K_STAGES`` in both, each also with PDL (``_with_pdl``)."""
     N, K = 4096, 4096
     w = torch.randn(N, K).bfloat16()
     x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
@@ -274,7 +274,8 @@ def _launches_decode_gemv(monkeypatch):
                dict(prologue="rmsnorm", norm_weight=g), dict(prologue="rmsnorm", norm_weight=g, residual=r,
                                                              residual_out=torch.empty_like(r), pre_k=1024),
                dict(config=kdg.CONFIGS[(24576, 4096)]), dict(config=kdg.DEFAULT),
-               dict(prologue="rmsnorm", norm_weight=g, config=dict(BLOCK_N=8, BLOCK_K=1024, PREFETCH=True))):
+               dict(prologue="rmsnorm", norm_weight=g, config=dict(BLOCK_N=8, BLOCK_K=1024, PREFETCH=True)),
+               dict(prologue="rmsnorm", norm_weight=g, config=dict(BLOCK_N=8, BLOCK_K=1024, K_STAGES=3))):
         out += record(monkeypatch, kdg, kdg.decode_gemv, x, w, **kw)
     out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(2 * K).bfloat16(), w, "swiglu")
     rows = (kdg, kdr)                                # a verify block / a few rows: decode_rows' kernel
@@ -295,6 +296,9 @@ def _launches_decode_gemv(monkeypatch):
     out += record(monkeypatch, rows, kdg.decode_gemv, x, w, "rmsnorm", norm_weight=g, residual=r,
                   residual_out=torch.empty_like(r),
                   config=dict(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, DOT=False, ROWS=True, PREFETCH=True))
+    out += record(monkeypatch, rows, kdg.decode_gemv, x, w, "rmsnorm", norm_weight=g, residual=r,
+                  residual_out=torch.empty_like(r),
+                  config=dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, DOT=False, ROWS=True, K_STAGES=3))
     return _with_pdl(out)
 
 

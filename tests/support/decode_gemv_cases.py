@@ -57,6 +57,12 @@ CASES = [
      dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=2, DOT=False, ROWS=True, PREFETCH=True), None, None),
     ("rows3_prefetch_cuda_cores_swiglu", "swiglu", 29, 128, False, False,
      dict(BLOCK_N=8, BLOCK_K=32, DOT=False, PREFETCH=True), None, 3),
+    # K_STAGES (the weight loop pipelined through shared memory): both kernels' CUDA-core bodies, split K
+    ("stages3_rmsnorm_residual", "rmsnorm", 48, 256, True, True, dict(BLOCK_N=16, BLOCK_K=32, K_STAGES=3), None, None),
+    ("one_token_rows_stages2_split2_rmsnorm_residual", "rmsnorm", 37, 256, True, True,
+     dict(BLOCK_N=8, BLOCK_K=32, SPLIT_K=2, DOT=False, ROWS=True, K_STAGES=2), None, None),
+    ("rows3_stages3_cuda_cores_swiglu", "swiglu", 29, 128, False, False,
+     dict(BLOCK_N=8, BLOCK_K=32, DOT=False, K_STAGES=3), None, 3),
 ]
 EPS = 1e-6
 
@@ -98,8 +104,8 @@ def main():
             rec["module_ulp_exact"] = ulp_err(F.linear(xin, w), exact)
         if has_out:
             rec["residual_equal"] = bool(torch.equal(r_out, h))
-        if (cfg or {}).get("PREFETCH"):     # the same sums in the same order as without it
-            plain = {k: v for k, v in cfg.items() if k != "PREFETCH"}
+        if (cfg or {}).get("PREFETCH") or (cfg or {}).get("K_STAGES"):   # the same sums in the same order
+            plain = {k: v for k, v in cfg.items() if k not in ("PREFETCH", "K_STAGES")}
             rec["prefetch_equal"] = bool(torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g, eps=EPS,
                                                                     config=plain, pre_k=pre)))
         out[name] = rec

@@ -87,11 +87,14 @@ def _first_tile(w, N, stride_wn, BLOCK_N: tl.constexpr, PRE_K: tl.constexpr, PDL
 def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
                        HAS_RES: tl.constexpr, STORE_FIRST: tl.constexpr, STORE_MAIN: tl.constexpr,
-                       PDL: tl.constexpr, PREFETCH: tl.constexpr):
+                       PDL: tl.constexpr, PREFETCH: tl.constexpr, K_STAGES: tl.constexpr = 1):
     """Grid (cdiv(N, BLOCK_N),). x [K] ([2K] for SWIGLU), res / res_out [K] (HAS_RES), g [K]
     (RMSNORM), w [N, K] (row stride ``stride_wn``), y [N]. STORE_FIRST / STORE_MAIN: program 0
     writes h to res_out in the mean-square pass / in the product's pass. PREFETCH: the loop's next
-    weight tile is loaded before the current one is reduced (the same sums in the same order)."""
+    weight tile is loaded before the current one is reduced (the same sums in the same order).
+    K_STAGES > 1: the weight loop as ``tl.range(num_stages=K_STAGES)``, so Triton's pipeliner copies
+    the next tiles into shared memory (``cp.async``) while one is reduced; a plain ``range`` (and the
+    launch's ``num_stages``) never pipelines loads that feed no ``tl.dot``."""
     pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL)
     rk = tl.arange(0, BLOCK_K)
     last = K - BLOCK_K                                   # prefetches past the end reload the last tile
@@ -107,7 +110,7 @@ def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: 
     acc = tl.sum(w0.to(tl.float32) * _inputs(x, res, res_out, g, rp, K, rstd, pid, PROLOGUE, HAS_RES,
                                                STORE_MAIN)[None, :], 1)
     part = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in range(PRE_K, K, BLOCK_K):
+    for k in tl.range(PRE_K, K, BLOCK_K, num_stages=K_STAGES):
         if PREFETCH:
             cur = wt
             wt = tl.load(w + rn[:, None] * stride_wn + (tl.minimum(k + BLOCK_K, last) + rk)[None, :])
@@ -180,7 +183,7 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
         PROLOGUE=PROLOGUES[prologue], HAS_RES=residual is not None,
         STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
         STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl, PREFETCH=bool(cfg.get("PREFETCH")),
-        num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
+        K_STAGES=int(cfg.get("K_STAGES", 1)), num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
     return y
 
 

@@ -142,13 +142,15 @@ def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPL
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
                        HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
                        BLOCK_M: tl.constexpr, DOT: tl.constexpr, TICKET: tl.constexpr,
-                       INTERPRET_DOT: tl.constexpr, PREFETCH: tl.constexpr):
+                       INTERPRET_DOT: tl.constexpr, PREFETCH: tl.constexpr, K_STAGES: tl.constexpr = 1):
     """Grid (cdiv(N, BLOCK_N), SPLIT_K). x [ROWS, K] ([ROWS, 2K] for SWIGLU), res / res_out
     [ROWS, K], g [K], w [N, K] (row stride ``stride_wn``), y [ROWS, N]. TICKET (SPLIT_K > 1): ws
     fp32 [SPLIT_K, ROWS, N] partials, ss_ws fp32 [N tiles, SPLIT_K, BLOCK_M] sums of squares (RMSNORM),
     counter int32 [N tiles] zeros. With PDL the successor is let go first and the predecessor
     waited for after the first ``PRE_K`` weight columns are loaded. PREFETCH (CUDA-core body): the
-    loop's next weight tile is loaded before the current one is reduced (the same sums, in order)."""
+    loop's next weight tile is loaded before the current one is reduced (the same sums, in order).
+    K_STAGES > 1 (CUDA-core body): its weight loop pipelined through shared memory by Triton
+    (``decode_gemv_kernel``'s K_STAGES; the DOT body's loop is pipelined by ``num_stages``)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -179,7 +181,7 @@ def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPL
             wt = tl.load(w + rn[:, None] * stride_wn + (tl.minimum(k0 + PRE_K, last) + rk)[None, :])
         acc, ss = _cuda_core_tile(x, res, res_out, g, w0.to(tl.float32), rp, tl.zeros([BLOCK_N, BLOCK_M], tl.float32),
                                   ss, cols, K, XK, pid_n, PROLOGUE, HAS_RES, STORE_RES, ROWS)
-        for k in range(k0 + PRE_K, k0 + K_SPLIT, BLOCK_K):
+        for k in tl.range(k0 + PRE_K, k0 + K_SPLIT, BLOCK_K, num_stages=K_STAGES):
             if PREFETCH:
                 cur = wt
                 wt = tl.load(w + rn[:, None] * stride_wn + (tl.minimum(k + BLOCK_K, last) + rk)[None, :])
@@ -361,6 +363,7 @@ def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res
         x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, k_split, split, K, eps, BLOCK_N=bn, BLOCK_K=bk, PRE_K=pre,
         PROLOGUE=prologue, HAS_RES=has_res, STORE_RES=store_res, PDL=bool(launch), ROWS=M, BLOCK_M=bm, DOT=dot,
         TICKET=split > 1, INTERPRET_DOT=dot and INTERPRET, PREFETCH=not dot and bool(cfg.get("PREFETCH")),
+        K_STAGES=1 if dot else int(cfg.get("K_STAGES", 1)),
         num_warps=int(cfg.get("num_warps", 4)),
         num_stages=int(cfg.get("num_stages", 3)), **launch)
     return y
