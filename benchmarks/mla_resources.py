@@ -30,7 +30,7 @@ import triton  # noqa: E402
 
 from benchmarks.tune_plugins import MLA_CONFIGS  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
-from dspark_trt.plugins.kernels import sparse_mla as ksm, sparse_mla_two_pass as ksm2  # noqa: E402
+from dspark_trt.plugins.kernels import sparse_mla as ksm  # noqa: E402
 from tests.plugins.test_plugins_compile import compile_launch, record  # noqa: E402
 from tests.support.plugins_cases import sparse_mla_inputs  # noqa: E402
 
@@ -50,7 +50,7 @@ def resources(cubin: bytes) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--only", default=None, help='configs whose JSON contains this text, e.g. two_pass')
+    ap.add_argument("--only", default=None, help='configs whose JSON contains this text, e.g. group')
     a = ap.parse_args(argv)
     q, kv, idx, sink, scale, dv = sparse_mla_inputs("cpu", torch.bfloat16, T=8, H=128, D=512, dv=512, S=300, W=256)
     idx = idx[:1].expand(8, -1)                                   # one block: every token the same list
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     for cfg in [c for c in MLA_CONFIGS if a.only is None or a.only in json.dumps(c)]:
         patch = pytest.MonkeyPatch()               # what ``record`` patches, outside a test
         try:
-            launches = record(patch, (ksm, ksm2), ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **cfg)
+            launches = record(patch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **cfg)
         finally:
             patch.undo()
         for kernel, args, kwargs in launches:

@@ -118,13 +118,10 @@ MLA_CONFIGS = [
     {"group": 2, "num_warps": 8}, {"group": 2, "block_dv": 256, "num_warps": 8}, {"group": 2, "block_dv": 128},
     {"group": 4, "block_h": 16, "block_dv": 256, "num_warps": 8},
     {"group": 8, "block_h": 8, "block_dv": 256, "num_warps": 8},
-    # scores and values in two launches (kernels/sparse_mla_two_pass.py): 64-row wgmma tiles in both
-    {"two_pass": True}, {"two_pass": {"block_n": 32}},
-    {"two_pass": {"values": {"block_h": 128, "block_dv": 256}}},
-    {"two_pass": {"values": {"block_h": 64, "block_dv": 256, "num_warps": 4}}},
-    {"two_pass": {"block_n": 32, "scores": {"block_h": 128, "num_warps": 8}}},
-    {"two_pass": {"block_n": 32, "values": {"block_h": 128, "block_dv": 256}}},
-    {"two_pass": {"block_n": 32, "scores": {"num_stages": 3}, "values": {"num_stages": 3}}},
+    # 64 x 512 with 8 warps (one 64-row wgmma tile of a block's 2 tokens or of 64 heads), 64-entry tiles
+    {"block_h": 64, "num_warps": 8}, {"block_h": 64, "num_warps": 8, "block_n": 64},
+    {"group": 2, "num_warps": 8, "block_n": 64}, {"group": 2, "num_warps": 8, "block_n": 64, "num_stages": 1},
+    {"group": 2, "num_warps": 8, "num_stages": 3},
 ]
 
 
@@ -256,7 +253,7 @@ def main():
     ap.add_argument("--markov-cases", default=None,
                     help='comma list of the markov cases to run, "B" or "Bg" (every row greedy): 1,64,64g,32g')
     ap.add_argument("--mla-only", default=None,
-                    help="sparse MLA: the default and the configs whose JSON contains this text, e.g. two_pass")
+                    help="sparse MLA: the default and the configs whose JSON contains this text, e.g. group")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/tune_plugins.py needs a CUDA GPU")

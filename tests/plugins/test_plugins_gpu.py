@@ -171,16 +171,14 @@ def test_sparse_mla_v4_shapes_bf16(Tq):
     got = torch.ops.dspark.sparse_mla_attention(q, kv, idx, sink, D ** -0.5, D)
     assert (got.float() - ref.float()).abs().max() < 2e-2
     from dspark_trt.plugins.kernels.sparse_mla import sparse_mla_attention_triton
-    for cfg in ({"prefetch": True}, {"prefetch": True, "num_stages": 3}, {"prefetch": False, "num_warps": 8},
-                {"two_pass": True}):
+    for cfg in ({"prefetch": True}, {"prefetch": True, "num_stages": 3}, {"prefetch": False, "num_warps": 8}):
         alt = sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D, **cfg)
         assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
 
 
 @pytest.mark.parametrize("cfg", [{"group": 2, "block_dv": 256, "num_warps": 8},
                                  {"group": 8, "block_h": 8, "block_dv": 256, "num_warps": 8},
-                                 {"block_h": 64, "block_dv": 256, "num_warps": 8}, {"two_pass": True},
-                                 {"two_pass": {"block_n": 32, "values": {"block_h": 128, "block_dv": 256}}}])
+                                 {"block_h": 64, "block_dv": 256, "num_warps": 8}])
 def test_sparse_mla_v4_block_lists_bf16(cfg):
     """The V4 verify block's lists (every query of a row's 8-token block sees one list,
     ``noncausal_swa_indices``; window 128, width 256, pages of 64, one row inert): the 64-row-MMA

@@ -422,13 +422,7 @@ def _swa_and_mla_cases(device, dtype, out):
              # G tokens of equal lists per program: 2 x 16 heads, and 4 x 16 of 24 heads (a masked tile)
              "sparse_mla_attention_group2": (sparse_mla_group_inputs(device, dtype), {"block_n": 16, "group": 2}),
              "sparse_mla_attention_group4_masked_heads": (sparse_mla_group_inputs(device, dtype, G=4, H=24),
-                                                          {"block_h": 16, "block_n": 16, "group": 4}),
-             # scores and values in two launches (sparse_mla_two_pass): a list W not a multiple of the
-             # 16-entry tile, holes and a token without valid entries; 24 heads in 16-head tiles, dv in two tiles
-             "sparse_mla_attention_two_pass": (sparse_mla_inputs(device, dtype, H=24),
-                                               {"two_pass": {"block_n": 16, "values": {"block_dv": 16}}}),
-             "sparse_mla_attention_two_pass_padded": (sparse_mla_padded_inputs(device, dtype),
-                                                      {"two_pass": {"block_n": 16}})}
+                                                          {"block_h": 16, "block_n": 16, "group": 4})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
 

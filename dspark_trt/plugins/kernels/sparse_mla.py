@@ -22,6 +22,12 @@ come from L2.
   the lists are equal; the kernel reads the first token's.
 * ``NUM_SPLITS > 1`` (few query tokens): each split writes (m, l, acc) to an fp32 workspace sized
   from shapes and ``sparse_mla_reduce_kernel`` merges them with the sink (no host sync).
+
+Tried and removed (session 54, an H100, batch 64: the fused default 169.5 us): scores and values in
+two launches, a scores kernel writing each tile's ``p`` (kv's dtype), its rescale and the row's
+denominator, then a values kernel ``acc = acc * alpha + p · kv[idx]``, 64-row ``wgmma`` tiles in both
+and no spill on sm_90 (so neither holds the 64 x 512 fp32 output tile beside the scores): 174-208 us
+over seven tilings, 19-27 us at batch 1 against 15.8 (``tune-plugins-NVIDIA_H100_80GB_HBM3-c293f47.json``).
 """
 from __future__ import annotations
 
@@ -217,12 +223,9 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
                                 block_dv: int | None = None, block_n: int | None = None,
                                 num_splits: int | None = None, num_warps: int | None = None,
                                 num_stages: int | None = None, programs_per_sm: int | None = None,
-                                prefetch: bool | None = None, group: int | None = None,
-                                two_pass: bool | dict | None = None) -> Tensor:
+                                prefetch: bool | None = None, group: int | None = None) -> Tensor:
     """Same contract as ``sparse_mla_attention_ref``; unset launch parameters from ``mla_config``.
-    ``group`` G > 1: tokens t with equal ``t // G`` must have equal index lists (not checked).
-    ``two_pass``: the scores and values passes of ``sparse_mla_two_pass`` instead (True, or a dict
-    of its tiles; the other launch parameters then do not apply)."""
+    ``group`` G > 1: tokens t with equal ``t // G`` must have equal index lists (not checked)."""
     T, H, D = q.shape
     if D != pow2(D) or dv != pow2(dv) or dv > D:
         raise ValueError(f"sparse_mla_attention kernel needs power-of-two D >= dv, got D={D}, dv={dv}")
@@ -230,10 +233,6 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
     if T == 0 or H == 0:
         return out
     W = indices.shape[1]
-    if two_pass:
-        from .sparse_mla_two_pass import sparse_mla_two_pass
-        return sparse_mla_two_pass(q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous(),
-                                   scale, dv, out, two_pass if isinstance(two_pass, dict) else None)
     cfg = mla_config(T, H, D, dv, W, q.device, block_h=block_h, block_dv=block_dv, block_n=block_n,
                      num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
                      programs_per_sm=programs_per_sm, prefetch=prefetch, group=group)
