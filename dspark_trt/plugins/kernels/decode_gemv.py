@@ -94,7 +94,11 @@ def decode_gemv_kernel(x, res, res_out, g, w, y, N, K, stride_wn, eps, BLOCK_N: 
     weight tile is loaded before the current one is reduced (the same sums in the same order).
     K_STAGES > 1: the weight loop as ``tl.range(num_stages=K_STAGES)``, so Triton's pipeliner copies
     the next tiles into shared memory (``cp.async``) while one is reduced; a plain ``range`` (and the
-    launch's ``num_stages``) never pipelines loads that feed no ``tl.dot``."""
+    launch's ``num_stages``) never pipelines loads that feed no ``tl.dot``. On an H100 (session 54,
+    ``decode-rows-stages-NVIDIA-H100-80GB-HBM3-c293f47.json.gz``) no Qwen3-8B shape's best one-token
+    tile gained (q/k/v 19.8 us plain against 20.6-22.9 staged, gate/up 70.0 against 71.3-72.2, down 37.0
+    against 37.1-42.1); only narrow-K tiles did (down 16 x 256: 48.3 -> 38.2). A sweep dimension
+    (``decode_rows_sweep.py --stages``), not a default."""
     pid, offs_n, rn, rp, w0 = _first_tile(w, N, stride_wn, BLOCK_N, PRE_K, PDL)
     rk = tl.arange(0, BLOCK_K)
     last = K - BLOCK_K                                   # prefetches past the end reload the last tile

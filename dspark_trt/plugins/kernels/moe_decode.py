@@ -68,7 +68,11 @@ barriers per iteration, more instructions), 65.8 us. Session 53 (after the inter
 ``moe-mxfp4-NVIDIA-H100-80GB-HBM3-{577fe7e,5b2faa4}.json.gz``): the next weight tile loaded before
 the current one is multiplied, 51.5 us (slower at every tile and size); a cap of 80 registers, 46.8
 (before the interleaving it had taken 59.8 to 49.0: e14a918); 1024-column tiles, 47.9-55.8; the
-down GEMV's first weight tile loaded before its PDL wait, 45.9.
+down GEMV's first weight tile loaded before its PDL wait, 45.9. Session 54 (c293f47,
+``moe-mxfp4-NVIDIA-H100-80GB-HBM3-c293f47.json.gz``): the K loop pipelined through shared memory
+(``k_stages``, cp.async; no registers held): one V4-Flash token 46.3 us with the plain loop, 46.8 with
+3 stages, 49.7 with 2; slower at 4 and 16 tokens (16: 519 against 454 with the wide tile's plain loop).
+It stays a tile option (default 1) for GPUs with more bandwidth per SM to keep in flight (the H200).
 """
 from __future__ import annotations
 
