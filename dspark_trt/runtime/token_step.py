@@ -55,7 +55,7 @@ from ..models.layers import rope_cos_sin
 from ..models.dspark_qwen3 import DSparkQwen3Draft
 from ..models.qwen3 import Qwen3ForCausalLM
 from ..plugins.kernels.block_attention import block_attention_triton
-from ..plugins.kernels.common import INTERPRET, gdc_wait
+from ..plugins.kernels.common import INTERPRET, pdl_capable
 from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
 from .networks import DECODE_CHAIN_ENV as ENV, decode_chain_flag
@@ -213,8 +213,7 @@ def chain_for(model, device: torch.device, tp_size: int = 1) -> TokenStep | None
             return None
         raise ConfigError(f"{ENV}: {why}")
     try:
-        sm90 = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-        return TokenStep(model, pdl=sm90 and gdc_wait is not None, pdl_one_token=False)
+        return TokenStep(model, pdl=pdl_capable(device), pdl_one_token=False)
     except ValueError as e:                                # weights that are not bf16
         if flag == "auto":
             return None

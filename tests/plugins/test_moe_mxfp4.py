@@ -129,6 +129,24 @@ def test_auto_decode_takes_the_fp8_conversion_on_sm89_gpus_only(monkeypatch):
     assert moe_decode.auto_decode(torch.device("cuda", 0)) == "words"
 
 
+def test_pdl_capable_needs_an_sm90_gpu_and_gdc(monkeypatch):
+    """``common.pdl_capable`` (the MoE decode's ``auto_pdl`` and the token step's chain): a CUDA
+    device of sm_90+ with a Triton that has ``gdc_wait``; never the CPU or the interpreter."""
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from dspark_trt.plugins.kernels import common
+    monkeypatch.setattr(common, "INTERPRET", False)
+    monkeypatch.setattr(common, "gdc_wait", object())
+    assert not common.pdl_capable(torch.device("cpu"))
+    for cap, want in (((9, 0), True), ((10, 0), True), ((8, 9), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=cap: c)
+        assert common.pdl_capable(torch.device("cuda", 0)) is want, cap
+    monkeypatch.setattr(common, "gdc_wait", None)
+    assert not common.pdl_capable(torch.device("cuda", 0))
+    monkeypatch.setattr(common, "gdc_wait", object())
+    monkeypatch.setattr(common, "INTERPRET", True)
+    assert not common.pdl_capable(torch.device("cuda", 0))
+
+
 def test_schedule_arguments_are_checked():
     pytest.importorskip("triton", reason="Triton is not installed")
     from dspark_trt.plugins.kernels.moe import moe_experts_mxfp4_triton

@@ -216,6 +216,7 @@ def test_chain_for_launches_pdl_for_blocks_and_not_for_one_token_per_row(monkeyp
     PDL, none of a one-token step (AR, any batch); a plain ``TokenStep(pdl=True)``: both with PDL.
     The kernels are stubbed (their launch flags recorded), so this runs without a GPU."""
     from dspark_trt.models import build_models
+    from dspark_trt.plugins.kernels import common as kernels_common
     from dspark_trt.runtime import token_step
     from tests.support.models import tiny_pair
     target, _ = build_models(tiny_pair(), torch.bfloat16, "cpu")
@@ -236,7 +237,7 @@ def test_chain_for_launches_pdl_for_blocks_and_not_for_one_token_per_row(monkeyp
         monkeypatch.setattr(token_step, name, fn)
     monkeypatch.setenv("DSPARK_DECODE_CHAIN", "1")
     monkeypatch.setattr(token_step, "INTERPRET", True)
-    monkeypatch.setattr(token_step, "gdc_wait", object())
+    monkeypatch.setattr(kernels_common, "gdc_wait", object())              # a Triton with PDL (common.pdl_capable)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
     step = token_step.chain_for(target, torch.device("cuda", 0))
     assert step.pdl and not step.pdl_one_token

@@ -163,6 +163,14 @@ def pow2(n: int, lo: int = 1) -> int:
     return max(lo, triton.next_power_of_2(max(int(n), 1)))
 
 
+def pdl_capable(device: torch.device) -> bool:
+    """Whether kernels on ``device`` can launch with programmatic dependent launch: a CUDA GPU of
+    sm_90+ (not the interpreter) and a Triton that has ``gdc_wait``."""
+    device = torch.device(device)
+    return (device.type == "cuda" and not INTERPRET and gdc_wait is not None
+            and torch.cuda.get_device_capability(device) >= (9, 0))
+
+
 def pdl_launch(pdl: bool, where: str, x: torch.Tensor) -> dict:
     """Launch options of a kernel with programmatic dependent launch (``pdl``: its ``PDL``
     constexpr calls ``gdc_launch_dependents`` / ``gdc_wait``): ``launch_pdl`` on a CUDA GPU

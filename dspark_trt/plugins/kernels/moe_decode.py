@@ -83,7 +83,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .common import DENSE, INTERPRET, MXFP4, gdc_launch_dependents, gdc_wait, launcher, pdl_launch, tracing
+from .common import DENSE, INTERPRET, MXFP4, gdc_launch_dependents, gdc_wait, launcher, pdl_capable, pdl_launch, \
+    tracing
 
 BYTES = tl.constexpr(0)                     # packed bytes, each weight times 2^126
 WORDS = tl.constexpr(1)                     # int32 words of 8 codes, 2^126 applied per group
@@ -412,8 +413,7 @@ def auto_pdl(x: Tensor) -> bool:
     """Programmatic dependent launch for eager calls on sm_90+ GPUs (an H100, V4-Flash experts: one
     token 62.8 -> 60.9 us, V4-Pro 121.0 -> 118.8, moe-mxfp4-NVIDIA-H100-80GB-HBM3-fe9b445.json.gz);
     off under tracing (export / AOTInductor keep plain launches), the interpreter and older GPUs."""
-    return (x.is_cuda and not INTERPRET and gdc_wait is not None and not tracing()
-            and torch.cuda.get_device_capability(x.device) >= (9, 0))
+    return not tracing() and pdl_capable(x.device)
 
 
 def auto_decode(device: torch.device) -> str:
