@@ -180,6 +180,12 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
 # (tune-plugins-NVIDIA_H200-26d611d.json.gz): 32 heads x 512 dims, 4 warps (255 registers, a 28-byte
 # spill; 66 KB of shared memory, two programs per SM) 167 us; 64 heads x 256 dims 231 us with 4
 # warps and prefetch, 311 us with 8 warps without (the earlier default); batch 1 (split) 15 us.
+# H100 (session 54, tune-plugins-mla-8warps-NVIDIA-H100-80GB-HBM3-3f950c3.json.gz): 64 heads x 512 dims with
+# 64-entry tiles and 8 warps (wgmma, 416 B of spill) 162.7 us against this default's 170.6 (161.7 in a second
+# call), 15.4 against 15.9 at batch 1; not the default yet: with it as MLA_DEFAULTS the GPU tests' configs, which
+# inherit block_h / block_n, failed (6 of 6, errors not read). Nsight Compute of this default: 8 warps per SM,
+# 255 registers and 65,536 local-memory spill requests, 6.5 cycles per issued instruction
+# (ncu-mla-default-NVIDIA-H100-80GB-HBM3-3f950c3.txt).
 MLA_DEFAULTS = dict(block_h=32, block_dv=512, block_n=32, num_warps=None, num_stages=2, programs_per_sm=1,
                     prefetch=True, group=1)
 MAX_SCAN = 512             # index entries per load of the end-of-list scan
