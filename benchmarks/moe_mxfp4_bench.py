@@ -68,7 +68,8 @@ E4M3_SWEEP = [dict(decode="e4m3", block_n=n, block_k=k, num_warps=w, k_stages=s)
     (16, 256, 4, 4), (32, 256, 4, 3))]
 # the bf16 GEMVs' tile beside the default (16 rows: before the gate/up rows were interleaved its programs held 32)
 DENSE_SWEEP = [dict(block_n=32), dict(k_stages=3), dict(k_stages=4)]
-SHORT = {"block_n": "n", "block_k": "k", "num_warps": "w", "maxnreg": "r", "k_stages": "s"}       # variant names: e4m3_n16_k256_w4
+# variant names: e4m3_n16_k256_w4_s1
+SHORT = {"block_n": "n", "block_k": "k", "num_warps": "w", "maxnreg": "r", "k_stages": "s"}
 
 
 def variant_name(prefix: str, kw: dict) -> str:

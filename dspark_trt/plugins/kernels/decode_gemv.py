@@ -187,7 +187,8 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
         PROLOGUE=PROLOGUES[prologue], HAS_RES=residual is not None,
         STORE_FIRST=residual_out is not None and prologue == "rmsnorm",
         STORE_MAIN=residual_out is not None and prologue == "none", PDL=pdl, PREFETCH=bool(cfg.get("PREFETCH")),
-        K_STAGES=int(cfg.get("K_STAGES", 1)), num_warps=int(cfg.get("num_warps", 4)), num_stages=int(cfg.get("num_stages", 3)), **kw)
+        K_STAGES=int(cfg.get("K_STAGES", 1)), num_warps=int(cfg.get("num_warps", 4)),
+        num_stages=int(cfg.get("num_stages", 3)), **kw)
     return y
 
 

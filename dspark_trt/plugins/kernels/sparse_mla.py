@@ -27,7 +27,8 @@ Tried and removed (session 54, an H100, batch 64: the fused default 169.5 us): s
 two launches, a scores kernel writing each tile's ``p`` (kv's dtype), its rescale and the row's
 denominator, then a values kernel ``acc = acc * alpha + p · kv[idx]``, 64-row ``wgmma`` tiles in both
 and no spill on sm_90 (so neither holds the 64 x 512 fp32 output tile beside the scores): 174-208 us
-over seven tilings, 19-27 us at batch 1 against 15.8 (``tune-plugins-NVIDIA_H100_80GB_HBM3-c293f47.json``).
+over seven tilings, 19-27 us at batch 1 against 15.8
+(``tune-plugins-mla-NVIDIA-H100-80GB-HBM3-c293f47.json.gz``).
 """
 from __future__ import annotations
 
