@@ -105,23 +105,29 @@ ATTN_B1 = [{"num_splits": 16}, {**_PF, "num_stages": 3, "num_splits": 16}, {**_P
 # (B, context, page size): the targets (page 16 as in benchmarks/plugins.py) and the
 # runtime's default page size 64
 ATTN_SHAPES = [(64, 4096, 16), (64, 1024, 16), (1, 4096, 16), (64, 4096, 64)]
+# sparse MLA: {} is the default (64 heads x 512 dims, 64-entry tiles, 8 warps, wgmma); the rest are
+# measured against it. _MLA32 is the default before session 55 (32 heads x 32 entries; 4 warps for
+# whole lists, mma.sync), the base of the configs tried then.
+_MLA32 = {"block_h": 32, "block_n": 32}
 MLA_CONFIGS = [
-    {}, {"num_stages": 3}, {"block_n": 16}, {"block_n": 16, "num_stages": 3}, {"block_h": 16},
-    {"block_h": 16, "num_splits": 1}, {"num_warps": 8}, {"block_h": 64, "block_dv": 256},
-    {"prefetch": False}, {"programs_per_sm": 2},
-    # 64-row MMAs compile to Hopper's wgmma (32-row ones, the default's, to mma.sync); sm_90 compiles
-    # on the CPU (benchmarks/mla_resources.py, mla-resources-sm90-5594253.json): 64 x 512 with 8 warps
-    # spills (255 registers + 128 B of stack), 64 x 256 with 8 warps takes 206-208 registers and 64 x
-    # 128 with 4 213-221, no stack. 64 heads, or G tokens of one block per program (their lists are
-    # equal) x block_h heads
-    {"block_h": 64, "block_dv": 256, "num_warps": 8}, {"block_h": 64, "block_dv": 128},
-    {"group": 2, "num_warps": 8}, {"group": 2, "block_dv": 256, "num_warps": 8}, {"group": 2, "block_dv": 128},
-    {"group": 4, "block_h": 16, "block_dv": 256, "num_warps": 8},
-    {"group": 8, "block_h": 8, "block_dv": 256, "num_warps": 8},
-    # 64 x 512 with 8 warps (one 64-row wgmma tile of a block's 2 tokens or of 64 heads), 64-entry tiles
-    {"block_h": 64, "num_warps": 8}, {"block_h": 64, "num_warps": 8, "block_n": 64},
-    {"group": 2, "num_warps": 8, "block_n": 64}, {"group": 2, "num_warps": 8, "block_n": 64, "num_stages": 1},
-    {"group": 2, "num_warps": 8, "num_stages": 3},
+    {}, {"block_n": 32}, {"prefetch": False}, {"num_stages": 1}, {"group": 2, "block_h": 32},
+    {"group": 2, "block_h": 32, "num_stages": 1},
+    *({**_MLA32, **c} for c in [
+        {}, {"num_stages": 3}, {"block_n": 16}, {"block_n": 16, "num_stages": 3}, {"block_h": 16},
+        {"block_h": 16, "num_splits": 1}, {"num_warps": 8}, {"block_h": 64, "block_dv": 256, "num_warps": 4},
+        {"prefetch": False}, {"programs_per_sm": 2},
+        # 64-row MMAs compile to Hopper's wgmma (32-row ones to mma.sync); sm_90 compiles on the CPU
+        # (benchmarks/mla_resources.py, mla-resources-sm90-5594253.json): 64 x 512 with 8 warps spills
+        # (255 registers + 128 B of stack), 64 x 256 with 8 warps takes 206-208 registers and 64 x 128
+        # with 4 213-221, no stack. 64 heads, or G tokens of one block per program (their lists are
+        # equal) x block_h heads
+        {"block_h": 64, "block_dv": 256, "num_warps": 8}, {"block_h": 64, "block_dv": 128, "num_warps": 4},
+        {"group": 2, "num_warps": 8}, {"group": 2, "block_dv": 256, "num_warps": 8},
+        {"group": 2, "block_dv": 128, "num_warps": 4},
+        {"group": 4, "block_h": 16, "block_dv": 256, "num_warps": 8},
+        {"group": 8, "block_h": 8, "block_dv": 256, "num_warps": 8},
+        {"group": 2, "num_warps": 8, "num_stages": 3},
+    ]),
 ]
 
 

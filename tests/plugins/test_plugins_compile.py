@@ -160,10 +160,10 @@ def _launches_sparse_mla(monkeypatch):
     out = []
     for kw in ({}, {"num_splits": 4}, {"block_h": 16, "block_dv": 512, "num_splits": 1},
                {"block_h": 32, "block_dv": 512, "block_n": 16, "num_splits": 1},
-               {"prefetch": True, "num_splits": 1}, {"prefetch": True, "num_stages": 3}):
+               {"prefetch": True, "num_splits": 1}, {"block_h": 32, "block_n": 32, "num_stages": 3}):
         out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **kw)
     q8 = torch.zeros(8, 128, 512, dtype=torch.bfloat16)         # a block of 8 tokens: programs of G tokens
-    for kw in ({"group": 2, "num_warps": 8}, {"group": 8, "block_h": 8, "block_dv": 256, "num_warps": 8}):
+    for kw in ({"group": 2, "block_h": 32}, {"group": 8, "block_h": 8, "block_n": 32, "block_dv": 256}):
         out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q8, kv, idx[:1].expand(8, -1),
                       sink, scale, dv, **kw)
     return out
@@ -400,13 +400,15 @@ def test_pdl_launches_wait_for_their_predecessor(monkeypatch, op):
 
 
 def test_mla_resources_reads_registers_and_mma_kind(monkeypatch, tmp_path):
-    """``benchmarks/mla_resources.py`` (the sm_90 screen of the sparse MLA configs): the default's
-    32-row tiles are ``mma.sync``, 64 rows (a group of 2 tokens x 32 heads) ``wgmma``; registers
-    are read from the cubin (at most 255 a thread) into the JSON."""
+    """``benchmarks/mla_resources.py`` (the sm_90 screen of the sparse MLA configs): 32-row tiles
+    (the earlier default's 32 heads) are ``mma.sync``, the default's 64 rows ``wgmma``, and so are
+    64 rows of a group of 2 tokens x 32 heads; registers are read from the cubin (at most 255 a
+    thread) into the JSON."""
     import json
     from benchmarks import mla_resources
-    monkeypatch.setattr(mla_resources, "MLA_CONFIGS", [{}, {"group": 2, "block_dv": 256, "num_warps": 8}])
+    monkeypatch.setattr(mla_resources, "MLA_CONFIGS", [{"block_h": 32, "block_n": 32}, {},
+                                                       {"group": 2, "block_h": 32, "block_n": 32, "block_dv": 256}])
     assert mla_resources.main(["--out", str(tmp_path)]) == 0
     rows = json.loads(next(tmp_path.glob("mla-resources-sm90-*.json")).read_text())["configs"]
-    assert [(r["rows_per_mma"], r["mma"]) for r in rows] == [(32, "mma.sync"), (64, "wgmma")]
+    assert [(r["rows_per_mma"], r["mma"]) for r in rows] == [(32, "mma.sync"), (64, "wgmma"), (64, "wgmma")]
     assert all(0 < r["registers"] <= 255 and r["stack"] >= 0 and r["shared_bytes"] > 0 for r in rows)

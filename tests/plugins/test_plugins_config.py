@@ -211,6 +211,83 @@ def test_mla_splits_only_for_few_tokens():
         ksm.mla_config(object(), 128, 512, 512, 256, DEV, group=2)
 
 
+def test_mla_defaults_are_64_row_wgmma_tiles_with_8_warps():
+    """The default: 64 heads x all 512 value dims, 64-entry tiles, 8 warps (a 64-row MMA, Hopper's
+    wgmma); 32-row tiles (the earlier default) keep 4 warps for whole lists and 8 for split ones."""
+    cfg = ksm.mla_config(512, 128, 512, 512, 256, DEV)
+    assert (cfg["block_h"], cfg["block_dv"], cfg["block_n"], cfg["num_warps"], cfg["num_splits"]) == (64, 512, 64, 8, 1)
+    assert ksm.mla_config(512, 128, 512, 512, 256, DEV, block_h=32)["num_warps"] == 4
+    assert ksm.mla_config(512, 128, 512, 512, 256, DEV, block_h=32, group=2)["num_warps"] == 8   # 64 rows
+    assert ksm.mla_config(8, 128, 512, 512, 256, DEV, block_h=32)["num_warps"] == 8            # split
+    assert ksm.mla_config(8, 4, 32, 32, 24, DEV)["num_warps"] == 4          # 4 heads: 16-row tiles
+
+
+def _export_with_launches_recorded(monkeypatch, op: str, kernels, module, args, dims):
+    """torch.export of ``module`` (calling ``dspark::<op>``) as an engine's build on a GPU sees it:
+    the device check forced, the op kept, the Triton launches of ``kernels`` recorded (fake tensors:
+    nothing runs). Returns (program, launches)."""
+    import sys
+    from dspark_trt.builder.export import ReferenceOps
+    from tests.plugins.test_plugins_compile import _Recorder
+    launches = []
+    with monkeypatch.context() as m:
+        m.setattr(sys.modules[f"dspark_trt.plugins.{op}"], "use_triton", lambda x: True)
+        m.setattr(kernels, "launcher", _Recorder(launches))
+        with torch.no_grad(), ReferenceOps({f"dspark::{op}"}) as kept:
+            ep = torch.export.export(module, args, dynamic_shapes=dims, strict=False)
+    assert kept.kept == {f"dspark::{op}"} and len(ep.range_constraints) == 2     # both sizes stay dynamic
+    return ep, launches
+
+
+def test_mla_export_with_dynamic_tokens_and_width_walks_whole_lists(monkeypatch):
+    """An engine's export (token count and index-list width dynamic, as the V4 networks' widths
+    follow pages_per_seq): no guard on either size (before, the split and scan tiles were sized
+    from W: a constraint violation, so engines ran the reference), one whole-list launch, the scan
+    MAX_SCAN entries a load. The program equals the reference at other sizes (run on the CPU)."""
+    from torch.export import Dim
+    from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref
+    from tests.support.plugins_cases import sparse_mla_inputs
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, kv, idx, sink):
+            return torch.ops.dspark.sparse_mla_attention(q, kv, idx, sink, 0.125, 32)
+
+    q, kv, idx, sink, _, _ = sparse_mla_inputs("cpu", T=3, H=16, D=64, dv=32, W=24)
+    T, W = Dim("tokens", min=1, max=4096), Dim("width", min=1, max=8192)
+    ep, launches = _export_with_launches_recorded(monkeypatch, "sparse_mla_attention", ksm, Attend(),
+                                                  (q, kv, idx, sink), ({0: T}, None, {0: T, 1: W}, None))
+    assert [k.__name__ for k, _, _ in launches] == ["sparse_mla_attention_kernel"]
+    assert launches[0][2]["BLOCK_SCAN"] == ksm.MAX_SCAN and launches[0][2]["BLOCK_H"] == 16
+    for t, w in ((3, 5), (7, 24), (5, 300)):
+        args = sparse_mla_inputs("cpu", T=t, H=16, D=64, dv=32, W=w)[:4]
+        assert torch.equal(ep.module()(*args), sparse_mla_attention_ref(*args, 0.125, 32)), (t, w)
+    with pytest.raises(ValueError, match="whole index lists"):
+        ksm.mla_config(object(), 128, 512, 512, 256, DEV, num_splits=2)
+
+
+def test_swa_indices_export_with_dynamic_batch_and_pages(monkeypatch):
+    """The draft block's index lists in an engine: batch and block-table width (pages_per_seq)
+    dynamic, one launch per batch row, no guard on either; equal to the reference at other sizes."""
+    from torch.export import Dim
+    from dspark_trt.plugins.kernels import swa_indices as ksw
+    from dspark_trt.plugins.noncausal_swa_indices import noncausal_swa_indices_ref
+
+    class Lists(torch.nn.Module):
+        def forward(self, start, table):
+            return torch.ops.dspark.noncausal_swa_indices(start, table, 5, 16, 64, 128)
+
+    B, P = Dim("batch", min=1, max=64), Dim("pages", min=1, max=4096)
+    ep, launches = _export_with_launches_recorded(monkeypatch, "noncausal_swa_indices", ksw, Lists(),
+                                                  (torch.tensor([10, 100, -1]), torch.arange(60).view(3, 20)),
+                                                  ({0: B}, {0: B, 1: P}))
+    assert [k.__name__ for k, _, _ in launches] == ["noncausal_swa_indices_kernel"]
+    for start, pages in (([7], 3), ([0, 300, -1, 45, 2], 40)):
+        start = torch.tensor(start)
+        table = torch.randperm(len(start) * pages).view(len(start), pages)
+        got, want = ep.module()(start, table), noncausal_swa_indices_ref(start, table, 5, 16, 64, 128)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), (start, pages)
+
+
 @pytest.mark.parametrize("bad", ["shape", "dtype", "strided"])
 def test_markov_z_out_is_checked_before_any_launch(bad):
     """``z_out`` (the confidence rounds' shared z store) must be a contiguous fp32 [B, N, V]."""

@@ -10,7 +10,8 @@ load scans the index list first), so the -1 padding of the 128-multiple width (1
 for a 128 window + 8-token block) costs no tensor-core work. With PREFETCH the indices of the next
 tile are loaded one iteration ahead, so the gather's address does not wait on a load of the same
 iteration and Triton's pipeliner overlaps it with the previous tile's products. Launch defaults
-(``MLA_DEFAULTS``): 32 heads x all 512 value dims per program, whose scores are computed once.
+(``MLA_DEFAULTS``): 64 heads x all 512 value dims per program (whose scores are computed once), 64
+index entries per step, 8 warps.
 Neighbouring tokens share most of their index lists (window + block), so the gathered rows mostly
 come from L2.
 
@@ -23,12 +24,12 @@ come from L2.
 * ``NUM_SPLITS > 1`` (few query tokens): each split writes (m, l, acc) to an fp32 workspace sized
   from shapes and ``sparse_mla_reduce_kernel`` merges them with the sink (no host sync).
 
-Tried and removed (session 54, an H100, batch 64: the fused default 169.5 us): scores and values in
-two launches, a scores kernel writing each tile's ``p`` (kv's dtype), its rescale and the row's
-denominator, then a values kernel ``acc = acc * alpha + p · kv[idx]``, 64-row ``wgmma`` tiles in both
-and no spill on sm_90 (so neither holds the 64 x 512 fp32 output tile beside the scores): 174-208 us
-over seven tilings, 19-27 us at batch 1 against 15.8
-(``tune-plugins-mla-NVIDIA-H100-80GB-HBM3-c293f47.json.gz``).
+Tried and removed (session 54, an H100, batch 64: the fused kernel with the default of then, 32
+heads x 32 entries, 169.5 us): scores and values in two launches, a scores kernel writing each
+tile's ``p`` (kv's dtype), its rescale and the row's denominator, then a values kernel
+``acc = acc * alpha + p · kv[idx]``, 64-row ``wgmma`` tiles in both and no spill on sm_90 (so
+neither holds the 64 x 512 fp32 output tile beside the scores): 174-208 us over seven tilings,
+19-27 us at batch 1 against 15.8 (``tune-plugins-mla-NVIDIA-H100-80GB-HBM3-c293f47.json.gz``).
 """
 from __future__ import annotations
 
@@ -175,27 +176,29 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
 
 
 # Defaults (benchmarks/tune_plugins.py measures alternatives). block_h: heads per program;
-# block_dv: value dims per program (all 512: the scores are computed once); programs_per_sm: the
-# index list is split while the grid has fewer programs than this many per SM; num_warps (None):
-# 4 for whole lists, 8 for split ones; prefetch: indices one tile ahead. H200, batch 64
-# (tune-plugins-NVIDIA_H200-26d611d.json.gz): 32 heads x 512 dims, 4 warps (255 registers, a 28-byte
-# spill; 66 KB of shared memory, two programs per SM) 167 us; 64 heads x 256 dims 231 us with 4
-# warps and prefetch, 311 us with 8 warps without (the earlier default); batch 1 (split) 15 us.
-# H100 (session 54, tune-plugins-mla-8warps-NVIDIA-H100-80GB-HBM3-3f950c3.json.gz): 64 heads x 512 dims with
-# 64-entry tiles and 8 warps (wgmma, 416 B of spill) 162.7 us against this default's 170.6 (161.7 in a second
-# call), 15.4 against 15.9 at batch 1; not the default yet: with it as MLA_DEFAULTS the GPU tests' configs, which
-# inherit block_h / block_n, failed (6 of 6, errors not read). Nsight Compute of this default: 8 warps per SM,
-# 255 registers and 65,536 local-memory spill requests, 6.5 cycles per issued instruction
-# (ncu-mla-default-NVIDIA-H100-80GB-HBM3-3f950c3.txt).
-MLA_DEFAULTS = dict(block_h=32, block_dv=512, block_n=32, num_warps=None, num_stages=2, programs_per_sm=1,
+# block_dv: value dims per program (all 512: the scores are computed once); block_n: index entries per
+# step; programs_per_sm: the index list is split while the grid has fewer programs than this many per
+# SM; num_warps (None): 8 for 64-row MMA tiles (block_h x group >= 64, Hopper's wgmma) and for split
+# lists, 4 otherwise; prefetch: indices one tile ahead. The default, 64 heads x 512 dims with 64-entry
+# tiles and 8 warps (wgmma; 255 registers, 112 B of stack, 192 KiB of shared memory on sm_90, so one
+# program per SM): H100, batch 64, 162.7 us against 170.6 for the earlier default of 32 heads x 32
+# entries with 4 warps (mma.sync), 15.4 against 15.9 at batch 1
+# (tune-plugins-mla-8warps-NVIDIA-H100-80GB-HBM3-3f950c3.json.gz; Nsight Compute of the earlier one:
+# 65,536 local-memory spill requests, 6.5 cycles per issued instruction,
+# ncu-mla-default-NVIDIA-H100-80GB-HBM3-3f950c3.txt). H200, batch 64, the earlier default 167 us
+# (tune-plugins-NVIDIA_H200-26d611d.json.gz). Overrides keep the other defaults: 3 stages, or 256-dim
+# value tiles, of 64-entry tiles need more than sm_90's 227 KiB of shared memory (Triton's
+# OutOfResources), so such configs name block_n 32.
+MLA_DEFAULTS = dict(block_h=64, block_dv=512, block_n=64, num_warps=None, num_stages=2, programs_per_sm=1,
                     prefetch=True, group=1)
 MAX_SCAN = 512             # index entries per load of the end-of-list scan
 
 
 def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overrides) -> dict:
     """Launch config from shapes: block_h, block_dv, block_n, num_warps, num_stages, group (tokens
-    per program sharing one list; whole lists only), and the split of the index list: chunk
-    (entries per split) and num_splits (splits actually launched)."""
+    per program sharing one list; whole lists only), the split of the index list: chunk (entries
+    per split) and num_splits (splits actually launched), and scan (entries per load of the
+    end-of-list scan). T or W symbolic (export): whole lists, no choice made from them."""
     cfg = {**MLA_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
     cfg["block_h"] = min(cfg["block_h"], pow2(H, 16))
     cfg["block_dv"] = min(cfg["block_dv"], dv)
@@ -213,15 +216,25 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
             raise ValueError(f"sparse_mla_attention: group {g} walks whole index lists; num_splits must "
                              f"be 1, got {cfg['num_splits']}")
         cfg["num_splits"] = 1
-    if cfg.get("num_splits") is None:
-        tokens = T if isinstance(T, int) else 64                  # symbolic (export): a fixed guess
-        programs = tokens * triton.cdiv(H, cfg["block_h"]) * (dv // cfg["block_dv"])
-        target = cfg["programs_per_sm"] * num_sms(device)
-        cfg["num_splits"] = max(1, min(triton.cdiv(target, programs), triton.cdiv(W, cfg["block_n"])))
     bn = cfg["block_n"]
-    cfg["chunk"] = max(bn, triton.cdiv(triton.cdiv(W, cfg["num_splits"]), bn) * bn)   # whole BLOCK_N steps
-    cfg["num_splits"] = max(1, triton.cdiv(W, cfg["chunk"]))                        # splits actually used
-    cfg["num_warps"] = cfg["num_warps"] or (8 if cfg["num_splits"] > 1 else 4)
+    if not (isinstance(T, int) and isinstance(W, int)):
+        # traced with dynamic shapes (torch.export): no launch choice may depend on T or W, so the
+        # lists are walked whole (the verify's many tokens fill the GPU; one token's 2 x 8 programs
+        # walk 136 entries) and the end-of-list scan reads MAX_SCAN entries per load
+        if cfg.get("num_splits") not in (None, 1):
+            raise ValueError(f"sparse_mla_attention: an export (dynamic token count or list width) walks "
+                             f"whole index lists; num_splits must be 1, got {cfg['num_splits']}")
+        cfg.update(num_splits=1, chunk=W, scan=MAX_SCAN)
+    else:
+        if cfg.get("num_splits") is None:
+            programs = T * triton.cdiv(H, cfg["block_h"]) * (dv // cfg["block_dv"])
+            target = cfg["programs_per_sm"] * num_sms(device)
+            cfg["num_splits"] = max(1, min(triton.cdiv(target, programs), triton.cdiv(W, bn)))
+        cfg["chunk"] = max(bn, triton.cdiv(triton.cdiv(W, cfg["num_splits"]), bn) * bn)   # whole BLOCK_N steps
+        cfg["num_splits"] = max(1, triton.cdiv(W, cfg["chunk"]))                        # splits actually used
+        cfg["scan"] = max(bn, min(pow2(cfg["chunk"]), MAX_SCAN))
+    wide = cfg["block_h"] * g >= 64 or cfg["num_splits"] > 1
+    cfg["num_warps"] = cfg["num_warps"] or (8 if wide else 4)
     return cfg
 
 
@@ -245,7 +258,7 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
                      programs_per_sm=programs_per_sm, prefetch=prefetch, group=group)
     bh, bn, bdv = cfg["block_h"], cfg["block_n"], cfg["block_dv"]
     meta = dict(D=D, DV=dv, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, num_warps=cfg["num_warps"],
-                num_stages=cfg["num_stages"], BLOCK_SCAN=max(bn, min(pow2(cfg["chunk"]), MAX_SCAN)),
+                num_stages=cfg["num_stages"], BLOCK_SCAN=cfg["scan"],
                 PREFETCH=bool(cfg["prefetch"]))
     tiles = triton.cdiv(H, bh) * (dv // bdv)
     tensors = (q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous())

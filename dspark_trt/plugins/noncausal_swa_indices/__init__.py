@@ -63,8 +63,5 @@ OPS = (
                          {"num_queries": "int", "page_size": "int", "window": "int", "width": "int"}),
            aot=AotDesc((torch.int64, torch.int64), ("P", "N", "PAGE_SIZE", "WINDOW", "WIDTH"),
                        (torch.int32, torch.int32), {"BLOCK": 256}),
-           tensorrt=True,
-           reference_reason="index arithmetic only (int32 writes, no weights); its launcher "
-                            "takes the block table's width as a kernel argument and has not "
-                            "been exported with a dynamic pages_per_seq"),
+           tensorrt=True, export_safe=True),
 )

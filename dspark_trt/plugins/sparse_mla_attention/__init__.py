@@ -48,9 +48,5 @@ OPS = (
            aot=AotDesc(("T", "T", torch.int32, torch.float32), ("W", "H"), ("T",),
                        {"SCALE": 512 ** -0.5, "D": 512, "DV": 512, "BLOCK_H": 16, "BLOCK_N": 32},
                        num_warps=8),
-           tensorrt=True,
-           reference_reason="its launcher sizes the split and scan tiles from the index-list "
-                            "width, which the V4 networks derive from the dynamic pages_per_seq: "
-                            "export with the kernel fails with a constraint violation "
-                            "(H200, benchmarks/results/gpu-smoke-217075e.log.gz)"),
+           tensorrt=True, export_safe=True),
 )
