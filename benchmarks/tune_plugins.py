@@ -110,7 +110,8 @@ ATTN_SHAPES = [(64, 4096, 16), (64, 1024, 16), (1, 4096, 16), (64, 4096, 64)]
 # whole lists, mma.sync), the base of the configs tried then.
 _MLA32 = {"block_h": 32, "block_n": 32}
 MLA_CONFIGS = [
-    {}, {"block_n": 32}, {"prefetch": False}, {"num_stages": 1}, {"group": 2, "block_h": 32},
+    # {"num_splits": 1}: whole lists at batch 1 too, as an engine's export (dynamic shapes) launches them
+    {}, {"num_splits": 1}, {"block_n": 32}, {"prefetch": False}, {"num_stages": 1}, {"group": 2, "block_h": 32},
     {"group": 2, "block_h": 32, "num_stages": 1},
     *({**_MLA32, **c} for c in [
         {}, {"num_stages": 3}, {"block_n": 16}, {"block_n": 16, "num_stages": 3}, {"block_h": 16},
