@@ -105,13 +105,16 @@ ATTN_B1 = [{"num_splits": 16}, {**_PF, "num_stages": 3, "num_splits": 16}, {**_P
 # (B, context, page size): the targets (page 16 as in benchmarks/plugins.py) and the
 # runtime's default page size 64
 ATTN_SHAPES = [(64, 4096, 16), (64, 1024, 16), (1, 4096, 16), (64, 4096, 64)]
-# sparse MLA: {} is the default (64 heads x 512 dims, 64-entry tiles, 8 warps, wgmma); the rest are
-# measured against it. _MLA32 is the default before session 55 (32 heads x 32 entries; 4 warps for
-# whole lists, mma.sync), the base of the configs tried then.
-_MLA32 = {"block_h": 32, "block_n": 32}
+# sparse MLA: {} is the default (64 heads x 512 dims, 64-entry tiles, 8 warps, wgmma; 16 heads and 4
+# warps for few tokens); the rest are measured against it. _MLA32 is the default before session 55 (32
+# heads x 32 entries; 4 warps for whole lists, mma.sync; lists split below one wave of programs), the
+# base of the configs tried then.
+_MLA32 = {"block_h": 32, "block_n": 32, "programs_per_sm": 1}
 MLA_CONFIGS = [
-    # {"num_splits": 1}: whole lists at batch 1 too, as an engine's export (dynamic shapes) launches them
-    {}, {"num_splits": 1}, {"block_n": 32}, {"prefetch": False}, {"num_stages": 1}, {"group": 2, "block_h": 32},
+    # {"block_h": 64, "num_splits": 1}: 64-head tiles over whole lists at any batch, as an engine's export
+    # (dynamic shapes) launches them; "programs_per_sm": 1: the split rule before session 55
+    {}, {"block_h": 64, "num_splits": 1}, {"block_h": 64, "programs_per_sm": 1}, {"block_n": 32},
+    {"prefetch": False}, {"num_stages": 1}, {"group": 2, "block_h": 32},
     {"group": 2, "block_h": 32, "num_stages": 1},
     # few tokens (session 55, H100, batch 1: 16 heads x 32 entries over whole lists 12.7 us against the
     # default's 15.7 split and 18.3 whole): narrower head tiles over whole lists

@@ -159,7 +159,7 @@ def test_block_attention_default_pair_shapes_bf16(B, T, start, block):
     assert torch.equal(out, got)
 
 
-@pytest.mark.parametrize("Tq", [8, 16, 256])            # 8: the index list is split across programs
+@pytest.mark.parametrize("Tq", [2, 8, 16, 256])     # 2: the index list is split; 8, 16: 16-head tiles
 def test_sparse_mla_v4_shapes_bf16(Tq):
     H, D, S, W = 128, 512, 2000, 256
     q = torch.randn(Tq, H, D, device=DEV, dtype=torch.bfloat16)
@@ -171,9 +171,10 @@ def test_sparse_mla_v4_shapes_bf16(Tq):
     got = torch.ops.dspark.sparse_mla_attention(q, kv, idx, sink, D ** -0.5, D)
     assert (got.float() - ref.float()).abs().max() < 2e-2
     from dspark_trt.plugins.kernels.sparse_mla import sparse_mla_attention_triton
-    # the default (64 heads x 64 entries, 8 warps) above; the earlier default (32 x 32) and variations
+    # the default above (16 or 64 heads by the token count, 64 entries); the earlier default (32 x 32)
+    # and variations
     for cfg in ({"block_h": 32, "block_n": 32}, {"block_h": 32, "block_n": 32, "num_stages": 3},
-                {"prefetch": False}, {"num_stages": 1}):
+                {"prefetch": False}, {"num_stages": 1}, {"block_h": 64}, {"block_h": 16, "num_splits": 1}):
         alt = sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D, **cfg)
         assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
 

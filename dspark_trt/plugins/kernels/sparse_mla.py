@@ -11,7 +11,7 @@ for a 128 window + 8-token block) costs no tensor-core work. With PREFETCH the i
 tile are loaded one iteration ahead, so the gather's address does not wait on a load of the same
 iteration and Triton's pipeliner overlaps it with the previous tile's products. Launch defaults
 (``MLA_DEFAULTS``): 64 heads x all 512 value dims per program (whose scores are computed once), 64
-index entries per step, 8 warps.
+index entries per step, 8 warps; 16 heads and 4 warps for few tokens.
 Neighbouring tokens share most of their index lists (window + block), so the gathered rows mostly
 come from L2.
 
@@ -32,6 +32,8 @@ neither holds the 64 x 512 fp32 output tile beside the scores): 174-208 us over 
 19-27 us at batch 1 against 15.8 (``tune-plugins-mla-NVIDIA-H100-80GB-HBM3-c293f47.json.gz``).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -175,22 +177,30 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
     tl.store(out + row * DV + dv, o.to(out.dtype.element_ty))
 
 
-# Defaults (benchmarks/tune_plugins.py measures alternatives). block_h: heads per program;
-# block_dv: value dims per program (all 512: the scores are computed once); block_n: index entries per
-# step; programs_per_sm: the index list is split while the grid has fewer programs than this many per
-# SM; num_warps (None): 8 for 64-row MMA tiles (block_h x group >= 64, Hopper's wgmma) and for split
-# lists, 4 otherwise; prefetch: indices one tile ahead. The default, 64 heads x 512 dims with 64-entry
-# tiles and 8 warps (wgmma; 255 registers, 112 B of stack, 192 KiB of shared memory on sm_90, so one
-# program per SM): H100, batch 64, 162.7 us against 170.6 for the earlier default of 32 heads x 32
-# entries with 4 warps (mma.sync), 15.4 against 15.9 at batch 1
-# (tune-plugins-mla-8warps-NVIDIA-H100-80GB-HBM3-3f950c3.json.gz; Nsight Compute of the earlier one:
-# 65,536 local-memory spill requests, 6.5 cycles per issued instruction,
-# ncu-mla-default-NVIDIA-H100-80GB-HBM3-3f950c3.txt). H200, batch 64, the earlier default 167 us
-# (tune-plugins-NVIDIA_H200-26d611d.json.gz). Overrides keep the other defaults: 3 stages, or 256-dim
-# value tiles, of 64-entry tiles need more than sm_90's 227 KiB of shared memory (Triton's
-# OutOfResources), so such configs name block_n 32.
-MLA_DEFAULTS = dict(block_h=64, block_dv=512, block_n=64, num_warps=None, num_stages=2, programs_per_sm=1,
+# Defaults (benchmarks/tune_plugins.py measures alternatives). block_h: heads per program (None: 64,
+# or 16 where 64-head tiles would give fewer programs than half the SMs); block_dv: value dims per
+# program (all 512: the scores are computed once); block_n: index entries per step; programs_per_sm:
+# the index list is split while the grid has fewer programs than this many per SM (a quarter wave);
+# num_warps (None): 8 for 64-row MMA tiles (block_h x group >= 64, Hopper's wgmma) and for split
+# lists, 4 otherwise; prefetch: indices one tile ahead. H100, graph replays, batch rows of 8 tokens
+# (tune-plugins-NVIDIA_H100_80GB_HBM3-9846ec5.json.gz; 1 / 2 / 4 / 8 / 16 / 32 / 64 rows):
+#   64 heads x 64 entries, 8 warps (wgmma; 255 registers, 112 B of stack, 192 KiB of shared memory
+#     on sm_90: one program per SM), whole lists   17.5 17.4 17.8 19.2 39.2 83.2 159.9 us
+#   the same with the earlier split rule (split below one wave)   14.6 17.9 22.5 45.9 39.3 83.6 159.8
+#   16 heads x 64 entries, 4 warps, whole lists   10.1 10.4 14.4 26.0 51.7 100.4 198.1
+#   the earlier default, 32 heads x 32 entries, 4 warps (mma.sync), split below one wave
+#                                                 14.7 19.5 29.8 22.0 42.0 86.0 168.3
+# so the rule takes 16 heads up to 4 rows, 64 from 8, and splits no list of these shapes (it still
+# splits where even 16-head tiles leave fewer than 33 programs: fewer than 5 tokens of 128 heads,
+# not timed). Batch 64 in other calls: the default 163.2 against 169.6 for the earlier one
+# (tune-plugins-NVIDIA_H100_80GB_HBM3-b8278b3.json.gz); H200, the earlier default 167 us
+# (tune-plugins-NVIDIA_H200-26d611d.json.gz). Nsight Compute of the earlier default: 65,536
+# local-memory spill requests, 6.5 cycles per issued instruction (ncu-mla-default-*-3f950c3.txt).
+# Overrides keep the other defaults: 3 stages, or 256-dim value tiles, of 64-entry tiles need more
+# than sm_90's 227 KiB of shared memory (Triton's OutOfResources), so such configs name block_n 32.
+MLA_DEFAULTS = dict(block_h=None, block_dv=512, block_n=64, num_warps=None, num_stages=2, programs_per_sm=0.25,
                     prefetch=True, group=1)
+WIDE_BLOCK_H, NARROW_BLOCK_H = 64, 16
 MAX_SCAN = 512             # index entries per load of the end-of-list scan
 
 
@@ -200,11 +210,15 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
     per split) and num_splits (splits actually launched), and scan (entries per load of the
     end-of-list scan). T or W symbolic (export): whole lists, no choice made from them."""
     cfg = {**MLA_DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
-    cfg["block_h"] = min(cfg["block_h"], pow2(H, 16))
     cfg["block_dv"] = min(cfg["block_dv"], dv)
     if cfg["block_dv"] != pow2(cfg["block_dv"]):
         raise ValueError(f"sparse_mla_attention: block_dv must be a power of two, got {cfg['block_dv']}")
     g = cfg["group"]
+    if cfg["block_h"] is None:          # few tokens (a static count): narrow head tiles, more programs
+        wide_programs = T // g * triton.cdiv(H, WIDE_BLOCK_H) * (dv // cfg["block_dv"]) if isinstance(T, int) else None
+        few = wide_programs is not None and 2 * wide_programs < num_sms(device)
+        cfg["block_h"] = NARROW_BLOCK_H if few else WIDE_BLOCK_H
+    cfg["block_h"] = min(cfg["block_h"], pow2(H, 16))
     if g != pow2(g) or (isinstance(T, int) and T % g):
         raise ValueError(f"sparse_mla_attention: group must be a power of two dividing the {T} query "
                          f"tokens, got {g}")
@@ -229,7 +243,7 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
         if cfg.get("num_splits") is None:
             programs = T * triton.cdiv(H, cfg["block_h"]) * (dv // cfg["block_dv"])
             target = cfg["programs_per_sm"] * num_sms(device)
-            cfg["num_splits"] = max(1, min(triton.cdiv(target, programs), triton.cdiv(W, bn)))
+            cfg["num_splits"] = max(1, min(math.ceil(target / programs), triton.cdiv(W, bn)))
         cfg["chunk"] = max(bn, triton.cdiv(triton.cdiv(W, cfg["num_splits"]), bn) * bn)   # whole BLOCK_N steps
         cfg["num_splits"] = max(1, triton.cdiv(W, cfg["chunk"]))                        # splits actually used
         cfg["scan"] = max(bn, min(pow2(cfg["chunk"]), MAX_SCAN))
@@ -242,7 +256,7 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
                                 scale: float, dv: int, block_h: int | None = None,
                                 block_dv: int | None = None, block_n: int | None = None,
                                 num_splits: int | None = None, num_warps: int | None = None,
-                                num_stages: int | None = None, programs_per_sm: int | None = None,
+                                num_stages: int | None = None, programs_per_sm: float | None = None,
                                 prefetch: bool | None = None, group: int | None = None) -> Tensor:
     """Same contract as ``sparse_mla_attention_ref``; unset launch parameters from ``mla_config``.
     ``group`` G > 1: tokens t with equal ``t // G`` must have equal index lists (not checked)."""
