@@ -115,9 +115,6 @@ MLA_CONFIGS = [
     # (dynamic shapes) launches them; "programs_per_sm": 1: the split rule before session 55
     {}, {"block_h": 64, "num_splits": 1}, {"block_h": 64, "programs_per_sm": 1}, {"block_n": 32},
     {"prefetch": False}, {"num_stages": 1}, {"group": 2, "block_h": 32},
-    # the walk past the last whole 64-entry tile in 16-entry tiles (tail 16, the default: a V4 verify list's
-    # 136 entries in 64 + 64 + 16), in 32-entry ones, or whole 64-entry tiles (tail 0)
-    {"tail": 0}, {"tail": 32}, {"tail": 16, "prefetch": False}, {"block_h": 16, "tail": 0},
     {"group": 2, "block_h": 32, "num_stages": 1},
     # few tokens (session 55, H100, batch 1: 16 heads x 32 entries over whole lists 12.7 us against the
     # default's 15.7 split and 18.3 whole): narrower head tiles over whole lists

@@ -160,8 +160,7 @@ def _launches_sparse_mla(monkeypatch):
     out = []
     for kw in ({}, {"num_splits": 4}, {"block_h": 16, "block_dv": 512, "num_splits": 1},
                {"block_h": 32, "block_dv": 512, "block_n": 16, "num_splits": 1},
-               {"prefetch": True, "num_splits": 1}, {"block_h": 32, "block_n": 32, "num_stages": 3},
-               {"tail": 0}, {"tail": 32, "num_splits": 2}):
+               {"prefetch": True, "num_splits": 1}, {"block_h": 32, "block_n": 32, "num_stages": 3}):
         out += record(monkeypatch, ksm, ksm.sparse_mla_attention_triton, q, kv, idx, sink, scale, dv, **kw)
     q8 = torch.zeros(8, 128, 512, dtype=torch.bfloat16)         # a block of 8 tokens: programs of G tokens
     for kw in ({"group": 2, "block_h": 32}, {"group": 8, "block_h": 8, "block_n": 32, "block_dv": 256}):

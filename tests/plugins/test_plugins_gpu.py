@@ -174,8 +174,7 @@ def test_sparse_mla_v4_shapes_bf16(Tq):
     # the default above (16 or 64 heads by the token count, 64 entries); the earlier default (32 x 32)
     # and variations
     for cfg in ({"block_h": 32, "block_n": 32}, {"block_h": 32, "block_n": 32, "num_stages": 3},
-                {"prefetch": False}, {"num_stages": 1}, {"block_h": 64}, {"block_h": 16, "num_splits": 1},
-                {"tail": 0}, {"tail": 32}, {"block_h": 64, "num_splits": 1, "tail": 16}):
+                {"prefetch": False}, {"num_stages": 1}, {"block_h": 64}, {"block_h": 16, "num_splits": 1}):
         alt = sparse_mla_attention_triton(q, kv, idx, sink, D ** -0.5, D, **cfg)
         assert (alt.float() - ref.float()).abs().max() < 2e-2, cfg
 
@@ -183,7 +182,7 @@ def test_sparse_mla_v4_shapes_bf16(Tq):
 @pytest.mark.parametrize("cfg", [{}, {"group": 2, "block_h": 32},
                                  {"group": 2, "block_h": 32, "block_n": 32, "block_dv": 256},
                                  {"group": 8, "block_h": 8, "block_n": 32, "block_dv": 256},
-                                 {"block_n": 32, "block_dv": 256}, {"tail": 0}, {"group": 2, "block_h": 32, "tail": 32}])
+                                 {"block_n": 32, "block_dv": 256}])
 def test_sparse_mla_v4_block_lists_bf16(cfg):
     """The V4 verify block's lists (every query of a row's 8-token block sees one list,
     ``noncausal_swa_indices``; window 128, width 256, pages of 64, one row inert): the 64-row-MMA

@@ -422,16 +422,7 @@ def _swa_and_mla_cases(device, dtype, out):
              # G tokens of equal lists per program: 2 x 16 heads, and 4 x 16 of 24 heads (a masked tile)
              "sparse_mla_attention_group2": (sparse_mla_group_inputs(device, dtype), {"block_n": 16, "group": 2}),
              "sparse_mla_attention_group4_masked_heads": (sparse_mla_group_inputs(device, dtype, G=4, H=24),
-                                                          {"block_h": 16, "block_n": 16, "group": 4}),
-             # entries past the last whole 32-entry tile in 16-entry tiles: row 0's entry 40 in the tail,
-             # a 24-entry list all tail; over splits of 32; G tokens a program
-             "sparse_mla_attention_tail": (sparse_mla_padded_inputs(device, dtype),
-                                           {"block_n": 32, "tail": 16, "num_splits": 1}),
-             "sparse_mla_attention_tail_only": (sparse_mla_inputs(device, dtype), {"block_n": 32, "tail": 16}),
-             "sparse_mla_attention_tail_split": (sparse_mla_padded_inputs(device, dtype),
-                                                 {"block_n": 32, "tail": 16, "num_splits": 2}),
-             "sparse_mla_attention_tail_group2": (sparse_mla_group_inputs(device, dtype),
-                                                  {"block_n": 32, "tail": 16, "group": 2})}
+                                                          {"block_h": 16, "block_n": 16, "group": 4})}
     for name, (args, kw) in cases.items():
         out[name] = {"err": _err(ksm.sparse_mla_attention_triton(*args, **kw), sparse_mla_attention_ref(*args))}
 

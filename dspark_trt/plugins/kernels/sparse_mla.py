@@ -30,6 +30,10 @@ tile's ``p`` (kv's dtype), its rescale and the row's denominator, then a values 
 ``acc = acc * alpha + p · kv[idx]``, 64-row ``wgmma`` tiles in both and no spill on sm_90 (so
 neither holds the 64 x 512 fp32 output tile beside the scores): 174-208 us over seven tilings,
 19-27 us at batch 1 against 15.8 (``tune-plugins-mla-NVIDIA-H100-80GB-HBM3-c293f47.json.gz``).
+Also tried and removed (session 55, an H100): walking the entries past the last whole 64-entry tile
+in 16- or 32-entry tiles (a V4 verify list's 136 entries as 64 + 64 + 16, a second loop after the
+first): 178.4 / 180.3 us at batch 64 against 159.6 for whole tiles, 1.12x slower from 8 rows on,
+equal below (``tune-plugins-NVIDIA_H100_80GB_HBM3-a5a8acf.json.gz``).
 """
 from __future__ import annotations
 
@@ -65,40 +69,16 @@ def list_end(ibase, lo, hi, BLOCK_SCAN: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(qt, kv, idx, d, dv0, m_i, l_i, acc, scale, D: tl.constexpr, BLOCK_DV: tl.constexpr):
-    """One tile of index entries ``idx`` [n] (-1: skip) into the online softmax (m_i, l_i, acc)."""
-    valid = idx >= 0
-    row = tl.maximum(idx, 0).to(tl.int64) * D
-    g = tl.load(kv + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)        # [n, D]
-    s = tl.dot(qt, tl.trans(g), input_precision="ieee") * scale                         # [M, n]
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if BLOCK_DV == D:
-        gv = g
-    else:
-        dv = dv0 + tl.arange(0, BLOCK_DV)
-        gv = tl.load(kv + row[:, None] + dv[None, :], mask=valid[:, None], other=0.0)   # [n, BLOCK_DV]
-    acc = acc * alpha[:, None] + tl.dot(p.to(gv.dtype), gv, input_precision="ieee")
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, lo, hi, W,
                     D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_SCAN: tl.constexpr, PREFETCH: tl.constexpr, BLOCK_TAIL: tl.constexpr = 0):
+                    BLOCK_SCAN: tl.constexpr, PREFETCH: tl.constexpr):
     """Online softmax of the query rows ``qrow`` (heads ``h``, masked by ``hmask``; M rows) over
     token t's index entries [lo, hi), values dims [dv0, dv0 + BLOCK_DV). Every row shares token
     t's list (rows of several tokens: the tokens' lists are equal, ``group``). Returns (m [M] >=
     sink, l [M], acc [M, BLOCK_DV] unnormalised, sink). The end of the walk comes from a scan of
     BLOCK_SCAN entries per load (one load for the whole list when BLOCK_SCAN >= hi - lo).
     PREFETCH: the indices of tile i+1 are loaded in iteration i, so the gather address is
-    loop-carried and Triton's pipeliner can issue the gather num_stages - 1 tiles ahead.
-    BLOCK_TAIL > 0: whole BLOCK_N tiles up to the last valid entry, the rest in tiles of
-    BLOCK_TAIL (a V4 verify list, 128 window + 8 block entries: two 64-entry tiles and one of 16,
-    not three of 64)."""
+    loop-carried and Triton's pipeliner can issue the gather num_stages - 1 tiles ahead."""
     scale = tl.cast(scale, tl.float32)        # AOTInductor passes Python floats as fp64 (Triton 3.6)
     d = tl.arange(0, D)
     qt = tl.load(q + qrow[:, None] * D + d[None, :], mask=hmask[:, None], other=0.0)    # [M, D]
@@ -108,27 +88,34 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, lo
     acc = tl.zeros([qrow.shape[0], BLOCK_DV], tl.float32)
     ibase = indices + t.to(tl.int64) * W
     last = list_end(ibase, lo, hi, BLOCK_SCAN)
-    full_end = last
-    if BLOCK_TAIL > 0:
-        full_end = lo + (last - lo) // BLOCK_N * BLOCK_N
     if PREFETCH:                        # the first tile's indices; later ones one iteration ahead
         j = lo + tl.arange(0, BLOCK_N)
         idx = tl.load(ibase + j, mask=j < hi, other=-1)
-    for n0 in range(lo, full_end, BLOCK_N):
+    for n0 in range(lo, last, BLOCK_N):
         if PREFETCH:
             j_next = n0 + BLOCK_N + tl.arange(0, BLOCK_N)
             idx_next = tl.load(ibase + j_next, mask=j_next < hi, other=-1)
         else:
             j = n0 + tl.arange(0, BLOCK_N)
             idx = tl.load(ibase + j, mask=j < hi, other=-1)
-        m_i, l_i, acc = _attend_tile(qt, kv, idx, d, dv0, m_i, l_i, acc, scale, D, BLOCK_DV)
+        valid = idx >= 0
+        row = tl.maximum(idx, 0).to(tl.int64) * D
+        g = tl.load(kv + row[:, None] + d[None, :], mask=valid[:, None], other=0.0)    # [BLOCK_N, D]
+        s = tl.dot(qt, tl.trans(g), input_precision="ieee") * scale                     # [M, BLOCK_N]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if BLOCK_DV == D:
+            gv = g
+        else:
+            dv = dv0 + tl.arange(0, BLOCK_DV)
+            gv = tl.load(kv + row[:, None] + dv[None, :], mask=valid[:, None], other=0.0)  # [BLOCK_N, BLOCK_DV]
+        acc = acc * alpha[:, None] + tl.dot(p.to(gv.dtype), gv, input_precision="ieee")
+        m_i = m_new
         if PREFETCH:
             idx = idx_next
-    if BLOCK_TAIL > 0:
-        for n0 in range(full_end, last, BLOCK_TAIL):
-            jt = n0 + tl.arange(0, BLOCK_TAIL)
-            idx_t = tl.load(ibase + jt, mask=jt < hi, other=-1)
-            m_i, l_i, acc = _attend_tile(qt, kv, idx_t, d, dv0, m_i, l_i, acc, scale, D, BLOCK_DV)
     return m_i, l_i, acc, sink
 
 
@@ -136,8 +123,7 @@ def _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, lo
 def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
                                 D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
                                 BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_SCAN: tl.constexpr = 32,
-                                PREFETCH: tl.constexpr = False, GROUP: tl.constexpr = 1,
-                                BLOCK_TAIL: tl.constexpr = 0):
+                                PREFETCH: tl.constexpr = False, GROUP: tl.constexpr = 1):
     """Grid (T / GROUP, cdiv(H, BLOCK_H) * DV / BLOCK_DV): the whole index list, normalised
     output; GROUP consecutive tokens (equal lists) per program."""
     t = tl.program_id(0) * GROUP
@@ -145,7 +131,7 @@ def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
     dv0 = (tl.program_id(1) % (DV // BLOCK_DV)) * BLOCK_DV
     qrow, h, hmask = _query_rows(t, h0, H, BLOCK_H, GROUP)
     m_i, l_i, acc, sink = _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, 0, W, W,
-                                          D, BLOCK_DV, BLOCK_N, BLOCK_SCAN, PREFETCH, BLOCK_TAIL)
+                                          D, BLOCK_DV, BLOCK_N, BLOCK_SCAN, PREFETCH)
     o = acc / (l_i + tl.exp(sink - m_i))[:, None]
     dv = dv0 + tl.arange(0, BLOCK_DV)
     tl.store(out + qrow[:, None] * DV + dv[None, :], o.to(out.dtype.element_ty), mask=hmask[:, None])
@@ -155,7 +141,7 @@ def sparse_mla_attention_kernel(q, kv, indices, attn_sink, out, scale, W, H,
 def sparse_mla_split_kernel(q, kv, indices, attn_sink, part_ml, part_acc, scale, W, H, CHUNK,
                             D: tl.constexpr, DV: tl.constexpr, BLOCK_H: tl.constexpr,
                             BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_SCAN: tl.constexpr,
-                            PREFETCH: tl.constexpr, BLOCK_TAIL: tl.constexpr = 0):
+                            PREFETCH: tl.constexpr):
     """Grid (T, cdiv(H, BLOCK_H) * DV / BLOCK_DV, S): entries [s * CHUNK, (s+1) * CHUNK); partials
     part_ml [T, H, S, 2] (m, l; every dv tile computes the same, the first stores them) and
     part_acc [T, H, S, DV]."""
@@ -167,7 +153,7 @@ def sparse_mla_split_kernel(q, kv, indices, attn_sink, part_ml, part_acc, scale,
     lo = s * CHUNK
     m_i, l_i, acc, _ = _attend_entries(q, kv, indices, attn_sink, scale, t, qrow, h, hmask, dv0, lo,
                                        tl.minimum(lo + CHUNK, W), W, D, BLOCK_DV, BLOCK_N,
-                                       BLOCK_SCAN, PREFETCH, BLOCK_TAIL)
+                                       BLOCK_SCAN, PREFETCH)
     slot = qrow * tl.num_programs(2) + s                                             # [BLOCK_H]
     if dv0 == 0:
         tl.store(part_ml + slot * 2, m_i, mask=hmask)
@@ -200,8 +186,7 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
 # program (all 512: the scores are computed once); block_n: index entries per step; programs_per_sm:
 # the index list is split while the grid has fewer programs than this many per SM (a quarter wave);
 # num_warps (None): 8 for 64-row MMA tiles (block_h x group >= 64, Hopper's wgmma) and for split
-# lists, 4 otherwise; prefetch: indices one tile ahead; tail: the entries past the last whole block_n
-# tile in tiles of this many (0: whole tiles). H100, graph replays, batch rows of 8 tokens
+# lists, 4 otherwise; prefetch: indices one tile ahead. H100, graph replays, batch rows of 8 tokens
 # (tune-plugins-NVIDIA_H100_80GB_HBM3-9846ec5.json.gz; 1 / 2 / 4 / 8 / 16 / 32 / 64 rows):
 #   64 heads x 64 entries, 8 warps (wgmma; 255 registers, 112 B of stack, 192 KiB of shared memory
 #     on sm_90: one program per SM), whole lists   17.5 17.4 17.8 19.2 39.2 83.2 159.9 us
@@ -218,7 +203,7 @@ def sparse_mla_reduce_kernel(part_ml, part_acc, attn_sink, out, H, NUM_SPLITS, D
 # Overrides keep the other defaults: 3 stages, or 256-dim value tiles, of 64-entry tiles need more
 # than sm_90's 227 KiB of shared memory (Triton's OutOfResources), so such configs name block_n 32.
 MLA_DEFAULTS = dict(block_h=None, block_dv=512, block_n=64, num_warps=None, num_stages=2, programs_per_sm=0.25,
-                    prefetch=True, group=1, tail=16)
+                    prefetch=True, group=1)
 WIDE_BLOCK_H, NARROW_BLOCK_H = 64, 16
 MAX_SCAN = 512             # index entries per load of the end-of-list scan
 
@@ -232,11 +217,6 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
     cfg["block_dv"] = min(cfg["block_dv"], dv)
     if cfg["block_dv"] != pow2(cfg["block_dv"]):
         raise ValueError(f"sparse_mla_attention: block_dv must be a power of two, got {cfg['block_dv']}")
-    if overrides.get("tail") is None and cfg["tail"] >= cfg["block_n"]:
-        cfg["tail"] = 0                       # the default tail with narrow tiles: whole tiles
-    if cfg["tail"] and not (16 <= cfg["tail"] < cfg["block_n"] and cfg["tail"] == pow2(cfg["tail"])):
-        raise ValueError(f"sparse_mla_attention: tail must be 0 or a power of two from 16 below block_n "
-                         f"{cfg['block_n']}, got {cfg['tail']}")
     g = cfg["group"]
     if cfg["block_h"] is None:          # few tokens (a static count): narrow head tiles, more programs
         wide_programs = T // g * triton.cdiv(H, WIDE_BLOCK_H) * (dv // cfg["block_dv"]) if isinstance(T, int) else None
@@ -281,8 +261,7 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
                                 block_dv: int | None = None, block_n: int | None = None,
                                 num_splits: int | None = None, num_warps: int | None = None,
                                 num_stages: int | None = None, programs_per_sm: float | None = None,
-                                prefetch: bool | None = None, group: int | None = None,
-                                tail: int | None = None) -> Tensor:
+                                prefetch: bool | None = None, group: int | None = None) -> Tensor:
     """Same contract as ``sparse_mla_attention_ref``; unset launch parameters from ``mla_config``.
     ``group`` G > 1: tokens t with equal ``t // G`` must have equal index lists (not checked)."""
     T, H, D = q.shape
@@ -294,11 +273,11 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
     W = indices.shape[1]
     cfg = mla_config(T, H, D, dv, W, q.device, block_h=block_h, block_dv=block_dv, block_n=block_n,
                      num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
-                     programs_per_sm=programs_per_sm, prefetch=prefetch, group=group, tail=tail)
+                     programs_per_sm=programs_per_sm, prefetch=prefetch, group=group)
     bh, bn, bdv = cfg["block_h"], cfg["block_n"], cfg["block_dv"]
     meta = dict(D=D, DV=dv, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"], BLOCK_SCAN=cfg["scan"],
-                PREFETCH=bool(cfg["prefetch"]), BLOCK_TAIL=cfg["tail"])
+                PREFETCH=bool(cfg["prefetch"]))
     tiles = triton.cdiv(H, bh) * (dv // bdv)
     tensors = (q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous())
     chunk, S = cfg["chunk"], cfg["num_splits"]
