@@ -208,6 +208,11 @@ WIDE_BLOCK_H, NARROW_BLOCK_H = 64, 16
 MAX_SCAN = 512             # index entries per load of the end-of-list scan
 
 
+def head_dv_tiles(H: int, dv: int, block_h: int, block_dv: int) -> int:
+    """Programs per query token (or per group of G tokens): head tiles x value-dim tiles."""
+    return triton.cdiv(H, block_h) * (dv // block_dv)
+
+
 def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overrides) -> dict:
     """Launch config from shapes: block_h, block_dv, block_n, num_warps, num_stages, group (tokens
     per program sharing one list; whole lists only), the split of the index list: chunk (entries
@@ -219,8 +224,8 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
         raise ValueError(f"sparse_mla_attention: block_dv must be a power of two, got {cfg['block_dv']}")
     g = cfg["group"]
     if cfg["block_h"] is None:          # few tokens (a static count): narrow head tiles, more programs
-        wide_programs = T // g * triton.cdiv(H, WIDE_BLOCK_H) * (dv // cfg["block_dv"]) if isinstance(T, int) else None
-        few = wide_programs is not None and 2 * wide_programs < num_sms(device)
+        wide_tiles = head_dv_tiles(H, dv, WIDE_BLOCK_H, cfg["block_dv"])
+        few = isinstance(T, int) and 2 * (T // g) * wide_tiles < num_sms(device)
         cfg["block_h"] = NARROW_BLOCK_H if few else WIDE_BLOCK_H
     cfg["block_h"] = min(cfg["block_h"], pow2(H, 16))
     if g != pow2(g) or (isinstance(T, int) and T % g):
@@ -246,7 +251,7 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
         cfg.update(num_splits=1, chunk=W, scan=MAX_SCAN)
     else:
         if cfg.get("num_splits") is None:
-            programs = T * triton.cdiv(H, cfg["block_h"]) * (dv // cfg["block_dv"])
+            programs = T * head_dv_tiles(H, dv, cfg["block_h"], cfg["block_dv"])
             target = cfg["programs_per_sm"] * num_sms(device)
             cfg["num_splits"] = max(1, min(math.ceil(target / programs), triton.cdiv(W, bn)))
         cfg["chunk"] = max(bn, triton.cdiv(triton.cdiv(W, cfg["num_splits"]), bn) * bn)   # whole BLOCK_N steps
@@ -279,7 +284,7 @@ def sparse_mla_attention_triton(q: Tensor, kv: Tensor, indices: Tensor, attn_sin
     meta = dict(D=D, DV=dv, BLOCK_H=bh, BLOCK_N=bn, BLOCK_DV=bdv, num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"], BLOCK_SCAN=cfg["scan"],
                 PREFETCH=bool(cfg["prefetch"]))
-    tiles = triton.cdiv(H, bh) * (dv // bdv)
+    tiles = head_dv_tiles(H, dv, bh, bdv)
     tensors = (q.contiguous(), kv.contiguous(), indices.contiguous(), attn_sink.contiguous())
     chunk, S = cfg["chunk"], cfg["num_splits"]
     if S == 1:
