@@ -1,6 +1,7 @@
 """One-token GEMV with fused prologues (``kernels/decode_gemv.py``, issue #21): the kernel through
 the Triton interpreter in a subprocess (as test_skinny_gemm.py), its argument checks, and on a GPU
-the Qwen3-8B shapes with and without programmatic dependent launch."""
+the Qwen3-8B shapes with and without programmatic dependent launch; bf16 weights, and fp8 e4m3
+weights with 128 x 128 block scales."""
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed")
 
 from tests.support.interpreter import interpreter_results  # noqa: E402
-from tests.support.decode_gemv_cases import CASES, reference  # noqa: E402
+from tests.support.decode_gemv_cases import CASES, FP8_CASES, reference  # noqa: E402
 from tests.support.skinny_gemm_cases import ulp_err  # noqa: E402
 
 ULP_TOL = 1.05          # fp32 sums, one bf16 rounding (the interpreter truncates: < 1 ulp), sum-order noise
@@ -44,6 +45,44 @@ def test_matches_the_modules_prologue_times_w(results, case):
         assert r["residual_equal"], r
     if (cfg or {}).get("PREFETCH") or (cfg or {}).get("K_STAGES"):
         assert r["prefetch_equal"], r
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+def test_fp8_weights_match_the_dequantised_weights(results, case):
+    """fp8 e4m3 weights with 128 x 128 block scales (``w_scale``), on every body and prologue: held as
+    the bf16 cases are against the same prologue times the dequantised weight in fp32 (the scale taken
+    into the activations in fp32; under the interpreter the tensor-core body's dot is fp32 too),
+    the residual sum written bit for bit; PREFETCH / K_STAGES change no bit, and unit scales give the
+    bf16 path's bits for the e4m3 values as bf16 weights (the same tile)."""
+    name, prologue, N, K, has_res, has_out, cfg, _, M = case
+    r = results[name]
+    assert r["shape"] == ([N] if M is None else [M, N]) and r["dtype"] == "torch.bfloat16"
+    if prologue == "rmsnorm" and ((M or 1) > 1 or (cfg or {}).get("ROWS")):
+        assert r["ulp_exact"] <= r["module_ulp_exact"] + DEFERRED_ULP, r
+    else:
+        assert r["ulp"] <= ULP_TOL, r
+    if has_out:
+        assert r["residual_equal"], r
+    if (cfg or {}).get("PREFETCH") or (cfg or {}).get("K_STAGES"):
+        assert r["prefetch_equal"], r
+    assert r["unit_scale_equal"], r
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(scale=None), "a float8_e4m3fn w needs w_scale"),
+    (dict(fp8=False), "w_scale is for a float8_e4m3fn w, not torch.bfloat16"),
+    (dict(scale=torch.ones(1, 2)), r"w_scale is torch.float32 \[1, 2\]; fp8 w \[N=200, K=256\] wants float32 \[2, 2\]"),
+    (dict(scale=torch.ones(2, 2).bfloat16()), r"w_scale is torch.bfloat16 \[2, 2\]"),
+    (dict(config=dict(BLOCK_N=24, BLOCK_K=64)), "BLOCK_N=24 must divide 128"),
+    (dict(rows=4, config=dict(BLOCK_N=48, BLOCK_K=64)), "BLOCK_N=48 must divide 128"),
+])
+def test_fp8_bad_arguments_are_named(kwargs, match):
+    from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
+    K, rows = 256, kwargs.pop("rows", None)
+    w = torch.randn(200, K).to(torch.float8_e4m3fn if kwargs.pop("fp8", True) else torch.bfloat16)
+    x = torch.randn(K).bfloat16() if rows is None else torch.randn(rows, K).bfloat16()
+    with pytest.raises(ValueError, match=match):
+        decode_gemv(x, w, w_scale=kwargs.pop("scale", torch.ones(2, 2)), **kwargs)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -454,3 +493,43 @@ def test_qwen3_8b_rows_on_gpu(prologue, rows):
         assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g))
         if torch.cuda.get_device_capability()[0] >= 9:
             assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g, pdl=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tile", ["one_token", "one_token_rows", "rows8"])
+def test_qwen3_8b_fp8_on_gpu(tile):
+    """Qwen3-8B's projections with fp8 weights (``quantize_fp8`` of bf16 weights, as the FP8 checkpoints
+    are made) and their layer's prologue (q/k/v and gate/up RMSNorm after the residual sum, o the
+    residual sum, down SwiGLU): one token on the GPU's one-token tile and on the rows kernel's default
+    ``ROWS`` tile, eight tokens on the chosen tiles (the tensor cores, which round each scaled activation
+    to bf16): within one ulp more than the modules' fp8 reference (``fp8_linear_ref``: each weight
+    dequantised to bf16) of the fp32 prologue times the fp32 dequantised weight; residual sums bit for
+    bit; a second call (the tickets reset) and PDL give the same bits."""
+    import torch.nn.functional as F
+    from dspark_trt.plugins.fp8_linear import dequantize_fp8, quantize_fp8
+    from dspark_trt.plugins.kernels import decode_rows
+    from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
+    torch.manual_seed(0)
+    rows = 8 if tile == "rows8" else 1
+    for (N, K), prologue in {(6144, 4096): "rmsnorm", (4096, 4096): "none", (24576, 4096): "rmsnorm",
+                             (4096, 12288): "swiglu"}.items():
+        cfg = dict(decode_rows.default_config(1, N, K), ROWS=True) if tile == "one_token_rows" else None
+        shape = (K,) if tile == "one_token" else (rows, K)
+        x = torch.randn(*shape[:-1], 2 * K if prologue == "swiglu" else K, device="cuda").bfloat16()
+        wq, s = quantize_fp8((torch.randn(N, K, device="cuda") * 0.02).bfloat16())
+        r = torch.randn(shape, device="cuda").bfloat16() if prologue != "swiglu" else None
+        g = (1 + 0.1 * torch.randn(K, device="cuda")).bfloat16() if prologue == "rmsnorm" else None
+        r_out = torch.empty(shape, device="cuda").bfloat16() if r is not None else None
+        gemv = functools.partial(decode_gemv, w=wq, prologue=prologue, residual=r, norm_weight=g, config=cfg, w_scale=s)
+        y = gemv(x, residual_out=r_out)
+        xin, h = reference(prologue, x, r, g)
+        exact = (reference(prologue, h.float(), None, g.float())[0] if prologue == "rmsnorm" else xin.float()) \
+            @ dequantize_fp8(wq, s, torch.float32).T
+        module = F.linear(xin, dequantize_fp8(wq, s, torch.bfloat16))
+        assert ulp_err(y, exact) <= ulp_err(module, exact) + 1.0, (N, K, ulp_err(y, exact), ulp_err(module, exact))
+        if r_out is not None:
+            assert torch.equal(r_out, h)
+        assert torch.equal(y, gemv(x))
+        if torch.cuda.get_device_capability()[0] >= 9:
+            assert torch.equal(y, gemv(x, pdl=True))
