@@ -420,6 +420,35 @@ def test_ship_table_keep_replaces_only_its_buckets(tmp_path):
         decode_rows.ship_table(result("d1", 8, (1,), gpu="Other GPU"), out, buckets=[1], keep=True)
 
 
+def test_fp8_tiles_ship_beside_the_bf16_ones_and_route_fp8_weights_only(tmp_path, monkeypatch, gpu_tables):
+    """An fp8 sweep's rows (``weight_bytes`` 1) ship with ``keep`` beside the table's bf16 rows of the
+    same buckets (neither replaces the other), and the GPU's table gives fp8 weights their own tile,
+    bf16 weights theirs; fp8 shapes without one take the bf16 tile."""
+    import json
+    from dspark_trt.plugins.kernels import decode_rows
+
+    def result(sha, bn, fp8):
+        rows = [dict(shape="o", N=4096, K=4096, M=b, bucket=b, best_config=dict(BLOCK_N=bn, BLOCK_K=64),
+                     **({"weight_bytes": 1} if fp8 else {})) for b in (1, 8)]
+        path = tmp_path / f"decode-rows-{sha}.json"
+        path.write_text(json.dumps({"git_sha": sha, "gpu": "Fake GPU 9", "command": "sweep", "rows": rows}))
+        return path
+
+    decode_rows.ship_table(result("bf", 16, False), tmp_path)
+    path = decode_rows.ship_table(result("f8", 32, True), tmp_path, buckets=[1, 8], keep=True)
+    assert {k: v["BLOCK_N"] for k, v in decode_rows.read_table(path).items()} == {
+        (1, 4096, 4096): 16, (8, 4096, 4096): 16, (1, 4096, 4096, 1): 32, (8, 4096, 4096, 1): 32}
+    assert decode_rows.ship_table(result("bf2", 64, False), tmp_path, buckets=[8], keep=True) == path
+    assert decode_rows.read_table(path)[(1, 4096, 4096, 1)]["BLOCK_N"] == 32     # bf16 rows keep fp8 ones
+    monkeypatch.setattr(decode_rows, "TABLES", tmp_path)
+    gpu_tables("Fake GPU 9")
+    cuda = torch.device("cuda")
+    assert [decode_rows.tile_for(M, 4096, 4096, cuda, fp8)["BLOCK_N"] for M in (1, 8) for fp8 in (False, True)] \
+        == [16, 32, 64, 32]
+    monkeypatch.setattr(decode_rows, "CONFIGS", {})
+    assert decode_rows.tile_for(1, 6144, 4096, cuda, fp8=True) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "swiglu"])

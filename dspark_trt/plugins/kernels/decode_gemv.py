@@ -197,9 +197,9 @@ def decode_gemv(x: Tensor, w: Tensor, prologue: str = "none", residual: Tensor |
     g = norm_weight if norm_weight is not None else x
     w_scale = w_scale.contiguous() if fp8 else None
     if M == 1 and not config:
-        config = decode_rows.tile_for(1, N, K, x.device)     # a sweep's one-token winner, if any
+        config = decode_rows.tile_for(1, N, K, x.device, fp8)   # a sweep's one-token winner, if any
     if M > 1 or (config and config.get("ROWS")):
-        cfg = _fit_scales(dict(config) if config else decode_rows.choose_config(M, N, K, x.device), fp8)
+        cfg = _fit_scales(dict(config) if config else decode_rows.choose_config(M, N, K, x.device, fp8), fp8)
         _check_tile(K, int(cfg["BLOCK_K"]), pre_k)
         rows = (lambda t: t.view(M, -1)) if M == 1 else (lambda t: t)        # one token as a row
         decode_rows.decode_rows(rows(x), w, rows(y), PROLOGUES[prologue], rows(res), rows(r_out), g, float(eps),

@@ -230,19 +230,29 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-def choose_config(M: int, N: int, K: int, device: torch.device) -> dict:
+def choose_config(M: int, N: int, K: int, device: torch.device, fp8: bool = False) -> dict:
     """The measured tile of (M bucket, N, K) (``tile_for``), else ``default_config`` for the
     device's SMs."""
-    return dict(tile_for(M, N, K, device) or default_config(M, N, K, num_sms(device)))
+    return dict(tile_for(M, N, K, device, fp8) or default_config(M, N, K, num_sms(device)))
 
 
-def tile_for(M: int, N: int, K: int, device: torch.device) -> dict | None:
+def table_key(bucket: int, N: int, K: int, weight_bytes: int = 2) -> tuple:
+    """A table's key: (M bucket, N, K), and for tiles measured on fp8 weights (a sweep's rows of
+    ``weight_bytes`` 1, ``decode_rows_sweep.py --fp8``) (M bucket, N, K, 1)."""
+    return (bucket, N, K) if weight_bytes == 2 else (bucket, N, K, weight_bytes)
+
+
+def tile_for(M: int, N: int, K: int, device: torch.device, fp8: bool = False) -> dict | None:
     """The measured tile of (M bucket, N, K) on ``device`` (a copy), or None: the shipped table of
-    the device's GPU (a CUDA device, ``GPU_TABLES`` on), else ``CONFIGS``."""
-    key = (m_bucket(M), N, K)
+    the device's GPU (a CUDA device, ``GPU_TABLES`` on), else ``CONFIGS``; for ``fp8`` weights
+    their own tile first (``table_key``), else the bf16 weights'."""
     name = gpu_name(device) if GPU_TABLES else None
-    cfg = (gpu_table(name).get(key) if name else None) or CONFIGS.get(key)
-    return dict(cfg) if cfg else None
+    table = gpu_table(name) if name else {}
+    for key in ([table_key(m_bucket(M), N, K, 1)] if fp8 else []) + [table_key(m_bucket(M), N, K)]:
+        cfg = table.get(key) or CONFIGS.get(key)
+        if cfg:
+            return dict(cfg)
+    return None
 
 
 _names: dict[int, str] = {}
@@ -286,8 +296,8 @@ def _read(path) -> tuple[dict, str | None]:
     """``read_table``'s table and the file's ``gpu`` (None where it names none), one read."""
     try:
         doc = json.loads(Path(path).read_text())
-        return {(int(r["bucket"]), int(r["N"]), int(r["K"])): dict(r["best_config"]) for r in doc["rows"]
-                if r.get("best_config")}, doc.get("gpu")
+        return {table_key(int(r["bucket"]), int(r["N"]), int(r["K"]), int(r.get("weight_bytes", 2))):
+                dict(r["best_config"]) for r in doc["rows"] if r.get("best_config")}, doc.get("gpu")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"decode-rows table {str(path)!r}: not a decode_rows_sweep.py result ({e})") from e
 
@@ -320,6 +330,7 @@ def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, b
         raw = result.read_bytes()
         doc = json.loads(gzip.decompress(raw) if result.suffix == ".gz" else raw)
         rows = [{"shape": r.get("shape"), "bucket": int(r["bucket"]), "N": int(r["N"]), "K": int(r["K"]),
+                 **({"weight_bytes": 1} if r.get("weight_bytes") == 1 else {}),
                  "best_config": dict(r["best_config"])} for r in doc["rows"]
                 if r.get("best_config") and (buckets is None or int(r["bucket"]) in buckets)]
         gpu = str(doc["gpu"])
@@ -333,7 +344,9 @@ def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, b
         old = json.loads(path.read_text())
         if old.get("gpu") != gpu:
             raise ValueError(f"decode-rows table {str(path)!r}: its gpu is not {gpu!r}, the result's")
-        kept = [r for r in old["rows"] if int(r["bucket"]) not in head["buckets"]]
+        kinds = {r.get("weight_bytes", 2) for r in rows}           # fp8 rows replace fp8 rows only
+        kept = [r for r in old["rows"] if int(r["bucket"]) not in head["buckets"]
+                or r.get("weight_bytes", 2) not in kinds]
         head["kept_buckets"] = sorted({int(r["bucket"]) for r in kept})
         head["kept_from"] = {k: v for k, v in old.items() if k != "rows"}
         order = {name: i for i, name in enumerate(dict.fromkeys(r.get("shape") for r in kept + rows))}
