@@ -84,6 +84,39 @@ def llm_runs() -> dict:
         out[f"draft_confidence_chain_calls_{chain}"] = calls["draft_confidence"]
         out[f"module_calls_{chain}"] = calls["modules"]
     out.update(draft_vocab_run(pair, target, draft, prompts, sp))
+    out.update(fp8_llm_run(prompts, sp))
+    return out
+
+
+def fp8_llm_run(prompts, sp) -> dict:
+    """``LLM`` on a tiny pair whose target's projections are fp8 (``--quantization fp8``: e4m3,
+    128x128 block scales, q/k/v and gate/up fused; block magnitudes 8x apart): greedy AR and
+    speculative output with the chain (its layers' scales) and with the fp8 modules, the chain's
+    target calls."""
+    from dspark_trt.models import build_models
+    from dspark_trt.models.fp8_linear import fp8_linears_
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.runtime.llm import LLM
+    from dspark_trt.runtime.networks import DECODE_CHAIN_ENV
+    from tests.support.models import scale_weights_, tiny_pair
+    pair = tiny_pair(vocab=96, hidden=256, layers=2, heads=2, kv_heads=1, taps=(0,), block=3)
+    target, draft = build_models(pair, torch.bfloat16, "cpu", seed=5)
+    scale_weights_(target, 4.0)
+    _blockwise_magnitudes_(target, seed=5)
+    fp8_linears_(target)
+    fuse_projections_(target)
+    out = {}
+    for chain in ("1", "0"):
+        os.environ[DECODE_CHAIN_ENV] = chain
+        llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8)
+        calls, step = [0], llm.networks.decode_chain
+        if step is not None:
+            out["fp8_chain_scales"] = sorted(step.layers[0].scales)
+            llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__(0, calls[0] + 1), _s(*a))[1]
+            llm.networks.decode_chain.max_rows = step.max_rows
+        out[f"fp8_ar_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp, speculative=False)]
+        out[f"fp8_spec_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp)]
+        out[f"fp8_chain_calls_{chain}"] = calls[0]
     return out
 
 
