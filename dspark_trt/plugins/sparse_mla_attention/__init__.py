@@ -70,13 +70,20 @@ def sparse_mla_attention_bucketed(q: Tensor, kv: Tensor, indices: Tensor, attn_s
 sparse_mla_attention_bucketed._qualified_op_name = "dspark::sparse_mla_attention"
 
 
+def _aot_constants() -> dict:
+    """The tile an export takes for a dynamic token count (``kernels.sparse_mla.mla_config``): 64
+    heads x 64 entries over whole lists (a TensorRT engine's batch is dynamic too)."""
+    from ..kernels.sparse_mla import MAX_SCAN, MLA_DEFAULTS, WIDE_BLOCK_H
+    return {"SCALE": 512 ** -0.5, "D": 512, "DV": 512, "BLOCK_H": WIDE_BLOCK_H,
+            "BLOCK_N": MLA_DEFAULTS["block_n"], "BLOCK_SCAN": MAX_SCAN, "PREFETCH": MLA_DEFAULTS["prefetch"]}
+
+
 OPS = (
     OpSpec("sparse_mla_attention", sparse_mla_attention_ref,
            triton="kernels.sparse_mla:sparse_mla_attention_triton",
            onnx=OnnxNode((("q", "T"), ("kv", "T"), ("indices", "I32"), ("attn_sink", "F")),
                          (("out", "T"),), {"scale": "float", "dv": "int"}),
-           aot=AotDesc(("T", "T", torch.int32, torch.float32), ("W", "H"), ("T",),
-                       {"SCALE": 512 ** -0.5, "D": 512, "DV": 512, "BLOCK_H": 16, "BLOCK_N": 32},
-                       num_warps=8),
+           aot=AotDesc(("T", "T", torch.int32, torch.float32), ("W", "H"), ("T",), _aot_constants,
+                       num_warps=8, num_stages=2),   # mla_config's for 64-row (wgmma) tiles
            tensorrt=True, export_safe=True),
 )
