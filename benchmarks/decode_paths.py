@@ -55,6 +55,7 @@ PATHS = {  # name -> LLM.from_preset options
     "eager_chain_torch_ops": {},                       # the same with the wider steps' torch elementwise ops
     "compiled_chain": {"compile": True},               # the chain's steps of <= 16 tokens, compiled modules' larger
     "eager_fused_fp8": {"quantization": "fp8"},        # q..down in fp8 e4m3, 128x128 block scales (#23)
+    "eager_chain_fp8": {"quantization": "fp8"},        # the chain's GEMVs reading those fp8 weights
     "compiled_fp8": {"compile": True, "quantization": "fp8"},
     "compiled_w8a8": {"compile": True, "quantization": "fp8-w8a8"},   # + activations fp8 per 128-group
 }
@@ -68,6 +69,7 @@ NO_ROWS = {"DSPARK_ROW_KERNELS": "0"}
 PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1", "DSPARK_DECODE_CHAIN": "0"},
             "eager_chain": {"DSPARK_DECODE_CHAIN": "1"},   # steps of <= 16 tokens: runtime/token_step.py
             "eager_chain_vocab": {"DSPARK_DECODE_CHAIN": "1"},
+            "eager_chain_fp8": {"DSPARK_DECODE_CHAIN": "1"},
             "eager_chain_torch_ops": {"DSPARK_DECODE_CHAIN": "1", **NO_ROWS},
             "compiled_chain": {"DSPARK_DECODE_CHAIN": "1"},   # (batch 16: verify 128 rows, draft 112)
             "compiled": {"DSPARK_DECODE_CHAIN": "0"},

@@ -11,6 +11,11 @@ as median microseconds of CUDA-graph replays over weight copies rotated past L2,
 of the HBM roofline (weight bytes / 4.8 TB/s). Writes ``decode-rows-<gpu>-<sha>.json``, whose
 winners ``decode_rows.load_table`` reads (``DSPARK_DECODE_ROWS_TABLE=<file>``).
 
+``--fp8`` (issue #23): the weights quantised to fp8 e4m3 with 128x128 block scales (``quantize_fp8``,
+the Qwen3-FP8 layout; ``decode_gemv(w_scale=...)``), the roofline on their bytes (one per weight and
+the scales), the reference their dequantised fp32 product; ``cublas`` / ``modules`` stay the bf16
+weights' (twice the bytes). Rows carry ``weight_bytes: 1``.
+
 Hundreds of tiles take longer to compile than to time: ``--jobs`` processes compile them first
 (Triton's disk cache), then this process times them.
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import functools
 import json
 import multiprocessing
 import sys
@@ -37,6 +43,7 @@ from dspark_trt.devices import hbm_bytes_per_s  # noqa: E402
 from dspark_trt import provenance  # noqa: E402
 
 HBM = 4.8e12
+FP8 = False                 # --fp8: the weights in fp8 e4m3 with block scales (compile workers: via compile_cases)
 SHAPES = {"qkv": (6144, 4096, "rmsnorm"), "o": (4096, 4096, "none"), "gate_up": (24576, 4096, "rmsnorm"),
           "down": (4096, 12288, "swiglu"), "lm_head": (151936, 4096, "rmsnorm"),
           "draft_head_32k": (32768, 4096, "rmsnorm")}   # a draft vocabulary's head (models/draft_vocab.py)
@@ -110,7 +117,8 @@ def _unique(configs: list[dict]) -> list[dict]:
 
 
 def inputs(M: int, N: int, K: int, prologue: str, copies: int = 1, seed: int = 0):
-    """x, residual, norm weight, residual_out and ``copies`` weight copies of one case."""
+    """x, residual, norm weight, residual_out and ``copies`` bf16 weight copies of one case (under
+    ``FP8``: (fp8 codes, block scales) pairs of them)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev = dict(device="cuda", dtype=torch.bfloat16)
     x = torch.randn(M, 2 * K if prologue == "swiglu" else K, generator=g, **dev)
@@ -118,17 +126,28 @@ def inputs(M: int, N: int, K: int, prologue: str, copies: int = 1, seed: int = 0
     norm = (1 + 0.1 * torch.randn(K, generator=g, device="cuda")).bfloat16() if prologue == "rmsnorm" else None
     r_out = torch.empty(M, K, **dev) if res is not None else None
     ws = [torch.randn(N, K, generator=g, **dev) * 0.02 for _ in range(copies)]
+    if FP8:
+        from dspark_trt.plugins.fp8_linear import quantize_fp8
+        ws = [quantize_fp8(w) for w in ws]
     return x, res, norm, r_out, ws
 
 
 def run_tile(x, w, prologue, res, norm, r_out, cfg):
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
-    return decode_gemv(x, w, prologue, residual=res, norm_weight=norm, residual_out=r_out, config=cfg)
+    w, scale = w if isinstance(w, tuple) else (w, None)
+    return decode_gemv(x, w, prologue, residual=res, norm_weight=norm, residual_out=r_out, config=cfg, w_scale=scale)
 
 
-def compile_cases(cases: list[tuple]) -> list[str]:
+def dense(w):
+    """A case's weight as the bf16 / fp32 tensor cuBLAS and the reference multiply (fp8: dequantised)."""
+    from dspark_trt.plugins.fp8_linear import dequantize_fp8
+    return dequantize_fp8(*w, torch.bfloat16) if isinstance(w, tuple) else w
+
+
+def compile_cases(cases: list[tuple], fp8: bool = False) -> list[str]:
     """A worker: launch each (shape, M, config) once (Triton compiles it into its disk cache)."""
-    errors = []
+    global FP8
+    FP8, errors = fp8, []
     for name, M, cfg in cases:
         N, K, prologue = SHAPES[name]
         try:
@@ -156,17 +175,20 @@ def module_prologue(prologue: str, x, res, norm):
 
 def sweep_case(name: str, M: int, rotate_mb: float, iters: int, stages=(), focus: bool = False) -> dict:
     N, K, prologue = SHAPES[name]
-    copies = max(2, int(rotate_mb * 2**20 / (2 * N * K)) + 1)
+    weight_bytes = 1 if FP8 else 2
+    copies = max(2, int(rotate_mb * 2**20 / (weight_bytes * N * K)) + 1)
     x, res, norm, r_out, ws = inputs(M, N, K, prologue, copies)
     prologue_fn = module_prologue(prologue, x, res, norm)
     xin = prologue_fn()
-    ref = F.linear(xin, ws[0]).float()
+    wide = [dense(w) for w in ws[:max(2, int(rotate_mb * 2**20 / (2 * N * K)) + 1)]] if FP8 else ws   # bf16, past L2
+    ref = F.linear(xin.float(), dense(ws[0]).float() if FP8 else ws[0].float())
     scale = ref.abs().max().item()
-    byte_us = 2 * N * K / HBM * 1e6                          # the weights at the HBM limit, us
+    scale_bytes = 4 * -(-N // 128) * -(-K // 128) if FP8 else 0
+    byte_us = (weight_bytes * N * K + scale_bytes) / HBM * 1e6      # the weights at the HBM limit, us
     row = dict(shape=name, N=N, K=K, M=M, bucket=_bucket(M), prologue=prologue, copies=copies,
-               roofline_us=byte_us,
-               cublas_us=graph_us([lambda w=w: F.linear(xin, w) for w in ws], iters),
-               modules_us=graph_us([lambda w=w: F.linear(prologue_fn(), w) for w in ws], iters))
+               roofline_us=byte_us, weight_bytes=weight_bytes,
+               cublas_us=graph_us([lambda w=w: F.linear(xin, w) for w in wide], iters),
+               modules_us=graph_us([lambda w=w: F.linear(prologue_fn(), w) for w in wide], iters))
     timed = []
     for cfg in candidates(M, N, K, stages=stages, focus=focus):
         try:
@@ -200,7 +222,10 @@ def main():
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--stages", default="", help="K_STAGES values every CUDA-core tile is also timed with, e.g. 2,3,4")
     ap.add_argument("--focus", action="store_true", help="M = 1: the tile the GPU runs today and FOCUS_TILES only")
+    ap.add_argument("--fp8", action="store_true", help="fp8 e4m3 weights with 128x128 block scales (module doc)")
     args = ap.parse_args()
+    global FP8
+    FP8 = args.fp8
     pick = dict(stages=[int(v) for v in args.stages.split(",") if v], focus=args.focus)
     global HBM
     HBM = hbm_bytes_per_s()                    # the GPU's own (4.8 TB/s: the H200's)
@@ -212,12 +237,12 @@ def main():
     if args.jobs:
         chunks = [cases[i::args.jobs] for i in range(args.jobs)]
         with cf.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for errs in pool.map(compile_cases, chunks):
+            for errs in pool.map(functools.partial(compile_cases, fp8=FP8), chunks):
                 for e in errs[:3]:
                     print(f"[rows] compile: {e}", flush=True)
     print(f"[rows] compiled in {time.time() - t0:.0f} s", flush=True)
     gpu, sha = torch.cuda.get_device_name(), provenance.git_sha()
-    out = Path(args.out) / f"decode-rows-{gpu.replace(' ', '-')}-{sha}.json"
+    out = Path(args.out) / f"decode-rows-{'fp8-' if FP8 else ''}{gpu.replace(' ', '-')}-{sha}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for s in shapes:

@@ -36,8 +36,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .. import plugins
 from ..config import DeepSeekV4Config
+from ..plugins.sparse_mla_attention import sparse_mla_attention_bucketed
 from . import mla_fp8
 from .layers import RMSNorm
 from .v4_layers import apply_rope_tail, flat_rows, read_rows, rms, rope_cos_sin, rope_inv_freq, write_rows
@@ -257,7 +257,7 @@ class V4Attention(nn.Module):
                                              cfg.qk_rope_head_dim, q.dtype)
         else:
             kv = kv_cache.view(-1, D)
-        o = plugins.sparse_mla_attention(q.flatten(0, 1), kv, idx, self.attn_sink.float(), D ** -0.5, D)
+        o = sparse_mla_attention_bucketed(q.flatten(0, 1), kv, idx, self.attn_sink.float(), D ** -0.5, D)
         o = apply_rope_tail(o.view(B, T, H, D), cos[:, :, None], sin[:, :, None], inverse=True)
         o = o.reshape(B, T, G, H * D // G)
         o = torch.einsum("btgi,gri->btgr", o, self.wo_a.weight.view(G, cfg.o_lora_rank, -1))

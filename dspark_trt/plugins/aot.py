@@ -36,12 +36,13 @@ class AotKernel:
     ints: tuple[str, ...]
     constants: dict                  # default compile-time constants
     num_warps: int = 4
+    num_stages: int = 3
 
 
 def _entry(op) -> AotKernel:
     fn = getattr(importlib.import_module(f"{op.package}.aot"), f"{op.name}_aot")
     constants = op.aot.constants() if callable(op.aot.constants) else dict(op.aot.constants)
-    return AotKernel(fn, op.aot.pointers, op.aot.ints, constants, op.aot.num_warps)
+    return AotKernel(fn, op.aot.pointers, op.aot.ints, constants, op.aot.num_warps, op.aot.num_stages)
 
 
 # op name -> its AOT entry kernel (``<op package>/aot.py:<name>_aot``), signature from the op registry
@@ -69,7 +70,8 @@ def compile_ptx(name: str, dtype: torch.dtype = torch.bfloat16, **constants):
     # pointers are 16-byte aligned lets it vectorise and pipeline loads (else: 2-byte loads)
     aligned = {(spec.fn.arg_names.index(a),): [["tt.divisibility", 16]] for a in ptr_args}
     src = triton.compiler.ASTSource(fn=spec.fn, signature=sig, constexprs=consts, attrs=aligned)
-    k = triton.compile(src, target=TARGET, options={**OPTIONS, "num_warps": spec.num_warps})
+    k = triton.compile(src, target=TARGET, options={**OPTIONS, "num_warps": spec.num_warps,
+                                                      "num_stages": spec.num_stages})
     md = k.metadata
     if md.global_scratch_size != 0 or md.profile_scratch_size != 0:
         raise RuntimeError(f"{name}: kernel needs scratch memory (global {md.global_scratch_size}, "

@@ -26,6 +26,7 @@ class AotDesc:
     outputs: tuple
     constants: dict | Callable[[], dict]
     num_warps: int = 4
+    num_stages: int = 3                      # Triton's default; software-pipelined loads' buffers
 
 
 @dataclass(frozen=True)

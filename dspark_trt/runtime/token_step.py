@@ -36,6 +36,11 @@ bulk-prefetching their own rows before their PDL wait (AR step, batch 1, 128 tok
 tokens and at batch 16 within noise or worse;
 ``token-step-batch-gemv-prefetch-NVIDIA-H100-80GB-HBM3-7915627.json.gz``).
 
+Weight-only fp8 targets (``--quantization fp8``, a Qwen3-FP8 checkpoint: e4m3 projections with
+128x128 block scales) run the same chain with the GEMVs reading the fp8 codes and their scales
+(``decode_gemv(w_scale=...)``: half the weight bytes); W8A8 ones (``fp8-w8a8``) keep the modules,
+whose activation quantisation the chain does not do. The head stays bf16.
+
 Numerics: the modules' roundings in every prologue (``decode_gemv``, ``qk_rope_cache``) but the
 RMSNorm of steps of 2+ tokens (``decode_rows``: a deferred scale, within about a bf16 ulp); the
 GEMVs' fp32 sums run in another order than cuBLAS's, so logits differ from the module step by
@@ -45,7 +50,7 @@ the next layer's q/k/v GEMV writes anyway.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -58,6 +63,7 @@ from ..plugins.kernels.block_attention import block_attention_triton
 from ..plugins.kernels.common import INTERPRET, pdl_capable
 from ..plugins.kernels.decode_gemv import MAX_ROWS, decode_gemv
 from ..plugins.kernels.qk_rope_cache import qk_rope_cache
+from ..plugins.fp8_linear import FP8_BLOCK, FP8_DTYPE
 from .networks import DECODE_CHAIN_ENV as ENV, decode_chain_flag
 
 
@@ -71,23 +77,43 @@ class LayerWeights:
     post_norm: Tensor    # [d]
     q_norm: Tensor       # [D]
     k_norm: Tensor       # [D]
+    scales: dict = field(default_factory=dict)   # fp8 projections: name -> fp32 128x128 block scales
+
+
+def _projection(*linears) -> tuple[Tensor, Tensor | None]:
+    """The weight of ``linears`` stacked by rows (one linear: its own) and, where they are fp8
+    (``Fp8Linear`` / ``FusedFp8Linear``, weight-only), their block scales stacked alike (else None)."""
+    if any(getattr(lin, "act_quant", False) for lin in linears):
+        raise ValueError("the chain runs weight-only fp8 projections; these quantise their activations too "
+                         "(W8A8, --quantization fp8-w8a8)")
+    weight = torch.cat([lin.weight for lin in linears]) if len(linears) > 1 else linears[0].weight
+    scales = [getattr(lin, "weight_scale_inv", None) for lin in linears]
+    if all(s is None for s in scales):
+        return weight.detach(), None
+    if any(s is None for s in scales) or any(lin.out_features % FP8_BLOCK for lin in linears[:-1]):
+        raise ValueError(f"fp8 parts of {[lin.out_features for lin in linears]} rows do not stack by "
+                         f"{FP8_BLOCK}-row scale blocks")
+    return weight.detach(), torch.cat(scales).detach().contiguous()
 
 
 def layer_weights(layer) -> LayerWeights:
-    """A ``Qwen3DecoderLayer``'s bf16 weights in the chain's layout (its fused q/k/v and gate/up
-    weights where ``models.fuse`` fused them, else the parts stacked once here)."""
+    """A ``Qwen3DecoderLayer``'s weights in the chain's layout (its fused q/k/v and gate/up
+    weights where ``models.fuse`` fused them, else the parts stacked once here): bf16, or fp8 e4m3
+    projections with their 128x128 block scales (weight-only ``--quantization fp8``)."""
     attn, mlp = layer.self_attn, layer.mlp
-    qkv = (attn.qkv_proj.weight if attn.qkv_proj is not None
-           else torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-    gate_up = (mlp.gate_up_proj.weight if mlp.gate_up_proj is not None
-               else torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
-    w = LayerWeights(qkv.detach(), attn.o_proj.weight.detach(), gate_up.detach(), mlp.down_proj.weight.detach(),
-                     layer.input_layernorm.weight.detach(), layer.post_attention_layernorm.weight.detach(),
-                     attn.q_norm.weight.detach(), attn.k_norm.weight.detach())
-    bad = [name for name, t in vars(w).items() if t.dtype != torch.bfloat16]
+    parts = {"qkv": (attn.qkv_proj,) if attn.qkv_proj is not None else (attn.q_proj, attn.k_proj, attn.v_proj),
+             "o": (attn.o_proj,),
+             "gate_up": (mlp.gate_up_proj,) if mlp.gate_up_proj is not None else (mlp.gate_proj, mlp.up_proj),
+             "down": (mlp.down_proj,)}
+    proj = {name: _projection(*linears) for name, linears in parts.items()}
+    w = LayerWeights(*(proj[name][0] for name in parts), layer.input_layernorm.weight.detach(),
+                     layer.post_attention_layernorm.weight.detach(), attn.q_norm.weight.detach(),
+                     attn.k_norm.weight.detach(), {name: s for name, (_, s) in proj.items() if s is not None})
+    bad = [name for name, t in vars(w).items() if name != "scales"
+           and t.dtype != torch.bfloat16 and not (name in w.scales and t.dtype == FP8_DTYPE)]
     if bad:
-        raise ValueError(f"token_step: the chain's kernels are bf16 only; {', '.join(bad)} are not "
-                         f"(load the target in bfloat16)")
+        raise ValueError(f"token_step: the chain's kernels are bf16 only; {', '.join(bad)} are not (load the "
+                         f"target in bfloat16; fp8 projections come with their block scales)")
     return w
 
 
@@ -149,22 +175,23 @@ class TokenStep:
         for i, w in enumerate(self.layers):
             k_cache, v_cache = cache["k"][i], cache["v"][i]
             if pending is None:                               # first layer: the embedding is the stream
-                qkv = decode_gemv(x, w.qkv, "rmsnorm", norm_weight=w.input_norm, eps=eps, pdl=pdl)
+                qkv = decode_gemv(x, w.qkv, "rmsnorm", norm_weight=w.input_norm, eps=eps, pdl=pdl,
+                                  w_scale=w.scales.get("qkv"))
             else:
                 out = tapped.get(i - 1, stream[flip])         # the stream after layer i - 1: a tap?
                 qkv = decode_gemv(pending, w.qkv, "rmsnorm", residual=x, norm_weight=w.input_norm, eps=eps,
-                                  residual_out=out, pdl=pdl)
+                                  residual_out=out, pdl=pdl, w_scale=w.scales.get("qkv"))
                 x, flip = out, flip ^ 1
             q = qk_rope_cache(qkv, w.q_norm, w.k_norm, cos, sin, k_cache, v_cache, block_table, flat_pos,
                               self.heads, eps, pdl=pdl)                                  # [M, H, D]
             o = block_attention_triton(q.view(B, T, self.heads, self.head_dim), k_cache, v_cache, block_table,
                                        positions, kv_limit, self.head_dim ** -0.5, pdl=pdl, **self.attention)
-            a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl)
+            a = decode_gemv(o.reshape(M, -1), w.o, pdl=pdl, w_scale=w.scales.get("o"))
             out = stream[flip]
             gate_up = decode_gemv(a, w.gate_up, "rmsnorm", residual=x, norm_weight=w.post_norm, eps=eps,
-                                  residual_out=out, pdl=pdl)
+                                  residual_out=out, pdl=pdl, w_scale=w.scales.get("gate_up"))
             x, flip = out, flip ^ 1
-            pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl)
+            pending = decode_gemv(gate_up, w.down, "swiglu", pdl=pdl, w_scale=w.scales.get("down"))
         last = stream[flip] if final_residual else None
         logits = decode_gemv(pending, self.lm_head, "rmsnorm", residual=x, norm_weight=self.final_norm, eps=eps,
                              residual_out=last, pdl=pdl)

@@ -1,6 +1,7 @@
 """One-token GEMV with fused prologues (``kernels/decode_gemv.py``, issue #21): the kernel through
 the Triton interpreter in a subprocess (as test_skinny_gemm.py), its argument checks, and on a GPU
-the Qwen3-8B shapes with and without programmatic dependent launch."""
+the Qwen3-8B shapes with and without programmatic dependent launch; bf16 weights, and fp8 e4m3
+weights with 128 x 128 block scales."""
 from __future__ import annotations
 
 import functools
@@ -11,7 +12,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed")
 
 from tests.support.interpreter import interpreter_results  # noqa: E402
-from tests.support.decode_gemv_cases import CASES, reference  # noqa: E402
+from tests.support.decode_gemv_cases import CASES, FP8_CASES, reference  # noqa: E402
 from tests.support.skinny_gemm_cases import ulp_err  # noqa: E402
 
 ULP_TOL = 1.05          # fp32 sums, one bf16 rounding (the interpreter truncates: < 1 ulp), sum-order noise
@@ -33,6 +34,22 @@ def test_matches_the_modules_prologue_times_w(results, case):
     or more tokens, or one with a ROWS tile: a deferred scale): as close to the fp32 prologue's
     product as the modules' result, plus one ulp. A ``PREFETCH`` or ``K_STAGES`` tile gives the bits of
     the same tile without it."""
+    _assert_case(results, case)
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+def test_fp8_weights_match_the_dequantised_weights(results, case):
+    """fp8 e4m3 weights with 128 x 128 block scales (``w_scale``), on every body and prologue: held as
+    the bf16 cases are against the same prologue times the dequantised weight in fp32 (the scale taken
+    into the activations in fp32; under the interpreter the tensor-core body's dot is fp32 too),
+    the residual sum written bit for bit; PREFETCH / K_STAGES change no bit, and unit scales give the
+    bf16 path's bits for the e4m3 values as bf16 weights (the same tile)."""
+    r = _assert_case(results, case)
+    assert r["unit_scale_equal"], r
+
+
+def _assert_case(results, case) -> dict:
+    """A case's result held to the bounds of ``test_matches_the_modules_prologue_times_w``; returns it."""
     name, prologue, N, K, has_res, has_out, cfg, _, M = case
     r = results[name]
     assert r["shape"] == ([N] if M is None else [M, N]) and r["dtype"] == "torch.bfloat16"
@@ -44,6 +61,24 @@ def test_matches_the_modules_prologue_times_w(results, case):
         assert r["residual_equal"], r
     if (cfg or {}).get("PREFETCH") or (cfg or {}).get("K_STAGES"):
         assert r["prefetch_equal"], r
+    return r
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(scale=None), "a float8_e4m3fn w needs w_scale"),
+    (dict(fp8=False), "w_scale is for a float8_e4m3fn w, not torch.bfloat16"),
+    (dict(scale=torch.ones(1, 2)), r"w_scale is torch.float32 \[1, 2\]; fp8 w \[N=200, K=256\] wants float32 \[2, 2\]"),
+    (dict(scale=torch.ones(2, 2).bfloat16()), r"w_scale is torch.bfloat16 \[2, 2\]"),
+    (dict(config=dict(BLOCK_N=24, BLOCK_K=64)), "BLOCK_N=24 must divide 128"),
+    (dict(rows=4, config=dict(BLOCK_N=48, BLOCK_K=64)), "BLOCK_N=48 must divide 128"),
+])
+def test_fp8_bad_arguments_are_named(kwargs, match):
+    from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
+    K, rows = 256, kwargs.pop("rows", None)
+    w = torch.randn(200, K).to(torch.float8_e4m3fn if kwargs.pop("fp8", True) else torch.bfloat16)
+    x = torch.randn(K).bfloat16() if rows is None else torch.randn(rows, K).bfloat16()
+    with pytest.raises(ValueError, match=match):
+        decode_gemv(x, w, w_scale=kwargs.pop("scale", torch.ones(2, 2)), **kwargs)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -138,6 +173,18 @@ H100_EIGHT_TOKENS = {
     (8, 4096, 12288): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=8, DOT=True, num_warps=4, num_stages=2),
     (8, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
 }
+# the winners on fp8 weights of decode-rows-fp8-NVIDIA-H200-165cdb5.json.gz (session 57: through LLM at batch 1
+# the fp8 chain's AR step 2.857 against 3.352 ms, the verify 6.543 against 9.246, with the bf16 tiles in the same call)
+H200_FP8_TILES = {
+    (1, 6144, 4096, 1): dict(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, DOT=False, num_warps=4, num_stages=3, ROWS=True),
+    (1, 4096, 4096, 1): dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=3),
+    (1, 24576, 4096, 1): dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, DOT=False, num_warps=4, num_stages=3, ROWS=True),
+    (1, 4096, 12288, 1): dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=8, DOT=False, num_warps=4, num_stages=3, ROWS=True),
+    (8, 6144, 4096, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
+    (8, 4096, 4096, 1): dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
+    (8, 24576, 4096, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=2, DOT=True, num_warps=4, num_stages=3),
+    (8, 4096, 12288, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=16, DOT=True, num_warps=4, num_stages=3),
+}
 
 
 @pytest.fixture
@@ -197,26 +244,45 @@ H200_TILES = {
     (8, 4096, 12288): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=4),
     (8, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
 }
+# the winners on fp8 weights of decode-rows-fp8-NVIDIA-H200-165cdb5.json.gz (session 57: through LLM at batch 1
+# the fp8 chain's AR step 2.857 against 3.352 ms, the verify 6.543 against 9.246, with the bf16 tiles in the same call)
+H200_FP8_TILES = {
+    (1, 6144, 4096, 1): dict(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, DOT=False, num_warps=4, num_stages=3, ROWS=True),
+    (1, 4096, 4096, 1): dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=3),
+    (1, 24576, 4096, 1): dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, DOT=False, num_warps=4, num_stages=3, ROWS=True),
+    (1, 4096, 12288, 1): dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=8, DOT=False, num_warps=4, num_stages=3, ROWS=True),
+    (8, 6144, 4096, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
+    (8, 4096, 4096, 1): dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
+    (8, 24576, 4096, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=2, DOT=True, num_warps=4, num_stages=3),
+    (8, 4096, 12288, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=16, DOT=True, num_warps=4, num_stages=3),
+}
 
 
 def test_shipped_h200_table_holds_the_measured_tiles(gpu_tables, tmp_path):
-    """The H200's table ships the Qwen3-8B winners of its sweep for one and eight tokens only (the AR
-    step, a verify block, the draft block at batch 1), with where they came from; on an H200 the other
-    token counts keep the built-in tiles, which were measured on an H200."""
+    """The H200's table ships the Qwen3-8B winners of its sweeps for one and eight tokens only (the AR
+    step, a verify block, the draft block at batch 1): bf16 weights (61d9ae4), then beside them fp8
+    weights' (165cdb5, kept over the bf16 rows), with where they came from; on an H200 the other token
+    counts keep the built-in tiles, which were measured on an H200."""
     import json
     from pathlib import Path
     from dspark_trt.plugins.kernels import decode_rows
     path = decode_rows.table_path(H200)
-    assert decode_rows.read_table(path) == H200_TILES
+    assert decode_rows.read_table(path) == {**H200_TILES, **H200_FP8_TILES}
     doc = json.loads(path.read_text())
-    assert (doc["gpu"], doc["git_sha"], doc["buckets"]) == (H200, "61d9ae4", [1, 8])
-    result = Path(decode_rows.__file__).parents[3] / "benchmarks" / "results" / doc["source"]
-    if result.exists():                                  # the table is that result's buckets 1 and 8
-        assert decode_rows.ship_table(result, tmp_path, buckets={1, 8}).read_text() == path.read_text()
+    steps = [doc, doc["kept_from"]]                                            # newest first
+    assert [(d["gpu"], d["git_sha"], d["buckets"]) for d in steps] == [(H200, "165cdb5", [1, 8]),
+                                                                      (H200, "61d9ae4", [1, 8])]
+    assert "--fp8" in doc["command"] and "--fp8" not in steps[1]["command"]
+    results = [Path(decode_rows.__file__).parents[3] / "benchmarks" / "results" / d["source"] for d in reversed(steps)]
+    if all(r.exists() for r in results):                 # the table is those results' buckets 1 and 8, in order
+        decode_rows.ship_table(results[0], tmp_path, buckets={1, 8})
+        assert decode_rows.ship_table(results[1], tmp_path, buckets={1, 8}, keep=True).read_text() == path.read_text()
     gpu_tables(H200)
     assert decode_rows.tile_for(7, 4096, 12288, "cuda") == H200_TILES[(8, 4096, 12288)]        # a draft block
+    assert decode_rows.tile_for(7, 4096, 12288, "cuda", fp8=True) == H200_FP8_TILES[(8, 4096, 12288, 1)]
     assert decode_rows.tile_for(4, 24576, 4096, "cuda") == decode_rows.CONFIGS[(4, 24576, 4096)]
     assert decode_rows.tile_for(16, 6144, 4096, "cuda") == decode_rows.CONFIGS[(16, 6144, 4096)]
+    assert decode_rows.tile_for(1, 151936, 4096, "cuda", fp8=True) == H200_TILES[(1, 151936, 4096)]  # no fp8 head
 
 
 def test_tile_for_reads_the_gpus_own_table(gpu_tables, monkeypatch):
@@ -381,6 +447,35 @@ def test_ship_table_keep_replaces_only_its_buckets(tmp_path):
         decode_rows.ship_table(result("d1", 8, (1,), gpu="Other GPU"), out, buckets=[1], keep=True)
 
 
+def test_fp8_tiles_ship_beside_the_bf16_ones_and_route_fp8_weights_only(tmp_path, monkeypatch, gpu_tables):
+    """An fp8 sweep's rows (``weight_bytes`` 1) ship with ``keep`` beside the table's bf16 rows of the
+    same buckets (neither replaces the other), and the GPU's table gives fp8 weights their own tile,
+    bf16 weights theirs; fp8 shapes without one take the bf16 tile."""
+    import json
+    from dspark_trt.plugins.kernels import decode_rows
+
+    def result(sha, bn, fp8):
+        rows = [dict(shape="o", N=4096, K=4096, M=b, bucket=b, best_config=dict(BLOCK_N=bn, BLOCK_K=64),
+                     **({"weight_bytes": 1} if fp8 else {})) for b in (1, 8)]
+        path = tmp_path / f"decode-rows-{sha}.json"
+        path.write_text(json.dumps({"git_sha": sha, "gpu": "Fake GPU 9", "command": "sweep", "rows": rows}))
+        return path
+
+    decode_rows.ship_table(result("bf", 16, False), tmp_path)
+    path = decode_rows.ship_table(result("f8", 32, True), tmp_path, buckets=[1, 8], keep=True)
+    assert {k: v["BLOCK_N"] for k, v in decode_rows.read_table(path).items()} == {
+        (1, 4096, 4096): 16, (8, 4096, 4096): 16, (1, 4096, 4096, 1): 32, (8, 4096, 4096, 1): 32}
+    assert decode_rows.ship_table(result("bf2", 64, False), tmp_path, buckets=[8], keep=True) == path
+    assert decode_rows.read_table(path)[(1, 4096, 4096, 1)]["BLOCK_N"] == 32     # bf16 rows keep fp8 ones
+    monkeypatch.setattr(decode_rows, "TABLES", tmp_path)
+    gpu_tables("Fake GPU 9")
+    cuda = torch.device("cuda")
+    assert [decode_rows.tile_for(M, 4096, 4096, cuda, fp8)["BLOCK_N"] for M in (1, 8) for fp8 in (False, True)] \
+        == [16, 32, 64, 32]
+    monkeypatch.setattr(decode_rows, "CONFIGS", {})
+    assert decode_rows.tile_for(1, 6144, 4096, cuda, fp8=True) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("prologue", ["none", "rmsnorm", "swiglu"])
@@ -454,3 +549,43 @@ def test_qwen3_8b_rows_on_gpu(prologue, rows):
         assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g))
         if torch.cuda.get_device_capability()[0] >= 9:
             assert torch.equal(y, decode_gemv(x, w, prologue, residual=r, norm_weight=g, pdl=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("tile", ["one_token", "one_token_rows", "rows8"])
+def test_qwen3_8b_fp8_on_gpu(tile):
+    """Qwen3-8B's projections with fp8 weights (``quantize_fp8`` of bf16 weights, as the FP8 checkpoints
+    are made) and their layer's prologue (q/k/v and gate/up RMSNorm after the residual sum, o the
+    residual sum, down SwiGLU): one token on the GPU's one-token tile and on the rows kernel's default
+    ``ROWS`` tile, eight tokens on the chosen tiles (the tensor cores, which round each scaled activation
+    to bf16): within one ulp more than the modules' fp8 reference (``fp8_linear_ref``: each weight
+    dequantised to bf16) of the fp32 prologue times the fp32 dequantised weight; residual sums bit for
+    bit; a second call (the tickets reset) and PDL give the same bits."""
+    import torch.nn.functional as F
+    from dspark_trt.plugins.fp8_linear import dequantize_fp8, quantize_fp8
+    from dspark_trt.plugins.kernels import decode_rows
+    from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
+    torch.manual_seed(0)
+    rows = 8 if tile == "rows8" else 1
+    for (N, K), prologue in {(6144, 4096): "rmsnorm", (4096, 4096): "none", (24576, 4096): "rmsnorm",
+                             (4096, 12288): "swiglu"}.items():
+        cfg = dict(decode_rows.default_config(1, N, K), ROWS=True) if tile == "one_token_rows" else None
+        shape = (K,) if tile == "one_token" else (rows, K)
+        x = torch.randn(*shape[:-1], 2 * K if prologue == "swiglu" else K, device="cuda").bfloat16()
+        wq, s = quantize_fp8((torch.randn(N, K, device="cuda") * 0.02).bfloat16())
+        r = torch.randn(shape, device="cuda").bfloat16() if prologue != "swiglu" else None
+        g = (1 + 0.1 * torch.randn(K, device="cuda")).bfloat16() if prologue == "rmsnorm" else None
+        r_out = torch.empty(shape, device="cuda").bfloat16() if r is not None else None
+        gemv = functools.partial(decode_gemv, w=wq, prologue=prologue, residual=r, norm_weight=g, config=cfg, w_scale=s)
+        y = gemv(x, residual_out=r_out)
+        xin, h = reference(prologue, x, r, g)
+        exact = (reference(prologue, h.float(), None, g.float())[0] if prologue == "rmsnorm" else xin.float()) \
+            @ dequantize_fp8(wq, s, torch.float32).T
+        module = F.linear(xin, dequantize_fp8(wq, s, torch.bfloat16))
+        assert ulp_err(y, exact) <= ulp_err(module, exact) + 1.0, (N, K, ulp_err(y, exact), ulp_err(module, exact))
+        if r_out is not None:
+            assert torch.equal(r_out, h)
+        assert torch.equal(y, gemv(x))
+        if torch.cuda.get_device_capability()[0] >= 9:
+            assert torch.equal(y, gemv(x, pdl=True))

@@ -38,6 +38,30 @@ def test_ptx_targets_the_h200_driver(compiled, name):
     assert entry.count(".param") == n_args + 2
 
 
+@pytest.mark.parametrize("name", sorted(AOT_KERNELS))
+def test_aot_kernels_fit_sm90_shared_memory(compiled, name):
+    """A TensorRT enqueue cannot fall back to a smaller tile: each entry kernel's shared memory must
+    fit sm_90's 227 KiB per block (e.g. 3 stages of sparse MLA's 64-entry tiles need more)."""
+    assert compiled[name][2].shared <= 227 * 1024
+
+
+def test_sparse_mla_aot_takes_the_export_tile():
+    """TensorRT's batch is dynamic: its entry kernel runs the tile an AOTI export takes for a
+    symbolic token count (``mla_config``), not constants of its own."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from dspark_trt.plugins.kernels import sparse_mla as ksm
+    spec = AOT_KERNELS["sparse_mla_attention"]
+    T = ShapeEnv().create_unbacked_symint()
+    cfg = ksm.mla_config(T, 128, 512, 512, 512, torch.device("cpu"))
+    assert cfg["num_splits"] == 1 and cfg["block_dv"] == spec.constants["DV"]
+    assert (spec.constants["BLOCK_H"], spec.constants["BLOCK_N"], spec.constants["BLOCK_SCAN"]) == \
+        (cfg["block_h"], cfg["block_n"], cfg["scan"])
+    assert spec.constants["PREFETCH"] == cfg["prefetch"]
+    assert (spec.num_warps, spec.num_stages) == (cfg["num_warps"], cfg["num_stages"])
+
+
 def test_aot_kernels_use_wide_loads(compiled):
     """Pointer arguments are declared 16-byte aligned: the attention entry loads K/V with vector /
     cp.async loads, not one bf16 at a time (it made 160 two-byte loads without the hint)."""

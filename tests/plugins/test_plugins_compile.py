@@ -265,7 +265,8 @@ def _launches_decode_gemv(monkeypatch):
     """Every prologue (the residual sum written in either pass), the measured Qwen3-8B tiles and
     the default one, the rows kernel at 8 and 5 tokens (tensor cores), at 5 on the CUDA cores and
     split K (the ticket reduction) in both bodies, one token on it in both, ``PREFETCH`` in both
-    kernels' CUDA-core bodies, ``K_STAGES`` in both, each also with PDL (``_with_pdl``)."""
+    kernels' CUDA-core bodies, ``K_STAGES`` in both, fp8 weights with block scales (``w_scale``) in
+    both kernels' bodies, each also with PDL (``_with_pdl``)."""
     N, K = 4096, 4096
     w = torch.randn(N, K).bfloat16()
     x, r, g = torch.randn(K).bfloat16(), torch.randn(K).bfloat16(), torch.randn(K).bfloat16()
@@ -299,6 +300,17 @@ def _launches_decode_gemv(monkeypatch):
     out += record(monkeypatch, rows, kdg.decode_gemv, x, w, "rmsnorm", norm_weight=g, residual=r,
                   residual_out=torch.empty_like(r),
                   config=dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, DOT=False, ROWS=True, K_STAGES=3))
+    from dspark_trt.plugins.fp8_linear import quantize_fp8     # fp8 weights, block scales: both kernels, every body
+    w8, s = quantize_fp8(torch.randn(N, K))
+    for xs, kw in ((x, dict(config=dict(BLOCK_N=8, BLOCK_K=512, PREFETCH=True))),
+                   (x, dict(config=dict(BLOCK_N=8, BLOCK_K=1024, K_STAGES=3))),
+                   (x, dict(config=dict(BLOCK_N=16, BLOCK_K=256, SPLIT_K=4, DOT=False, ROWS=True))),
+                   (xm, {}), (xm, dict(config=dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=4, DOT=False, PREFETCH=True)))):
+        res = rm if xs.dim() > 1 else r
+        out += record(monkeypatch, rows, kdg.decode_gemv, xs, w8, "rmsnorm", norm_weight=g, residual=res,
+                      residual_out=torch.empty_like(res), w_scale=s, **kw)
+    out += record(monkeypatch, rows, kdg.decode_gemv, torch.randn(8, 2 * K).bfloat16(), w8, "swiglu", w_scale=s)
+    out += record(monkeypatch, kdg, kdg.decode_gemv, torch.randn(2 * K).bfloat16(), w8, "swiglu", w_scale=s)
     return _with_pdl(out)
 
 

@@ -253,30 +253,66 @@ def _export_with_launches_recorded(monkeypatch, op: str, kernels, module, args, 
     return ep, launches
 
 
+def _mla_cond_tiles(gm) -> list[int]:
+    """``block_h`` of the dspark::sparse_mla_attention calls under torch.cond, true branch first."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.higher_order.cond:
+            for br in n.args[1:3]:
+                out += _mla_cond_tiles(getattr(gm, br.target))
+        elif n.op == "call_function" and n.target is torch.ops.dspark.sparse_mla_attention.default:
+            out.append(n.args[6] if len(n.args) > 6 else 0)
+    return out
+
+
 def test_mla_export_with_dynamic_tokens_and_width_walks_whole_lists(monkeypatch):
     """An engine's export (token count and index-list width dynamic, as the V4 networks' widths
-    follow pages_per_seq): no guard on either size (before, the split and scan tiles were sized
-    from W: a constraint violation, so engines ran the reference), one whole-list launch, the scan
-    MAX_SCAN entries a load. The program equals the reference at other sizes (run on the CPU)."""
+    follow pages_per_seq) through ``sparse_mla_attention_bucketed``, as the V4 attention calls it:
+    no guard on either size (before, the split and scan tiles were sized from W: a constraint
+    violation, so engines ran the reference); a torch.cond on the token count (<= the few-token
+    limit, 32 tokens of 128 heads on 132 SMs) calls the op with 16-head tiles, else 64; both walk
+    whole lists, the scan MAX_SCAN entries a load. The program equals the
+    reference on both sides of the limit (run on the CPU)."""
     from torch.export import Dim
-    from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_ref
+    from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_bucketed, sparse_mla_attention_ref
     from tests.support.plugins_cases import sparse_mla_inputs
 
     class Attend(torch.nn.Module):
         def forward(self, q, kv, idx, sink):
-            return torch.ops.dspark.sparse_mla_attention(q, kv, idx, sink, 0.125, 32)
+            return sparse_mla_attention_bucketed(q, kv, idx, sink, 0.125, 32)
 
-    q, kv, idx, sink, _, _ = sparse_mla_inputs("cpu", T=3, H=16, D=64, dv=32, W=24)
+    q, kv, idx, sink, _, _ = sparse_mla_inputs("cpu", T=3, H=128, D=64, dv=32, W=24)
     T, W = Dim("tokens", min=1, max=4096), Dim("width", min=1, max=8192)
     ep, launches = _export_with_launches_recorded(monkeypatch, "sparse_mla_attention", ksm, Attend(),
                                                   (q, kv, idx, sink), ({0: T}, None, {0: T, 1: W}, None))
-    assert [k.__name__ for k, _, _ in launches] == ["sparse_mla_attention_kernel"]
-    assert launches[0][2]["BLOCK_SCAN"] == ksm.MAX_SCAN and launches[0][2]["BLOCK_H"] == 16
-    for t, w in ((3, 5), (7, 24), (5, 300)):
-        args = sparse_mla_inputs("cpu", T=t, H=16, D=64, dv=32, W=w)[:4]
+    assert ksm.narrow_token_limit(128, 32, DEV) == 32
+    assert _mla_cond_tiles(ep.graph_module) == [ksm.NARROW_BLOCK_H, ksm.WIDE_BLOCK_H]
+    # each branch traced (several times): whole lists only, no split or reduce launch
+    assert {(k.__name__, kw["BLOCK_H"], kw["BLOCK_SCAN"]) for k, _, kw in launches} == {
+        ("sparse_mla_attention_kernel", 16, ksm.MAX_SCAN), ("sparse_mla_attention_kernel", 64, ksm.MAX_SCAN)}
+    for t, w in ((3, 5), (7, 24), (32, 40), (33, 40), (70, 300)):
+        args = sparse_mla_inputs("cpu", T=t, H=128, D=64, dv=32, W=w)[:4]
         assert torch.equal(ep.module()(*args), sparse_mla_attention_ref(*args, 0.125, 32)), (t, w)
     with pytest.raises(ValueError, match="whole index lists"):
         ksm.mla_config(object(), 128, 512, 512, 256, DEV, num_splits=2)
+
+
+def test_mla_bucketed_concrete_tokens_call_the_op_once(monkeypatch):
+    """Eager calls (a concrete token count) go straight to the op, whose launcher picks the tile:
+    no torch.cond in a CUDA-graph capture or an eager step; the 128-head V4 shapes pick 16 heads up
+    to 32 tokens on 132 SMs."""
+    import sys
+    from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_bucketed
+    from tests.plugins.test_plugins_compile import _Recorder
+    from tests.support.plugins_cases import sparse_mla_inputs
+    assert ksm.narrow_token_limit(128, 512, DEV) == 32
+    launches = []
+    monkeypatch.setattr(sys.modules["dspark_trt.plugins.sparse_mla_attention"], "use_triton", lambda x: True)
+    monkeypatch.setattr(ksm, "launcher", _Recorder(launches))
+    for T in (32, 33):
+        q, kv, idx, sink, scale, dv = sparse_mla_inputs("cpu", torch.bfloat16, T=T, H=128, D=512, dv=512, S=300, W=256)
+        sparse_mla_attention_bucketed(q, kv, idx, sink, scale, dv)
+    assert [kw["BLOCK_H"] for _, _, kw in launches] == [16, 64]
 
 
 def test_swa_indices_export_with_dynamic_batch_and_pages(monkeypatch):

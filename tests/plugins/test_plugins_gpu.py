@@ -202,6 +202,51 @@ def test_sparse_mla_v4_block_lists_bf16(cfg):
     assert (got.float() - ref.float()).abs().max() < 2e-2
 
 
+def test_sparse_mla_bucketed_engine_network(tmp_path):
+    """AOTInductor package of ``sparse_mla_attention_bucketed`` at V4 shapes (128 heads, latent 512),
+    token count and list width dynamic: the torch.cond's two tiles (16 heads up to the few-token
+    limit, else 64) run, within bf16 rounding of the reference, on both sides of the limit and
+    under CUDA-graph capture."""
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+    from torch.export import Dim
+    from dspark_trt.builder.backends.aoti import inductor_configs, select_compiler
+    from dspark_trt.plugins.kernels.sparse_mla import narrow_token_limit
+    from dspark_trt.plugins.sparse_mla_attention import sparse_mla_attention_bucketed
+    H, D, S = 128, 512, 2000
+
+    class Attend(torch.nn.Module):
+        def forward(self, q, kv, idx, sink):
+            return sparse_mla_attention_bucketed(q, kv, idx, sink, D ** -0.5, D)
+
+    def inputs(T, W):
+        q = torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16)
+        idx = torch.randint(0, S, (T, W), device=DEV, dtype=torch.int32)
+        idx[:, W * 3 // 4:] = -1
+        return q, kv, idx, sink
+
+    kv = torch.randn(S, D, device=DEV, dtype=torch.bfloat16)
+    sink = torch.randn(H, device=DEV)
+    tokens = Dim("tokens", min=1, max=4096)
+    dims = ({0: tokens}, None, {0: tokens, 1: Dim("width", min=1, max=2048)}, None)
+    with torch.no_grad():
+        ep = torch.export.export(Attend(), inputs(8, 256), dynamic_shapes=dims, strict=False)
+    cfg = {k: v for k, v in inductor_configs(select_compiler()).items() if k != "aot_inductor.package_constants_in_so"}
+    net = aoti_load_package(aoti_compile_and_package(ep, package_path=str(tmp_path / "mla.pt2"), inductor_configs=cfg),
+                            run_single_threaded=True)
+    few = narrow_token_limit(H, D, torch.device(DEV))
+    for T, W in ((1, 256), (8, 256), (few, 128), (few + 1, 256), (512, 256)):
+        args = inputs(T, W)
+        out = net(*args)
+        ref = sparse_mla_attention_ref(*args, D ** -0.5, D)
+        assert (out.float() - ref.float()).abs().max() < 2e-2, (T, W)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out_g = net(*args)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out_g, out), (T, W)
+
+
 def _rejection_args(B, N=7, V=151936, top_p=None):
     g = torch.Generator(device=DEV).manual_seed(1)
     L = torch.randn(B, N + 1, V, device=DEV, generator=g) * 3

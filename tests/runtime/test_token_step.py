@@ -13,7 +13,8 @@ pytest.importorskip("triton", reason="Triton is not installed")
 from tests.support import prebuilt  # noqa: E402
 from tests.support.skinny_gemm_cases import ulp_err  # noqa: E402
 from tests.support.token_step_cases import (CASES, DEEP_CASES, DEFAULT_DIMS_CASES, DRAFT_CASES,  # noqa: E402
-                                            DRAFT_CONTEXT_ROW_CASE, DRAFT_ROW_CASE, ROW_CASES, write_results)
+                                            DRAFT_CONTEXT_ROW_CASE, DRAFT_ROW_CASE, FP8_CASES, ROW_CASES,
+                                            write_results)
 
 STEPS = prebuilt.job("token-step-cases", write_results, args=("steps",), fixture="results", timeout=900,
                      env={"TRITON_INTERPRET": "1"})
@@ -62,6 +63,20 @@ def test_chain_at_the_default_pairs_dims(results, case):
     assert r["rows_written"] == T and r["shape"] == r["ref_shape"]
     assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
     assert r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+def test_chain_on_fp8_projections_equals_the_fp8_modules(results, case):
+    """Weight-only fp8 projections (``--quantization fp8``: e4m3 codes, 128x128 block scales, read
+    as such by the chain's GEMVs, the scale folded into the activations), fused and unfused: one
+    token and a verify block of 8 within LOGIT_TOL of the fp8 modules' step (which dequantise to
+    bf16) with the same argmax, K / V within ULP_TOL ulps, nothing else in the cache touched. A
+    scale taken from the wrong block, or none, is off by the blocks' ratio (the cases' blocks differ
+    by up to 8x in magnitude)."""
+    r = results[case[0]]
+    assert r["rows_written"] == case[2] and r["shape"] == r["ref_shape"]
+    assert r["logit_err"] <= LOGIT_TOL and r["argmax_equal"], r
+    assert r["taps_ulp"] <= ULP_TOL and r["kv_ulp"] <= ULP_TOL and not r["cache_changed_elsewhere"], r
 
 
 @pytest.mark.parametrize("case", DEEP_CASES, ids=[c[0] for c in DEEP_CASES])
@@ -156,6 +171,16 @@ def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
     assert r["ar_1"] == r["ar_0"] == r["spec_1"] == r["spec_0"] == r["threshold_1"] == r["threshold_0"]
 
 
+def test_llm_decode_chain_on_fp8_projections_gives_the_fp8_modules_tokens(llm_runs):
+    """An ``LLM`` whose target's projections are fp8 (fused, block magnitudes 8x apart) runs its AR
+    and verify steps through the chain with every projection's block scales and decodes greedily
+    the tokens of the fp8 modules, AR and speculative alike."""
+    r = llm_runs
+    assert r["fp8_chain_scales"] == ["down", "gate_up", "o", "qkv"]
+    assert r["fp8_chain_calls_1"] > 0 and r["fp8_chain_calls_0"] == 0
+    assert r["fp8_ar_1"] == r["fp8_ar_0"] == r["fp8_spec_1"] == r["fp8_spec_0"], r
+
+
 def test_llm_decode_chain_with_a_draft_vocabulary(llm_runs):
     """The draft over half the vocabulary: its block passes run through the draft chain, whose
     head GEMV reads the set's rows only, and greedy speculative output is the modules' AR."""
@@ -209,6 +234,35 @@ def test_decode_chain_auto_runs_where_it_can(monkeypatch, case):
     device = torch.device("cpu") if case == "cpu" else torch.device("cuda", 0)   # fp32: past the device check
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
     assert token_step.chain_for(target, device, tp_size=2 if case == "tp2" else 1) is None
+
+
+def test_decode_chain_takes_weight_only_fp8_and_refuses_w8a8(monkeypatch):
+    """fp8 projections (``--quantization fp8``) run the chain with their block scales; W8A8 ones
+    (``fp8-w8a8``: activations quantised as well) would change the target's numerics in the chain's
+    steps only, so "1" is a ConfigError naming why and "auto" keeps the modules."""
+    from dspark_trt.config import ConfigError
+    from dspark_trt.models import build_models
+    from dspark_trt.models.fp8_linear import Fp8Linear, fp8_linears_
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.runtime import token_step
+    from tests.support.models import tiny_pair
+    monkeypatch.setattr(token_step, "INTERPRET", True)
+    target, _ = build_models(tiny_pair(hidden=256, heads=2, kv_heads=1), torch.bfloat16, "cpu")
+    fp8_linears_(target)
+    fuse_projections_(target)
+    monkeypatch.setenv("DSPARK_DECODE_CHAIN", "1")
+    chain = token_step.chain_for(target, torch.device("cpu"))
+    assert {name: s.shape for name, s in chain.layers[0].scales.items()} == {
+        "qkv": (4, 2), "o": (2, 2), "gate_up": (8, 2), "down": (2, 4)}
+    assert chain.layers[0].qkv.dtype == torch.float8_e4m3fn and chain.lm_head.dtype == torch.bfloat16
+    for m in target.modules():
+        if isinstance(m, Fp8Linear) or hasattr(m, "weight_scale_inv"):
+            m.act_quant = True
+    with pytest.raises(ConfigError, match="weight-only fp8"):
+        token_step.chain_for(target, torch.device("cpu"))
+    monkeypatch.setenv("DSPARK_DECODE_CHAIN", "auto")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: (9, 0))
+    assert token_step.chain_for(target, torch.device("cuda", 0)) is None          # past the device check
 
 
 def test_chain_for_launches_pdl_for_blocks_and_not_for_one_token_per_row(monkeypatch):

@@ -84,6 +84,39 @@ def llm_runs() -> dict:
         out[f"draft_confidence_chain_calls_{chain}"] = calls["draft_confidence"]
         out[f"module_calls_{chain}"] = calls["modules"]
     out.update(draft_vocab_run(pair, target, draft, prompts, sp))
+    out.update(fp8_llm_run(prompts, sp))
+    return out
+
+
+def fp8_llm_run(prompts, sp) -> dict:
+    """``LLM`` on a tiny pair whose target's projections are fp8 (``--quantization fp8``: e4m3,
+    128x128 block scales, q/k/v and gate/up fused; block magnitudes 8x apart): greedy AR and
+    speculative output with the chain (its layers' scales) and with the fp8 modules, the chain's
+    target calls."""
+    from dspark_trt.models import build_models
+    from dspark_trt.models.fp8_linear import fp8_linears_
+    from dspark_trt.models.fuse import fuse_projections_
+    from dspark_trt.runtime.llm import LLM
+    from dspark_trt.runtime.networks import DECODE_CHAIN_ENV
+    from tests.support.models import scale_weights_, tiny_pair
+    pair = tiny_pair(vocab=96, hidden=256, layers=2, heads=2, kv_heads=1, taps=(0,), block=3)
+    target, draft = build_models(pair, torch.bfloat16, "cpu", seed=5)
+    scale_weights_(target, 4.0)
+    _blockwise_magnitudes_(target, seed=5)
+    fp8_linears_(target)
+    fuse_projections_(target)
+    out = {}
+    for chain in ("1", "0"):
+        os.environ[DECODE_CHAIN_ENV] = chain
+        llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8)
+        calls, step = [0], llm.networks.decode_chain
+        if step is not None:
+            out["fp8_chain_scales"] = sorted(step.layers[0].scales)
+            llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__(0, calls[0] + 1), _s(*a))[1]
+            llm.networks.decode_chain.max_rows = step.max_rows
+        out[f"fp8_ar_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp, speculative=False)]
+        out[f"fp8_spec_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp)]
+        out[f"fp8_chain_calls_{chain}"] = calls[0]
     return out
 
 
@@ -225,7 +258,45 @@ def step_cases() -> dict:
         target, _ = build_models(default_dims_pair(), torch.bfloat16, "cpu", seed=7)
         fuse_projections_(target)
         out[name] = _step_case(target, (5,), T, False, 7)
-    return {**out, **draft_cases(), **deep_cases(), **row_kernel_cases(), **norm_act_cases()}
+    return {**out, **fp8_cases(), **draft_cases(), **deep_cases(), **row_kernel_cases(), **norm_act_cases()}
+
+
+# weight-only fp8 projections (e4m3, 128x128 block scales; dims of multiples of 128 so q/k/v and
+# gate/up fuse), fused and unfused: one token and a verify block of 8
+FP8_CASES = [("fp8_one_token_fused", True, 1), ("fp8_verify_block_of_8_fused", True, 8),
+             ("fp8_verify_block_of_8_unfused", False, 8)]
+
+
+def fp8_cases() -> dict:
+    """Per case of ``FP8_CASES``: the chain's step on fp8 projections against the fp8 modules'."""
+    from dspark_trt.models import build_models
+    from dspark_trt.models.fp8_linear import fp8_linears_
+    from dspark_trt.models.fuse import fuse_projections_
+    from tests.support.models import scale_weights_, tiny_pair
+    out = {}
+    for name, fused, T in FP8_CASES:
+        target, _ = build_models(tiny_pair(vocab=96, hidden=256, layers=2, heads=2, kv_heads=1, taps=(0,)),
+                                 torch.bfloat16, "cpu", seed=11)
+        scale_weights_(target, 4.0)
+        _blockwise_magnitudes_(target, seed=11)
+        fp8_linears_(target)
+        if fused:
+            fuse_projections_(target)
+        out[name] = _step_case(target, (5,), T, False, 11)
+    return out
+
+
+def _blockwise_magnitudes_(target, seed: int) -> None:
+    """Each 128x128 block of every projection times 2^j, j in -2..1, so that the fp8 scale blocks
+    differ (a scale read from the wrong block is then off by up to 8x)."""
+    from dspark_trt.models.fp8_linear import is_fp8_projection
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, lin in target.named_modules():
+            if is_fp8_projection(name, lin):
+                N, K = lin.weight.shape
+                j = torch.randint(-2, 2, (-(-N // 128), -(-K // 128)), generator=gen).float()
+                lin.weight.mul_((2.0 ** j).repeat_interleave(128, 0)[:N].repeat_interleave(128, 1)[:, :K].to(lin.weight.dtype))
 
 
 # (name, layers, taps, prompt lengths per row, step tokens per row, padded last token of row 1)

@@ -93,6 +93,18 @@ def residual_sum(xp, rp, rop, offs, K, pid, HAS_RES: tl.constexpr, STORE_RES: tl
     return h
 
 
+@triton.jit
+def col_scale(scale, nb, stride_sn, cols, SCALED: tl.constexpr):
+    """The fp32 block scales ``scale[nb, cols // 128]`` of fp8 weight columns ``cols`` (any shape) in
+    the row of 128 x 128 scale blocks ``nb`` (row stride ``stride_sn``), to multiply the activations
+    those columns meet; 1.0 (nothing loaded) where not SCALED."""
+    if SCALED:
+        s = tl.load(scale + nb * stride_sn + cols // 128)
+    else:
+        s = 1.0
+    return s
+
+
 def launcher(kernel):
     """``kernel[grid]`` as torch.compile / export should see it (``wrap_triton``), or the plain
     kernel under the interpreter, where tensors live on the CPU."""

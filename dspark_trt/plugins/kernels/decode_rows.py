@@ -22,6 +22,8 @@ with ``decode_gemv``'s fused prologues, split-K and a deferred norm scale (issue
   program sums them in split order, with the sums of squares); a traced call (export) runs
   unsplit, since the ticket's cached counters must not hold fake tensors.
 * The residual sum ``h`` is written by the programs of the first N tile (each its K slice).
+* fp8 e4m3 weights with 128 x 128 block scales (``decode_gemv``'s module doc): BLOCK_N divides 128,
+  the prologue's values are multiplied by their columns' scales after the sums of squares.
 """
 from __future__ import annotations
 
@@ -35,8 +37,8 @@ import triton.language as tl
 from torch import Tensor
 
 from ...atomic_write import write_text_atomic
-from .common import INTERPRET, gdc_launch_dependents, gdc_wait, launcher, num_sms, residual_sum, round_bf16, \
-    swiglu_bf16, ticket_counters, tracing
+from .common import INTERPRET, col_scale, gdc_launch_dependents, gdc_wait, launcher, num_sms, residual_sum, \
+    round_bf16, swiglu_bf16, ticket_counters, tracing
 from .skinny_gemm import default_config as default_skinny_config, m_bucket
 
 NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # decode_gemv.PROLOGUES
@@ -109,24 +111,26 @@ def _prologue(xp, rp, rop, g, offs, K, ss, pid_n, PROLOGUE: tl.constexpr, HAS_RE
 
 
 @triton.jit
-def _cuda_core_tile(x, res, res_out, g, wt, offs, acc, ss, cols, K, XK, pid_n, PROLOGUE: tl.constexpr,
+def _cuda_core_tile(x, res, res_out, g, wt, offs, sk, acc, ss, cols, K, XK, pid_n, PROLOGUE: tl.constexpr,
                     HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, ROWS: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] + per token m the fp32 weight tile wt times its prologue values."""
+    """acc [BLOCK_N, BLOCK_M] + per token m the fp32 weight tile wt times its prologue values (times
+    the columns' fp8 block scales sk, ``col_scale``)."""
     for m in tl.static_range(ROWS):
         xin, s = _prologue(x + m * XK, res + m * K, res_out + m * K, g, offs, K, 0.0, pid_n, PROLOGUE, HAS_RES,
                            STORE_RES, 0)
-        acc += tl.where(cols[None, :] == m, tl.sum(wt * xin[None, :], 1)[:, None], 0.0)
+        acc += tl.where(cols[None, :] == m, tl.sum(wt * (xin * sk)[None, :], 1)[:, None], 0.0)
         ss += tl.where(cols == m, s, 0.0)
     return acc, ss
 
 
 @triton.jit
 def _dot(wt, xin, acc, INTERPRET_DOT: tl.constexpr):
-    """acc + wt [BLOCK_N, BK] @ xin [BLOCK_M, BK]^T (xin holds bf16 values); under the interpreter
-    in fp32 (its bf16 ``tl.dot`` is wrong, as ``skinny_gemm`` notes)."""
+    """acc + wt [BLOCK_N, BK] @ xin [BLOCK_M, BK]^T in bf16 (wt: bf16, or fp8 e4m3: exact in bf16; xin
+    holds bf16 values, or with fp8 weights their products with the block scales, rounded here); under
+    the interpreter in fp32 (its bf16 ``tl.dot`` is wrong, as ``skinny_gemm`` notes)."""
     if INTERPRET_DOT:
         return tl.dot(wt.to(tl.float32), tl.trans(xin), acc, input_precision="ieee")
-    return tl.dot(wt, tl.trans(xin.to(tl.bfloat16)), acc)
+    return tl.dot(wt.to(tl.bfloat16), tl.trans(xin.to(tl.bfloat16)), acc)
 
 
 @triton.jit
@@ -138,15 +142,18 @@ def _scaled(acc, ss, K, eps, PROLOGUE: tl.constexpr):
 
 
 @triton.jit
-def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPLIT, SPLIT_K, stride_wn, eps,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr, PROLOGUE: tl.constexpr,
-                       HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr,
-                       BLOCK_M: tl.constexpr, DOT: tl.constexpr, TICKET: tl.constexpr,
-                       INTERPRET_DOT: tl.constexpr, PREFETCH: tl.constexpr, K_STAGES: tl.constexpr = 1):
+def decode_rows_kernel(x, res, res_out, g, w, y, scale, ws, ss_ws, counter, N, K, K_SPLIT, SPLIT_K, stride_wn,
+                       stride_sn, eps, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRE_K: tl.constexpr,
+                       PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, PDL: tl.constexpr,
+                       ROWS: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr, TICKET: tl.constexpr,
+                       INTERPRET_DOT: tl.constexpr, PREFETCH: tl.constexpr, K_STAGES: tl.constexpr = 1,
+                       SCALED: tl.constexpr = False):
     """Grid (cdiv(N, BLOCK_N), SPLIT_K). x [ROWS, K] ([ROWS, 2K] for SWIGLU), res / res_out
-    [ROWS, K], g [K], w [N, K] (row stride ``stride_wn``), y [ROWS, N]. TICKET (SPLIT_K > 1): ws
-    fp32 [SPLIT_K, ROWS, N] partials, ss_ws fp32 [N tiles, SPLIT_K, BLOCK_M] sums of squares (RMSNORM),
-    counter int32 [N tiles] zeros. With PDL the successor is let go first and the predecessor
+    [ROWS, K], g [K], w [N, K] (row stride ``stride_wn``), y [ROWS, N]. SCALED: w in fp8 e4m3 with
+    fp32 block scales ``scale`` (row stride ``stride_sn``; BLOCK_N divides 128), as in
+    ``decode_gemv_kernel``: the prologue's values (after the sums of squares) times their columns'
+    scales. TICKET (SPLIT_K > 1): ws fp32 [SPLIT_K, ROWS, N] partials, ss_ws fp32 [N tiles, SPLIT_K,
+    BLOCK_M] sums of squares (RMSNORM), counter int32 [N tiles] zeros. With PDL the successor is let go first and the predecessor
     waited for after the first ``PRE_K`` weight columns are loaded. PREFETCH (CUDA-core body): the
     loop's next weight tile is loaded before the current one is reduced (the same sums, in order).
     K_STAGES > 1 (CUDA-core body): its weight loop pipelined through shared memory by Triton
@@ -155,6 +162,7 @@ def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPL
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rn = tl.minimum(offs_n, N - 1).to(tl.int64)              # clamped rows: loads need no N mask
+    nb = pid_n * BLOCK_N // 128                              # the rows' block of scales (SCALED)
     k0 = pid_k * K_SPLIT
     if PDL:
         gdc_launch_dependents()
@@ -170,16 +178,18 @@ def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPL
         rm = tl.minimum(cols, ROWS - 1)[:, None]
         xr, rr, ro = x + rm * XK, res + rm * K, res_out + rm * K                    # [BLOCK_M, 1]
         xin, ss = _prologue(xr, rr, ro, g, rp[None, :], K, ss, pid_n, PROLOGUE, HAS_RES, STORE_RES, 1)
+        xin = xin * col_scale(scale, nb, stride_sn, rp[None, :], SCALED)
         acc = _dot(w0, xin, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), INTERPRET_DOT)
         for k in range(k0 + PRE_K, k0 + K_SPLIT, BLOCK_K):
             wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
             xin, ss = _prologue(xr, rr, ro, g, (k + rk)[None, :], K, ss, pid_n, PROLOGUE, HAS_RES, STORE_RES, 1)
-            acc = _dot(wt, xin, acc, INTERPRET_DOT)
+            acc = _dot(wt, xin * col_scale(scale, nb, stride_sn, (k + rk)[None, :], SCALED), acc, INTERPRET_DOT)
     else:
         last = k0 + K_SPLIT - BLOCK_K                       # prefetches past the split reload its last tile
         if PREFETCH:
             wt = tl.load(w + rn[:, None] * stride_wn + (tl.minimum(k0 + PRE_K, last) + rk)[None, :])
-        acc, ss = _cuda_core_tile(x, res, res_out, g, w0.to(tl.float32), rp, tl.zeros([BLOCK_N, BLOCK_M], tl.float32),
+        acc, ss = _cuda_core_tile(x, res, res_out, g, w0.to(tl.float32), rp,
+                                  col_scale(scale, nb, stride_sn, rp, SCALED), tl.zeros([BLOCK_N, BLOCK_M], tl.float32),
                                   ss, cols, K, XK, pid_n, PROLOGUE, HAS_RES, STORE_RES, ROWS)
         for k in tl.range(k0 + PRE_K, k0 + K_SPLIT, BLOCK_K, num_stages=K_STAGES):
             if PREFETCH:
@@ -187,7 +197,8 @@ def decode_rows_kernel(x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, K_SPL
                 wt = tl.load(w + rn[:, None] * stride_wn + (tl.minimum(k + BLOCK_K, last) + rk)[None, :])
             else:
                 cur = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
-            acc, ss = _cuda_core_tile(x, res, res_out, g, cur.to(tl.float32), k + rk, acc, ss, cols, K, XK, pid_n,
+            acc, ss = _cuda_core_tile(x, res, res_out, g, cur.to(tl.float32), k + rk,
+                                      col_scale(scale, nb, stride_sn, k + rk, SCALED), acc, ss, cols, K, XK, pid_n,
                                       PROLOGUE, HAS_RES, STORE_RES, ROWS)
     mask = (offs_n < N)[:, None] & (cols < ROWS)[None, :]
     y_ptr = y + cols[None, :] * N + offs_n[:, None]
@@ -219,19 +230,29 @@ def default_config(M: int, N: int, K: int, sms: int = 132) -> dict:
     return cfg
 
 
-def choose_config(M: int, N: int, K: int, device: torch.device) -> dict:
+def choose_config(M: int, N: int, K: int, device: torch.device, fp8: bool = False) -> dict:
     """The measured tile of (M bucket, N, K) (``tile_for``), else ``default_config`` for the
     device's SMs."""
-    return dict(tile_for(M, N, K, device) or default_config(M, N, K, num_sms(device)))
+    return dict(tile_for(M, N, K, device, fp8) or default_config(M, N, K, num_sms(device)))
 
 
-def tile_for(M: int, N: int, K: int, device: torch.device) -> dict | None:
+def table_key(bucket: int, N: int, K: int, weight_bytes: int = 2) -> tuple:
+    """A table's key: (M bucket, N, K), and for tiles measured on fp8 weights (a sweep's rows of
+    ``weight_bytes`` 1, ``decode_rows_sweep.py --fp8``) (M bucket, N, K, 1)."""
+    return (bucket, N, K) if weight_bytes == 2 else (bucket, N, K, weight_bytes)
+
+
+def tile_for(M: int, N: int, K: int, device: torch.device, fp8: bool = False) -> dict | None:
     """The measured tile of (M bucket, N, K) on ``device`` (a copy), or None: the shipped table of
-    the device's GPU (a CUDA device, ``GPU_TABLES`` on), else ``CONFIGS``."""
-    key = (m_bucket(M), N, K)
+    the device's GPU (a CUDA device, ``GPU_TABLES`` on), else ``CONFIGS``; for ``fp8`` weights
+    their own tile first (``table_key``), else the bf16 weights'."""
     name = gpu_name(device) if GPU_TABLES else None
-    cfg = (gpu_table(name).get(key) if name else None) or CONFIGS.get(key)
-    return dict(cfg) if cfg else None
+    table = gpu_table(name) if name else {}
+    for key in ([table_key(m_bucket(M), N, K, 1)] if fp8 else []) + [table_key(m_bucket(M), N, K)]:
+        cfg = table.get(key) or CONFIGS.get(key)
+        if cfg:
+            return dict(cfg)
+    return None
 
 
 _names: dict[int, str] = {}
@@ -275,8 +296,8 @@ def _read(path) -> tuple[dict, str | None]:
     """``read_table``'s table and the file's ``gpu`` (None where it names none), one read."""
     try:
         doc = json.loads(Path(path).read_text())
-        return {(int(r["bucket"]), int(r["N"]), int(r["K"])): dict(r["best_config"]) for r in doc["rows"]
-                if r.get("best_config")}, doc.get("gpu")
+        return {table_key(int(r["bucket"]), int(r["N"]), int(r["K"]), int(r.get("weight_bytes", 2))):
+                dict(r["best_config"]) for r in doc["rows"] if r.get("best_config")}, doc.get("gpu")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"decode-rows table {str(path)!r}: not a decode_rows_sweep.py result ({e})") from e
 
@@ -309,6 +330,7 @@ def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, b
         raw = result.read_bytes()
         doc = json.loads(gzip.decompress(raw) if result.suffix == ".gz" else raw)
         rows = [{"shape": r.get("shape"), "bucket": int(r["bucket"]), "N": int(r["N"]), "K": int(r["K"]),
+                 **({"weight_bytes": 1} if r.get("weight_bytes") == 1 else {}),
                  "best_config": dict(r["best_config"])} for r in doc["rows"]
                 if r.get("best_config") and (buckets is None or int(r["bucket"]) in buckets)]
         gpu = str(doc["gpu"])
@@ -322,7 +344,9 @@ def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, b
         old = json.loads(path.read_text())
         if old.get("gpu") != gpu:
             raise ValueError(f"decode-rows table {str(path)!r}: its gpu is not {gpu!r}, the result's")
-        kept = [r for r in old["rows"] if int(r["bucket"]) not in head["buckets"]]
+        kinds = {r.get("weight_bytes", 2) for r in rows}           # fp8 rows replace fp8 rows only
+        kept = [r for r in old["rows"] if int(r["bucket"]) not in head["buckets"]
+                or r.get("weight_bytes", 2) not in kinds]
         head["kept_buckets"] = sorted({int(r["bucket"]) for r in kept})
         head["kept_from"] = {k: v for k, v in old.items() if k != "rows"}
         order = {name: i for i, name in enumerate(dict.fromkeys(r.get("shape") for r in kept + rows))}
@@ -335,8 +359,10 @@ def ship_table(result: str | os.PathLike, out_dir: str | os.PathLike = TABLES, b
 
 
 def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res_out: Tensor, g: Tensor, eps: float,
-                has_res: bool, store_res: bool, cfg: dict, pre_k: int | None, launch: dict) -> Tensor:
-    """Launch for x [M, K'] (checked by ``decode_gemv``) into y [M, N]; ``cfg``: a tile (module
+                has_res: bool, store_res: bool, w_scale: Tensor | None, cfg: dict, pre_k: int | None,
+                launch: dict) -> Tensor:
+    """Launch for x [M, K'] (checked by ``decode_gemv``) into y [M, N]; ``w_scale``: fp8 w's contiguous
+    block scales (BLOCK_N fit to them by ``decode_gemv``), None for bf16 w; ``cfg``: a tile (module
     doc; ``SPLIT_K`` cut to what K allows, 1 when traced)."""
     M = int(x.shape[0])
     N, K = (int(d) for d in w.shape)
@@ -359,11 +385,13 @@ def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res
         counter = ticket_counters(x.device, tiles)
     else:
         ws = ss_ws = counter = y
+    scaled = w_scale is not None
     launcher(decode_rows_kernel)[(tiles, split)](
-        x, res, res_out, g, w, y, ws, ss_ws, counter, N, K, k_split, split, K, eps, BLOCK_N=bn, BLOCK_K=bk, PRE_K=pre,
-        PROLOGUE=prologue, HAS_RES=has_res, STORE_RES=store_res, PDL=bool(launch), ROWS=M, BLOCK_M=bm, DOT=dot,
-        TICKET=split > 1, INTERPRET_DOT=dot and INTERPRET, PREFETCH=not dot and bool(cfg.get("PREFETCH")),
-        K_STAGES=1 if dot else int(cfg.get("K_STAGES", 1)),
+        x, res, res_out, g, w, y, w_scale if scaled else w, ws, ss_ws, counter, N, K, k_split, split, K,
+        w_scale.stride(0) if scaled else 0, eps, BLOCK_N=bn, BLOCK_K=bk, PRE_K=pre, PROLOGUE=prologue, HAS_RES=has_res,
+        STORE_RES=store_res, PDL=bool(launch), ROWS=M, BLOCK_M=bm, DOT=dot, TICKET=split > 1,
+        INTERPRET_DOT=dot and INTERPRET, PREFETCH=not dot and bool(cfg.get("PREFETCH")),
+        K_STAGES=1 if dot else int(cfg.get("K_STAGES", 1)), SCALED=scaled,
         num_warps=int(cfg.get("num_warps", 4)),
         num_stages=int(cfg.get("num_stages", 3)), **launch)
     return y

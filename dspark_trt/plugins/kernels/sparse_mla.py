@@ -213,6 +213,14 @@ def head_dv_tiles(H: int, dv: int, block_h: int, block_dv: int) -> int:
     return triton.cdiv(H, block_h) * (dv // block_dv)
 
 
+def narrow_token_limit(H: int, dv: int, device: torch.device, block_dv: int | None = None) -> int:
+    """The most query tokens (programs of G tokens: G-token groups) that take 16-head tiles: those
+    for which 64-head tiles would give fewer programs than half the SMs (32 tokens of 128 heads on
+    132 SMs)."""
+    tiles = head_dv_tiles(H, dv, WIDE_BLOCK_H, min(block_dv or MLA_DEFAULTS["block_dv"], dv))
+    return (num_sms(device) - 1) // (2 * tiles)
+
+
 def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overrides) -> dict:
     """Launch config from shapes: block_h, block_dv, block_n, num_warps, num_stages, group (tokens
     per program sharing one list; whole lists only), the split of the index list: chunk (entries
@@ -224,8 +232,7 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
         raise ValueError(f"sparse_mla_attention: block_dv must be a power of two, got {cfg['block_dv']}")
     g = cfg["group"]
     if cfg["block_h"] is None:          # few tokens (a static count): narrow head tiles, more programs
-        wide_tiles = head_dv_tiles(H, dv, WIDE_BLOCK_H, cfg["block_dv"])
-        few = isinstance(T, int) and 2 * (T // g) * wide_tiles < num_sms(device)
+        few = isinstance(T, int) and T // g <= narrow_token_limit(H, dv, device, cfg["block_dv"])
         cfg["block_h"] = NARROW_BLOCK_H if few else WIDE_BLOCK_H
     cfg["block_h"] = min(cfg["block_h"], pow2(H, 16))
     if g != pow2(g) or (isinstance(T, int) and T % g):
@@ -242,9 +249,8 @@ def mla_config(T, H: int, D: int, dv: int, W: int, device: torch.device, **overr
     bn = cfg["block_n"]
     if not (isinstance(T, int) and isinstance(W, int)):
         # traced with dynamic shapes (torch.export): no launch choice may depend on T or W, so the
-        # lists are walked whole with the wide tiles (the default's pick from 8 batch rows; one row's
-        # 8 tokens x 2 head tiles took 17.4-19.6 us on an H100 against 9.9-10.0 for the few-token
-        # rule's 16-head tiles) and the end-of-list scan reads MAX_SCAN entries per load
+        # lists are walked whole (the head tile: the caller's, ``sparse_mla_attention_bucketed``'s
+        # torch.cond on T, else the wide one) and the end-of-list scan reads MAX_SCAN entries a load
         if cfg.get("num_splits") not in (None, 1):
             raise ValueError(f"sparse_mla_attention: an export (dynamic token count or list width) walks "
                              f"whole index lists; num_splits must be 1, got {cfg['num_splits']}")
