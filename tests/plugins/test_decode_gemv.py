@@ -45,7 +45,7 @@ def test_fp8_weights_match_the_dequantised_weights(results, case):
     the residual sum written bit for bit; PREFETCH / K_STAGES change no bit, and unit scales give the
     bf16 path's bits for the e4m3 values as bf16 weights (the same tile)."""
     r = _assert_case(results, case)
-    assert r["unit_scale_equal"], r
+    assert r["unit_scale_equal"] if not (case[6] or {}).get("F16") else "unit_scale_equal" not in r, r
 
 
 def _assert_case(results, case) -> dict:
@@ -71,6 +71,11 @@ def _assert_case(results, case) -> dict:
     (dict(scale=torch.ones(2, 2).bfloat16()), r"w_scale is torch.bfloat16 \[2, 2\]"),
     (dict(config=dict(BLOCK_N=24, BLOCK_K=64)), "BLOCK_N=24 must divide 128"),
     (dict(rows=4, config=dict(BLOCK_N=48, BLOCK_K=64)), "BLOCK_N=48 must divide 128"),
+    (dict(rows=4, config=dict(BLOCK_N=64, BLOCK_K=256, DOT=True, F16=True)), "F16 .*BLOCK_K=256"),
+    (dict(rows=4, config=dict(BLOCK_N=64, BLOCK_K=64, DOT=True, F16=True), pre_k=256), "F16 .*pre_k=256"),
+    (dict(rows=4, config=dict(BLOCK_N=32, BLOCK_K=64, DOT=False, F16=True)), "F16 .*DOT=False"),
+    (dict(rows=4, fp8=False, scale=None, config=dict(BLOCK_N=64, BLOCK_K=64, DOT=True, F16=True)),
+     "F16 .*weights torch.bfloat16"),
 ])
 def test_fp8_bad_arguments_are_named(kwargs, match):
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
@@ -589,3 +594,17 @@ def test_qwen3_8b_fp8_on_gpu(tile):
         assert torch.equal(y, gemv(x))
         if torch.cuda.get_device_capability()[0] >= 9:
             assert torch.equal(y, gemv(x, pdl=True))
+
+
+def test_fp8_sweep_times_each_tensor_core_tile_on_fp16_operands_too(monkeypatch):
+    """``decode_rows_sweep.py --fp8`` adds ``F16`` to every tensor-core tile whose BLOCK_K divides 128
+    (the option's rule), and to nothing else; a bf16 sweep's tiles have none."""
+    from benchmarks import decode_rows_sweep as sweep
+    bf16 = sweep.candidates(8, 4096, 12288)
+    assert not any(c.get("F16") for c in bf16)
+    monkeypatch.setattr(sweep, "FP8", True)
+    fp8 = sweep.candidates(8, 4096, 12288)
+    f16 = [c for c in fp8 if c.get("F16")]
+    assert [c for c in fp8 if not c.get("F16")] == bf16
+    assert f16 == [dict(c, F16=True) for c in bf16 if c.get("DOT") and 128 % c["BLOCK_K"] == 0]
+    assert f16 and len(f16) < len(bf16)             # DOT_TILES' 64 x 256 has no F16 twin
