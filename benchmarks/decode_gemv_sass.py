@@ -9,6 +9,10 @@ thread multiplies per iteration, with the opcodes (fp8: ``F2FP...E4M3`` unpacks 
 one ``HADD2.F32`` and one ``FFMA`` per weight; shared-memory layout conversions show as
 ``STS`` / ``STSM`` / ``LDS`` with ``BAR.SYNC``). Writes ``decode-gemv-sass-sm90-<sha>.json`` to
 ``--out`` (git sha, Triton version, command, the counts per tile and weight kind).
+
+``--rows M`` counts the few-token kernel's tensor-core loop instead (``decode_rows_kernel``, M tokens,
+prologue "rmsnorm", split K 8; tiles e.g. 128x64,64x128,128x128), on bf16 weights and on fp8 weights
+with bf16 operands and with the ``F16`` option (fp16 operands); writes ``decode-rows-sass-sm90-<sha>.json``.
 """
 from __future__ import annotations
 
@@ -44,28 +48,54 @@ def loop_instructions(w: torch.Tensor, scale, block_n: int, block_k: int, num_wa
     return len(ops) / (block_n * block_k // (32 * num_warps)), collections.Counter(ops), registers(cubin)
 
 
+def rows_loop_instructions(w: torch.Tensor, scale, M: int, cfg: dict):
+    """``loop_instructions`` of the rows kernel's launch for M tokens with tile ``cfg``."""
+    from dspark_trt.plugins.kernels import decode_rows as kdr
+    rec, launcher = [], kdr.launcher
+    kdr.launcher = _Recorder(rec)
+    try:
+        kdg.decode_gemv(torch.randn(M, w.shape[1]).bfloat16(), w, "rmsnorm", norm_weight=torch.ones(w.shape[1]).bfloat16(),
+                        w_scale=scale, config=cfg)
+    finally:
+        kdr.launcher = launcher
+    kernel, args, kw = rec[0]
+    cubin = compile_launch(kernel, args, kw).asm["cubin"]
+    ops = loop_ops(on_cubin(cubin, NVDISASM, "-c"))
+    return len(ops) / (cfg["BLOCK_N"] * cfg["BLOCK_K"] // (32 * cfg["num_warps"])), collections.Counter(ops), \
+        registers(cubin)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tiles", default="8x512,8x1024,16x512,32x256")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--rows", type=int, default=0, help="M tokens: the rows kernel's tensor-core loop (module doc)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args()
     rows = []
     w = torch.randn(4096, 4096)
     weights = {"bf16": (w.bfloat16(), None), "fp8": quantize_fp8(w)}
+    if args.rows:
+        weights["fp8_f16"] = weights["fp8"]
     for tile in args.tiles.split(","):
         bn, bk = (int(v) for v in tile.split("x"))
         for name, (wt, scale) in weights.items():
-            per, ops, regs = loop_instructions(wt, scale, bn, bk, args.warps)
+            if args.rows:
+                cfg = dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=8, DOT=True, num_warps=args.warps, num_stages=3,
+                           F16=name == "fp8_f16")
+                per, ops, regs = rows_loop_instructions(wt, scale, args.rows, cfg)
+            else:
+                per, ops, regs = loop_instructions(wt, scale, bn, bk, args.warps)
             rows.append(dict(weights=name, tile=tile, num_warps=args.warps, per_weight=round(per, 3),
                              per_iteration=sum(ops.values()), registers=regs, opcodes=dict(ops.most_common())))
             print(f"{name:4s} {tile:8s} {sum(ops.values()):4d} per iteration, {per:.2f} per weight, {regs} registers, "
                   f"barriers {ops['BAR.SYNC.DEFER_BLOCKING']}; top {ops.most_common(6)}", flush=True)
     sha = provenance.git_sha()
-    out = Path(args.out) / f"decode-gemv-sass-sm90-{sha}.json"
+    out = Path(args.out) / f"decode-{'rows' if args.rows else 'gemv'}-sass-sm90-{sha}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(git_sha=sha, target="sm_90 (compiled on a CPU, no GPU)", triton=triton.__version__,
-                                   shape="N 4096 x K 4096, one token, prologue none",
+                                   shape=f"N 4096 x K 4096, {args.rows} tokens, prologue rmsnorm, split K 8"
+                                   if args.rows else "N 4096 x K 4096, one token, prologue none",
                                    command="python benchmarks/decode_gemv_sass.py " + " ".join(sys.argv[1:]),
                                    rows=rows), indent=1))
     print(f"wrote {out}")
