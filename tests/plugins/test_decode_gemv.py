@@ -178,18 +178,6 @@ H100_EIGHT_TOKENS = {
     (8, 4096, 12288): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=8, DOT=True, num_warps=4, num_stages=2),
     (8, 151936, 4096): dict(BLOCK_N=128, BLOCK_K=128, SPLIT_K=1, DOT=True, num_warps=8, num_stages=4),
 }
-# the winners on fp8 weights of decode-rows-fp8-NVIDIA-H200-165cdb5.json.gz (session 57: through LLM at batch 1
-# the fp8 chain's AR step 2.857 against 3.352 ms, the verify 6.543 against 9.246, with the bf16 tiles in the same call)
-H200_FP8_TILES = {
-    (1, 6144, 4096, 1): dict(BLOCK_N=8, BLOCK_K=1024, SPLIT_K=1, DOT=False, num_warps=4, num_stages=3, ROWS=True),
-    (1, 4096, 4096, 1): dict(BLOCK_N=8, BLOCK_K=1024, num_warps=4, num_stages=3),
-    (1, 24576, 4096, 1): dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=1, DOT=False, num_warps=4, num_stages=3, ROWS=True),
-    (1, 4096, 12288, 1): dict(BLOCK_N=32, BLOCK_K=256, SPLIT_K=8, DOT=False, num_warps=4, num_stages=3, ROWS=True),
-    (8, 6144, 4096, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
-    (8, 4096, 4096, 1): dict(BLOCK_N=64, BLOCK_K=128, SPLIT_K=8, DOT=True, num_warps=4, num_stages=3),
-    (8, 24576, 4096, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=2, DOT=True, num_warps=4, num_stages=3),
-    (8, 4096, 12288, 1): dict(BLOCK_N=128, BLOCK_K=64, SPLIT_K=16, DOT=True, num_warps=4, num_stages=3),
-}
 
 
 @pytest.fixture

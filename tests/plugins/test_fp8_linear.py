@@ -14,6 +14,7 @@ from dspark_trt.plugins.fp8_linear import (FP8_DTYPE, dequantize_fp8, fp8_linear
                                            scale_shape)
 
 from tests.support.interpreter import interpreter_results  # noqa: E402
+from tests.support.cond_graphs import cond_leaf_args  # noqa: E402
 from tests.support.fp8_gemm_cases import ACT_QUANT_CASES, CASES, MMA_CASES  # noqa: E402
 
 # fp32 accumulation, one rounding to the output dtype: <= 0.5 ulp on a GPU; the interpreter
@@ -401,14 +402,7 @@ def test_bucket_configs():
 
 def _cond_leaves(gm) -> list[int]:
     """The buckets of the dspark::fp8_linear calls under nested torch.cond, true branches first."""
-    out = []
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is torch.ops.higher_order.cond:
-            for br in n.args[1:3]:
-                out += _cond_leaves(getattr(gm, br.target))
-        elif n.op == "call_function" and n.target in (torch.ops.dspark.fp8_linear.default, torch.ops.dspark.fp8_linear):
-            out.append(n.args[3] if len(n.args) > 3 else 0)
-    return out
+    return cond_leaf_args(gm, (torch.ops.dspark.fp8_linear.default, torch.ops.dspark.fp8_linear), 3)
 
 
 def test_symbolic_tokens_on_a_gpu_are_bucketed_on_the_host(monkeypatch):

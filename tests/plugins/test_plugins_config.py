@@ -8,6 +8,7 @@ triton = pytest.importorskip("triton", reason="Triton is not installed")
 
 from dspark_trt.plugins.kernels import block_attention as kba, markov_exact as kme, markov_launch as kmk  # noqa: E402
 from dspark_trt.plugins.kernels import rejection as krj, sparse_mla as ksm  # noqa: E402
+from tests.support.cond_graphs import cond_leaf_args  # noqa: E402
 
 SMS = 132
 DEV = torch.device("cpu")
@@ -255,14 +256,7 @@ def _export_with_launches_recorded(monkeypatch, op: str, kernels, module, args, 
 
 def _mla_cond_tiles(gm) -> list[int]:
     """``block_h`` of the dspark::sparse_mla_attention calls under torch.cond, true branch first."""
-    out = []
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is torch.ops.higher_order.cond:
-            for br in n.args[1:3]:
-                out += _mla_cond_tiles(getattr(gm, br.target))
-        elif n.op == "call_function" and n.target is torch.ops.dspark.sparse_mla_attention.default:
-            out.append(n.args[6] if len(n.args) > 6 else 0)
-    return out
+    return cond_leaf_args(gm, (torch.ops.dspark.sparse_mla_attention.default,), 6)
 
 
 def test_mla_export_with_dynamic_tokens_and_width_walks_whole_lists(monkeypatch):
