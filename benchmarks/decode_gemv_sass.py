@@ -12,7 +12,8 @@ one ``HADD2.F32`` and one ``FFMA`` per weight; shared-memory layout conversions 
 
 ``--rows M`` counts the few-token kernel's tensor-core loop instead (``decode_rows_kernel``, M tokens,
 prologue "rmsnorm", split K 8; tiles e.g. 128x64,64x128,128x128), on bf16 weights and on fp8 weights
-with bf16 operands and with the ``F16`` option (fp16 operands); writes ``decode-rows-sass-sm90-<sha>.json``.
+with bf16 operands and with the ``F16`` (fp16 operands) and ``X8`` (e4m3 operands) options; writes
+``decode-rows-sass-sm90-<sha>.json``.
 """
 from __future__ import annotations
 
@@ -76,13 +77,13 @@ def main():
     w = torch.randn(4096, 4096)
     weights = {"bf16": (w.bfloat16(), None), "fp8": quantize_fp8(w)}
     if args.rows:
-        weights["fp8_f16"] = weights["fp8"]
+        weights.update(fp8_f16=weights["fp8"], fp8_x8=weights["fp8"])
     for tile in args.tiles.split(","):
         bn, bk = (int(v) for v in tile.split("x"))
         for name, (wt, scale) in weights.items():
             if args.rows:
                 cfg = dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=8, DOT=True, num_warps=args.warps, num_stages=3,
-                           F16=name == "fp8_f16")
+                           F16=name == "fp8_f16", X8=name == "fp8_x8")
                 per, ops, regs = rows_loop_instructions(wt, scale, args.rows, cfg)
             else:
                 per, ops, regs = loop_instructions(wt, scale, bn, bk, args.warps)

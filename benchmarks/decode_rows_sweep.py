@@ -15,7 +15,8 @@ winners ``decode_rows.load_table`` reads (``DSPARK_DECODE_ROWS_TABLE=<file>``).
 the Qwen3-FP8 layout; ``decode_gemv(w_scale=...)``), the roofline on their bytes (one per weight and
 the scales), the reference their dequantised fp32 product; ``cublas`` / ``modules`` stay the bf16
 weights' (twice the bytes). Rows carry ``weight_bytes: 1``. Every tensor-core tile whose BLOCK_K
-divides 128 is timed also with ``F16`` (fp16 operands, ``decode_rows``).
+divides 128 is timed also with ``F16`` (fp16 operands, ``decode_rows``), and those of 128 rows with
+``X8`` (e4m3 operands: its per-tile split of the activations costs the same whatever the rows).
 
 Hundreds of tiles take longer to compile than to time: ``--jobs`` processes compile them first
 (Triton's disk cache), then this process times them.
@@ -85,8 +86,9 @@ def candidates(M: int, N: int, K: int, sms: int = 132, stages=(), focus: bool = 
         return _unique(one + staged)
     from dspark_trt.plugins.kernels.decode_rows import default_config
     tiles = _unique([default_config(M, N, K, sms)] + rows_tiles(M, N, K, sms))
-    if FP8:                  # fp8 weights: each tensor-core tile also on fp16 operands (decode_rows' F16)
-        tiles += [dict(c, F16=True) for c in tiles if c.get("DOT") and 128 % c["BLOCK_K"] == 0]
+    if FP8:                  # fp8 weights: tensor-core tiles also on fp16 / e4m3 operands (decode_rows' F16, X8)
+        fits = [c for c in tiles if c.get("DOT") and 128 % c["BLOCK_K"] == 0]
+        tiles += [dict(c, F16=True) for c in fits] + [dict(c, X8=True) for c in fits if c["BLOCK_N"] >= 128]
     return tiles
 
 

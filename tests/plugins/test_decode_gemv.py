@@ -45,7 +45,7 @@ def test_fp8_weights_match_the_dequantised_weights(results, case):
     the residual sum written bit for bit; PREFETCH / K_STAGES change no bit, and unit scales give the
     bf16 path's bits for the e4m3 values as bf16 weights (the same tile)."""
     r = _assert_case(results, case)
-    assert r["unit_scale_equal"] if not (case[6] or {}).get("F16") else "unit_scale_equal" not in r, r
+    assert r["unit_scale_equal"] if not {"F16", "X8"} & set(case[6] or {}) else "unit_scale_equal" not in r, r
 
 
 def _assert_case(results, case) -> dict:
@@ -76,6 +76,9 @@ def _assert_case(results, case) -> dict:
     (dict(rows=4, config=dict(BLOCK_N=32, BLOCK_K=64, DOT=False, F16=True)), "F16 .*DOT=False"),
     (dict(rows=4, fp8=False, scale=None, config=dict(BLOCK_N=64, BLOCK_K=64, DOT=True, F16=True)),
      "F16 .*weights torch.bfloat16"),
+    (dict(rows=4, config=dict(BLOCK_N=64, BLOCK_K=64, DOT=True, F16=True, X8=True)),
+     r"one at a time, got \['F16', 'X8'\]"),
+    (dict(rows=4, config=dict(BLOCK_N=64, BLOCK_K=256, DOT=True, X8=True)), r"X8.*\['X8'\], DOT=True.*BLOCK_K=256"),
 ])
 def test_fp8_bad_arguments_are_named(kwargs, match):
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
@@ -584,15 +587,17 @@ def test_qwen3_8b_fp8_on_gpu(tile):
             assert torch.equal(y, gemv(x, pdl=True))
 
 
-def test_fp8_sweep_times_each_tensor_core_tile_on_fp16_operands_too(monkeypatch):
+def test_fp8_sweep_times_each_tensor_core_tile_on_fp16_and_e4m3_operands_too(monkeypatch):
     """``decode_rows_sweep.py --fp8`` adds ``F16`` to every tensor-core tile whose BLOCK_K divides 128
-    (the option's rule), and to nothing else; a bf16 sweep's tiles have none."""
+    (the options' rule), and ``X8`` to those of them with 128 rows, and to nothing else; a bf16
+    sweep's tiles have neither."""
     from benchmarks import decode_rows_sweep as sweep
     bf16 = sweep.candidates(8, 4096, 12288)
-    assert not any(c.get("F16") for c in bf16)
+    assert not any(c.get("F16") or c.get("X8") for c in bf16)
     monkeypatch.setattr(sweep, "FP8", True)
     fp8 = sweep.candidates(8, 4096, 12288)
-    f16 = [c for c in fp8 if c.get("F16")]
-    assert [c for c in fp8 if not c.get("F16")] == bf16
-    assert f16 == [dict(c, F16=True) for c in bf16 if c.get("DOT") and 128 % c["BLOCK_K"] == 0]
-    assert f16 and len(f16) < len(bf16)             # DOT_TILES' 64 x 256 has no F16 twin
+    assert [c for c in fp8 if not (c.get("F16") or c.get("X8"))] == bf16
+    fits = [c for c in bf16 if c.get("DOT") and 128 % c["BLOCK_K"] == 0]
+    assert [c for c in fp8 if c.get("F16")] == [dict(c, F16=True) for c in fits]
+    assert [c for c in fp8 if c.get("X8")] == [dict(c, X8=True) for c in fits if c["BLOCK_N"] >= 128]
+    assert 0 < len(fits) < len(bf16) and any(c["BLOCK_N"] == 128 for c in fits)   # 64 x 256 has no twin
