@@ -549,13 +549,14 @@ def test_qwen3_8b_rows_on_gpu(prologue, rows):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("tile", ["one_token", "one_token_rows", "rows8"])
+@pytest.mark.parametrize("tile", ["one_token", "one_token_rows", "rows8", "rows8_F16", "rows8_X8"])
 def test_qwen3_8b_fp8_on_gpu(tile):
     """Qwen3-8B's projections with fp8 weights (``quantize_fp8`` of bf16 weights, as the FP8 checkpoints
     are made) and their layer's prologue (q/k/v and gate/up RMSNorm after the residual sum, o the
     residual sum, down SwiGLU): one token on the GPU's one-token tile and on the rows kernel's default
     ``ROWS`` tile, eight tokens on the chosen tiles (the tensor cores, which round each scaled activation
-    to bf16): within one ulp more than the modules' fp8 reference (``fp8_linear_ref``: each weight
+    to bf16) and on a 128 x 64 tile with the F16 or X8 option (fp16 operands; the fp8 tensor cores, whose
+    sums are added into fp32 every 32 columns): within one ulp more than the modules' fp8 reference (``fp8_linear_ref``: each weight
     dequantised to bf16) of the fp32 prologue times the fp32 dequantised weight; residual sums bit for
     bit; a second call (the tickets reset) and PDL give the same bits."""
     import torch.nn.functional as F
@@ -563,10 +564,14 @@ def test_qwen3_8b_fp8_on_gpu(tile):
     from dspark_trt.plugins.kernels import decode_rows
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
     torch.manual_seed(0)
-    rows = 8 if tile == "rows8" else 1
+    rows = 8 if tile.startswith("rows8") else 1
+    option = tile.split("_")[1] if tile.startswith("rows8_") else None
     for (N, K), prologue in {(6144, 4096): "rmsnorm", (4096, 4096): "none", (24576, 4096): "rmsnorm",
                              (4096, 12288): "swiglu"}.items():
         cfg = dict(decode_rows.default_config(1, N, K), ROWS=True) if tile == "one_token_rows" else None
+        if option:
+            cfg = {"BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 4, "DOT": True, "num_warps": 4, "num_stages": 3,
+                   option: True}
         shape = (K,) if tile == "one_token" else (rows, K)
         x = torch.randn(*shape[:-1], 2 * K if prologue == "swiglu" else K, device="cuda").bfloat16()
         wq, s = quantize_fp8((torch.randn(N, K, device="cuda") * 0.02).bfloat16())
