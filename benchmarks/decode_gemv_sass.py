@@ -34,31 +34,21 @@ from dspark_trt.plugins.kernels import decode_gemv as kdg  # noqa: E402
 from tests.plugins.test_plugins_compile import _Recorder, compile_launch  # noqa: E402
 
 
-def loop_instructions(w: torch.Tensor, scale, block_n: int, block_k: int, num_warps: int):
-    """(instructions per weight per thread and iteration, opcode counts, registers) of the K loop."""
-    rec, launcher = [], kdg.launcher
-    kdg.launcher = _Recorder(rec)
-    try:
-        kdg.decode_gemv(torch.randn(w.shape[1]).bfloat16(), w, "none", w_scale=scale,
-                        config=dict(BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps))
-    finally:
-        kdg.launcher = launcher
-    kernel, args, kw = rec[0]
-    cubin = compile_launch(kernel, args, kw).asm["cubin"]
-    ops = loop_ops(on_cubin(cubin, NVDISASM, "-c"))
-    return len(ops) / (block_n * block_k // (32 * num_warps)), collections.Counter(ops), registers(cubin)
-
-
-def rows_loop_instructions(w: torch.Tensor, scale, M: int, cfg: dict):
-    """``loop_instructions`` of the rows kernel's launch for M tokens with tile ``cfg``."""
+def loop_instructions(w: torch.Tensor, scale, cfg: dict, M: int = 0):
+    """(instructions per weight per thread and iteration, opcode counts, registers) of the K loop of
+    ``decode_gemv``'s launch with tile ``cfg``: one token, prologue "none" (``M`` 0, the one-token
+    kernel), or ``M`` tokens with the RMSNorm prologue (the rows kernel)."""
     from dspark_trt.plugins.kernels import decode_rows as kdr
-    rec, launcher = [], kdr.launcher
-    kdr.launcher = _Recorder(rec)
+    module = kdr if M else kdg
+    K = w.shape[1]
+    x, prologue, g = ((torch.randn(M, K).bfloat16(), "rmsnorm", torch.ones(K).bfloat16()) if M
+                      else (torch.randn(K).bfloat16(), "none", None))
+    rec, launcher = [], module.launcher
+    module.launcher = _Recorder(rec)
     try:
-        kdg.decode_gemv(torch.randn(M, w.shape[1]).bfloat16(), w, "rmsnorm", norm_weight=torch.ones(w.shape[1]).bfloat16(),
-                        w_scale=scale, config=cfg)
+        kdg.decode_gemv(x, w, prologue, norm_weight=g, w_scale=scale, config=cfg)
     finally:
-        kdr.launcher = launcher
+        module.launcher = launcher
     kernel, args, kw = rec[0]
     cubin = compile_launch(kernel, args, kw).asm["cubin"]
     ops = loop_ops(on_cubin(cubin, NVDISASM, "-c"))
@@ -81,12 +71,10 @@ def main():
     for tile in args.tiles.split(","):
         bn, bk = (int(v) for v in tile.split("x"))
         for name, (wt, scale) in weights.items():
+            cfg = dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=args.warps)
             if args.rows:
-                cfg = dict(BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=8, DOT=True, num_warps=args.warps, num_stages=3,
-                           F16=name == "fp8_f16", X8=name == "fp8_x8")
-                per, ops, regs = rows_loop_instructions(wt, scale, args.rows, cfg)
-            else:
-                per, ops, regs = loop_instructions(wt, scale, bn, bk, args.warps)
+                cfg.update(SPLIT_K=8, DOT=True, num_stages=3, F16=name == "fp8_f16", X8=name == "fp8_x8")
+            per, ops, regs = loop_instructions(wt, scale, cfg, args.rows)
             rows.append(dict(weights=name, tile=tile, num_warps=args.warps, per_weight=round(per, 3),
                              per_iteration=sum(ops.values()), registers=regs, opcodes=dict(ops.most_common())))
             print(f"{name:4s} {tile:8s} {sum(ops.values()):4d} per iteration, {per:.2f} per weight, {regs} registers, "
