@@ -179,6 +179,18 @@ def _dot_x8(wt, xin, acc, scale, nb, stride_sn, kt, INTERPRET_DOT: tl.constexpr)
 
 
 @triton.jit
+def _dot_tile(wt, xin, acc, scale, nb, stride_sn, kt, cols, SCALED: tl.constexpr, FP8_MMA: tl.constexpr,
+              INTERPRET_DOT: tl.constexpr):
+    """The tensor-core body's step: acc + the weight tile wt (first column ``kt``, columns ``cols``)
+    times the prologue values xin, on the operands ``FP8_MMA`` names (``decode_rows_kernel``)."""
+    if FP8_MMA == 1:
+        return _dot_f16(wt, xin, acc, scale, nb, stride_sn, kt, INTERPRET_DOT)
+    if FP8_MMA == 2:
+        return _dot_x8(wt, xin, acc, scale, nb, stride_sn, kt, INTERPRET_DOT)
+    return _dot(wt, xin * col_scale(scale, nb, stride_sn, cols, SCALED), acc, INTERPRET_DOT)
+
+
+@triton.jit
 def _scaled(acc, ss, K, eps, PROLOGUE: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] times each token's RMSNorm scale (ss: its sum of h^2 over all K)."""
     if PROLOGUE == RMSNORM:
@@ -225,22 +237,12 @@ def decode_rows_kernel(x, res, res_out, g, w, y, scale, ws, ss_ws, counter, N, K
         rm = tl.minimum(cols, ROWS - 1)[:, None]
         xr, rr, ro = x + rm * XK, res + rm * K, res_out + rm * K                    # [BLOCK_M, 1]
         xin, ss = _prologue(xr, rr, ro, g, rp[None, :], K, ss, pid_n, PROLOGUE, HAS_RES, STORE_RES, 1)
-        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        if FP8_MMA == 1:
-            acc = _dot_f16(w0, xin, acc, scale, nb, stride_sn, k0, INTERPRET_DOT)
-        elif FP8_MMA == 2:
-            acc = _dot_x8(w0, xin, acc, scale, nb, stride_sn, k0, INTERPRET_DOT)
-        else:
-            acc = _dot(w0, xin * col_scale(scale, nb, stride_sn, rp[None, :], SCALED), acc, INTERPRET_DOT)
+        acc = _dot_tile(w0, xin, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), scale, nb, stride_sn, k0,
+                        rp[None, :], SCALED, FP8_MMA, INTERPRET_DOT)
         for k in range(k0 + PRE_K, k0 + K_SPLIT, BLOCK_K):
             wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
             xin, ss = _prologue(xr, rr, ro, g, (k + rk)[None, :], K, ss, pid_n, PROLOGUE, HAS_RES, STORE_RES, 1)
-            if FP8_MMA == 1:
-                acc = _dot_f16(wt, xin, acc, scale, nb, stride_sn, k, INTERPRET_DOT)
-            elif FP8_MMA == 2:
-                acc = _dot_x8(wt, xin, acc, scale, nb, stride_sn, k, INTERPRET_DOT)
-            else:
-                acc = _dot(wt, xin * col_scale(scale, nb, stride_sn, (k + rk)[None, :], SCALED), acc, INTERPRET_DOT)
+            acc = _dot_tile(wt, xin, acc, scale, nb, stride_sn, k, (k + rk)[None, :], SCALED, FP8_MMA, INTERPRET_DOT)
     else:
         last = k0 + K_SPLIT - BLOCK_K                       # prefetches past the split reload its last tile
         if PREFETCH:
