@@ -14,7 +14,9 @@ winners ``decode_rows.load_table`` reads (``DSPARK_DECODE_ROWS_TABLE=<file>``).
 ``--fp8`` (issue #23): the weights quantised to fp8 e4m3 with 128x128 block scales (``quantize_fp8``,
 the Qwen3-FP8 layout; ``decode_gemv(w_scale=...)``), the roofline on their bytes (one per weight and
 the scales), the reference their dequantised fp32 product; ``cublas`` / ``modules`` stay the bf16
-weights' (twice the bytes). Rows carry ``weight_bytes: 1``.
+weights' (twice the bytes). Rows carry ``weight_bytes: 1``. Every tensor-core tile whose BLOCK_K
+divides 128 is timed also with ``F16`` (fp16 operands, ``decode_rows``), and those of 128 rows with
+``X8`` (e4m3 operands: its per-tile split of the activations costs the same whatever the rows).
 
 Hundreds of tiles take longer to compile than to time: ``--jobs`` processes compile them first
 (Triton's disk cache), then this process times them.
@@ -83,7 +85,11 @@ def candidates(M: int, N: int, K: int, sms: int = 132, stages=(), focus: bool = 
         staged = [dict(c, K_STAGES=st, PREFETCH=False) for c in one if not c.get("DOT") for st in stages]
         return _unique(one + staged)
     from dspark_trt.plugins.kernels.decode_rows import default_config
-    return _unique([default_config(M, N, K, sms)] + rows_tiles(M, N, K, sms))
+    tiles = _unique([default_config(M, N, K, sms)] + rows_tiles(M, N, K, sms))
+    if FP8:                  # fp8 weights: tensor-core tiles also on fp16 / e4m3 operands (decode_rows' F16, X8)
+        fits = [c for c in tiles if c.get("DOT") and 128 % c["BLOCK_K"] == 0]
+        tiles += [dict(c, F16=True) for c in fits] + [dict(c, X8=True) for c in fits if c["BLOCK_N"] >= 128]
+    return tiles
 
 
 def rows_tiles(M: int, N: int, K: int, sms: int = 132) -> list[dict]:

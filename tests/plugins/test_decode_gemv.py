@@ -45,7 +45,7 @@ def test_fp8_weights_match_the_dequantised_weights(results, case):
     the residual sum written bit for bit; PREFETCH / K_STAGES change no bit, and unit scales give the
     bf16 path's bits for the e4m3 values as bf16 weights (the same tile)."""
     r = _assert_case(results, case)
-    assert r["unit_scale_equal"], r
+    assert r["unit_scale_equal"] if not {"F16", "X8"} & set(case[6] or {}) else "unit_scale_equal" not in r, r
 
 
 def _assert_case(results, case) -> dict:
@@ -71,6 +71,14 @@ def _assert_case(results, case) -> dict:
     (dict(scale=torch.ones(2, 2).bfloat16()), r"w_scale is torch.bfloat16 \[2, 2\]"),
     (dict(config=dict(BLOCK_N=24, BLOCK_K=64)), "BLOCK_N=24 must divide 128"),
     (dict(rows=4, config=dict(BLOCK_N=48, BLOCK_K=64)), "BLOCK_N=48 must divide 128"),
+    (dict(rows=4, config=dict(BLOCK_N=64, BLOCK_K=256, DOT=True, F16=True)), "F16 .*BLOCK_K=256"),
+    (dict(rows=4, config=dict(BLOCK_N=64, BLOCK_K=64, DOT=True, F16=True), pre_k=256), "F16 .*pre_k=256"),
+    (dict(rows=4, config=dict(BLOCK_N=32, BLOCK_K=64, DOT=False, F16=True)), "F16 .*DOT=False"),
+    (dict(rows=4, fp8=False, scale=None, config=dict(BLOCK_N=64, BLOCK_K=64, DOT=True, F16=True)),
+     "F16 .*weights torch.bfloat16"),
+    (dict(rows=4, config=dict(BLOCK_N=64, BLOCK_K=64, DOT=True, F16=True, X8=True)),
+     r"one at a time, got \['F16', 'X8'\]"),
+    (dict(rows=4, config=dict(BLOCK_N=64, BLOCK_K=256, DOT=True, X8=True)), r"X8.*\['X8'\], DOT=True.*BLOCK_K=256"),
 ])
 def test_fp8_bad_arguments_are_named(kwargs, match):
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
@@ -541,13 +549,14 @@ def test_qwen3_8b_rows_on_gpu(prologue, rows):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("tile", ["one_token", "one_token_rows", "rows8"])
+@pytest.mark.parametrize("tile", ["one_token", "one_token_rows", "rows8", "rows8_F16", "rows8_X8"])
 def test_qwen3_8b_fp8_on_gpu(tile):
     """Qwen3-8B's projections with fp8 weights (``quantize_fp8`` of bf16 weights, as the FP8 checkpoints
     are made) and their layer's prologue (q/k/v and gate/up RMSNorm after the residual sum, o the
     residual sum, down SwiGLU): one token on the GPU's one-token tile and on the rows kernel's default
     ``ROWS`` tile, eight tokens on the chosen tiles (the tensor cores, which round each scaled activation
-    to bf16): within one ulp more than the modules' fp8 reference (``fp8_linear_ref``: each weight
+    to bf16) and on a 128 x 64 tile with the F16 or X8 option (fp16 operands; the fp8 tensor cores, whose
+    sums are added into fp32 every 32 columns): within one ulp more than the modules' fp8 reference (``fp8_linear_ref``: each weight
     dequantised to bf16) of the fp32 prologue times the fp32 dequantised weight; residual sums bit for
     bit; a second call (the tickets reset) and PDL give the same bits."""
     import torch.nn.functional as F
@@ -555,10 +564,14 @@ def test_qwen3_8b_fp8_on_gpu(tile):
     from dspark_trt.plugins.kernels import decode_rows
     from dspark_trt.plugins.kernels.decode_gemv import decode_gemv
     torch.manual_seed(0)
-    rows = 8 if tile == "rows8" else 1
+    rows = 8 if tile.startswith("rows8") else 1
+    option = tile.split("_")[1] if tile.startswith("rows8_") else None
     for (N, K), prologue in {(6144, 4096): "rmsnorm", (4096, 4096): "none", (24576, 4096): "rmsnorm",
                              (4096, 12288): "swiglu"}.items():
         cfg = dict(decode_rows.default_config(1, N, K), ROWS=True) if tile == "one_token_rows" else None
+        if option:
+            cfg = {"BLOCK_N": 128, "BLOCK_K": 64, "SPLIT_K": 4, "DOT": True, "num_warps": 4, "num_stages": 3,
+                   option: True}
         shape = (K,) if tile == "one_token" else (rows, K)
         x = torch.randn(*shape[:-1], 2 * K if prologue == "swiglu" else K, device="cuda").bfloat16()
         wq, s = quantize_fp8((torch.randn(N, K, device="cuda") * 0.02).bfloat16())
@@ -577,3 +590,19 @@ def test_qwen3_8b_fp8_on_gpu(tile):
         assert torch.equal(y, gemv(x))
         if torch.cuda.get_device_capability()[0] >= 9:
             assert torch.equal(y, gemv(x, pdl=True))
+
+
+def test_fp8_sweep_times_each_tensor_core_tile_on_fp16_and_e4m3_operands_too(monkeypatch):
+    """``decode_rows_sweep.py --fp8`` adds ``F16`` to every tensor-core tile whose BLOCK_K divides 128
+    (the options' rule), and ``X8`` to those of them with 128 rows, and to nothing else; a bf16
+    sweep's tiles have neither."""
+    from benchmarks import decode_rows_sweep as sweep
+    bf16 = sweep.candidates(8, 4096, 12288)
+    assert not any(c.get("F16") or c.get("X8") for c in bf16)
+    monkeypatch.setattr(sweep, "FP8", True)
+    fp8 = sweep.candidates(8, 4096, 12288)
+    assert [c for c in fp8 if not (c.get("F16") or c.get("X8"))] == bf16
+    fits = [c for c in bf16 if c.get("DOT") and 128 % c["BLOCK_K"] == 0]
+    assert [c for c in fp8 if c.get("F16")] == [dict(c, F16=True) for c in fits]
+    assert [c for c in fp8 if c.get("X8")] == [dict(c, X8=True) for c in fits if c["BLOCK_N"] >= 128]
+    assert 0 < len(fits) < len(bf16) and any(c["BLOCK_N"] == 128 for c in fits)   # 64 x 256 has no twin

@@ -70,7 +70,7 @@ CASES = [
 # fp8 weights (w_scale), the same fields: every prologue for one token on both kernels (PREFETCH, K_STAGES,
 # BLOCK_N cut from 256 to 128) and for 2 and 5 tokens on the tensor-core body and 8 on the CUDA cores; split K;
 # BLOCK_K below, at and above the 128-column scale blocks; an N ending inside a block of scale rows (328) and a
-# K inside a block of scale columns (192).
+# K inside a block of scale columns (192); the tile options F16 and X8.
 FP8_CASES = [
     ("fp8_none_residual", "none", 256, 512, True, True, dict(BLOCK_N=16, BLOCK_K=128), None, None),
     ("fp8_rmsnorm_residual_bn256_pre2", "rmsnorm", 384, 512, True, True, dict(BLOCK_N=256, BLOCK_K=64), 128, None),
@@ -100,6 +100,24 @@ FP8_CASES = [
     ("fp8_rows8_cuda_cores_swiglu", "swiglu", 256, 512, False, False, dict(BLOCK_N=32, BLOCK_K=128, DOT=False), 256,
      8),
     ("fp8_rows7_default_config_rmsnorm", "rmsnorm", 256, 512, False, False, None, None, 7),
+    # F16: the tensor-core body on fp16 operands, each tile's block scale on its product (one token, 2, 5, 8)
+    ("fp8_one_token_rows_dot_f16_rmsnorm", "rmsnorm", 256, 512, False, False,
+     dict(BLOCK_N=32, BLOCK_K=128, DOT=True, ROWS=True, F16=True), None, None),
+    ("fp8_rows2_dot_f16_none_residual", "none", 256, 512, True, True, dict(BLOCK_N=16, BLOCK_K=128, DOT=True, F16=True),
+     None, 2),
+    ("fp8_rows5_dot_f16_swiglu", "swiglu", 256, 192, False, False, dict(BLOCK_N=32, BLOCK_K=64, DOT=True, F16=True),
+     None, 5),
+    ("fp8_rows8_dot_f16_split2_rmsnorm_residual", "rmsnorm", 328, 512, True, True,
+     dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, DOT=True, F16=True), 128, 8),
+    # X8: the fp8 tensor cores, the activations split into two e4m3 terms (one token, 2, 5, 8)
+    ("fp8_one_token_rows_dot_x8_rmsnorm", "rmsnorm", 256, 512, False, False,
+     dict(BLOCK_N=32, BLOCK_K=128, DOT=True, ROWS=True, X8=True), None, None),
+    ("fp8_rows2_dot_x8_none_residual", "none", 256, 512, True, True, dict(BLOCK_N=16, BLOCK_K=128, DOT=True, X8=True),
+     None, 2),
+    ("fp8_rows5_dot_x8_swiglu", "swiglu", 256, 192, False, False, dict(BLOCK_N=32, BLOCK_K=64, DOT=True, X8=True),
+     None, 5),
+    ("fp8_rows8_dot_x8_split2_rmsnorm_residual", "rmsnorm", 328, 512, True, True,
+     dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, DOT=True, X8=True), 128, 8),
 ]
 EPS = 1e-6
 
@@ -153,7 +171,7 @@ def main():
             plain = {k: v for k, v in cfg.items() if k not in ("PREFETCH", "K_STAGES")}
             rec["prefetch_equal"] = bool(torch.equal(y, gemv(x, prologue=prologue, residual=r, norm_weight=g, eps=EPS,
                                                              config=plain, pre_k=pre)))
-        if fp8:                             # unit scales: the bf16 path's bits for w's e4m3 values in bf16
+        if fp8 and not ({"F16", "X8"} & set(cfg or {})):   # unit scales: the bf16 path's bits for w's e4m3 in bf16
             fit = dict(cfg, BLOCK_N=min(cfg["BLOCK_N"], FP8_BLOCK)) if cfg else None    # the same tile
             unit = functools.partial(decode_gemv, x, prologue=prologue, residual=r, norm_weight=g, eps=EPS, config=fit,
                                      pre_k=pre)

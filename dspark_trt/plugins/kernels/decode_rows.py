@@ -24,6 +24,9 @@ with ``decode_gemv``'s fused prologues, split-K and a deferred norm scale (issue
 * The residual sum ``h`` is written by the programs of the first N tile (each its K slice).
 * fp8 e4m3 weights with 128 x 128 block scales (``decode_gemv``'s module doc): BLOCK_N divides 128,
   the prologue's values are multiplied by their columns' scales after the sums of squares.
+  Tile options of the tensor-core body that save the e4m3 -> bf16 conversion's instructions, each
+  tile's one block scale applied to its fp32 product: ``F16``, fp16 operands (``_dot_f16``); ``X8``,
+  the fp8 tensor cores on the codes as they are, the activations split into two e4m3 terms (``_dot_x8``).
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ from .common import INTERPRET, col_scale, gdc_launch_dependents, gdc_wait, launc
 from .skinny_gemm import default_config as default_skinny_config, m_bucket
 
 NONE, RMSNORM, SWIGLU = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)    # decode_gemv.PROLOGUES
+F16_XSCALE = tl.constexpr(2.0 ** -8)     # fp8 tiles with fp16 operands (``F16``): the activations' factor
+FP8_MMA_CODES = {None: 0, "F16": 1, "X8": 2}   # the kernel's FP8_MMA: bf16 operands, or a tile option's
 # (M bucket, N, K) -> tile: winners of ``benchmarks/decode_rows_sweep.py`` on the H200 at 40cfc72
 # (benchmarks/results/decode-rows-NVIDIA-H200-40cfc72.json.gz; with the shape's prologue, CUDA-graph
 # replays over weight copies past L2; "modules": the torch prologue + F.linear); others:
@@ -134,6 +139,58 @@ def _dot(wt, xin, acc, INTERPRET_DOT: tl.constexpr):
 
 
 @triton.jit
+def _dot_f16(wt, xin, acc, scale, nb, stride_sn, kt, INTERPRET_DOT: tl.constexpr):
+    """acc + s * (wt [BLOCK_N, BK] @ xin [BLOCK_M, BK]^T) for an fp8 e4m3 tile of one block of scales
+    (s: that block's, the tile's first column ``kt``; BK divides 128) with fp16 operands: e4m3 -> f16
+    is one instruction per two weights where bf16 takes about four per weight (sm_90 SASS, session 57).
+    xin enters times ``F16_XSCALE`` (2^-8; fp16 holds |xin| < 1.7e7, rounded to 11 bits above 2^-6,
+    to 2^-17 below), the fp32 product leaves times s / ``F16_XSCALE``; the interpreter rounds xin to
+    fp16 the same way and multiplies in fp32."""
+    s = tl.load(scale + nb * stride_sn + kt // 128) * (1.0 / F16_XSCALE)
+    x16 = (xin * F16_XSCALE).to(tl.float16)
+    if INTERPRET_DOT:
+        part = tl.dot(wt.to(tl.float32), tl.trans(x16.to(tl.float32)), input_precision="ieee")
+    else:
+        part = tl.dot(wt.to(tl.float16), tl.trans(x16))
+    return acc + part * s
+
+
+@triton.jit
+def _dot_x8(wt, xin, acc, scale, nb, stride_sn, kt, INTERPRET_DOT: tl.constexpr):
+    """``_dot_f16``'s product on the fp8 tensor cores with the e4m3 codes as they are: each token's
+    values (bf16: 8 significant bits) over a power of two p (below 256 for the tile's largest) split
+    into hi, their top 4 bits (truncated), and lo, the rest times 16, both e4m3: x = p (hi + lo / 16),
+    exact where |x| >= 2^-13 of the token's largest in the tile (below, to 2^-20 of it); two fp8 x fp8
+    dots, added into fp32 every 32 columns. The interpreter multiplies the same codes in fp32."""
+    b = tl.max(tl.abs(xin), 1).to(tl.int32, bitcast=True)                       # [BM] the largest's bits
+    e = tl.minimum(tl.maximum(((b >> 23) & 0xFF) - 7, 1), 253)                  # p's biased exponent
+    p = (e << 23).to(tl.float32, bitcast=True)
+    y = xin * ((254 - e) << 23).to(tl.float32, bitcast=True)[:, None]           # x / p, exact: |y| < 256
+    hi = ((y.to(tl.int32, bitcast=True) & -1048576).to(tl.float32, bitcast=True)).to(tl.float8e4nv)
+    lo = ((y - hi.to(tl.float32)) * 16.0).to(tl.float8e4nv)
+    if INTERPRET_DOT:
+        w32 = wt.to(tl.float32)
+        part = (tl.dot(w32, tl.trans(hi.to(tl.float32)), input_precision="ieee")
+                + tl.dot(w32, tl.trans(lo.to(tl.float32)), input_precision="ieee") * 0.0625)
+    else:
+        part = (tl.dot(wt, tl.trans(hi), max_num_imprecise_acc=32)
+                + tl.dot(wt, tl.trans(lo), max_num_imprecise_acc=32) * 0.0625)
+    return acc + part * (p[None, :] * tl.load(scale + nb * stride_sn + kt // 128))
+
+
+@triton.jit
+def _dot_tile(wt, xin, acc, scale, nb, stride_sn, kt, cols, SCALED: tl.constexpr, FP8_MMA: tl.constexpr,
+              INTERPRET_DOT: tl.constexpr):
+    """The tensor-core body's step: acc + the weight tile wt (first column ``kt``, columns ``cols``)
+    times the prologue values xin, on the operands ``FP8_MMA`` names (``decode_rows_kernel``)."""
+    if FP8_MMA == 1:
+        return _dot_f16(wt, xin, acc, scale, nb, stride_sn, kt, INTERPRET_DOT)
+    if FP8_MMA == 2:
+        return _dot_x8(wt, xin, acc, scale, nb, stride_sn, kt, INTERPRET_DOT)
+    return _dot(wt, xin * col_scale(scale, nb, stride_sn, cols, SCALED), acc, INTERPRET_DOT)
+
+
+@triton.jit
 def _scaled(acc, ss, K, eps, PROLOGUE: tl.constexpr):
     """acc [BLOCK_N, BLOCK_M] times each token's RMSNorm scale (ss: its sum of h^2 over all K)."""
     if PROLOGUE == RMSNORM:
@@ -147,7 +204,7 @@ def decode_rows_kernel(x, res, res_out, g, w, y, scale, ws, ss_ws, counter, N, K
                        PROLOGUE: tl.constexpr, HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, PDL: tl.constexpr,
                        ROWS: tl.constexpr, BLOCK_M: tl.constexpr, DOT: tl.constexpr, TICKET: tl.constexpr,
                        INTERPRET_DOT: tl.constexpr, PREFETCH: tl.constexpr, K_STAGES: tl.constexpr = 1,
-                       SCALED: tl.constexpr = False):
+                       SCALED: tl.constexpr = False, FP8_MMA: tl.constexpr = 0):
     """Grid (cdiv(N, BLOCK_N), SPLIT_K). x [ROWS, K] ([ROWS, 2K] for SWIGLU), res / res_out
     [ROWS, K], g [K], w [N, K] (row stride ``stride_wn``), y [ROWS, N]. SCALED: w in fp8 e4m3 with
     fp32 block scales ``scale`` (row stride ``stride_sn``; BLOCK_N divides 128), as in
@@ -157,7 +214,9 @@ def decode_rows_kernel(x, res, res_out, g, w, y, scale, ws, ss_ws, counter, N, K
     waited for after the first ``PRE_K`` weight columns are loaded. PREFETCH (CUDA-core body): the
     loop's next weight tile is loaded before the current one is reduced (the same sums, in order).
     K_STAGES > 1 (CUDA-core body): its weight loop pipelined through shared memory by Triton
-    (``decode_gemv_kernel``'s K_STAGES; the DOT body's loop is pipelined by ``num_stages``)."""
+    (``decode_gemv_kernel``'s K_STAGES; the DOT body's loop is pipelined by ``num_stages``). FP8_MMA
+    (DOT, SCALED, BLOCK_K and PRE_K dividing 128): 1 fp16 operands (``_dot_f16``), 2 e4m3 operands
+    (``_dot_x8``), each tile's scale on its product; 0 bf16 operands."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -178,12 +237,12 @@ def decode_rows_kernel(x, res, res_out, g, w, y, scale, ws, ss_ws, counter, N, K
         rm = tl.minimum(cols, ROWS - 1)[:, None]
         xr, rr, ro = x + rm * XK, res + rm * K, res_out + rm * K                    # [BLOCK_M, 1]
         xin, ss = _prologue(xr, rr, ro, g, rp[None, :], K, ss, pid_n, PROLOGUE, HAS_RES, STORE_RES, 1)
-        xin = xin * col_scale(scale, nb, stride_sn, rp[None, :], SCALED)
-        acc = _dot(w0, xin, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), INTERPRET_DOT)
+        acc = _dot_tile(w0, xin, tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), scale, nb, stride_sn, k0,
+                        rp[None, :], SCALED, FP8_MMA, INTERPRET_DOT)
         for k in range(k0 + PRE_K, k0 + K_SPLIT, BLOCK_K):
             wt = tl.load(w + rn[:, None] * stride_wn + (k + rk)[None, :])
             xin, ss = _prologue(xr, rr, ro, g, (k + rk)[None, :], K, ss, pid_n, PROLOGUE, HAS_RES, STORE_RES, 1)
-            acc = _dot(wt, xin * col_scale(scale, nb, stride_sn, (k + rk)[None, :], SCALED), acc, INTERPRET_DOT)
+            acc = _dot_tile(wt, xin, acc, scale, nb, stride_sn, k, (k + rk)[None, :], SCALED, FP8_MMA, INTERPRET_DOT)
     else:
         last = k0 + K_SPLIT - BLOCK_K                       # prefetches past the split reload its last tile
         if PREFETCH:
@@ -375,6 +434,12 @@ def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res
     k_split = K // split
     if pre > k_split or k_split % pre or pre % bk:
         raise ValueError(f"decode_gemv: pre_k={pre} must be a multiple of BLOCK_K={bk} within K / SPLIT_K = {k_split}")
+    options = [o for o in ("F16", "X8") if cfg.get(o)]
+    if len(options) > 1 or (options and not (dot and w_scale is not None and 128 % bk == 0 and 128 % pre == 0)):
+        raise ValueError(f"decode_gemv: F16 (fp16 operands) and X8 (e4m3 operands) are tile options of fp8 "
+                         f"weights' tensor-core body with BLOCK_K and pre_k dividing 128, one at a time, got "
+                         f"{options}, DOT={dot}, weights {'fp8' if w_scale is not None else str(w.dtype)}, "
+                         f"BLOCK_K={bk}, pre_k={pre}")
     bm = triton.next_power_of_2(M)
     if dot:                                                  # tl.dot tiles are at least 16 x 16
         bm, bn = max(16, bm), max(16, bn)
@@ -392,6 +457,7 @@ def decode_rows(x: Tensor, w: Tensor, y: Tensor, prologue: int, res: Tensor, res
         STORE_RES=store_res, PDL=bool(launch), ROWS=M, BLOCK_M=bm, DOT=dot, TICKET=split > 1,
         INTERPRET_DOT=dot and INTERPRET, PREFETCH=not dot and bool(cfg.get("PREFETCH")),
         K_STAGES=1 if dot else int(cfg.get("K_STAGES", 1)), SCALED=scaled,
+        FP8_MMA=FP8_MMA_CODES[options[0] if options else None],
         num_warps=int(cfg.get("num_warps", 4)),
         num_stages=int(cfg.get("num_stages", 3)), **launch)
     return y
