@@ -13,14 +13,13 @@ Writes benchmarks/results/draft-quant-acceptance-<device>-<sha>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.draft_vocab_acceptance import run  # noqa: E402
+from benchmarks.draft_vocab_acceptance import parse_run_args, run, save  # noqa: E402
 from dspark_trt import LLM, provenance  # noqa: E402
 from dspark_trt.commands.bench import make_prompts  # noqa: E402
 from dspark_trt.config.source import default_pair_dirs  # noqa: E402
@@ -35,17 +34,8 @@ def projection_bytes(draft) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--num-prompts", type=int, default=32)
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--gen-len", type=int, default=64)
-    ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
-    a = ap.parse_args()
+    a, kw = parse_run_args(argparse.ArgumentParser(description=__doc__.split("\n\n")[0]))
     dirs = default_pair_dirs()
-    kw = dict(device=a.device, max_batch_size=a.num_prompts, max_seq_len=a.prompt_len + a.gen_len + 16)
     report = {"git_sha": provenance.git_sha(), "command": " ".join(sys.argv), "device": a.device,
               "model": "built-in default pair", "shapes": {"num_prompts": a.num_prompts, "prompt_len": a.prompt_len,
                                                           "gen_len": a.gen_len}, "drafts": {}}
@@ -64,11 +54,7 @@ def main() -> int:
             print(f"[draft-quant] {mode:4s} T={t:g}: tau {stats['tau']:.3f} ± {stats['tau_ci95']:.3f}"
                   + (f", greedy equal {stats['greedy_equal_to_unquantised']}" if t == 0.0 else ""), flush=True)
         report["drafts"][mode] = row
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"draft-quant-acceptance-{a.device}-{report['git_sha']}.json"
-    path.write_text(json.dumps(report, indent=1))
-    print(f"[draft-quant] wrote {path}")
+    print(f"[draft-quant] wrote {save(report, a.out_dir, 'draft-quant-acceptance', a.device)}")
     return 0
 
 
