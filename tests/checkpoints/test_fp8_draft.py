@@ -27,8 +27,9 @@ def _llm(mode):
 def test_fp8_draft_quantises_the_draft_only_and_stays_lossless():
     """Every attention / MLP projection of the draft (fused q/k/v and gate/up included) holds fp8
     codes whose dequantised weights differ from the trained ones by at most e4m3's half step
-    (1/16 of a block's largest); the target keeps its weights; greedy speculative output equals
-    the target's own greedy output, with either draft."""
+    (1/16 of a block's largest); the target keeps its weights; the bench's roofline counts the
+    draft's projections as fp8; greedy speculative output equals the target's own greedy output,
+    with either draft."""
     fp8, plain = _llm("fp8"), _llm(None)
     fp8_types = (Fp8Linear, FusedFp8Linear)
     assert not any(isinstance(m, fp8_types) for m in fp8.target.modules())
@@ -44,6 +45,12 @@ def test_fp8_draft_quantises_the_draft_only_and_stays_lossless():
         deq = dequantize_fp8(m.weight, m.weight_scale_inv, torch.float32)
         assert deq.shape == w.shape and not torch.equal(deq, w)
         assert float((deq - w).abs().max()) <= float(w.abs().max()) / 16, n
+    from dspark_trt.commands.bench import qwen3_weight_bytes, roofline     # the draft step's bytes as held
+    dc, el = fp8.pair.draft.layer_config(), 4
+    saved = (qwen3_weight_bytes(dc, dc.num_hidden_layers, el, with_head=False)
+             - qwen3_weight_bytes(dc, dc.num_hidden_layers, el, with_head=False, fp8_projections=True))
+    assert saved > 0 and roofline(plain, 1, 64, 4.8)["draft_weight_bytes"] - \
+        roofline(fp8, 1, 64, 4.8)["draft_weight_bytes"] == saved
     sp = SamplingParams(max_new_tokens=24)
     ar = [o.output_ids for o in plain.generate(PROMPTS, sp, speculative=False)]
     assert [o.output_ids for o in fp8.generate(PROMPTS, sp)] == ar
