@@ -96,6 +96,9 @@ class BuildOptions(ModelSource):
             raise ConfigError("no weights: pass --checkpoint and --draft-checkpoint, or --random-weights")
         if o.checkpoint and o.overrides:
             raise ConfigError("--override edits a preset's config; it cannot be combined with --checkpoint")
+        if o.draft_quantization not in (None, "none"):
+            raise ConfigError(f"--draft-quantization {o.draft_quantization}: engines keep the draft in --dtype "
+                              "(an fp8 draft runs through LLM / generate / bench / serve without --engine)")
         if o.draft_vocab:                                         # a bad file: before anything loads
             from ..checkpoints.prepare import check_draft_vocab
             check_draft_vocab(o.draft_vocab, o.tp_size)

@@ -27,7 +27,8 @@ def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pai
     ``src.model``), initialised directly on ``device``. With ``tp`` (a ``parallel.TPInfo``) the
     models are sharded for its rank and only the shard moves to ``device``. ``src.quantization``:
     the target's weight format (``checkpoints.fp8``: fp8 projections native, quantised or
-    dequantised); ``src.draft_quantization``: the draft's (``quantize_draft_``). ``fuse``: one GEMM for q/k/v and one for gate/up (the builder's)."""
+    dequantised); ``src.draft_quantization``: the draft's (``quantize_draft_``). ``fuse``: one GEMM
+    for q/k/v and one for gate/up (the builder's)."""
     check_draft_quantization(src.draft_quantization, None, tp.world if tp else 1)   # before anything loads
     if src.checkpoint:
         from .loaders import load_pair

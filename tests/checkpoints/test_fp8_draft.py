@@ -19,6 +19,11 @@ from dspark_trt.runtime.sampling_params import SamplingParams
 PROMPTS = ["def parse(self, text):", "import os\nimport sys\n\n", "class Reader:\n    def __init__(self"]
 
 
+def _build_options(**kw):
+    from dspark_trt.builder.build import BuildOptions
+    return BuildOptions(model="qwen3-tiny-dspark", random_weights=True, **kw).resolved()
+
+
 def _llm(mode):
     return LLM.from_checkpoints(*default_pair_dirs(), device="cpu", dtype=torch.float32, draft_quantization=mode,
                                 max_batch_size=4, max_seq_len=160)
@@ -64,6 +69,7 @@ def test_fp8_draft_quantises_the_draft_only_and_stays_lossless():
     (lambda: LLM.from_source(ModelSource(engine="/nonexistent", draft_quantization="fp8", device="cpu")),
      "an engine's draft weights are built in"),
     (lambda: LLM.from_preset("qwen3-tiny-dspark", device="cpu", draft_quantization="int8"), "'int8'"),
+    (lambda: _build_options(draft_quantization="fp8"), "engines keep the draft in --dtype"),
 ])
 def test_bad_draft_quantization_is_named(call, match):
     with pytest.raises(ConfigError, match=match):
