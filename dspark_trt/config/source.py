@@ -142,7 +142,7 @@ FLAGS = {
                                help="draft weights: none (default: --dtype) or fp8 (a Qwen3 draft's "
                                     "attention / MLP projections quantised to fp8 e4m3 with 128x128 "
                                     "block scales at load, weight-only: half its layers' bytes; "
-                                    "lossless, acceptance may change); not for engines"),
+                                    "lossless, acceptance may change); engines have theirs compiled in"),
     "verify_cost_model": dict(choices=list(VERIFY_COST_MODELS), default="trimmed",
                               help="how rounds of verify_mode 'scheduled' verify what they admit: "
                                    "trimmed (default: one window for the batch, narrowed to the "

@@ -244,7 +244,7 @@ class LLM:
         if src.engine:                                    # the engine's own dtype
             if src.draft_quantization not in (None, "none"):
                 raise ConfigError(f"--draft-quantization {src.draft_quantization}: an engine's draft weights are "
-                                  "built in (`dspark-trt build` keeps the draft in --dtype)")
+                                  "compiled in (`dspark-trt build --draft-quantization`)")
             if src.draft_vocab:
                 raise ConfigError(f"--draft-vocab {src.draft_vocab}: an engine's draft vocabulary is "
                                   "compiled in (`dspark-trt build --draft-vocab`)")

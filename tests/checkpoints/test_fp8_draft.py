@@ -21,7 +21,8 @@ PROMPTS = ["def parse(self, text):", "import os\nimport sys\n\n", "class Reader:
 
 def _build_options(**kw):
     from dspark_trt.builder.build import BuildOptions
-    return BuildOptions(model="qwen3-tiny-dspark", random_weights=True, **kw).resolved()
+    return BuildOptions(model="qwen3-tiny-dspark", random_weights=True, dtype="fp32", device="cpu", output="unused",
+                        **kw).resolved()
 
 
 def _llm(mode):
@@ -67,9 +68,10 @@ def test_fp8_draft_quantises_the_draft_only_and_stays_lossless():
     (lambda: check_draft_quantization("fp8", "deepseek_v4_dspark"), "Qwen3 targets only"),
     (lambda: check_draft_quantization("fp8", None, tp_size=2), "not with tensor parallelism yet"),
     (lambda: LLM.from_source(ModelSource(engine="/nonexistent", draft_quantization="fp8", device="cpu")),
-     "an engine's draft weights are built in"),
+     "an engine's draft weights are compiled in"),
     (lambda: LLM.from_preset("qwen3-tiny-dspark", device="cpu", draft_quantization="int8"), "'int8'"),
-    (lambda: _build_options(draft_quantization="fp8"), "engines keep the draft in --dtype"),
+    (lambda: _build_options(draft_quantization="fp8", tp_size=2), "not with tensor parallelism yet"),
+    (lambda: _build_options(draft_quantization="int4"), "'int4'"),
 ])
 def test_bad_draft_quantization_is_named(call, match):
     with pytest.raises(ConfigError, match=match):
@@ -82,3 +84,28 @@ def test_cli_takes_draft_quantization():
     assert cli.build_parser().parse_args(["bench"]).draft_quantization is None
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["generate", "--draft-quantization", "int4"])
+
+
+def test_fp8_draft_block_exports_with_its_projections_in_fp8_and_runs_like_eager():
+    """``dspark-trt build --draft-quantization fp8``: the exported draft block keeps the draft's
+    projections as float8_e4m3fn parameters read by ``dspark::fp8_linear`` (the engine holds the fp8
+    bytes), and gives the eager block's outputs bit for bit; the build's command line and options
+    (the engine's manifest) say so."""
+    from dspark_trt.builder.build import load_models
+    from dspark_trt.builder.export import BuildShapes, export_network, network_specs
+    o = _build_options(draft_quantization="fp8")
+    assert "--draft-quantization fp8" in o.command_line()
+    _, target, draft = load_models(o, torch.float32, torch.device("cpu"))
+    shapes = BuildShapes(o.max_batch_size, o.max_seq_len, draft.config.block_size, o.page_size)
+    spec = next(s for s in network_specs(target, draft, shapes, torch.float32, torch.device("cpu"))
+                if s.name == "draft_block")
+    ep, ops = export_network(spec, set())
+    assert ops.get("dspark::fp8_linear") == "kernel", ops
+    fp8 = [n for n, t in ep.state_dict.items() if t.dtype == torch.float8_e4m3fn]
+    assert fp8 and sum(ep.state_dict[n].numel() for n in fp8) == sum(
+        p.numel() for p in draft.parameters() if p.dtype == torch.float8_e4m3fn)
+    assert not any(p.dtype == torch.float8_e4m3fn for p in target.parameters())
+    with torch.no_grad():
+        want, got = spec.module(*spec.args), ep.module()(*spec.args)
+    for a, b in zip(torch.utils._pytree.tree_leaves(want), torch.utils._pytree.tree_leaves(got)):
+        assert torch.equal(a, b)
