@@ -176,11 +176,12 @@ def module_prologue(prologue: str, x, res, norm):
 def sweep_case(name: str, M: int, rotate_mb: float, iters: int, stages=(), focus: bool = False) -> dict:
     N, K, prologue = SHAPES[name]
     weight_bytes = 1 if FP8 else 2
-    copies = max(2, int(rotate_mb * 2**20 / (weight_bytes * N * K)) + 1)
+    past_l2 = lambda nbytes: max(2, int(rotate_mb * 2**20 / (nbytes * N * K)) + 1)   # noqa: E731  copies
+    copies = past_l2(weight_bytes)
     x, res, norm, r_out, ws = inputs(M, N, K, prologue, copies)
     prologue_fn = module_prologue(prologue, x, res, norm)
     xin = prologue_fn()
-    wide = [dense(w) for w in ws[:max(2, int(rotate_mb * 2**20 / (2 * N * K)) + 1)]] if FP8 else ws   # bf16, past L2
+    wide = [dense(w) for w in ws[:past_l2(2)]] if FP8 else ws   # cuBLAS / modules: bf16 weights, past L2 too
     ref = F.linear(xin.float(), dense(ws[0]).float() if FP8 else ws[0].float())
     scale = ref.abs().max().item()
     scale_bytes = 4 * -(-N // 128) * -(-K // 128) if FP8 else 0

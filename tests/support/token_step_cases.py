@@ -67,9 +67,7 @@ def llm_runs() -> dict:
             llm.networks.target_module = lambda *a, _m=module: (calls.__setitem__("modules", calls["modules"] + 1),
                                                                  _m(*a))[1]
         if llm.networks.decode_chain is not None:
-            step = llm.networks.decode_chain
-            llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__("target", calls["target"] + 1), _s(*a))[1]
-            llm.networks.decode_chain.max_rows = 4 if chain == "compiled" else step.max_rows
+            _count_chain_calls(llm.networks, calls, "target", max_rows=4 if chain == "compiled" else None)
         if llm.networks.draft_chain is not None:
             block = llm.networks.draft_chain.draft_logits
             def counted(*a, _b=block, **kw):
@@ -86,6 +84,14 @@ def llm_runs() -> dict:
     out.update(draft_vocab_run(pair, target, draft, prompts, sp))
     out.update(fp8_llm_run(prompts, sp))
     return out
+
+
+def _count_chain_calls(networks, calls: dict, key: str, max_rows: int | None = None) -> None:
+    """``networks.decode_chain`` wrapped to add one to ``calls[key]`` per call; the wrapper keeps the
+    chain's ``max_rows`` (or takes ``max_rows``)."""
+    step = networks.decode_chain
+    networks.decode_chain = lambda *a: (calls.__setitem__(key, calls[key] + 1), step(*a))[1]
+    networks.decode_chain.max_rows = max_rows or step.max_rows
 
 
 def fp8_llm_run(prompts, sp) -> dict:
@@ -110,14 +116,13 @@ def fp8_llm_run(prompts, sp) -> dict:
     for chain in ("1", "0"):
         os.environ[DECODE_CHAIN_ENV] = chain
         llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8)
-        calls, step = [0], llm.networks.decode_chain
-        if step is not None:
-            out["fp8_chain_scales"] = sorted(step.layers[0].scales)
-            llm.networks.decode_chain = lambda *a, _s=step: (calls.__setitem__(0, calls[0] + 1), _s(*a))[1]
-            llm.networks.decode_chain.max_rows = step.max_rows
+        calls = {"target": 0}
+        if llm.networks.decode_chain is not None:
+            out["fp8_chain_scales"] = sorted(llm.networks.decode_chain.layers[0].scales)
+            _count_chain_calls(llm.networks, calls, "target")
         out[f"fp8_ar_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp, speculative=False)]
         out[f"fp8_spec_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp)]
-        out[f"fp8_chain_calls_{chain}"] = calls[0]
+        out[f"fp8_chain_calls_{chain}"] = calls["target"]
     fp8_linears_(draft)                                   # --draft-quantization fp8 as well: the draft's chain
     fuse_projections_(draft)
     os.environ[DECODE_CHAIN_ENV] = "1"
