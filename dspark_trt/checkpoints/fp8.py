@@ -83,7 +83,9 @@ def fp8_module_names(arch: str, target: nn.Module) -> set[str] | None:
 
 
 def has_fp8(module: nn.Module) -> bool:
-    return any(isinstance(m, Fp8Linear) for m in module.modules())
+    """Whether ``module`` holds fp8 projections (``Fp8Linear``, fused or not)."""
+    from ..models.fuse import FusedFp8Linear
+    return any(isinstance(m, (Fp8Linear, FusedFp8Linear)) for m in module.modules())
 
 
 def check_draft_quantization(mode: str | None, draft_arch: str | None = None, tp_size: int = 1) -> str:

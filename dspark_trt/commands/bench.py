@@ -32,6 +32,7 @@ import torch
 
 from .common import add_model_args, add_source_args, load_llm
 from ..checkpoints.files import cost_file
+from ..checkpoints.fp8 import has_fp8
 from ..devices import hbm_bytes_per_s
 from ..progress import bar
 
@@ -449,8 +450,7 @@ def roofline(llm, B: int, context: int, tbps: float) -> dict:
         vocab = getattr(llm.draft, "draft_vocab", None)          # a draft vocabulary: its rows only
         vs = (vocab.token_ids.numel() if vocab is not None
               else getattr(llm.networks, "draft_vocab_size", None) or dc.vocab_size)     # (an engine's)
-        dfp8 = (any(hasattr(m, "weight_scale_inv") for m in llm.draft.modules()) if llm.draft is not None
-                else getattr(llm.networks, "draft_fp8", False))           # (an engine's, from its manifest)
+        dfp8 = has_fp8(llm.draft) if llm.draft is not None else getattr(llm.networks, "draft_fp8", False)  # engine: manifest
         dw = (qwen3_weight_bytes(dc, dc.num_hidden_layers, el, with_head=False, fp8_projections=dfp8)
               + el * vs * dc.hidden_size)                          # + head; --draft-quantization fp8 counted
         dw += el * (len(llm.pair.draft.target_layer_ids) * dc.hidden_size * dc.hidden_size
