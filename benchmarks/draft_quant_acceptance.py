@@ -39,10 +39,10 @@ def main() -> int:
     report = {"git_sha": provenance.git_sha(), "command": " ".join(sys.argv), "device": a.device,
               "model": "built-in default pair", "shapes": {"num_prompts": a.num_prompts, "prompt_len": a.prompt_len,
                                                           "gen_len": a.gen_len}, "drafts": {}}
-    reference = None
+    reference = prompts = None
     for mode in ("none", "fp8"):
         llm = LLM.from_checkpoints(*dirs, draft_quantization=mode, **kw)
-        prompts = make_prompts(llm, "heldout", a.num_prompts, a.prompt_len, a.seed).tolist()
+        prompts = prompts or make_prompts(llm, "heldout", a.num_prompts, a.prompt_len, a.seed).tolist()   # once
         row = {"projection_bytes": projection_bytes(llm.draft), "dtype": str(llm.dtype)}
         for t in (float(v) for v in a.temperatures.split(",")):
             stats, outs, dt = run(llm, prompts, t, a.gen_len)
