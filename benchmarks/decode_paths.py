@@ -56,6 +56,8 @@ PATHS = {  # name -> LLM.from_preset options
     "compiled_chain": {"compile": True},               # the chain's steps of <= 16 tokens, compiled modules' larger
     "eager_fused_fp8": {"quantization": "fp8"},        # q..down in fp8 e4m3, 128x128 block scales (#23)
     "eager_chain_fp8": {"quantization": "fp8"},        # the chain's GEMVs reading those fp8 weights
+    "eager_chain_draftfp8": {"draft_quantization": "fp8"},         # the draft's projections in fp8 (#21)
+    "eager_chain_draftfp8_vocab": {"draft_quantization": "fp8"},   # ... and over --draft-vocab-size tokens
     "compiled_fp8": {"compile": True, "quantization": "fp8"},
     "compiled_w8a8": {"compile": True, "quantization": "fp8-w8a8"},   # + activations fp8 per 128-group
 }
@@ -70,6 +72,8 @@ PATH_ENV = {"compiled_skinny": {"DSPARK_SKINNY_GEMM": "1", "DSPARK_DECODE_CHAIN"
             "eager_chain": {"DSPARK_DECODE_CHAIN": "1"},   # steps of <= 16 tokens: runtime/token_step.py
             "eager_chain_vocab": {"DSPARK_DECODE_CHAIN": "1"},
             "eager_chain_fp8": {"DSPARK_DECODE_CHAIN": "1"},
+            "eager_chain_draftfp8": {"DSPARK_DECODE_CHAIN": "1"},
+            "eager_chain_draftfp8_vocab": {"DSPARK_DECODE_CHAIN": "1"},
             "eager_chain_torch_ops": {"DSPARK_DECODE_CHAIN": "1", **NO_ROWS},
             "compiled_chain": {"DSPARK_DECODE_CHAIN": "1"},   # (batch 16: verify 128 rows, draft 112)
             "compiled": {"DSPARK_DECODE_CHAIN": "0"},

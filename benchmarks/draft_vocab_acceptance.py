@@ -51,9 +51,8 @@ def run(llm: LLM, prompts, temperature: float, gen_len: int) -> tuple[dict, list
     return d, [o.output_ids for o in outs], dt
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="512,1024,2048,4096")
+def parse_run_args(ap: argparse.ArgumentParser) -> tuple[argparse.Namespace, dict]:
+    """The held-out runs' options added to ``ap`` and parsed -> (args, ``LLM`` keywords for them)."""
     ap.add_argument("--num-prompts", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--gen-len", type=int, default=64)
@@ -62,8 +61,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out-dir", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args()
+    return a, dict(device=a.device, max_batch_size=a.num_prompts, max_seq_len=a.prompt_len + a.gen_len + 16)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="512,1024,2048,4096")
+    a, kw = parse_run_args(ap)
     target_dir, draft_dir = default_pair_dirs()
-    kw = dict(device=a.device, max_batch_size=a.num_prompts, max_seq_len=a.prompt_len + a.gen_len + 16)
     full = LLM.from_checkpoints(target_dir, draft_dir, **kw)
     V = full.pair.target.vocab_size
     train, _, manifest = read_stdlib(heldout=HELDOUT)
@@ -103,12 +108,17 @@ def main() -> int:
                       f"tau {stats['tau']:.3f} ± {stats['tau_ci95']:.3f}, in set {stats['generated_in_set']:.1%}"
                       + (f", greedy equal {stats['greedy_equal_to_full']}" if t == 0.0 else ""), flush=True)
             report["sizes"][str(size)] = row
-    out = Path(a.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"draft-vocab-acceptance-{a.device}-{report['git_sha']}.json"
-    path.write_text(json.dumps(report, indent=1))
-    print(f"[draft-vocab] wrote {path}")
+    print(f"[draft-vocab] wrote {save(report, a.out_dir, 'draft-vocab-acceptance', a.device)}")
     return 0
+
+
+def save(report: dict, out_dir: str, name: str, device: str) -> Path:
+    """``report`` as ``<out_dir>/<name>-<device>-<git sha>.json``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}-{device}-{report['git_sha']}.json"
+    path.write_text(json.dumps(report, indent=1))
+    return path
 
 
 if __name__ == "__main__":

@@ -96,6 +96,8 @@ class BuildOptions(ModelSource):
             raise ConfigError("no weights: pass --checkpoint and --draft-checkpoint, or --random-weights")
         if o.checkpoint and o.overrides:
             raise ConfigError("--override edits a preset's config; it cannot be combined with --checkpoint")
+        from ..checkpoints.fp8 import check_draft_quantization
+        check_draft_quantization(o.draft_quantization, None, o.tp_size)
         if o.draft_vocab:                                         # a bad file: before anything loads
             from ..checkpoints.prepare import check_draft_vocab
             check_draft_vocab(o.draft_vocab, o.tp_size)
@@ -111,7 +113,7 @@ class BuildOptions(ModelSource):
         args = ["dspark-trt", "build", "--model", self.model]
         for name in ("checkpoint", "draft_checkpoint", "dtype", "backend", "max_batch_size", "max_seq_len",
                      "num_spec_tokens", "page_size", "output", "device", "markov_sampler", "draft_vocab",
-                     "quantization"):
+                     "quantization", "draft_quantization"):
             v = getattr(self, name)
             if v is not None:
                 args += [f"--{name.replace('_', '-')}", str(v)]

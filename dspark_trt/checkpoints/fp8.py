@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError, ModelPair
-from ..config.source import QUANTIZATIONS
+from ..config.source import DRAFT_QUANTIZATIONS, QUANTIZATIONS
 from ..models.fp8_linear import Fp8Linear, dequantize_fp8_linears_, fp8_linears_
 from ..models.mxfp4_linear import dequantize_mxfp4_linears_, mxfp4_experts_
 from .quant import quant_mxfp4_u8
@@ -83,7 +83,36 @@ def fp8_module_names(arch: str, target: nn.Module) -> set[str] | None:
 
 
 def has_fp8(module: nn.Module) -> bool:
-    return any(isinstance(m, Fp8Linear) for m in module.modules())
+    """Whether ``module`` holds fp8 projections (``Fp8Linear``, fused or not)."""
+    from ..models.fuse import FusedFp8Linear
+    return any(isinstance(m, (Fp8Linear, FusedFp8Linear)) for m in module.modules())
+
+
+def check_draft_quantization(mode: str | None, draft_arch: str | None = None, tp_size: int = 1) -> str:
+    """-> the draft's mode ("none" for None); ConfigError naming what does not fit (``draft_arch``
+    None: not known yet, not checked)."""
+    mode = mode or "none"
+    if mode not in DRAFT_QUANTIZATIONS:
+        raise ConfigError(f"--draft-quantization {mode!r}: choose one of {', '.join(DRAFT_QUANTIZATIONS)}")
+    if mode == "fp8" and draft_arch not in (None, "qwen3_dspark"):
+        raise ConfigError(f"--draft-quantization fp8: implemented for DSpark drafts of Qwen3 targets only "
+                          f"(draft arch '{draft_arch}')")
+    if mode == "fp8" and tp_size > 1:
+        raise ConfigError(f"--draft-quantization fp8: not with tensor parallelism yet (--tp-size {tp_size})")
+    return mode
+
+
+def quantize_draft_(draft: nn.Module, mode: str | None) -> int:
+    """The draft's attention / MLP projections (``FP8_PROJECTIONS``) in fp8 for ``mode`` "fp8"
+    (weight-only, scale = block amax / 448, as ``--quantization fp8`` does to a target); returns how
+    many. Its fc, norms, head and Markov tables keep their dtype. The speculative loop stays lossless:
+    the target verifies; only which drafts it accepts can change."""
+    if (mode or "none") == "none":
+        return 0
+    count = fp8_linears_(draft, None, quantize=True)
+    if not count:
+        raise ConfigError("--draft-quantization fp8: the draft has no attention / MLP projections to quantise")
+    return count
 
 
 def apply_quantization_(pair: ModelPair, target: nn.Module, dtype: torch.dtype, mode: str | None,

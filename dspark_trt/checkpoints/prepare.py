@@ -17,7 +17,7 @@ from ..config.source import ModelSource
 from ..models import build_models
 from ..models.fuse import fuse_projections_
 from ..models.v4_moe import stack_experts_
-from .fp8 import apply_quantization_, check_quantization
+from .fp8 import apply_quantization_, check_draft_quantization, check_quantization, quantize_draft_
 
 
 def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pair: ModelPair | None = None,
@@ -27,7 +27,9 @@ def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pai
     ``src.model``), initialised directly on ``device``. With ``tp`` (a ``parallel.TPInfo``) the
     models are sharded for its rank and only the shard moves to ``device``. ``src.quantization``:
     the target's weight format (``checkpoints.fp8``: fp8 projections native, quantised or
-    dequantised). ``fuse``: one GEMM for q/k/v and one for gate/up (the builder's)."""
+    dequantised); ``src.draft_quantization``: the draft's (``quantize_draft_``). ``fuse``: one GEMM
+    for q/k/v and one for gate/up (the builder's)."""
+    check_draft_quantization(src.draft_quantization, None, tp.world if tp else 1)   # before anything loads
     if src.checkpoint:
         from .loaders import load_pair
         pair, target, draft = load_pair(src.checkpoint, src.draft_checkpoint, dtype,
@@ -38,6 +40,9 @@ def prepare_models(src: ModelSource, dtype: torch.dtype, device, tp=None, *, pai
         check_quantization(src.quantization, pair.target.arch)
         target, draft = build_models(pair, dtype, device, seed)
         apply_quantization_(pair, target, dtype, src.quantization)
+    if src.draft_quantization:
+        check_draft_quantization(src.draft_quantization, pair.draft.arch, tp.world if tp else 1)
+        quantize_draft_(draft, src.draft_quantization)
     if tp:
         from ..parallel import shard_pair_
         shard_pair_(pair, target, draft, tp.rank, tp.world, src.expert_parallel)

@@ -32,6 +32,7 @@ import torch
 
 from .common import add_model_args, add_source_args, load_llm
 from ..checkpoints.files import cost_file
+from ..checkpoints.fp8 import has_fp8
 from ..devices import hbm_bytes_per_s
 from ..progress import bar
 
@@ -431,7 +432,7 @@ def context_step_latencies(llm, prompts: np.ndarray, gen_len: int, iters: int, c
 
 def roofline(llm, B: int, context: int, tbps: float) -> dict:
     """Per-rank HBM roofline of the Qwen3 steps (under TP: this rank's weight shards and KV heads;
-    an fp8 target: its parameters' bytes as held, fp8 weights + fp32 block scales)."""
+    an fp8 target or draft: its parameters' bytes as held, fp8 weights + fp32 block scales)."""
     el = torch.empty((), dtype=llm.networks.dtype).element_size()
     t, tp = llm.pair.target, llm.tp_size
     if t.arch != "qwen3":
@@ -449,7 +450,9 @@ def roofline(llm, B: int, context: int, tbps: float) -> dict:
         vocab = getattr(llm.draft, "draft_vocab", None)          # a draft vocabulary: its rows only
         vs = (vocab.token_ids.numel() if vocab is not None
               else getattr(llm.networks, "draft_vocab_size", None) or dc.vocab_size)     # (an engine's)
-        dw = qwen3_weight_bytes(dc, dc.num_hidden_layers, el, with_head=False) + el * vs * dc.hidden_size  # + head
+        dfp8 = has_fp8(llm.draft) if llm.draft is not None else getattr(llm.networks, "draft_fp8", False)  # engine: manifest
+        dw = (qwen3_weight_bytes(dc, dc.num_hidden_layers, el, with_head=False, fp8_projections=dfp8)
+              + el * vs * dc.hidden_size)                          # + head; --draft-quantization fp8 counted
         dw += el * (len(llm.pair.draft.target_layer_ids) * dc.hidden_size * dc.hidden_size
                     + dc.hidden_size + 2 * vs * llm.pair.draft.markov_rank)  # fc, hidden_norm, W1/W2
         if tp > 1:

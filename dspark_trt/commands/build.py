@@ -25,12 +25,16 @@ def add_parser(sub) -> None:
                         "OUTPUT is deleted)")
     add_source_args(p, ("device",), device=dict(choices=["cpu", "cuda"], help=None))
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
-    add_source_args(p, ("markov_sampler", "draft_vocab", "quantization", "tp_size", "expert_parallel"),
+    add_source_args(p, ("markov_sampler", "draft_vocab", "quantization", "draft_quantization", "tp_size",
+                        "expert_parallel"),
                     markov_sampler=dict(default="exact", help="draft block sampler compiled in: exact "
                                         "full-vocabulary (default) or topk (fast candidate-restricted "
                                         "proposal, still lossless)"),
                     draft_vocab=dict(help="a draft-vocabulary file (`dspark-trt draft-vocab`): the draft "
                                           "block compiled over those tokens only"),
+                    draft_quantization=dict(help="draft weights compiled in: none (default: --dtype) or fp8 "
+                                                 "(its attention / MLP projections in fp8 e4m3, 128x128 block "
+                                                 "scales, weight-only)"),
                     tp_size=dict(help="tensor-parallel ranks: one engine part per rank (rank0/, rank1/, "
                                       "...); the ranks are started here unless already launched by torchrun"),
                     expert_parallel=dict(help="with --tp-size: split MoE experts across the ranks by expert"))

@@ -10,7 +10,7 @@ from ..devices import cpu_dtype_note  # noqa: F401  (generate's note)
 
 MODEL_FLAGS = ("model", "checkpoint", "draft_checkpoint", "engine", "dtype", "device", "num_spec_tokens",
                "max_batch_size", "max_seq_len", "markov_sampler", "draft_vocab", "kv_cache_dtype", "quantization",
-               "verify_cost_model", "tp_size", "expert_parallel")
+               "draft_quantization", "verify_cost_model", "tp_size", "expert_parallel")
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:

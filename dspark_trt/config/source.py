@@ -24,6 +24,7 @@ DEFAULT_MAX_SEQ_LEN = 2048                     # tokens per sequence of the defa
                                                # model's context, as far as that pool holds one
 MARKOV_SAMPLERS = ("exact", "topk")            # the draft's block sampler (models.dspark_qwen3)
 QUANTIZATIONS = ("auto", "fp8", "fp8-w8a8", "none")   # target weight format (checkpoints.prepare)
+DRAFT_QUANTIZATIONS = ("none", "fp8")                  # draft weight format (checkpoints.fp8)
 VERIFY_COST_MODELS = ("trimmed", "padded", "packed", "auto")   # scheduled rounds' verify (runtime.verify_scheduler)
 
 
@@ -80,6 +81,9 @@ class ModelSource:
                                              # "fp8-w8a8": "fp8" with activations quantised
                                              # per (token, 128 columns) in those GEMMs (W8A8);
                                              # "none": fp8 dequantised to --dtype at load
+    draft_quantization: str | None = None    # DRAFT_QUANTIZATIONS; None / "none": the draft in
+                                             # --dtype; "fp8": a Qwen3 draft's attention / MLP
+                                             # projections quantised to fp8 at load (weight-only)
     verify_cost_model: str = "trimmed"       # VERIFY_COST_MODELS: how scheduled rounds verify
                                              # their admitted drafts (LLM's cost_model)
     tp_size: int = 1                         # tensor-parallel ranks (torchrun)
@@ -134,6 +138,11 @@ FLAGS = {
                               "fp8-w8a8 (fp8, and the activations into those projections quantised "
                               "per token and 128 columns to fp8 too: fp8 tensor-core GEMMs, the FP8 "
                               "checkpoints' activation_scheme 'dynamic'), none (dequantise to --dtype)"),
+    "draft_quantization": dict(choices=list(DRAFT_QUANTIZATIONS),
+                               help="draft weights: none (default: --dtype) or fp8 (a Qwen3 draft's "
+                                    "attention / MLP projections quantised to fp8 e4m3 with 128x128 "
+                                    "block scales at load, weight-only: half its layers' bytes; "
+                                    "lossless, acceptance may change); engines have theirs compiled in"),
     "verify_cost_model": dict(choices=list(VERIFY_COST_MODELS), default="trimmed",
                               help="how rounds of verify_mode 'scheduled' verify what they admit: "
                                    "trimmed (default: one window for the batch, narrowed to the "

@@ -42,6 +42,7 @@ class EngineNetworks:
         self.dtype = DTYPES[m["dtype"]]
         self.markov_sampler = m["build_options"].get("markov_sampler", "exact")
         self.draft_vocab_size = (m.get("draft_vocab") or {}).get("size")   # None: the full vocabulary
+        self.draft_fp8 = m["build_options"].get("draft_quantization") == "fp8"   # its projections in fp8
         self.pair = ModelPair(m["pair"]["name"], config_from_json(m["pair"]["target"]),
                               config_from_json(m["pair"]["draft"]))
         self.vocab_size = self.pair.target.vocab_size

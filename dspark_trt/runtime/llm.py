@@ -242,6 +242,9 @@ class LLM:
         kw.setdefault("cost_model", src.verify_cost_model)
         fuse = kw.pop("fuse", True)                       # engines are fused at build time
         if src.engine:                                    # the engine's own dtype
+            if src.draft_quantization not in (None, "none"):
+                raise ConfigError(f"--draft-quantization {src.draft_quantization}: an engine's draft weights are "
+                                  "compiled in (`dspark-trt build --draft-quantization`)")
             if src.draft_vocab:
                 raise ConfigError(f"--draft-vocab {src.draft_vocab}: an engine's draft vocabulary is "
                                   "compiled in (`dspark-trt build --draft-vocab`)")
@@ -261,7 +264,7 @@ class LLM:
         dtype, note = resolve_dtype(src.dtype, device, checkpoint_dtype(dirs[0]) if dirs else None)
         kw.update(dtype=dtype, device=device, num_spec_tokens=src.num_spec_tokens, tp_size=src.tp_size,
                   expert_parallel=src.expert_parallel, quantization=src.quantization, fuse=fuse,
-                  draft_vocab=src.draft_vocab)
+                  draft_vocab=src.draft_vocab, draft_quantization=src.draft_quantization)
         if dirs is not None:
             if not (src.checkpoint or src.draft_checkpoint):
                 say(f"[dspark-trt] using the built-in default pair ({DEFAULT_ASSETS})")
@@ -280,18 +283,18 @@ class LLM:
     def from_preset(cls, name: str, *, seed: int = 0, dtype="auto", device=None,
                     num_spec_tokens: int | None = None, tp_size: int = 1,
                     expert_parallel: bool = False, quantization: str | None = None, fuse: bool = True,
-                    draft_vocab: str | None = None, **kw) -> "LLM":
+                    draft_vocab: str | None = None, draft_quantization: str | None = None, **kw) -> "LLM":
         """Random weights with the preset's dimensions (acceptance will be low: tau near 1).
         ``dtype``: a torch dtype, a ``DTYPES`` name or "auto" (the device's default: bf16 on CUDA,
         fp32 on a CPU); ``quantization``: ``ModelSource.quantization``; ``fuse``: one GEMM for
         q/k/v and one for gate/up (as engines); ``draft_vocab``: a draft-vocabulary file
-        (``ModelSource.draft_vocab``)."""
+        (``ModelSource.draft_vocab``); ``draft_quantization``: ``ModelSource.draft_quantization``."""
         pair = get_preset(name)
         pair.check_limits(kw.get("max_batch_size"), kw.get("max_seq_len"))
         device, tp = _join_tp(tp_size, device)
         dtype = _auto_dtype(dtype, device, None)
         src = ModelSource(model=name, expert_parallel=expert_parallel, quantization=quantization,
-                          draft_vocab=draft_vocab)
+                          draft_vocab=draft_vocab, draft_quantization=draft_quantization)
         pair, target, draft = prepare_models(src, dtype, device, tp, pair=pair, seed=seed, fuse=fuse)
         return cls(pair, target, draft, device=device, dtype=dtype, num_spec_tokens=num_spec_tokens,
                    tp=tp, **kw)
@@ -300,15 +303,18 @@ class LLM:
     def from_checkpoints(cls, target_dir: str | Path, draft_dir: str | Path, *, dtype="auto",
                          device=None, num_spec_tokens: int | None = None, tp_size: int = 1,
                          expert_parallel: bool = False, quantization: str | None = None,
-                         fuse: bool = True, draft_vocab: str | None = None, **kw) -> "LLM":
+                         fuse: bool = True, draft_vocab: str | None = None, draft_quantization: str | None = None,
+                         **kw) -> "LLM":
         """With ``tp_size`` > 1 the full weights load on the host, and each rank moves only its
         shard to its device. ``dtype``: a torch dtype, a ``DTYPES`` name or "auto" (the target
         config.json's ``torch_dtype``; bf16 / fp16 run in fp32 on a CPU, ``devices.resolve_dtype``);
-        ``quantization``: ``ModelSource.quantization``; ``fuse``, ``draft_vocab``: as ``from_preset``."""
+        ``quantization``: ``ModelSource.quantization``; ``fuse``, ``draft_vocab``, ``draft_quantization``:
+        as ``from_preset``."""
         device, tp = _join_tp(tp_size, device)
         dtype = _auto_dtype(dtype, device, checkpoint_dtype(target_dir))
         src = ModelSource(checkpoint=str(target_dir), draft_checkpoint=str(draft_dir),
-                          expert_parallel=expert_parallel, quantization=quantization, draft_vocab=draft_vocab)
+                          expert_parallel=expert_parallel, quantization=quantization, draft_vocab=draft_vocab,
+                          draft_quantization=draft_quantization)
         pair, target, draft = prepare_models(src, dtype, device, tp, fuse=fuse)
         tok = kw.pop("tokenizer", None) or load_tokenizer(target_dir)
         kw.setdefault("calibration", _draft_sidecar(Calibration.find, CALIBRATION_FILE, draft_dir, draft))

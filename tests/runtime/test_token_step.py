@@ -174,11 +174,14 @@ def test_llm_decode_chain_gives_the_modules_tokens(llm_runs):
 def test_llm_decode_chain_on_fp8_projections_gives_the_fp8_modules_tokens(llm_runs):
     """An ``LLM`` whose target's projections are fp8 (fused, block magnitudes 8x apart) runs its AR
     and verify steps through the chain with every projection's block scales and decodes greedily
-    the tokens of the fp8 modules, AR and speculative alike."""
+    the tokens of the fp8 modules, AR and speculative alike; with its draft's projections in fp8 as
+    well, the draft's block pass runs them through the chain, still lossless."""
     r = llm_runs
     assert r["fp8_chain_scales"] == ["down", "gate_up", "o", "qkv"]
     assert r["fp8_chain_calls_1"] > 0 and r["fp8_chain_calls_0"] == 0
     assert r["fp8_ar_1"] == r["fp8_ar_0"] == r["fp8_spec_1"] == r["fp8_spec_0"], r
+    assert r["fp8_draft_chain_scales"] == ["down", "gate_up", "o", "qkv"]      # an fp8 draft's block pass
+    assert r["fp8_draft_spec_1"] == r["fp8_ar_1"], r
 
 
 def test_llm_decode_chain_with_a_draft_vocabulary(llm_runs):

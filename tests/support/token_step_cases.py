@@ -98,7 +98,8 @@ def fp8_llm_run(prompts, sp) -> dict:
     """``LLM`` on a tiny pair whose target's projections are fp8 (``--quantization fp8``: e4m3,
     128x128 block scales, q/k/v and gate/up fused; block magnitudes 8x apart): greedy AR and
     speculative output with the chain (its layers' scales) and with the fp8 modules, the chain's
-    target calls."""
+    target calls; then with the draft's projections in fp8 too (``--draft-quantization fp8``): the
+    draft chain's scales and the speculative output."""
     from dspark_trt.models import build_models
     from dspark_trt.models.fp8_linear import fp8_linears_
     from dspark_trt.models.fuse import fuse_projections_
@@ -122,6 +123,12 @@ def fp8_llm_run(prompts, sp) -> dict:
         out[f"fp8_ar_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp, speculative=False)]
         out[f"fp8_spec_{chain}"] = [o.output_ids for o in llm.generate(prompts, sp)]
         out[f"fp8_chain_calls_{chain}"] = calls["target"]
+    fp8_linears_(draft)                                   # --draft-quantization fp8 as well: the draft's chain
+    fuse_projections_(draft)
+    os.environ[DECODE_CHAIN_ENV] = "1"
+    llm = LLM(pair, target, draft, max_batch_size=2, max_seq_len=48, page_size=8)
+    out["fp8_draft_chain_scales"] = sorted(llm.networks.draft_chain.layers[0].scales)
+    out["fp8_draft_spec_1"] = [o.output_ids for o in llm.generate(prompts, sp)]
     return out
 
 
