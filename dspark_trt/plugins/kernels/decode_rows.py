@@ -61,7 +61,9 @@ FP8_MMA_CODES = {None: 0, "F16": 1, "X8": 2}   # the kernel's FP8_MMA: bf16 oper
 # through ``LLM`` 5.742 -> 5.671 ms, the verify 6.681 -> 6.543, the draft 1.479 -> 1.439. The H200's own table
 # (session 48, a sweep of one and eight tokens with more one-token tiles, launches and splits, 61d9ae4)
 # took the AR step through ``LLM`` at batch 1 from 4.616 to 4.303 ms and the verify from 5.183 to 5.006
-# against these and ``decode_gemv.CONFIGS`` in the same call; its other buckets keep these. CPU and the
+# against these and ``decode_gemv.CONFIGS`` in the same call; its other buckets keep these. fp8 weights' rows
+# (``weight_bytes`` 1) sit beside the bf16 ones: the H200's for one and eight tokens (session 57), the H100's for
+# one, eight and 16 (session 58, the F16 / X8 tiles winning at 8 and 16: verify 7.994 -> 4.916 ms). CPU and the
 # interpreter: these only. ``DSPARK_DECODE_ROWS_TABLE`` (or ``load_table``) replaces this table by
 # sweep JSONs and turns the per-GPU tables off: an explicit table wins.
 CONFIGS: dict[tuple[int, int, int], dict] = {
