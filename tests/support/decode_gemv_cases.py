@@ -100,24 +100,18 @@ FP8_CASES = [
     ("fp8_rows8_cuda_cores_swiglu", "swiglu", 256, 512, False, False, dict(BLOCK_N=32, BLOCK_K=128, DOT=False), 256,
      8),
     ("fp8_rows7_default_config_rmsnorm", "rmsnorm", 256, 512, False, False, None, None, 7),
-    # F16: the tensor-core body on fp16 operands, each tile's block scale on its product (one token, 2, 5, 8)
-    ("fp8_one_token_rows_dot_f16_rmsnorm", "rmsnorm", 256, 512, False, False,
-     dict(BLOCK_N=32, BLOCK_K=128, DOT=True, ROWS=True, F16=True), None, None),
-    ("fp8_rows2_dot_f16_none_residual", "none", 256, 512, True, True, dict(BLOCK_N=16, BLOCK_K=128, DOT=True, F16=True),
-     None, 2),
-    ("fp8_rows5_dot_f16_swiglu", "swiglu", 256, 192, False, False, dict(BLOCK_N=32, BLOCK_K=64, DOT=True, F16=True),
-     None, 5),
-    ("fp8_rows8_dot_f16_split2_rmsnorm_residual", "rmsnorm", 328, 512, True, True,
-     dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, DOT=True, F16=True), 128, 8),
-    # X8: the fp8 tensor cores, the activations split into two e4m3 terms (one token, 2, 5, 8)
-    ("fp8_one_token_rows_dot_x8_rmsnorm", "rmsnorm", 256, 512, False, False,
-     dict(BLOCK_N=32, BLOCK_K=128, DOT=True, ROWS=True, X8=True), None, None),
-    ("fp8_rows2_dot_x8_none_residual", "none", 256, 512, True, True, dict(BLOCK_N=16, BLOCK_K=128, DOT=True, X8=True),
-     None, 2),
-    ("fp8_rows5_dot_x8_swiglu", "swiglu", 256, 192, False, False, dict(BLOCK_N=32, BLOCK_K=64, DOT=True, X8=True),
-     None, 5),
-    ("fp8_rows8_dot_x8_split2_rmsnorm_residual", "rmsnorm", 328, 512, True, True,
-     dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2, DOT=True, X8=True), 128, 8),
+] + [
+    # the tile options on the tensor-core body, one token, 2, 5 and 8: F16 (fp16 operands, each tile's block scale
+    # on its product) and X8 (the fp8 tensor cores, the activations split into two e4m3 terms)
+    (name.format(op.lower()), prologue, N, K, has_res, store_res, dict(tile, DOT=True, **{op: True}), pre, rows)
+    for op in ("F16", "X8")
+    for name, prologue, N, K, has_res, store_res, tile, pre, rows in (
+        ("fp8_one_token_rows_dot_{}_rmsnorm", "rmsnorm", 256, 512, False, False,
+         dict(BLOCK_N=32, BLOCK_K=128, ROWS=True), None, None),
+        ("fp8_rows2_dot_{}_none_residual", "none", 256, 512, True, True, dict(BLOCK_N=16, BLOCK_K=128), None, 2),
+        ("fp8_rows5_dot_{}_swiglu", "swiglu", 256, 192, False, False, dict(BLOCK_N=32, BLOCK_K=64), None, 5),
+        ("fp8_rows8_dot_{}_split2_rmsnorm_residual", "rmsnorm", 328, 512, True, True,
+         dict(BLOCK_N=64, BLOCK_K=64, SPLIT_K=2), 128, 8))
 ]
 EPS = 1e-6
 
